@@ -1,0 +1,2 @@
+/* placeholder */
+typedef int rpc_placeholder;
