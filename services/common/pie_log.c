@@ -58,8 +58,10 @@ void pie_log_write(pie_log_level level, const char *event, const char *fmt, ...)
         line[n++] = ' ';
         va_list ap;
         va_start(ap, fmt);
-        n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+        int k = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
         va_end(ap);
+        if (k > 0) n += k;
+        else n--; /* the fields came out empty (or failed): no trailing separator */
     }
     if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
     line[n++] = '\n';
