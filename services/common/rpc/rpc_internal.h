@@ -1,0 +1,78 @@
+/* rpc_internal.h — what the files of services/common/rpc share and nobody else uses.
+ *
+ * Owns: completion-queue tags, message packing/unpacking between protobuf-c and grpc byte
+ * buffers, metadata copies, gpr time conversions, channel-argument building. */
+#ifndef PIE_RPC_INTERNAL_H
+#define PIE_RPC_INTERNAL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include "rpc.h"
+
+/* A completion-queue tag: every tag this layer passes to gRPC points at one of these, embedded
+ * in the object the operation belongs to. */
+typedef struct rpc_tag {
+    int kind;  /* rpc_server.c: which operation completed */
+    void *obj; /* the object it belongs to */
+} rpc_tag;
+
+#define RPC_DEFAULT_MAX_MSG (4 * 1024 * 1024)
+
+/* max_*_bytes option → the value for gRPC's channel argument and our own checks (-1 = none). */
+int rpc__max_bytes(int opt);
+
+/* Packs msg straight into one grpc_slice (no intermediate buffer) and wraps it in a byte
+ * buffer the caller destroys. RESOURCE_EXHAUSTED if the packed size exceeds max_bytes (≥0). */
+pie_code rpc__pack(const ProtobufCMessage *msg, int max_bytes, grpc_byte_buffer **out,
+                   pie_status *st);
+
+/* Unpacks bb as desc: directly from the slice when bb holds one, else from one readall copy.
+ * NULL if bb does not parse. Does not destroy bb. */
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb);
+
+/* Copies a received metadata array into one allocation: *out (free() it) holds *n entries with
+ * NUL-terminated keys and values. Returns 0, or -1 when out of memory. */
+int rpc__md_copy(const grpc_metadata_array *arr, rpc_md **out, size_t *n);
+const char *rpc__md_find(const rpc_md *md, size_t n, const char *key);
+/* 1 if key/value are legal text metadata (lowercase key, printable value, no "-bin"). */
+int rpc__md_legal(const char *key, const char *value);
+
+/* gpr deadline ↔ our monotonic nanoseconds. */
+gpr_timespec rpc__deadline_from_ms(int64_t timeout_ms); /* ≤0 → infinite */
+gpr_timespec rpc__deadline_from_ns(int64_t deadline_ns);
+int64_t rpc__ns_from_deadline(gpr_timespec deadline);   /* infinite → RPC_DEADLINE_NONE */
+
+/* Text for a grpc_call_error, for log lines. */
+const char *rpc__call_error_name(grpc_call_error e);
+
+/* Channel arguments: a small fixed array filled by rpc__args_add_int. */
+#define RPC_MAX_ARGS 16
+typedef struct rpc_args {
+    grpc_arg arg[RPC_MAX_ARGS];
+    grpc_channel_args ca;
+} rpc_args;
+void rpc__args_init(rpc_args *a);
+void rpc__args_add_int(rpc_args *a, const char *key, int value);
+
+/* Constant-time string equality (auth tokens). */
+int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen);
+
+/* grpc_slice content → NUL-terminated copy (malloc); NULL when out of memory. */
+char *rpc__slice_strdup(grpc_slice s);
+
+/* Health service (rpc_health.c), owned by a server. */
+typedef struct rpc_health rpc_health;
+rpc_health *rpc__health_create(bool start_not_serving);
+void rpc__health_destroy(rpc_health *h);
+/* Fills methods[0..1] (Check, Watch) for the server's table. */
+void rpc__health_methods(rpc_health *h, bool needs_token, rpc_method methods[2]);
+pie_code rpc__health_set(rpc_health *h, const char *service, rpc_health_status status,
+                         pie_status *st);
+/* Shutdown: everything NOT_SERVING, watchers told and their calls finished; later sets ignored. */
+void rpc__health_shutdown(rpc_health *h);
+
+#endif

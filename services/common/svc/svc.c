@@ -1,0 +1,286 @@
+/* svc.c — see svc.h. */
+#include "svc.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pie_httpd.h"
+#include "pie_log.h"
+
+const char *const svc_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+
+#define SVC_MAX_HEALTH 8
+
+struct svc {
+    char name[32];
+    rpc_server *server;
+    pie_metrics *metrics;
+    pie_httpd *httpd;
+    const svc_config *cfg;             /* borrowed; outlives the svc */
+    char token[512];
+    const char *health[SVC_MAX_HEALTH]; /* service names reported in health besides "" */
+    size_t n_health;
+};
+
+int svc_parse_args(int argc, char **argv, const char *prog, svc_args *out) {
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"print-config", no_argument, NULL, 'p'},
+        {"help-config", no_argument, NULL, 'H'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    memset(out, 0, sizeof *out);
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': out->config_path = optarg; break;
+        case 'p': out->print_config = true; break;
+        case 'H': out->help_config = true; break;
+        case 'V': printf("%s %s\n", prog, PIE_VERSION); return 1;
+        case 'h':
+            printf("usage: %s [--config FILE] [--print-config] [--help-config] [--version]\n"
+                   "  --config FILE    YAML configuration (PIE_* environment variables override it)\n"
+                   "  --print-config   print the effective configuration and exit\n"
+                   "  --help-config    print every configuration key and exit\n",
+                   prog);
+            return 1;
+        default: return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", prog, argv[optind]);
+        return 2;
+    }
+    return 0;
+}
+
+extern char **environ;
+
+int svc_load_config(const char *prog, const svc_args *args, const pie_config_schema *schema,
+                    void *cfg) {
+    pie_status st;
+    if (args->help_config) {
+        if (pie_config_print_docs(schema, stdout, &st) != PIE_OK) {
+            fprintf(stderr, "%s: %s\n", prog, st.msg);
+            return 2;
+        }
+        return 1;
+    }
+    if (pie_config_load(schema, cfg, args->config_path, environ, &st) != PIE_OK) {
+        fprintf(stderr, "%s: %s\n", prog, st.msg);
+        return 2;
+    }
+    if (args->print_config) {
+        pie_code rc = pie_config_print(schema, cfg, stdout, &st);
+        pie_config_free(schema, cfg);
+        if (rc != PIE_OK) {
+            fprintf(stderr, "%s: %s\n", prog, st.msg);
+            return 2;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static void signal_set(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+}
+
+void svc_block_signals(void) {
+    sigset_t set;
+    signal_set(&set);
+    sigaddset(&set, SIGPIPE); /* peers that vanish are handled as write errors */
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+int svc_wait_for_signal(void) {
+    sigset_t set;
+    signal_set(&set);
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    return sig;
+}
+
+/* "host:port" → host (into buf) and port; IPv6 as "[::1]:9090". Returns 0 or -1. */
+static int split_host_port(const char *addr, char *host, size_t n, uint16_t *port) {
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL || colon == addr) return -1;
+    const char *h = addr;
+    size_t hl = (size_t)(colon - addr);
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    if (hl + 1 > n) return -1;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || p < 0 || p > 65535) return -1;
+    *port = (uint16_t)p;
+    return 0;
+}
+
+/* Reads the bearer token from path, dropping trailing newlines and spaces. */
+static pie_code read_token_file(const char *path, char *out, size_t n, pie_status *st) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: cannot open '%s': %s",
+                              path, strerror(errno));
+    size_t len = fread(out, 1, n - 1, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err) return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: cannot read '%s'", path);
+    out[len] = '\0';
+    while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r' || out[len - 1] == ' '))
+        out[--len] = '\0';
+    if (len == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: '%s' is empty", path);
+    return PIE_OK;
+}
+
+static pie_code start_metrics(svc *s, const svc_config *cfg, pie_status *st) {
+    if (cfg->metrics_listen == NULL || cfg->metrics_listen[0] == '\0') return PIE_OK;
+    char host[256];
+    uint16_t port;
+    if (split_host_port(cfg->metrics_listen, host, sizeof host, &port) != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "metrics.listen: '%s' is not host:port", cfg->metrics_listen);
+    pie_httpd_options opt = {.host = host, .port = port, .metrics = s->metrics};
+    return pie_httpd_start(&opt, &s->httpd, st);
+}
+
+static void register_build_info(svc *s) {
+    pie_status st;
+    pie_metric_label labels[] = {{"service", s->name}, {"version", PIE_VERSION}};
+    pie_gauge *g = pie_metrics_gauge(s->metrics, "pie_build_info",
+                                     "Always 1; labels name the service and its version.",
+                                     labels, 2, &st);
+    pie_gauge_set(g, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    pie_gauge *start = pie_metrics_gauge(s->metrics, "pie_process_start_time_seconds",
+                                         "Start time of the process since the Unix epoch.", NULL,
+                                         0, &st);
+    pie_gauge_set(start, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+}
+
+svc *svc_create(const char *name, const svc_config *cfg, pie_status *st) {
+    svc *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->cfg = cfg;
+    pie_log_set_service(name);
+    pie_log_set_level((pie_log_level)cfg->log_level);
+    if (cfg->auth_token_file && cfg->auth_token_file[0]) {
+        if (read_token_file(cfg->auth_token_file, s->token, sizeof s->token, st) != PIE_OK) goto fail;
+    } else if (cfg->auth_token) {
+        snprintf(s->token, sizeof s->token, "%s", cfg->auth_token);
+    }
+    s->metrics = pie_metrics_create();
+    if (s->metrics == NULL) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    register_build_info(s);
+    return s;
+fail:
+    svc_stop(s);
+    return NULL;
+}
+
+pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) {
+    const svc_config *cfg = s->cfg;
+    int max_msg = cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX : (int)cfg->max_message_bytes;
+    rpc_server_opts so = {
+        .addr = cfg->listen,
+        .n_threads = (int)cfg->threads,
+        .token = s->token,
+        .health_not_serving = true,
+        .max_recv_bytes = max_msg,
+        .max_send_bytes = max_msg,
+    };
+    s->server = rpc_server_create(&so, st);
+    if (s->server == NULL) return st ? st->code : PIE_INTERNAL;
+    if (n > 0 && rpc_server_add_methods(s->server, methods, n, st) != PIE_OK) return st->code;
+    if (rpc_server_start(s->server, st) != PIE_OK) return st->code;
+    if (start_metrics(s, cfg, st) != PIE_OK) return st->code;
+    pie_log_info("svc.started", "version=%s grpc_port=%d metrics_port=%d auth=%s", PIE_VERSION,
+                 rpc_server_port(s->server), svc_metrics_port(s), s->token[0] ? "on" : "off");
+    return PIE_OK;
+}
+
+void svc_add_health(svc *s, const char *service) {
+    if (s->n_health < SVC_MAX_HEALTH) s->health[s->n_health++] = service;
+    rpc_server_set_health(s->server, service, RPC_HEALTH_NOT_SERVING, NULL);
+}
+
+void svc_set_serving(svc *s, bool serving) {
+    rpc_health_status hs = serving ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING;
+    for (size_t i = 0; i < s->n_health; i++) rpc_server_set_health(s->server, s->health[i], hs, NULL);
+    rpc_server_set_health(s->server, "", hs, NULL);
+    pie_log_info("svc.health", "serving=%s", serving ? "true" : "false");
+}
+
+rpc_server *svc_server(svc *s) { return s->server; }
+pie_metrics *svc_metrics(svc *s) { return s->metrics; }
+int svc_port(const svc *s) { return rpc_server_port(s->server); }
+int svc_metrics_port(const svc *s) { return s->httpd ? (int)pie_httpd_port(s->httpd) : 0; }
+const char *svc_token(const svc *s) { return s->token; }
+
+pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
+                             rpc_channel **ch, rpc_link **link, pie_status *st) {
+    int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX
+                                                                   : (int)s->cfg->max_message_bytes;
+    rpc_channel_opts co = {
+        .token = s->token[0] ? s->token : NULL,
+        .max_recv_bytes = max_msg,
+        .max_send_bytes = max_msg,
+        .keepalive_time_ms = 10000,
+        .keepalive_without_calls = true,
+        .reconnect_initial_ms = (int)dc->reconnect_initial_ms,
+        .reconnect_max_ms = (int)dc->reconnect_max_ms,
+    };
+    *link = NULL;
+    *ch = rpc_channel_create(dc->address, &co, st);
+    if (*ch == NULL) return st ? st->code : PIE_INTERNAL;
+    rpc_link_opts opts = *lo;
+    opts.backoff_initial_ms = dc->reconnect_initial_ms;
+    opts.backoff_max_ms = dc->reconnect_max_ms;
+    *link = rpc_link_start(*ch, &opts, st);
+    if (*link == NULL) {
+        rpc_channel_destroy(*ch);
+        *ch = NULL;
+        return st ? st->code : PIE_INTERNAL;
+    }
+    pie_log_info("svc.dialling", "controller=%s path=%s", dc->address, lo->path);
+    return PIE_OK;
+}
+
+void svc_stop(svc *s) {
+    if (s == NULL) return;
+    if (s->server) {
+        pie_log_info("svc.stopping", "grace_ms=%lld", (long long)s->cfg->shutdown_grace_ms);
+        rpc_server_shutdown(s->server, s->cfg->shutdown_grace_ms);
+        rpc_server_destroy(s->server);
+    }
+    if (s->httpd) pie_httpd_stop(s->httpd);
+    pie_metrics_destroy(s->metrics);
+    pie_log_info("svc.stopped", "%s", "");
+    free(s);
+}

@@ -1,0 +1,357 @@
+/* test_rpc_calls.c — the four call kinds, metadata, deadlines, unknown methods, message size
+ * limits, bearer-token auth and the buffer conversion of services/common/rpc. */
+#include <criterion/criterion.h>
+
+#include "rpc_internal.h"
+#include "test_rpc_util.h"
+
+static tsrv *T;
+static rpc_channel *CH;
+
+static void setup(void)
+{
+    pie_status st;
+    T = tsrv_start(NULL, &st);
+    cr_assert(T, "server start: %s", st.msg);
+    CH = tchan(T->port, NULL);
+    cr_assert(CH);
+}
+
+static void teardown(void)
+{
+    rpc_channel_destroy(CH);
+    tsrv_stop(T, 1000);
+    TLEAK_CHECK();
+}
+
+static void leak_check(void)
+{
+    TLEAK_CHECK();
+}
+
+static pie_code unary(rpc_channel *ch, const char *text, int64_t timeout_ms, char *out, size_t n,
+                      pie_status *st)
+{
+    tmsg req = tmsg_of(text);
+    ProtobufCMessage *resp = NULL;
+    rpc_call_opts o = {.timeout_ms = timeout_ms};
+    pie_code rc = rpc_unary(ch, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, st);
+    if (out)
+        snprintf(out, n, "%s", resp ? tmsg_text(resp) : "");
+    rpc_msg_free(resp);
+    return rc;
+}
+
+TestSuite(rpc_calls, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(rpc_calls, unary_echoes_the_request)
+{
+    pie_status st;
+    char out[64];
+    cr_assert_eq(unary(CH, "hello", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "hello");
+    cr_assert_eq(unary(CH, "", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "");
+}
+
+Test(rpc_calls, unary_error_status_carries_code_and_message)
+{
+    pie_status st;
+    cr_assert_eq(unary(CH, "error", 5000, NULL, 0, &st), PIE_INVALID_ARGUMENT);
+    cr_assert_str_eq(st.msg, "error requested");
+}
+
+Test(rpc_calls, unary_answered_later_from_another_thread)
+{
+    pie_status st;
+    char out[64];
+    cr_assert_eq(unary(CH, "later", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "later-done");
+}
+
+Test(rpc_calls, unary_reads_request_metadata)
+{
+    tmsg req = tmsg_of("meta");
+    ProtobufCMessage *resp = NULL;
+    rpc_md md[] = {{"x-token", "abc123"}};
+    rpc_call_opts o = {.timeout_ms = 5000, .md = md, .n_md = 1};
+    pie_status st;
+    cr_assert_eq(rpc_unary(CH, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, &st), PIE_OK,
+                 "%s", st.msg);
+    cr_assert_str_eq(tmsg_text(resp), "abc123");
+    rpc_msg_free(resp);
+    rpc_md bad[] = {{"Bad Key", "v"}};
+    o.md = bad;
+    cr_assert_eq(rpc_unary(CH, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, &st),
+                 PIE_INVALID_ARGUMENT);
+}
+
+Test(rpc_calls, client_streaming_collects_every_message)
+{
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
+    cr_assert(s, "%s", st.msg);
+    const char *words[] = {"a", "bb", "ccc", "dddd"};
+    for (int i = 0; i < 4; i++) {
+        tmsg m = tmsg_of(words[i]);
+        cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "%s", st.msg);
+    }
+    cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
+    ProtobufCMessage *m = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &m, 5000), RPC_RECV_MESSAGE);
+    cr_assert_str_eq(tmsg_text(m), "a,bb,ccc,dddd");
+    rpc_msg_free(m);
+    cr_assert_eq(rpc_stream_recv(s, &m, 5000), RPC_RECV_END);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+    cr_assert_eq(atomic_load(&T->n_msg), 4);
+    cr_assert_eq(atomic_load(&T->n_half), 1);
+}
+
+Test(rpc_calls, server_streaming_sends_from_another_thread_in_order)
+{
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s, "%s", st.msg);
+    tmsg req = tmsg_of("200");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
+    for (int i = 0; i < 200; i++) {
+        ProtobufCMessage *m = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &m, 5000), RPC_RECV_MESSAGE, "message %d", i);
+        cr_assert_eq(atoi(tmsg_text(m)), i);
+        rpc_msg_free(m);
+    }
+    ProtobufCMessage *m = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &m, 5000), RPC_RECV_END);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+}
+
+Test(rpc_calls, bidi_echoes_and_carries_metadata_both_ways)
+{
+    pie_status st;
+    rpc_md md[] = {{"x-token", "t-42"}};
+    rpc_call_opts o = {.md = md, .n_md = 1};
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Chat", TMSG_DESC, &o, &st);
+    cr_assert(s, "%s", st.msg);
+    cr_assert_eq(rpc_stream_wait_ready(s, 5000, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(rpc_stream_initial_metadata(s, "x-echo-token"), "t-42");
+    for (int i = 0; i < 50; i++) {
+        char text[16];
+        snprintf(text, sizeof text, "m%d", i);
+        tmsg m = tmsg_of(text);
+        cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "%s", st.msg);
+        ProtobufCMessage *r = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &r, 5000), RPC_RECV_MESSAGE);
+        cr_assert_str_eq(tmsg_text(r), text);
+        rpc_msg_free(r);
+    }
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &r, 0), RPC_RECV_TIMEOUT, "nothing is pending");
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(rpc_stream_trailing_metadata(s, "x-count"), "50");
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 2000));
+    cr_assert_eq(atomic_load(&T->n_half), 1);
+    cr_assert_eq(atomic_load(&T->n_cancel), 0);
+}
+
+Test(rpc_calls, deadline_exceeded_reaches_client_and_handler)
+{
+    pie_status st;
+    int64_t t0 = rpc_now_ns();
+    cr_assert_eq(unary(CH, "sleep", 200, NULL, 0, &st), PIE_DEADLINE_EXCEEDED, "%s", st.msg);
+    double ms = (double)(rpc_now_ns() - t0) / 1e6;
+    cr_assert(ms >= 150 && ms < 3000, "took %.1f ms", ms);
+    long rem = atomic_load(&T->last_remaining_ms);
+    cr_assert(rem > 0 && rem <= 200, "handler saw %ld ms left", rem);
+    cr_assert(TWAIT(atomic_load(&T->n_cancel) == 1, 3000), "handler's on_cancel ran");
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 3000));
+}
+
+Test(rpc_calls, no_deadline_is_reported_as_none)
+{
+    pie_status st;
+    cr_assert_eq(unary(CH, "x", 0, NULL, 0, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(atomic_load(&T->last_remaining_ms), (long)INT64_MAX);
+}
+
+Test(rpc_calls, unknown_method_is_unimplemented_within_100ms)
+{
+    pie_status st;
+    rpc_health_status hs;
+    cr_assert_eq(rpc_health_check(CH, "", 5000, &hs, &st), PIE_OK, "%s", st.msg); /* connect */
+    tmsg req = tmsg_of("x");
+    ProtobufCMessage *resp = NULL;
+    rpc_call_opts o = {.timeout_ms = 5000};
+    int64_t t0 = rpc_now_ns();
+    pie_code rc = rpc_unary(CH, "/test.Echo/Nope", &req.base, TMSG_DESC, &resp, &o, &st);
+    double ms = (double)(rpc_now_ns() - t0) / 1e6;
+    cr_assert_eq(rc, PIE_UNIMPLEMENTED, "%s: %s", pie_code_name(rc), st.msg);
+    cr_assert(ms < 100, "took %.1f ms", ms);
+    cr_assert(strstr(st.msg, "/test.Echo/Nope"), "message: %s", st.msg);
+    /* Also for a whole unknown service, and as a stream. */
+    rpc_stream *s = rpc_stream_open(CH, "/nope.Svc/Talk", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_UNIMPLEMENTED);
+    rpc_stream_destroy(s);
+}
+
+Test(rpc_calls, oversize_messages_are_resource_exhausted)
+{
+    pie_status st;
+    tsrv *small = tsrv_start(&(rpc_server_opts){.max_recv_bytes = 1024, .max_send_bytes = 1024}, &st);
+    cr_assert(small, "%s", st.msg);
+    rpc_channel *ch = tchan(small->port, NULL);
+    char big[2048];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    /* request larger than the server accepts */
+    cr_assert_eq(unary(ch, big, 5000, NULL, 0, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    /* response larger than the server may send: rpc_call_reply refuses it */
+    cr_assert_eq(unary(ch, "big:2000", 5000, NULL, 0, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert_eq(unary(ch, "small", 5000, NULL, 0, &st), PIE_OK, "%s", st.msg);
+    rpc_channel_destroy(ch);
+    /* client limits: sending is refused locally, receiving by the core */
+    ch = tchan(T->port, &(rpc_channel_opts){.max_send_bytes = 1024, .max_recv_bytes = 1024});
+    cr_assert_eq(unary(ch, big, 5000, NULL, 0, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert_eq(unary(ch, "big:4000", 5000, NULL, 0, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert_eq(unary(ch, "big:100", 5000, NULL, 0, &st), PIE_OK, "%s", st.msg);
+    rpc_channel_destroy(ch);
+    tsrv_stop(small, 1000);
+}
+
+Test(rpc_calls, messages_up_to_the_limit_pass)
+{
+    pie_status st;
+    char out[8];
+    cr_assert_eq(unary(CH, "big:3000000", 10000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "bbbbbbb");
+}
+
+Test(rpc_calls, bearer_token_is_enforced)
+{
+    pie_status st;
+    tsrv *sec = tsrv_start(&(rpc_server_opts){.token = "s3cret"}, &st);
+    cr_assert(sec, "%s", st.msg);
+    rpc_channel *none = tchan(sec->port, NULL);
+    rpc_channel *wrong = tchan(sec->port, &(rpc_channel_opts){.token = "s3cre"});
+    rpc_channel *right = tchan(sec->port, &(rpc_channel_opts){.token = "s3cret"});
+    cr_assert_eq(unary(none, "x", 5000, NULL, 0, &st), PIE_UNAUTHENTICATED, "%s", st.msg);
+    cr_assert_eq(unary(wrong, "x", 5000, NULL, 0, &st), PIE_UNAUTHENTICATED, "%s", st.msg);
+    cr_assert_eq(unary(right, "x", 5000, NULL, 0, &st), PIE_OK, "%s", st.msg);
+    /* a token passed as plain metadata without "Bearer " is not accepted either */
+    rpc_md md[] = {{"authorization", "s3cret"}};
+    tmsg req = tmsg_of("x");
+    ProtobufCMessage *resp = NULL;
+    cr_assert_eq(rpc_unary(none, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp,
+                           &(rpc_call_opts){.timeout_ms = 5000, .md = md, .n_md = 1}, &st),
+                 PIE_UNAUTHENTICATED);
+    /* streams too, and the handler never sees the call */
+    rpc_stream *s = rpc_stream_open(wrong, "/test.Echo/Chat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    cr_assert_neq(rpc_stream_wait_ready(s, 5000, &st), PIE_OK);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_UNAUTHENTICATED, "%s", st.msg);
+    rpc_stream_destroy(s);
+    cr_assert_eq(atomic_load(&sec->n_call), 1, "only the authorised call reached a handler");
+    /* health is exempt by default (Kubernetes probes carry no token) */
+    rpc_health_status hs;
+    cr_assert_eq(rpc_health_check(none, "", 5000, &hs, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(hs, RPC_HEALTH_SERVING);
+    rpc_channel_destroy(none);
+    rpc_channel_destroy(wrong);
+    rpc_channel_destroy(right);
+    tsrv_stop(sec, 1000);
+}
+
+Test(rpc_calls, health_can_require_the_token)
+{
+    pie_status st;
+    tsrv *sec = tsrv_start(&(rpc_server_opts){.token = "tok", .health_needs_token = true}, &st);
+    cr_assert(sec, "%s", st.msg);
+    rpc_channel *none = tchan(sec->port, NULL);
+    rpc_channel *right = tchan(sec->port, &(rpc_channel_opts){.token = "tok"});
+    rpc_health_status hs;
+    cr_assert_eq(rpc_health_check(none, "", 5000, &hs, &st), PIE_UNAUTHENTICATED);
+    cr_assert_eq(rpc_health_check(right, "", 5000, &hs, &st), PIE_OK, "%s", st.msg);
+    rpc_channel_destroy(none);
+    rpc_channel_destroy(right);
+    tsrv_stop(sec, 1000);
+}
+
+Test(rpc_calls, method_table_is_validated)
+{
+    pie_status st;
+    rpc_server *srv = rpc_server_create(&(rpc_server_opts){.addr = "127.0.0.1:0"}, &st);
+    cr_assert(srv, "%s", st.msg);
+    rpc_method m = {.path = "nope", .kind = RPC_UNARY, .request = TMSG_DESC,
+                    .response = TMSG_DESC, .on_call = t_unary};
+    cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "nope"), "%s", st.msg);
+    m.path = "/a.B/C";
+    m.kind = RPC_BIDI; /* no on_message */
+    cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_INVALID_ARGUMENT);
+    m.kind = RPC_UNARY;
+    cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_ALREADY_EXISTS);
+    m.path = "/grpc.health.v1.Health/Check";
+    cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_ALREADY_EXISTS);
+    rpc_server_destroy(srv); /* never started */
+}
+
+Test(rpc_calls, second_server_on_a_taken_port_fails)
+{
+    pie_status st;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", T->port);
+    rpc_server *srv = rpc_server_create(&(rpc_server_opts){.addr = addr}, &st);
+    cr_assert(srv);
+    cr_assert_eq(rpc_server_start(srv, &st), PIE_UNAVAILABLE);
+    cr_assert(strstr(st.msg, addr), "%s", st.msg);
+    rpc_server_destroy(srv);
+}
+
+TestSuite(rpc_buffers, .fini = leak_check);
+
+Test(rpc_buffers, multi_slice_buffers_unpack_through_readall)
+{
+    grpc_init();
+    tmsg m = tmsg_of("a string long enough to split over three slices");
+    grpc_byte_buffer *bb = NULL;
+    cr_assert_eq(rpc__pack(&m.base, -1, &bb, NULL), PIE_OK);
+    grpc_slice whole = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+    cr_assert_eq(bb->data.raw.slice_buffer.count, 1, "packed into one slice");
+    size_t n = GRPC_SLICE_LENGTH(whole);
+    grpc_slice parts[3] = {grpc_slice_sub(whole, 0, 5), grpc_slice_sub(whole, 5, 20),
+                           grpc_slice_sub(whole, 20, n)};
+    grpc_byte_buffer *multi = grpc_raw_byte_buffer_create(parts, 3);
+    ProtobufCMessage *one = rpc__unpack(TMSG_DESC, bb);
+    ProtobufCMessage *three = rpc__unpack(TMSG_DESC, multi);
+    cr_assert(one && three);
+    cr_assert_str_eq(tmsg_text(one), m.service);
+    cr_assert_str_eq(tmsg_text(three), m.service);
+    rpc_msg_free(one);
+    rpc_msg_free(three);
+    /* garbage does not parse */
+    grpc_slice junk = grpc_slice_from_static_string("\xff\xff\xff");
+    grpc_byte_buffer *jb = grpc_raw_byte_buffer_create(&junk, 1);
+    cr_assert_null(rpc__unpack(TMSG_DESC, jb));
+    grpc_byte_buffer_destroy(jb);
+    for (int i = 0; i < 3; i++)
+        grpc_slice_unref(parts[i]);
+    grpc_slice_unref(whole);
+    grpc_byte_buffer_destroy(multi);
+    grpc_byte_buffer_destroy(bb);
+    grpc_shutdown();
+}
+
+Test(rpc_buffers, pack_respects_the_limit)
+{
+    tmsg m = tmsg_of("0123456789");
+    grpc_byte_buffer *bb = NULL;
+    pie_status st;
+    cr_assert_eq(rpc__pack(&m.base, 5, &bb, &st), PIE_RESOURCE_EXHAUSTED);
+    cr_assert_null(bb);
+    cr_assert(strstr(st.msg, "grpc.health.v1.HealthCheckRequest"), "%s", st.msg);
+}

@@ -1,0 +1,367 @@
+/* test_rpc_streams.c — cancellation both ways, late sends, backpressure, many concurrent
+ * streams and shutdown with calls in flight, for services/common/rpc. */
+#include <criterion/criterion.h>
+
+#include "test_rpc_util.h"
+
+static tsrv *T;
+static rpc_channel *CH;
+
+static void setup(void)
+{
+    pie_status st;
+    /* two completion-queue threads: calls land on either, sends come from any thread */
+    T = tsrv_start(&(rpc_server_opts){.n_threads = 2}, &st);
+    cr_assert(T, "server start: %s", st.msg);
+    CH = tchan(T->port, NULL);
+    cr_assert(CH);
+}
+
+static void teardown(void)
+{
+    rpc_channel_destroy(CH);
+    tsrv_stop(T, 1000);
+    TLEAK_CHECK();
+}
+
+static void leak_check(void)
+{
+    TLEAK_CHECK();
+}
+
+TestSuite(rpc_streams, .init = setup, .fini = teardown, .timeout = 60);
+
+static rpc_stream *chat_open(rpc_channel *ch)
+{
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Chat", TMSG_DESC, NULL, &st);
+    cr_assert(s, "%s", st.msg);
+    return s;
+}
+
+static void chat_roundtrip(rpc_stream *s, const char *text)
+{
+    pie_status st;
+    tmsg m = tmsg_of(text);
+    cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "send %s: %s", text, st.msg);
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &r, 10000), RPC_RECV_MESSAGE, "echo of %s", text);
+    cr_assert_str_eq(tmsg_text(r), text);
+    rpc_msg_free(r);
+}
+
+Test(rpc_streams, client_cancel_mid_stream_is_seen_as_cancel_not_half_close)
+{
+    rpc_stream *s = chat_open(CH);
+    chat_roundtrip(s, "one");
+    chat_roundtrip(s, "two");
+    rpc_stream_cancel(s);
+    pie_status st;
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_CANCELLED, "%s", pie_code_name(st.code));
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000), "on_done ran");
+    cr_assert_eq(atomic_load(&T->n_cancel), 1, "on_cancel ran once");
+    cr_assert_eq(atomic_load(&T->n_half), 0, "a cancel is not a half-close");
+}
+
+Test(rpc_streams, client_cancel_of_a_client_stream_is_cancel)
+{
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg m = tmsg_of("x");
+    cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK);
+    cr_assert(TWAIT(atomic_load(&T->n_msg) == 1, 5000));
+    rpc_stream_cancel(s);
+    cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_CANCELLED, "send after cancel");
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_CANCELLED);
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000));
+    cr_assert_eq(atomic_load(&T->n_cancel), 1);
+    cr_assert_eq(atomic_load(&T->n_half), 0);
+}
+
+Test(rpc_streams, destroy_without_finish_cancels)
+{
+    rpc_stream *s = chat_open(CH);
+    chat_roundtrip(s, "x");
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000));
+    cr_assert_eq(atomic_load(&T->n_cancel), 1);
+}
+
+Test(rpc_streams, server_finish_with_error_mid_stream_reaches_client)
+{
+    rpc_stream *s = chat_open(CH);
+    chat_roundtrip(s, "hi");
+    pie_status st;
+    tmsg m = tmsg_of("abort");
+    cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK);
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &r, 5000), RPC_RECV_END);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_ABORTED, "%s", pie_code_name(st.code));
+    cr_assert_str_eq(st.msg, "told to abort");
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000));
+    cr_assert_eq(atomic_load(&T->n_cancel), 0, "a finish is not a cancel");
+}
+
+Test(rpc_streams, server_cancel_reaches_client_with_its_status)
+{
+    rpc_stream *s = chat_open(CH);
+    chat_roundtrip(s, "hi");
+    pie_status st;
+    tmsg m = tmsg_of("cancel");
+    cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK);
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &r, 5000), RPC_RECV_END);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_PERMISSION_DENIED, "%s: %s",
+                 pie_code_name(st.code), st.msg);
+    cr_assert_str_eq(st.msg, "told to cancel");
+    /* the client keeps sending into a finished call: refused, never a crash */
+    cr_assert_neq(rpc_stream_send(s, &m.base, &st), PIE_OK);
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000));
+    cr_assert_eq(atomic_load(&T->n_cancel), 1, "the handler's own cancel is reported");
+}
+
+Test(rpc_streams, late_sends_after_cancel_fail_with_cancelled)
+{
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("100000000");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    for (int i = 0; i < 3; i++) {
+        ProtobufCMessage *r = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &r, 5000), RPC_RECV_MESSAGE);
+        rpc_msg_free(r);
+    }
+    rpc_stream_cancel(s);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_CANCELLED);
+    rpc_stream_destroy(s);
+    cr_assert(TWAIT(atomic_load(&T->n_late_cancelled) == 1, 5000),
+              "the sender thread saw CANCELLED");
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 5000));
+    cr_assert_eq(atomic_load(&T->n_cancel), 1);
+}
+
+Test(rpc_streams, send_queue_is_bounded_and_drains_in_order)
+{
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max = 4}, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("flood:65536");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    /* Not reading: flow control stops the transport, the queue fills, send says so. */
+    cr_assert(TWAIT(atomic_load(&t->flood_accepted) > 0, 20000), "queue never filled");
+    int accepted = atomic_load(&t->flood_accepted);
+    cr_assert(accepted >= 4 && accepted < 200, "accepted %d messages", accepted);
+    int got = 0;
+    ProtobufCMessage *r = NULL;
+    while (rpc_stream_recv(s, &r, 10000) == RPC_RECV_MESSAGE) {
+        cr_assert_eq(strlen(tmsg_text(r)), 65536u);
+        rpc_msg_free(r);
+        got++;
+    }
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(got, accepted, "every accepted message arrived");
+    rpc_stream_destroy(s);
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+}
+
+Test(rpc_streams, send_wait_applies_backpressure_without_loss)
+{
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max = 2}, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("2000");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    for (int i = 0; i < 2000; i++) {
+        ProtobufCMessage *r = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &r, 10000), RPC_RECV_MESSAGE, "message %d", i);
+        cr_assert_eq(atoi(tmsg_text(r)), i);
+        rpc_msg_free(r);
+    }
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+}
+
+typedef struct recv_ctx {
+    rpc_stream *s;
+    int n;
+} recv_ctx;
+
+static void *receiver(void *arg)
+{
+    recv_ctx *c = arg;
+    ProtobufCMessage *r = NULL;
+    while (rpc_stream_recv(c->s, &r, 10000) == RPC_RECV_MESSAGE) {
+        rpc_msg_free(r);
+        c->n++;
+    }
+    return NULL;
+}
+
+Test(rpc_streams, one_sender_and_one_receiver_thread_share_a_stream)
+{
+    rpc_stream *s = chat_open(CH);
+    recv_ctx c = {s, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, receiver, &c), 0);
+    pie_status st;
+    for (int i = 0; i < 500; i++) {
+        tmsg m = tmsg_of("ping");
+        cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "%s", st.msg);
+    }
+    cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK);
+    pthread_join(th, NULL);
+    cr_assert_eq(c.n, 500, "received %d", c.n);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+}
+
+#define N_STREAMS 1000
+
+Test(rpc_streams, thousand_concurrent_bidi_streams, .timeout = 120)
+{
+    static rpc_stream *s[N_STREAMS];
+    char text[32];
+    pie_status st;
+    for (int i = 0; i < N_STREAMS; i++) {
+        s[i] = chat_open(CH);
+        snprintf(text, sizeof text, "%d-a", i);
+        tmsg m = tmsg_of(text);
+        cr_assert_eq(rpc_stream_send(s[i], &m.base, &st), PIE_OK, "stream %d: %s", i, st.msg);
+    }
+    cr_assert(TWAIT(atomic_load(&T->n_call) == N_STREAMS, 20000), "%d calls arrived",
+              atomic_load(&T->n_call));
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N_STREAMS; i++) {
+            ProtobufCMessage *r = NULL;
+            cr_assert_eq(rpc_stream_recv(s[i], &r, 20000), RPC_RECV_MESSAGE, "stream %d", i);
+            snprintf(text, sizeof text, "%d-%c", i, round ? 'b' : 'a');
+            cr_assert_str_eq(tmsg_text(r), text);
+            rpc_msg_free(r);
+            if (round == 0) {
+                snprintf(text, sizeof text, "%d-b", i);
+                tmsg m = tmsg_of(text);
+                cr_assert_eq(rpc_stream_send(s[i], &m.base, &st), PIE_OK, "%s", st.msg);
+            }
+        }
+    }
+    for (int i = 0; i < N_STREAMS; i++) {
+        cr_assert_eq(rpc_stream_finish(s[i], &st), PIE_OK, "stream %d: %s", i, st.msg);
+        cr_assert_str_eq(rpc_stream_trailing_metadata(s[i], "x-count"), "2");
+        rpc_stream_destroy(s[i]);
+    }
+    cr_assert(TWAIT(atomic_load(&T->n_done) == N_STREAMS, 20000));
+    cr_assert_eq(atomic_load(&T->n_msg), 2 * N_STREAMS);
+    cr_assert_eq(atomic_load(&T->n_cancel), 0);
+}
+
+TestSuite(rpc_shutdown, .fini = leak_check, .timeout = 60);
+
+typedef struct unary_ctx {
+    rpc_channel *ch;
+    const char *text;
+    pie_code rc;
+    char out[PIE_STATUS_MSG_MAX];
+} unary_ctx;
+
+static void *unary_thread(void *arg)
+{
+    unary_ctx *u = arg;
+    tmsg req = tmsg_of(u->text);
+    ProtobufCMessage *resp = NULL;
+    pie_status st;
+    u->rc = rpc_unary(u->ch, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp,
+                      &(rpc_call_opts){.timeout_ms = 20000}, &st);
+    snprintf(u->out, sizeof u->out, "%s", resp ? tmsg_text(resp) : st.msg);
+    rpc_msg_free(resp);
+    return NULL;
+}
+
+Test(rpc_shutdown, calls_in_flight_are_cancelled_after_the_grace_period, .timeout = 60)
+{
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    rpc_stream *s[5];
+    for (int i = 0; i < 5; i++) {
+        s[i] = chat_open(ch);
+        chat_roundtrip(s[i], "live");
+    }
+    unary_ctx u = {.ch = ch, .text = "sleep"};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, unary_thread, &u), 0);
+    cr_assert(TWAIT(atomic_load(&t->n_call) == 6, 5000));
+    int64_t t0 = rpc_now_ns();
+    rpc_server_shutdown(t->srv, 200);
+    double ms = (double)(rpc_now_ns() - t0) / 1e6;
+    cr_assert(ms >= 150 && ms < 5000, "shutdown took %.1f ms", ms);
+    cr_assert_eq(atomic_load(&t->n_cancel), 6, "every handler saw its cancel");
+    cr_assert_eq(atomic_load(&t->n_done), 6);
+    pthread_join(th, NULL);
+    cr_assert(u.rc == PIE_UNAVAILABLE || u.rc == PIE_CANCELLED, "unary got %s",
+              pie_code_name(u.rc));
+    for (int i = 0; i < 5; i++) {
+        pie_code rc = rpc_stream_finish(s[i], &st);
+        cr_assert(rc == PIE_UNAVAILABLE || rc == PIE_CANCELLED, "stream got %s", pie_code_name(rc));
+        rpc_stream_destroy(s[i]);
+    }
+    /* new calls are refused */
+    unary_ctx v = {.ch = ch, .text = "x"};
+    unary_thread(&v);
+    cr_assert_eq(v.rc, PIE_UNAVAILABLE, "%s", pie_code_name(v.rc));
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 0);
+}
+
+Test(rpc_shutdown, calls_that_finish_within_the_grace_period_succeed, .timeout = 60)
+{
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    unary_ctx u = {.ch = ch, .text = "later"};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, unary_thread, &u), 0);
+    cr_assert(TWAIT(atomic_load(&t->n_call) == 1, 5000));
+    int64_t t0 = rpc_now_ns();
+    rpc_server_shutdown(t->srv, 10000);
+    double ms = (double)(rpc_now_ns() - t0) / 1e6;
+    pthread_join(th, NULL);
+    cr_assert_eq(u.rc, PIE_OK, "%s", u.out);
+    cr_assert_str_eq(u.out, "later-done");
+    cr_assert(ms < 5000, "shutdown waited %.1f ms instead of ending with the last call", ms);
+    cr_assert_eq(atomic_load(&t->n_cancel), 0);
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 0);
+}
+
+Test(rpc_shutdown, idle_server_stops_at_once_and_destroy_alone_suffices)
+{
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "%s", st.msg);
+    int64_t t0 = rpc_now_ns();
+    rpc_server_shutdown(t->srv, 5000);
+    double ms = (double)(rpc_now_ns() - t0) / 1e6;
+    cr_assert(ms < 1000, "took %.1f ms", ms);
+    tsrv_stop(t, 0);
+    rpc_server *srv = rpc_server_create(&(rpc_server_opts){.addr = "127.0.0.1:0"}, &st);
+    cr_assert(srv);
+    cr_assert_eq(rpc_server_start(srv, &st), PIE_OK, "%s", st.msg);
+    rpc_server_destroy(srv);
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# tools/test.sh — installs what is missing, builds, and runs every test twice: once in the
+# release build (build/) and once under AddressSanitizer + UndefinedBehaviorSanitizer
+# (build-asan/). Ends with one summary line "tests: N passed, N failed".
+# Usage: tools/test.sh [ctest args...]   e.g. tools/test.sh -R rpc
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+bash tools/setup.sh || { echo "test: setup failed"; exit 1; }
+
+total_pass=0
+total_fail=0
+status=0
+
+run_suite() { # name build_dir cmake_args...
+  local name=$1 dir=$2
+  shift 2
+  echo "== $name: configure + build ($dir)"
+  mkdir -p "$dir"
+  if ! cmake -S . -B "$dir" "$@" >"$dir/configure.log" 2>&1; then
+    cat "$dir/configure.log"; echo "test: $name: configure failed"; status=1; total_fail=$((total_fail + 1)); return
+  fi
+  if ! cmake --build "$dir" -j"$jobs" >"$dir/build.log" 2>&1; then
+    grep -E 'error|Error' "$dir/build.log" | head -50; echo "test: $name: build failed (see $dir/build.log)"
+    status=1; total_fail=$((total_fail + 1)); return
+  fi
+  echo "== $name: ctest"
+  local out
+  out=$(cd "$dir" && ctest --output-on-failure --timeout 600 "${ctest_args[@]}" 2>&1)
+  local rc=$?
+  echo "$out"
+  local line
+  line=$(echo "$out" | grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' | tail -1)
+  if [ -n "$line" ]; then
+    local failed all
+    failed=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/')
+    all=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/')
+    total_pass=$((total_pass + all - failed))
+    total_fail=$((total_fail + failed))
+  else
+    total_fail=$((total_fail + 1))
+  fi
+  [ $rc -eq 0 ] || status=1
+}
+
+ctest_args=("$@")
+# ASan+UBSan first (CUDA host code is not instrumented, so that suite leaves CUDA out), then the
+# release build the benchmarks and the quickstart use.
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  run_suite "asan+ubsan" build-asan -DPIE_ASAN=ON -DPIE_UBSAN=ON -DPIE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+run_suite "release" build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+echo "tests: $total_pass passed, $total_fail failed"
+exit $status
