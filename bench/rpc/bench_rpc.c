@@ -10,7 +10,7 @@
  * (two cross-thread wake-ups, like one RPC round trip). On small VMs this floor moves a lot
  * with the host's load; read the RPC numbers relative to it.
  *
- * Usage: bench_rpc [--quick] [--threads N] [--only unary|pingpong|oneway] [--target HOST:PORT]
+ * Usage: bench_rpc [--quick] [--threads N] [--spin-us N] [--only unary|pingpong|oneway] [--target HOST:PORT]
  *                  [--serve ADDR]
  *   --serve ADDR  only run the echo server (for running client and server as two processes)
  *   --target      benchmark a server started with --serve elsewhere */
@@ -287,13 +287,15 @@ static void on_signal(int sig)
 int main(int argc, char **argv)
 {
     bool quick = false;
-    int threads = 1;
+    int threads = 1, spin_us = 0;
     const char *target = NULL, *serve = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = true;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--spin-us") == 0 && i + 1 < argc)
+            spin_us = atoi(argv[++i]);
         else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc)
             target = argv[++i];
         else if (strcmp(argv[i], "--serve") == 0 && i + 1 < argc)
@@ -301,8 +303,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--only unary|pingpong|oneway] "
-                            "[--target HOST:PORT] [--serve ADDR]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--spin-us N] "
+                            "[--only unary|pingpong|oneway] [--target HOST:PORT] [--serve ADDR]\n", argv[0]);
             return 2;
         }
     }
@@ -329,15 +331,15 @@ int main(int argc, char **argv)
         target = addr;
     }
     pie_status st;
-    rpc_channel *ch = rpc_channel_create(target, NULL, &st);
+    rpc_channel *ch = rpc_channel_create(target, &(rpc_channel_opts){.spin_us = spin_us}, &st);
     if (!ch) {
         fprintf(stderr, "bench_rpc: %s\n", st.msg);
         rpc_server_destroy(srv);
         return 1;
     }
     int n_lat = quick ? 2000 : 20000, warm = quick ? 200 : 2000, n_oneway = quick ? 50000 : 500000;
-    printf("bench_rpc target=%s server_threads=%d%s\n", target, srv ? threads : -1,
-           quick ? " quick" : "");
+    printf("bench_rpc target=%s server_threads=%d client_spin_us=%d%s\n", target,
+           srv ? threads : -1, spin_us, quick ? " quick" : "");
     int rc = 0;
     bench_pipe(quick ? 2000 : 20000);
     if ((!only || strcmp(only, "unary") == 0) && bench_unary(ch, warm, n_lat) != 0)

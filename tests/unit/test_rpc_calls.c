@@ -69,6 +69,22 @@ Test(rpc_calls, unary_answered_later_from_another_thread)
     cr_assert_str_eq(out, "later-done");
 }
 
+Test(rpc_calls, spinning_client_gets_fast_and_slow_replies)
+{
+    /* spin_us only changes how the caller waits: a reply inside the spin (echo) and one long
+     * after it ("later": 50 ms, past the 200 us spin) both arrive intact. */
+    rpc_channel *spin = tchan(T->port, &(rpc_channel_opts){.spin_us = 200});
+    cr_assert(spin);
+    pie_status st;
+    char out[64];
+    cr_assert_eq(unary(spin, "fast", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "fast");
+    cr_assert_eq(unary(spin, "later", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(out, "later-done");
+    cr_assert_eq(unary(spin, "error", 5000, NULL, 0, &st), PIE_INVALID_ARGUMENT);
+    rpc_channel_destroy(spin);
+}
+
 Test(rpc_calls, unary_reads_request_metadata)
 {
     tmsg req = tmsg_of("meta");

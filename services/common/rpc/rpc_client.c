@@ -27,6 +27,7 @@ struct rpc_channel {
     char *target;
     char *auth; /* "Bearer <token>" or NULL */
     int max_send;
+    int64_t spin_ns;    /* rpc_channel_opts.spin_us */
     pthread_mutex_t mu; /* guards reg */
     rpc_reg *reg;
     size_t n_reg, cap_reg;
@@ -97,6 +98,7 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
     }
     grpc_init();
     ch->max_send = rpc__max_bytes(opts->max_send_bytes);
+    ch->spin_ns = opts->spin_us > 0 ? (int64_t)opts->spin_us * 1000 : 0;
     ch->target = strdup(target);
     if (!ch->target)
         goto oom;
@@ -327,7 +329,15 @@ pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *re
         rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: start_batch: %s", path,
                             rpc__call_error_name(e));
     } else {
-        grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        grpc_event ev = {.type = GRPC_QUEUE_TIMEOUT};
+        if (ch->spin_ns > 0) { /* a zero-deadline pluck polls the transport without sleeping */
+            int64_t spin_until = rpc_now_ns() + ch->spin_ns;
+            do {
+                ev = grpc_completion_queue_pluck(cq, &tag, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+            } while (ev.type == GRPC_QUEUE_TIMEOUT && rpc_now_ns() < spin_until);
+        }
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+            ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type != GRPC_OP_COMPLETE) {
             rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: completion queue failed", path);
         } else {
