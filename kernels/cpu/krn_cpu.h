@@ -1,0 +1,113 @@
+/* krn_cpu.h — the CPU kernels of the engine (the CPU backend and Neo's CPU attention).
+ *
+ * Owns: a fork-join thread pool, linear layers (f32 through OpenBLAS sgemm; bf16/f16 weights
+ * through our own SIMD kernels that never expand a whole matrix), RMSNorm, RoPE with Llama-3
+ * frequency scaling, SiLU-multiply, embedding gather, paged attention over layer-major KV
+ * pages (prefill with masks; decode split across threads flash-decoding style), softmax and
+ * top-k. SIMD paths are chosen at run time (AVX-512 / AVX2+FMA / portable C).
+ * Does not own: what a batch is (services/worker/engine), where weights come from
+ * (services/worker/model). All activations are f32. Shapes are written [rows, cols],
+ * row-major. */
+#ifndef KRN_CPU_H
+#define KRN_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Element type of weights; values equal mdl_dtype's. */
+typedef enum krn_dtype { KRN_F32 = 0, KRN_F16 = 1, KRN_BF16 = 2 } krn_dtype;
+
+/* ---- thread pool ------------------------------------------------------------------------- */
+
+typedef struct krn_pool krn_pool;
+
+/* n_threads workers in total, the caller of krn_pool_run included (so n_threads - 1 threads are
+ * created); n_threads <= 0 → the number of online cores. NULL on failure. */
+krn_pool *krn_pool_create(int n_threads);
+void krn_pool_destroy(krn_pool *p);
+int krn_pool_size(const krn_pool *p);
+
+/* Runs fn(arg, i, n_tasks) for every i in [0, n_tasks) across the pool (the caller takes part)
+ * and returns when all are done. Not reentrant: one run at a time per pool. p may be NULL:
+ * then everything runs in the caller. */
+typedef void (*krn_task_fn)(void *arg, int task, int n_tasks);
+void krn_pool_run(krn_pool *p, krn_task_fn fn, void *arg, int n_tasks);
+
+/* Which SIMD path the dispatcher chose: "avx512", "avx2", "scalar". */
+const char *krn_cpu_simd_name(void);
+
+/* ---- dense ------------------------------------------------------------------------------- */
+
+/* y[n, out] = x[n, in] · W^T where W is [out, in] of dtype wt (the HF Linear layout). */
+void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
+                    int out, float *y);
+
+/* y[n, d] = x / sqrt(mean(x^2) + eps) * w, per row; w [d] of dtype wt. y may equal x. */
+void krn_cpu_rmsnorm(const float *x, const void *w, krn_dtype wt, int n, int d, float eps,
+                     float *y);
+
+/* x[i] += y[i] */
+void krn_cpu_add(float *x, const float *y, size_t n);
+
+/* gate[i] = silu(gate[i]) * up[i] */
+void krn_cpu_silu_mul(float *gate, const float *up, size_t n);
+
+/* out[i, :] = table[tokens[i], :] as f32; table [vocab, d] of dtype wt. */
+void krn_cpu_embed(const void *table, krn_dtype wt, int d, const uint32_t *tokens, int n,
+                   float *out);
+
+/* Rotary frequencies inv_freq[head_dim / 2] with Llama-3 scaling when factor > 0 (factor,
+ * low_freq_factor, high_freq_factor, original_max_position_embeddings as in config.json). */
+void krn_cpu_rope_freqs(float *inv_freq, int head_dim, float theta, float factor,
+                        float low_freq_factor, float high_freq_factor, int orig_max_position);
+
+/* Rotates x[n, n_heads, head_dim] in place, row i at position pos[i], in the HF "rotate_half"
+ * convention (pairs (j, j + head_dim/2)). */
+void krn_cpu_rope(float *x, const uint32_t *pos, int n, int n_heads, int head_dim,
+                  const float *inv_freq);
+
+/* ---- attention over paged KV --------------------------------------------------------------- */
+
+/* One layer's KV region: [n_pages][2][page_size][n_kv_heads][head_dim] f32, K before V. */
+typedef struct krn_kv_layer {
+    float *base;
+    int page_size, n_kv_heads, head_dim;
+} krn_kv_layer;
+
+/* Token t (0-based) of a page list lives in page pages[t / page_size] at offset
+ * t % page_size. K at krn_kv_k(kv, page, off), V at krn_kv_v(kv, page, off). */
+float *krn_kv_k(const krn_kv_layer *kv, uint32_t page, int off);
+float *krn_kv_v(const krn_kv_layer *kv, uint32_t page, int off);
+
+/* One sequence's attention. Keys/values are the n_ctx tokens of `pages` followed by n_tail
+ * tokens in k_tail/v_tail ([n_tail, n_kv_heads, head_dim]; used when a forward attends to its
+ * inputs without storing them). Query row i sits at sequence index q_offset + i. */
+typedef struct krn_attn_item {
+    const float *q;         /* [n_q, n_heads, head_dim], RoPE applied */
+    float *out;             /* [n_q, n_heads, head_dim] */
+    int n_q;
+    const uint32_t *pages;  /* KV pages in order */
+    int n_ctx;              /* tokens read from the pages */
+    const float *k_tail, *v_tail;
+    int n_tail;
+    int q_offset;           /* causal: row i sees sequence indices [0, q_offset + i] */
+    const uint8_t *mask;    /* NULL: causal. Else [n_q, n_ctx + n_tail], 1 = visible; it
+                               replaces causality (the caller folds causality in). A row with
+                               nothing visible yields zeros. */
+} krn_attn_item;
+
+/* Grouped-query attention with softmax scale `scale` for every item; n_heads is a multiple of
+ * kv->n_kv_heads. Work is split over items, heads and (for long contexts) KV chunks. */
+void krn_cpu_attention(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
+                       int n_items, int n_heads, float scale);
+
+/* ---- distributions ----------------------------------------------------------------------- */
+
+/* x[n] = softmax(x / temperature), numerically stable. */
+void krn_cpu_softmax(float *x, int n, float temperature);
+
+/* The k largest of x[n] in descending order (ties: lower index first): ids[k], vals[k].
+ * O(n log k), no full sort. k <= n. */
+void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals);
+
+#endif

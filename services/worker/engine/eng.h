@@ -1,0 +1,114 @@
+/* eng.h — the inference engine: a loaded model, its KV-page and embedding-slot pools, and the
+ * batch handlers the worker executes for the controller.
+ *
+ * Owns: the handler contract of the paper's inference layer over PHYSICAL slot ids (the
+ * controller maps each instance's ids onto them): embed text, forward over a ragged batch,
+ * mask KV page, copy KV page, next-token distribution. Backend-neutral: eng_cpu.c implements it
+ * with kernels/cpu; the CUDA backend implements the same functions' semantics.
+ * Does not own: id virtualisation and validation against instances (controller), the wire
+ * format (the worker translates WorkerLink batches into these calls).
+ *
+ * Pools. KV pages are stored layer-major: for each layer one contiguous region
+ * [kv_pages][2][page_size][n_kv_heads][head_dim] (K then V). Each page also holds a per-token
+ * mask (mask_page); masked tokens are invisible to every query. An embedding slot holds one
+ * hidden-state vector [hidden] and its position.
+ *
+ * Validation. Every handler checks every id and count before touching state; on error it
+ * changes nothing and the message names the item and field, e.g.
+ *   "forward: item 2: kv_last_page_len 17 is out of range [1, 16]". */
+#ifndef ENG_H
+#define ENG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pie_status.h"
+
+typedef enum eng_backend { ENG_BACKEND_CPU = 1, ENG_BACKEND_CUDA = 2 } eng_backend;
+
+typedef struct eng_opts {
+    const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer.json */
+    eng_backend backend;    /* 0 → CPU */
+    uint32_t kv_page_size;  /* tokens per page; 0 → 16 */
+    uint32_t kv_pages;      /* pages in the pool; 0 → 256 */
+    uint32_t embed_slots;   /* embedding slots; 0 → 1024 */
+    uint32_t max_batch_tokens; /* most input tokens of one forward call; 0 → 4096 */
+    int n_threads;          /* CPU threads (the caller included); 0 → online cores */
+} eng_opts;
+
+typedef struct eng_info {
+    char architecture[32];
+    char dtype[8];          /* weights as stored: "f32", "f16", "bf16" */
+    uint32_t vocab_size, hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads,
+        head_dim, max_position;
+    int32_t bos_token_id, eos_token_id;
+    uint32_t kv_page_size, kv_pages, embed_slots, max_batch_tokens;
+    size_t weight_bytes;    /* mapped weights */
+    size_t kv_pool_bytes;   /* KV pages + masks */
+    size_t embed_pool_bytes;
+    size_t scratch_bytes;   /* activations sized for max_batch_tokens */
+} eng_info;
+
+typedef struct eng eng;
+
+pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st);
+void eng_close(eng *e);
+const eng_info *eng_get_info(const eng *e);
+
+/* slots[i] ← embedding of tokens[i] at positions[i]. */
+pie_code eng_embed_text(eng *e, const uint32_t *slots, const uint32_t *tokens,
+                        const uint32_t *positions, uint32_t n, pie_status *st);
+
+/* One sequence of a forward batch (mirrors pie.v1.ForwardItem). The sequence is the tokens
+ * of kv_pages: (n_kv_pages - 1) * page_size + kv_last_page_len of them. With append_kv the
+ * n_in inputs are its LAST n_in tokens and their K/V are written there; without, the pages
+ * hold only the context and the inputs follow it, attended to but not stored. Each input's
+ * RoPE position is the one stored with its embedding slot. The final hidden states (after the
+ * last norm) of the last n_out inputs go to out_slots, with those inputs' positions. */
+typedef struct eng_forward_item {
+    const uint32_t *kv_pages;
+    uint32_t n_kv_pages;
+    uint32_t kv_last_page_len; /* 1..page_size; 0 iff n_kv_pages == 0 */
+    bool append_kv;
+    const uint32_t *in_slots;
+    uint32_t n_in;             /* >= 1 */
+    const uint32_t *out_slots;
+    uint32_t n_out;            /* <= n_in */
+    /* NULL: causal. Else pie.v1.AttentionMask runs: row i covers the first C + i + 1 tokens
+     * (C = context tokens before the inputs), runs alternate visible/masked starting visible. */
+    const uint32_t *mask_runs;
+    uint32_t n_mask_runs;
+} eng_forward_item;
+
+/* Runs every item as one batch (one pass through the layers for all their tokens). */
+pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st);
+
+/* Sets the per-token mask of page: masked[page_size], true = hidden from every query. */
+pie_code eng_mask_page(eng *e, uint32_t page, const bool *masked, pie_status *st);
+
+/* Copies count tokens (K, V and mask) from src page at src_off to dst page at dst_off, every
+ * layer. src may equal dst when the ranges do not overlap. */
+typedef struct eng_copy_item {
+    uint32_t src, dst, src_off, dst_off, count;
+} eng_copy_item;
+pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_status *st);
+
+/* LM head over slot's hidden state → softmax(logits / temperature) → the top_k token ids and
+ * probabilities (descending; probabilities of the full softmax, not renormalised). */
+typedef struct eng_dist_item {
+    uint32_t slot;
+    uint32_t top_k;      /* 1..vocab */
+    float temperature;   /* > 0; 1 = the model's distribution */
+    uint32_t *ids;       /* [top_k], filled */
+    float *probs;        /* [top_k], filled */
+} eng_dist_item;
+pie_code eng_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st);
+
+/* Raw logits [vocab] of a slot (tests and the reference comparison). */
+pie_code eng_logits(eng *e, uint32_t slot, float *logits, pie_status *st);
+
+/* Position stored with a slot (tests). */
+pie_code eng_slot_position(eng *e, uint32_t slot, uint32_t *pos, pie_status *st);
+
+#endif
