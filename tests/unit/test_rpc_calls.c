@@ -8,8 +8,7 @@
 static tsrv *T;
 static rpc_channel *CH;
 
-static void setup(void)
-{
+static void setup(void) {
     pie_status st;
     T = tsrv_start(NULL, &st);
     cr_assert(T, "server start: %s", st.msg);
@@ -17,35 +16,28 @@ static void setup(void)
     cr_assert(CH);
 }
 
-static void teardown(void)
-{
+static void teardown(void) {
     rpc_channel_destroy(CH);
     tsrv_stop(T, 1000);
     TLEAK_CHECK();
 }
 
-static void leak_check(void)
-{
-    TLEAK_CHECK();
-}
+static void leak_check(void) { TLEAK_CHECK(); }
 
 static pie_code unary(rpc_channel *ch, const char *text, int64_t timeout_ms, char *out, size_t n,
-                      pie_status *st)
-{
+                      pie_status *st) {
     tmsg req = tmsg_of(text);
     ProtobufCMessage *resp = NULL;
     rpc_call_opts o = {.timeout_ms = timeout_ms};
     pie_code rc = rpc_unary(ch, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, st);
-    if (out)
-        snprintf(out, n, "%s", resp ? tmsg_text(resp) : "");
+    if (out) snprintf(out, n, "%s", resp ? tmsg_text(resp) : "");
     rpc_msg_free(resp);
     return rc;
 }
 
 TestSuite(rpc_calls, .init = setup, .fini = teardown, .timeout = 60);
 
-Test(rpc_calls, unary_echoes_the_request)
-{
+Test(rpc_calls, unary_echoes_the_request) {
     pie_status st;
     char out[64];
     cr_assert_eq(unary(CH, "hello", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
@@ -54,23 +46,20 @@ Test(rpc_calls, unary_echoes_the_request)
     cr_assert_str_eq(out, "");
 }
 
-Test(rpc_calls, unary_error_status_carries_code_and_message)
-{
+Test(rpc_calls, unary_error_status_carries_code_and_message) {
     pie_status st;
     cr_assert_eq(unary(CH, "error", 5000, NULL, 0, &st), PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(st.msg, "error requested");
 }
 
-Test(rpc_calls, unary_answered_later_from_another_thread)
-{
+Test(rpc_calls, unary_answered_later_from_another_thread) {
     pie_status st;
     char out[64];
     cr_assert_eq(unary(CH, "later", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
     cr_assert_str_eq(out, "later-done");
 }
 
-Test(rpc_calls, spinning_client_gets_fast_and_slow_replies)
-{
+Test(rpc_calls, spinning_client_gets_fast_and_slow_replies) {
     /* spin_us only changes how the caller waits: a reply inside the spin (echo) and one long
      * after it ("later": 50 ms, past the 200 us spin) both arrive intact. */
     rpc_channel *spin = tchan(T->port, &(rpc_channel_opts){.spin_us = 200});
@@ -85,8 +74,7 @@ Test(rpc_calls, spinning_client_gets_fast_and_slow_replies)
     rpc_channel_destroy(spin);
 }
 
-Test(rpc_calls, unary_reads_request_metadata)
-{
+Test(rpc_calls, unary_reads_request_metadata) {
     tmsg req = tmsg_of("meta");
     ProtobufCMessage *resp = NULL;
     rpc_md md[] = {{"x-token", "abc123"}};
@@ -102,8 +90,7 @@ Test(rpc_calls, unary_reads_request_metadata)
                  PIE_INVALID_ARGUMENT);
 }
 
-Test(rpc_calls, client_streaming_collects_every_message)
-{
+Test(rpc_calls, client_streaming_collects_every_message) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
     cr_assert(s, "%s", st.msg);
@@ -124,8 +111,7 @@ Test(rpc_calls, client_streaming_collects_every_message)
     cr_assert_eq(atomic_load(&T->n_half), 1);
 }
 
-Test(rpc_calls, server_streaming_sends_from_another_thread_in_order)
-{
+Test(rpc_calls, server_streaming_sends_from_another_thread_in_order) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
     cr_assert(s, "%s", st.msg);
@@ -144,8 +130,7 @@ Test(rpc_calls, server_streaming_sends_from_another_thread_in_order)
     rpc_stream_destroy(s);
 }
 
-Test(rpc_calls, bidi_echoes_and_carries_metadata_both_ways)
-{
+Test(rpc_calls, bidi_echoes_and_carries_metadata_both_ways) {
     pie_status st;
     rpc_md md[] = {{"x-token", "t-42"}};
     rpc_call_opts o = {.md = md, .n_md = 1};
@@ -173,8 +158,7 @@ Test(rpc_calls, bidi_echoes_and_carries_metadata_both_ways)
     cr_assert_eq(atomic_load(&T->n_cancel), 0);
 }
 
-Test(rpc_calls, deadline_exceeded_reaches_client_and_handler)
-{
+Test(rpc_calls, deadline_exceeded_reaches_client_and_handler) {
     pie_status st;
     int64_t t0 = rpc_now_ns();
     cr_assert_eq(unary(CH, "sleep", 200, NULL, 0, &st), PIE_DEADLINE_EXCEEDED, "%s", st.msg);
@@ -186,15 +170,13 @@ Test(rpc_calls, deadline_exceeded_reaches_client_and_handler)
     cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 3000));
 }
 
-Test(rpc_calls, no_deadline_is_reported_as_none)
-{
+Test(rpc_calls, no_deadline_is_reported_as_none) {
     pie_status st;
     cr_assert_eq(unary(CH, "x", 0, NULL, 0, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(atomic_load(&T->last_remaining_ms), (long)INT64_MAX);
 }
 
-Test(rpc_calls, unknown_method_is_unimplemented_within_100ms)
-{
+Test(rpc_calls, unknown_method_is_unimplemented_within_100ms) {
     pie_status st;
     rpc_health_status hs;
     cr_assert_eq(rpc_health_check(CH, "", 5000, &hs, &st), PIE_OK, "%s", st.msg); /* connect */
@@ -214,10 +196,10 @@ Test(rpc_calls, unknown_method_is_unimplemented_within_100ms)
     rpc_stream_destroy(s);
 }
 
-Test(rpc_calls, oversize_messages_are_resource_exhausted)
-{
+Test(rpc_calls, oversize_messages_are_resource_exhausted) {
     pie_status st;
-    tsrv *small = tsrv_start(&(rpc_server_opts){.max_recv_bytes = 1024, .max_send_bytes = 1024}, &st);
+    tsrv *small =
+        tsrv_start(&(rpc_server_opts){.max_recv_bytes = 1024, .max_send_bytes = 1024}, &st);
     cr_assert(small, "%s", st.msg);
     rpc_channel *ch = tchan(small->port, NULL);
     char big[2048];
@@ -238,16 +220,14 @@ Test(rpc_calls, oversize_messages_are_resource_exhausted)
     tsrv_stop(small, 1000);
 }
 
-Test(rpc_calls, messages_up_to_the_limit_pass)
-{
+Test(rpc_calls, messages_up_to_the_limit_pass) {
     pie_status st;
     char out[8];
     cr_assert_eq(unary(CH, "big:3000000", 10000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
     cr_assert_str_eq(out, "bbbbbbb");
 }
 
-Test(rpc_calls, bearer_token_is_enforced)
-{
+Test(rpc_calls, bearer_token_is_enforced) {
     pie_status st;
     tsrv *sec = tsrv_start(&(rpc_server_opts){.token = "s3cret"}, &st);
     cr_assert(sec, "%s", st.msg);
@@ -281,8 +261,7 @@ Test(rpc_calls, bearer_token_is_enforced)
     tsrv_stop(sec, 1000);
 }
 
-Test(rpc_calls, health_can_require_the_token)
-{
+Test(rpc_calls, health_can_require_the_token) {
     pie_status st;
     tsrv *sec = tsrv_start(&(rpc_server_opts){.token = "tok", .health_needs_token = true}, &st);
     cr_assert(sec, "%s", st.msg);
@@ -296,13 +275,15 @@ Test(rpc_calls, health_can_require_the_token)
     tsrv_stop(sec, 1000);
 }
 
-Test(rpc_calls, method_table_is_validated)
-{
+Test(rpc_calls, method_table_is_validated) {
     pie_status st;
     rpc_server *srv = rpc_server_create(&(rpc_server_opts){.addr = "127.0.0.1:0"}, &st);
     cr_assert(srv, "%s", st.msg);
-    rpc_method m = {.path = "nope", .kind = RPC_UNARY, .request = TMSG_DESC,
-                    .response = TMSG_DESC, .on_call = t_unary};
+    rpc_method m = {.path = "nope",
+                    .kind = RPC_UNARY,
+                    .request = TMSG_DESC,
+                    .response = TMSG_DESC,
+                    .on_call = t_unary};
     cr_assert_eq(rpc_server_add_methods(srv, &m, 1, &st), PIE_INVALID_ARGUMENT);
     cr_assert(strstr(st.msg, "nope"), "%s", st.msg);
     m.path = "/a.B/C";
@@ -316,8 +297,7 @@ Test(rpc_calls, method_table_is_validated)
     rpc_server_destroy(srv); /* never started */
 }
 
-Test(rpc_calls, second_server_on_a_taken_port_fails)
-{
+Test(rpc_calls, second_server_on_a_taken_port_fails) {
     pie_status st;
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", T->port);
@@ -330,8 +310,7 @@ Test(rpc_calls, second_server_on_a_taken_port_fails)
 
 TestSuite(rpc_buffers, .fini = leak_check);
 
-Test(rpc_buffers, multi_slice_buffers_unpack_through_readall)
-{
+Test(rpc_buffers, multi_slice_buffers_unpack_through_readall) {
     grpc_init();
     tmsg m = tmsg_of("a string long enough to split over three slices");
     grpc_byte_buffer *bb = NULL;
@@ -354,16 +333,14 @@ Test(rpc_buffers, multi_slice_buffers_unpack_through_readall)
     grpc_byte_buffer *jb = grpc_raw_byte_buffer_create(&junk, 1);
     cr_assert_null(rpc__unpack(TMSG_DESC, jb));
     grpc_byte_buffer_destroy(jb);
-    for (int i = 0; i < 3; i++)
-        grpc_slice_unref(parts[i]);
+    for (int i = 0; i < 3; i++) grpc_slice_unref(parts[i]);
     grpc_slice_unref(whole);
     grpc_byte_buffer_destroy(multi);
     grpc_byte_buffer_destroy(bb);
     grpc_shutdown();
 }
 
-Test(rpc_buffers, pack_respects_the_limit)
-{
+Test(rpc_buffers, pack_respects_the_limit) {
     tmsg m = tmsg_of("0123456789");
     grpc_byte_buffer *bb = NULL;
     pie_status st;

@@ -7,16 +7,12 @@
 typedef Grpc__Health__V1__HealthCheckResponse hresp;
 #define HRESP_DESC (&grpc__health__v1__health_check_response__descriptor)
 
-static void leak_check(void)
-{
-    TLEAK_CHECK();
-}
+static void leak_check(void) { TLEAK_CHECK(); }
 
 TestSuite(rpc_health, .fini = leak_check, .timeout = 60);
 TestSuite(rpc_link, .fini = leak_check, .timeout = 60);
 
-static rpc_stream *watch_open(rpc_channel *ch, const char *service)
-{
+static rpc_stream *watch_open(rpc_channel *ch, const char *service) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(ch, "/grpc.health.v1.Health/Watch", HRESP_DESC, NULL, &st);
     cr_assert(s, "%s", st.msg);
@@ -26,21 +22,17 @@ static rpc_stream *watch_open(rpc_channel *ch, const char *service)
     return s;
 }
 
-static int watch_next(rpc_stream *s, int64_t timeout_ms)
-{
+static int watch_next(rpc_stream *s, int64_t timeout_ms) {
     ProtobufCMessage *m = NULL;
     rpc_recv_result r = rpc_stream_recv(s, &m, timeout_ms);
-    if (r == RPC_RECV_TIMEOUT)
-        return -1;
-    if (r == RPC_RECV_END)
-        return -2;
+    if (r == RPC_RECV_TIMEOUT) return -1;
+    if (r == RPC_RECV_END) return -2;
     int v = (int)((hresp *)m)->status;
     rpc_msg_free(m);
     return v;
 }
 
-Test(rpc_health, check_reports_overall_and_per_service_status, .timeout = 60)
-{
+Test(rpc_health, check_reports_overall_and_per_service_status, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -56,18 +48,19 @@ Test(rpc_health, check_reports_overall_and_per_service_status, .timeout = 60)
     cr_assert_eq(rpc_server_set_health(t->srv, "pie.v1.Svc", RPC_HEALTH_SERVING, &st), PIE_OK);
     cr_assert_eq(rpc_health_check(ch, "pie.v1.Svc", 5000, &hs, &st), PIE_OK);
     cr_assert_eq(hs, RPC_HEALTH_SERVING);
-    cr_assert_eq(rpc_server_set_health(t->srv, "pie.v1.Svc", RPC_HEALTH_SERVICE_UNKNOWN, &st), PIE_OK);
+    cr_assert_eq(rpc_server_set_health(t->srv, "pie.v1.Svc", RPC_HEALTH_SERVICE_UNKNOWN, &st),
+                 PIE_OK);
     cr_assert_eq(rpc_health_check(ch, "pie.v1.Svc", 5000, &hs, &st), PIE_NOT_FOUND);
     cr_assert_eq(rpc_server_set_health(t->srv, "", RPC_HEALTH_NOT_SERVING, &st), PIE_OK);
     cr_assert_eq(rpc_health_check(ch, "", 5000, &hs, &st), PIE_OK);
     cr_assert_eq(hs, RPC_HEALTH_NOT_SERVING);
-    cr_assert_eq(rpc_server_set_health(t->srv, "", (rpc_health_status)9, &st), PIE_INVALID_ARGUMENT);
+    cr_assert_eq(rpc_server_set_health(t->srv, "", (rpc_health_status)9, &st),
+                 PIE_INVALID_ARGUMENT);
     rpc_channel_destroy(ch);
     tsrv_stop(t, 1000);
 }
 
-Test(rpc_health, server_can_start_not_serving, .timeout = 60)
-{
+Test(rpc_health, server_can_start_not_serving, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(&(rpc_server_opts){.health_not_serving = true}, &st);
     cr_assert(t, "%s", st.msg);
@@ -79,8 +72,7 @@ Test(rpc_health, server_can_start_not_serving, .timeout = 60)
     tsrv_stop(t, 1000);
 }
 
-Test(rpc_health, watch_pushes_changes_and_ends_at_shutdown, .timeout = 60)
-{
+Test(rpc_health, watch_pushes_changes_and_ends_at_shutdown, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -109,8 +101,7 @@ Test(rpc_health, watch_pushes_changes_and_ends_at_shutdown, .timeout = 60)
     tsrv_stop(t, 0);
 }
 
-Test(rpc_health, watch_cancelled_by_client_is_cleaned_up, .timeout = 60)
-{
+Test(rpc_health, watch_cancelled_by_client_is_cleaned_up, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -134,8 +125,7 @@ typedef struct tlink {
     pthread_mutex_t mu;
 } tlink;
 
-static void l_connect(rpc_link *l, void *user)
-{
+static void l_connect(rpc_link *l, void *user) {
     tlink *t = user;
     atomic_fetch_add(&t->connects, 1);
     char text[32];
@@ -143,12 +133,10 @@ static void l_connect(rpc_link *l, void *user)
     tmsg m = tmsg_of(text);
     pie_status st;
     pie_code rc = rpc_link_send(l, &m.base, &st);
-    if (rc != PIE_OK)
-        fprintf(stderr, "link send: %s\n", st.msg);
+    if (rc != PIE_OK) fprintf(stderr, "link send: %s\n", st.msg);
 }
 
-static bool l_message(rpc_link *l, ProtobufCMessage *msg, void *user)
-{
+static bool l_message(rpc_link *l, ProtobufCMessage *msg, void *user) {
     (void)l;
     tlink *t = user;
     pthread_mutex_lock(&t->mu);
@@ -158,24 +146,21 @@ static bool l_message(rpc_link *l, ProtobufCMessage *msg, void *user)
     return false;
 }
 
-static void l_disconnect(rpc_link *l, const pie_status *st, void *user)
-{
+static void l_disconnect(rpc_link *l, const pie_status *st, void *user) {
     (void)l;
     tlink *t = user;
     atomic_store(&t->last_code, (int)st->code);
     atomic_fetch_add(&t->disconnects, 1);
 }
 
-static bool last_text_is(tlink *t, const char *want)
-{
+static bool last_text_is(tlink *t, const char *want) {
     pthread_mutex_lock(&t->mu);
     bool eq = strcmp(t->last_text, want) == 0;
     pthread_mutex_unlock(&t->mu);
     return eq;
 }
 
-static rpc_link_opts link_opts(tlink *t)
-{
+static rpc_link_opts link_opts(tlink *t) {
     return (rpc_link_opts){
         .path = "/test.Echo/Chat",
         .response = TMSG_DESC,
@@ -190,8 +175,7 @@ static rpc_link_opts link_opts(tlink *t)
 
 static rpc_channel_opts fast_reconnect = {.reconnect_initial_ms = 50, .reconnect_max_ms = 200};
 
-Test(rpc_link, reconnects_after_the_server_restarts_on_the_same_port, .timeout = 60)
-{
+Test(rpc_link, reconnects_after_the_server_restarts_on_the_same_port, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -238,8 +222,7 @@ Test(rpc_link, reconnects_after_the_server_restarts_on_the_same_port, .timeout =
     pthread_mutex_destroy(&tl.mu);
 }
 
-Test(rpc_link, connects_when_the_server_comes_up_later_and_stops_while_waiting, .timeout = 60)
-{
+Test(rpc_link, connects_when_the_server_comes_up_later_and_stops_while_waiting, .timeout = 60) {
     pie_status st;
     /* find a free port, then leave it unserved */
     tsrv *t = tsrv_start(NULL, &st);
@@ -280,8 +263,7 @@ Test(rpc_link, connects_when_the_server_comes_up_later_and_stops_while_waiting, 
     pthread_mutex_destroy(&tl.mu);
 }
 
-Test(rpc_link, start_validates_its_options)
-{
+Test(rpc_link, start_validates_its_options) {
     pie_status st;
     rpc_channel *ch = tchan(1, NULL);
     rpc_link_opts o = {.path = "/a.B/C", .response = TMSG_DESC};
@@ -290,8 +272,7 @@ Test(rpc_link, start_validates_its_options)
     rpc_channel_destroy(ch);
 }
 
-Test(rpc_link, backoff_grows_with_jitter_up_to_the_cap, .timeout = 60)
-{
+Test(rpc_link, backoff_grows_with_jitter_up_to_the_cap, .timeout = 60) {
     /* No server: count attempts over a window with a known schedule. initial 50 ms, ×2, cap
      * 200 ms, ±20%: attempts start at about 0, 50, 150, 350, 550, 750, 950 ms → ~7 in 1 s; a
      * backoff that did not grow would give ~20, one that ignored the cap ~5. */

@@ -7,8 +7,7 @@
 static tsrv *T;
 static rpc_channel *CH;
 
-static void setup(void)
-{
+static void setup(void) {
     pie_status st;
     /* two completion-queue threads: calls land on either, sends come from any thread */
     T = tsrv_start(&(rpc_server_opts){.n_threads = 2}, &st);
@@ -17,30 +16,24 @@ static void setup(void)
     cr_assert(CH);
 }
 
-static void teardown(void)
-{
+static void teardown(void) {
     rpc_channel_destroy(CH);
     tsrv_stop(T, 1000);
     TLEAK_CHECK();
 }
 
-static void leak_check(void)
-{
-    TLEAK_CHECK();
-}
+static void leak_check(void) { TLEAK_CHECK(); }
 
 TestSuite(rpc_streams, .init = setup, .fini = teardown, .timeout = 60);
 
-static rpc_stream *chat_open(rpc_channel *ch)
-{
+static rpc_stream *chat_open(rpc_channel *ch) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Chat", TMSG_DESC, NULL, &st);
     cr_assert(s, "%s", st.msg);
     return s;
 }
 
-static void chat_roundtrip(rpc_stream *s, const char *text)
-{
+static void chat_roundtrip(rpc_stream *s, const char *text) {
     pie_status st;
     tmsg m = tmsg_of(text);
     cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "send %s: %s", text, st.msg);
@@ -50,8 +43,7 @@ static void chat_roundtrip(rpc_stream *s, const char *text)
     rpc_msg_free(r);
 }
 
-Test(rpc_streams, client_cancel_mid_stream_is_seen_as_cancel_not_half_close)
-{
+Test(rpc_streams, client_cancel_mid_stream_is_seen_as_cancel_not_half_close) {
     rpc_stream *s = chat_open(CH);
     chat_roundtrip(s, "one");
     chat_roundtrip(s, "two");
@@ -64,8 +56,7 @@ Test(rpc_streams, client_cancel_mid_stream_is_seen_as_cancel_not_half_close)
     cr_assert_eq(atomic_load(&T->n_half), 0, "a cancel is not a half-close");
 }
 
-Test(rpc_streams, client_cancel_of_a_client_stream_is_cancel)
-{
+Test(rpc_streams, client_cancel_of_a_client_stream_is_cancel) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
     cr_assert(s);
@@ -81,8 +72,7 @@ Test(rpc_streams, client_cancel_of_a_client_stream_is_cancel)
     cr_assert_eq(atomic_load(&T->n_half), 0);
 }
 
-Test(rpc_streams, destroy_without_finish_cancels)
-{
+Test(rpc_streams, destroy_without_finish_cancels) {
     rpc_stream *s = chat_open(CH);
     chat_roundtrip(s, "x");
     rpc_stream_destroy(s);
@@ -90,8 +80,7 @@ Test(rpc_streams, destroy_without_finish_cancels)
     cr_assert_eq(atomic_load(&T->n_cancel), 1);
 }
 
-Test(rpc_streams, server_finish_with_error_mid_stream_reaches_client)
-{
+Test(rpc_streams, server_finish_with_error_mid_stream_reaches_client) {
     rpc_stream *s = chat_open(CH);
     chat_roundtrip(s, "hi");
     pie_status st;
@@ -106,8 +95,7 @@ Test(rpc_streams, server_finish_with_error_mid_stream_reaches_client)
     cr_assert_eq(atomic_load(&T->n_cancel), 0, "a finish is not a cancel");
 }
 
-Test(rpc_streams, server_cancel_reaches_client_with_its_status)
-{
+Test(rpc_streams, server_cancel_reaches_client_with_its_status) {
     rpc_stream *s = chat_open(CH);
     chat_roundtrip(s, "hi");
     pie_status st;
@@ -115,8 +103,8 @@ Test(rpc_streams, server_cancel_reaches_client_with_its_status)
     cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK);
     ProtobufCMessage *r = NULL;
     cr_assert_eq(rpc_stream_recv(s, &r, 5000), RPC_RECV_END);
-    cr_assert_eq(rpc_stream_finish(s, &st), PIE_PERMISSION_DENIED, "%s: %s",
-                 pie_code_name(st.code), st.msg);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_PERMISSION_DENIED, "%s: %s", pie_code_name(st.code),
+                 st.msg);
     cr_assert_str_eq(st.msg, "told to cancel");
     /* the client keeps sending into a finished call: refused, never a crash */
     cr_assert_neq(rpc_stream_send(s, &m.base, &st), PIE_OK);
@@ -125,8 +113,7 @@ Test(rpc_streams, server_cancel_reaches_client_with_its_status)
     cr_assert_eq(atomic_load(&T->n_cancel), 1, "the handler's own cancel is reported");
 }
 
-Test(rpc_streams, late_sends_after_cancel_fail_with_cancelled)
-{
+Test(rpc_streams, late_sends_after_cancel_fail_with_cancelled) {
     pie_status st;
     rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
     cr_assert(s);
@@ -146,8 +133,7 @@ Test(rpc_streams, late_sends_after_cancel_fail_with_cancelled)
     cr_assert_eq(atomic_load(&T->n_cancel), 1);
 }
 
-Test(rpc_streams, send_queue_is_bounded_and_drains_in_order)
-{
+Test(rpc_streams, send_queue_is_bounded_and_drains_in_order) {
     pie_status st;
     tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max = 4}, &st);
     cr_assert(t, "%s", st.msg);
@@ -174,8 +160,7 @@ Test(rpc_streams, send_queue_is_bounded_and_drains_in_order)
     tsrv_stop(t, 1000);
 }
 
-Test(rpc_streams, send_wait_applies_backpressure_without_loss)
-{
+Test(rpc_streams, send_wait_applies_backpressure_without_loss) {
     pie_status st;
     tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max = 2}, &st);
     cr_assert(t, "%s", st.msg);
@@ -201,8 +186,7 @@ typedef struct recv_ctx {
     int n;
 } recv_ctx;
 
-static void *receiver(void *arg)
-{
+static void *receiver(void *arg) {
     recv_ctx *c = arg;
     ProtobufCMessage *r = NULL;
     while (rpc_stream_recv(c->s, &r, 10000) == RPC_RECV_MESSAGE) {
@@ -212,8 +196,7 @@ static void *receiver(void *arg)
     return NULL;
 }
 
-Test(rpc_streams, one_sender_and_one_receiver_thread_share_a_stream)
-{
+Test(rpc_streams, one_sender_and_one_receiver_thread_share_a_stream) {
     rpc_stream *s = chat_open(CH);
     recv_ctx c = {s, 0};
     pthread_t th;
@@ -232,8 +215,7 @@ Test(rpc_streams, one_sender_and_one_receiver_thread_share_a_stream)
 
 #define N_STREAMS 1000
 
-Test(rpc_streams, thousand_concurrent_bidi_streams, .timeout = 120)
-{
+Test(rpc_streams, thousand_concurrent_bidi_streams, .timeout = 120) {
     static rpc_stream *s[N_STREAMS];
     char text[32];
     pie_status st;
@@ -278,8 +260,7 @@ typedef struct unary_ctx {
     char out[PIE_STATUS_MSG_MAX];
 } unary_ctx;
 
-static void *unary_thread(void *arg)
-{
+static void *unary_thread(void *arg) {
     unary_ctx *u = arg;
     tmsg req = tmsg_of(u->text);
     ProtobufCMessage *resp = NULL;
@@ -291,8 +272,7 @@ static void *unary_thread(void *arg)
     return NULL;
 }
 
-Test(rpc_shutdown, calls_in_flight_are_cancelled_after_the_grace_period, .timeout = 60)
-{
+Test(rpc_shutdown, calls_in_flight_are_cancelled_after_the_grace_period, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -328,8 +308,7 @@ Test(rpc_shutdown, calls_in_flight_are_cancelled_after_the_grace_period, .timeou
     tsrv_stop(t, 0);
 }
 
-Test(rpc_shutdown, calls_that_finish_within_the_grace_period_succeed, .timeout = 60)
-{
+Test(rpc_shutdown, calls_that_finish_within_the_grace_period_succeed, .timeout = 60) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);
@@ -350,8 +329,7 @@ Test(rpc_shutdown, calls_that_finish_within_the_grace_period_succeed, .timeout =
     tsrv_stop(t, 0);
 }
 
-Test(rpc_shutdown, idle_server_stops_at_once_and_destroy_alone_suffices)
-{
+Test(rpc_shutdown, idle_server_stops_at_once_and_destroy_alone_suffices) {
     pie_status st;
     tsrv *t = tsrv_start(NULL, &st);
     cr_assert(t, "%s", st.msg);

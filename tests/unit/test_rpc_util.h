@@ -37,12 +37,12 @@
  * an abort in .fini makes the runner say "crashed during its setup or teardown" and exit 1.
  * Everything the test made must be destroyed before this runs. */
 #if defined(__SANITIZE_ADDRESS__)
-#define TLEAK_CHECK()                                                                    \
-    do {                                                                                 \
-        if (__lsan_do_recoverable_leak_check() != 0) {                                   \
-            fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n");      \
-            abort();                                                                     \
-        }                                                                                \
+#define TLEAK_CHECK()                                                               \
+    do {                                                                            \
+        if (__lsan_do_recoverable_leak_check() != 0) {                              \
+            fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n"); \
+            abort();                                                                \
+        }                                                                           \
     } while (0)
 #else
 #define TLEAK_CHECK() ((void)0)
@@ -65,35 +65,30 @@ typedef struct tchat {
     int count;
 } tchat;
 
-static inline tmsg tmsg_of(const char *text)
-{
+static inline tmsg tmsg_of(const char *text) {
     tmsg m = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     m.service = (char *)text;
     return m;
 }
 
-static inline const char *tmsg_text(const ProtobufCMessage *m)
-{
+static inline const char *tmsg_text(const ProtobufCMessage *m) {
     return ((const tmsg *)m)->service;
 }
 
-static inline void tsleep_ms(int ms)
-{
+static inline void tsleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
 }
 
 /* Polls cond every 2 ms for up to ms milliseconds; evaluates to cond's final value. */
-#define TWAIT(cond, ms)                                                                  \
-    ({                                                                                   \
-        int64_t tw_end_ = rpc_now_ns() + (int64_t)(ms) * 1000000;                        \
-        while (!(cond) && rpc_now_ns() < tw_end_)                                        \
-            tsleep_ms(2);                                                                \
-        (cond);                                                                          \
+#define TWAIT(cond, ms)                                         \
+    ({                                                          \
+        int64_t tw_end_ = rpc_now_ns() + (int64_t)(ms)*1000000; \
+        while (!(cond) && rpc_now_ns() < tw_end_) tsleep_ms(2); \
+        (cond);                                                 \
     })
 
-static inline void tsrv_spawn(tsrv *t, void *(*fn)(void *), void *arg)
-{
+static inline void tsrv_spawn(tsrv *t, void *(*fn)(void *), void *arg) {
     pthread_mutex_lock(&t->mu);
     if (t->n_threads < 256 && pthread_create(&t->threads[t->n_threads], NULL, fn, arg) == 0)
         t->n_threads++;
@@ -107,8 +102,7 @@ typedef struct tlater {
     char text[64];
 } tlater;
 
-static inline void *tlater_main(void *arg)
-{
+static inline void *tlater_main(void *arg) {
     tlater *l = arg;
     tsleep_ms(50);
     tmsg r = tmsg_of(l->text);
@@ -118,8 +112,7 @@ static inline void *tlater_main(void *arg)
     return NULL;
 }
 
-static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_call, 1);
     atomic_store(&t->last_remaining_ms, (long)rpc_call_remaining_ms(call));
@@ -151,15 +144,13 @@ static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user)
     if (strncmp(text, "big:", 4) == 0) {
         size_t n = (size_t)atol(text + 4);
         char *buf = malloc(n + 1);
-        if (!buf)
-            return false;
+        if (!buf) return false;
         memset(buf, 'b', n);
         buf[n] = '\0';
         tmsg r = tmsg_of(buf);
         pie_code rc = rpc_call_reply(call, &r.base);
         free(buf);
-        if (rc != PIE_OK)
-            (void)rpc_call_finish(call, rc, "reply refused");
+        if (rc != PIE_OK) (void)rpc_call_finish(call, rc, "reply refused");
         return false;
     }
     tmsg r = tmsg_of(text);
@@ -169,8 +160,7 @@ static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user)
 
 /* --- Collect --- */
 
-static inline bool t_collect_call(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static inline bool t_collect_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
     tsrv *t = user;
     atomic_fetch_add(&t->n_call, 1);
@@ -179,8 +169,7 @@ static inline bool t_collect_call(rpc_call *call, ProtobufCMessage *req, void *u
     return false;
 }
 
-static inline bool t_collect_msg(rpc_call *call, ProtobufCMessage *msg, void *user)
-{
+static inline bool t_collect_msg(rpc_call *call, ProtobufCMessage *msg, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_msg, 1);
     char *acc = rpc_call_get_data(call);
@@ -191,8 +180,7 @@ static inline bool t_collect_msg(rpc_call *call, ProtobufCMessage *msg, void *us
     return false;
 }
 
-static inline void t_collect_half(rpc_call *call, void *user)
-{
+static inline void t_collect_half(rpc_call *call, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_half, 1);
     char *acc = rpc_call_get_data(call);
@@ -200,14 +188,12 @@ static inline void t_collect_half(rpc_call *call, void *user)
     (void)rpc_call_reply(call, &r.base);
 }
 
-static inline void t_count_cancel(rpc_call *call, void *user)
-{
+static inline void t_count_cancel(rpc_call *call, void *user) {
     (void)call;
     atomic_fetch_add(&((tsrv *)user)->n_cancel, 1);
 }
 
-static inline void t_free_data_done(rpc_call *call, void *user)
-{
+static inline void t_free_data_done(rpc_call *call, void *user) {
     free(rpc_call_get_data(call));
     rpc_call_set_data(call, NULL);
     atomic_fetch_add(&((tsrv *)user)->n_done, 1);
@@ -222,8 +208,7 @@ typedef struct trepeat {
     size_t flood_bytes;
 } trepeat;
 
-static inline void *trepeat_main(void *arg)
-{
+static inline void *trepeat_main(void *arg) {
     trepeat *r = arg;
     if (r->flood_bytes) {
         char *buf = malloc(r->flood_bytes + 1);
@@ -234,8 +219,7 @@ static inline void *trepeat_main(void *arg)
             int accepted = 0;
             for (int i = 0; i < 100000; i++) {
                 pie_code rc = rpc_call_send(r->call, &m.base);
-                if (rc != PIE_OK)
-                    break;
+                if (rc != PIE_OK) break;
                 accepted++;
                 tsleep_ms(1);
             }
@@ -249,8 +233,7 @@ static inline void *trepeat_main(void *arg)
             tmsg m = tmsg_of(text);
             pie_code rc = rpc_call_send_wait(r->call, &m.base, 5000);
             if (rc != PIE_OK) {
-                if (rc == PIE_CANCELLED)
-                    atomic_fetch_add(&r->t->n_late_cancelled, 1);
+                if (rc == PIE_CANCELLED) atomic_fetch_add(&r->t->n_late_cancelled, 1);
                 break;
             }
         }
@@ -261,13 +244,11 @@ static inline void *trepeat_main(void *arg)
     return NULL;
 }
 
-static inline bool t_repeat(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static inline bool t_repeat(rpc_call *call, ProtobufCMessage *req, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_call, 1);
     trepeat *r = calloc(1, sizeof *r);
-    if (!r)
-        return false;
+    if (!r) return false;
     r->t = t;
     r->call = call;
     const char *text = tmsg_text(req);
@@ -280,33 +261,28 @@ static inline bool t_repeat(rpc_call *call, ProtobufCMessage *req, void *user)
     return false;
 }
 
-static inline void t_count_done(rpc_call *call, void *user)
-{
+static inline void t_count_done(rpc_call *call, void *user) {
     (void)call;
     atomic_fetch_add(&((tsrv *)user)->n_done, 1);
 }
 
 /* --- Chat --- */
 
-static inline bool t_chat_call(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static inline bool t_chat_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
     tsrv *t = user;
     atomic_fetch_add(&t->n_call, 1);
     const char *tok = rpc_call_metadata(call, "x-token");
-    if (tok)
-        (void)rpc_call_add_metadata(call, "x-echo-token", tok);
+    if (tok) (void)rpc_call_add_metadata(call, "x-echo-token", tok);
     rpc_call_set_data(call, calloc(1, sizeof(tchat)));
     return false;
 }
 
-static inline bool t_chat_msg(rpc_call *call, ProtobufCMessage *msg, void *user)
-{
+static inline bool t_chat_msg(rpc_call *call, ProtobufCMessage *msg, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_msg, 1);
     tchat *c = rpc_call_get_data(call);
-    if (c)
-        c->count++;
+    if (c) c->count++;
     const char *text = tmsg_text(msg);
     if (strcmp(text, "abort") == 0) {
         (void)rpc_call_finish(call, PIE_ABORTED, "told to abort");
@@ -322,8 +298,7 @@ static inline bool t_chat_msg(rpc_call *call, ProtobufCMessage *msg, void *user)
     return false;
 }
 
-static inline void t_chat_half(rpc_call *call, void *user)
-{
+static inline void t_chat_half(rpc_call *call, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_half, 1);
     tchat *c = rpc_call_get_data(call);
@@ -333,37 +308,54 @@ static inline void t_chat_half(rpc_call *call, void *user)
     (void)rpc_call_finish(call, PIE_OK, NULL);
 }
 
-static inline void tsrv_methods(tsrv *t, rpc_method m[4])
-{
+static inline void tsrv_methods(tsrv *t, rpc_method m[4]) {
     memset(m, 0, 4 * sizeof *m);
-    m[0] = (rpc_method){.path = "/test.Echo/Unary", .kind = RPC_UNARY, .request = TMSG_DESC,
-                        .response = TMSG_DESC, .on_call = t_unary, .on_cancel = t_count_cancel,
-                        .on_done = t_count_done, .user = t};
-    m[1] = (rpc_method){.path = "/test.Echo/Collect", .kind = RPC_CLIENT_STREAM,
-                        .request = TMSG_DESC, .response = TMSG_DESC, .on_call = t_collect_call,
-                        .on_message = t_collect_msg, .on_half_close = t_collect_half,
-                        .on_cancel = t_count_cancel, .on_done = t_free_data_done, .user = t};
-    m[2] = (rpc_method){.path = "/test.Echo/Repeat", .kind = RPC_SERVER_STREAM,
-                        .request = TMSG_DESC, .response = TMSG_DESC, .on_call = t_repeat,
-                        .on_cancel = t_count_cancel, .on_done = t_count_done, .user = t};
-    m[3] = (rpc_method){.path = "/test.Echo/Chat", .kind = RPC_BIDI, .request = TMSG_DESC,
-                        .response = TMSG_DESC, .on_call = t_chat_call, .on_message = t_chat_msg,
-                        .on_half_close = t_chat_half, .on_cancel = t_count_cancel,
-                        .on_done = t_free_data_done, .user = t};
+    m[0] = (rpc_method){.path = "/test.Echo/Unary",
+                        .kind = RPC_UNARY,
+                        .request = TMSG_DESC,
+                        .response = TMSG_DESC,
+                        .on_call = t_unary,
+                        .on_cancel = t_count_cancel,
+                        .on_done = t_count_done,
+                        .user = t};
+    m[1] = (rpc_method){.path = "/test.Echo/Collect",
+                        .kind = RPC_CLIENT_STREAM,
+                        .request = TMSG_DESC,
+                        .response = TMSG_DESC,
+                        .on_call = t_collect_call,
+                        .on_message = t_collect_msg,
+                        .on_half_close = t_collect_half,
+                        .on_cancel = t_count_cancel,
+                        .on_done = t_free_data_done,
+                        .user = t};
+    m[2] = (rpc_method){.path = "/test.Echo/Repeat",
+                        .kind = RPC_SERVER_STREAM,
+                        .request = TMSG_DESC,
+                        .response = TMSG_DESC,
+                        .on_call = t_repeat,
+                        .on_cancel = t_count_cancel,
+                        .on_done = t_count_done,
+                        .user = t};
+    m[3] = (rpc_method){.path = "/test.Echo/Chat",
+                        .kind = RPC_BIDI,
+                        .request = TMSG_DESC,
+                        .response = TMSG_DESC,
+                        .on_call = t_chat_call,
+                        .on_message = t_chat_msg,
+                        .on_half_close = t_chat_half,
+                        .on_cancel = t_count_cancel,
+                        .on_done = t_free_data_done,
+                        .user = t};
 }
 
 /* Starts the echo server with opts (addr defaults to 127.0.0.1:0). NULL on failure, with *st. */
-static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st)
-{
+static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st) {
     tsrv *t = calloc(1, sizeof *t);
-    if (!t)
-        return NULL;
+    if (!t) return NULL;
     pthread_mutex_init(&t->mu, NULL);
     rpc_server_opts o = {0};
-    if (opts)
-        o = *opts;
-    if (!o.addr)
-        o.addr = "127.0.0.1:0";
+    if (opts) o = *opts;
+    if (!o.addr) o.addr = "127.0.0.1:0";
     t->srv = rpc_server_create(&o, st);
     rpc_method m[4];
     tsrv_methods(t, m);
@@ -379,23 +371,19 @@ static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st)
 }
 
 /* Graceful stop with grace_ms, joins helper threads, frees. */
-static inline void tsrv_stop(tsrv *t, int64_t grace_ms)
-{
-    if (!t)
-        return;
+static inline void tsrv_stop(tsrv *t, int64_t grace_ms) {
+    if (!t) return;
     rpc_server_shutdown(t->srv, grace_ms);
     pthread_mutex_lock(&t->mu);
     int n = t->n_threads;
     pthread_mutex_unlock(&t->mu);
-    for (int i = 0; i < n; i++)
-        pthread_join(t->threads[i], NULL);
+    for (int i = 0; i < n; i++) pthread_join(t->threads[i], NULL);
     rpc_server_destroy(t->srv);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
 
-static inline rpc_channel *tchan(int port, const rpc_channel_opts *o)
-{
+static inline rpc_channel *tchan(int port, const rpc_channel_opts *o) {
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
     return rpc_channel_create(target, o, NULL);

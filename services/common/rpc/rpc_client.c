@@ -77,11 +77,9 @@ struct rpc_stream {
 /* ---------------------------------------------------------------------------------------------
  * Channels */
 
-rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts, pie_status *st)
-{
+rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts, pie_status *st) {
     static const rpc_channel_opts zero;
-    if (!opts)
-        opts = &zero;
+    if (!opts) opts = &zero;
     if (!target || !target[0]) {
         pie_status_set(st, PIE_INVALID_ARGUMENT, "rpc_channel_create: target is empty");
         return NULL;
@@ -100,13 +98,11 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
     ch->max_send = rpc__max_bytes(opts->max_send_bytes);
     ch->spin_ns = opts->spin_us > 0 ? (int64_t)opts->spin_us * 1000 : 0;
     ch->target = strdup(target);
-    if (!ch->target)
-        goto oom;
+    if (!ch->target) goto oom;
     if (opts->token && opts->token[0]) {
         size_t n = strlen(opts->token) + sizeof "Bearer ";
         ch->auth = malloc(n);
-        if (!ch->auth)
-            goto oom;
+        if (!ch->auth) goto oom;
         snprintf(ch->auth, n, "Bearer %s", opts->token);
         if (!rpc__md_legal("authorization", ch->auth)) {
             pie_status_set(st, PIE_INVALID_ARGUMENT,
@@ -117,7 +113,8 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
     }
     rpc_args a;
     rpc__args_init(&a);
-    rpc__args_add_int(&a, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, rpc__max_bytes(opts->max_recv_bytes));
+    rpc__args_add_int(&a, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                      rpc__max_bytes(opts->max_recv_bytes));
     rpc__args_add_int(&a, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, ch->max_send);
     /* Each rpc_channel gets its own connection, as its user expects. */
     rpc__args_add_int(&a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -140,8 +137,8 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
     ch->gc = grpc_channel_create(target, creds, &a.ca);
     grpc_channel_credentials_release(creds);
     if (!ch->gc) {
-        pie_status_set(st, PIE_INVALID_ARGUMENT, "rpc_channel_create: cannot create a channel to %s",
-                       target);
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "rpc_channel_create: cannot create a channel to %s", target);
         rpc_channel_destroy(ch);
         return NULL;
     }
@@ -152,14 +149,10 @@ oom:
     return NULL;
 }
 
-void rpc_channel_destroy(rpc_channel *ch)
-{
-    if (!ch)
-        return;
-    if (ch->gc)
-        grpc_channel_destroy(ch->gc);
-    for (size_t i = 0; i < ch->n_reg; i++)
-        free(ch->reg[i].path);
+void rpc_channel_destroy(rpc_channel *ch) {
+    if (!ch) return;
+    if (ch->gc) grpc_channel_destroy(ch->gc);
+    for (size_t i = 0; i < ch->n_reg; i++) free(ch->reg[i].path);
     free(ch->reg);
     free(ch->auth);
     free(ch->target);
@@ -169,8 +162,7 @@ void rpc_channel_destroy(rpc_channel *ch)
 }
 
 /* The registered-call handle for path (registered once per channel). NULL if out of memory. */
-static void *channel_method(rpc_channel *ch, const char *path)
-{
+static void *channel_method(rpc_channel *ch, const char *path) {
     void *h = NULL;
     pthread_mutex_lock(&ch->mu);
     for (size_t i = 0; i < ch->n_reg; i++)
@@ -181,14 +173,12 @@ static void *channel_method(rpc_channel *ch, const char *path)
     if (ch->n_reg == ch->cap_reg) {
         size_t ncap = ch->cap_reg ? ch->cap_reg * 2 : 8;
         rpc_reg *nr = realloc(ch->reg, ncap * sizeof *nr);
-        if (!nr)
-            goto out;
+        if (!nr) goto out;
         ch->reg = nr;
         ch->cap_reg = ncap;
     }
     char *p = strdup(path);
-    if (!p)
-        goto out;
+    if (!p) goto out;
     h = grpc_channel_register_call(ch->gc, path, NULL, NULL);
     if (!h) {
         free(p);
@@ -201,8 +191,7 @@ out:
 }
 
 static pie_code req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_call_opts *o,
-                             pie_status *st)
-{
+                             pie_status *st) {
     size_t n = (ch->auth ? 1 : 0) + o->n_md;
     m->n = 0;
     m->md = n <= RPC_MD_INLINE ? m->inline_md : calloc(n, sizeof *m->md);
@@ -221,13 +210,13 @@ static pie_code req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_cal
                 grpc_slice_unref(m->md[j].key);
                 grpc_slice_unref(m->md[j].value);
             }
-            if (m->md != m->inline_md)
-                free(m->md);
+            if (m->md != m->inline_md) free(m->md);
             m->md = NULL;
             m->n = 0;
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "rpc: metadata[%zu] key \"%s\" or its value is not legal text "
-                                  "metadata", i, o->md[i].key ? o->md[i].key : "(null)");
+                                  "metadata",
+                                  i, o->md[i].key ? o->md[i].key : "(null)");
         }
         m->md[m->n].key = grpc_slice_from_copied_string(o->md[i].key);
         m->md[m->n].value = grpc_slice_from_copied_string(o->md[i].value);
@@ -236,29 +225,24 @@ static pie_code req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_cal
     return PIE_OK;
 }
 
-static void req_md_free(rpc_req_md *m)
-{
-    if (!m->md)
-        return;
+static void req_md_free(rpc_req_md *m) {
+    if (!m->md) return;
     for (size_t i = 0; i < m->n; i++) {
         grpc_slice_unref(m->md[i].key);
         grpc_slice_unref(m->md[i].value);
     }
-    if (m->md != m->inline_md)
-        free(m->md);
+    if (m->md != m->inline_md) free(m->md);
     m->md = NULL;
     m->n = 0;
 }
 
-static uint32_t initial_md_flags(const rpc_call_opts *o)
-{
-    return o->wait_for_ready
-               ? GRPC_INITIAL_METADATA_WAIT_FOR_READY | GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET
-               : 0;
+static uint32_t initial_md_flags(const rpc_call_opts *o) {
+    return o->wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY |
+                                   GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET
+                             : 0;
 }
 
-static pie_code status_to_pie(grpc_status_code code, grpc_slice details, pie_status *st)
-{
+static pie_code status_to_pie(grpc_status_code code, grpc_slice details, pie_status *st) {
     pie_code c = (code >= 0 && code <= GRPC_STATUS_UNAUTHENTICATED) ? (pie_code)code : PIE_UNKNOWN;
     if (c == PIE_OK) {
         pie_status_ok(st);
@@ -273,16 +257,13 @@ static pie_code status_to_pie(grpc_status_code code, grpc_slice details, pie_sta
 
 pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *req,
                    const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
-                   const rpc_call_opts *opts, pie_status *st)
-{
+                   const rpc_call_opts *opts, pie_status *st) {
     static const rpc_call_opts zero;
-    if (!opts)
-        opts = &zero;
+    if (!opts) opts = &zero;
     *resp = NULL;
     grpc_byte_buffer *send_bb = NULL;
     pie_code rc = rpc__pack(req, ch->max_send, &send_bb, st);
-    if (rc != PIE_OK)
-        return rc;
+    if (rc != PIE_OK) return rc;
     rpc_req_md md = {0};
     rc = req_md_build(&md, ch, opts, st);
     if (rc != PIE_OK) {
@@ -293,9 +274,9 @@ pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *re
     grpc_completion_queue *cq = handle ? grpc_completion_queue_create_for_pluck(NULL) : NULL;
     grpc_call *call = NULL;
     if (cq)
-        call = grpc_channel_create_registered_call(ch->gc, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                                   handle, rpc__deadline_from_ms(opts->timeout_ms),
-                                                   NULL);
+        call =
+            grpc_channel_create_registered_call(ch->gc, NULL, GRPC_PROPAGATE_DEFAULTS, cq, handle,
+                                                rpc__deadline_from_ms(opts->timeout_ms), NULL);
     if (!call) {
         rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: cannot create the call", path);
         goto out;
@@ -344,15 +325,16 @@ pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *re
             rc = status_to_pie(status, details, st);
             if (rc == PIE_OK) {
                 if (!recv_bb)
-                    rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: server sent no response", path);
+                    rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: server sent no response",
+                                        path);
                 else if (!(*resp = rpc__unpack(resp_desc, recv_bb)))
-                    rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: cannot parse the response as %s",
-                                        path, resp_desc->name);
+                    rc = pie_status_set(st, PIE_INTERNAL,
+                                        "rpc_unary %s: cannot parse the response as %s", path,
+                                        resp_desc->name);
             }
         }
     }
-    if (recv_bb)
-        grpc_byte_buffer_destroy(recv_bb);
+    if (recv_bb) grpc_byte_buffer_destroy(recv_bb);
     grpc_slice_unref(details);
     grpc_metadata_array_destroy(&init_md);
     grpc_metadata_array_destroy(&trail_md);
@@ -368,8 +350,7 @@ out:
 }
 
 pie_code rpc_health_check(rpc_channel *ch, const char *service, int64_t timeout_ms,
-                          rpc_health_status *out, pie_status *st)
-{
+                          rpc_health_status *out, pie_status *st) {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = (char *)(service ? service : "");
     ProtobufCMessage *resp = NULL;
@@ -386,8 +367,7 @@ pie_code rpc_health_check(rpc_channel *ch, const char *service, int64_t timeout_
 /* ---------------------------------------------------------------------------------------------
  * Streams */
 
-static grpc_event pluck(rpc_stream *s, void *tag, int64_t timeout_ms)
-{
+static grpc_event pluck(rpc_stream *s, void *tag, int64_t timeout_ms) {
     gpr_timespec d = timeout_ms < 0 ? gpr_inf_future(GPR_CLOCK_REALTIME)
                                     : gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                                    gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
@@ -395,12 +375,10 @@ static grpc_event pluck(rpc_stream *s, void *tag, int64_t timeout_ms)
 }
 
 rpc_stream *rpc_stream_open(rpc_channel *ch, const char *path,
-                            const ProtobufCMessageDescriptor *resp_desc,
-                            const rpc_call_opts *opts, pie_status *st)
-{
+                            const ProtobufCMessageDescriptor *resp_desc, const rpc_call_opts *opts,
+                            pie_status *st) {
     static const rpc_call_opts zero;
-    if (!opts)
-        opts = &zero;
+    if (!opts) opts = &zero;
     rpc_stream *s = calloc(1, sizeof *s);
     if (!s) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_stream_open: out of memory");
@@ -423,8 +401,7 @@ rpc_stream *rpc_stream_open(rpc_channel *ch, const char *path,
         pie_status_set(st, PIE_INTERNAL, "rpc_stream_open: pthread_mutex_init failed");
         return NULL;
     }
-    if (req_md_build(&s->req_md, ch, opts, st) != PIE_OK)
-        goto fail;
+    if (req_md_build(&s->req_md, ch, opts, st) != PIE_OK) goto fail;
     void *handle = channel_method(ch, path);
     if (!handle) {
         pie_status_set(st, PIE_INTERNAL, "rpc_stream_open %s: cannot register the method", path);
@@ -432,11 +409,13 @@ rpc_stream *rpc_stream_open(rpc_channel *ch, const char *path,
     }
     s->cq = grpc_completion_queue_create_for_pluck(NULL);
     if (!s->cq) {
-        pie_status_set(st, PIE_INTERNAL, "rpc_stream_open %s: cannot create a completion queue", path);
+        pie_status_set(st, PIE_INTERNAL, "rpc_stream_open %s: cannot create a completion queue",
+                       path);
         goto fail;
     }
-    s->gc = grpc_channel_create_registered_call(ch->gc, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq,
-                                                handle, rpc__deadline_from_ms(opts->timeout_ms), NULL);
+    s->gc =
+        grpc_channel_create_registered_call(ch->gc, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq, handle,
+                                            rpc__deadline_from_ms(opts->timeout_ms), NULL);
     if (!s->gc) {
         pie_status_set(st, PIE_INTERNAL, "rpc_stream_open %s: cannot create the call", path);
         goto fail;
@@ -471,8 +450,7 @@ rpc_stream *rpc_stream_open(rpc_channel *ch, const char *path,
     }
     return s;
 fail:
-    if (s->gc)
-        grpc_call_unref(s->gc);
+    if (s->gc) grpc_call_unref(s->gc);
     if (s->cq) {
         grpc_completion_queue_shutdown(s->cq);
         grpc_completion_queue_destroy(s->cq);
@@ -487,25 +465,23 @@ fail:
     return NULL;
 }
 
-static pie_code ended_code(rpc_stream *s, pie_status *st, const char *what)
-{
+static pie_code ended_code(rpc_stream *s, pie_status *st, const char *what) {
     if (atomic_load(&s->cancelled))
         return pie_status_set(st, PIE_CANCELLED, "%s: the stream was cancelled", what);
-    return pie_status_set(st, PIE_UNAVAILABLE, "%s: the call has ended (rpc_stream_finish has its status)",
-                          what);
+    return pie_status_set(st, PIE_UNAVAILABLE,
+                          "%s: the call has ended (rpc_stream_finish has its status)", what);
 }
 
-pie_code rpc_stream_send(rpc_stream *s, const ProtobufCMessage *msg, pie_status *st)
-{
+pie_code rpc_stream_send(rpc_stream *s, const ProtobufCMessage *msg, pie_status *st) {
     grpc_byte_buffer *bb;
     pie_code rc = rpc__pack(msg, s->ch->max_send, &bb, st);
-    if (rc != PIE_OK)
-        return rc;
+    if (rc != PIE_OK) return rc;
     pthread_mutex_lock(&s->send_mu);
     if (s->send_closed) {
         pthread_mutex_unlock(&s->send_mu);
         grpc_byte_buffer_destroy(bb);
-        return pie_status_set(st, PIE_FAILED_PRECONDITION, "rpc_stream_send: sending side is closed");
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "rpc_stream_send: sending side is closed");
     }
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -525,8 +501,7 @@ pie_code rpc_stream_send(rpc_stream *s, const ProtobufCMessage *msg, pie_status 
     return ok ? PIE_OK : ended_code(s, st, "rpc_stream_send");
 }
 
-pie_code rpc_stream_close_send(rpc_stream *s, pie_status *st)
-{
+pie_code rpc_stream_close_send(rpc_stream *s, pie_status *st) {
     pie_code rc = PIE_OK;
     pthread_mutex_lock(&s->send_mu);
     if (!s->send_closed) {
@@ -548,11 +523,9 @@ pie_code rpc_stream_close_send(rpc_stream *s, pie_status *st)
     return rc;
 }
 
-rpc_recv_result rpc_stream_recv(rpc_stream *s, ProtobufCMessage **msg, int64_t timeout_ms)
-{
+rpc_recv_result rpc_stream_recv(rpc_stream *s, ProtobufCMessage **msg, int64_t timeout_ms) {
     *msg = NULL;
-    if (s->ended)
-        return RPC_RECV_END;
+    if (s->ended) return RPC_RECV_END;
     if (!s->recv_pending) {
         grpc_op op;
         memset(&op, 0, sizeof op);
@@ -565,14 +538,12 @@ rpc_recv_result rpc_stream_recv(rpc_stream *s, ProtobufCMessage **msg, int64_t t
         s->recv_pending = true;
     }
     grpc_event ev = pluck(s, &s->t_recv, timeout_ms);
-    if (ev.type == GRPC_QUEUE_TIMEOUT)
-        return RPC_RECV_TIMEOUT;
+    if (ev.type == GRPC_QUEUE_TIMEOUT) return RPC_RECV_TIMEOUT;
     s->recv_pending = false;
     grpc_byte_buffer *bb = s->recv_bb;
     s->recv_bb = NULL;
     if (ev.type != GRPC_OP_COMPLETE || !ev.success || !bb) {
-        if (bb)
-            grpc_byte_buffer_destroy(bb);
+        if (bb) grpc_byte_buffer_destroy(bb);
         s->ended = true;
         return RPC_RECV_END;
     }
@@ -589,30 +560,26 @@ rpc_recv_result rpc_stream_recv(rpc_stream *s, ProtobufCMessage **msg, int64_t t
 }
 
 /* Waits for the final status (the call is over); idempotent. */
-static void stream_wait_status(rpc_stream *s)
-{
+static void stream_wait_status(rpc_stream *s) {
     pthread_mutex_lock(&s->status_mu);
     if (!s->status_done) {
         (void)pluck(s, &s->t_status, -1); /* always completes: it is how every call ends */
         s->status_done = true;
-        if (rpc__md_copy(&s->trail_md, &s->tmd, &s->n_tmd) != 0)
-            s->n_tmd = 0;
+        if (rpc__md_copy(&s->trail_md, &s->tmd, &s->n_tmd) != 0) s->n_tmd = 0;
     }
     pthread_mutex_unlock(&s->status_mu);
 }
 
 /* Collects the initial-metadata batch if it completes within timeout_ms. Returns whether the
  * batch is done; *ok gets its success. */
-static bool stream_wait_meta(rpc_stream *s, int64_t timeout_ms, bool *ok)
-{
+static bool stream_wait_meta(rpc_stream *s, int64_t timeout_ms, bool *ok) {
     pthread_mutex_lock(&s->meta_mu);
     if (!s->meta_done) {
         grpc_event ev = pluck(s, &s->t_meta, timeout_ms);
         if (ev.type == GRPC_OP_COMPLETE) {
             s->meta_done = true;
             s->meta_ok = ev.success != 0;
-            if (s->meta_ok && rpc__md_copy(&s->init_md, &s->imd, &s->n_imd) != 0)
-                s->n_imd = 0;
+            if (s->meta_ok && rpc__md_copy(&s->init_md, &s->imd, &s->n_imd) != 0) s->n_imd = 0;
         }
     }
     bool done = s->meta_done;
@@ -621,8 +588,7 @@ static bool stream_wait_meta(rpc_stream *s, int64_t timeout_ms, bool *ok)
     return done;
 }
 
-pie_code rpc_stream_wait_ready(rpc_stream *s, int64_t timeout_ms, pie_status *st)
-{
+pie_code rpc_stream_wait_ready(rpc_stream *s, int64_t timeout_ms, pie_status *st) {
     bool ok;
     if (!stream_wait_meta(s, timeout_ms, &ok))
         return pie_status_set(st, PIE_DEADLINE_EXCEEDED,
@@ -635,8 +601,7 @@ pie_code rpc_stream_wait_ready(rpc_stream *s, int64_t timeout_ms, pie_status *st
         grpc_event ev = pluck(s, &s->t_status, 0);
         if (ev.type == GRPC_OP_COMPLETE) {
             s->status_done = true;
-            if (rpc__md_copy(&s->trail_md, &s->tmd, &s->n_tmd) != 0)
-                s->n_tmd = 0;
+            if (rpc__md_copy(&s->trail_md, &s->tmd, &s->n_tmd) != 0) s->n_tmd = 0;
         }
     }
     bool over = s->status_done;
@@ -656,49 +621,41 @@ pie_code rpc_stream_wait_ready(rpc_stream *s, int64_t timeout_ms, pie_status *st
     return PIE_OK;
 }
 
-void rpc_stream_cancel(rpc_stream *s)
-{
+void rpc_stream_cancel(rpc_stream *s) {
     atomic_store(&s->cancelled, true);
     grpc_call_cancel(s->gc, NULL);
 }
 
-pie_code rpc_stream_finish(rpc_stream *s, pie_status *st)
-{
+pie_code rpc_stream_finish(rpc_stream *s, pie_status *st) {
     (void)rpc_stream_close_send(s, NULL); /* fails only if the call is already over */
     ProtobufCMessage *m;
-    while (rpc_stream_recv(s, &m, -1) == RPC_RECV_MESSAGE)
-        rpc_msg_free(m);
+    while (rpc_stream_recv(s, &m, -1) == RPC_RECV_MESSAGE) rpc_msg_free(m);
     stream_wait_status(s);
     bool ok;
     (void)stream_wait_meta(s, -1, &ok);
     return status_to_pie(s->status, s->details, st);
 }
 
-const char *rpc_stream_initial_metadata(rpc_stream *s, const char *key)
-{
+const char *rpc_stream_initial_metadata(rpc_stream *s, const char *key) {
     pthread_mutex_lock(&s->meta_mu);
     const char *v = s->meta_done ? rpc__md_find(s->imd, s->n_imd, key) : NULL;
     pthread_mutex_unlock(&s->meta_mu);
     return v;
 }
 
-const char *rpc_stream_trailing_metadata(rpc_stream *s, const char *key)
-{
+const char *rpc_stream_trailing_metadata(rpc_stream *s, const char *key) {
     pthread_mutex_lock(&s->status_mu);
     const char *v = s->status_done ? rpc__md_find(s->tmd, s->n_tmd, key) : NULL;
     pthread_mutex_unlock(&s->status_mu);
     return v;
 }
 
-void rpc_stream_destroy(rpc_stream *s)
-{
-    if (!s)
-        return;
+void rpc_stream_destroy(rpc_stream *s) {
+    if (!s) return;
     pthread_mutex_lock(&s->status_mu);
     bool over = s->status_done;
     pthread_mutex_unlock(&s->status_mu);
-    if (!over || s->recv_pending)
-        rpc_stream_cancel(s);
+    if (!over || s->recv_pending) rpc_stream_cancel(s);
     (void)rpc_stream_finish(s, NULL); /* collects every outstanding tag */
     grpc_call_unref(s->gc);
     grpc_completion_queue_shutdown(s->cq);

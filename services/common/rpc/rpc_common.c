@@ -10,34 +10,26 @@
 
 #include "rpc_internal.h"
 
-int64_t rpc_now_ns(void)
-{
+int64_t rpc_now_ns(void) {
     struct timespec ts;
     /* CLOCK_MONOTONIC cannot fail on Linux for a valid pointer; keep the check anyway. */
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0;
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-void rpc_msg_free(ProtobufCMessage *msg)
-{
-    if (msg)
-        protobuf_c_message_free_unpacked(msg, NULL);
+void rpc_msg_free(ProtobufCMessage *msg) {
+    if (msg) protobuf_c_message_free_unpacked(msg, NULL);
 }
 
-int rpc__max_bytes(int opt)
-{
-    if (opt == 0)
-        return RPC_DEFAULT_MAX_MSG;
+int rpc__max_bytes(int opt) {
+    if (opt == 0) return RPC_DEFAULT_MAX_MSG;
     return opt < 0 ? -1 : opt;
 }
 
 pie_code rpc__pack(const ProtobufCMessage *msg, int max_bytes, grpc_byte_buffer **out,
-                   pie_status *st)
-{
+                   pie_status *st) {
     *out = NULL;
-    if (!msg)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "rpc: message is NULL");
+    if (!msg) return pie_status_set(st, PIE_INVALID_ARGUMENT, "rpc: message is NULL");
     size_t n = protobuf_c_message_get_packed_size(msg);
     if (max_bytes >= 0 && n > (size_t)max_bytes)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
@@ -55,11 +47,9 @@ pie_code rpc__pack(const ProtobufCMessage *msg, int max_bytes, grpc_byte_buffer 
     return PIE_OK;
 }
 
-ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb)
-{
+ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb) {
     grpc_byte_buffer_reader r;
-    if (!bb || !grpc_byte_buffer_reader_init(&r, bb))
-        return NULL;
+    if (!bb || !grpc_byte_buffer_reader_init(&r, bb)) return NULL;
     size_t total = grpc_byte_buffer_length(bb);
     ProtobufCMessage *m = NULL;
     grpc_slice *first = NULL;
@@ -72,8 +62,7 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_
         /* Several slices (it happens even for small messages): one copy. The reader was
          * advanced by peek, so start a fresh one. */
         grpc_byte_buffer_reader_destroy(&r);
-        if (!grpc_byte_buffer_reader_init(&r, bb))
-            return NULL;
+        if (!grpc_byte_buffer_reader_init(&r, bb)) return NULL;
         grpc_slice all = grpc_byte_buffer_reader_readall(&r);
         m = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(all),
                                       GRPC_SLICE_START_PTR(all));
@@ -83,18 +72,16 @@ ProtobufCMessage *rpc__unpack(const ProtobufCMessageDescriptor *desc, grpc_byte_
     return m;
 }
 
-int rpc__md_copy(const grpc_metadata_array *arr, rpc_md **out, size_t *n)
-{
+int rpc__md_copy(const grpc_metadata_array *arr, rpc_md **out, size_t *n) {
     *out = NULL;
     *n = 0;
-    if (arr->count == 0)
-        return 0;
+    if (arr->count == 0) return 0;
     size_t bytes = arr->count * sizeof(rpc_md);
     for (size_t i = 0; i < arr->count; i++)
-        bytes += GRPC_SLICE_LENGTH(arr->metadata[i].key) + GRPC_SLICE_LENGTH(arr->metadata[i].value) + 2;
+        bytes +=
+            GRPC_SLICE_LENGTH(arr->metadata[i].key) + GRPC_SLICE_LENGTH(arr->metadata[i].value) + 2;
     rpc_md *md = malloc(bytes);
-    if (!md)
-        return -1;
+    if (!md) return -1;
     char *p = (char *)(md + arr->count);
     for (size_t i = 0; i < arr->count; i++) {
         const grpc_slice *k = &arr->metadata[i].key, *v = &arr->metadata[i].value;
@@ -112,55 +99,42 @@ int rpc__md_copy(const grpc_metadata_array *arr, rpc_md **out, size_t *n)
     return 0;
 }
 
-const char *rpc__md_find(const rpc_md *md, size_t n, const char *key)
-{
+const char *rpc__md_find(const rpc_md *md, size_t n, const char *key) {
     for (size_t i = 0; i < n; i++)
-        if (strcmp(md[i].key, key) == 0)
-            return md[i].value;
+        if (strcmp(md[i].key, key) == 0) return md[i].value;
     return NULL;
 }
 
-int rpc__md_legal(const char *key, const char *value)
-{
-    if (!key || !value || !key[0])
-        return 0;
+int rpc__md_legal(const char *key, const char *value) {
+    if (!key || !value || !key[0]) return 0;
     size_t kl = strlen(key);
-    if (kl >= 4 && strcmp(key + kl - 4, "-bin") == 0)
-        return 0;
-    if (key[0] == ':' || strncmp(key, "grpc-", 5) == 0)
-        return 0;
+    if (kl >= 4 && strcmp(key + kl - 4, "-bin") == 0) return 0;
+    if (key[0] == ':' || strncmp(key, "grpc-", 5) == 0) return 0;
     return grpc_header_key_is_legal(grpc_slice_from_static_string(key)) &&
            grpc_header_nonbin_value_is_legal(grpc_slice_from_static_string(value));
 }
 
-gpr_timespec rpc__deadline_from_ms(int64_t timeout_ms)
-{
-    if (timeout_ms <= 0)
-        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+gpr_timespec rpc__deadline_from_ms(int64_t timeout_ms) {
+    if (timeout_ms <= 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
 
-gpr_timespec rpc__deadline_from_ns(int64_t deadline_ns)
-{
-    if (deadline_ns == RPC_DEADLINE_NONE)
-        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+gpr_timespec rpc__deadline_from_ns(int64_t deadline_ns) {
+    if (deadline_ns == RPC_DEADLINE_NONE) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
     int64_t left = deadline_ns - rpc_now_ns();
     return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_nanos(left, GPR_TIMESPAN));
 }
 
-int64_t rpc__ns_from_deadline(gpr_timespec deadline)
-{
-    if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0)
-        return RPC_DEADLINE_NONE;
+int64_t rpc__ns_from_deadline(gpr_timespec deadline) {
+    if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0) return RPC_DEADLINE_NONE;
     /* gRPC's monotonic clock has its own epoch: go through "time left". */
     gpr_timespec mono = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
     gpr_timespec left = gpr_time_sub(mono, gpr_now(GPR_CLOCK_MONOTONIC));
     return rpc_now_ns() + left.tv_sec * 1000000000 + left.tv_nsec;
 }
 
-const char *rpc__call_error_name(grpc_call_error e)
-{
+const char *rpc__call_error_name(grpc_call_error e) {
     switch (e) {
     case GRPC_CALL_OK: return "OK";
     case GRPC_CALL_ERROR: return "ERROR";
@@ -182,37 +156,30 @@ const char *rpc__call_error_name(grpc_call_error e)
     return "UNKNOWN_CALL_ERROR";
 }
 
-void rpc__args_init(rpc_args *a)
-{
+void rpc__args_init(rpc_args *a) {
     memset(a, 0, sizeof *a);
     a->ca.args = a->arg;
 }
 
-void rpc__args_add_int(rpc_args *a, const char *key, int value)
-{
-    if (a->ca.num_args >= RPC_MAX_ARGS)
-        return; /* callers add a fixed, smaller number */
+void rpc__args_add_int(rpc_args *a, const char *key, int value) {
+    if (a->ca.num_args >= RPC_MAX_ARGS) return; /* callers add a fixed, smaller number */
     grpc_arg *g = &a->arg[a->ca.num_args++];
     g->type = GRPC_ARG_INTEGER;
     g->key = (char *)key; /* gRPC copies args; it never writes through key */
     g->value.integer = value;
 }
 
-int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen)
-{
+int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
     unsigned char diff = (unsigned char)(alen != blen);
     size_t n = alen < blen ? alen : blen;
-    for (size_t i = 0; i < n; i++)
-        diff |= (unsigned char)(a[i] ^ b[i]);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
     return diff == 0;
 }
 
-char *rpc__slice_strdup(grpc_slice s)
-{
+char *rpc__slice_strdup(grpc_slice s) {
     size_t n = GRPC_SLICE_LENGTH(s);
     char *p = malloc(n + 1);
-    if (!p)
-        return NULL;
+    if (!p) return NULL;
     memcpy(p, GRPC_SLICE_START_PTR(s), n);
     p[n] = '\0';
     return p;

@@ -34,34 +34,28 @@ struct rpc_health {
     bool shutdown;
 };
 
-static rpc_health_entry *find_locked(rpc_health *h, const char *service)
-{
+static rpc_health_entry *find_locked(rpc_health *h, const char *service) {
     for (size_t i = 0; i < h->n; i++)
-        if (strcmp(h->e[i].service, service) == 0)
-            return &h->e[i];
+        if (strcmp(h->e[i].service, service) == 0) return &h->e[i];
     return NULL;
 }
 
-static rpc_health_status status_locked(rpc_health *h, const char *service)
-{
+static rpc_health_status status_locked(rpc_health *h, const char *service) {
     rpc_health_entry *e = find_locked(h, service);
     return e ? e->status : RPC_HEALTH_SERVICE_UNKNOWN;
 }
 
-static pie_code send_status(rpc_call *call, rpc_health_status s)
-{
+static pie_code send_status(rpc_call *call, rpc_health_status s) {
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     resp.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)s;
     return rpc_call_send(call, &resp.base);
 }
 
 /* Pushes the current status of every watched service that changed. Under h->mu. */
-static void notify_locked(rpc_health *h)
-{
+static void notify_locked(rpc_health *h) {
     for (rpc_health_watch *w = h->watchers; w; w = w->next) {
         rpc_health_status s = status_locked(h, w->service);
-        if (s == w->last_sent)
-            continue;
+        if (s == w->last_sent) continue;
         pie_code rc = send_status(w->call, s);
         if (rc == PIE_OK)
             w->last_sent = s;
@@ -70,11 +64,9 @@ static void notify_locked(rpc_health *h)
     }
 }
 
-rpc_health *rpc__health_create(bool start_not_serving)
-{
+rpc_health *rpc__health_create(bool start_not_serving) {
     rpc_health *h = calloc(1, sizeof *h);
-    if (!h)
-        return NULL;
+    if (!h) return NULL;
     if (pthread_mutex_init(&h->mu, NULL) != 0) {
         free(h);
         return NULL;
@@ -87,12 +79,9 @@ rpc_health *rpc__health_create(bool start_not_serving)
     return h;
 }
 
-void rpc__health_destroy(rpc_health *h)
-{
-    if (!h)
-        return;
-    for (size_t i = 0; i < h->n; i++)
-        free(h->e[i].service);
+void rpc__health_destroy(rpc_health *h) {
+    if (!h) return;
+    for (size_t i = 0; i < h->n; i++) free(h->e[i].service);
     free(h->e);
     /* Watchers are gone: every Watch call reached on_done before the server's threads ended. */
     pthread_mutex_destroy(&h->mu);
@@ -100,18 +89,15 @@ void rpc__health_destroy(rpc_health *h)
 }
 
 pie_code rpc__health_set(rpc_health *h, const char *service, rpc_health_status status,
-                         pie_status *st)
-{
-    if (!service)
-        service = "";
+                         pie_status *st) {
+    if (!service) service = "";
     if (status < RPC_HEALTH_UNKNOWN || status > RPC_HEALTH_SERVICE_UNKNOWN)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "rpc_server_set_health: status %d is not a health status",
                               (int)status);
     pie_code rc = PIE_OK;
     pthread_mutex_lock(&h->mu);
-    if (h->shutdown)
-        goto out; /* everything stays NOT_SERVING until the end */
+    if (h->shutdown) goto out; /* everything stays NOT_SERVING until the end */
     rpc_health_entry *e = find_locked(h, service);
     if (status == RPC_HEALTH_SERVICE_UNKNOWN) {
         if (e) {
@@ -125,7 +111,8 @@ pie_code rpc__health_set(rpc_health *h, const char *service, rpc_health_status s
             size_t ncap = h->cap ? h->cap * 2 : 8;
             rpc_health_entry *ne = realloc(h->e, ncap * sizeof *ne);
             if (!ne) {
-                rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_server_set_health: out of memory");
+                rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                                    "rpc_server_set_health: out of memory");
                 goto out;
             }
             h->e = ne;
@@ -144,24 +131,23 @@ out:
     return rc;
 }
 
-void rpc__health_shutdown(rpc_health *h)
-{
+void rpc__health_shutdown(rpc_health *h) {
     pthread_mutex_lock(&h->mu);
     if (!h->shutdown) {
-        for (size_t i = 0; i < h->n; i++)
-            h->e[i].status = RPC_HEALTH_NOT_SERVING;
+        for (size_t i = 0; i < h->n; i++) h->e[i].status = RPC_HEALTH_NOT_SERVING;
         notify_locked(h);
         for (rpc_health_watch *w = h->watchers; w; w = w->next)
-            (void)rpc_call_finish(w->call, PIE_UNAVAILABLE, "server shutting down"); /* may be over */
+            (void)rpc_call_finish(w->call, PIE_UNAVAILABLE,
+                                  "server shutting down"); /* may be over */
         h->shutdown = true;
     }
     pthread_mutex_unlock(&h->mu);
 }
 
-static bool on_check(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static bool on_check(rpc_call *call, ProtobufCMessage *req, void *user) {
     rpc_health *h = user;
-    const Grpc__Health__V1__HealthCheckRequest *r = (const Grpc__Health__V1__HealthCheckRequest *)req;
+    const Grpc__Health__V1__HealthCheckRequest *r =
+        (const Grpc__Health__V1__HealthCheckRequest *)req;
     const char *service = r->service ? r->service : "";
     pthread_mutex_lock(&h->mu);
     rpc_health_status s = status_locked(h, service);
@@ -180,10 +166,10 @@ static bool on_check(rpc_call *call, ProtobufCMessage *req, void *user)
     return false;
 }
 
-static bool on_watch(rpc_call *call, ProtobufCMessage *req, void *user)
-{
+static bool on_watch(rpc_call *call, ProtobufCMessage *req, void *user) {
     rpc_health *h = user;
-    const Grpc__Health__V1__HealthCheckRequest *r = (const Grpc__Health__V1__HealthCheckRequest *)req;
+    const Grpc__Health__V1__HealthCheckRequest *r =
+        (const Grpc__Health__V1__HealthCheckRequest *)req;
     rpc_health_watch *w = calloc(1, sizeof *w);
     char *service = strdup(r->service ? r->service : "");
     if (!w || !service) {
@@ -205,8 +191,7 @@ static bool on_watch(rpc_call *call, ProtobufCMessage *req, void *user)
     w->last_sent = status_locked(h, service);
     pie_code rc = send_status(call, w->last_sent);
     w->next = h->watchers;
-    if (h->watchers)
-        h->watchers->prev = w;
+    if (h->watchers) h->watchers->prev = w;
     h->watchers = w;
     pthread_mutex_unlock(&h->mu);
     rpc_call_set_data(call, w);
@@ -215,27 +200,23 @@ static bool on_watch(rpc_call *call, ProtobufCMessage *req, void *user)
     return false;
 }
 
-static void on_watch_done(rpc_call *call, void *user)
-{
+static void on_watch_done(rpc_call *call, void *user) {
     rpc_health *h = user;
     rpc_health_watch *w = rpc_call_get_data(call);
-    if (!w)
-        return;
+    if (!w) return;
     pthread_mutex_lock(&h->mu);
     if (w->prev)
         w->prev->next = w->next;
     else
         h->watchers = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
+    if (w->next) w->next->prev = w->prev;
     pthread_mutex_unlock(&h->mu);
     free(w->service);
     free(w);
     rpc_call_set_data(call, NULL);
 }
 
-void rpc__health_methods(rpc_health *h, bool needs_token, rpc_method methods[2])
-{
+void rpc__health_methods(rpc_health *h, bool needs_token, rpc_method methods[2]) {
     memset(methods, 0, 2 * sizeof *methods);
     methods[0] = (rpc_method){
         .path = "/grpc.health.v1.Health/Check",

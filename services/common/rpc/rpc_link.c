@@ -34,13 +34,11 @@ struct rpc_link {
 /* A connected stream that lived this long (or delivered a message) resets the backoff. */
 #define RPC_LINK_HEALTHY_NS (1000LL * 1000000)
 
-static int64_t link_delay_ms(rpc_link *l, unsigned attempt)
-{
+static int64_t link_delay_ms(rpc_link *l, unsigned attempt) {
     double d = (double)l->o.backoff_initial_ms;
     for (unsigned i = 0; i < attempt && d < (double)l->o.backoff_max_ms; i++)
         d *= l->o.backoff_multiplier;
-    if (d > (double)l->o.backoff_max_ms)
-        d = (double)l->o.backoff_max_ms;
+    if (d > (double)l->o.backoff_max_ms) d = (double)l->o.backoff_max_ms;
     if (l->o.backoff_jitter > 0) {
         double u = (double)rand_r(&l->seed) / (double)RAND_MAX; /* [0,1] */
         d *= 1.0 + l->o.backoff_jitter * (2.0 * u - 1.0);
@@ -49,20 +47,17 @@ static int64_t link_delay_ms(rpc_link *l, unsigned attempt)
 }
 
 /* Sleeps ms unless stopped first. Returns true if the link is stopping. */
-static bool link_sleep(rpc_link *l, int64_t ms)
-{
+static bool link_sleep(rpc_link *l, int64_t ms) {
     int64_t deadline = rpc_now_ns() + ms * 1000000;
     struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
     pthread_mutex_lock(&l->mu);
-    while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT) {
-    }
+    while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT) {}
     bool stop = l->stop;
     pthread_mutex_unlock(&l->mu);
     return stop;
 }
 
-static void *link_main(void *arg)
-{
+static void *link_main(void *arg) {
     rpc_link *l = arg;
     (void)pthread_setname_np(pthread_self(), "rpc-link"); /* cosmetic */
     unsigned attempt = 0;
@@ -76,8 +71,7 @@ static void *link_main(void *arg)
         if (s) {
             pthread_mutex_lock(&l->mu);
             bool stop = l->stop;
-            if (!stop)
-                l->stream = s;
+            if (!stop) l->stream = s;
             pthread_mutex_unlock(&l->mu);
             if (stop) {
                 rpc_stream_destroy(s);
@@ -89,13 +83,11 @@ static void *link_main(void *arg)
                 l->connected = true;
                 pthread_mutex_unlock(&l->mu);
                 atomic_fetch_add(&l->connects, 1);
-                if (l->o.on_connect)
-                    l->o.on_connect(l, l->o.user);
+                if (l->o.on_connect) l->o.on_connect(l, l->o.user);
                 ProtobufCMessage *m;
                 while (rpc_stream_recv(s, &m, -1) == RPC_RECV_MESSAGE) {
                     got_msg = true;
-                    if (!l->o.on_message(l, m, l->o.user))
-                        rpc_msg_free(m);
+                    if (!l->o.on_message(l, m, l->o.user)) rpc_msg_free(m);
                 }
             }
             pthread_mutex_lock(&l->mu);
@@ -104,69 +96,54 @@ static void *link_main(void *arg)
             while (l->senders > 0) /* their sends fail at once: the call is over or cancelled */
                 pthread_cond_wait(&l->cv, &l->mu);
             pthread_mutex_unlock(&l->mu);
-            if (connected || st.code == PIE_OK)
-                (void)rpc_stream_finish(s, &st);
+            if (connected || st.code == PIE_OK) (void)rpc_stream_finish(s, &st);
             rpc_stream_destroy(s);
         }
         pthread_mutex_lock(&l->mu);
         bool stop = l->stop;
         pthread_mutex_unlock(&l->mu);
-        if (stop)
-            break;
-        if (st.code == PIE_OK)
-            pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
-        if (l->o.on_disconnect)
-            l->o.on_disconnect(l, &st, l->o.user);
-        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS))
-            attempt = 0;
+        if (stop) break;
+        if (st.code == PIE_OK) pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
+        if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
+        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
         int64_t delay = link_delay_ms(l, attempt);
-        if (attempt < 64)
-            attempt++;
+        if (attempt < 64) attempt++;
         pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
                       pie_code_name(st.code), (long long)delay);
-        if (link_sleep(l, delay))
-            break;
+        if (link_sleep(l, delay)) break;
     }
     return NULL;
 }
 
-static void link_free(rpc_link *l)
-{
+static void link_free(rpc_link *l) {
     free(l->path);
     free(l->md);
     free(l->md_strings);
     free(l);
 }
 
-rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status *st)
-{
+rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status *st) {
     if (!ch || !opts || !opts->path || !opts->response || !opts->on_message) {
-        pie_status_set(st, PIE_INVALID_ARGUMENT,
-                       "rpc_link_start: channel, opts.path, opts.response and opts.on_message are required");
+        pie_status_set(
+            st, PIE_INVALID_ARGUMENT,
+            "rpc_link_start: channel, opts.path, opts.response and opts.on_message are required");
         return NULL;
     }
     rpc_link *l = calloc(1, sizeof *l);
-    if (!l)
-        goto oom;
+    if (!l) goto oom;
     l->ch = ch;
     l->o = *opts;
-    if (l->o.backoff_initial_ms <= 0)
-        l->o.backoff_initial_ms = 100;
-    if (l->o.backoff_max_ms <= 0)
-        l->o.backoff_max_ms = 5000;
+    if (l->o.backoff_initial_ms <= 0) l->o.backoff_initial_ms = 100;
+    if (l->o.backoff_max_ms <= 0) l->o.backoff_max_ms = 5000;
     if (l->o.backoff_max_ms < l->o.backoff_initial_ms)
         l->o.backoff_max_ms = l->o.backoff_initial_ms;
-    if (l->o.backoff_multiplier < 1.0)
-        l->o.backoff_multiplier = 1.6;
-    if (l->o.backoff_jitter == 0)
-        l->o.backoff_jitter = 0.2;
-    if (l->o.backoff_jitter > 1)
-        l->o.backoff_jitter = 1;
+    if (l->o.backoff_multiplier < 1.0) l->o.backoff_multiplier = 1.6;
+    if (l->o.backoff_jitter == 0) l->o.backoff_jitter = 0.2;
+    if (l->o.backoff_jitter > 1) l->o.backoff_jitter = 1;
     l->seed = (unsigned)rpc_now_ns() ^ (unsigned)(uintptr_t)l;
     atomic_init(&l->connects, 0);
     l->path = strdup(opts->path);
-    if (!l->path)
-        goto oom;
+    if (!l->path) goto oom;
     l->o.path = l->path;
     if (opts->n_md) {
         size_t bytes = 0;
@@ -174,8 +151,7 @@ rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status 
             bytes += strlen(opts->md[i].key) + strlen(opts->md[i].value) + 2;
         l->md = calloc(opts->n_md, sizeof *l->md);
         l->md_strings = malloc(bytes);
-        if (!l->md || !l->md_strings)
-            goto oom;
+        if (!l->md || !l->md_strings) goto oom;
         char *p = l->md_strings;
         for (size_t i = 0; i < opts->n_md; i++) {
             size_t kl = strlen(opts->md[i].key) + 1, vl = strlen(opts->md[i].value) + 1;
@@ -197,8 +173,7 @@ rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status 
     int rc = pthread_condattr_init(&ca);
     if (rc == 0) {
         rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        if (rc == 0)
-            rc = pthread_cond_init(&l->cv, &ca);
+        if (rc == 0) rc = pthread_cond_init(&l->cv, &ca);
         pthread_condattr_destroy(&ca);
     }
     if (rc != 0) {
@@ -212,19 +187,18 @@ rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status 
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
         link_free(l);
-        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_link_start: pthread_create: %s", strerror(rc));
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_link_start: pthread_create: %s",
+                       strerror(rc));
         return NULL;
     }
     return l;
 oom:
-    if (l)
-        link_free(l);
+    if (l) link_free(l);
     pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_link_start: out of memory");
     return NULL;
 }
 
-pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st)
-{
+pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st) {
     pthread_mutex_lock(&l->mu);
     rpc_stream *s = l->connected ? l->stream : NULL;
     if (!s) {
@@ -235,38 +209,29 @@ pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st)
     pthread_mutex_unlock(&l->mu);
     pie_code rc = rpc_stream_send(s, msg, st);
     pthread_mutex_lock(&l->mu);
-    if (--l->senders == 0)
-        pthread_cond_broadcast(&l->cv);
+    if (--l->senders == 0) pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
 
-bool rpc_link_connected(rpc_link *l)
-{
+bool rpc_link_connected(rpc_link *l) {
     pthread_mutex_lock(&l->mu);
     bool c = l->connected;
     pthread_mutex_unlock(&l->mu);
     return c;
 }
 
-unsigned rpc_link_connects(rpc_link *l)
-{
-    return atomic_load(&l->connects);
-}
+unsigned rpc_link_connects(rpc_link *l) { return atomic_load(&l->connects); }
 
-void rpc_link_stop(rpc_link *l)
-{
-    if (!l)
-        return;
+void rpc_link_stop(rpc_link *l) {
+    if (!l) return;
     pthread_mutex_lock(&l->mu);
     l->stop = true;
-    if (l->stream)
-        rpc_stream_cancel(l->stream);
+    if (l->stream) rpc_stream_cancel(l->stream);
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     int rc = pthread_join(l->th, NULL);
-    if (rc != 0)
-        pie_log_error("rpc.link_stop", "pthread_join: %s", strerror(rc));
+    if (rc != 0) pie_log_error("rpc.link_stop", "pthread_join: %s", strerror(rc));
     pthread_cond_destroy(&l->cv);
     pthread_mutex_destroy(&l->mu);
     link_free(l);

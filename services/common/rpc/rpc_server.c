@@ -26,20 +26,20 @@
 #include "rpc_internal.h"
 
 enum {
-    TAG_NEW_CALL = 1,  /* a registered request matched a call (obj: rpc_call) */
-    TAG_RECV,          /* RECV_MESSAGE (obj: rpc_call) */
-    TAG_CLOSE,         /* RECV_CLOSE_ON_SERVER (obj: rpc_call) */
-    TAG_SEND,          /* a send-side batch (obj: rpc_call) */
-    TAG_SEND_CLOSE,    /* a final send batch that also holds RECV_CLOSE (obj: rpc_call) */
-    TAG_GENERIC_NEW,   /* the generic request matched an unknown method (obj: rpc_generic) */
-    TAG_GENERIC_DONE,  /* its UNIMPLEMENTED answer finished (obj: rpc_generic) */
-    TAG_SHUTDOWN,      /* grpc_server_shutdown_and_notify (obj: rpc_server) */
+    TAG_NEW_CALL = 1, /* a registered request matched a call (obj: rpc_call) */
+    TAG_RECV,         /* RECV_MESSAGE (obj: rpc_call) */
+    TAG_CLOSE,        /* RECV_CLOSE_ON_SERVER (obj: rpc_call) */
+    TAG_SEND,         /* a send-side batch (obj: rpc_call) */
+    TAG_SEND_CLOSE,   /* a final send batch that also holds RECV_CLOSE (obj: rpc_call) */
+    TAG_GENERIC_NEW,  /* the generic request matched an unknown method (obj: rpc_generic) */
+    TAG_GENERIC_DONE, /* its UNIMPLEMENTED answer finished (obj: rpc_generic) */
+    TAG_SHUTDOWN,     /* grpc_server_shutdown_and_notify (obj: rpc_server) */
 };
 
 typedef struct rpc_srv_method {
-    rpc_method m;   /* path points at path_buf */
+    rpc_method m; /* path points at path_buf */
     char *path_buf;
-    void *reg;      /* grpc_server_register_method handle */
+    void *reg; /* grpc_server_register_method handle */
 } rpc_srv_method;
 
 typedef struct rpc_srv_thread {
@@ -145,36 +145,28 @@ static void call_unref_internal(rpc_call *c);
 /* ---------------------------------------------------------------------------------------------
  * Small helpers */
 
-static int cond_init_monotonic(pthread_cond_t *cv)
-{
+static int cond_init_monotonic(pthread_cond_t *cv) {
     pthread_condattr_t a;
-    if (pthread_condattr_init(&a) != 0)
-        return -1;
+    if (pthread_condattr_init(&a) != 0) return -1;
     int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    if (rc == 0)
-        rc = pthread_cond_init(cv, &a);
+    if (rc == 0) rc = pthread_cond_init(cv, &a);
     pthread_condattr_destroy(&a);
     return rc == 0 ? 0 : -1;
 }
 
 /* Waits on cv until deadline_ns (RPC_DEADLINE_NONE: forever). Returns ETIMEDOUT or 0. */
-static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ns)
-{
-    if (deadline_ns == RPC_DEADLINE_NONE)
-        return pthread_cond_wait(cv, mu);
+static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ns) {
+    if (deadline_ns == RPC_DEADLINE_NONE) return pthread_cond_wait(cv, mu);
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     return pthread_cond_timedwait(cv, mu, &ts);
 }
 
-static int sendq_push(rpc_sendq *q, grpc_byte_buffer *bb)
-{
+static int sendq_push(rpc_sendq *q, grpc_byte_buffer *bb) {
     if (q->len == q->cap) {
         size_t ncap = q->cap ? q->cap * 2 : 4;
         grpc_byte_buffer **nb = malloc(ncap * sizeof *nb);
-        if (!nb)
-            return -1;
-        for (size_t i = 0; i < q->len; i++)
-            nb[i] = q->bb[(q->head + i) % q->cap];
+        if (!nb) return -1;
+        for (size_t i = 0; i < q->len; i++) nb[i] = q->bb[(q->head + i) % q->cap];
         free(q->bb);
         q->bb = nb;
         q->cap = ncap;
@@ -185,25 +177,20 @@ static int sendq_push(rpc_sendq *q, grpc_byte_buffer *bb)
     return 0;
 }
 
-static grpc_byte_buffer *sendq_pop(rpc_sendq *q)
-{
-    if (q->len == 0)
-        return NULL;
+static grpc_byte_buffer *sendq_pop(rpc_sendq *q) {
+    if (q->len == 0) return NULL;
     grpc_byte_buffer *bb = q->bb[q->head];
     q->head = (q->head + 1) % q->cap;
     q->len--;
     return bb;
 }
 
-static void sendq_clear(rpc_sendq *q)
-{
+static void sendq_clear(rpc_sendq *q) {
     grpc_byte_buffer *bb;
-    while ((bb = sendq_pop(q)) != NULL)
-        grpc_byte_buffer_destroy(bb);
+    while ((bb = sendq_pop(q)) != NULL) grpc_byte_buffer_destroy(bb);
 }
 
-static void md_list_free(grpc_metadata *md, size_t n)
-{
+static void md_list_free(grpc_metadata *md, size_t n) {
     for (size_t i = 0; i < n; i++) {
         grpc_slice_unref(md[i].key);
         grpc_slice_unref(md[i].value);
@@ -212,13 +199,11 @@ static void md_list_free(grpc_metadata *md, size_t n)
 }
 
 static pie_code md_list_add(grpc_metadata **md, size_t *n, size_t *cap, const char *key,
-                            const char *value)
-{
+                            const char *value) {
     if (*n == *cap) {
         size_t ncap = *cap ? *cap * 2 : 4;
         grpc_metadata *nm = realloc(*md, ncap * sizeof *nm);
-        if (!nm)
-            return PIE_RESOURCE_EXHAUSTED;
+        if (!nm) return PIE_RESOURCE_EXHAUSTED;
         *md = nm;
         *cap = ncap;
     }
@@ -232,11 +217,9 @@ static pie_code md_list_add(grpc_metadata **md, size_t *n, size_t *cap, const ch
 /* ---------------------------------------------------------------------------------------------
  * Call objects */
 
-static rpc_call *call_new(rpc_srv_thread *th, const rpc_srv_method *m)
-{
+static rpc_call *call_new(rpc_srv_thread *th, const rpc_srv_method *m) {
     rpc_call *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
+    if (!c) return NULL;
     if (pthread_mutex_init(&c->mu, NULL) != 0) {
         free(c);
         return NULL;
@@ -261,8 +244,7 @@ static rpc_call *call_new(rpc_srv_thread *th, const rpc_srv_method *m)
 }
 
 /* Releases everything that belongs to gRPC; the object itself may live on (handler refs). */
-static void call_release_grpc(rpc_call *c)
-{
+static void call_release_grpc(rpc_call *c) {
     pthread_mutex_lock(&c->mu);
     sendq_clear(&c->q);
     if (c->inflight_bb) {
@@ -298,8 +280,7 @@ static void call_release_grpc(rpc_call *c)
     }
 }
 
-static void call_free(rpc_call *c)
-{
+static void call_free(rpc_call *c) {
     call_release_grpc(c);
     free(c->q.bb);
     pthread_cond_destroy(&c->cv);
@@ -307,29 +288,20 @@ static void call_free(rpc_call *c)
     free(c);
 }
 
-void rpc_call_ref(rpc_call *c)
-{
-    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+void rpc_call_ref(rpc_call *c) { atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); }
+
+static void call_unref_internal(rpc_call *c) {
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) call_free(c);
 }
 
-static void call_unref_internal(rpc_call *c)
-{
-    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
-        call_free(c);
-}
-
-void rpc_call_unref(rpc_call *c)
-{
-    if (c)
-        call_unref_internal(c);
+void rpc_call_unref(rpc_call *c) {
+    if (c) call_unref_internal(c);
 }
 
 /* Starts the next send-side batch if none is in flight: initial metadata (when due), the next
  * queued message, and the status once the queue is empty. Called with c->mu held. */
-static void call_pump_locked(rpc_call *c)
-{
-    if (c->defer_send || c->send_inflight || c->closed || c->send_failed || c->status_sent)
-        return;
+static void call_pump_locked(rpc_call *c) {
+    if (c->defer_send || c->send_inflight || c->closed || c->send_failed || c->status_sent) return;
     grpc_op ops[4];
     size_t n = 0;
     memset(ops, 0, sizeof ops);
@@ -358,8 +330,7 @@ static void call_pump_locked(rpc_call *c)
         n++;
         c->status_sent = true;
     }
-    if (n == 0)
-        return;
+    if (n == 0) return;
     rpc_tag *tag = &c->t_send;
     bool with_close = do_status && c->close_with_status;
     if (with_close) {
@@ -394,11 +365,9 @@ static void call_pump_locked(rpc_call *c)
 }
 
 /* Records the status to send; called with c->mu held. */
-static void call_set_status_locked(rpc_call *c, pie_code code, const char *msg)
-{
+static void call_set_status_locked(rpc_call *c, pie_code code, const char *msg) {
     c->fin_code = (grpc_status_code)code;
-    if (c->fin_details_set)
-        grpc_slice_unref(c->fin_details);
+    if (c->fin_details_set) grpc_slice_unref(c->fin_details);
     c->fin_details_set = false;
     if (msg && msg[0]) {
         c->fin_details = grpc_slice_from_copied_string(msg);
@@ -408,19 +377,14 @@ static void call_set_status_locked(rpc_call *c, pie_code code, const char *msg)
 }
 
 /* Why the call cannot take sends now (PIE_OK if it can). Called with c->mu held. */
-static pie_code call_sendable_locked(const rpc_call *c)
-{
-    if (atomic_load(&c->cancelled) || c->cancel_requested || c->send_failed)
-        return PIE_CANCELLED;
-    if (c->finish_requested)
-        return PIE_FAILED_PRECONDITION;
-    if (c->closed)
-        return PIE_CANCELLED;
+static pie_code call_sendable_locked(const rpc_call *c) {
+    if (atomic_load(&c->cancelled) || c->cancel_requested || c->send_failed) return PIE_CANCELLED;
+    if (c->finish_requested) return PIE_FAILED_PRECONDITION;
+    if (c->closed) return PIE_CANCELLED;
     return PIE_OK;
 }
 
-static void call_mark_cancelled(rpc_call *c)
-{
+static void call_mark_cancelled(rpc_call *c) {
     atomic_store(&c->cancelled, true);
     pthread_mutex_lock(&c->mu);
     sendq_clear(&c->q);
@@ -428,37 +392,29 @@ static void call_mark_cancelled(rpc_call *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void call_report_cancel(rpc_call *c)
-{
+static void call_report_cancel(rpc_call *c) {
     if (c->handler_visible && !c->cancel_reported && !c->done) {
         c->cancel_reported = true;
-        if (c->meth->m.on_cancel)
-            c->meth->m.on_cancel(c, c->meth->m.user);
+        if (c->meth->m.on_cancel) c->meth->m.on_cancel(c, c->meth->m.user);
     }
 }
 
 /* If nothing is outstanding any more: on_done, release gRPC resources, drop the layer's ref. */
-static void call_try_done(rpc_call *c)
-{
-    if (c->done || c->recv_pending || c->close_pending)
-        return;
+static void call_try_done(rpc_call *c) {
+    if (c->done || c->recv_pending || c->close_pending) return;
     pthread_mutex_lock(&c->mu);
     bool busy = c->send_inflight || !c->closed;
     pthread_mutex_unlock(&c->mu);
-    if (busy)
-        return;
-    if (atomic_load(&c->cancelled) || c->cancel_requested)
-        call_report_cancel(c);
+    if (busy) return;
+    if (atomic_load(&c->cancelled) || c->cancel_requested) call_report_cancel(c);
     c->done = true;
-    if (c->handler_visible && c->meth->m.on_done)
-        c->meth->m.on_done(c, c->meth->m.user);
+    if (c->handler_visible && c->meth->m.on_done) c->meth->m.on_done(c, c->meth->m.user);
     call_release_grpc(c);
     atomic_fetch_sub(&c->srv->live_calls, 1);
     call_unref_internal(c);
 }
 
-static void call_start_recv(rpc_call *c)
-{
+static void call_start_recv(rpc_call *c) {
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
@@ -475,8 +431,7 @@ static void call_start_recv(rpc_call *c)
     }
 }
 
-static bool call_start_close(rpc_call *c)
-{
+static bool call_start_close(rpc_call *c) {
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -499,8 +454,7 @@ static bool call_start_close(rpc_call *c)
 }
 
 /* Layer-internal finish (auth failure, bad request): no handler involved. */
-static void call_finish_internal(rpc_call *c, pie_code code, const char *msg)
-{
+static void call_finish_internal(rpc_call *c, pie_code code, const char *msg) {
     pthread_mutex_lock(&c->mu);
     if (!c->finish_requested) {
         call_set_status_locked(c, code, msg);
@@ -511,23 +465,19 @@ static void call_finish_internal(rpc_call *c, pie_code code, const char *msg)
 
 static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m);
 
-static bool call_auth_ok(const rpc_call *c)
-{
+static bool call_auth_ok(const rpc_call *c) {
     const rpc_server *srv = c->srv;
-    if (!srv->auth_expected || c->meth->m.no_auth)
-        return true;
+    if (!srv->auth_expected || c->meth->m.no_auth) return true;
     for (size_t i = 0; i < c->req_md.count; i++) {
         const grpc_metadata *e = &c->req_md.metadata[i];
-        if (grpc_slice_str_cmp(e->key, "authorization") != 0)
-            continue;
+        if (grpc_slice_str_cmp(e->key, "authorization") != 0) continue;
         return rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(e->value),
                               GRPC_SLICE_LENGTH(e->value), srv->auth_expected, srv->auth_len);
     }
     return false;
 }
 
-static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok)
-{
+static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
     rpc_server *srv = th->srv;
     if (!ok) { /* server shutting down: the request was never matched */
         call_free(c);
@@ -562,8 +512,7 @@ static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok)
             goto started;
         }
         c->handler_visible = true;
-        if (!m->on_call(c, req, m->user))
-            rpc_msg_free(req);
+        if (!m->on_call(c, req, m->user)) rpc_msg_free(req);
     } else {
         call_start_recv(c);
         c->handler_visible = true;
@@ -584,16 +533,14 @@ started:
     if (!combine && call_start_close(c)) {
         pthread_mutex_lock(&c->mu);
         /* Streams: tell the client now that the call is accepted (the link's on_connect). */
-        if (m->kind != RPC_UNARY && c->handler_visible)
-            c->want_initial_md = true;
+        if (m->kind != RPC_UNARY && c->handler_visible) c->want_initial_md = true;
         call_pump_locked(c);
         pthread_mutex_unlock(&c->mu);
     }
     call_try_done(c);
 }
 
-static void on_recv(rpc_call *c, bool ok)
-{
+static void on_recv(rpc_call *c, bool ok) {
     c->recv_pending = false;
     grpc_byte_buffer *bb = c->recv_bb;
     c->recv_bb = NULL;
@@ -624,21 +571,18 @@ static void on_recv(rpc_call *c, bool ok)
             snprintf(text, sizeof text, "cannot parse request as %s", m->request->name);
             rpc_call_cancel(c, PIE_INTERNAL, text);
         } else {
-            if (!m->on_message || !m->on_message(c, msg, m->user))
-                rpc_msg_free(msg);
+            if (!m->on_message || !m->on_message(c, msg, m->user)) rpc_msg_free(msg);
             pthread_mutex_lock(&c->mu);
             bool more = !c->closed && !c->finish_requested;
             pthread_mutex_unlock(&c->mu);
-            if (more && !atomic_load(&c->cancelled))
-                call_start_recv(c);
+            if (more && !atomic_load(&c->cancelled)) call_start_recv(c);
         }
     }
     call_try_done(c);
     call_unref_internal(c);
 }
 
-static void on_close(rpc_call *c, bool ok)
-{
+static void on_close(rpc_call *c, bool ok) {
     c->close_pending = false;
     pthread_mutex_lock(&c->mu);
     c->closed = true;
@@ -656,15 +600,13 @@ static void on_close(rpc_call *c, bool ok)
 static void on_send(rpc_call *c, bool ok);
 
 /* The final send batch that also carried RECV_CLOSE: both completions at once. */
-static void on_send_close(rpc_call *c, bool ok)
-{
+static void on_send_close(rpc_call *c, bool ok) {
     rpc_call_ref(c); /* the batch held one reference; on_send and on_close each drop one */
     on_send(c, ok);
     on_close(c, ok);
 }
 
-static void on_send(rpc_call *c, bool ok)
-{
+static void on_send(rpc_call *c, bool ok) {
     pthread_mutex_lock(&c->mu);
     c->send_inflight = false;
     if (c->inflight_bb) {
@@ -686,11 +628,9 @@ static void on_send(rpc_call *c, bool ok)
 /* ---------------------------------------------------------------------------------------------
  * Unknown methods: the generic request, kept armed on every thread */
 
-static void arm_generic(rpc_srv_thread *th)
-{
+static void arm_generic(rpc_srv_thread *th) {
     rpc_server *srv = th->srv;
-    if (atomic_load(&srv->shutting_down))
-        return;
+    if (atomic_load(&srv->shutting_down)) return;
     rpc_generic *g = calloc(1, sizeof *g);
     if (!g) {
         pie_log_error("rpc.arm", "what=generic err=out_of_memory");
@@ -700,8 +640,8 @@ static void arm_generic(rpc_srv_thread *th)
     g->tag = (rpc_tag){TAG_GENERIC_NEW, g};
     grpc_call_details_init(&g->details);
     grpc_metadata_array_init(&g->md);
-    grpc_call_error e = grpc_server_request_call(srv->gs, &g->gcall, &g->details, &g->md, th->cq,
-                                                 th->cq, &g->tag);
+    grpc_call_error e =
+        grpc_server_request_call(srv->gs, &g->gcall, &g->details, &g->md, th->cq, th->cq, &g->tag);
     if (e != GRPC_CALL_OK) {
         pie_log_error("rpc.arm", "what=generic err=%s", rpc__call_error_name(e));
         grpc_call_details_destroy(&g->details);
@@ -710,19 +650,15 @@ static void arm_generic(rpc_srv_thread *th)
     }
 }
 
-static void generic_free(rpc_generic *g)
-{
-    if (g->gcall)
-        grpc_call_unref(g->gcall);
-    if (g->status_msg_set)
-        grpc_slice_unref(g->status_msg);
+static void generic_free(rpc_generic *g) {
+    if (g->gcall) grpc_call_unref(g->gcall);
+    if (g->status_msg_set) grpc_slice_unref(g->status_msg);
     grpc_call_details_destroy(&g->details);
     grpc_metadata_array_destroy(&g->md);
     free(g);
 }
 
-static void on_generic_new(rpc_srv_thread *th, rpc_generic *g, bool ok)
-{
+static void on_generic_new(rpc_srv_thread *th, rpc_generic *g, bool ok) {
     if (!ok) {
         generic_free(g);
         return;
@@ -730,8 +666,7 @@ static void on_generic_new(rpc_srv_thread *th, rpc_generic *g, bool ok)
     arm_generic(th);
     char text[300];
     int mlen = (int)GRPC_SLICE_LENGTH(g->details.method);
-    if (mlen > 200)
-        mlen = 200;
+    if (mlen > 200) mlen = 200;
     snprintf(text, sizeof text, "unknown method %.*s", mlen,
              (const char *)GRPC_SLICE_START_PTR(g->details.method));
     g->status_msg = grpc_slice_from_copied_string(text);
@@ -756,11 +691,9 @@ static void on_generic_new(rpc_srv_thread *th, rpc_generic *g, bool ok)
 /* ---------------------------------------------------------------------------------------------
  * Threads */
 
-static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m)
-{
+static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m) {
     rpc_server *srv = th->srv;
-    if (atomic_load(&srv->shutting_down))
-        return;
+    if (atomic_load(&srv->shutting_down)) return;
     rpc_call *c = call_new(th, m);
     if (!c) {
         pie_log_error("rpc.arm", "method=%s err=out_of_memory", m->m.path);
@@ -776,23 +709,20 @@ static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m)
     }
 }
 
-static void *srv_thread_main(void *arg)
-{
+static void *srv_thread_main(void *arg) {
     rpc_srv_thread *th = arg;
     rpc_server *srv = th->srv;
     tls_thread = th;
     char name[16];
     snprintf(name, sizeof name, "rpc-srv-%d", th->idx);
     (void)pthread_setname_np(pthread_self(), name); /* cosmetic; failure is harmless */
-    for (size_t i = 0; i < srv->n_methods; i++)
-        arm_method(th, &srv->methods[i]);
+    for (size_t i = 0; i < srv->n_methods; i++) arm_method(th, &srv->methods[i]);
     arm_generic(th);
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        if (ev.type == GRPC_QUEUE_SHUTDOWN)
-            break;
-        if (ev.type != GRPC_OP_COMPLETE)
-            continue;
+        grpc_event ev =
+            grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
         rpc_tag *t = ev.tag;
         bool ok = ev.success != 0;
         switch (t->kind) {
@@ -819,8 +749,7 @@ static void *srv_thread_main(void *arg)
 /* ---------------------------------------------------------------------------------------------
  * Server lifecycle */
 
-rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st)
-{
+rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st) {
     if (!opts || !opts->addr || !opts->addr[0]) {
         pie_status_set(st, PIE_INVALID_ARGUMENT, "rpc_server_create: opts.addr is empty");
         return NULL;
@@ -856,19 +785,16 @@ rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st)
     atomic_init(&srv->shutting_down, false);
     atomic_init(&srv->live_calls, 0);
     srv->addr = strdup(opts->addr);
-    if (!srv->addr)
-        goto oom;
+    if (!srv->addr) goto oom;
     if (opts->token && opts->token[0]) {
         size_t n = strlen(opts->token) + sizeof "Bearer ";
         srv->auth_expected = malloc(n);
-        if (!srv->auth_expected)
-            goto oom;
+        if (!srv->auth_expected) goto oom;
         snprintf(srv->auth_expected, n, "Bearer %s", opts->token);
         srv->auth_len = strlen(srv->auth_expected);
     }
     srv->health = rpc__health_create(opts->health_not_serving);
-    if (!srv->health)
-        goto oom;
+    if (!srv->health) goto oom;
 
     rpc_args a;
     rpc__args_init(&a);
@@ -904,8 +830,7 @@ oom:
 }
 
 pie_code rpc_server_add_methods(rpc_server *srv, const rpc_method *methods, size_t n,
-                                pie_status *st)
-{
+                                pie_status *st) {
     pthread_mutex_lock(&srv->mu);
     bool started = srv->started;
     pthread_mutex_unlock(&srv->mu);
@@ -917,19 +842,22 @@ pie_code rpc_server_add_methods(rpc_server *srv, const rpc_method *methods, size
         if (!m->path || m->path[0] != '/' || !strchr(m->path + 1, '/'))
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "rpc_server_add_methods: methods[%zu].path \"%s\" is not "
-                                  "\"/package.Service/Method\"", i, m->path ? m->path : "(null)");
+                                  "\"/package.Service/Method\"",
+                                  i, m->path ? m->path : "(null)");
         if (m->kind < RPC_UNARY || m->kind > RPC_BIDI)
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "rpc_server_add_methods: %s: kind %d is not an rpc_kind",
-                                  m->path, (int)m->kind);
+                                  "rpc_server_add_methods: %s: kind %d is not an rpc_kind", m->path,
+                                  (int)m->kind);
         if (!m->request || !m->response || !m->on_call)
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "rpc_server_add_methods: %s: request, response and on_call "
-                                  "are required", m->path);
+                                  "are required",
+                                  m->path);
         if ((m->kind == RPC_CLIENT_STREAM || m->kind == RPC_BIDI) && !m->on_message)
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "rpc_server_add_methods: %s: a streaming-request method needs "
-                                  "on_message", m->path);
+                                  "on_message",
+                                  m->path);
         for (size_t j = 0; j < srv->n_methods; j++)
             if (strcmp(srv->methods[j].m.path, m->path) == 0)
                 return pie_status_set(st, PIE_ALREADY_EXISTS,
@@ -941,18 +869,19 @@ pie_code rpc_server_add_methods(rpc_server *srv, const rpc_method *methods, size
     }
     if (srv->n_methods + n > srv->cap_methods) {
         size_t ncap = srv->cap_methods ? srv->cap_methods : 8;
-        while (ncap < srv->n_methods + n)
-            ncap *= 2;
+        while (ncap < srv->n_methods + n) ncap *= 2;
         rpc_srv_method *nm = realloc(srv->methods, ncap * sizeof *nm);
         if (!nm)
-            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_server_add_methods: out of memory");
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                                  "rpc_server_add_methods: out of memory");
         srv->methods = nm;
         srv->cap_methods = ncap;
     }
     for (size_t i = 0; i < n; i++) {
         char *p = strdup(methods[i].path);
         if (!p)
-            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_server_add_methods: out of memory");
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                                  "rpc_server_add_methods: out of memory");
         rpc_srv_method *sm = &srv->methods[srv->n_methods++];
         sm->m = methods[i];
         sm->m.path = p;
@@ -962,8 +891,7 @@ pie_code rpc_server_add_methods(rpc_server *srv, const rpc_method *methods, size
     return PIE_OK;
 }
 
-pie_code rpc_server_start(rpc_server *srv, pie_status *st)
-{
+pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
     pthread_mutex_lock(&srv->mu);
     bool started = srv->started;
     pthread_mutex_unlock(&srv->mu);
@@ -1017,27 +945,21 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st)
     return PIE_OK;
 }
 
-int rpc_server_port(const rpc_server *srv)
-{
-    return srv->port;
-}
+int rpc_server_port(const rpc_server *srv) { return srv->port; }
 
 pie_code rpc_server_set_health(rpc_server *srv, const char *service, rpc_health_status status,
-                               pie_status *st)
-{
+                               pie_status *st) {
     return rpc__health_set(srv->health, service, status, st);
 }
 
-void rpc_server_shutdown(rpc_server *srv, int64_t grace_ms)
-{
+void rpc_server_shutdown(rpc_server *srv, int64_t grace_ms) {
     pthread_mutex_lock(&srv->mu);
     if (!srv->started) {
         pthread_mutex_unlock(&srv->mu);
         return;
     }
     if (srv->shutdown_started) {
-        while (!srv->shutdown_done)
-            pthread_cond_wait(&srv->cv, &srv->mu);
+        while (!srv->shutdown_done) pthread_cond_wait(&srv->cv, &srv->mu);
         pthread_mutex_unlock(&srv->mu);
         return;
     }
@@ -1055,38 +977,32 @@ void rpc_server_shutdown(rpc_server *srv, int64_t grace_ms)
         for (;;) {
             grpc_event ev = grpc_completion_queue_next(srv->threads[0].cq,
                                                        gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown)
-                break;
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &srv->t_shutdown) break;
         }
         srv->shutdown_notified = true;
     }
     pthread_mutex_lock(&srv->mu);
-    while (!srv->shutdown_notified &&
-           cond_wait_until(&srv->cv, &srv->mu, deadline) != ETIMEDOUT) {
-    }
+    while (!srv->shutdown_notified && cond_wait_until(&srv->cv, &srv->mu, deadline) != ETIMEDOUT) {}
     if (!srv->shutdown_notified) {
         pthread_mutex_unlock(&srv->mu);
         pie_log_info("rpc.shutdown_cancel", "addr=%s grace_ms=%lld live_calls=%ld", srv->addr,
                      (long long)grace_ms, atomic_load(&srv->live_calls));
         grpc_server_cancel_all_calls(srv->gs);
         pthread_mutex_lock(&srv->mu);
-        while (!srv->shutdown_notified)
-            pthread_cond_wait(&srv->cv, &srv->mu);
+        while (!srv->shutdown_notified) pthread_cond_wait(&srv->cv, &srv->mu);
     }
     pthread_mutex_unlock(&srv->mu);
-    for (int i = 0; i < srv->n_threads; i++)
-        grpc_completion_queue_shutdown(srv->threads[i].cq);
+    for (int i = 0; i < srv->n_threads; i++) grpc_completion_queue_shutdown(srv->threads[i].cq);
     for (int i = 0; i < srv->n_threads; i++) {
         rpc_srv_thread *th = &srv->threads[i];
         if (th->running) {
             int rc = pthread_join(th->th, NULL);
-            if (rc != 0)
-                pie_log_error("rpc.shutdown", "pthread_join: %s", strerror(rc));
+            if (rc != 0) pie_log_error("rpc.shutdown", "pthread_join: %s", strerror(rc));
             th->running = false;
         } else { /* never ran: drain its queue here */
-            while (grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-                       .type != GRPC_QUEUE_SHUTDOWN) {
-            }
+            while (
+                grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+                GRPC_QUEUE_SHUTDOWN) {}
         }
     }
     pie_log_info("rpc.stopped", "addr=%s port=%d ms=%.1f", srv->addr, srv->port,
@@ -1097,30 +1013,25 @@ void rpc_server_shutdown(rpc_server *srv, int64_t grace_ms)
     pthread_mutex_unlock(&srv->mu);
 }
 
-void rpc_server_destroy(rpc_server *srv)
-{
-    if (!srv)
-        return;
+void rpc_server_destroy(rpc_server *srv) {
+    if (!srv) return;
     rpc_server_shutdown(srv, 0);
-    if (srv->gs)
-        grpc_server_destroy(srv->gs);
+    if (srv->gs) grpc_server_destroy(srv->gs);
     if (srv->threads) {
         for (int i = 0; i < srv->n_threads; i++) {
             grpc_completion_queue *cq = srv->threads[i].cq;
-            if (!cq)
-                continue;
+            if (!cq) continue;
             if (!srv->shutdown_done) { /* start failed before the threads ran */
                 grpc_completion_queue_shutdown(cq);
-                while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-                           .type != GRPC_QUEUE_SHUTDOWN) {
-                }
+                while (
+                    grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+                    GRPC_QUEUE_SHUTDOWN) {}
             }
             grpc_completion_queue_destroy(cq);
         }
         free(srv->threads);
     }
-    for (size_t i = 0; i < srv->n_methods; i++)
-        free(srv->methods[i].path_buf);
+    for (size_t i = 0; i < srv->n_methods; i++) free(srv->methods[i].path_buf);
     free(srv->methods);
     rpc__health_destroy(srv->health);
     free(srv->auth_expected);
@@ -1134,53 +1045,32 @@ void rpc_server_destroy(rpc_server *srv)
 /* ---------------------------------------------------------------------------------------------
  * Call accessors and responses */
 
-const char *rpc_call_method(const rpc_call *c)
-{
-    return c->meth->m.path;
-}
+const char *rpc_call_method(const rpc_call *c) { return c->meth->m.path; }
 
-void rpc_call_set_data(rpc_call *c, void *data)
-{
-    c->data = data;
-}
+void rpc_call_set_data(rpc_call *c, void *data) { c->data = data; }
 
-void *rpc_call_get_data(const rpc_call *c)
-{
-    return c->data;
-}
+void *rpc_call_get_data(const rpc_call *c) { return c->data; }
 
-int64_t rpc_call_deadline_ns(const rpc_call *c)
-{
-    return c->deadline_ns;
-}
+int64_t rpc_call_deadline_ns(const rpc_call *c) { return c->deadline_ns; }
 
-int64_t rpc_call_remaining_ms(const rpc_call *c)
-{
-    if (c->deadline_ns == RPC_DEADLINE_NONE)
-        return INT64_MAX;
+int64_t rpc_call_remaining_ms(const rpc_call *c) {
+    if (c->deadline_ns == RPC_DEADLINE_NONE) return INT64_MAX;
     return (c->deadline_ns - rpc_now_ns()) / 1000000;
 }
 
-bool rpc_call_is_cancelled(const rpc_call *c)
-{
-    return atomic_load(&((rpc_call *)c)->cancelled);
-}
+bool rpc_call_is_cancelled(const rpc_call *c) { return atomic_load(&((rpc_call *)c)->cancelled); }
 
-const char *rpc_call_metadata(const rpc_call *c, const char *key)
-{
+const char *rpc_call_metadata(const rpc_call *c, const char *key) {
     return rpc__md_find(c->md, c->n_md, key);
 }
 
-const rpc_md *rpc_call_metadata_all(const rpc_call *c, size_t *n)
-{
+const rpc_md *rpc_call_metadata_all(const rpc_call *c, size_t *n) {
     *n = c->n_md;
     return c->md;
 }
 
-pie_code rpc_call_add_metadata(rpc_call *c, const char *key, const char *value)
-{
-    if (!rpc__md_legal(key, value))
-        return PIE_INVALID_ARGUMENT;
+pie_code rpc_call_add_metadata(rpc_call *c, const char *key, const char *value) {
+    if (!rpc__md_legal(key, value)) return PIE_INVALID_ARGUMENT;
     pthread_mutex_lock(&c->mu);
     pie_code rc = PIE_FAILED_PRECONDITION;
     if (!c->initial_md_sent && !c->closed)
@@ -1189,10 +1079,8 @@ pie_code rpc_call_add_metadata(rpc_call *c, const char *key, const char *value)
     return rc;
 }
 
-pie_code rpc_call_add_trailing_metadata(rpc_call *c, const char *key, const char *value)
-{
-    if (!rpc__md_legal(key, value))
-        return PIE_INVALID_ARGUMENT;
+pie_code rpc_call_add_trailing_metadata(rpc_call *c, const char *key, const char *value) {
+    if (!rpc__md_legal(key, value)) return PIE_INVALID_ARGUMENT;
     pthread_mutex_lock(&c->mu);
     pie_code rc = PIE_FAILED_PRECONDITION;
     if (!c->finish_requested && !c->closed)
@@ -1203,17 +1091,13 @@ pie_code rpc_call_add_trailing_metadata(rpc_call *c, const char *key, const char
 
 /* Packs msg, then queues it (and the OK status when finish is set) once there is room. */
 static pie_code call_send_impl(rpc_call *c, const ProtobufCMessage *msg, bool wait,
-                               int64_t timeout_ms, bool finish)
-{
+                               int64_t timeout_ms, bool finish) {
     const rpc_method *m = &c->meth->m;
-    if (!msg || msg->descriptor != m->response)
-        return PIE_INVALID_ARGUMENT;
-    if (atomic_load(&c->cancelled))
-        return PIE_CANCELLED;
+    if (!msg || msg->descriptor != m->response) return PIE_INVALID_ARGUMENT;
+    if (atomic_load(&c->cancelled)) return PIE_CANCELLED;
     grpc_byte_buffer *bb;
     pie_code rc = rpc__pack(msg, c->srv->max_send, &bb, NULL);
-    if (rc != PIE_OK)
-        return rc;
+    if (rc != PIE_OK) return rc;
     int64_t deadline = timeout_ms < 0 ? RPC_DEADLINE_NONE : rpc_now_ns() + timeout_ms * 1000000;
     bool single = m->kind == RPC_UNARY || m->kind == RPC_CLIENT_STREAM;
     pthread_mutex_lock(&c->mu);
@@ -1231,33 +1115,28 @@ static pie_code call_send_impl(rpc_call *c, const ProtobufCMessage *msg, bool wa
         }
         rc = call_sendable_locked(c);
     }
-    if (rc == PIE_OK && sendq_push(&c->q, bb) != 0)
-        rc = PIE_RESOURCE_EXHAUSTED;
+    if (rc == PIE_OK && sendq_push(&c->q, bb) != 0) rc = PIE_RESOURCE_EXHAUSTED;
     if (rc != PIE_OK) {
         pthread_mutex_unlock(&c->mu);
         grpc_byte_buffer_destroy(bb);
         return rc;
     }
     c->n_msgs++;
-    if (finish)
-        call_set_status_locked(c, PIE_OK, NULL);
+    if (finish) call_set_status_locked(c, PIE_OK, NULL);
     call_pump_locked(c);
     pthread_mutex_unlock(&c->mu);
     return PIE_OK;
 }
 
-pie_code rpc_call_send(rpc_call *c, const ProtobufCMessage *msg)
-{
+pie_code rpc_call_send(rpc_call *c, const ProtobufCMessage *msg) {
     return call_send_impl(c, msg, false, 0, false);
 }
 
-pie_code rpc_call_send_wait(rpc_call *c, const ProtobufCMessage *msg, int64_t timeout_ms)
-{
+pie_code rpc_call_send_wait(rpc_call *c, const ProtobufCMessage *msg, int64_t timeout_ms) {
     return call_send_impl(c, msg, true, timeout_ms, false);
 }
 
-size_t rpc_call_send_queued(const rpc_call *c)
-{
+size_t rpc_call_send_queued(const rpc_call *c) {
     rpc_call *mc = (rpc_call *)c;
     pthread_mutex_lock(&mc->mu);
     size_t n = mc->q.len;
@@ -1265,15 +1144,12 @@ size_t rpc_call_send_queued(const rpc_call *c)
     return n;
 }
 
-pie_code rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp)
-{
+pie_code rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp) {
     return call_send_impl(c, resp, false, 0, true);
 }
 
-pie_code rpc_call_finish(rpc_call *c, pie_code code, const char *msg)
-{
-    if ((int)code < 0 || (int)code > PIE_UNAUTHENTICATED)
-        code = PIE_UNKNOWN;
+pie_code rpc_call_finish(rpc_call *c, pie_code code, const char *msg) {
+    if ((int)code < 0 || (int)code > PIE_UNAUTHENTICATED) code = PIE_UNKNOWN;
     pthread_mutex_lock(&c->mu);
     pie_code rc = call_sendable_locked(c);
     if (rc == PIE_OK) {
@@ -1284,15 +1160,12 @@ pie_code rpc_call_finish(rpc_call *c, pie_code code, const char *msg)
     return rc;
 }
 
-pie_code rpc_call_finish_status(rpc_call *c, const pie_status *st)
-{
+pie_code rpc_call_finish_status(rpc_call *c, const pie_status *st) {
     return rpc_call_finish(c, st->code, st->msg);
 }
 
-void rpc_call_cancel(rpc_call *c, pie_code code, const char *msg)
-{
-    if (code == PIE_OK)
-        code = PIE_CANCELLED;
+void rpc_call_cancel(rpc_call *c, pie_code code, const char *msg) {
+    if (code == PIE_OK) code = PIE_CANCELLED;
     pthread_mutex_lock(&c->mu);
     if (c->closed || c->status_sent || c->cancel_requested || !c->gcall) {
         pthread_mutex_unlock(&c->mu);
