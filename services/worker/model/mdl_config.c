@@ -131,7 +131,7 @@ static pie_code cfg_family(const cfg_ctx *c, json_t *root, mdl_config *cfg) {
 
     static const char *const biases[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++) {
-        int on;
+        int on = 0;
         if ((rc = cfg_bool(c, root, biases[i], 0, &on)) != PIE_OK) return rc;
         if (on)
             return pie_status_set(c->st, PIE_INVALID_ARGUMENT,
