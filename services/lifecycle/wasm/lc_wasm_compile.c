@@ -1,0 +1,466 @@
+/* lc_wasm_compile.c — from wasm bytes to a loaded native library, and the cache directory.
+ *
+ * Owns: the cache directory <cache_dir>/<sha256>/ (module.wasm, m.c + m.h from wasm2c, glue.c,
+ * t0.c (tcc's missing builtins, then m.c), t0.so from tcc, t1.so from cc -O2, and a `lock` file
+ * whose flock makes one process compile while others wait), running the three tools (posix_spawn,
+ * output captured for messages), dlopen of a tier with its glue entry points and executable
+ * segment, and the tier-1 thread. Every file a reader may open is written under a temporary name
+ * and renamed into place, so a crash or a concurrent reader never sees half a library. Does not
+ * own: which module is loaded when (lc_wasm_instance.c). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "lc_wasm_int.h"
+
+extern char **environ;
+
+/* Sequence for temporary file names: process-wide because runtimes (and their tier-1 threads)
+ * may write into the same cache entry at once; the pid separates processes. */
+static atomic_uint g_tmp_seq;
+
+/* ---- files --------------------------------------------------------------------------------- */
+
+static pie_code path_join(char *out, const char *dir, const char *file, pie_status *st) {
+    int n = snprintf(out, PATH_MAX, "%s/%s", dir, file);
+    if (n < 0 || n >= PATH_MAX)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "cache path too long: %s/%s", dir, file);
+    return PIE_OK;
+}
+
+static bool exists(const char *dir, const char *file) {
+    char p[PATH_MAX];
+    if (path_join(p, dir, file, NULL) != PIE_OK) return false;
+    return access(p, F_OK) == 0;
+}
+
+static pie_code tmp_name(char *out, const char *final, pie_status *st) {
+    int n = snprintf(out, PATH_MAX, "%s.tmp.%ld.%u", final, (long)getpid(),
+                     atomic_fetch_add(&g_tmp_seq, 1u));
+    if (n < 0 || n >= PATH_MAX)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "cache path too long: %s", final);
+    return PIE_OK;
+}
+
+/* Writes dir/file atomically (temporary name, fsync-free rename: the cache is rebuildable). */
+static pie_code write_file(const char *dir, const char *file, const void *data, size_t len,
+                           pie_status *st) {
+    char final[PATH_MAX], tmp[PATH_MAX];
+    if (path_join(final, dir, file, st) != PIE_OK || tmp_name(tmp, final, st) != PIE_OK)
+        return st->code;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return pie_status_set(st, PIE_INTERNAL, "create %s: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : EIO;
+            close(fd);
+            unlink(tmp);
+            return pie_status_set(st, PIE_INTERNAL, "write %s: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (close(fd) != 0 || rename(tmp, final) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return pie_status_set(st, PIE_INTERNAL, "write %s: %s", final, strerror(e));
+    }
+    return PIE_OK;
+}
+
+/* ---- tools ------------------------------------------------------------------------------------
+ */
+
+/* Runs argv[0] (looked up in PATH) in dir with stdout+stderr captured; PIE_OK if it exits 0.
+ * With track, the child's pid is published in rt->t1_child so that destroy can kill it; nothing
+ * is started once rt->stopping is set. */
+static pie_code run_tool(lc_wasm_rt *rt, char *const argv[], const char *dir, bool track,
+                         const char *what, pie_status *st) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return pie_status_set(st, PIE_INTERNAL, "pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    pie_code rc = PIE_OK;
+    bool fa_ok = false, attr_ok = false;
+    if (posix_spawn_file_actions_init(&fa) != 0) goto spawn_fail;
+    fa_ok = true;
+    if (posix_spawnattr_init(&attr) != 0) goto spawn_fail;
+    attr_ok = true;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    if (posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, p[1], 1) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, p[1], 2) != 0 ||
+        posix_spawn_file_actions_addchdir_np(&fa, dir) != 0 ||
+        posix_spawnattr_setsigmask(&attr, &none) != 0 ||
+        posix_spawnattr_setsigdefault(&attr, &all) != 0 ||
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF) != 0)
+        goto spawn_fail;
+
+    pid_t pid = 0;
+    int err;
+    if (track) {
+        pthread_mutex_lock(&rt->mu);
+        if (rt->stopping) {
+            pthread_mutex_unlock(&rt->mu);
+            rc = pie_status_set(st, PIE_CANCELLED, "%s: runtime is shutting down", what);
+            goto done;
+        }
+        err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+        if (err == 0) rt->t1_child = pid;
+        pthread_mutex_unlock(&rt->mu);
+    } else {
+        err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+    }
+    if (err != 0) {
+        rc = pie_status_set(st, PIE_FAILED_PRECONDITION, "%s: cannot run %s: %s", what, argv[0],
+                            strerror(err));
+        goto done;
+    }
+    close(p[1]);
+    p[1] = -1;
+
+    char out[1024];
+    size_t used = 0;
+    for (;;) {
+        char buf[4096];
+        ssize_t r = read(p[0], buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        size_t take = (size_t)r < sizeof out - 1 - used ? (size_t)r : sizeof out - 1 - used;
+        memcpy(out + used, buf, take);
+        used += take;
+    }
+    out[used] = '\0';
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
+    if (track) {
+        pthread_mutex_lock(&rt->mu);
+        rt->t1_child = 0;
+        pthread_mutex_unlock(&rt->mu);
+    }
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+        while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == ' ')) out[--used] = '\0';
+        for (char *c = out; *c; c++)
+            if (*c == '\n') *c = ' ';
+        if (WIFSIGNALED(ws))
+            rc = pie_status_set(st, PIE_INTERNAL, "%s: %s killed by signal %d%s%s", what, argv[0],
+                                WTERMSIG(ws), used ? ": " : "", out);
+        else
+            rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "%s failed: %s", what,
+                                used ? out : "(no output)");
+    }
+    goto done;
+
+spawn_fail:
+    rc = pie_status_set(st, PIE_INTERNAL, "%s: posix_spawn setup failed", what);
+done:
+    if (fa_ok) posix_spawn_file_actions_destroy(&fa);
+    if (attr_ok) posix_spawnattr_destroy(&attr);
+    close(p[0]);
+    if (p[1] >= 0) close(p[1]);
+    return rc;
+}
+
+/* ---- translation and compilation ----------------------------------------------------------------
+ */
+
+/* The glue gives the host entry points with fixed C types (no calls through mismatched function
+ * pointer types) and the size of the generated instance struct. wasm2c orders the import
+ * instances of Z_<name>_instantiate by module name, so "pie" comes before "wasi_...". */
+static pie_code write_glue(lc_wasm_module *m, pie_status *st) {
+    const char *n = m->cname;
+    char text[2048];
+    int len = snprintf(text, sizeof text,
+                       "/* Generated by lc_wasm (services/lifecycle/wasm/lc_wasm_compile.c). */\n"
+                       "#include \"m.h\"\n"
+                       "struct Z_pie_instance_t;\n"
+                       "struct Z_wasi_snapshot_preview1_instance_t;\n"
+                       "size_t %s_lc_instance_size(void) { return sizeof(Z_%s_instance_t); }\n"
+                       "void %s_lc_init_module(void) { Z_%s_init_module(); }\n"
+                       "void %s_lc_instantiate(void *i, struct Z_pie_instance_t *p,\n"
+                       "                       struct Z_wasi_snapshot_preview1_instance_t *w) {\n"
+                       "  (void)p; (void)w;\n"
+                       "  Z_%s_instantiate((Z_%s_instance_t *)i%s%s);\n"
+                       "}\n"
+                       "void %s_lc_start(void *i) { Z_%sZ__start((Z_%s_instance_t *)i); }\n"
+                       "void %s_lc_free(void *i) { Z_%s_free((Z_%s_instance_t *)i); }\n",
+                       n, n, n, n, n, n, n, m->imports_pie ? ", p" : "",
+                       m->imports_wasi ? ", w" : "", n, n, n, n, n, n);
+    if (len < 0 || (size_t)len >= sizeof text)
+        return pie_status_set(st, PIE_INTERNAL, "glue text too long");
+    return write_file(m->dir, "glue.c", text, (size_t)len, st);
+}
+
+/* Tier 0 compiles t0.c: this prelude, then m.c. tcc 0.9.27 lacks the bit-counting builtins that
+ * wasm2c's code uses (gcc and clang have them; wasm2c maps a zero argument of clz/ctz to the bit
+ * width before calling them), and without __has_builtin wasm-rt.h makes every linear-memory load
+ * and store a call of libc memcpy; a plain access of the right width is 30% faster at tier 0
+ * (wasm is little-endian like every host we build for, and x86-64 and arm64 allow unaligned
+ * access). wasm-rt.h is included first so that its definition of wasm_rt_memcpy can be replaced. */
+static const char tcc_prelude[] =
+    "/* Generated by lc_wasm (services/lifecycle/wasm/lc_wasm_compile.c). */\n"
+    "#include \"wasm-rt.h\"\n"
+    "static int lc_clz64(unsigned long long x) { int n = 0; while (!(x >> 63)) { x <<= 1; n++; } "
+    "return n; }\n"
+    "static int lc_ctz64(unsigned long long x) { int n = 0; while (!(x & 1)) { x >>= 1; n++; } "
+    "return n; }\n"
+    "static int lc_popcount64(unsigned long long x) { int n = 0; while (x) { x &= x - 1; n++; } "
+    "return n; }\n"
+    "#define __builtin_clz(x) (lc_clz64((unsigned long long)(unsigned)(x)) - 32)\n"
+    "#define __builtin_clzll(x) lc_clz64((unsigned long long)(x))\n"
+    "#define __builtin_ctz(x) lc_ctz64((unsigned long long)(unsigned)(x))\n"
+    "#define __builtin_ctzll(x) lc_ctz64((unsigned long long)(x))\n"
+    "#define __builtin_popcount(x) lc_popcount64((unsigned long long)(unsigned)(x))\n"
+    "#define __builtin_popcountll(x) lc_popcount64((unsigned long long)(x))\n"
+    "#undef wasm_rt_memcpy\n"
+    "#define wasm_rt_memcpy(d, s, n) do { \\\n"
+    "  if ((n) == 4) *(unsigned *)(d) = *(const unsigned *)(s); \\\n"
+    "  else if ((n) == 8) *(unsigned long long *)(d) = *(const unsigned long long *)(s); \\\n"
+    "  else if ((n) == 1) *(unsigned char *)(d) = *(const unsigned char *)(s); \\\n"
+    "  else if ((n) == 2) *(unsigned short *)(d) = *(const unsigned short *)(s); \\\n"
+    "  else memcpy((d), (s), (n)); } while (0)\n"
+    "#include \"m.c\"\n";
+
+static pie_code translate(lc_wasm_module *m, const uint8_t *wasm, size_t len, pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
+    if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK) return st->code;
+    char *argv[] = {rt->wasm2c, "module.wasm", "-n", m->cname, "-o", "m.c", NULL};
+    pie_code rc = run_tool(rt, argv, m->dir, false, "wasm2c (translate to C)", st);
+    if (rc == PIE_INVALID_ARGUMENT) {
+        /* wasm2c validated the module and rejected it: that is the client's error. */
+        char msg[PIE_STATUS_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", st->msg);
+        const char *why = strstr(msg, "failed: ");
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "invalid wasm module (wasm2c): %s",
+                              why ? why + 8 : msg);
+    }
+    if (rc == PIE_INTERNAL && strstr(st->msg, "killed by signal") != NULL) {
+        /* wasm2c 1.0.32 aborts on features it cannot translate, SIMD for one. */
+        char msg[PIE_STATUS_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", st->msg);
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "unsupported wasm module: %s; SIMD (-msimd128) and other post-MVP "
+                              "features that wasm2c 1.0.32 lacks do this",
+                              msg);
+    }
+    if (rc != PIE_OK) return rc;
+    atomic_fetch_add(&rt->translations, 1u);
+    if (write_file(m->dir, "t0.c", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
+        return st->code;
+    return write_glue(m, st);
+}
+
+/* Compiles m.c + glue.c into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1). */
+static pie_code compile(lc_wasm_module *m, int tier, pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
+    char final[PATH_MAX], tmp[PATH_MAX];
+    if (path_join(final, m->dir, tier ? "t1.so" : "t0.so", st) != PIE_OK ||
+        tmp_name(tmp, final, st) != PIE_OK)
+        return st->code;
+    char *tcc_argv[] = {rt->tcc, "-shared", "-fPIC", "-o", tmp, "t0.c", "glue.c", "-lm", NULL};
+    char *cc_argv[] = {rt->cc, "-O2", "-shared", "-fPIC", "-w", "-o",
+                       tmp,    "m.c", "glue.c",  "-lm",   NULL};
+    pie_code rc = run_tool(rt, tier ? cc_argv : tcc_argv, m->dir, tier == 1,
+                           tier ? "tier-1 compile (cc -O2)" : "tier-0 compile (tcc)", st);
+    if (rc == PIE_OK && rename(tmp, final) != 0)
+        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
+    if (rc != PIE_OK) {
+        unlink(tmp);
+        if (rc == PIE_INVALID_ARGUMENT) rc = st->code = PIE_INTERNAL; /* our C, not the client's */
+        return rc;
+    }
+    atomic_fetch_add(tier ? &rt->tier1_compiles : &rt->tier0_compiles, 1u);
+    return PIE_OK;
+}
+
+/* ---- loading a tier ----------------------------------------------------------------------------
+ */
+
+typedef struct text_search {
+    const char *name;
+    uintptr_t base, lo, hi;
+} text_search;
+
+static int find_text(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    text_search *s = data;
+    if (info->dlpi_addr != s->base || info->dlpi_name == NULL || strcmp(info->dlpi_name, s->name))
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (s->lo == 0 || lo < s->lo) s->lo = lo;
+        if (hi > s->hi) s->hi = hi;
+    }
+    return 1;
+}
+
+/* dlsym of "<cname>_lc_<what>" into a function pointer of any type. */
+static bool glue_sym(void *dl, const char *cname, const char *what, void *fnptr_out) {
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s_lc_%s", cname, what);
+    void *p = dlsym(dl, sym);
+    if (p == NULL) return false;
+    memcpy(fnptr_out, &p, sizeof p); /* POSIX: dlsym results convert to function pointers */
+    return true;
+}
+
+static pie_code code_open(lc_wasm_module *m, int tier, lc_wasm_code **out, pie_status *st) {
+    char path[PATH_MAX];
+    if (path_join(path, m->dir, tier ? "t1.so" : "t0.so", st) != PIE_OK) return st->code;
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (dl == NULL) return pie_status_set(st, PIE_INTERNAL, "dlopen: %s", dlerror());
+    lc_wasm_code *c = calloc(1, sizeof *c);
+    size_t (*size_fn)(void) = NULL;
+    void (*init_fn)(void) = NULL;
+    if (c == NULL) {
+        dlclose(dl);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (!glue_sym(dl, m->cname, "instance_size", &size_fn) ||
+        !glue_sym(dl, m->cname, "init_module", &init_fn) ||
+        !glue_sym(dl, m->cname, "instantiate", &c->instantiate) ||
+        !glue_sym(dl, m->cname, "start", &c->start) ||
+        !glue_sym(dl, m->cname, "free", &c->free_instance)) {
+        dlclose(dl);
+        free(c);
+        return pie_status_set(st, PIE_INTERNAL, "%s lacks the lc_wasm glue entry points", path);
+    }
+    struct link_map *lm = NULL;
+    text_search s = {0};
+    if (dlinfo(dl, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL) {
+        s.name = lm->l_name;
+        s.base = lm->l_addr;
+        dl_iterate_phdr(find_text, &s);
+    }
+    if (s.lo == 0 || s.hi <= s.lo) {
+        dlclose(dl);
+        free(c);
+        return pie_status_set(st, PIE_INTERNAL, "%s: executable segment not found", path);
+    }
+    c->tier = tier;
+    c->dl = dl;
+    c->text_lo = s.lo;
+    c->text_hi = s.hi;
+    c->instance_size = size_fn();
+    atomic_init(&c->refs, 1);
+    init_fn(); /* registers the module's function types; never traps */
+    *out = c;
+    return PIE_OK;
+}
+
+void lc_wasm_code_release(lc_wasm_code *c) {
+    if (c == NULL || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    dlclose(c->dl);
+    free(c);
+}
+
+/* ---- a module's first load
+ * ----------------------------------------------------------------------- */
+
+/* Opens tier t from the directory if its library is there; a library that fails to load (a
+ * truncated file from a full disk, say) is removed so that it is rebuilt. */
+static bool try_cached(lc_wasm_module *m, int tier) {
+    const char *file = tier ? "t1.so" : "t0.so";
+    if (!exists(m->dir, file)) return false;
+    pie_status ignored;
+    if (code_open(m, tier, &m->code, &ignored) == PIE_OK) return true;
+    char p[PATH_MAX];
+    if (path_join(p, m->dir, file, NULL) == PIE_OK) unlink(p);
+    return false;
+}
+
+pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len, pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
+    if (mkdir(m->dir, 0700) != 0 && errno != EEXIST)
+        return pie_status_set(st, PIE_INTERNAL, "mkdir %s: %s", m->dir, strerror(errno));
+    char lock_path[PATH_MAX];
+    if (path_join(lock_path, m->dir, "lock", st) != PIE_OK) return st->code;
+    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock < 0)
+        return pie_status_set(st, PIE_INTERNAL, "open %s: %s", lock_path, strerror(errno));
+    while (flock(lock, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            int e = errno;
+            close(lock);
+            return pie_status_set(st, PIE_INTERNAL, "flock %s: %s", lock_path, strerror(e));
+        }
+    }
+    pie_code rc = PIE_OK;
+    if (try_cached(m, 1) || try_cached(m, 0)) {
+        atomic_fetch_add(&rt->disk_hits, 1u);
+    } else {
+        rc = translate(m, wasm, len, st);
+        if (rc == PIE_OK) rc = compile(m, 0, st);
+        if (rc == PIE_OK) rc = code_open(m, 0, &m->code, st);
+    }
+    flock(lock, LOCK_UN);
+    close(lock);
+    if (rc == PIE_OK)
+        m->tier1 = m->code->tier == 1 ? LC_WASM_T1_DONE
+                   : rt->tier1        ? LC_WASM_T1_QUEUED
+                                      : LC_WASM_T1_OFF;
+    return rc;
+}
+
+/* ---- tier 1
+ * ---------------------------------------------------------------------------------------- */
+
+static void tier1_build(lc_wasm_module *m) {
+    pie_status st;
+    lc_wasm_code *c = NULL;
+    pie_code rc = compile(m, 1, &st);
+    if (rc == PIE_OK) rc = code_open(m, 1, &c, &st);
+    pthread_mutex_lock(&m->mu);
+    if (rc == PIE_OK) {
+        lc_wasm_code *old = m->code;
+        m->code = c; /* later instances start on tier 1; running ones keep their reference */
+        m->tier1 = LC_WASM_T1_DONE;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        lc_wasm_code_release(old);
+        return;
+    }
+    m->tier1 = LC_WASM_T1_FAILED;
+    snprintf(m->tier1_err, sizeof m->tier1_err, "%s", st.msg);
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void *lc_wasm_tier1_main(void *arg) {
+    lc_wasm_rt *rt = arg;
+    pthread_mutex_lock(&rt->mu);
+    for (;;) {
+        while (!rt->stopping && rt->t1_head == NULL) pthread_cond_wait(&rt->t1_cv, &rt->mu);
+        if (rt->stopping) break;
+        lc_wasm_module *m = rt->t1_head;
+        rt->t1_head = m->t1_next;
+        if (rt->t1_head == NULL) rt->t1_tail = NULL;
+        m->t1_next = NULL;
+        pthread_mutex_unlock(&rt->mu);
+        tier1_build(m);
+        lc_wasm_module_release(m); /* the queue's reference */
+        pthread_mutex_lock(&rt->mu);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}

@@ -1,0 +1,894 @@
+/* test_lc_wasm.c — the WebAssembly inferlet runtime (services/lifecycle/wasm): what lc_wasm.h
+ * promises, with real modules (tests/wasm/<name>.c compiled by clang for wasm32-wasi) translated by
+ * wasm2c, compiled by tcc / cc and run.
+ *
+ * Each test runs in its own process (Criterion's default) with its own cache directory. This
+ * executable exports the test host functions of tests/wasm/wasm_test_host.c (ENABLE_EXPORTS,
+ * tests/wasm/CMakeLists.txt). Under ASan the fault handler of lc_wasm chains to
+ * ASan's for faults that are not the instance's, and LeakSanitizer checks at the exit of every
+ * test that instances, modules and runtimes free everything. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lc_wasm.h"
+#include "wasm_test_host.h"
+
+/* ---- fixtures -------------------------------------------------------------------------------- */
+
+static char cache_dir[64];
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void setup(void) {
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/lc_wasm_test.XXXXXX");
+    cr_assert_not_null(mkdtemp(cache_dir), "mkdtemp: %s", strerror(errno));
+}
+
+static void teardown(void) { nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+TestSuite(lc_wasm, .init = setup, .fini = teardown, .timeout = 240);
+
+typedef struct bytes {
+    uint8_t *data;
+    size_t len;
+} bytes;
+
+static bytes fixture(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.wasm", PIE_WASM_FIXTURES, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "fixture %s: %s", path, strerror(errno));
+    bytes b = {0};
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    cr_assert_gt(n, 0);
+    rewind(f);
+    b.data = malloc((size_t)n);
+    cr_assert_not_null(b.data);
+    b.len = fread(b.data, 1, (size_t)n, f);
+    cr_assert_eq(b.len, (size_t)n);
+    fclose(f);
+    return b;
+}
+
+static lc_wasm_rt *make_rt(bool tier1) {
+    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+                         .host_fns = wasm_test_host_fns,
+                         .n_host_fns = wasm_test_host_n_fns,
+                         .tier1 = tier1};
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    return rt;
+}
+
+static lc_wasm_module *load(lc_wasm_rt *rt, const char *name) {
+    bytes b = fixture(name);
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "load %s: %s", name,
+                 st.msg);
+    free(b.data);
+    return m;
+}
+
+/* What an instance wrote. */
+typedef struct capture {
+    pthread_mutex_t mu;
+    char out[8192], err[8192];
+    size_t n_out, n_err;
+} capture;
+
+static void on_output(void *ctx, int fd, const char *data, size_t len) {
+    capture *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    char *buf = fd == 1 ? c->out : c->err;
+    size_t *n = fd == 1 ? &c->n_out : &c->n_err;
+    size_t take = len < sizeof c->out - 1 - *n ? len : sizeof c->out - 1 - *n;
+    memcpy(buf + *n, data, take);
+    *n += take;
+    buf[*n] = '\0';
+    pthread_mutex_unlock(&c->mu);
+}
+
+typedef struct run_spec {
+    lc_wasm_module *mod;
+    const char *argv[8]; /* NULL-terminated */
+    const char *env[4];
+    lc_wasm_limits limits;
+    park_ctx *park;
+    capture cap;
+    lc_wasm_outcome out;
+    lc_wasm_instance *inst; /* set while it exists (for interrupt from the test) */
+    pthread_mutex_t inst_mu;
+} run_spec;
+
+static size_t count(const char *const *v) {
+    size_t n = 0;
+    while (v[n] != NULL) n++;
+    return n;
+}
+
+static void spec_init(run_spec *s, lc_wasm_module *m) {
+    memset(s, 0, sizeof *s);
+    s->mod = m;
+    pthread_mutex_init(&s->cap.mu, NULL);
+    pthread_mutex_init(&s->inst_mu, NULL);
+}
+
+static void spec_destroy(run_spec *s) {
+    pthread_mutex_destroy(&s->cap.mu);
+    pthread_mutex_destroy(&s->inst_mu);
+}
+
+/* Creates, runs and frees one instance on the calling thread. */
+static void run_spec_now(run_spec *s) {
+    lc_wasm_instance_opts o = {.argv = s->argv,
+                               .argc = count(s->argv),
+                               .env = s->env,
+                               .n_env = count(s->env),
+                               .limits = s->limits,
+                               .output = on_output,
+                               .output_ctx = &s->cap,
+                               .host = s->park,
+                               .on_interrupt = s->park ? park_wake : NULL};
+    lc_wasm_instance *inst = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_instance_create(s->mod, &o, &inst, &st), PIE_OK, "create: %s", st.msg);
+    pthread_mutex_lock(&s->inst_mu);
+    s->inst = inst;
+    pthread_mutex_unlock(&s->inst_mu);
+    pie_code rc = lc_wasm_instance_run(inst, &s->out, &st);
+    pthread_mutex_lock(&s->inst_mu);
+    s->inst = NULL;
+    pthread_mutex_unlock(&s->inst_mu);
+    lc_wasm_instance_free(inst);
+    cr_assert_eq(rc, PIE_OK, "run: %s", st.msg);
+}
+
+static void *run_thread(void *arg) {
+    run_spec_now(arg);
+    return NULL;
+}
+
+static pthread_t start_thread(run_spec *s, size_t stack) {
+    pthread_attr_t a;
+    cr_assert_eq(lc_wasm_thread_attr_init(&a, stack), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, &a, run_thread, s), 0);
+    pthread_attr_destroy(&a);
+    return t;
+}
+
+static void expect_trap(lc_wasm_rt *rt, const char *mode, lc_wasm_trap trap, const char *text) {
+    lc_wasm_module *m = load(rt, "hostile");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = mode;
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_TRAPPED, "%s: ended %d: %s", mode, s.out.end, s.out.message);
+    cr_expect_eq(s.out.trap, trap, "%s: trap %d, expected %d (%s)", mode, s.out.trap, trap,
+                 s.out.message);
+    cr_expect(strstr(s.out.message, text) != NULL, "%s: message \"%s\" lacks \"%s\"", mode,
+              s.out.message, text);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+}
+
+static uint64_t lcg(uint64_t n) {
+    uint64_t x = 1;
+    for (uint64_t i = 0; i < n; i++) x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x;
+}
+
+/* Number of 8 GiB mappings (linear memory reservations) in this process. */
+static int reservations(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    cr_assert_not_null(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && hi - lo == (8ul << 30)) n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+Test(lc_wasm, sha256_matches_fips_180_vectors) {
+    char hex[65];
+    lc_wasm_sha256_hex("", 0, hex);
+    cr_expect_str_eq(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    lc_wasm_sha256_hex("abc", 3, hex);
+    cr_expect_str_eq(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    lc_wasm_sha256_hex(m448, strlen(m448), hex);
+    cr_expect_str_eq(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    char *million = malloc(1000000);
+    cr_assert_not_null(million);
+    memset(million, 'a', 1000000);
+    lc_wasm_sha256_hex(million, 1000000, hex);
+    free(million);
+    cr_expect_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+Test(lc_wasm, hello_world_prints_args_env_and_calls_the_host) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hello");
+    cr_expect_eq(strlen(lc_wasm_module_id(m)), 64u);
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hello";
+    s.argv[1] = "pie";
+    s.argv[2] = "0";
+    s.env[0] = "PIE_GREETING=hi";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_EXITED, "%s", s.out.message);
+    cr_expect_eq(s.out.exit_code, 0);
+    cr_expect_str_eq(s.out.message, "exited with code 0");
+    cr_expect_str_eq(s.cap.out, "hello, pie!\nargc=3 [hello] [pie] [0]\n40+2=42\nenv=hi\n");
+    cr_expect_str_eq(s.cap.err, "to stderr\n");
+    cr_expect_eq(s.out.tier, 0);
+    cr_expect_gt(s.out.memory_pages, 0u);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, exit_code_from_main_and_from_proc_exit) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hello");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hello";
+    s.argv[1] = "x";
+    s.argv[2] = "3";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_EXITED);
+    cr_expect_eq(s.out.exit_code, 3, "%s", s.out.message);
+    cr_expect_str_eq(s.out.message, "exited with code 3");
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+
+    m = load(rt, "hostile");
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "exit";
+    s.argv[2] = "9";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_EXITED, "%s", s.out.message);
+    cr_expect_eq(s.out.exit_code, 9);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, out_of_bounds_access_traps_only_that_instance) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    run_spec worker;
+    spec_init(&worker, m);
+    worker.argv[0] = "hostile";
+    worker.argv[1] = "work";
+    worker.argv[2] = "30000000";
+    pthread_t t = start_thread(&worker, 0);
+
+    const char *modes[] = {"oob-read", "oob-write"};
+    for (int i = 0; i < 2; i++) {
+        run_spec s;
+        spec_init(&s, m);
+        s.argv[0] = "hostile";
+        s.argv[1] = modes[i];
+        pthread_t u = start_thread(&s, 0);
+        pthread_join(u, NULL);
+        cr_expect_eq(s.out.end, LC_WASM_TRAPPED, "%s: %s", modes[i], s.out.message);
+        cr_expect_eq(s.out.trap, LC_WASM_TRAP_OOB, "%s: %s", modes[i], s.out.message);
+        cr_expect_str_eq(s.out.message, "trapped: out-of-bounds memory or table access");
+        spec_destroy(&s);
+    }
+    pthread_join(t, NULL);
+    char want[64];
+    snprintf(want, sizeof want, "work=%llu\n", (unsigned long long)lcg(30000000));
+    cr_expect_eq(worker.out.end, LC_WASM_EXITED, "%s", worker.out.message);
+    cr_expect_str_eq(worker.cap.out, want);
+    spec_destroy(&worker);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, infinite_loop_is_interrupted_within_cpu_quota) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "loop";
+    s.limits.cpu_ms = 200;
+    pthread_t t = start_thread(&s, 0);
+    pthread_join(t, NULL);
+    cr_expect_eq(s.out.end, LC_WASM_INTERRUPTED, "%s", s.out.message);
+    cr_expect_eq(s.out.trap, LC_WASM_TRAP_CPU_TIME);
+    cr_expect_str_eq(s.out.message, "interrupted: CPU time quota of 200 ms used up");
+    cr_expect_geq(s.out.cpu_ns, 200000000u, "stopped after %llu ns of CPU",
+                  (unsigned long long)s.out.cpu_ns);
+    /* Not a timing test: a bound far above the quota that only a watchdog failure exceeds. */
+    cr_expect_lt(s.out.cpu_ns, 5000000000u, "ran %llu ns of CPU", (unsigned long long)s.out.cpu_ns);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, wall_time_quota_interrupts_a_loop_and_a_sleep) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    const char *modes[] = {"loop", "sleep"};
+    for (int i = 0; i < 2; i++) {
+        run_spec s;
+        spec_init(&s, m);
+        s.argv[0] = "hostile";
+        s.argv[1] = modes[i];
+        s.limits.wall_ms = 20;
+        run_spec_now(&s);
+        cr_expect_eq(s.out.end, LC_WASM_INTERRUPTED, "%s: %s", modes[i], s.out.message);
+        cr_expect_eq(s.out.trap, LC_WASM_TRAP_WALL_TIME, "%s: %s", modes[i], s.out.message);
+        cr_expect_str_eq(s.cap.out, "", "%s printed \"%s\"", modes[i], s.cap.out);
+        spec_destroy(&s);
+    }
+    /* Without a quota the sleep (poll_oneoff) completes. */
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "sleep";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_EXITED, "%s", s.out.message);
+    cr_expect_str_eq(s.cap.out, "slept\n");
+    cr_expect_geq(s.out.wall_ns, 50000000u);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, terminate_stops_running_and_parked_instances) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *loop = load(rt, "hostile"), *park = load(rt, "host_calls");
+    park_ctx p = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    run_spec a, b;
+    spec_init(&a, loop);
+    a.argv[0] = "hostile";
+    a.argv[1] = "loop";
+    spec_init(&b, park);
+    b.argv[0] = "host_calls";
+    b.argv[1] = "park";
+    b.park = &p;
+    pthread_t ta = start_thread(&a, 0), tb = start_thread(&b, 0);
+    pthread_mutex_lock(&p.mu);
+    while (p.parked == 0) pthread_cond_wait(&p.cv, &p.mu);
+    pthread_mutex_unlock(&p.mu);
+    run_spec *specs[] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        /* The loop instance may not have been created yet: retry until it exists. */
+        for (;;) {
+            pthread_mutex_lock(&specs[i]->inst_mu);
+            lc_wasm_instance *inst = specs[i]->inst;
+            if (inst) lc_wasm_instance_interrupt(inst);
+            pthread_mutex_unlock(&specs[i]->inst_mu);
+            if (inst) break;
+            usleep(1000);
+        }
+    }
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(specs[i]->out.end, LC_WASM_INTERRUPTED, "%s", specs[i]->out.message);
+        cr_expect_eq(specs[i]->out.trap, LC_WASM_TRAP_TERMINATED);
+        cr_expect_str_eq(specs[i]->out.message, "interrupted: terminated on request");
+    }
+    cr_expect_str_eq(b.cap.out, "");
+    spec_destroy(&a);
+    spec_destroy(&b);
+    lc_wasm_module_release(loop);
+    lc_wasm_module_release(park);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, deep_recursion_traps_with_stack_exhaustion) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    size_t stacks[] = {1u << 20, 8u << 20};
+    for (int i = 0; i < 2; i++) {
+        run_spec s;
+        spec_init(&s, m);
+        s.argv[0] = "hostile";
+        s.argv[1] = "recurse";
+        pthread_t t = start_thread(&s, stacks[i]);
+        pthread_join(t, NULL);
+        cr_expect_eq(s.out.end, LC_WASM_TRAPPED, "%s", s.out.message);
+        cr_expect_eq(s.out.trap, LC_WASM_TRAP_EXHAUSTION, "%s", s.out.message);
+        cr_expect_str_eq(s.out.message, "trapped: call stack exhausted (recursion too deep)");
+        spec_destroy(&s);
+    }
+    /* And on the main thread, whose guard is the kernel's stack gap. */
+    expect_trap(rt, "recurse", LC_WASM_TRAP_EXHAUSTION, "call stack exhausted");
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, arithmetic_and_control_traps_name_their_reason) {
+    lc_wasm_rt *rt = make_rt(false);
+    expect_trap(rt, "div0", LC_WASM_TRAP_DIV_BY_ZERO, "trapped: integer divide by zero");
+    expect_trap(rt, "overflow", LC_WASM_TRAP_INT_OVERFLOW, "trapped: integer overflow");
+    expect_trap(rt, "convert", LC_WASM_TRAP_INVALID_CONVERSION, "trapped: invalid conversion");
+    expect_trap(rt, "unreachable", LC_WASM_TRAP_UNREACHABLE, "trapped: unreachable instruction");
+    expect_trap(rt, "indirect", LC_WASM_TRAP_CALL_INDIRECT, "trapped: indirect call");
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, memory_grow_beyond_the_instance_limit_returns_minus_one) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "grow";
+    s.argv[2] = "1000";
+    s.limits.max_memory_pages = 64;
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_EXITED, "%s", s.out.message);
+    cr_expect_str_eq(s.cap.out, "grow=-1\n");
+    cr_expect_eq(s.out.memory_refusals, 1u);
+    cr_expect(strstr(s.out.message, "memory.grow refused 1 time at the instance limit of 64 pages "
+                                    "(4 MiB)") != NULL,
+              "%s", s.out.message);
+    spec_destroy(&s);
+
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "grow";
+    s.argv[2] = "10";
+    s.limits.max_memory_pages = 64;
+    run_spec_now(&s);
+    cr_expect_eq(s.out.memory_refusals, 0u);
+    cr_expect_str_neq(s.cap.out, "grow=-1\n");
+    cr_expect_str_eq(s.out.message, "exited with code 0");
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, allocation_storm_ends_with_a_clear_error) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hostile");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hostile";
+    s.argv[1] = "storm";
+    s.limits.max_memory_pages = 256;
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_TRAPPED, "%s", s.out.message);
+    cr_expect_eq(s.out.trap, LC_WASM_TRAP_UNREACHABLE);
+    cr_expect(strstr(s.cap.err, "malloc failed after") != NULL, "stderr: %s", s.cap.err);
+    cr_expect(strstr(s.out.message, "at the instance limit of 256 pages (16 MiB)") != NULL, "%s",
+              s.out.message);
+    cr_expect_leq(s.out.memory_pages, 256u);
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, host_function_can_end_the_instance_with_a_message) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "host_calls");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "host_calls";
+    s.argv[1] = "fail";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_TRAPPED);
+    cr_expect_eq(s.out.trap, LC_WASM_TRAP_HOST);
+    cr_expect_str_eq(s.out.message, "trapped: test_fail(17) ended the instance");
+    cr_expect_str_eq(s.cap.out, "");
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+static void expect_rejected(lc_wasm_rt *rt, const uint8_t *b, size_t n, const char *text) {
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    pie_code rc = lc_wasm_module_load(rt, b, n, &m, &st);
+    cr_expect_eq(rc, PIE_INVALID_ARGUMENT, "expected a rejection containing \"%s\", got %s: %s",
+                 text, pie_code_name(rc), st.msg);
+    cr_expect_null(m);
+    cr_expect(strstr(st.msg, text) != NULL, "message \"%s\" lacks \"%s\"", st.msg, text);
+    if (m) lc_wasm_module_release(m);
+}
+
+Test(lc_wasm, corrupt_and_non_wasm_bytes_are_rejected_with_a_reason) {
+    lc_wasm_rt *rt = make_rt(false);
+    const char *script = "#!/bin/sh\necho hi\n";
+    expect_rejected(rt, (const uint8_t *)script, strlen(script),
+                    "not a WebAssembly module: it starts with bytes 23 21 2f 62");
+    expect_rejected(rt, (const uint8_t *)"", 0, "too short for the 8-byte header");
+    const uint8_t v2[] = {0, 'a', 's', 'm', 2, 0, 0, 0};
+    expect_rejected(rt, v2, sizeof v2, "unsupported WebAssembly binary version 2");
+    const uint8_t no_code[] = {0, 'a', 's', 'm', 1, 0, 0, 0};
+    expect_rejected(rt, no_code, sizeof no_code, "exports no function \"_start\"");
+
+    bytes b = fixture("hello");
+    expect_rejected(rt, b.data, 200, "declares");
+    /* Garbage in the middle of the code section: only wasm2c's validation can tell. */
+    size_t at = b.len / 2;
+    memset(b.data + at, 0xff, 64);
+    expect_rejected(rt, b.data, b.len, "invalid wasm module");
+    free(b.data);
+    /* Valid wasm that wasm2c 1.0.32 cannot translate (it aborts). */
+    b = fixture("simd");
+    expect_rejected(rt, b.data, b.len,
+                    "unsupported wasm module: wasm2c (translate to C): wasm2c "
+                    "killed by signal 6; SIMD (-msimd128)");
+    free(b.data);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.tier0_compiles, 0u);
+    lc_wasm_rt_destroy(rt);
+}
+
+/* (module (type (func (param i64) (result i32))) (type (func))
+ *   (import "pie" "test_add" (func (type 0))) (func (type 1)) (export "_start" (func 1))) */
+static const uint8_t wrong_type_import[] = {
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,                         /* header */
+    0x01, 0x09, 0x02, 0x60, 0x01, 0x7e, 0x01, 0x7f, 0x60, 0x00, 0x00,       /* types */
+    0x02, 0x10, 0x01, 0x03, 'p',  'i',  'e',  0x08, 't',  'e',  's',  't',  /* imports */
+    '_',  'a',  'd',  'd',  0x00, 0x00,                                     /*   ... */
+    0x03, 0x02, 0x01, 0x01,                                                 /* functions */
+    0x07, 0x0a, 0x01, 0x06, '_',  's',  't',  'a',  'r',  't',  0x00, 0x01, /* exports */
+    0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b,                                     /* code */
+};
+
+Test(lc_wasm, imports_the_host_does_not_provide_are_rejected_by_name) {
+    lc_wasm_rt *rt = make_rt(false);
+    bytes b = fixture("unknown_import");
+    expect_rejected(rt, b.data, b.len, "module imports 2 functions the host does not provide");
+    expect_rejected(rt, b.data, b.len, "pie.no_such_function (param i32) (result i32)");
+    expect_rejected(rt, b.data, b.len, "env.mystery (no parameters or results)");
+    free(b.data);
+    expect_rejected(rt, wrong_type_import, sizeof wrong_type_import,
+                    "pie.test_add with type (param i64) (result i32) (the host's has type "
+                    "(param i32 i32) (result i32))");
+    lc_wasm_rt_destroy(rt);
+}
+
+static void local_add(void) {}
+
+Test(lc_wasm, runtime_checks_the_host_functions_it_is_given) {
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    lc_wasm_host_fn bad_type[] = {{"test_add", "(param i32,i32)", (void (*)(void))Z_pieZ_test_add}};
+    lc_wasm_rt_opts o = {.cache_dir = cache_dir, .host_fns = bad_type, .n_host_fns = 1};
+    cr_expect_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_INVALID_ARGUMENT);
+    cr_expect(strstr(st.msg, "is not canonical WAT") != NULL, "%s", st.msg);
+    lc_wasm_host_fn not_exported[] = {{"test_add", "(param i32 i32) (result i32)", local_add}};
+    o.host_fns = not_exported;
+    cr_expect_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_FAILED_PRECONDITION);
+    cr_expect(strstr(st.msg, "does not export Z_pieZ_test_add as the given function") != NULL, "%s",
+              st.msg);
+    cr_expect_null(rt);
+}
+
+typedef struct guard_run {
+    lc_wasm_instance *inst;
+    pie_code rc;
+    pie_status st;
+    lc_wasm_outcome out;
+} guard_run;
+
+static void *guard_thread(void *arg) {
+    guard_run *g = arg;
+    g->rc = lc_wasm_instance_run(g->inst, &g->out, &g->st);
+    return NULL;
+}
+
+Test(lc_wasm, thread_with_a_small_stack_guard_is_refused) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "trivial");
+    guard_run g = {0};
+    cr_assert_eq(lc_wasm_instance_create(m, NULL, &g.inst, &g.st), PIE_OK);
+    pthread_attr_t a;
+    cr_assert_eq(pthread_attr_init(&a), 0);
+    cr_assert_eq(pthread_attr_setguardsize(&a, 4096), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, &a, guard_thread, &g), 0);
+    pthread_join(t, NULL);
+    pthread_attr_destroy(&a);
+    cr_expect_eq(g.rc, PIE_FAILED_PRECONDITION, "%s", g.st.msg);
+    cr_expect(strstr(g.st.msg, "stack guard is 4096 bytes") != NULL, "%s", g.st.msg);
+    /* The instance did not run and can still run on a suitable thread (this main thread). */
+    cr_expect_eq(lc_wasm_instance_run(g.inst, &g.out, &g.st), PIE_OK, "%s", g.st.msg);
+    cr_expect_eq(g.out.end, LC_WASM_EXITED);
+    cr_expect_eq(lc_wasm_instance_run(g.inst, &g.out, &g.st), PIE_FAILED_PRECONDITION);
+    lc_wasm_instance_free(g.inst);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, tier0_first_then_tier1_for_later_instances) {
+    lc_wasm_rt *rt = make_rt(true);
+    lc_wasm_module *m = load(rt, "hello");
+    cr_expect_eq(lc_wasm_module_tier(m), 0);
+    lc_wasm_instance *early = NULL;
+    pie_status st;
+    capture cap_early = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    const char *argv[] = {"hello", "early"};
+    lc_wasm_instance_opts o = {
+        .argv = argv, .argc = 2, .output = on_output, .output_ctx = &cap_early};
+    cr_assert_eq(lc_wasm_instance_create(m, &o, &early, &st), PIE_OK);
+
+    cr_assert_eq(lc_wasm_module_wait_tier1(m, 200000, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(lc_wasm_module_tier(m), 1);
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hello";
+    s.argv[1] = "late";
+    run_spec_now(&s);
+    cr_expect_eq(s.out.tier, 1);
+    cr_expect(strstr(s.cap.out, "hello, late!\n") == s.cap.out, "%s", s.cap.out);
+    spec_destroy(&s);
+
+    /* The instance created before the swap still runs on its tier-0 library. */
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(early, &out, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(out.tier, 0);
+    cr_expect_eq(out.end, LC_WASM_EXITED);
+    cr_expect(strstr(cap_early.out, "hello, early!\n") == cap_early.out, "%s", cap_early.out);
+    lc_wasm_instance_free(early);
+    lc_wasm_rt_stats stats = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(stats.tier0_compiles, 1u);
+    cr_expect_eq(stats.tier1_compiles, 1u);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+
+    /* A restart finds tier 1 on disk and uses it at once. */
+    rt = make_rt(true);
+    m = load(rt, "hello");
+    cr_expect_eq(lc_wasm_module_tier(m), 1);
+    stats = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(stats.disk_hits, 1u);
+    cr_expect_eq(stats.translations + stats.tier0_compiles + stats.tier1_compiles, 0u);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, second_load_is_a_cache_hit_in_memory_and_after_restart_on_disk) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *a = load(rt, "hello"), *b = load(rt, "hello");
+    cr_expect_eq(a, b);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.translations, 1u);
+    cr_expect_eq(s.tier0_compiles, 1u);
+    cr_expect_eq(s.memory_hits, 1u);
+    lc_wasm_module_release(a);
+    lc_wasm_module_release(b);
+    lc_wasm_rt_destroy(rt);
+
+    rt = make_rt(false);
+    a = load(rt, "hello");
+    s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.translations, 0u);
+    cr_expect_eq(s.tier0_compiles, 0u);
+    cr_expect_eq(s.disk_hits, 1u);
+    run_spec r;
+    spec_init(&r, a);
+    r.argv[0] = "hello";
+    run_spec_now(&r);
+    cr_expect_eq(r.out.end, LC_WASM_EXITED, "%s", r.out.message);
+    cr_expect(strstr(r.cap.out, "hello, world!\n") == r.cap.out, "%s", r.cap.out);
+    spec_destroy(&r);
+    lc_wasm_module_release(a);
+    lc_wasm_rt_destroy(rt);
+}
+
+typedef struct load_race {
+    lc_wasm_rt *rt;
+    bytes b;
+    lc_wasm_module *m;
+    pie_code rc;
+} load_race;
+
+static void *load_thread(void *arg) {
+    load_race *l = arg;
+    pie_status st;
+    l->rc = lc_wasm_module_load(l->rt, l->b.data, l->b.len, &l->m, &st);
+    return NULL;
+}
+
+Test(lc_wasm, concurrent_loads_of_a_new_module_compile_it_once) {
+    lc_wasm_rt *rt = make_rt(false);
+    bytes b = fixture("hostile");
+    load_race l[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        l[i] = (load_race){rt, b, NULL, PIE_UNKNOWN};
+        cr_assert_eq(pthread_create(&t[i], NULL, load_thread, &l[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        cr_expect_eq(l[i].rc, PIE_OK);
+        cr_expect_eq(l[i].m, l[0].m);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.translations, 1u);
+    cr_expect_eq(s.tier0_compiles, 1u);
+    cr_expect_eq(s.memory_hits, 3u);
+    for (int i = 0; i < 4; i++) lc_wasm_module_release(l[i].m);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, eight_instances_on_eight_threads_and_all_memory_returned) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hello");
+    int before = reservations();
+    run_spec s[8];
+    pthread_t t[8];
+    char names[8][16];
+    for (int i = 0; i < 8; i++) {
+        spec_init(&s[i], m);
+        snprintf(names[i], sizeof names[i], "thread%d", i);
+        s[i].argv[0] = "hello";
+        s[i].argv[1] = names[i];
+        s[i].argv[2] = i % 2 ? "1" : "0";
+        t[i] = start_thread(&s[i], 0);
+    }
+    for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 8; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "hello, %s!\n", names[i]);
+        cr_expect(strstr(s[i].cap.out, want) == s[i].cap.out, "%d: %s", i, s[i].cap.out);
+        cr_expect_eq(s[i].out.end, LC_WASM_EXITED);
+        cr_expect_eq(s[i].out.exit_code, i % 2);
+        spec_destroy(&s[i]);
+    }
+    cr_expect_eq(reservations(), before, "linear memory reservations left mapped");
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, initial_memory_above_the_limit_fails_instantiation) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hello");
+    run_spec s;
+    spec_init(&s, m);
+    s.argv[0] = "hello";
+    s.limits.max_memory_pages = 1;
+    run_spec_now(&s);
+    cr_expect_eq(s.out.end, LC_WASM_TRAPPED);
+    cr_expect_eq(s.out.trap, LC_WASM_TRAP_MEMORY_LIMIT);
+    cr_expect_str_eq(s.out.message, "trapped during instantiation: the module's initial memory of "
+                                    "2 pages (128 KiB) exceeds the instance limit of 1 pages "
+                                    "(64 KiB)");
+    cr_expect_str_eq(s.cap.out, "");
+    spec_destroy(&s);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, instance_terminated_before_it_runs_does_not_run) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *m = load(rt, "hello");
+    capture cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    lc_wasm_instance_opts o = {.output = on_output, .output_ctx = &cap};
+    lc_wasm_instance *inst = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_instance_create(m, &o, &inst, &st), PIE_OK);
+    lc_wasm_instance_interrupt(inst);
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK);
+    cr_expect_eq(out.end, LC_WASM_INTERRUPTED);
+    cr_expect_eq(out.trap, LC_WASM_TRAP_TERMINATED);
+    cr_expect_str_eq(cap.out, "");
+    lc_wasm_instance_interrupt(inst); /* after the end: no effect */
+    lc_wasm_instance_free(inst);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, destroy_stops_a_tier1_compile_in_progress) {
+    lc_wasm_rt *rt = make_rt(true);
+    lc_wasm_module *m = load(rt, "big");
+    cr_expect_eq(lc_wasm_module_tier(m), 0);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt); /* kills cc, joins the tier-1 thread, frees everything */
+}
+
+static sigjmp_buf chain_jmp;
+static volatile sig_atomic_t chained;
+
+static void test_segv(int sig, siginfo_t *si, void *uc) {
+    (void)sig, (void)si, (void)uc;
+    chained = 1;
+    siglongjmp(chain_jmp, 1);
+}
+
+Test(lc_wasm, faults_outside_wasm_reach_the_previous_handler) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = test_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGSEGV, &sa, &old), 0);
+    lc_wasm_rt *rt = make_rt(false);
+    void *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(page, MAP_FAILED);
+    if (sigsetjmp(chain_jmp, 1) == 0) *(volatile char *)page = 1;
+    munmap(page, 4096);
+    cr_expect_eq(chained, 1, "the fault did not reach the handler installed before lc_wasm");
+    lc_wasm_rt_destroy(rt);
+    struct sigaction now;
+    cr_assert_eq(sigaction(SIGSEGV, &old, &now), 0);
+    cr_expect(now.sa_sigaction == test_segv, "the last runtime did not restore the handler");
+}
+
+/* What numeric.c prints, computed natively. */
+static void numeric_expected(char *buf, size_t n) {
+    static const uint64_t vals[] = {1,
+                                    2,
+                                    3,
+                                    0x80000000u,
+                                    0xffffffffu,
+                                    0x100000000ull,
+                                    0x8000000000000000ull,
+                                    0x0123456789abcdefull,
+                                    0xfedcba9876543210ull,
+                                    0};
+    size_t at = 0;
+    for (unsigned i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        uint64_t v = vals[i];
+        uint32_t w = (uint32_t)v, r = (uint32_t)(i * 5 + 1);
+        at += (size_t)snprintf(
+            buf + at, n - at, "%016llx %d %d %d %d %d %d %08x %016llx %lld %lld\n",
+            (unsigned long long)v, w ? __builtin_clz(w) : 32, w ? __builtin_ctz(w) : 32,
+            __builtin_popcount(w), v ? __builtin_clzll(v) : 64, v ? __builtin_ctzll(v) : 64,
+            __builtin_popcountll(v), (w << (r & 31)) | (w >> ((32 - r) & 31)),
+            (unsigned long long)((v >> (r & 63)) | (v << ((64 - r) & 63))),
+            (long long)((int64_t)v / (int64_t)(r | 3)), (long long)((int64_t)v % 7));
+    }
+}
+
+Test(lc_wasm, both_tiers_compute_integer_bit_operations_like_native_code) {
+    char want[4096];
+    numeric_expected(want, sizeof want);
+    lc_wasm_rt *rt = make_rt(true);
+    lc_wasm_module *m = load(rt, "numeric");
+    for (int tier = 0; tier < 2; tier++) {
+        pie_status st;
+        if (tier == 1)
+            cr_assert_eq(lc_wasm_module_wait_tier1(m, 200000, &st), PIE_OK, "%s", st.msg);
+        run_spec s;
+        spec_init(&s, m);
+        s.argv[0] = "numeric";
+        run_spec_now(&s);
+        cr_expect_eq(s.out.tier, tier);
+        cr_expect_str_eq(s.cap.out, want, "tier %d printed:\n%s\nnative:\n%s", tier, s.cap.out,
+                         want);
+        spec_destroy(&s);
+    }
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+}

@@ -1,0 +1,2 @@
+/* trivial.c — fixture: the smallest inferlet (warm instantiate + run benchmark). */
+int main(void) { return 0; }
