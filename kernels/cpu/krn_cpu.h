@@ -27,18 +27,27 @@ krn_pool *krn_pool_create(int n_threads);
 void krn_pool_destroy(krn_pool *p);
 int krn_pool_size(const krn_pool *p);
 
-/* Runs fn(arg, i, n_tasks) for every i in [0, n_tasks) across the pool (the caller takes part)
- * and returns when all are done. Not reentrant: one run at a time per pool. p may be NULL:
- * then everything runs in the caller. */
+/* Runs fn(arg, i, n_tasks) for every i in [0, n_tasks) across the pool (the caller takes part;
+ * tasks are claimed dynamically, in increasing order) and returns when all are done. Not
+ * reentrant: one run at a time per pool. p may be NULL: then everything runs in the caller. */
 typedef void (*krn_task_fn)(void *arg, int task, int n_tasks);
 void krn_pool_run(krn_pool *p, krn_task_fn fn, void *arg, int n_tasks);
 
-/* Which SIMD path the dispatcher chose: "avx512", "avx2", "scalar". */
+/* Which SIMD path the dispatcher chose: "avx512", "avx2", "scalar". The best the CPU has,
+ * unless the environment variable PIE_KRN_SIMD (read once) names a lower one. */
 const char *krn_cpu_simd_name(void);
+
+/* Forces the SIMD path ("scalar", "avx2", "avx512") for every later kernel call, so tests can
+ * check each path on one machine. -1 (nothing changed) when the name is unknown or the CPU
+ * lacks that path. Not to be called while kernels run. */
+int krn_cpu_set_simd(const char *name);
 
 /* ---- dense ------------------------------------------------------------------------------- */
 
-/* y[n, out] = x[n, in] · W^T where W is [out, in] of dtype wt (the HF Linear layout). */
+/* y[n, out] = x[n, in] · W^T where W is [out, in] of dtype wt (the HF Linear layout). bf16/f16
+ * weights are converted exactly and accumulated in f32. The pool owns all threads: the first
+ * call sets OpenBLAS to one thread (process-wide) and splits sgemm over the pool. y must not
+ * overlap x or W. */
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y);
 
@@ -100,6 +109,14 @@ typedef struct krn_attn_item {
  * kv->n_kv_heads. Work is split over items, heads and (for long contexts) KV chunks. */
 void krn_cpu_attention(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
                        int n_items, int n_heads, float scale);
+
+/* krn_cpu_attention with the KV chunking chosen by the caller: kv_chunk > 0 splits every
+ * item's keys into chunks of kv_chunk tokens (merged flash-decoding style), 0 chooses
+ * automatically (chunks only when there are too few (item, head) units for the threads),
+ * < 0 never splits. With p == NULL nothing is split and nothing is allocated. Requirements
+ * of both: n_heads % n_kv_heads == 0 and head_dim <= 4096 (checked; abort otherwise). */
+void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
+                          int n_items, int n_heads, float scale, int kv_chunk);
 
 /* ---- distributions ----------------------------------------------------------------------- */
 

@@ -1,0 +1,150 @@
+/* krn_cpu_impl.h — what the files of kernels/cpu share and nobody else sees.
+ *
+ * Owns: the SIMD level enum and the dispatcher's getter (krn_simd.c), the pool's internal run
+ * variant that tells a task which worker runs it and the per-worker scratch memory
+ * (krn_pool.c), exact scalar conversions of bf16/f16 to f32, and vector exp approximations
+ * for AVX2 and AVX-512 (used by softmax, SiLU and attention).
+ * Does not own: any public API (krn_cpu.h). */
+#ifndef KRN_CPU_IMPL_H
+#define KRN_CPU_IMPL_H
+
+#include "krn_cpu.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KRN_X86 1
+#else
+#define KRN_X86 0
+#endif
+
+/* ---- SIMD dispatch (krn_simd.c) ------------------------------------------------------------ */
+
+typedef enum krn_simd { KRN_SIMD_SCALAR = 0, KRN_SIMD_AVX2 = 1, KRN_SIMD_AVX512 = 2 } krn_simd;
+
+/* The path every kernel takes now: the best the CPU supports, or what PIE_KRN_SIMD /
+ * krn_cpu_set_simd asked for. */
+krn_simd krn_simd_level(void);
+/* Whether the CPU supports AVX-512 BF16 (vdpbf16ps); only meaningful at KRN_SIMD_AVX512. */
+int krn_simd_has_bf16(void);
+
+/* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
+
+/* Like krn_task_fn, plus the index in [0, krn_pool_size) of the worker running the task (0 is
+ * the caller), so a task may use that worker's scratch. */
+typedef void (*krn_task_ex_fn)(void *arg, int task, int n_tasks, int worker);
+void krn_pool_run_ex(krn_pool *p, krn_task_ex_fn fn, void *arg, int n_tasks);
+
+/* Scratch memory of worker `worker` ([0, krn_pool_size)) or, with worker == krn_pool_size, one
+ * region shared by all; at least `bytes` bytes, 64-byte aligned, grown on demand and kept until
+ * the pool is destroyed. Call it before krn_pool_run_ex, never from a task. NULL when memory
+ * runs out (callers fall back to a path that needs none). */
+void *krn_pool_scratch(krn_pool *p, int worker, size_t bytes);
+
+/* ---- exact scalar conversions ---------------------------------------------------------------- */
+
+static inline float krn_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 → binary32, exact for every input (subnormals, infinities, NaN payloads). */
+static inline float krn_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        u = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while ((man & 0x400u) == 0);
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Element `i` of a weight vector of dtype wt, as f32. */
+static inline float krn_load_elt(const void *w, krn_dtype wt, size_t i) {
+    switch (wt) {
+    case KRN_BF16: return krn_bf16_to_f32(((const uint16_t *)w)[i]);
+    case KRN_F16: return krn_f16_to_f32(((const uint16_t *)w)[i]);
+    default: return ((const float *)w)[i];
+    }
+}
+
+static inline size_t krn_dtype_size(krn_dtype wt) { return wt == KRN_F32 ? 4 : 2; }
+
+/* dst[n] = src[n] as f32, exact, with the current SIMD path (krn_linear.c). */
+void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst);
+
+/* ---- vector exp ---------------------------------------------------------------------------- */
+/* exp(x) = 2^k * e^r with k = round(x / ln 2), r = x - k ln 2 (ln 2 split in two parts), e^r by
+ * a degree-6 polynomial; relative error below 2.3e-7 (2 ulp) on [-87, 88]. Inputs below -87.3 give
+ * 0 (exp of -inf too), above 88.7 give +inf. */
+
+#if KRN_X86
+__attribute__((target("avx2,fma"))) static inline __m256 krn_exp256(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.7f), lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 pl = _mm256_set1_ps(1.0f / 720.0f);
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.0f / 120.0f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.0f / 24.0f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.0f / 6.0f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(0.5f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.0f));
+    pl = _mm256_fmadd_ps(pl, r, _mm256_set1_ps(1.0f));
+    /* k in [-126, 128]: scale in two steps so 2^128 and 2^-126 stay representable */
+    __m256i ki = _mm256_cvtps_epi32(k);
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256 s1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(pl, s1), s2);
+    y = _mm256_andnot_ps(under, y);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), over);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 krn_exp512(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.7f), lo = _mm512_set1_ps(-87.3f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    __m512 xc = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 pl = _mm512_set1_ps(1.0f / 720.0f);
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 120.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 24.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 6.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(0.5f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    __m512 y = _mm512_scalef_ps(pl, k); /* pl * 2^k, exact for the whole range */
+    y = _mm512_maskz_mov_ps((__mmask16)~under, y);
+    return _mm512_mask_mov_ps(y, over, _mm512_set1_ps(__builtin_inff()));
+}
+#endif
+
+#endif

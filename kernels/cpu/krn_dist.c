@@ -1,0 +1,166 @@
+/* krn_dist.c — turning logits into a distribution and picking its largest entries.
+ *
+ * Owns: softmax with temperature (max-subtracted, vector exp) and top-k by a bounded min-heap
+ * (O(n log k); ties keep the lower index first; NaN ranks below every number).
+ * Does not own: sampling policy (the engine decides what to do with the distribution). */
+#include "krn_cpu_impl.h"
+
+#include <math.h>
+
+#define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KRN_TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
+
+/* ---- softmax ----------------------------------------------------------------------------- */
+
+/* x[i] = exp((x[i] - max) * inv_t); returns the sum. */
+static float exp_sum_scalar(float *x, int n, float max, float inv_t) {
+    double sum = 0.0; /* a vocabulary of 128k terms summed in f32 one by one loses 1e-4 */
+    for (int i = 0; i < n; i++) {
+        x[i] = expf((x[i] - max) * inv_t);
+        sum += x[i];
+    }
+    return (float)sum;
+}
+
+static void scale_scalar(float *x, int n, float s) {
+    for (int i = 0; i < n; i++) x[i] *= s;
+}
+
+#if KRN_X86
+KRN_TARGET_AVX2 static float exp_sum_avx2(float *x, int n, float max, float inv_t) {
+    __m256 vm = _mm256_set1_ps(max), vt = _mm256_set1_ps(inv_t);
+    double sum = 0.0;
+    int i = 0;
+    while (i + 8 <= n) {
+        /* lanes summed in f32 for at most 512 elements, then flushed to a double */
+        __m256 acc = _mm256_setzero_ps();
+        int end = n - i > 512 ? i + 512 : n;
+        for (; i + 8 <= end; i += 8) {
+            __m256 e = krn_exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm), vt));
+            _mm256_storeu_ps(x + i, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        for (int l = 0; l < 8; l++) sum += lanes[l];
+    }
+    return (float)(sum + exp_sum_scalar(x + i, n - i, max, inv_t));
+}
+
+KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float inv_t) {
+    __m512 vm = _mm512_set1_ps(max), vt = _mm512_set1_ps(inv_t);
+    double sum = 0.0;
+    for (int i = 0; i < n;) {
+        /* lanes summed in f32 for at most 1024 elements, then flushed to a double */
+        __m512 acc = _mm512_setzero_ps();
+        int end = n - i > 1024 ? i + 1024 : n;
+        for (; i < end; i += 16) {
+            __mmask16 m = end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1u);
+            __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+            __m512 e = krn_exp512(_mm512_mul_ps(_mm512_sub_ps(v, vm), vt));
+            e = _mm512_maskz_mov_ps(m, e);
+            _mm512_mask_storeu_ps(x + i, m, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        sum += _mm512_reduce_add_ps(acc);
+    }
+    return (float)sum;
+}
+#endif
+
+void krn_cpu_softmax(float *x, int n, float temperature) {
+    if (n <= 0) return;
+    int arg = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[arg]) arg = i;
+    float max = x[arg];
+    if (!(temperature > 0.0f) || isinf(max)) {
+        /* the limit T → 0 (or an infinite logit): all mass on the first maximum */
+        for (int i = 0; i < n; i++) x[i] = i == arg ? 1.0f : 0.0f;
+        return;
+    }
+    float inv_t = 1.0f / temperature;
+    float sum;
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: sum = exp_sum_avx512(x, n, max, inv_t); break;
+    case KRN_SIMD_AVX2: sum = exp_sum_avx2(x, n, max, inv_t); break;
+#endif
+    default: sum = exp_sum_scalar(x, n, max, inv_t); break;
+    }
+    scale_scalar(x, n, 1.0f / sum);
+}
+
+/* ---- top-k ------------------------------------------------------------------------------- */
+
+/* Whether (va, ia) ranks above (vb, ib): larger value first, NaN last, ties to the lower
+ * index. */
+static int ranks_above(float va, uint32_t ia, float vb, uint32_t ib) {
+    int na = isnan(va), nb = isnan(vb);
+    if (na || nb) {
+        if (na != nb) return nb;
+        return ia < ib;
+    }
+    if (va != vb) return va > vb;
+    return ia < ib;
+}
+
+/* Restores the min-heap (the lowest-ranked entry at the root) below position i. */
+static void sift_down(uint32_t *ids, float *vals, int size, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, low = i;
+        if (l < size && ranks_above(vals[low], ids[low], vals[l], ids[l])) low = l;
+        if (r < size && ranks_above(vals[low], ids[low], vals[r], ids[r])) low = r;
+        if (low == i) return;
+        float tv = vals[i];
+        uint32_t ti = ids[i];
+        vals[i] = vals[low];
+        ids[i] = ids[low];
+        vals[low] = tv;
+        ids[low] = ti;
+        i = low;
+    }
+}
+
+static void sift_up(uint32_t *ids, float *vals, int i) {
+    while (i > 0) {
+        int parent = (i - 1) / 2;
+        if (!ranks_above(vals[parent], ids[parent], vals[i], ids[i])) return;
+        float tv = vals[i];
+        uint32_t ti = ids[i];
+        vals[i] = vals[parent];
+        ids[i] = ids[parent];
+        vals[parent] = tv;
+        ids[parent] = ti;
+        i = parent;
+    }
+}
+
+void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals) {
+    if (k > n) k = n;
+    if (k <= 0) return;
+    /* ids/vals hold the heap while scanning */
+    int size = 0;
+    for (int i = 0; i < n; i++) {
+        if (size < k) {
+            ids[size] = (uint32_t)i;
+            vals[size] = x[i];
+            sift_up(ids, vals, size);
+            size++;
+        } else if (ranks_above(x[i], (uint32_t)i, vals[0], ids[0])) {
+            ids[0] = (uint32_t)i;
+            vals[0] = x[i];
+            sift_down(ids, vals, size, 0);
+        }
+    }
+    /* pop the lowest-ranked entry to the end, k times: descending order */
+    for (int end = k - 1; end > 0; end--) {
+        float tv = vals[0];
+        uint32_t ti = ids[0];
+        vals[0] = vals[end];
+        ids[0] = ids[end];
+        vals[end] = tv;
+        ids[end] = ti;
+        sift_down(ids, vals, end, 0);
+    }
+}

@@ -1,0 +1,415 @@
+/* krn_linear.c — y[n, out] = x[n, in] · W^T for f32, bf16 and f16 weights W[out, in].
+ *
+ * Owns: the split of a linear layer over the pool, the OpenBLAS threading policy, the
+ * GEMV-style kernels for few rows (decode) and the tile conversion feeding sgemm for many rows
+ * (prefill).
+ * Does not own: the pool (krn_pool.c), the SIMD choice (krn_simd.c).
+ *
+ * Threading: the pool owns every thread. OpenBLAS is set to one thread once
+ * (openblas_set_num_threads(1), the first time a linear runs) and each pool task calls sgemm
+ * on its own block of output columns, so OpenBLAS's threads never compete with the pool's
+ * (2 cores: two sets of busy threads would halve both). A process that uses OpenBLAS elsewhere
+ * gets one thread per call too; that is the price of one threading model.
+ *
+ * Paths, per weight dtype:
+ *   f32            sgemm (sgemv when n == 1) per block of output columns.
+ *   bf16/f16, n <= KRN_LINEAR_GEMV_MAX_N (32)
+ *                  GEMV-style: W is streamed once for all n rows (a block of 4 rows of W is
+ *                  reused from L1/L2 for every group of 4 rows of x); each weight is converted
+ *                  exactly to f32 in registers and multiplied with x in f32 (f32 accumulation,
+ *                  nothing lost to rounding x). Blocks of output rows are the tasks.
+ *   bf16/f16, more rows
+ *                  each task owns KRN_LINEAR_TILE_ROWS rows of W; it converts them
+ *                  KRN_LINEAR_TILE_K columns at a time into its worker's scratch (1 MiB of f32)
+ *                  and calls sgemm on each tile, accumulating into y (beta = 1 after the
+ *                  first); the whole matrix is never expanded.
+ *                  If scratch cannot be allocated the GEMV path is used instead. */
+#include "krn_cpu_impl.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+/* Up to this many rows the GEMV path is faster than converting tiles for sgemm: at n = 16 it
+ * takes half the time, at n = 32 about the same, at n = 64 twice as long (2 cores, bf16,
+ * 2048 x 2048 and 2048 x 8192; bench/results/kernels.md). */
+#define KRN_LINEAR_GEMV_MAX_N 32
+/* A converted tile is KRN_LINEAR_TILE_ROWS rows of W by KRN_LINEAR_TILE_K columns in f32
+ * (1 MiB, half of a 2 MiB L2, so it is still in cache when sgemm packs it). Many rows per
+ * tile because each sgemm call packs its slice of x again: 2 * rows flops per packed float. */
+#define KRN_LINEAR_TILE_ROWS 512
+#define KRN_LINEAR_TILE_K    512
+/* Output rows per GEMV task: small enough for load balance, large enough to amortise a task. */
+#define KRN_LINEAR_GEMV_ROWS 64
+
+#define KRN_INLINE static inline __attribute__((always_inline))
+/* Loops over register tiles with compile-time trip counts must unroll fully, or the
+ * accumulator arrays live on the stack instead of in registers. */
+#define KRN_UNROLL        _Pragma("GCC unroll 8")
+#define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KRN_TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
+
+/* ---- OpenBLAS threading ------------------------------------------------------------------ */
+
+/* Process-wide on purpose: OpenBLAS's thread count is itself process-wide; set it once. */
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+/* ---- portable C ------------------------------------------------------------------------- */
+
+static void gemv_scalar(const float *x, int n, int in, const void *w, krn_dtype wt, int o0, int o1,
+                        float *y, int out) {
+    const uint16_t *w16 = w;
+    for (int o = o0; o < o1; o++) {
+        const uint16_t *row = w16 + (size_t)o * (size_t)in;
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * (size_t)in;
+            float acc = 0.0f;
+            if (wt == KRN_BF16)
+                for (int k = 0; k < in; k++) acc += krn_bf16_to_f32(row[k]) * xr[k];
+            else
+                for (int k = 0; k < in; k++) acc += krn_f16_to_f32(row[k]) * xr[k];
+            y[(size_t)r * (size_t)out + (size_t)o] = acc;
+        }
+    }
+}
+
+static void convert_scalar(const uint16_t *src, krn_dtype wt, size_t n, float *dst) {
+    if (wt == KRN_BF16)
+        for (size_t i = 0; i < n; i++) dst[i] = krn_bf16_to_f32(src[i]);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = krn_f16_to_f32(src[i]);
+}
+
+#if KRN_X86
+/* ---- AVX2 + FMA + F16C ------------------------------------------------------------------- */
+
+KRN_TARGET_AVX2 KRN_INLINE __m256 load8_avx2(const uint16_t *p, krn_dtype wt) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (wt == KRN_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+KRN_TARGET_AVX2 KRN_INLINE float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[r, c] for RX rows of x and RW rows of W (compile-time constants after inlining). */
+KRN_TARGET_AVX2 KRN_INLINE void tile_avx2(const float *x, size_t ldx, int RX, const uint16_t *w,
+                                          size_t ldw, int RW, int in, krn_dtype wt, float *y,
+                                          size_t ldy) {
+    __m256 acc[2][4];
+    KRN_UNROLL for (int r = 0; r < RX; r++) {
+        KRN_UNROLL for (int c = 0; c < RW; c++) { acc[r][c] = _mm256_setzero_ps(); }
+    }
+    int k = 0;
+    for (; k + 8 <= in; k += 8) {
+        __m256 wv[4];
+        KRN_UNROLL for (int c = 0; c < RW; c++) {
+            wv[c] = load8_avx2(w + (size_t)c * ldw + (size_t)k, wt);
+        }
+        KRN_UNROLL for (int r = 0; r < RX; r++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + (size_t)k);
+            KRN_UNROLL for (int c = 0; c < RW; c++) {
+                acc[r][c] = _mm256_fmadd_ps(wv[c], xv, acc[r][c]);
+            }
+        }
+    }
+    KRN_UNROLL for (int r = 0; r < RX; r++) {
+        KRN_UNROLL for (int c = 0; c < RW; c++) {
+            float s = hsum256(acc[r][c]);
+            const uint16_t *wr = w + (size_t)c * ldw;
+            const float *xr = x + (size_t)r * ldx;
+            for (int kk = k; kk < in; kk++)
+                s += (wt == KRN_BF16 ? krn_bf16_to_f32(wr[kk]) : krn_f16_to_f32(wr[kk])) * xr[kk];
+            y[(size_t)r * ldy + (size_t)c] = s;
+        }
+    }
+}
+
+KRN_TARGET_AVX2 KRN_INLINE void gemv_avx2_body(const float *x, int n, int in, const uint16_t *w16,
+                                               krn_dtype wt, int o0, int o1, float *y, int out) {
+    size_t ldw = (size_t)in, ldx = (size_t)in, ldy = (size_t)out;
+    int o = o0;
+    for (; o + 4 <= o1; o += 4) {
+        const uint16_t *wo = w16 + (size_t)o * ldw;
+        int r = 0;
+        for (; r + 2 <= n; r += 2)
+            tile_avx2(x + (size_t)r * ldx, ldx, 2, wo, ldw, 4, in, wt,
+                      y + (size_t)r * ldy + (size_t)o, ldy);
+        if (r < n)
+            tile_avx2(x + (size_t)r * ldx, ldx, 1, wo, ldw, 4, in, wt,
+                      y + (size_t)r * ldy + (size_t)o, ldy);
+    }
+    for (; o < o1; o++) {
+        const uint16_t *wo = w16 + (size_t)o * ldw;
+        int r = 0;
+        for (; r + 2 <= n; r += 2)
+            tile_avx2(x + (size_t)r * ldx, ldx, 2, wo, ldw, 1, in, wt,
+                      y + (size_t)r * ldy + (size_t)o, ldy);
+        if (r < n)
+            tile_avx2(x + (size_t)r * ldx, ldx, 1, wo, ldw, 1, in, wt,
+                      y + (size_t)r * ldy + (size_t)o, ldy);
+    }
+}
+
+KRN_TARGET_AVX2 static void gemv_avx2(const float *x, int n, int in, const void *w, krn_dtype wt,
+                                      int o0, int o1, float *y, int out) {
+    if (wt == KRN_BF16)
+        gemv_avx2_body(x, n, in, w, KRN_BF16, o0, o1, y, out);
+    else
+        gemv_avx2_body(x, n, in, w, KRN_F16, o0, o1, y, out);
+}
+
+KRN_TARGET_AVX2 static void convert_avx2(const uint16_t *src, krn_dtype wt, size_t n, float *dst) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_avx2(src + i, wt));
+    convert_scalar(src + i, wt, n - i, dst + i);
+}
+
+/* ---- AVX-512 ----------------------------------------------------------------------------- */
+
+KRN_TARGET_AVX512 KRN_INLINE __m512 load16_avx512(const uint16_t *p, krn_dtype wt, __mmask16 m) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if (wt == KRN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX, const uint16_t *w,
+                                              size_t ldw, int RW, int in, krn_dtype wt, float *y,
+                                              size_t ldy) {
+    __m512 acc[4][8];
+    KRN_UNROLL for (int r = 0; r < RX; r++) {
+        KRN_UNROLL for (int c = 0; c < RW; c++) { acc[r][c] = _mm512_setzero_ps(); }
+    }
+    int k = 0;
+    for (; k + 16 <= in; k += 16) {
+        __m512 wv[8];
+        KRN_UNROLL for (int c = 0; c < RW; c++) {
+            wv[c] = load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, 0xffff);
+        }
+        KRN_UNROLL for (int r = 0; r < RX; r++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)r * ldx + (size_t)k);
+            KRN_UNROLL for (int c = 0; c < RW; c++) {
+                acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+            }
+        }
+    }
+    if (k < in) {
+        __mmask16 m = (__mmask16)((1u << (in - k)) - 1u);
+        __m512 wv[8];
+        KRN_UNROLL for (int c = 0; c < RW; c++) {
+            wv[c] = load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, m);
+        }
+        KRN_UNROLL for (int r = 0; r < RX; r++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)r * ldx + (size_t)k);
+            KRN_UNROLL for (int c = 0; c < RW; c++) {
+                acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+            }
+        }
+    }
+    KRN_UNROLL for (int r = 0; r < RX; r++) {
+        KRN_UNROLL for (int c = 0; c < RW; c++) {
+            y[(size_t)r * ldy + (size_t)c] = _mm512_reduce_add_ps(acc[r][c]);
+        }
+    }
+}
+
+#define KRN_GEMV512_ROWS(RW)                                              \
+    do {                                                                  \
+        int r = 0;                                                        \
+        for (; r + 4 <= n; r += 4)                                        \
+            tile_avx512(x + (size_t)r * ldx, ldx, 4, wo, ldw, RW, in, wt, \
+                        y + (size_t)r * ldy + (size_t)o, ldy);            \
+        switch (n - r) {                                                  \
+        case 3:                                                           \
+            tile_avx512(x + (size_t)r * ldx, ldx, 3, wo, ldw, RW, in, wt, \
+                        y + (size_t)r * ldy + (size_t)o, ldy);            \
+            break;                                                        \
+        case 2:                                                           \
+            tile_avx512(x + (size_t)r * ldx, ldx, 2, wo, ldw, RW, in, wt, \
+                        y + (size_t)r * ldy + (size_t)o, ldy);            \
+            break;                                                        \
+        case 1:                                                           \
+            tile_avx512(x + (size_t)r * ldx, ldx, 1, wo, ldw, RW, in, wt, \
+                        y + (size_t)r * ldy + (size_t)o, ldy);            \
+            break;                                                        \
+        default: break;                                                   \
+        }                                                                 \
+    } while (0)
+
+/* Rows of W in blocks of 8 for one row of x (8 independent streams and FMA chains), else in
+ * blocks of 4 against up to 4 rows of x at a time (16 accumulators). */
+KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in,
+                                                   const uint16_t *w16, krn_dtype wt, int o0,
+                                                   int o1, float *y, int out) {
+    size_t ldw = (size_t)in, ldx = (size_t)in, ldy = (size_t)out;
+    int o = o0;
+    if (n == 1)
+        for (; o + 8 <= o1; o += 8)
+            tile_avx512(x, ldx, 1, w16 + (size_t)o * ldw, ldw, 8, in, wt, y + o, ldy);
+    for (; o + 4 <= o1; o += 4) {
+        const uint16_t *wo = w16 + (size_t)o * ldw;
+        KRN_GEMV512_ROWS(4);
+    }
+    for (; o < o1; o++) {
+        const uint16_t *wo = w16 + (size_t)o * ldw;
+        KRN_GEMV512_ROWS(1);
+    }
+}
+
+KRN_TARGET_AVX512 static void gemv_avx512(const float *x, int n, int in, const void *w,
+                                          krn_dtype wt, int o0, int o1, float *y, int out) {
+    if (wt == KRN_BF16)
+        gemv_avx512_body(x, n, in, w, KRN_BF16, o0, o1, y, out);
+    else
+        gemv_avx512_body(x, n, in, w, KRN_F16, o0, o1, y, out);
+}
+
+KRN_TARGET_AVX512 static void convert_avx512(const uint16_t *src, krn_dtype wt, size_t n,
+                                             float *dst) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_avx512(src + i, wt, 0xffff));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(dst + i, m, load16_avx512(src + i, wt, m));
+    }
+}
+#endif /* KRN_X86 */
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+static void gemv_range(const float *x, int n, int in, const void *w, krn_dtype wt, int o0, int o1,
+                       float *y, int out) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: gemv_avx512(x, n, in, w, wt, o0, o1, y, out); return;
+    case KRN_SIMD_AVX2: gemv_avx2(x, n, in, w, wt, o0, o1, y, out); return;
+#endif
+    default: gemv_scalar(x, n, in, w, wt, o0, o1, y, out); return;
+    }
+}
+
+static void convert_range(const uint16_t *src, krn_dtype wt, size_t n, float *dst) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: convert_avx512(src, wt, n, dst); return;
+    case KRN_SIMD_AVX2: convert_avx2(src, wt, n, dst); return;
+#endif
+    default: convert_scalar(src, wt, n, dst); return;
+    }
+}
+
+/* ---- tasks ------------------------------------------------------------------------------- */
+
+typedef struct linear_job {
+    const float *x;
+    int n, in, out;
+    const void *w;
+    krn_dtype wt;
+    float *y;
+    int rows_per_task;  /* output rows (W rows) per task */
+    int tile_k;         /* tile path: input columns per converted tile */
+    float *tiles[1024]; /* per worker, tile path only */
+} linear_job;
+
+static void task_f32(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    const float *w = (const float *)j->w + (size_t)o0 * (size_t)j->in;
+    if (j->n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, j->in, 1.0f, w, j->in, j->x, 1, 0.0f,
+                    j->y + o0, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, o1 - o0, j->in, 1.0f, j->x,
+                    j->in, w, j->in, 0.0f, j->y + o0, j->out);
+}
+
+static void task_gemv(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    gemv_range(j->x, j->n, j->in, j->w, j->wt, o0, o1, j->y, j->out);
+}
+
+static void task_tile(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    float *tile = j->tiles[worker];
+    const uint16_t *w = j->w;
+    for (int k0 = 0; k0 < j->in; k0 += j->tile_k) {
+        int kk = j->in - k0 < j->tile_k ? j->in - k0 : j->tile_k;
+        for (int o = o0; o < o1; o++)
+            convert_range(w + (size_t)o * (size_t)j->in + (size_t)k0, j->wt, (size_t)kk,
+                          tile + (size_t)(o - o0) * (size_t)kk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, o1 - o0, kk, 1.0f, j->x + k0,
+                    j->in, tile, kk, k0 == 0 ? 0.0f : 1.0f, j->y + o0, j->out);
+    }
+}
+
+static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
+                    int out, float *y) {
+    if (n <= 0 || out <= 0) return;
+    if (in <= 0) {
+        memset(y, 0, (size_t)n * (size_t)out * sizeof *y);
+        return;
+    }
+    pthread_once(&g_blas_once, blas_single_thread);
+    int threads = krn_pool_size(p);
+    linear_job j = {.x = x, .n = n, .in = in, .out = out, .w = w, .wt = wt, .y = y};
+
+    if (wt == KRN_F32) {
+        /* one block of columns per worker, a multiple of 16 rows of W */
+        j.rows_per_task = (div_up(out, threads) + 15) / 16 * 16;
+        krn_pool_run(p, task_f32, &j, div_up(out, j.rows_per_task));
+        return;
+    }
+
+    if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
+        int rows = KRN_LINEAR_TILE_ROWS, tk = KRN_LINEAR_TILE_K;
+        if (tk > in) tk = in;
+        /* no more rows per tile than an even split gives each worker */
+        int even = (div_up(out, threads) + 15) / 16 * 16;
+        if (rows > even) rows = even;
+        j.tile_k = tk;
+        size_t bytes = (size_t)rows * (size_t)tk * sizeof(float);
+        krn_pool *own = NULL;
+        krn_pool *use = p;
+        if (!use) use = own = krn_pool_create(1);
+        int ok = use != NULL;
+        for (int t = 0; ok && t < threads; t++)
+            ok = (j.tiles[t] = krn_pool_scratch(use, t, bytes)) != NULL;
+        if (ok) {
+            j.rows_per_task = rows;
+            krn_pool_run_ex(use, task_tile, &j, div_up(out, rows));
+        }
+        krn_pool_destroy(own);
+        if (ok) return;
+        /* out of memory for tiles: the GEMV path needs none */
+    }
+
+    j.rows_per_task = KRN_LINEAR_GEMV_ROWS;
+    int n_tasks = div_up(out, j.rows_per_task);
+    if (n_tasks < 4 * threads && out >= 4 * threads * 4) {
+        j.rows_per_task = (div_up(out, 4 * threads) + 3) / 4 * 4;
+        n_tasks = div_up(out, j.rows_per_task);
+    }
+    krn_pool_run(p, task_gemv, &j, n_tasks);
+}
+
+void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst) {
+    if (wt == KRN_F32)
+        memmove(dst, src, n * sizeof *dst);
+    else
+        convert_range(src, wt, n, dst);
+}

@@ -1,0 +1,818 @@
+/* test_krn_cpu.c — the CPU kernels (kernels/cpu) against straightforward references.
+ *
+ * Owns: references written here in double precision (linear, RMSNorm, SiLU, RoPE and its
+ * Llama-3 frequencies, softmax, top-k by full sort, paged attention by one softmax per row)
+ * and the checks that every SIMD path (scalar, avx2, avx512 where the CPU has them), every
+ * weight dtype and pools of 1..4 threads agree with them on odd sizes. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "krn_cpu.h"
+#include "krn_cpu_impl.h" /* pool internals: worker index, scratch */
+
+static const char *const SIMD_PATHS[] = {"scalar", "avx2", "avx512"};
+#define N_SIMD 3
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+/* uniform in [-1, 1) */
+static float rng_f(rng *r) {
+    return (float)((double)(rng_next(r) >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    cr_assert_not_null(p, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+static void fill(rng *r, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = rng_f(r);
+}
+
+/* Decoding written independently of the library: bf16 is the top half of an f32, f16 is
+ * (1024 + mantissa) * 2^(exp - 25), or mantissa * 2^-24 for subnormals. */
+static double ref_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static double ref_f16(uint16_t h) {
+    int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+    double v = exp == 0 ? ldexp(man, -24) : ldexp(1024 + man, exp - 25);
+    return sign ? -v : v;
+}
+
+/* Random weights of dtype wt with values of magnitude about 2^-6..2^4 (f16: some subnormals). */
+static void *make_weights(rng *r, krn_dtype wt, size_t n, double *ref) {
+    if (wt == KRN_F32) {
+        float *w = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) {
+            w[i] = rng_f(r);
+            ref[i] = w[i];
+        }
+        return w;
+    }
+    uint16_t *w = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = rng_next(r);
+        if (wt == KRN_BF16) {
+            float f = rng_f(r) * 4.0f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            w[i] = (uint16_t)(u >> 16);
+            ref[i] = ref_bf16(w[i]);
+        } else {
+            int exp = (b & 15) == 0 ? 0 : 9 + (int)((b >> 4) % 10); /* 1 in 16 subnormal */
+            w[i] = (uint16_t)(((b >> 8) & 1) << 15 | (uint64_t)exp << 10 | ((b >> 16) & 1023));
+            ref[i] = ref_f16(w[i]);
+        }
+    }
+    return w;
+}
+
+static const char *dtype_name(krn_dtype wt) {
+    return wt == KRN_F32 ? "f32" : wt == KRN_BF16 ? "bf16" : "f16";
+}
+
+static int use_simd(const char *name) {
+    if (krn_cpu_set_simd(name) != 0) {
+        cr_log_warn("SIMD path %s is not supported by this CPU; skipped", name);
+        return 0;
+    }
+    cr_assert_str_eq(krn_cpu_simd_name(), name);
+    return 1;
+}
+
+/* ---- pool ---------------------------------------------------------------------------------- */
+
+typedef struct count_arg {
+    atomic_int *hits;
+    int n_tasks;
+    atomic_int bad;
+} count_arg;
+
+static void count_task(void *varg, int task, int n_tasks) {
+    count_arg *a = varg;
+    if (task < 0 || task >= a->n_tasks || n_tasks != a->n_tasks)
+        atomic_fetch_add(&a->bad, 1);
+    else
+        atomic_fetch_add(&a->hits[task], 1);
+}
+
+Test(krn_pool, every_task_runs_exactly_once_for_1_to_4_threads) {
+    static const int sizes[] = {0, 1, 2, 3, 7, 64, 1000};
+    atomic_int *hits = xmalloc(1000 * sizeof *hits);
+    for (int threads = 1; threads <= 4; threads++) {
+        krn_pool *p = krn_pool_create(threads);
+        cr_assert_not_null(p);
+        cr_assert_eq(krn_pool_size(p), threads);
+        for (int rep = 0; rep < 300; rep++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                int n = sizes[s];
+                for (int i = 0; i < n; i++) atomic_init(&hits[i], 0);
+                count_arg a = {.hits = hits, .n_tasks = n};
+                atomic_init(&a.bad, 0);
+                krn_pool_run(p, count_task, &a, n);
+                cr_assert_eq(atomic_load(&a.bad), 0, "task index out of range");
+                for (int i = 0; i < n; i++)
+                    cr_assert_eq(atomic_load(&hits[i]), 1,
+                                 "%d threads, %d tasks: task %d ran %d times", threads, n, i,
+                                 atomic_load(&hits[i]));
+            }
+        krn_pool_destroy(p);
+    }
+    free(hits);
+}
+
+Test(krn_pool, null_pool_runs_in_the_caller_and_default_size_is_the_core_count) {
+    atomic_int hits[5];
+    for (int i = 0; i < 5; i++) atomic_init(&hits[i], 0);
+    count_arg a = {.hits = hits, .n_tasks = 5};
+    atomic_init(&a.bad, 0);
+    krn_pool_run(NULL, count_task, &a, 5);
+    for (int i = 0; i < 5; i++) cr_assert_eq(atomic_load(&hits[i]), 1);
+    cr_assert_eq(krn_pool_size(NULL), 1);
+    krn_pool *p = krn_pool_create(0);
+    cr_assert_not_null(p);
+    cr_assert_geq(krn_pool_size(p), 1);
+    krn_pool_destroy(p);
+    krn_pool_destroy(NULL);
+}
+
+static void sleepy_task(void *varg, int task, int n_tasks) {
+    (void)n_tasks;
+    count_arg *a = varg;
+    struct timespec ts = {0, 200000}; /* 0.2 ms: workers fall asleep between runs */
+    nanosleep(&ts, NULL);
+    atomic_fetch_add(&a->hits[task], 1);
+}
+
+Test(krn_pool, runs_after_workers_went_to_sleep_still_complete) {
+    krn_pool *p = krn_pool_create(3);
+    cr_assert_not_null(p);
+    atomic_int hits[6];
+    for (int rep = 0; rep < 20; rep++) {
+        for (int i = 0; i < 6; i++) atomic_init(&hits[i], 0);
+        count_arg a = {.hits = hits, .n_tasks = 6};
+        krn_pool_run(p, sleepy_task, &a, 6);
+        for (int i = 0; i < 6; i++) cr_assert_eq(atomic_load(&hits[i]), 1);
+        struct timespec ts = {0, 300000}; /* longer than the spin: workers sleep */
+        nanosleep(&ts, NULL);
+    }
+    krn_pool_destroy(p);
+}
+
+typedef struct worker_arg {
+    int threads;
+    atomic_int bad;
+    atomic_int hits[64];
+} worker_arg;
+
+static void worker_task(void *varg, int task, int n_tasks, int worker) {
+    (void)n_tasks;
+    worker_arg *a = varg;
+    if (worker < 0 || worker >= a->threads) atomic_fetch_add(&a->bad, 1);
+    atomic_fetch_add(&a->hits[task], 1);
+}
+
+Test(krn_pool, run_ex_names_a_worker_in_range_and_scratch_is_per_worker) {
+    for (int threads = 1; threads <= 4; threads++) {
+        krn_pool *p = krn_pool_create(threads);
+        cr_assert_not_null(p);
+        worker_arg a = {.threads = threads};
+        for (int i = 0; i < 64; i++) atomic_init(&a.hits[i], 0);
+        krn_pool_run_ex(p, worker_task, &a, 64);
+        cr_assert_eq(atomic_load(&a.bad), 0);
+        for (int i = 0; i < 64; i++) cr_assert_eq(atomic_load(&a.hits[i]), 1);
+        void *first = krn_pool_scratch(p, 0, 100);
+        cr_assert_not_null(first);
+        cr_assert_eq((uintptr_t)first % 64, 0);
+        cr_assert_eq(krn_pool_scratch(p, 0, 50), first, "a smaller request reuses the block");
+        for (int w = 1; w <= threads; w++) {
+            void *other = krn_pool_scratch(p, w, 100);
+            cr_assert(other && other != first);
+        }
+        cr_assert_null(krn_pool_scratch(p, threads + 1, 8));
+        krn_pool_destroy(p);
+    }
+}
+
+Test(krn_simd, paths_can_be_forced_and_unknown_names_are_refused) {
+    cr_assert_eq(krn_cpu_set_simd("scalar"), 0);
+    cr_assert_str_eq(krn_cpu_simd_name(), "scalar");
+    cr_assert_eq(krn_cpu_set_simd("avx1024"), -1);
+    cr_assert_str_eq(krn_cpu_simd_name(), "scalar");
+    cr_assert_eq(krn_cpu_set_simd(NULL), -1);
+}
+
+/* ---- linear -------------------------------------------------------------------------------- */
+
+static void check_linear(krn_pool *p, rng *r, krn_dtype wt, int n, int in, int out,
+                         const char *simd) {
+    float *x = xmalloc((size_t)n * (size_t)in * 4);
+    double *wref = xmalloc((size_t)out * (size_t)in * sizeof(double));
+    float *y = xmalloc((size_t)n * (size_t)out * 4);
+    fill(r, x, (size_t)n * (size_t)in);
+    void *w = make_weights(r, wt, (size_t)out * (size_t)in, wref);
+    for (size_t i = 0; i < (size_t)n * (size_t)out; i++) y[i] = NAN;
+    krn_cpu_linear(p, x, n, in, w, wt, out, y);
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < out; o++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < in; k++) {
+                double t = (double)x[(size_t)i * (size_t)in + (size_t)k] *
+                           wref[(size_t)o * (size_t)in + (size_t)k];
+                s += t;
+                mag += fabs(t);
+            }
+            double got = y[(size_t)i * (size_t)out + (size_t)o];
+            cr_assert(fabs(got - s) <= 1e-5 * mag + 1e-30,
+                      "linear %s %s n=%d in=%d out=%d threads=%d: y[%d,%d] = %.9g, want %.9g", simd,
+                      dtype_name(wt), n, in, out, krn_pool_size(p), i, o, got, s);
+        }
+    free(x);
+    free(wref);
+    free(w);
+    free(y);
+}
+
+Test(krn_linear, matches_reference_for_every_dtype_path_and_odd_shape) {
+    static const int ns[] = {1, 2, 3, 5, 7, 8, 9, 33};
+    static const int ins[] = {1, 16, 17, 65, 130};
+    static const int outs[] = {1, 5, 67};
+    rng r = {0x1234567u};
+    krn_pool *pools[3] = {NULL, krn_pool_create(2), krn_pool_create(3)};
+    cr_assert(pools[1] && pools[2]);
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        for (int wt = 0; wt < 3; wt++)
+            for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+                    for (size_t c = 0; c < sizeof outs / sizeof *outs; c++)
+                        check_linear(pools[(a + b + c) % 3], &r, (krn_dtype)wt, ns[a], ins[b],
+                                     outs[c], SIMD_PATHS[s]);
+    }
+    krn_pool_destroy(pools[1]);
+    krn_pool_destroy(pools[2]);
+}
+
+Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
+    rng r = {42};
+    for (int threads = 1; threads <= 4; threads++) {
+        krn_pool *p = krn_pool_create(threads);
+        cr_assert_not_null(p);
+        check_linear(p, &r, KRN_BF16, 1, 300, 700, krn_cpu_simd_name());
+        check_linear(p, &r, KRN_BF16, 40, 4100, 100, krn_cpu_simd_name());
+        check_linear(p, &r, KRN_F16, 12, 520, 300, krn_cpu_simd_name());
+        check_linear(p, &r, KRN_F32, 3, 257, 301, krn_cpu_simd_name());
+        krn_pool_destroy(p);
+    }
+}
+
+/* ---- element-wise -------------------------------------------------------------------------- */
+
+Test(krn_vec, rmsnorm_matches_reference_in_place_and_not) {
+    static const int ds[] = {1, 7, 16, 64, 65, 1030, 2500};
+    rng r = {7};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        for (int wt = 0; wt < 3; wt++)
+            for (size_t di = 0; di < sizeof ds / sizeof *ds; di++) {
+                int d = ds[di], n = 3;
+                float *x = xmalloc((size_t)n * (size_t)d * 4),
+                      *y = xmalloc((size_t)n * (size_t)d * 4);
+                double *wref = xmalloc((size_t)d * sizeof(double));
+                fill(&r, x, (size_t)n * (size_t)d);
+                void *w = make_weights(&r, (krn_dtype)wt, (size_t)d, wref);
+                krn_cpu_rmsnorm(x, w, (krn_dtype)wt, n, d, 1e-5f, y);
+                for (int i = 0; i < n; i++) {
+                    double ss = 0;
+                    for (int k = 0; k < d; k++) ss += (double)x[i * d + k] * x[i * d + k];
+                    double inv = 1.0 / sqrt(ss / d + 1e-5);
+                    for (int k = 0; k < d; k++) {
+                        double want = x[i * d + k] * inv * wref[k];
+                        cr_assert(fabs(y[i * d + k] - want) <= 1e-5 * (fabs(want) + 1e-3),
+                                  "rmsnorm %s %s d=%d: y[%d,%d] = %.9g, want %.9g", SIMD_PATHS[s],
+                                  dtype_name((krn_dtype)wt), d, i, k, y[i * d + k], want);
+                    }
+                }
+                krn_cpu_rmsnorm(x, w, (krn_dtype)wt, n, d, 1e-5f, x); /* y == x */
+                cr_assert_arr_eq(x, y, (size_t)n * (size_t)d * 4, "rmsnorm in place differs");
+                free(x);
+                free(y);
+                free(wref);
+                free(w);
+            }
+    }
+}
+
+Test(krn_vec, add_and_silu_mul_match_reference) {
+    static const size_t ns[] = {0, 1, 7, 15, 16, 17, 100, 1001};
+    rng r = {9};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+            size_t n = ns[a];
+            float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *x0 = xmalloc(n * 4);
+            fill(&r, x, n);
+            fill(&r, y, n);
+            for (size_t i = 0; i < n; i++)
+                x[i] *= 30.0f; /* gates from -30 to 30: both tails of the sigmoid */
+            memcpy(x0, x, n * 4);
+            krn_cpu_add(x, y, n);
+            for (size_t i = 0; i < n; i++)
+                cr_assert_eq(x[i], x0[i] + y[i], "add %s n=%zu at %zu", SIMD_PATHS[s], n, i);
+            memcpy(x, x0, n * 4);
+            krn_cpu_silu_mul(x, y, n);
+            for (size_t i = 0; i < n; i++) {
+                double g = x0[i], want = g / (1.0 + exp(-g)) * y[i];
+                cr_assert(fabs(x[i] - want) <= 1e-6 * fabs(want) + 1e-30,
+                          "silu_mul %s n=%zu: [%zu] = %.9g, want %.9g (gate %g)", SIMD_PATHS[s], n,
+                          i, x[i], want, g);
+            }
+            free(x);
+            free(y);
+            free(x0);
+        }
+    }
+}
+
+Test(krn_vec, silu_mul_of_extreme_gates_is_finite) {
+    float g[4] = {-200.0f, -88.0f, 88.0f, 200.0f}, u[4] = {1, 1, 1, 1};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        float x[4];
+        memcpy(x, g, sizeof x);
+        krn_cpu_silu_mul(x, u, 4);
+        cr_assert(fabs(x[0]) < 1e-30 && fabs(x[1]) < 1e-30, "%s: silu(-200) = %g", SIMD_PATHS[s],
+                  x[0]);
+        cr_assert_eq(x[2], 88.0f);
+        cr_assert_eq(x[3], 200.0f);
+    }
+}
+
+Test(krn_vec, embed_gathers_rows_of_every_dtype_exactly) {
+    rng r = {11};
+    int vocab = 37, d = 67;
+    uint32_t tokens[6] = {0, 36, 5, 5, 17, 1};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        for (int wt = 0; wt < 3; wt++) {
+            double *ref = xmalloc((size_t)vocab * (size_t)d * sizeof(double));
+            void *table = make_weights(&r, (krn_dtype)wt, (size_t)vocab * (size_t)d, ref);
+            float out[6 * 67];
+            krn_cpu_embed(table, (krn_dtype)wt, d, tokens, 6, out);
+            for (int i = 0; i < 6; i++)
+                for (int k = 0; k < d; k++)
+                    cr_assert_eq((double)out[i * d + k],
+                                 ref[(size_t)tokens[i] * (size_t)d + (size_t)k],
+                                 "embed %s %s row %d col %d", SIMD_PATHS[s],
+                                 dtype_name((krn_dtype)wt), i, k);
+            free(ref);
+            free(table);
+        }
+    }
+}
+
+Test(krn_vec, f16_conversion_is_exact_for_every_bit_pattern) {
+    /* every f16 value through embed: a table of all 65536 patterns */
+    uint16_t *table = xmalloc(65536 * 2);
+    for (uint32_t i = 0; i < 65536; i++) table[i] = (uint16_t)i;
+    uint32_t tok = 0;
+    float *out = xmalloc(65536 * 4);
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        krn_cpu_embed(table, KRN_F16, 65536, &tok, 1, out);
+        for (uint32_t i = 0; i < 65536; i++) {
+            int exp = (i >> 10) & 31;
+            if (exp == 31) {
+                if (i & 1023)
+                    cr_assert(isnan(out[i]), "%s: f16 %#x should be NaN", SIMD_PATHS[s], i);
+                else
+                    cr_assert(isinf(out[i]) && (out[i] < 0) == (i >> 15), "%s: f16 %#x",
+                              SIMD_PATHS[s], i);
+            } else {
+                cr_assert_eq((double)out[i], ref_f16((uint16_t)i), "%s: f16 %#x -> %.9g",
+                             SIMD_PATHS[s], i, out[i]);
+            }
+        }
+    }
+    free(table);
+    free(out);
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+Test(krn_rope, frequencies_without_scaling_follow_theta) {
+    float f[64];
+    krn_cpu_rope_freqs(f, 128, 10000.0f, 0.0f, 0.0f, 0.0f, 0);
+    for (int j = 0; j < 64; j++) {
+        double want = pow(10000.0, -2.0 * j / 128.0);
+        cr_assert(fabs(f[j] - want) <= 1e-7 * want, "inv_freq[%d] = %.9g, want %.9g", j, f[j],
+                  want);
+    }
+}
+
+Test(krn_rope, llama3_scaling_matches_the_three_bands) {
+    /* Llama 3.2 1B: theta 500000, head_dim 64, factor 32, low 1, high 4, original 8192 */
+    float f[32];
+    krn_cpu_rope_freqs(f, 64, 500000.0f, 32.0f, 1.0f, 4.0f, 8192);
+    int bands[3] = {0, 0, 0};
+    for (int j = 0; j < 32; j++) {
+        double base = pow(500000.0, -2.0 * j / 64.0);
+        double wavelen = 2.0 * M_PI / base, want;
+        if (wavelen < 8192.0 / 4.0) {
+            want = base;
+            bands[0]++;
+        } else if (wavelen > 8192.0 / 1.0) {
+            want = base / 32.0;
+            bands[2]++;
+        } else {
+            double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+            want = (1.0 - smooth) * base / 32.0 + smooth * base;
+            bands[1]++;
+        }
+        cr_assert(fabs(f[j] - want) <= 2e-7 * want, "inv_freq[%d] = %.9g, want %.9g", j, f[j],
+                  want);
+    }
+    cr_assert(bands[0] > 0 && bands[1] > 0 && bands[2] > 0,
+              "bands %d/%d/%d: every branch must be hit", bands[0], bands[1], bands[2]);
+    /* the first frequency is untouched (1.0), the last is divided by the factor */
+    cr_assert_eq(f[0], 1.0f);
+}
+
+Test(krn_rope, rotation_follows_rotate_half) {
+    rng r = {13};
+    int n = 3, heads = 5, hd = 34, half = 17;
+    float inv[17];
+    krn_cpu_rope_freqs(inv, hd, 10000.0f, 8.0f, 1.0f, 4.0f, 64);
+    uint32_t pos[3] = {0, 7, 300};
+    float x[3 * 5 * 34], x0[3 * 5 * 34];
+    fill(&r, x, sizeof x / 4);
+    memcpy(x0, x, sizeof x);
+    krn_cpu_rope(x, pos, n, heads, hd, inv);
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++)
+            for (int j = 0; j < half; j++) {
+                /* the angle rounded to f32 like HF; then exact trigonometry */
+                double a = (double)((float)pos[i] * inv[j]);
+                const float *v = x0 + (i * heads + h) * hd;
+                double lo = v[j] * cos(a) - v[j + half] * sin(a);
+                double hi = v[j + half] * cos(a) + v[j] * sin(a);
+                const float *g = x + (i * heads + h) * hd;
+                cr_assert(fabs(g[j] - lo) < 1e-6 && fabs(g[j + half] - hi) < 1e-6,
+                          "rope pos %u head %d pair %d: (%g, %g), want (%g, %g)", pos[i], h, j,
+                          g[j], g[j + half], lo, hi);
+            }
+}
+
+/* ---- softmax / top-k ----------------------------------------------------------------------- */
+
+Test(krn_dist, softmax_matches_reference_with_temperature_and_large_logits) {
+    static const int ns[] = {1, 2, 15, 17, 1000, 128256};
+    static const float temps[] = {1.0f, 0.7f, 2.5f};
+    rng r = {17};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(SIMD_PATHS[s])) continue;
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t t = 0; t < 3; t++) {
+                int n = ns[a];
+                float *x = xmalloc((size_t)n * 4), *x0 = xmalloc((size_t)n * 4);
+                for (int i = 0; i < n; i++)
+                    x[i] = 1000.0f + 20.0f * rng_f(&r); /* exp would overflow without the max */
+                memcpy(x0, x, (size_t)n * 4);
+                krn_cpu_softmax(x, n, temps[t]);
+                double mx = -INFINITY, sum = 0;
+                for (int i = 0; i < n; i++) mx = x0[i] > mx ? x0[i] : mx;
+                for (int i = 0; i < n; i++) sum += exp((x0[i] - mx) / temps[t]);
+                for (int i = 0; i < n; i++) {
+                    double want = exp((x0[i] - mx) / temps[t]) / sum;
+                    cr_assert(fabs(x[i] - want) <= 1e-5 * want + 1e-37,
+                              "softmax %s n=%d T=%g: p[%d] = %.9g, want %.9g", SIMD_PATHS[s], n,
+                              temps[t], i, x[i], want);
+                }
+                free(x);
+                free(x0);
+            }
+    }
+}
+
+Test(krn_dist, softmax_with_zero_temperature_is_one_hot_on_the_first_max) {
+    float x[5] = {1, 3, 2, 3, -1};
+    krn_cpu_softmax(x, 5, 0.0f);
+    float want[5] = {0, 1, 0, 0, 0};
+    cr_assert_arr_eq(x, want, sizeof x);
+}
+
+static int cmp_desc(const void *a, const void *b, void *varg) {
+    const float *x = varg;
+    uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;
+    if (x[ia] != x[ib]) return x[ia] > x[ib] ? -1 : 1;
+    return ia < ib ? -1 : 1;
+}
+
+Test(krn_dist, topk_matches_a_full_sort_with_ties_to_the_lower_index) {
+    static const int ns[] = {1, 5, 100, 5000};
+    static const int ks[] = {1, 2, 5, 64, 5000};
+    rng r = {19};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof *ks; b++) {
+            int n = ns[a], k = ks[b] < n ? ks[b] : n;
+            float *x = xmalloc((size_t)n * 4);
+            for (int i = 0; i < n; i++) x[i] = (float)(rng_next(&r) % 23); /* many ties */
+            uint32_t *order = xmalloc((size_t)n * 4), *ids = xmalloc((size_t)k * 4);
+            float *vals = xmalloc((size_t)k * 4);
+            for (int i = 0; i < n; i++) order[i] = (uint32_t)i;
+            qsort_r(order, (size_t)n, 4, cmp_desc, x);
+            krn_cpu_topk(x, n, k, ids, vals);
+            for (int i = 0; i < k; i++) {
+                cr_assert_eq(ids[i], order[i], "topk n=%d k=%d: ids[%d] = %u, want %u", n, k, i,
+                             ids[i], order[i]);
+                cr_assert_eq(vals[i], x[order[i]]);
+            }
+            free(x);
+            free(order);
+            free(ids);
+            free(vals);
+        }
+}
+
+Test(krn_dist, topk_ranks_nan_last) {
+    float x[5] = {NAN, 1.0f, -INFINITY, NAN, 2.0f};
+    uint32_t ids[5];
+    float vals[5];
+    krn_cpu_topk(x, 5, 5, ids, vals);
+    uint32_t want[5] = {4, 1, 2, 0, 3};
+    cr_assert_arr_eq(ids, want, sizeof ids);
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+typedef struct attn_case {
+    int n_q, n_ctx, n_tail, q_offset;
+    int use_mask; /* 0: causal; 1: random mask with row 0 fully masked */
+} attn_case;
+
+typedef struct attn_setup {
+    krn_kv_layer kv;
+    int n_pages;
+    krn_attn_item *items;
+    int n_items;
+    uint32_t **pages;
+    float **q, **out, **kt, **vt;
+    uint8_t **mask;
+} attn_setup;
+
+/* Builds a KV region whose pages are handed out in a shuffled order. */
+static void attn_build(attn_setup *s, rng *r, const attn_case *cases, int n_items, int page_size,
+                       int n_kv, int hd, int n_heads) {
+    memset(s, 0, sizeof *s);
+    s->n_items = n_items;
+    int total_pages = 0;
+    for (int i = 0; i < n_items; i++) total_pages += (cases[i].n_ctx + page_size - 1) / page_size;
+    s->n_pages = total_pages + 3; /* some unused pages */
+    size_t tok = (size_t)n_kv * (size_t)hd;
+    size_t floats = (size_t)s->n_pages * 2 * (size_t)page_size * tok;
+    s->kv.base = xmalloc(floats * 4);
+    for (size_t i = 0; i < floats; i++) s->kv.base[i] = NAN; /* unused slots must never be read */
+    s->kv.page_size = page_size;
+    s->kv.n_kv_heads = n_kv;
+    s->kv.head_dim = hd;
+    uint32_t *perm = xmalloc((size_t)s->n_pages * 4);
+    for (int i = 0; i < s->n_pages; i++) perm[i] = (uint32_t)i;
+    for (int i = s->n_pages - 1; i > 0; i--) {
+        int j = (int)(rng_next(r) % (uint64_t)(i + 1));
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    s->items = calloc((size_t)n_items, sizeof *s->items);
+    s->pages = calloc((size_t)n_items, sizeof *s->pages);
+    s->q = calloc((size_t)n_items, sizeof *s->q);
+    s->out = calloc((size_t)n_items, sizeof *s->out);
+    s->kt = calloc((size_t)n_items, sizeof *s->kt);
+    s->vt = calloc((size_t)n_items, sizeof *s->vt);
+    s->mask = calloc((size_t)n_items, sizeof *s->mask);
+    cr_assert(s->items && s->pages && s->q && s->out && s->kt && s->vt && s->mask);
+    int next_page = 0;
+    for (int i = 0; i < n_items; i++) {
+        const attn_case *c = &cases[i];
+        krn_attn_item *it = &s->items[i];
+        int np = (c->n_ctx + page_size - 1) / page_size;
+        s->pages[i] = xmalloc((size_t)(np ? np : 1) * 4);
+        for (int pg = 0; pg < np; pg++) s->pages[i][pg] = perm[next_page++];
+        for (int t = 0; t < c->n_ctx; t++) {
+            fill(r, krn_kv_k(&s->kv, s->pages[i][t / page_size], t % page_size), tok);
+            fill(r, krn_kv_v(&s->kv, s->pages[i][t / page_size], t % page_size), tok);
+        }
+        size_t qn = (size_t)c->n_q * (size_t)n_heads * (size_t)hd;
+        s->q[i] = xmalloc(qn * 4);
+        for (size_t k = 0; k < qn; k++)
+            s->q[i][k] = 3.0f * rng_f(r); /* peaky enough that the max matters */
+        s->out[i] = xmalloc(qn * 4);
+        s->kt[i] = xmalloc((size_t)(c->n_tail ? c->n_tail : 1) * tok * 4);
+        s->vt[i] = xmalloc((size_t)(c->n_tail ? c->n_tail : 1) * tok * 4);
+        fill(r, s->kt[i], (size_t)c->n_tail * tok);
+        fill(r, s->vt[i], (size_t)c->n_tail * tok);
+        int keys = c->n_ctx + c->n_tail;
+        if (c->use_mask) {
+            s->mask[i] = xmalloc((size_t)c->n_q * (size_t)keys + 1);
+            for (int qi = 0; qi < c->n_q; qi++)
+                for (int t = 0; t < keys; t++)
+                    s->mask[i][qi * keys + t] = qi == 0 ? 0 : (rng_next(r) % 3 != 0);
+        }
+        it->q = s->q[i];
+        it->out = s->out[i];
+        it->n_q = c->n_q;
+        it->pages = s->pages[i];
+        it->n_ctx = c->n_ctx;
+        it->k_tail = c->n_tail ? s->kt[i] : NULL;
+        it->v_tail = c->n_tail ? s->vt[i] : NULL;
+        it->n_tail = c->n_tail;
+        it->q_offset = c->q_offset;
+        it->mask = s->mask[i];
+    }
+    free(perm);
+}
+
+static void attn_free(attn_setup *s) {
+    for (int i = 0; i < s->n_items; i++) {
+        free(s->pages[i]);
+        free(s->q[i]);
+        free(s->out[i]);
+        free(s->kt[i]);
+        free(s->vt[i]);
+        free(s->mask[i]);
+    }
+    free(s->pages);
+    free(s->q);
+    free(s->out);
+    free(s->kt);
+    free(s->vt);
+    free(s->mask);
+    free(s->items);
+    free(s->kv.base);
+}
+
+/* One softmax per (item, query, head) in double, keys gathered token by token. */
+static void attn_check(const attn_setup *s, int n_heads, float scale, const char *what) {
+    int hd = s->kv.head_dim, n_kv = s->kv.n_kv_heads, g = n_heads / n_kv;
+    size_t tok = (size_t)n_kv * (size_t)hd;
+    for (int i = 0; i < s->n_items; i++) {
+        const krn_attn_item *it = &s->items[i];
+        int keys = it->n_ctx + it->n_tail;
+        double *w = xmalloc((size_t)(keys ? keys : 1) * sizeof(double));
+        for (int qi = 0; qi < it->n_q; qi++)
+            for (int h = 0; h < n_heads; h++) {
+                int kvh = h / g;
+                const float *q = it->q + ((size_t)qi * (size_t)n_heads + (size_t)h) * (size_t)hd;
+                double mx = -INFINITY;
+                for (int t = 0; t < keys; t++) {
+                    int vis = it->mask ? it->mask[qi * keys + t] : t <= it->q_offset + qi;
+                    if (!vis) {
+                        w[t] = -INFINITY;
+                        continue;
+                    }
+                    const float *k =
+                        t < it->n_ctx
+                            ? krn_kv_k(&s->kv, it->pages[t / s->kv.page_size], t % s->kv.page_size)
+                            : it->k_tail + (size_t)(t - it->n_ctx) * tok;
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++)
+                        dot += (double)q[d] * k[(size_t)kvh * (size_t)hd + (size_t)d];
+                    w[t] = dot * scale;
+                    mx = w[t] > mx ? w[t] : mx;
+                }
+                const float *o = it->out + ((size_t)qi * (size_t)n_heads + (size_t)h) * (size_t)hd;
+                for (int d = 0; d < hd; d++) {
+                    double num = 0, den = 0;
+                    for (int t = 0; t < keys; t++) {
+                        if (w[t] == -INFINITY) continue;
+                        const float *v = t < it->n_ctx
+                                             ? krn_kv_v(&s->kv, it->pages[t / s->kv.page_size],
+                                                        t % s->kv.page_size)
+                                             : it->v_tail + (size_t)(t - it->n_ctx) * tok;
+                        double e = exp(w[t] - mx);
+                        num += e * v[(size_t)kvh * (size_t)hd + (size_t)d];
+                        den += e;
+                    }
+                    double want = den > 0 ? num / den : 0.0;
+                    cr_assert(fabs(o[d] - want) <= 2e-5,
+                              "%s: item %d query %d head %d dim %d = %.9g, want %.9g", what, i, qi,
+                              h, d, o[d], want);
+                }
+            }
+        free(w);
+    }
+}
+
+static void attn_run_and_check(const attn_case *cases, int n_items, int page_size, int n_kv, int hd,
+                               int n_heads, int kv_chunk, uint64_t seed) {
+    rng r = {seed};
+    attn_setup s;
+    attn_build(&s, &r, cases, n_items, page_size, n_kv, hd, n_heads);
+    float scale = 1.0f / sqrtf((float)hd);
+    char what[160];
+    for (int si = 0; si < N_SIMD; si++) {
+        if (!use_simd(SIMD_PATHS[si])) continue;
+        for (int threads = 0; threads <= 4; threads++) {
+            krn_pool *p = threads ? krn_pool_create(threads) : NULL;
+            cr_assert(threads == 0 || p);
+            for (int i = 0; i < n_items; i++)
+                for (size_t k = 0; k < (size_t)cases[i].n_q * (size_t)n_heads * (size_t)hd; k++)
+                    s.out[i][k] = NAN;
+            krn_cpu_attention_ex(p, &s.kv, s.items, n_items, n_heads, scale, kv_chunk);
+            snprintf(what, sizeof what, "%s, %d threads, kv %d x %d, %d heads, chunk %d",
+                     SIMD_PATHS[si], threads, n_kv, hd, n_heads, kv_chunk);
+            attn_check(&s, n_heads, scale, what);
+            krn_pool_destroy(p);
+        }
+    }
+    attn_free(&s);
+}
+
+Test(krn_attention, causal_prefill_with_gqa_ratios_1_2_4) {
+    attn_case c[2] = {{.n_q = 37, .n_ctx = 37, .q_offset = 0},
+                      {.n_q = 5, .n_ctx = 50, .q_offset = 45}};
+    attn_run_and_check(c, 2, 8, 2, 64, 2, 0, 1);  /* ratio 1 */
+    attn_run_and_check(c, 2, 8, 2, 64, 4, 0, 2);  /* ratio 2 */
+    attn_run_and_check(c, 2, 16, 2, 65, 8, 0, 3); /* ratio 4, odd head_dim */
+    attn_run_and_check(c, 2, 5, 1, 16, 4, 0, 4);
+    attn_run_and_check(c, 2, 8, 2, 100, 6, 0, 12); /* ratio 3 (tiles of 2 + 1), 100 = 64 + 36 */
+    attn_run_and_check(c, 2, 8, 1, 80, 8, 0, 13);  /* ratio 8 (tiles of 4 + 4) */
+}
+
+Test(krn_attention, decode_batch_of_many_sequences_uses_all_heads_per_unit) {
+    attn_case c[5] = {{.n_q = 1, .n_ctx = 130, .q_offset = 129},
+                      {.n_q = 1, .n_ctx = 1, .q_offset = 0},
+                      {.n_q = 1, .n_ctx = 64, .q_offset = 63},
+                      {.n_q = 1, .n_ctx = 65, .q_offset = 64},
+                      {.n_q = 1, .n_ctx = 17, .n_tail = 1, .q_offset = 17}};
+    attn_run_and_check(c, 5, 16, 4, 64, 16, 0, 14);
+    attn_run_and_check(c, 5, 16, 4, 128, 32, 0, 15);
+}
+
+Test(krn_attention, long_prefill_spans_many_query_blocks) {
+    attn_case c[1] = {{.n_q = 150, .n_ctx = 170, .q_offset = 20}};
+    attn_run_and_check(c, 1, 16, 2, 128, 8, 0, 5);
+}
+
+Test(krn_attention, decode_with_long_context_chunked_equals_unchunked) {
+    attn_case c[3] = {{.n_q = 1, .n_ctx = 1000, .q_offset = 999},
+                      {.n_q = 1, .n_ctx = 77, .q_offset = 76},
+                      {.n_q = 2, .n_ctx = 300, .q_offset = 298}};
+    static const int chunks[] = {-1, 0, 64, 100, 333, 2000};
+    for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++)
+        attn_run_and_check(c, 3, 16, 2, 64, 8, chunks[i], 6);
+
+    /* chunked and unchunked agree with each other to rounding, not just to the reference */
+    rng r = {7};
+    attn_setup s;
+    attn_build(&s, &r, c, 3, 16, 2, 64, 8);
+    krn_pool *p = krn_pool_create(2);
+    cr_assert_not_null(p);
+    krn_cpu_attention_ex(p, &s.kv, s.items, 3, 8, 0.125f, -1);
+    float *whole = xmalloc(8 * 64 * 4);
+    memcpy(whole, s.out[0], 8 * 64 * 4);
+    krn_cpu_attention_ex(p, &s.kv, s.items, 3, 8, 0.125f, 128);
+    for (int k = 0; k < 8 * 64; k++)
+        cr_assert(fabs(whole[k] - s.out[0][k]) <= 1e-6, "chunked %g vs unchunked %g at %d",
+                  s.out[0][k], whole[k], k);
+    free(whole);
+    krn_pool_destroy(p);
+    attn_free(&s);
+}
+
+Test(krn_attention, explicit_masks_and_fully_masked_rows_give_zeros) {
+    attn_case c[2] = {{.n_q = 6, .n_ctx = 40, .n_tail = 3, .use_mask = 1},
+                      {.n_q = 3, .n_ctx = 9, .use_mask = 1}};
+    attn_run_and_check(c, 2, 8, 2, 32, 4, 0, 8);
+    attn_run_and_check(c, 2, 8, 2, 32, 4, 16, 9);
+}
+
+Test(krn_attention, tail_tokens_follow_the_pages) {
+    attn_case c[3] = {{.n_q = 6, .n_ctx = 20, .n_tail = 6, .q_offset = 20},
+                      {.n_q = 4, .n_ctx = 0, .n_tail = 4, .q_offset = 0},
+                      {.n_q = 1, .n_ctx = 300, .n_tail = 1, .q_offset = 300}};
+    attn_run_and_check(c, 3, 8, 2, 48, 8, 0, 10);
+    attn_run_and_check(c, 3, 8, 2, 48, 8, 128, 11);
+}
