@@ -81,7 +81,11 @@ typedef struct eng_forward_item {
     uint32_t n_mask_runs;
 } eng_forward_item;
 
-/* Runs every item as one batch (one pass through the layers for all their tokens). */
+/* Runs every item as one batch (one pass through the layers for all their tokens). As
+ * pie.v1.ForwardBatch: per layer every item's new K/V is written before any item attends, so an
+ * item may read positions another item of the batch appends; two items writing the same page
+ * position, or an item whose input slot is another item's output slot, are refused. Page masks
+ * apply to the context tokens (those before the inputs). */
 pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st);
 
 /* Sets the per-token mask of page: masked[page_size], true = hidden from every query. */

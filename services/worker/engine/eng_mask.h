@@ -1,0 +1,31 @@
+/* eng_mask.h — pie.v1.AttentionMask run lists: validation and row decoding (engine-internal).
+ *
+ * Owns: the one reading of the run-length mask format of proto/pie/v1/common.proto. Row i of an
+ * item with C context tokens covers the first C + i + 1 tokens of its sequence; a row's runs
+ * alternate visible, masked, ... starting visible; a row ends exactly when its runs sum to its
+ * length (so a zero-length run after that belongs to the next row). Invalid: a run crossing the
+ * end of a row, a row whose last token (the input itself) is masked, runs missing before the
+ * last row ends, runs left over after it.
+ * Does not own: page masks and causality of absent masks (eng_cpu.c combines them). */
+#ifndef ENG_MASK_H
+#define ENG_MASK_H
+
+#include <stdint.h>
+
+#include "pie_status.h"
+
+/* Checks that runs[n_runs] describe exactly n_rows rows over ctx context tokens. On error the
+ * message starts with `prefix` (e.g. "forward: item 2") and names the run or row. */
+pie_code eng_mask_check(const uint32_t *runs, uint32_t n_runs, uint32_t ctx, uint32_t n_rows,
+                        const char *prefix, pie_status *st);
+
+/* Decodes the row of `len` tokens that starts at runs[*cursor] (a checked mask) into
+ * out[0, len) as 1 = visible / 0 = masked, and zeroes out[len, cols); advances *cursor past
+ * the row's runs. */
+void eng_mask_row(const uint32_t *runs, uint32_t *cursor, uint32_t len, uint32_t cols,
+                  uint8_t *out);
+
+/* Advances *cursor past the row of `len` tokens that starts there, writing nothing. */
+void eng_mask_skip_row(const uint32_t *runs, uint32_t *cursor, uint32_t len);
+
+#endif
