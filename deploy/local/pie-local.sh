@@ -10,11 +10,13 @@ set -euo pipefail
 
 workers=1 lifecycles=1 base=50050 check=0 token="${PIE_TOKEN:-}"
 bin="$(cd "$(dirname "$0")/../.." && pwd)/build/bin"
-rundir=""
+rundir="" model=""
 usage() {
   cat <<USAGE
 usage: $0 [--workers N] [--lifecycles M] [--base-port B|random] [--bin DIR] [--run-dir DIR]
-          [--token TOKEN] [--check]
+          [--token TOKEN] [--model DIR] [--check]
+  --model   Hugging Face model directory every worker serves (default: the build's generated
+            test model, BIN/../models/tiny-f32)
   --check   start, wait for health, print status, stop (exit status = health)
 USAGE
 }
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --run-dir) rundir=$2; shift 2 ;;
     --token) token=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
     --check) check=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
@@ -34,6 +37,9 @@ done
 # "random": a base in 10000..29900, below Linux's ephemeral range (tests run beside others).
 if [ "$base" = random ]; then base=$((10000 + (RANDOM % 200) * 100)); fi
 [ -x "$bin/pie-controller" ] || { echo "pie-local: no binaries in $bin (build first)" >&2; exit 2; }
+model=${model:-$bin/../models/tiny-f32}
+[ -f "$model/config.json" ] || { echo "pie-local: no model in $model (pass --model DIR, or build the test models)" >&2; exit 2; }
+model=$(cd "$model" && pwd)
 rundir=${rundir:-$(mktemp -d /tmp/pie-local.XXXXXX)}
 mkdir -p "$rundir"
 export PIE_AUTH_TOKEN="$token" PIE_TOKEN="$token"
@@ -65,7 +71,7 @@ ctl=$((base + 2))
 start controller "$ctl" controller
 for ((i = 0; i < workers; i++)); do
   start worker $((base + 3 + 10 * i)) "worker-$i" PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
-    PIE_WORKER_GROUP_ID="worker-$i"
+    PIE_WORKER_GROUP_ID="worker-$i" PIE_MODEL_PATH="$model"
 done
 for ((i = 0; i < lifecycles; i++)); do
   start lifecycle $((base + 1 + 10 * i)) "lifecycle-$i" PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \

@@ -1,26 +1,41 @@
 /* wrk_main.c — pie-worker: one inference worker process (one GPU, or the CPU backend).
  *
- * Owns: the worker's configuration schema and start/stop order. Registration with the
- * controller and the pie.v1.Worker methods are in wrk_node.c. */
+ * Owns: the worker's configuration schema, loading what it serves (the engine for the cpu
+ * backend, only a description for null) and the start/stop order: serve Info and health
+ * (NOT_SERVING) at once, load, then link to the controller and report SERVING. A failed load
+ * leaves the process up, NOT_SERVING, with Info state FAILED and the error (worker.proto), and
+ * it exits 1 on SIGTERM. Registration, batches and Info are in wrk_node.c / wrk_exec.c. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "eng.h"
 #include "pie_log.h"
 #include "svc.h"
+#include "wrk_backend.h"
+#include "wrk_desc.h"
 #include "wrk_node.h"
+
+enum { WRK_BACKEND_CPU = 0, WRK_BACKEND_CUDA = 1, WRK_BACKEND_NULL = 2 };
+static const char *const wrk_backends[] = {"cpu", "cuda", "null", NULL};
 
 typedef struct wrk_config {
     svc_config svc;
-    svc_dial_config dial;         /* controller.* */
-    char *group_id;               /* worker.group_id */
-    char *advertise;              /* worker.advertise */
-    char *model_name;             /* model.name */
-    char *model_description;      /* model.description */
-    uint32_t kv_page_size;        /* pool.kv_page_size */
-    uint32_t kv_pages;            /* pool.kv_pages */
-    uint32_t embed_slots;         /* pool.embed_slots */
-    uint32_t max_batch_tokens;    /* batch.max_tokens */
-    uint32_t max_batch_items;     /* batch.max_items */
+    svc_dial_config dial;      /* controller.* */
+    char *group_id;            /* worker.group_id */
+    char *advertise;           /* worker.advertise */
+    int backend;               /* backend: WRK_BACKEND_* */
+    char *model_path;          /* model.path */
+    char *model_name;          /* model.name */
+    char *model_description;   /* model.description */
+    uint32_t engine_threads;   /* engine.threads */
+    uint32_t kv_page_size;     /* pool.kv_page_size */
+    uint32_t kv_pages;         /* pool.kv_pages */
+    uint32_t embed_slots;      /* pool.embed_slots */
+    uint32_t max_batch_tokens; /* batch.max_tokens */
+    uint32_t max_batch_items;  /* batch.max_items */
+    uint32_t credits;          /* batch.credits */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -30,22 +45,101 @@ static const pie_config_field wrk_fields[] = {
      .doc = "name of this worker group in status and logs (empty = <hostname>:<grpc port>)"},
     {"worker.advertise", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, advertise), .def = "",
      .doc = "host:port at which others reach this worker's gRPC service (empty = unknown)"},
-    {"model.name", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_name), .def = "tiny",
-     .doc = "name under which the model is served (inferlets ask for it by this name)"},
-    {"model.description", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_description),
-     .def = "", .doc = "free text shown by ListModels"},
+    {"backend", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, backend), .def = "cpu",
+     .choices = wrk_backends,
+     .doc = "compute backend: cpu, cuda, or null (benchmarks only: instant well-formed results, "
+            "no model)"},
+    {"model.path", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_path), .def = "",
+     .doc = "Hugging Face model directory (config.json, *.safetensors, tokenizer.json); "
+            "required unless backend is null"},
+    {"model.name", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_name), .def = "",
+     .doc = "name under which the model is served (empty = the basename of model.path)"},
+    {"model.description", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_description), .def = "",
+     .doc = "free text shown by ListModels"},
+    {"engine.threads", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, engine_threads), .def = "0",
+     .max = "1024", .doc = "CPU threads of the cpu backend's kernels (0 = online cores)"},
     {"pool.kv_page_size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, kv_page_size), .def = "16",
-     .min = "1", .max = "1024", .doc = "tokens per KV page"},
-    {"pool.kv_pages", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, kv_pages), .def = "1024",
-     .min = "1", .max = "16777216", .doc = "KV pages in the worker's pool"},
+     .min = "1", .max = "256", .doc = "tokens per KV page"},
+    {"pool.kv_pages", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, kv_pages), .def = "1024", .min = "1",
+     .max = "16777216", .doc = "KV pages in the worker's pool"},
     {"pool.embed_slots", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, embed_slots), .def = "4096",
      .min = "1", .max = "16777216", .doc = "embedding slots in the worker's pool"},
-    {"batch.max_tokens", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, max_batch_tokens),
-     .def = "4096", .min = "1", .max = "1048576", .doc = "most input tokens in one forward batch"},
+    {"batch.max_tokens", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, max_batch_tokens), .def = "4096",
+     .min = "1", .max = "1048576",
+     .doc = "most input tokens in one forward batch (also the model's max_forward_tokens)"},
     {"batch.max_items", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, max_batch_items), .def = "256",
      .min = "1", .max = "65536", .doc = "most items in one batch of any kind"},
+    {"batch.credits", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, credits), .def = "1", .min = "1",
+     .max = "64",
+     .doc = "scheduling steps the controller may have outstanding on this worker (1 = the "
+            "paper's work-conserving dispatch)"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
+
+/* What a load produced; everything the process serves from. */
+typedef struct wrk_loaded {
+    wrk_desc desc;
+    eng *engine; /* cpu backend; NULL otherwise */
+    wrk_backend backend;
+    char device[128];
+    uint64_t pool_bytes;
+} wrk_loaded;
+
+static pie_code load_cpu(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
+    if (rc != PIE_OK) return rc;
+    eng_opts eo = {
+        .model_dir = cfg->model_path,
+        .backend = ENG_BACKEND_CPU,
+        .kv_page_size = cfg->kv_page_size,
+        .kv_pages = cfg->kv_pages,
+        .embed_slots = cfg->embed_slots,
+        .max_batch_tokens = cfg->max_batch_tokens,
+        .n_threads = (int)cfg->engine_threads,
+    };
+    rc = eng_open(&eo, &l->engine, st);
+    if (rc != PIE_OK) return rc;
+    const eng_info *ei = eng_get_info(l->engine);
+    wrk_desc_set_engine(&l->desc, ei);
+    wrk_backend_engine(&l->backend, l->engine);
+    long threads = cfg->engine_threads ? (long)cfg->engine_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(l->device, sizeof l->device, "cpu: %ld threads", threads > 0 ? threads : 1);
+    l->pool_bytes = (uint64_t)ei->kv_pool_bytes + ei->embed_pool_bytes;
+    return PIE_OK;
+}
+
+/* Loads what cfg asks for into *l (zeroed first). On failure *l holds nothing to free. */
+static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    memset(l, 0, sizeof *l);
+    pie_code rc;
+    switch (cfg->backend) {
+    case WRK_BACKEND_CUDA:
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "backend cuda: not built into this worker yet");
+    case WRK_BACKEND_NULL:
+        if (cfg->model_path[0] != '\0') {
+            rc = wrk_desc_load(&l->desc, cfg->model_path, st); /* description only */
+            if (rc != PIE_OK) return rc;
+        } else {
+            wrk_desc_null_model(&l->desc);
+        }
+        wrk_backend_null(&l->backend);
+        snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
+        break;
+    default:
+        rc = load_cpu(cfg, l, st);
+        if (rc != PIE_OK) goto fail;
+    }
+    rc = wrk_desc_finish(&l->desc, cfg->model_name, cfg->model_path, cfg->model_description,
+                         cfg->kv_page_size, cfg->kv_pages, cfg->embed_slots, cfg->max_batch_tokens,
+                         cfg->max_batch_items, st);
+    if (rc == PIE_OK) return PIE_OK;
+fail:
+    eng_close(l->engine);
+    wrk_desc_free(&l->desc);
+    memset(l, 0, sizeof *l);
+    return rc;
+}
 
 int main(int argc, char **argv) {
     svc_block_signals();
@@ -55,10 +149,28 @@ int main(int argc, char **argv) {
     wrk_config cfg;
     rc = svc_load_config("pie-worker", &args, &wrk_schema, &cfg);
     if (rc) return rc == 1 ? 0 : 2;
+    /* NULL strings (a YAML null) read as empty from here on. */
+    char empty[1] = "";
+    char **strs[] = {&cfg.group_id, &cfg.advertise, &cfg.model_path, &cfg.model_name,
+                     &cfg.model_description};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if (*strs[i] == NULL) *strs[i] = empty;
+    if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {
+        fprintf(stderr,
+                "pie-worker: model.path is required with backend %s (set it in the config file "
+                "or with PIE_MODEL_PATH)\n",
+                wrk_backends[cfg.backend]);
+        for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+            if (*strs[i] == empty) *strs[i] = NULL;
+        pie_config_free(&wrk_schema, &cfg);
+        return 2;
+    }
 
     int status = 1;
     pie_status st;
     wrk_node *node = NULL;
+    wrk_loaded loaded;
+    memset(&loaded, 0, sizeof loaded);
     svc *s = svc_create("worker", &cfg.svc, &st);
     if (s == NULL) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
@@ -66,14 +178,9 @@ int main(int argc, char **argv) {
     }
     wrk_node_config nc = {
         .group_id = cfg.group_id,
-        .model_name = cfg.model_name,
-        .model_description = cfg.model_description ? cfg.model_description : "",
-        .kv_page_size = cfg.kv_page_size,
-        .kv_pages = cfg.kv_pages,
-        .embed_slots = cfg.embed_slots,
-        .max_batch_tokens = cfg.max_batch_tokens,
-        .max_batch_items = cfg.max_batch_items,
-        .advertise = cfg.advertise ? cfg.advertise : "",
+        .advertise = cfg.advertise,
+        .credits = cfg.credits,
+        .max_message_bytes = cfg.svc.max_message_bytes,
     };
     node = wrk_node_create(&nc, svc_metrics(s), &st);
     if (node == NULL) {
@@ -86,11 +193,38 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
-    if (wrk_node_link_start(node, s, &cfg.dial, &st) != PIE_OK) {
+    svc_add_health(s, "pie.v1.Worker");
+
+    pie_log_info("wrk.loading", "backend=%s model_path=\"%s\"", wrk_backends[cfg.backend],
+                 cfg.model_path);
+    int64_t t0 = rpc_now_ns();
+    if (load(&cfg, &loaded, &st) != PIE_OK) {
+        wrk_node_set_failed(node, &st);
+        pie_log_error("wrk.load_failed", "backend=%s code=%s error=\"%s\"",
+                      wrk_backends[cfg.backend], pie_code_name(st.code), st.msg);
+        int sig = svc_wait_for_signal();
+        pie_log_info("wrk.signal", "signal=%d", sig);
+        goto done; /* exit 1: the worker never served */
+    }
+    const wrk_desc *d = &loaded.desc;
+    pie_log_info("wrk.loaded",
+                 "backend=%s model=%s vocab=%u layers=%u hidden=%u dtype=%s kv_pages=%u "
+                 "kv_page_size=%u embed_slots=%u pool_bytes=%llu device=\"%s\" load_ms=%lld",
+                 wrk_backends[cfg.backend], d->name, d->vocab_size, d->num_layers, d->hidden_size,
+                 d->dtype, d->kv_pages, d->kv_page_size, d->embed_slots,
+                 (unsigned long long)loaded.pool_bytes, loaded.device,
+                 (long long)((rpc_now_ns() - t0) / 1000000));
+    wrk_node_ready ready = {
+        .desc = &loaded.desc,
+        .backend = loaded.backend,
+        .device = loaded.device,
+        .device_pool_bytes = loaded.pool_bytes,
+    };
+    if (wrk_node_set_ready(node, &ready, &st) != PIE_OK ||
+        wrk_node_link_start(node, s, &cfg.dial, &st) != PIE_OK) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
-    svc_add_health(s, "pie.v1.Worker");
     svc_set_serving(s, true);
     int sig = svc_wait_for_signal();
     pie_log_info("wrk.signal", "signal=%d", sig);
@@ -99,6 +233,10 @@ int main(int argc, char **argv) {
 done:
     svc_stop(s);
     wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */
+    eng_close(loaded.engine);
+    wrk_desc_free(&loaded.desc);
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if (*strs[i] == empty) *strs[i] = NULL;
     pie_config_free(&wrk_schema, &cfg);
     return status;
 }

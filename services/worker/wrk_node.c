@@ -1,6 +1,16 @@
-/* wrk_node.c — see wrk_node.h. */
+/* wrk_node.c — see wrk_node.h.
+ *
+ * Threads and the one lock that matters: the link thread runs on_connect / on_message /
+ * on_disconnect; the executor thread emits results; the heartbeat thread sends stats. Every
+ * send happens under send_mu together with a check of the link's epoch (bumped in
+ * on_disconnect) or of worker_index (non-zero only between `registered` and the next
+ * disconnect), so nothing reaches a new stream before its registration, and results of steps
+ * received on a lost stream are dropped instead of reaching the next one. */
 #include "wrk_node.h"
 
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,103 +21,143 @@
 #include "pie/v1/worker.pb-c.h"
 #include "pie_log.h"
 #include "svc.h"
+#include "wrk_exec.h"
+
+#define WRK_DEFAULT_HEARTBEAT_MS 1000u /* WorkerRegistered.heartbeat_ms 0, and before it */
 
 struct wrk_node {
     wrk_node_config cfg;
-    rpc_channel *ch;
-    rpc_link *link;
     _Atomic(const char *) group_id; /* cfg.group_id, or the default set by link_start */
     char default_group[320];
-    _Atomic uint32_t worker_index; /* assigned by the controller; 0 while unregistered */
-    char device[64];
     rpc_method methods[2];
     pie_gauge *g_linked;
-    pie_counter *c_batches;
+    pie_metrics *metrics;
+
+    /* loading state: the fields below it are written before `state` is stored */
+    atomic_int state; /* Pie__V1__LoadState */
+    pie_status failed;
+    wrk_node_ready ready;
+    char device[128];
+
+    wrk_exec *exec;
+    rpc_channel *ch;
+    rpc_link *link;
+
+    pthread_mutex_t send_mu;   /* guards every send and every change of the three below */
+    rpc_link *cur_link;        /* the link while a stream is connected (set in on_connect) */
+    _Atomic uint64_t epoch;    /* bumped when a stream ends (read lock-free by the link thread) */
+    uint32_t worker_index;     /* assigned by the controller; 0 while unregistered */
+    atomic_bool warned_credit; /* a step without a credit was logged on this stream */
+    atomic_uint linked_index;  /* worker_index, for Info without the lock */
+    atomic_uint heartbeat_ms;
+    atomic_int credits;  /* granted and not yet used by the controller on this stream */
+    atomic_bool closing; /* wrk_node_destroy began: no more sends or submissions */
+
+    pthread_t beat_th;
+    bool beat_started;
+    pthread_mutex_t beat_mu;
+    pthread_cond_t beat_cv;
+    bool beat_stop, beat_kick;
 };
 
-/* The model and capacity as registered and reported by Info. Fills caller-owned structs. */
-static void describe(const wrk_node *w, Pie__V1__ModelInfo *m, Pie__V1__WorkerCapacity *cap) {
-    pie__v1__model_info__init(m);
-    m->name = (char *)w->cfg.model_name;
-    m->description = (char *)w->cfg.model_description;
-    m->kv_page_size = w->cfg.kv_page_size;
-    pie__v1__worker_capacity__init(cap);
-    cap->kv_pages_max = w->cfg.kv_pages;
-    cap->kv_pages_effective = w->cfg.kv_pages;
-    cap->kv_pages_gpu = w->cfg.kv_pages;
-    cap->embed_slots = w->cfg.embed_slots;
-    cap->max_batch_tokens = w->cfg.max_batch_tokens;
-    cap->max_batch_items = w->cfg.max_batch_items;
+static void stats_of(wrk_node *w, Pie__V1__WorkerStats *s) {
+    pie__v1__worker_stats__init(s);
+    wrk_exec_stats(w->exec, s);
+    s->device_memory_bytes = w->ready.device_pool_bytes;
+    s->host_memory_bytes = w->ready.host_pool_bytes;
 }
 
 /* ---- WorkerLink (client side) -------------------------------------------------------------- */
 
 static void link_on_connect(rpc_link *link, void *user) {
     wrk_node *w = user;
-    Pie__V1__ModelInfo model;
-    Pie__V1__WorkerCapacity cap;
-    describe(w, &model, &cap);
+    wrk_desc_pb pb;
+    wrk_desc_to_pb(w->ready.desc, &pb);
     Pie__V1__WorkerRegistration reg = PIE__V1__WORKER_REGISTRATION__INIT;
     reg.group_id = (char *)atomic_load(&w->group_id);
     reg.version = "pie-c/" PIE_VERSION;
-    reg.model = &model;
-    reg.backend = PIE__V1__BACKEND__BACKEND_CPU;
+    reg.model = &pb.model;
+    reg.backend =
+        PIE__V1__BACKEND__BACKEND_CPU; /* the cpu backend (also what null stands in for) */
     reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
-    reg.capacity = &cap;
+    reg.capacity = &pb.capacity;
     reg.tp_size = 1;
     reg.device = w->device;
     reg.address = (char *)w->cfg.advertise;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.registration = &reg;
     pie_status st;
-    if (rpc_link_send(link, &up.base, &st) != PIE_OK)
-        pie_log_warn("wrk.link.register_failed", "error=\"%s\"", st.msg);
+    pthread_mutex_lock(&w->send_mu);
+    bool closing = atomic_load(&w->closing);
+    if (!closing) {
+        w->cur_link = link;
+        atomic_store(&w->warned_credit, false);
+    }
+    pie_code rc = closing ? PIE_OK : rpc_link_send(link, &up.base, &st);
+    pthread_mutex_unlock(&w->send_mu);
+    if (rc != PIE_OK) pie_log_warn("wrk.link.register_failed", "error=\"%s\"", st.msg);
 }
 
-/* No engine yet: every batch fails as a whole with UNIMPLEMENTED so the controller's
- * bookkeeping stays consistent. */
-static void answer_batches(wrk_node *w, rpc_link *link, const Pie__V1__WorkerDown *down) {
-    if (down->n_batches == 0) return;
-    Pie__V1__BatchResult *res = calloc(down->n_batches, sizeof *res);
-    Pie__V1__BatchResult **ptrs = calloc(down->n_batches, sizeof *ptrs);
-    if (res == NULL || ptrs == NULL) goto done;
-    for (size_t i = 0; i < down->n_batches; i++) {
-        pie__v1__batch_result__init(&res[i]);
-        res[i].batch_id = down->batches[i]->batch_id;
-        res[i].code = PIE_UNIMPLEMENTED;
-        res[i].message = "worker: batch execution is not implemented in this version";
-        ptrs[i] = &res[i];
-    }
+/* The controller accepted us: grant the configured credits (with a first stats report). */
+static void on_registered(wrk_node *w, const Pie__V1__WorkerRegistered *r) {
+    Pie__V1__WorkerStats stats;
+    stats_of(w, &stats);
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
-    up.n_results = down->n_batches;
-    up.results = ptrs;
-    rpc_link_send(link, &up.base, NULL);
-    pie_counter_add(w->c_batches, down->n_batches);
-done:
-    free(res);
-    free(ptrs);
+    up.credits = w->cfg.credits;
+    up.stats = &stats;
+    pie_status st;
+    pthread_mutex_lock(&w->send_mu);
+    w->worker_index = r->worker_index;
+    atomic_store(&w->linked_index, r->worker_index);
+    atomic_store(&w->heartbeat_ms, r->heartbeat_ms ? r->heartbeat_ms : WRK_DEFAULT_HEARTBEAT_MS);
+    atomic_store(&w->credits, (int)w->cfg.credits);
+    pie_code rc = w->cur_link ? rpc_link_send(w->cur_link, &up.base, &st) : PIE_UNAVAILABLE;
+    pthread_mutex_unlock(&w->send_mu);
+    if (rc != PIE_OK) pie_log_debug("wrk.link.credits_not_sent", "code=%s", pie_code_name(rc));
+    pthread_mutex_lock(&w->beat_mu);
+    w->beat_kick = true; /* restart the heartbeat timer with the new interval */
+    pthread_cond_signal(&w->beat_cv);
+    pthread_mutex_unlock(&w->beat_mu);
+    pie_gauge_set(w->g_linked, 1);
+    pie_log_info("wrk.link.registered", "worker_index=%u controller_version=%s heartbeat_ms=%u",
+                 r->worker_index, r->version, atomic_load(&w->heartbeat_ms));
 }
 
 static bool link_on_message(rpc_link *link, ProtobufCMessage *msg, void *user) {
+    (void)link;
     wrk_node *w = user;
     Pie__V1__WorkerDown *down = (Pie__V1__WorkerDown *)msg;
-    if (down->registered) {
-        atomic_store(&w->worker_index, down->registered->worker_index);
-        pie_gauge_set(w->g_linked, 1);
-        pie_log_info("wrk.link.registered", "worker_index=%u controller_version=%s",
-                     down->registered->worker_index, down->registered->version);
+    if (atomic_load(&w->closing)) return false;
+    if (down->registered) on_registered(w, down->registered);
+    if (down->n_batches == 0 && down->drain == NULL) return false;
+    /* No lock here: the link thread must not wait behind a send blocked on flow control. */
+    uint64_t epoch = atomic_load(&w->epoch);
+    bool no_credit = down->n_batches > 0 && atomic_fetch_sub(&w->credits, 1) <= 0;
+    if (no_credit) {
+        if (!atomic_exchange(&w->warned_credit, true))
+            pie_log_warn("wrk.link.no_credit",
+                         "the controller sent a step (first batch %llu) without a credit; it "
+                         "runs anyway, after the steps before it",
+                         (unsigned long long)down->batches[0]->batch_id);
     }
-    answer_batches(w, link, down);
     if (down->drain)
-        pie_log_info("wrk.link.drain", "shutdown=%d reason=\"%s\"", down->drain->shutdown,
-                     down->drain->reason);
-    return false;
+        pie_log_info("wrk.link.drain", "shutdown=%d reason=\"%s\" after_batches=%zu",
+                     down->drain->shutdown, down->drain->reason, down->n_batches);
+    wrk_exec_submit(w->exec, down, epoch);
+    return true;
 }
 
 static void link_on_disconnect(rpc_link *link, const pie_status *st, void *user) {
     (void)link;
     wrk_node *w = user;
-    uint32_t was = atomic_exchange(&w->worker_index, 0);
+    pthread_mutex_lock(&w->send_mu);
+    uint32_t was = w->worker_index;
+    atomic_fetch_add(&w->epoch, 1);
+    w->worker_index = 0;
+    w->cur_link = NULL;
+    atomic_store(&w->linked_index, 0);
+    pthread_mutex_unlock(&w->send_mu);
+    wrk_exec_reset(w->exec); /* queued steps dropped; every slot free for the next link */
     pie_gauge_set(w->g_linked, 0);
     if (was)
         pie_log_warn("wrk.link.lost", "worker_index=%u code=%s error=\"%s\"", was,
@@ -116,26 +166,160 @@ static void link_on_disconnect(rpc_link *link, const pie_status *st, void *user)
         pie_log_debug("wrk.link.retry", "code=%s error=\"%s\"", pie_code_name(st->code), st->msg);
 }
 
+/* Bytes one BatchResult adds to a WorkerUp: tag, length, body. */
+static size_t result_wire_bytes(const Pie__V1__BatchResult *r) {
+    size_t n = protobuf_c_message_get_packed_size(&r->base), len = 1;
+    for (size_t v = n; v >= 0x80; v >>= 7) len++;
+    return 1 + len + n;
+}
+
+/* Sends a step's results: in one WorkerUp when it fits in max_message_bytes (the usual case),
+ * else in as few as fit, split at batch boundaries, the credit with the last. A result too
+ * large alone is replaced by its failure (RESOURCE_EXHAUSTED). Caller holds send_mu. */
+static pie_code send_results(wrk_node *w, const Pie__V1__WorkerUp *up, pie_status *st) {
+    uint64_t max = w->cfg.max_message_bytes;
+    if (max == 0 || protobuf_c_message_get_packed_size(&up->base) <= max)
+        return rpc_link_send(w->cur_link, &up->base, st);
+    const size_t reserve = 16; /* the credits field, with room to spare */
+    size_t i = 0;
+    while (i < up->n_results) {
+        size_t j = i, bytes = reserve;
+        while (j < up->n_results && bytes + result_wire_bytes(up->results[j]) <= max)
+            bytes += result_wire_bytes(up->results[j++]);
+        Pie__V1__BatchResult failed, *one = &failed;
+        Pie__V1__WorkerUp part = PIE__V1__WORKER_UP__INIT;
+        char msg[200];
+        if (j == i) { /* results[i] alone is too large */
+            const Pie__V1__BatchResult *r = up->results[i];
+            pie__v1__batch_result__init(&failed);
+            failed.batch_id = r->batch_id;
+            failed.code = PIE_RESOURCE_EXHAUSTED;
+            snprintf(msg, sizeof msg,
+                     "batch %llu: its results take %zu bytes, more than server.max_message %llu",
+                     (unsigned long long)r->batch_id, protobuf_c_message_get_packed_size(&r->base),
+                     (unsigned long long)max);
+            failed.message = msg;
+            failed.exec_us = r->exec_us;
+            part.n_results = 1;
+            part.results = &one;
+            j = i + 1;
+        } else {
+            part.n_results = j - i;
+            part.results = up->results + i;
+        }
+        part.credits = j == up->n_results ? up->credits : 0;
+        pie_code rc = rpc_link_send(w->cur_link, &part.base, st);
+        if (rc != PIE_OK) return rc;
+        i = j;
+    }
+    return PIE_OK;
+}
+
+/* Executor: one step's results, sent only on the stream the step came from. */
+static void exec_emit(void *user, uint64_t epoch, const Pie__V1__WorkerUp *up) {
+    wrk_node *w = user;
+    pie_status st;
+    pie_code rc = PIE_UNAVAILABLE;
+    pthread_mutex_lock(&w->send_mu);
+    bool current = epoch == atomic_load(&w->epoch) && w->cur_link != NULL;
+    if (current) {
+        /* Count the credit back before it leaves: the next step may arrive (on the link
+         * thread) before rpc_link_send returns here. */
+        atomic_fetch_add(&w->credits, (int)up->credits);
+        rc = send_results(w, up, &st);
+        if (rc != PIE_OK) atomic_fetch_sub(&w->credits, (int)up->credits);
+    }
+    pthread_mutex_unlock(&w->send_mu);
+    if (!current)
+        pie_log_debug("wrk.link.results_dropped",
+                      "results=%zu reason=\"the link they came on "
+                      "was lost\"",
+                      up->n_results);
+    else if (rc != PIE_OK)
+        pie_log_debug("wrk.link.results_not_sent", "results=%zu error=\"%s\"", up->n_results,
+                      st.msg);
+}
+
+/* Executor: a Drain, after the batches before it. With shutdown the process stops as if by
+ * SIGTERM (svc_wait_for_signal in main takes it), leaving the cluster cleanly. */
+static void exec_drain(void *user, uint64_t epoch, const Pie__V1__Drain *d) {
+    wrk_node *w = user;
+    pthread_mutex_lock(&w->send_mu);
+    bool current = epoch == atomic_load(&w->epoch);
+    pthread_mutex_unlock(&w->send_mu);
+    if (!current || !d->shutdown) return;
+    pie_log_info("wrk.drain.shutdown", "reason=\"%s\"", d->reason);
+    if (kill(getpid(), SIGTERM) != 0)
+        pie_log_error("wrk.drain.shutdown", "kill: %s", strerror(errno));
+}
+
+/* ---- heartbeat ------------------------------------------------------------------------------ */
+
+static void send_stats(wrk_node *w) {
+    Pie__V1__WorkerStats stats;
+    stats_of(w, &stats);
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.stats = &stats;
+    pthread_mutex_lock(&w->send_mu);
+    if (w->worker_index != 0 && w->cur_link != NULL)
+        (void)rpc_link_send(w->cur_link, &up.base, NULL);
+    pthread_mutex_unlock(&w->send_mu);
+}
+
+static void *beat_main(void *arg) {
+    wrk_node *w = arg;
+    (void)pthread_setname_np(pthread_self(), "wrk-beat"); /* cosmetic */
+    pthread_mutex_lock(&w->beat_mu);
+    int64_t next = rpc_now_ns() + (int64_t)atomic_load(&w->heartbeat_ms) * 1000000;
+    while (!w->beat_stop) {
+        struct timespec ts = {.tv_sec = next / 1000000000, .tv_nsec = next % 1000000000};
+        (void)pthread_cond_timedwait(&w->beat_cv, &w->beat_mu, &ts);
+        if (w->beat_stop) break;
+        int64_t now = rpc_now_ns(), period = (int64_t)atomic_load(&w->heartbeat_ms) * 1000000;
+        if (w->beat_kick) {
+            w->beat_kick = false;
+            next = now + period;
+            continue;
+        }
+        if (now < next) continue;
+        pthread_mutex_unlock(&w->beat_mu);
+        send_stats(w);
+        pthread_mutex_lock(&w->beat_mu);
+        next = now + period;
+    }
+    pthread_mutex_unlock(&w->beat_mu);
+    return NULL;
+}
+
 /* ---- pie.v1.Worker (server side) ----------------------------------------------------------- */
 
 static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
     wrk_node *w = user;
-    Pie__V1__ModelInfo model;
-    Pie__V1__WorkerCapacity cap;
-    describe(w, &model, &cap);
+    int state = atomic_load(&w->state);
+    wrk_desc_pb pb;
     Pie__V1__InfoResponse resp = PIE__V1__INFO_RESPONSE__INIT;
+    Pie__V1__Status status = PIE__V1__STATUS__INIT;
     resp.rank = 0;
     resp.tp_size = 1;
     resp.group_id = (char *)atomic_load(&w->group_id);
     resp.version = "pie-c/" PIE_VERSION;
-    resp.model = &model;
     resp.backend = PIE__V1__BACKEND__BACKEND_CPU;
     resp.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
-    resp.device = w->device;
-    resp.capacity = &cap;
-    resp.state = PIE__V1__LOAD_STATE__LOAD_STATE_READY;
-    resp.controller_linked = atomic_load(&w->worker_index) != 0;
+    resp.state = state;
+    resp.status = &status;
+    if (state == PIE__V1__LOAD_STATE__LOAD_STATE_READY) {
+        wrk_desc_to_pb(w->ready.desc, &pb);
+        resp.model = &pb.model;
+        resp.capacity = &pb.capacity;
+        resp.device = w->device;
+        resp.device_pool_bytes = w->ready.device_pool_bytes;
+        resp.host_pool_bytes = w->ready.host_pool_bytes;
+    } else if (state == PIE__V1__LOAD_STATE__LOAD_STATE_FAILED) {
+        status.code = (uint32_t)w->failed.code;
+        status.message = w->failed.msg;
+    }
+    resp.controller_linked = atomic_load(&w->linked_index) != 0;
     rpc_call_reply(call, &resp.base);
     return false;
 }
@@ -159,13 +343,38 @@ wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_
         return NULL;
     }
     w->cfg = *cfg;
+    if (w->cfg.credits == 0) w->cfg.credits = 1;
+    w->metrics = metrics;
     atomic_store(&w->group_id, cfg->group_id ? cfg->group_id : "");
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(w->device, sizeof w->device, "cpu: %ld threads", ncpu > 0 ? ncpu : 1);
+    atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_LOADING);
+    atomic_store(&w->heartbeat_ms, WRK_DEFAULT_HEARTBEAT_MS);
+    if (pthread_mutex_init(&w->send_mu, NULL) != 0) {
+        free(w);
+        pie_status_set(st, PIE_INTERNAL, "pthread_mutex_init failed");
+        return NULL;
+    }
+    if (pthread_mutex_init(&w->beat_mu, NULL) != 0) {
+        pthread_mutex_destroy(&w->send_mu);
+        free(w);
+        pie_status_set(st, PIE_INTERNAL, "pthread_mutex_init failed");
+        return NULL;
+    }
+    pthread_condattr_t ca;
+    int rc = pthread_condattr_init(&ca);
+    if (rc == 0) {
+        rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* rpc_now_ns's clock */
+        if (rc == 0) rc = pthread_cond_init(&w->beat_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if (rc != 0) {
+        pthread_mutex_destroy(&w->beat_mu);
+        pthread_mutex_destroy(&w->send_mu);
+        free(w);
+        pie_status_set(st, PIE_INTERNAL, "pthread_cond_init failed");
+        return NULL;
+    }
     w->g_linked = pie_metrics_gauge(metrics, "pie_worker_controller_linked",
                                     "1 while registered with the controller.", NULL, 0, st);
-    w->c_batches = pie_metrics_counter(metrics, "pie_worker_batches_total",
-                                       "Batches received from the controller.", NULL, 0, st);
     w->methods[0] = (rpc_method){
         .path = "/pie.v1.Worker/Info",
         .kind = RPC_UNARY,
@@ -190,8 +399,44 @@ const rpc_method *wrk_node_methods(wrk_node *w, size_t *n) {
     return w->methods;
 }
 
+void wrk_node_set_failed(wrk_node *w, const pie_status *why) {
+    w->failed = *why;
+    atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_FAILED);
+}
+
+pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st) {
+    const wrk_desc *d = r->desc;
+    wrk_exec_opts eo = {
+        .backend = r->backend,
+        .lim =
+            {
+                .kv_pages = d->kv_pages,
+                .embed_slots = d->embed_slots,
+                .kv_page_size = d->kv_page_size,
+                .vocab_size = d->vocab_size,
+                .max_context_tokens = d->max_context_tokens,
+                .max_top_k = d->max_top_k,
+                .default_top_k = d->default_top_k,
+            },
+        .emit = exec_emit,
+        .drain = exec_drain,
+        .user = w,
+        .metrics = w->metrics,
+    };
+    w->exec = wrk_exec_start(&eo, st);
+    if (w->exec == NULL) return st->code;
+    w->ready = *r;
+    snprintf(w->device, sizeof w->device, "%s", r->device ? r->device : "");
+    w->ready.device = w->device;
+    atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_READY);
+    return PIE_OK;
+}
+
 pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *dial,
                              pie_status *st) {
+    if (w->exec == NULL)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "wrk_node_link_start: the model is not loaded");
     int grpc_port = svc_port(s);
     if (atomic_load(&w->group_id)[0] == '\0') {
         char host[256] = "worker";
@@ -199,6 +444,11 @@ pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *d
         snprintf(w->default_group, sizeof w->default_group, "%s:%d", host, grpc_port);
         atomic_store(&w->group_id, w->default_group);
     }
+    int rc = pthread_create(&w->beat_th, NULL, beat_main, w);
+    if (rc != 0)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "heartbeat: pthread_create: %s",
+                              strerror(rc));
+    w->beat_started = true;
     rpc_link_opts lo = {
         .path = "/pie.v1.Controller/WorkerLink",
         .response = &pie__v1__worker_down__descriptor,
@@ -213,7 +463,24 @@ pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *d
 
 void wrk_node_destroy(wrk_node *w) {
     if (w == NULL) return;
-    rpc_link_stop(w->link);
+    pthread_mutex_lock(&w->send_mu);
+    atomic_store(&w->closing, true);
+    w->cur_link = NULL; /* the executor and the heartbeat send nothing from now on */
+    atomic_fetch_add(&w->epoch, 1);
+    pthread_mutex_unlock(&w->send_mu);
+    rpc_link_stop(w->link); /* no link callback runs after this */
     rpc_channel_destroy(w->ch);
+    if (w->beat_started) {
+        pthread_mutex_lock(&w->beat_mu);
+        w->beat_stop = true;
+        pthread_cond_signal(&w->beat_cv);
+        pthread_mutex_unlock(&w->beat_mu);
+        int rc = pthread_join(w->beat_th, NULL);
+        if (rc != 0) pie_log_error("wrk.beat.stop", "pthread_join: %s", strerror(rc));
+    }
+    wrk_exec_stop(w->exec); /* after the link: nothing submits any more */
+    pthread_cond_destroy(&w->beat_cv);
+    pthread_mutex_destroy(&w->beat_mu);
+    pthread_mutex_destroy(&w->send_mu);
     free(w);
 }

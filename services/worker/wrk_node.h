@@ -1,9 +1,13 @@
-/* wrk_node.h — a worker process as the cluster sees it: its identity, model description and
- * capacities, the WorkerLink to the controller, and the pie.v1.Worker methods.
+/* wrk_node.h — a worker process as the cluster sees it: its identity and loading state, the
+ * WorkerLink to the controller, and the pie.v1.Worker methods.
  *
- * Owns: registration over WorkerLink (re-sent on every reconnect), Info, TpJoin. Does not own
- * (yet): the engine — the model-runtime and controller/worker issues add model loading and
- * batch execution beside this file; until then a batch is answered UNIMPLEMENTED. */
+ * Owns: the loading state Info reports (LOADING → READY or FAILED), registration over
+ * WorkerLink (re-sent on every reconnect), credits (the configured number after each
+ * `registered`, one with the results of every step), the stats heartbeat thread, link epochs
+ * (results of a step received on an earlier connection are never sent on a later one), splitting
+ * results larger than server.max_message at batch boundaries, Drain,
+ * Info and TpJoin (refused: tp_size 1). Does not own: running batches (wrk_exec.c), what is
+ * announced (wrk_desc.c), loading the model (wrk_main.c). */
 #ifndef WRK_NODE_H
 #define WRK_NODE_H
 
@@ -12,33 +16,46 @@
 #include "pie_metrics.h"
 #include "rpc.h"
 #include "svc.h"
+#include "wrk_backend.h"
+#include "wrk_desc.h"
 
 typedef struct wrk_node_config {
-    const char *group_id;          /* worker group name */
-    const char *model_name;        /* ModelInfo.name announced */
-    const char *model_description;
-    uint32_t kv_page_size;         /* tokens per KV page */
-    uint32_t kv_pages;             /* KV pages of the pool */
-    uint32_t embed_slots;          /* embedding slots of the pool */
-    uint32_t max_batch_tokens, max_batch_items;
-    const char *advertise;         /* host:port of this process's Worker service, for others */
+    const char *group_id;       /* worker group name ("" = <hostname>:<grpc port>) */
+    const char *advertise;      /* host:port of this process's Worker service, for others */
+    uint32_t credits;           /* steps granted after registering (>= 1) */
+    uint64_t max_message_bytes; /* largest WorkerUp sent (server.max_message); 0 = no limit */
 } wrk_node_config;
 
 typedef struct wrk_node wrk_node;
 
-/* cfg strings are borrowed and must outlive the node. */
+/* Info says LOADING until wrk_node_set_ready or wrk_node_set_failed. cfg strings are borrowed
+ * and must outlive the node. */
 wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_status *st);
 
 /* pie.v1.Worker methods bound to the node; *n gets the count. */
 const rpc_method *wrk_node_methods(wrk_node *w, size_t *n);
 
-/* Starts dialling the controller (reconnecting with backoff for the process's life). An empty
- * group id becomes <hostname>:<gRPC port of s> here, before the first registration. */
+/* Loading failed: Info says FAILED with this status from now on. */
+void wrk_node_set_failed(wrk_node *w, const pie_status *why);
+
+typedef struct wrk_node_ready {
+    const wrk_desc *desc; /* borrowed; must outlive the node */
+    wrk_backend backend;  /* its ctx must outlive the node */
+    const char *device;   /* e.g. "cpu: 16 threads" (copied) */
+    uint64_t device_pool_bytes, host_pool_bytes;
+} wrk_node_ready;
+
+/* The model is loaded: starts the executor; Info says READY. */
+pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st);
+
+/* Starts dialling the controller (reconnecting with backoff for the process's life) and the
+ * heartbeat. After wrk_node_set_ready. An empty group id becomes <hostname>:<gRPC port of s>
+ * here, before the first registration. */
 pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *dial,
                              pie_status *st);
 
-/* Stops the link (closing the stream so the controller sees the worker leave) and frees.
- * Call after the server has shut down. NULL is fine. */
+/* Stops the link (closing the stream so the controller sees the worker leave), the heartbeat
+ * and the executor, and frees. Call after the server has shut down. NULL is fine. */
 void wrk_node_destroy(wrk_node *w);
 
 #endif

@@ -40,6 +40,8 @@
 
 /* Short backoffs for every process that dials the controller. */
 #define ENV_RECONNECT "PIE_CONTROLLER_RECONNECT_INITIAL=50ms", "PIE_CONTROLLER_RECONNECT_MAX=200ms"
+/* What every worker serves: the generated tiny model, under the name "tiny". */
+#define ENV_MODEL "PIE_MODEL_PATH=" PIE_MODELS_DIR "/tiny-f32", "PIE_MODEL_NAME=tiny"
 
 typedef Pie__V1__ClusterStatusResponse cluster_status;
 typedef Pie__V1__ListModelsResponse models_list;
@@ -231,7 +233,8 @@ static void cluster_start(cluster *c, const char *ctl_listen, const char *token)
     c->ctl = start("pie-controller", ctl_env);
     pie_proc_env_controller(c->ctl, c->ctl_env, sizeof c->ctl_env);
     const char *link_env[] = {c->ctl_env, token_env, ENV_RECONNECT, NULL};
-    c->wrk = start("pie-worker", link_env);
+    const char *wrk_env[] = {c->ctl_env, token_env, ENV_RECONNECT, ENV_MODEL, NULL};
+    c->wrk = start("pie-worker", wrk_env);
     c->lc = start("pie-lifecycle", link_env);
 }
 
@@ -393,7 +396,7 @@ Test(services, worker_and_replica_redial_a_dead_controller_at_the_configured_bac
         snprintf(ctl_env[i], sizeof ctl_env[i], "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d",
                  ntohs(a.sin_port));
     }
-    const char *wrk_env[] = {ctl_env[0], ENV_RECONNECT, NULL};
+    const char *wrk_env[] = {ctl_env[0], ENV_RECONNECT, ENV_MODEL, NULL};
     const char *lc_env[] = {ctl_env[1], ENV_RECONNECT, NULL};
     pie_proc *wrk = start("pie-worker", wrk_env), *lc = start("pie-lifecycle", lc_env);
 
@@ -593,7 +596,8 @@ Test(services, controller_metrics_count_the_linked_worker) {
     pie_proc *ctl = start("pie-controller", NULL);
     wait_metric_line(pie_proc_metrics_port(ctl), "pie_controller_workers 0", CALL_MS);
     char ctl_env[64];
-    const char *env[] = {pie_proc_env_controller(ctl, ctl_env, sizeof ctl_env), ENV_RECONNECT, NULL};
+    const char *env[] = {pie_proc_env_controller(ctl, ctl_env, sizeof ctl_env), ENV_RECONNECT,
+                         ENV_MODEL, NULL};
     pie_proc *wrk = start("pie-worker", env);
     wait_metric_line(pie_proc_metrics_port(ctl), "pie_controller_workers 1", LINK_MS);
     wait_metric_line(pie_proc_metrics_port(wrk), "pie_worker_controller_linked 1", LINK_MS);

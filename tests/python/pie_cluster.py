@@ -13,6 +13,7 @@ import time
 
 SANITIZER = re.compile(rb"LeakSanitizer|AddressSanitizer|runtime error:")
 BIN_DIR = os.environ.get("PIE_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build/bin"))
+MODELS_DIR = os.environ.get("PIE_MODELS_DIR", os.path.join(BIN_DIR, "../models"))
 STARTED = re.compile(rb"event=svc\.started .*grpc_port=(\d+) metrics_port=(\d+)(?s:.*)event=svc\.health serving=true")
 
 
@@ -68,7 +69,9 @@ class Cluster:
         env = {"PIE_AUTH_TOKEN": token} if token else {}
         self.controller = Service("controller", env)
         link = dict(env, PIE_CONTROLLER_ADDRESS=self.controller.addr)
-        self.worker = Service("worker", link)
+        # The generated tiny model, served under the name "tiny".
+        model = {"PIE_MODEL_PATH": os.path.join(MODELS_DIR, "tiny-f32"), "PIE_MODEL_NAME": "tiny"}
+        self.worker = Service("worker", dict(link, **model))
         self.lifecycle = Service("lifecycle", link)
 
     def services(self):

@@ -1,0 +1,1345 @@
+/* test_worker_link.c — a real pie-worker executing batches over WorkerLink.
+ *
+ * The test process plays the controller: it serves pie.v1.Controller/WorkerLink with the rpc
+ * layer, starts pie-worker (tests/support/pie_proc.h) dialling it with the generated tiny-f32
+ * model, receives the registration, and sends scheduling steps. What comes back is compared
+ * with the engine run directly in this process on the same model (eng.h), bit for bit: both
+ * use one kernel thread, so the arithmetic is the same.
+ *
+ * Covered: the registration's ModelInfo and capacities, credits (the configured grant after
+ * `registered`, one back with the results of every step, results of a step in one message),
+ * prompt distributions and greedy generation equal to the engine, mask/copy/slot batches,
+ * per-item and per-batch errors with the worker serving on, the stats heartbeat, re-registration
+ * after the link drops (all slots free, engine kept), Drain with shutdown, the null backend, and
+ * start-up failures (bad model.path or backend cuda: NOT_SERVING with Info state FAILED, exit 1
+ * on SIGTERM; missing model.path: exit 2). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "eng.h"
+#include "mdl.h"
+#include "pie/v1/controller.pb-c.h"
+#include "pie/v1/worker.pb-c.h"
+#include "pie_proc.h"
+#include "rpc.h"
+#include "tok.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
+#define START_MS    20000 /* the worker serves within this (generous: sanitizers, loaded CI) */
+#define WAIT_MS     10000 /* a message the worker must send arrives within this */
+#define STOP_MS     20000
+#define MODEL_DIR   PIE_MODELS_DIR "/tiny-f32"
+#define PAGE        16
+#define KV_PAGES    64
+#define EMBED_SLOTS 256
+#define MAX_TOKENS  256
+
+static void leak_check(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    if (__lsan_do_recoverable_leak_check() != 0) {
+        fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n");
+        abort();
+    }
+#endif
+}
+
+TestSuite(worker_link, .fini = leak_check, .timeout = 120);
+
+static int64_t now_ms(void) { return rpc_now_ns() / 1000000; }
+
+/* ---- the fake controller --------------------------------------------------------------------- */
+
+typedef struct fc {
+    rpc_server *srv;
+    int port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rpc_call *call;        /* the WorkerLink call now open (a reference is held) */
+    int calls;             /* WorkerLink calls accepted so far */
+    Pie__V1__WorkerUp **q; /* received and not yet taken, oldest first */
+    size_t q_len, q_cap;
+} fc;
+
+static bool fc_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    (void)req;
+    fc *f = user;
+    rpc_call_ref(call);
+    pthread_mutex_lock(&f->mu);
+    rpc_call *old = f->call;
+    f->call = call;
+    f->calls++;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    if (old) rpc_call_unref(old);
+    return false;
+}
+
+static bool fc_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
+    (void)call;
+    fc *f = user;
+    pthread_mutex_lock(&f->mu);
+    if (f->q_len == f->q_cap) {
+        size_t cap = f->q_cap ? 2 * f->q_cap : 64;
+        Pie__V1__WorkerUp **q = realloc(f->q, cap * sizeof *q);
+        if (q == NULL) {
+            pthread_mutex_unlock(&f->mu);
+            return false; /* dropped: the test waiting for it fails with a timeout */
+        }
+        f->q = q;
+        f->q_cap = cap;
+    }
+    f->q[f->q_len++] = (Pie__V1__WorkerUp *)msg;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return true;
+}
+
+static void fc_on_half_close(rpc_call *call, void *user) {
+    (void)user;
+    rpc_call_finish(call, PIE_OK, NULL);
+}
+
+static void fc_on_done(rpc_call *call, void *user) {
+    fc *f = user;
+    pthread_mutex_lock(&f->mu);
+    bool mine = f->call == call;
+    if (mine) f->call = NULL;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    if (mine) rpc_call_unref(call);
+}
+
+static void fc_start(fc *f) {
+    memset(f, 0, sizeof *f);
+    cr_assert_eq(pthread_mutex_init(&f->mu, NULL), 0);
+    pthread_condattr_t ca;
+    cr_assert_eq(pthread_condattr_init(&ca), 0);
+    cr_assert_eq(pthread_condattr_setclock(&ca, CLOCK_MONOTONIC), 0);
+    cr_assert_eq(pthread_cond_init(&f->cv, &ca), 0);
+    pthread_condattr_destroy(&ca);
+    pie_status st;
+    rpc_server_opts so = {
+        .addr = "127.0.0.1:0", .n_threads = 1, .max_recv_bytes = -1, .max_send_bytes = -1};
+    f->srv = rpc_server_create(&so, &st);
+    cr_assert(f->srv, "%s", st.msg);
+    rpc_method m = {
+        .path = "/pie.v1.Controller/WorkerLink",
+        .kind = RPC_BIDI,
+        .request = &pie__v1__worker_up__descriptor,
+        .response = &pie__v1__worker_down__descriptor,
+        .on_call = fc_on_call,
+        .on_message = fc_on_message,
+        .on_half_close = fc_on_half_close,
+        .on_done = fc_on_done,
+        .user = f,
+    };
+    cr_assert_eq(rpc_server_add_methods(f->srv, &m, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(rpc_server_start(f->srv, &st), PIE_OK, "%s", st.msg);
+    f->port = rpc_server_port(f->srv);
+}
+
+static void fc_stop(fc *f) {
+    rpc_server_shutdown(f->srv, 0);
+    rpc_server_destroy(f->srv);
+    for (size_t i = 0; i < f->q_len; i++) rpc_msg_free(&f->q[i]->base);
+    free(f->q);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+}
+
+/* Waits on cv until the absolute CLOCK_MONOTONIC deadline; false once it passed. */
+static bool fc_wait(fc *f, int64_t deadline_ms) {
+    if (now_ms() >= deadline_ms) return false;
+    int64_t ns = deadline_ms * 1000000;
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    return true;
+}
+
+/* A heartbeat alone: stats and nothing else. */
+static bool stats_only(const Pie__V1__WorkerUp *up) {
+    return up->stats && !up->registration && up->n_results == 0 && up->credits == 0 &&
+           !up->capacity;
+}
+
+/* The next WorkerUp (heartbeats skipped unless want_stats), or NULL after timeout_ms. */
+static Pie__V1__WorkerUp *fc_recv_opt(fc *f, int64_t timeout_ms, bool want_stats) {
+    int64_t deadline = now_ms() + timeout_ms;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        while (f->q_len > 0) {
+            Pie__V1__WorkerUp *up = f->q[0];
+            memmove(f->q, f->q + 1, (f->q_len - 1) * sizeof *f->q);
+            f->q_len--;
+            if (want_stats || !stats_only(up)) {
+                pthread_mutex_unlock(&f->mu);
+                return up;
+            }
+            rpc_msg_free(&up->base);
+        }
+        if (!fc_wait(f, deadline)) break;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+static Pie__V1__WorkerUp *fc_recv(fc *f, const pie_proc *w) {
+    Pie__V1__WorkerUp *up = fc_recv_opt(f, WAIT_MS, false);
+    if (up == NULL) {
+        char *tail = w ? pie_proc_log_tail(w, 3000) : NULL;
+        cr_assert_fail("no WorkerUp from the worker within %d ms; worker log:\n%s", WAIT_MS,
+                       tail ? tail : "");
+    }
+    return up;
+}
+
+/* Waits until the worker has opened its n-th WorkerLink call. */
+static void fc_wait_call(fc *f, int n) {
+    int64_t deadline = now_ms() + WAIT_MS;
+    pthread_mutex_lock(&f->mu);
+    while (!(f->calls >= n && f->call != NULL) && fc_wait(f, deadline)) {}
+    bool ok = f->calls >= n && f->call != NULL;
+    int calls = f->calls;
+    pthread_mutex_unlock(&f->mu);
+    cr_assert(ok, "the worker opened %d WorkerLink calls, not %d, within %d ms", calls, n, WAIT_MS);
+}
+
+static void fc_send(fc *f, const Pie__V1__WorkerDown *down) {
+    pthread_mutex_lock(&f->mu);
+    rpc_call *call = f->call;
+    if (call) rpc_call_ref(call);
+    pthread_mutex_unlock(&f->mu);
+    cr_assert(call, "no WorkerLink call to send on");
+    pie_code rc = rpc_call_send(call, &down->base);
+    rpc_call_unref(call);
+    cr_assert_eq(rc, PIE_OK, "rpc_call_send: %s", pie_code_name(rc));
+}
+
+/* Ends the current call as a controller that goes away would. */
+static void fc_drop(fc *f) {
+    pthread_mutex_lock(&f->mu);
+    rpc_call *call = f->call;
+    if (call) rpc_call_ref(call);
+    pthread_mutex_unlock(&f->mu);
+    cr_assert(call, "no WorkerLink call to drop");
+    rpc_call_cancel(call, PIE_UNAVAILABLE, "test: the controller drops the link");
+    rpc_call_unref(call);
+}
+
+/* ---- the worker process -----------------------------------------------------------------------
+ */
+
+typedef struct wopts {
+    const char *backend;     /* NULL: cpu (the default) */
+    const char *model_path;  /* NULL: tiny-f32; "": not set */
+    const char *credits;     /* NULL: the default (1) */
+    const char *listen;      /* NULL: an ephemeral port */
+    const char *max_message; /* server.max_message; NULL: the default */
+} wopts;
+
+static pie_proc *spawn_worker(const fc *f, const wopts *o) {
+    char ctl[64], model[512], backend[64], credits[64], listen[64], maxmsg[64];
+    const char *env[16];
+    size_t n = 0;
+    snprintf(ctl, sizeof ctl, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", f->port);
+    env[n++] = ctl;
+    const char *mp = o && o->model_path ? o->model_path : MODEL_DIR;
+    if (mp[0] != '\0') {
+        snprintf(model, sizeof model, "PIE_MODEL_PATH=%s", mp);
+        env[n++] = model;
+    }
+    if (o && o->backend) {
+        snprintf(backend, sizeof backend, "PIE_BACKEND=%s", o->backend);
+        env[n++] = backend;
+    }
+    if (o && o->credits) {
+        snprintf(credits, sizeof credits, "PIE_BATCH_CREDITS=%s", o->credits);
+        env[n++] = credits;
+    }
+    if (o && o->listen) {
+        snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=%s", o->listen);
+        env[n++] = listen;
+    }
+    if (o && o->max_message) {
+        snprintf(maxmsg, sizeof maxmsg, "PIE_SERVER_MAX_MESSAGE=%s", o->max_message);
+        env[n++] = maxmsg;
+    }
+    env[n++] = "PIE_ENGINE_THREADS=1";
+    env[n++] = "PIE_POOL_KV_PAGES=64";
+    env[n++] = "PIE_POOL_EMBED_SLOTS=256";
+    env[n++] = "PIE_BATCH_MAX_TOKENS=256";
+    env[n++] = "PIE_WORKER_GROUP_ID=test-worker";
+    env[n++] = "PIE_CONTROLLER_RECONNECT_INITIAL=50ms";
+    env[n++] = "PIE_CONTROLLER_RECONNECT_MAX=200ms";
+    env[n] = NULL;
+    pie_status st;
+    pie_proc_opts po = {.env = env};
+    pie_proc *p = pie_proc_spawn("pie-worker", &po, &st);
+    cr_assert(p, "%s", st.msg);
+    return p;
+}
+
+static pie_proc *start_worker(const fc *f, const wopts *o) {
+    pie_proc *p = spawn_worker(f, o);
+    pie_status st;
+    cr_assert_eq(pie_proc_wait_ready(p, START_MS, &st), PIE_OK, "%s", st.msg);
+    return p;
+}
+
+/* SIGTERM; the exit status must be `want`. */
+static void stop_worker(pie_proc *p, int want) {
+    pie_status st;
+    if (pie_proc_signal(p, SIGTERM, &st) != PIE_OK) { /* already exited */
+    }
+    int rc = pie_proc_wait(p, STOP_MS, &st);
+    char *tail = pie_proc_log_tail(p, 3000);
+    cr_assert_eq(rc, want, "pie-worker exited with %d, not %d: %s\nlog:\n%s", rc, want, st.msg,
+                 tail ? tail : "");
+    free(tail);
+    pie_proc_destroy(p);
+}
+
+/* Receives the registration; the caller frees it. */
+static Pie__V1__WorkerUp *expect_registration(fc *f, const pie_proc *w, int nth_call) {
+    fc_wait_call(f, nth_call);
+    Pie__V1__WorkerUp *up = fc_recv(f, w);
+    cr_assert(up->registration, "the first WorkerUp carries no registration");
+    return up;
+}
+
+static void send_registered(fc *f, uint32_t index, uint32_t heartbeat_ms) {
+    Pie__V1__WorkerRegistered r = PIE__V1__WORKER_REGISTERED__INIT;
+    r.worker_index = index;
+    r.version = "pie-c/0.1.0";
+    r.heartbeat_ms = heartbeat_ms;
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.registered = &r;
+    fc_send(f, &down);
+}
+
+static void expect_credits(fc *f, const pie_proc *w, uint32_t n) {
+    Pie__V1__WorkerUp *up = fc_recv(f, w);
+    cr_assert_eq(up->n_results, 0, "the credit grant carries %zu results", up->n_results);
+    cr_assert_eq(up->credits, n, "the worker granted %u credits after registering, not %u",
+                 up->credits, n);
+    rpc_msg_free(&up->base);
+}
+
+/* Registration, `registered` (heartbeat 60 s: no heartbeats during a test), the credit grant. */
+static void link_up(fc *f, const pie_proc *w, uint32_t credits) {
+    Pie__V1__WorkerUp *reg = expect_registration(f, w, 1);
+    rpc_msg_free(&reg->base);
+    send_registered(f, 1, 60000);
+    expect_credits(f, w, credits);
+}
+
+/* ---- building steps ----------------------------------------------------------------------------
+ */
+
+typedef struct arena {
+    _Alignas(16) char buf[1 << 17];
+    size_t used;
+} arena;
+
+static void *anew(arena *a, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    cr_assert_leq(a->used + n, sizeof a->buf, "test arena too small");
+    void *p = a->buf + a->used;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+static uint32_t *acopy(arena *a, const uint32_t *v, size_t n) {
+    if (n == 0) return NULL;
+    uint32_t *p = anew(a, n * sizeof *p);
+    memcpy(p, v, n * sizeof *p);
+    return p;
+}
+
+static Pie__V1__Batch *b_new(arena *a, uint64_t id) {
+    Pie__V1__Batch *b = anew(a, sizeof *b);
+    pie__v1__batch__init(b);
+    b->batch_id = id;
+    return b;
+}
+
+typedef struct slots_spec {
+    const uint32_t *alloc_kv, *alloc_emb, *free_kv, *free_emb;
+    size_t n_alloc_kv, n_alloc_emb, n_free_kv, n_free_emb;
+} slots_spec;
+
+static Pie__V1__Batch *b_slots(arena *a, uint64_t id, slots_spec s) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__SlotBatch *sb = anew(a, sizeof *sb);
+    pie__v1__slot_batch__init(sb);
+    sb->alloc_kv_slots = acopy(a, s.alloc_kv, sb->n_alloc_kv_slots = s.n_alloc_kv);
+    sb->alloc_embed_slots = acopy(a, s.alloc_emb, sb->n_alloc_embed_slots = s.n_alloc_emb);
+    sb->free_kv_slots = acopy(a, s.free_kv, sb->n_free_kv_slots = s.n_free_kv);
+    sb->free_embed_slots = acopy(a, s.free_emb, sb->n_free_embed_slots = s.n_free_emb);
+    b->kind_case = PIE__V1__BATCH__KIND_SLOTS;
+    b->slots = sb;
+    return b;
+}
+
+static Pie__V1__Batch *b_embed(arena *a, uint64_t id, const uint32_t *slots, const uint32_t *toks,
+                               const uint32_t *pos, size_t n) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__EmbedTextBatch *e = anew(a, sizeof *e);
+    pie__v1__embed_text_batch__init(e);
+    e->embed_slots = acopy(a, slots, e->n_embed_slots = n);
+    e->token_ids = acopy(a, toks, e->n_token_ids = n);
+    e->positions = acopy(a, pos, e->n_positions = n);
+    b->kind_case = PIE__V1__BATCH__KIND_EMBED_TEXT;
+    b->embed_text = e;
+    return b;
+}
+
+static Pie__V1__ForwardItem *fwd_item(arena *a, const eng_forward_item *it) {
+    Pie__V1__ForwardItem *fi = anew(a, sizeof *fi);
+    pie__v1__forward_item__init(fi);
+    fi->kv_slots = acopy(a, it->kv_pages, fi->n_kv_slots = it->n_kv_pages);
+    fi->kv_last_page_len = it->kv_last_page_len;
+    fi->append_kv = it->append_kv;
+    fi->input_embed_slots = acopy(a, it->in_slots, fi->n_input_embed_slots = it->n_in);
+    fi->output_embed_slots = acopy(a, it->out_slots, fi->n_output_embed_slots = it->n_out);
+    return fi;
+}
+
+/* A forward batch of the items the engine would be given. */
+static Pie__V1__Batch *b_forward(arena *a, uint64_t id, const eng_forward_item *items, size_t n) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__ForwardBatch *fb = anew(a, sizeof *fb);
+    pie__v1__forward_batch__init(fb);
+    fb->n_items = n;
+    fb->items = anew(a, n * sizeof *fb->items);
+    for (size_t i = 0; i < n; i++) fb->items[i] = fwd_item(a, &items[i]);
+    b->kind_case = PIE__V1__BATCH__KIND_FORWARD;
+    b->forward = fb;
+    return b;
+}
+
+static Pie__V1__Batch *b_next_dist(arena *a, uint64_t id, const uint32_t *slots, const uint32_t *k,
+                                   const float *t, size_t n) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__NextDistBatch *nb = anew(a, sizeof *nb);
+    pie__v1__next_dist_batch__init(nb);
+    nb->n_items = n;
+    nb->items = anew(a, n * sizeof *nb->items);
+    for (size_t i = 0; i < n; i++) {
+        Pie__V1__NextDistItem *it = anew(a, sizeof *it);
+        pie__v1__next_dist_item__init(it);
+        it->embed_slot = slots[i];
+        it->top_k = k[i];
+        it->temperature = t[i];
+        nb->items[i] = it;
+    }
+    b->kind_case = PIE__V1__BATCH__KIND_NEXT_DIST;
+    b->next_dist = nb;
+    return b;
+}
+
+static Pie__V1__Batch *b_mask(arena *a, uint64_t id, uint32_t slot, const bool *masked, size_t n) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__MaskPageBatch *mb = anew(a, sizeof *mb);
+    pie__v1__mask_page_batch__init(mb);
+    Pie__V1__MaskPageItem *it = anew(a, sizeof *it);
+    pie__v1__mask_page_item__init(it);
+    it->kv_slot = slot;
+    it->n_masked = n;
+    it->masked = anew(a, n * sizeof *it->masked);
+    for (size_t i = 0; i < n; i++) it->masked[i] = masked[i];
+    mb->n_items = 1;
+    mb->items = anew(a, sizeof *mb->items);
+    mb->items[0] = it;
+    b->kind_case = PIE__V1__BATCH__KIND_MASK_PAGE;
+    b->mask_page = mb;
+    return b;
+}
+
+static Pie__V1__Batch *b_copy(arena *a, uint64_t id, const eng_copy_item *c) {
+    Pie__V1__Batch *b = b_new(a, id);
+    Pie__V1__CopyPageBatch *cb = anew(a, sizeof *cb);
+    pie__v1__copy_page_batch__init(cb);
+    Pie__V1__CopyPageItem *it = anew(a, sizeof *it);
+    pie__v1__copy_page_item__init(it);
+    it->src_kv_slot = c->src;
+    it->dst_kv_slot = c->dst;
+    it->src_offset = c->src_off;
+    it->dst_offset = c->dst_off;
+    it->token_count = c->count;
+    cb->n_items = 1;
+    cb->items = anew(a, sizeof *cb->items);
+    cb->items[0] = it;
+    b->kind_case = PIE__V1__BATCH__KIND_COPY_PAGE;
+    b->copy_page = cb;
+    return b;
+}
+
+static void send_step(fc *f, Pie__V1__Batch **batches, size_t n) {
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.n_batches = n;
+    down.batches = batches;
+    fc_send(f, &down);
+}
+
+/* The results of one step: n results with the step's batch ids and one credit. Caller frees. */
+static Pie__V1__WorkerUp *expect_results(fc *f, const pie_proc *w, Pie__V1__Batch **batches,
+                                         size_t n) {
+    Pie__V1__WorkerUp *up = fc_recv(f, w);
+    cr_assert_eq(up->n_results, n, "a step of %zu batches came back as %zu results", n,
+                 up->n_results);
+    cr_assert_eq(up->credits, 1, "a step's results return %u credits, not 1", up->credits);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(up->results[i]->batch_id, batches[i]->batch_id,
+                     "result %zu is for batch %llu, not %llu", i,
+                     (unsigned long long)up->results[i]->batch_id,
+                     (unsigned long long)batches[i]->batch_id);
+    return up;
+}
+
+static void assert_batch_ok(const Pie__V1__BatchResult *r, size_t n_items) {
+    cr_assert_eq(r->code, 0, "batch %llu failed: %s %s", (unsigned long long)r->batch_id,
+                 pie_code_name((int)r->code), r->message);
+    cr_assert_eq(r->n_items, n_items, "batch %llu has %zu item results, not %zu",
+                 (unsigned long long)r->batch_id, r->n_items, n_items);
+}
+
+/* ---- the direct engine ------------------------------------------------------------------------
+ */
+
+static eng *open_engine(void) {
+    eng_opts o = {.model_dir = MODEL_DIR,
+                  .kv_page_size = PAGE,
+                  .kv_pages = KV_PAGES,
+                  .embed_slots = EMBED_SLOTS,
+                  .max_batch_tokens = MAX_TOKENS,
+                  .n_threads = 1};
+    eng *e = NULL;
+    pie_status st;
+    cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open: %s", st.msg);
+    return e;
+}
+
+/* Distributions straight from the engine, computed in ONE call as the worker does for one
+ * batch: lm_head runs over all rows of a call at once, and the rows of a call share its
+ * arithmetic (a one-row and a two-row product may round differently). want[i] gets the ids and
+ * probabilities of slots[i]; at most 4 items of k <= 512. */
+typedef struct direct_dist {
+    uint32_t ids[512];
+    float probs[512];
+    uint32_t k;
+} direct_dist;
+
+static void engine_dists(eng *e, const uint32_t *slots, const uint32_t *k, const float *t, size_t n,
+                         direct_dist *want) {
+    eng_dist_item it[4];
+    cr_assert_leq(n, 4);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_leq(k[i], 512);
+        want[i].k = k[i];
+        it[i] = (eng_dist_item){.slot = slots[i],
+                                .top_k = k[i],
+                                .temperature = t[i],
+                                .ids = want[i].ids,
+                                .probs = want[i].probs};
+    }
+    pie_status st;
+    cr_assert_eq(eng_next_dist(e, it, (uint32_t)n, &st), PIE_OK, "eng_next_dist: %s", st.msg);
+}
+
+/* A distribution from the link equals the engine's, bit for bit. */
+static void assert_dist_equal(const direct_dist *want, const Pie__V1__Distribution *d,
+                              const char *what) {
+    cr_assert(d, "%s: no distribution", what);
+    cr_assert_eq(d->n_token_ids, want->k, "%s: %zu token ids, not %u", what, d->n_token_ids,
+                 want->k);
+    cr_assert_eq(d->n_probs, want->k, "%s: %zu probabilities, not %u", what, d->n_probs, want->k);
+    for (uint32_t i = 0; i < want->k; i++) {
+        cr_assert_eq(d->token_ids[i], want->ids[i], "%s: token %u is %u over the link, %u direct",
+                     what, i, d->token_ids[i], want->ids[i]);
+        cr_assert(d->probs[i] == want->probs[i], "%s: p[%u] is %.9g over the link, %.9g direct",
+                  what, i, (double)d->probs[i], (double)want->probs[i]);
+    }
+}
+
+/* What a SlotBatch allocating KV pages does to the engine: an all-visible mask on each. */
+static void alloc_pages(eng *e, const uint32_t *pages, size_t n) {
+    static const bool clear[PAGE] = {false};
+    pie_status st;
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(eng_mask_page(e, pages[i], clear, &st), PIE_OK, "%s", st.msg);
+}
+
+/* A deterministic prompt below the special tokens (507..511 in tiny-f32). */
+static uint32_t prompt_token(uint32_t i) { return (i * 37u + 11u) % 500u; }
+
+/* ---- tests: registration ------------------------------------------------------------------------
+ */
+
+/* sha256sum of path, lowercase hex, into out[65]. */
+static void sha256_file(const char *path, char out[65]) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen sha256sum");
+    char line[256] = "";
+    cr_assert(fgets(line, sizeof line, p), "sha256sum printed nothing");
+    cr_assert_eq(pclose(p), 0, "sha256sum failed");
+    memcpy(out, line, 64);
+    out[64] = '\0';
+}
+
+Test(worker_link, registers_with_the_models_info_and_capacities_then_grants_one_credit) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_str_eq(r->group_id, "test-worker");
+    cr_assert_str_eq(r->version, "pie-c/0.1.0");
+    cr_assert_eq(r->backend, PIE__V1__BACKEND__BACKEND_CPU);
+    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU);
+    cr_assert_eq(r->tp_size, 1);
+    cr_assert_str_eq(r->device, "cpu: 1 threads");
+
+    mdl_config c;
+    pie_status st;
+    cr_assert_eq(mdl_config_load(MODEL_DIR, &c, &st), PIE_OK, "%s", st.msg);
+    const Pie__V1__ModelInfo *m = r->model;
+    cr_assert(m, "registration without a model");
+    cr_assert_str_eq(m->name, "tiny-f32", "model.name defaults to the directory's basename");
+    cr_assert_eq(m->vocab_size, c.vocab_size);
+    cr_assert_eq(m->kv_page_size, PAGE);
+    cr_assert_eq(m->num_layers, c.n_layers);
+    cr_assert_eq(m->hidden_size, c.hidden_size);
+    cr_assert_eq(m->num_heads, c.n_heads);
+    cr_assert_eq(m->num_kv_heads, c.n_kv_heads);
+    cr_assert_eq(m->head_dim, c.head_dim);
+    cr_assert_eq(m->max_context_tokens, c.max_position);
+    cr_assert_eq(m->max_forward_tokens, MAX_TOKENS);
+    cr_assert_str_eq(m->dtype, "f32");
+    cr_assert_str_eq(m->architecture, c.architecture);
+    cr_assert_eq(m->default_top_k, 256);
+    cr_assert_eq(m->max_top_k, c.vocab_size < 1024 ? c.vocab_size : 1024);
+    cr_assert_eq(m->n_traits, 5);
+    cr_assert_str_eq(m->traits[0], "allocate");
+
+    const Pie__V1__TokenizerInfo *t = m->tokenizer;
+    cr_assert(t, "model without tokenizer info");
+    cr_assert_str_eq(t->kind, "bpe-bytelevel");
+    char sha[65];
+    sha256_file(MODEL_DIR "/tokenizer.json", sha);
+    cr_assert_str_eq(t->tokenizer_sha256, sha);
+    tok *tk = NULL;
+    cr_assert_eq(tok_load(MODEL_DIR "/tokenizer.json", &tk, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(t->num_tokens, tok_vocab_size(tk));
+    tok_free(tk);
+    cr_assert(t->has_bos_token);
+    cr_assert_eq((int32_t)t->bos_token_id, c.bos_token_id);
+    cr_assert_eq(t->n_stop_token_ids, c.n_eos_token_ids);
+    for (size_t i = 0; i < t->n_stop_token_ids; i++)
+        cr_assert_eq((int32_t)t->stop_token_ids[i], c.eos_token_ids[i]);
+
+    const Pie__V1__WorkerCapacity *cap = r->capacity;
+    cr_assert(cap, "registration without capacity");
+    cr_assert_eq(cap->kv_pages_max, KV_PAGES);
+    cr_assert_eq(cap->kv_pages_effective, KV_PAGES);
+    cr_assert_eq(cap->kv_pages_gpu, KV_PAGES);
+    cr_assert_eq(cap->embed_slots, EMBED_SLOTS);
+    cr_assert_eq(cap->max_batch_tokens, MAX_TOKENS);
+    cr_assert_eq(cap->max_batch_items, 256);
+    rpc_msg_free(&up->base);
+
+    send_registered(&f, 7, 60000);
+    expect_credits(&f, w, 1);
+
+    /* Info agrees, READY and linked. */
+    rpc_channel *ch = rpc_channel_create(pie_proc_addr(w), NULL, &st);
+    cr_assert(ch, "%s", st.msg);
+    Pie__V1__InfoRequest ireq = PIE__V1__INFO_REQUEST__INIT;
+    Pie__V1__InfoResponse *info = NULL;
+    rpc_call_opts co = {.timeout_ms = WAIT_MS};
+    cr_assert_eq(rpc_unary(ch, "/pie.v1.Worker/Info", &ireq.base,
+                           &pie__v1__info_response__descriptor, (ProtobufCMessage **)&info, &co,
+                           &st),
+                 PIE_OK, "Info: %s", st.msg);
+    cr_assert_eq(info->state, PIE__V1__LOAD_STATE__LOAD_STATE_READY);
+    cr_assert(info->model && strcmp(info->model->name, "tiny-f32") == 0);
+    cr_assert(info->capacity && info->capacity->kv_pages_max == KV_PAGES);
+    cr_assert(info->controller_linked);
+    cr_assert_gt(info->device_pool_bytes, 0);
+    rpc_msg_free(&info->base);
+    rpc_channel_destroy(ch);
+
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* ---- tests: execution ---------------------------------------------------------------------------
+ */
+
+#define PROMPT 20
+
+/* Sends the prompt step (slots, embed_text, forward, next_dist with k = 0 → 256 at t = 0 → 1
+ * and k = 10 at t = 0.7) and runs the same on e; checks every result. Output embedding: slot
+ * PROMPT. Pages 0 and 1 hold the prompt's K/V afterwards. */
+static void prompt_step(fc *f, const pie_proc *w, eng *e) {
+    uint32_t slots[PROMPT], toks[PROMPT], pos[PROMPT], out = PROMPT, kv[2] = {0, 1};
+    uint32_t emb_all[PROMPT + 2];
+    for (uint32_t i = 0; i < PROMPT; i++) slots[i] = i, toks[i] = prompt_token(i), pos[i] = i;
+    for (uint32_t i = 0; i < PROMPT + 2; i++) emb_all[i] = i;
+    eng_forward_item it = {.kv_pages = kv,
+                           .n_kv_pages = 2,
+                           .kv_last_page_len = PROMPT - PAGE,
+                           .append_kv = true,
+                           .in_slots = slots,
+                           .n_in = PROMPT,
+                           .out_slots = &out,
+                           .n_out = 1};
+    static arena a;
+    a.used = 0;
+    uint32_t dslots[2] = {out, out}, dk[2] = {0, 10};
+    float dt[2] = {0.0f, 0.7f};
+    Pie__V1__Batch *b[4] = {
+        b_slots(
+            &a, 1,
+            (slots_spec){
+                .alloc_kv = kv, .n_alloc_kv = 2, .alloc_emb = emb_all, .n_alloc_emb = PROMPT + 2}),
+        b_embed(&a, 2, slots, toks, pos, PROMPT),
+        b_forward(&a, 3, &it, 1),
+        b_next_dist(&a, 4, dslots, dk, dt, 2),
+    };
+    send_step(f, b, 4);
+    pie_status st;
+    alloc_pages(e, kv, 2);
+    cr_assert_eq(eng_embed_text(e, slots, toks, pos, PROMPT, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
+
+    Pie__V1__WorkerUp *up = expect_results(f, w, b, 4);
+    assert_batch_ok(up->results[0], 0);
+    assert_batch_ok(up->results[1], 0);
+    assert_batch_ok(up->results[2], 0);
+    assert_batch_ok(up->results[3], 2);
+    const Pie__V1__BatchResult *nd = up->results[3];
+    cr_assert_eq(nd->items[0]->code, 0, "%s", nd->items[0]->message);
+    cr_assert_eq(nd->items[1]->code, 0, "%s", nd->items[1]->message);
+    static direct_dist want[2];
+    uint32_t wk[2] = {256, 10}; /* the defaults resolved: k 0 → 256, t 0 → 1 */
+    float wt[2] = {1.0f, 0.7f};
+    engine_dists(e, dslots, wk, wt, 2, want);
+    assert_dist_equal(&want[0], nd->items[0]->distribution, "k=0, t=0");
+    assert_dist_equal(&want[1], nd->items[1]->distribution, "k=10, t=0.7");
+    rpc_msg_free(&up->base);
+}
+
+Test(worker_link, prompt_distributions_over_the_link_equal_the_engines) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    eng *e = open_engine();
+    prompt_step(&f, w, e);
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, greedy_generation_of_16_tokens_over_the_link_equals_the_engine) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    eng *e = open_engine();
+    prompt_step(&f, w, e);
+
+    /* Greedy from the prompt: the link's argmax and the engine's must agree at every step. */
+    uint32_t out = PROMPT, in = PROMPT + 1, kv[3] = {0, 1, 2}, n_pages = 2, len = PROMPT;
+    uint32_t got[16], want[16];
+    uint32_t k1 = 1;
+    float t1 = 1.0f;
+    pie_status st;
+    for (int s = 0; s < 16; s++) {
+        static arena a;
+        a.used = 0;
+        /* the next token: argmax of the last output, over the link and directly */
+        uint32_t id_direct;
+        float p_direct;
+        eng_dist_item di = {
+            .slot = out, .top_k = 1, .temperature = 1.0f, .ids = &id_direct, .probs = &p_direct};
+        cr_assert_eq(eng_next_dist(e, &di, 1, &st), PIE_OK, "%s", st.msg);
+        want[s] = id_direct;
+        Pie__V1__Batch *b[4];
+        size_t nb = 0;
+        if (len == n_pages * PAGE) {
+            uint32_t page = n_pages;
+            b[nb++] = b_slots(&a, 100 + 10 * (uint64_t)s,
+                              (slots_spec){.alloc_kv = &page, .n_alloc_kv = 1});
+            alloc_pages(e, &page, 1);
+            n_pages++;
+        }
+        b[nb++] = b_next_dist(&a, 101 + 10 * (uint64_t)s, &out, &k1, &t1, 1);
+        send_step(&f, b, nb);
+        Pie__V1__WorkerUp *up = expect_results(&f, w, b, nb);
+        const Pie__V1__BatchResult *nd = up->results[nb - 1];
+        assert_batch_ok(nd, 1);
+        cr_assert_eq(nd->items[0]->code, 0, "%s", nd->items[0]->message);
+        got[s] = nd->items[0]->distribution->token_ids[0];
+        cr_assert(nd->items[0]->distribution->probs[0] == p_direct,
+                  "step %d: p(argmax) %.9g over the link, %.9g direct", s,
+                  (double)nd->items[0]->distribution->probs[0], (double)p_direct);
+        rpc_msg_free(&up->base);
+        cr_assert_eq(got[s], want[s], "step %d: token %u over the link, %u direct", s, got[s],
+                     want[s]);
+
+        /* embed it at position len and run one decode step: one message, three batches */
+        a.used = 0;
+        uint32_t tokv = got[s], posv = len;
+        len++;
+        eng_forward_item it = {.kv_pages = kv,
+                               .n_kv_pages = n_pages,
+                               .kv_last_page_len = len - (n_pages - 1) * PAGE,
+                               .append_kv = true,
+                               .in_slots = &in,
+                               .n_in = 1,
+                               .out_slots = &out,
+                               .n_out = 1};
+        Pie__V1__Batch *d[2] = {b_embed(&a, 102 + 10 * (uint64_t)s, &in, &tokv, &posv, 1),
+                                b_forward(&a, 103 + 10 * (uint64_t)s, &it, 1)};
+        send_step(&f, d, 2);
+        cr_assert_eq(eng_embed_text(e, &in, &tokv, &posv, 1, &st), PIE_OK, "%s", st.msg);
+        cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
+        up = expect_results(&f, w, d, 2);
+        assert_batch_ok(up->results[0], 0);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+    }
+    cr_log_info("greedy tokens: %u %u %u %u ...", got[0], got[1], got[2], got[3]);
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, copy_mask_and_slot_batches_match_the_engine_and_a_reused_page_starts_unmasked) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    eng *e = open_engine();
+    prompt_step(&f, w, e); /* pages 0, 1 hold 20 tokens */
+
+    /* Copy page 0 into page 2, hide token 3 of the copy, and decode one token over [2, 1]. */
+    static arena a;
+    a.used = 0;
+    uint32_t page2 = 2, in = PROMPT + 1, out = PROMPT, tokv = 42, posv = PROMPT;
+    uint32_t ctx[2] = {2, 1};
+    bool masked[PAGE] = {false};
+    masked[3] = true;
+    eng_copy_item cp = {.src = 0, .dst = 2, .src_off = 0, .dst_off = 0, .count = PAGE};
+    eng_forward_item it = {.kv_pages = ctx,
+                           .n_kv_pages = 2,
+                           .kv_last_page_len = PROMPT - PAGE,
+                           .append_kv = false,
+                           .in_slots = &in,
+                           .n_in = 1,
+                           .out_slots = &out,
+                           .n_out = 1};
+    uint32_t k = 16;
+    float t = 1.0f;
+    Pie__V1__Batch *b[6] = {
+        b_slots(&a, 11, (slots_spec){.alloc_kv = &page2, .n_alloc_kv = 1}),
+        b_copy(&a, 12, &cp),
+        b_mask(&a, 13, 2, masked, PAGE),
+        b_embed(&a, 14, &in, &tokv, &posv, 1),
+        b_forward(&a, 15, &it, 1),
+        b_next_dist(&a, 16, &out, &k, &t, 1),
+    };
+    send_step(&f, b, 6);
+    pie_status st;
+    alloc_pages(e, &page2, 1);
+    cr_assert_eq(eng_copy_pages(e, &cp, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_mask_page(e, 2, masked, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_embed_text(e, &in, &tokv, &posv, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 6);
+    for (int i = 0; i < 5; i++) assert_batch_ok(up->results[i], 0);
+    assert_batch_ok(up->results[5], 1);
+    const Pie__V1__Distribution *masked_dist = up->results[5]->items[0]->distribution;
+    static direct_dist want;
+    engine_dists(e, &out, &k, &t, 1, &want);
+    assert_dist_equal(&want, masked_dist, "masked copy");
+    float p_masked[16];
+    memcpy(p_masked, masked_dist->probs, sizeof p_masked);
+    rpc_msg_free(&up->base);
+
+    /* Free page 2 and allocate it again in one SlotBatch (frees first), then copy only tokens
+     * 0..2 over it: token 3 keeps its K/V, and is visible again only if the allocation cleared
+     * the mask. */
+    a.used = 0;
+    cp.count = 3;
+    Pie__V1__Batch *c[5] = {
+        b_slots(
+            &a, 21,
+            (slots_spec){.free_kv = &page2, .n_free_kv = 1, .alloc_kv = &page2, .n_alloc_kv = 1}),
+        b_copy(&a, 22, &cp),
+        b_embed(&a, 23, &in, &tokv, &posv, 1),
+        b_forward(&a, 24, &it, 1),
+        b_next_dist(&a, 25, &out, &k, &t, 1),
+    };
+    send_step(&f, c, 5);
+    alloc_pages(e, &page2, 1);
+    cr_assert_eq(eng_copy_pages(e, &cp, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_embed_text(e, &in, &tokv, &posv, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
+    up = expect_results(&f, w, c, 5);
+    for (int i = 0; i < 4; i++) assert_batch_ok(up->results[i], 0);
+    assert_batch_ok(up->results[4], 1);
+    const Pie__V1__Distribution *clear_dist = up->results[4]->items[0]->distribution;
+    engine_dists(e, &out, &k, &t, 1, &want);
+    assert_dist_equal(&want, clear_dist, "reallocated page");
+    cr_assert(memcmp(p_masked, clear_dist->probs, sizeof p_masked) != 0,
+              "hiding token 3 did not change the distribution: the test proves nothing");
+    rpc_msg_free(&up->base);
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* ---- tests: errors ------------------------------------------------------------------------------
+ */
+
+static void assert_item(const Pie__V1__BatchResult *r, size_t i, pie_code code, const char *text) {
+    cr_assert_lt(i, r->n_items, "batch %llu: no item result %zu (it has %zu)",
+                 (unsigned long long)r->batch_id, i, r->n_items);
+    const Pie__V1__ItemResult *it = r->items[i];
+    cr_assert_eq(it->code, (uint32_t)code, "batch %llu item %zu: %s (%s), not %s",
+                 (unsigned long long)r->batch_id, i, pie_code_name((int)it->code), it->message,
+                 pie_code_name(code));
+    if (text)
+        cr_assert_str_eq(it->message, text, "batch %llu item %zu", (unsigned long long)r->batch_id,
+                         i);
+    else
+        cr_assert_str_empty(it->message);
+}
+
+static void assert_batch_failed(const Pie__V1__BatchResult *r, pie_code code, const char *text) {
+    cr_assert_eq(r->code, (uint32_t)code, "batch %llu: %s (%s), not %s",
+                 (unsigned long long)r->batch_id, pie_code_name((int)r->code), r->message,
+                 pie_code_name(code));
+    cr_assert_str_eq(r->message, text, "batch %llu", (unsigned long long)r->batch_id);
+    cr_assert_eq(r->n_items, 0, "a failed batch carries %zu item results", r->n_items);
+}
+
+Test(worker_link, invalid_slot_ids_fail_their_item_or_batch_and_the_worker_serves_on) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    static arena a;
+    uint32_t kv0 = 0, emb01[2] = {0, 1};
+    uint32_t es[4] = {0, 9999, 1, 5}, et[4] = {1, 2, 3, 4}, ep[4] = {0, 1, 2, 3};
+    uint32_t ds[3] = {1, 77777, 1}, dk[3] = {4, 4, 100000};
+    float dt[3] = {1.0f, 1.0f, 1.0f};
+    uint32_t bad_kv[2] = {0, 3}, in0 = 0, out1 = 1;
+    eng_forward_item fi[2] = {
+        {.kv_pages = bad_kv,
+         .n_kv_pages = 2,
+         .kv_last_page_len = 1,
+         .append_kv = false,
+         .in_slots = &in0,
+         .n_in = 1},
+        {.kv_pages = &kv0,
+         .n_kv_pages = 1,
+         .kv_last_page_len = 1,
+         .append_kv = false,
+         .in_slots = &in0,
+         .n_in = 1,
+         .out_slots = &out1,
+         .n_out = 1},
+    };
+    uint32_t unalloc = 5, short_pos[1] = {0};
+    Pie__V1__Batch *b[8];
+    b[0] = b_slots(
+        &a, 1,
+        (slots_spec){.alloc_kv = &kv0, .n_alloc_kv = 1, .alloc_emb = emb01, .n_alloc_emb = 2});
+    b[1] = b_embed(&a, 2, es, et, ep, 4);
+    b[2] = b_next_dist(&a, 3, ds, dk, dt, 3);
+    b[3] = b_slots(&a, 4, (slots_spec){.free_kv = &unalloc, .n_free_kv = 1});
+    b[4] = b_new(&a, 5); /* no kind */
+    b[5] = b_forward(&a, 6, fi, 2);
+    b[6] = b_embed(&a, 7, es, et, short_pos, 1);
+    b[6]->embed_text->n_token_ids = 2; /* lists of different lengths */
+    b[6]->embed_text->token_ids = et;
+    b[7] = b_slots(&a, 8, (slots_spec){.alloc_kv = &kv0, .n_alloc_kv = 1});
+    send_step(&f, b, 8);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 8);
+    assert_batch_ok(up->results[0], 0);
+
+    const Pie__V1__BatchResult *r = up->results[1];
+    assert_batch_ok(r, 4);
+    assert_item(r, 0, PIE_OK, NULL);
+    assert_item(r, 1, PIE_INVALID_ARGUMENT,
+                "embed_text: item 1: embed slot 9999 is out of range [0, 256)");
+    assert_item(r, 2, PIE_OK, NULL);
+    assert_item(r, 3, PIE_INVALID_ARGUMENT, "embed_text: item 3: embed slot 5 is not allocated");
+
+    r = up->results[2];
+    assert_batch_ok(r, 3);
+    assert_item(r, 0, PIE_OK, NULL);
+    cr_assert(r->items[0]->distribution && r->items[0]->distribution->n_token_ids == 4);
+    assert_item(r, 1, PIE_INVALID_ARGUMENT,
+                "next_dist: item 1: embed slot 77777 is out of range [0, 256)");
+    cr_assert_null(r->items[1]->distribution);
+    assert_item(r, 2, PIE_INVALID_ARGUMENT,
+                "next_dist: item 2: top_k 100000 is out of range [1, 512]");
+
+    assert_batch_failed(up->results[3], PIE_INVALID_ARGUMENT,
+                        "slots: free_kv_slots[0] = 5 is not allocated");
+    assert_batch_failed(up->results[4], PIE_UNIMPLEMENTED,
+                        "batch 5: no kind this worker knows (slots, embed_text, forward, "
+                        "mask_page, copy_page, next_dist)");
+    r = up->results[5];
+    assert_batch_ok(r, 2);
+    assert_item(r, 0, PIE_INVALID_ARGUMENT, "forward: item 0: kv_slots[1] = 3 is not allocated");
+    assert_item(r, 1, PIE_OK, NULL);
+    assert_batch_failed(up->results[6], PIE_INVALID_ARGUMENT,
+                        "embed_text: embed_slots, token_ids and positions have 1, 2 and 1 "
+                        "entries; they must be equal");
+    assert_batch_failed(up->results[7], PIE_INVALID_ARGUMENT,
+                        "slots: alloc_kv_slots[0] = 0 is already allocated");
+    rpc_msg_free(&up->base);
+
+    /* The worker serves on: a valid step runs, and the failed SlotBatch changed nothing. */
+    a.used = 0;
+    uint32_t k4 = 4;
+    float t1 = 1.0f;
+    Pie__V1__Batch *c[2] = {b_next_dist(&a, 9, &emb01[1], &k4, &t1, 1),
+                            b_slots(&a, 10, (slots_spec){.free_kv = &kv0, .n_free_kv = 1})};
+    send_step(&f, c, 2);
+    up = expect_results(&f, w, c, 2);
+    assert_batch_ok(up->results[0], 1);
+    assert_item(up->results[0], 0, PIE_OK, NULL);
+    assert_batch_ok(up->results[1], 0);
+    rpc_msg_free(&up->base);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* ---- tests: credits, heartbeat, link loss, drain ------------------------------------------------
+ */
+
+Test(worker_link, credits_are_granted_after_registering_and_returned_one_per_step) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, &(wopts){.credits = "3"});
+    link_up(&f, w, 3);
+    /* Three steps at once (the grant allows it), two batches each: three answers, in order,
+     * each with both results and one credit. */
+    static arena a;
+    uint32_t emb[3] = {0, 1, 2}, tk[3] = {5, 6, 7}, pos[3] = {0, 1, 2};
+    Pie__V1__Batch *steps[3][2];
+    for (int s = 0; s < 3; s++) {
+        steps[s][0] =
+            b_slots(&a, 10 * (uint64_t)s + 1, (slots_spec){.alloc_emb = &emb[s], .n_alloc_emb = 1});
+        steps[s][1] = b_embed(&a, 10 * (uint64_t)s + 2, &emb[s], &tk[s], &pos[s], 1);
+    }
+    for (int s = 0; s < 3; s++) send_step(&f, steps[s], 2);
+    for (int s = 0; s < 3; s++) {
+        Pie__V1__WorkerUp *up = expect_results(&f, w, steps[s], 2);
+        assert_batch_ok(up->results[0], 0);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+    }
+    /* A Drain without shutdown uses no credit and gets no answer; the worker stays linked. */
+    Pie__V1__Drain dr = PIE__V1__DRAIN__INIT;
+    dr.reason = "test";
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.drain = &dr;
+    fc_send(&f, &down);
+    Pie__V1__WorkerUp *none = fc_recv_opt(&f, 300, false);
+    cr_assert_null(none, "a Drain without batches was answered (credits %u, %zu results)",
+                   none ? none->credits : 0, none ? none->n_results : 0);
+    cr_assert(pie_proc_wait_log(w, "event=wrk.link.drain shutdown=0", 1, WAIT_MS));
+    a.used = 0;
+    uint32_t k = 3;
+    float t = 1.0f;
+    Pie__V1__Batch *d[1] = {b_next_dist(&a, 40, &emb[0], &k, &t, 1)};
+    send_step(&f, d, 1);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, d, 1);
+    assert_batch_ok(up->results[0], 1);
+    rpc_msg_free(&up->base);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, results_larger_than_max_message_are_split_at_batch_boundaries) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, &(wopts){.max_message = "2KiB"});
+    link_up(&f, w, 1);
+    /* Three next_dist results of k = 150 (about 900 bytes each) do not fit in one 2 KiB
+     * message with the rest; one of k = 400 (about 2.4 KB) fits in none and is replaced by its
+     * failure. */
+    static arena a;
+    uint32_t emb[2] = {0, 1}, tk[2] = {5, 6}, pos[2] = {0, 1}, k150 = 150, k400 = 400;
+    float t = 1.0f;
+    Pie__V1__Batch *b[6] = {
+        b_slots(&a, 1, (slots_spec){.alloc_emb = emb, .n_alloc_emb = 2}),
+        b_embed(&a, 2, emb, tk, pos, 2),
+        b_next_dist(&a, 3, &emb[0], &k150, &t, 1),
+        b_next_dist(&a, 4, &emb[1], &k150, &t, 1),
+        b_next_dist(&a, 5, &emb[0], &k150, &t, 1),
+        b_next_dist(&a, 6, &emb[1], &k400, &t, 1),
+    };
+    send_step(&f, b, 6);
+    uint64_t next_id = 1;
+    int messages = 0;
+    while (next_id <= 6) {
+        Pie__V1__WorkerUp *up = fc_recv(&f, w);
+        messages++;
+        cr_assert_gt(up->n_results, 0, "a part without results");
+        for (size_t i = 0; i < up->n_results; i++, next_id++) {
+            const Pie__V1__BatchResult *r = up->results[i];
+            cr_assert_eq(r->batch_id, next_id, "result for batch %llu where %llu was due",
+                         (unsigned long long)r->batch_id, (unsigned long long)next_id);
+            if (next_id == 6)
+                cr_assert_eq(r->code, PIE_RESOURCE_EXHAUSTED, "the oversize result: %s %s",
+                             pie_code_name((int)r->code), r->message);
+            else
+                assert_batch_ok(r, next_id >= 3 ? 1 : 0);
+        }
+        cr_assert_eq(up->credits, next_id > 6 ? 1u : 0u, "credits %u in part %d", up->credits,
+                     messages);
+        rpc_msg_free(&up->base);
+    }
+    cr_assert_geq(messages, 3, "six results of about 5 KB in %d messages of 2 KiB", messages);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, stats_arrive_every_heartbeat_and_count_batches_and_live_pages) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    Pie__V1__WorkerUp *reg = expect_registration(&f, w, 1);
+    rpc_msg_free(&reg->base);
+    send_registered(&f, 1, 50);
+    expect_credits(&f, w, 1);
+    static arena a;
+    uint32_t kv[3] = {4, 5, 6};
+    Pie__V1__Batch *b[1] = {b_slots(&a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = 3})};
+    send_step(&f, b, 1);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 1);
+    rpc_msg_free(&up->base);
+    /* heartbeat_ms 50 is followed: 10 heartbeats within 5 s, which the default (1000 ms)
+     * could not produce. */
+    int64_t t0 = now_ms(), deadline = t0 + 5000;
+    int beats = 0;
+    while (beats < 10) {
+        cr_assert_lt(now_ms(), deadline, "only %d heartbeats in 5 s at heartbeat_ms 50", beats);
+        up = fc_recv_opt(&f, WAIT_MS, true);
+        cr_assert(up, "only %d heartbeats in %d ms", beats, WAIT_MS);
+        cr_assert(stats_only(up), "unexpected WorkerUp between heartbeats");
+        cr_assert_eq(up->stats->batches, 1, "stats.batches %llu",
+                     (unsigned long long)up->stats->batches);
+        cr_assert_eq(up->stats->kv_pages_on_device, 3);
+        cr_assert_gt(up->stats->device_memory_bytes, 0);
+        rpc_msg_free(&up->base);
+        beats++;
+    }
+    cr_log_info("10 heartbeats at heartbeat_ms 50 in %lld ms", (long long)(now_ms() - t0));
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, after_the_link_drops_the_worker_reregisters_with_all_slots_free) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    static arena a;
+    uint32_t emb = 3, tk = 9, pos = 0;
+    Pie__V1__Batch *b[1] = {b_slots(&a, 1, (slots_spec){.alloc_emb = &emb, .n_alloc_emb = 1})};
+    send_step(&f, b, 1);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 1);
+    rpc_msg_free(&up->base);
+
+    fc_drop(&f);
+    Pie__V1__WorkerUp *reg = expect_registration(&f, w, 2);
+    cr_assert_str_eq(reg->registration->model->name, "tiny-f32");
+    cr_assert_str_eq(reg->registration->group_id, "test-worker");
+    rpc_msg_free(&reg->base);
+    send_registered(&f, 2, 60000);
+    expect_credits(&f, w, 1);
+
+    a.used = 0;
+    Pie__V1__Batch *c[1] = {b_embed(&a, 1, &emb, &tk, &pos, 1)};
+    send_step(&f, c, 1);
+    up = expect_results(&f, w, c, 1);
+    assert_batch_ok(up->results[0], 1);
+    assert_item(up->results[0], 0, PIE_INVALID_ARGUMENT,
+                "embed_text: item 0: embed slot 3 is not allocated");
+    rpc_msg_free(&up->base);
+    cr_assert_eq(pie_proc_log_count(w, "event=wrk.loaded "), 1, "the engine was loaded again");
+    cr_assert_eq(pie_proc_log_count(w, "event=wrk.link.lost "), 1);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, drain_with_shutdown_answers_the_step_before_it_then_exits_0) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    static arena a;
+    uint32_t emb = 0;
+    Pie__V1__Batch *b[1] = {b_slots(&a, 1, (slots_spec){.alloc_emb = &emb, .n_alloc_emb = 1})};
+    Pie__V1__Drain dr = PIE__V1__DRAIN__INIT;
+    dr.shutdown = true;
+    dr.reason = "scale down";
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.n_batches = 1;
+    down.batches = b;
+    down.drain = &dr;
+    fc_send(&f, &down);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+    pie_status st;
+    int rc = pie_proc_wait(w, STOP_MS, &st);
+    cr_assert_eq(rc, 0, "after Drain{shutdown} the worker exited %d: %s", rc, st.msg);
+    cr_assert(pie_proc_log_count(w, "event=wrk.drain.shutdown reason=\"scale down\"") == 1);
+    pie_proc_destroy(w);
+    fc_stop(&f);
+}
+
+/* ---- tests: backends and start-up --------------------------------------------------------------
+ */
+
+Test(worker_link, null_backend_registers_without_a_model_and_answers_at_once) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = ""});
+    Pie__V1__WorkerUp *reg = expect_registration(&f, w, 1);
+    const Pie__V1__ModelInfo *m = reg->registration->model;
+    cr_assert_str_eq(m->name, "null");
+    cr_assert_eq(m->vocab_size, 32000);
+    cr_assert_eq(m->kv_page_size, PAGE);
+    cr_assert_eq(m->max_top_k, 1024);
+    rpc_msg_free(&reg->base);
+    send_registered(&f, 1, 60000);
+    expect_credits(&f, w, 1);
+
+    static arena a;
+    uint32_t kv = 0, emb[2] = {0, 1}, tk = 31999, pos = 0, out = 1, k = 5;
+    float t = 1.0f;
+    eng_forward_item it = {.kv_pages = &kv,
+                           .n_kv_pages = 1,
+                           .kv_last_page_len = 1,
+                           .append_kv = true,
+                           .in_slots = &emb[0],
+                           .n_in = 1,
+                           .out_slots = &out,
+                           .n_out = 1};
+    Pie__V1__Batch *b[4] = {
+        b_slots(&a, 1,
+                (slots_spec){.alloc_kv = &kv, .n_alloc_kv = 1, .alloc_emb = emb, .n_alloc_emb = 2}),
+        b_embed(&a, 2, &emb[0], &tk, &pos, 1),
+        b_forward(&a, 3, &it, 1),
+        b_next_dist(&a, 4, &out, &k, &t, 1),
+    };
+    send_step(&f, b, 4);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 4);
+    for (int i = 0; i < 3; i++) assert_batch_ok(up->results[i], 0);
+    assert_batch_ok(up->results[3], 1);
+    const Pie__V1__Distribution *d = up->results[3]->items[0]->distribution;
+    cr_assert(d && d->n_token_ids == 5 && d->n_probs == 5);
+    float sum = 0;
+    for (uint32_t i = 0; i < 5; i++) {
+        cr_assert_eq(d->token_ids[i], i);
+        if (i > 0) cr_assert_lt(d->probs[i], d->probs[i - 1], "probabilities must descend");
+        sum += d->probs[i];
+    }
+    cr_assert(sum > 0 && sum <= 1.0f, "probabilities sum to %g", (double)sum);
+    rpc_msg_free(&up->base);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* A worker whose load fails: NOT_SERVING, Info FAILED with code and message, never dials the
+ * controller, exits 1 on SIGTERM. */
+static void assert_load_fails(const wopts *o, pie_code code, const char *text) {
+    fc f;
+    fc_start(&f);
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    wopts wo = *o;
+    wo.listen = listen;
+    pie_proc *w = spawn_worker(&f, &wo);
+    cr_assert(pie_proc_wait_log(w, "event=wrk.load_failed", 1, START_MS),
+              "no wrk.load_failed in the log");
+    pie_status st;
+    rpc_channel *ch = rpc_channel_create(listen, NULL, &st);
+    cr_assert(ch, "%s", st.msg);
+    rpc_health_status hs;
+    cr_assert_eq(rpc_health_check(ch, "", WAIT_MS, &hs, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(hs, RPC_HEALTH_NOT_SERVING, "health %d after a failed load", (int)hs);
+    Pie__V1__InfoRequest ireq = PIE__V1__INFO_REQUEST__INIT;
+    Pie__V1__InfoResponse *info = NULL;
+    rpc_call_opts co = {.timeout_ms = WAIT_MS};
+    cr_assert_eq(rpc_unary(ch, "/pie.v1.Worker/Info", &ireq.base,
+                           &pie__v1__info_response__descriptor, (ProtobufCMessage **)&info, &co,
+                           &st),
+                 PIE_OK, "Info: %s", st.msg);
+    cr_assert_eq(info->state, PIE__V1__LOAD_STATE__LOAD_STATE_FAILED);
+    cr_assert(info->status, "Info without status");
+    cr_assert_eq(info->status->code, (uint32_t)code, "Info status %s: %s",
+                 pie_code_name((int)info->status->code), info->status->message);
+    cr_assert(strstr(info->status->message, text), "Info status message '%s' lacks '%s'",
+              info->status->message, text);
+    cr_assert_null(info->model, "Info reports a model after a failed load");
+    cr_assert(!info->controller_linked);
+    rpc_msg_free(&info->base);
+    rpc_channel_destroy(ch);
+    pthread_mutex_lock(&f.mu);
+    int calls = f.calls;
+    pthread_mutex_unlock(&f.mu);
+    cr_assert_eq(calls, 0, "a worker that failed to load dialled the controller");
+    stop_worker(w, 1);
+    fc_stop(&f);
+}
+
+Test(worker_link, bad_model_path_leaves_the_worker_not_serving_with_state_failed) {
+    assert_load_fails(&(wopts){.model_path = "/nonexistent/model-dir"}, PIE_NOT_FOUND,
+                      "/nonexistent/model-dir");
+}
+
+Test(worker_link, backend_cuda_fails_the_load_with_failed_precondition) {
+    assert_load_fails(&(wopts){.backend = "cuda"}, PIE_FAILED_PRECONDITION,
+                      "backend cuda: not built into this worker yet");
+}
+
+Test(worker_link, backend_cpu_without_model_path_exits_2) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = spawn_worker(&f, &(wopts){.model_path = ""});
+    pie_status st;
+    int rc = pie_proc_wait(w, STOP_MS, &st);
+    cr_assert_eq(rc, 2, "exit %d", rc);
+    cr_assert(pie_proc_log_has_line(w, "pie-worker: model.path is required with backend cpu (set "
+                                       "it in the config file or with PIE_MODEL_PATH)"));
+    pie_proc_destroy(w);
+    fc_stop(&f);
+}
