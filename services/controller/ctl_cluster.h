@@ -1,21 +1,29 @@
-/* ctl_cluster.h — the controller's view of the cluster: connected worker groups and lifecycle
- * replicas, and the three methods of pie.v1.Controller that maintain and report it.
+/* ctl_cluster.h — the controller's gRPC face: the three methods of pie.v1.Controller bound to
+ * one ctl_core.
  *
- * Owns: WorkerLink registration and loss, Session hello/welcome and model announcements,
- * ClusterStatus. Does not own (yet): resource virtualisation, command queues and the batch
- * scheduler (the controller/worker issue adds ctl_vspace, ctl_queue, ctl_sched beside this
- * file); until then every API call on a Session is answered UNIMPLEMENTED. */
+ * Owns: the Session and WorkerLink streams as transport (first message → join, later messages
+ * → the core, stream end → leave, the core's output → rpc_call_send / rpc_call_cancel),
+ * ClusterStatus, the mutex that serialises every entry into the core, and the timer thread
+ * that fires what is due (t_only / k_only batches, silent-worker detection).
+ * Does not own: any protocol logic (ctl_core.h and the files it lists).
+ *
+ * Threading: the core runs on the RPC layer's completion-queue thread(s) under `mu`, so a
+ * message that arrives is processed — calls validated, a step formed and sent to the worker,
+ * results sent to replicas — without a thread hop; the timer thread takes the same mutex.
+ * See services/controller/README.md for the measurement behind this choice. */
 #ifndef CTL_CLUSTER_H
 #define CTL_CLUSTER_H
 
 #include <stddef.h>
 
+#include "ctl_core.h"
 #include "pie_metrics.h"
 #include "rpc.h"
 
 typedef struct ctl_cluster ctl_cluster;
 
-ctl_cluster *ctl_cluster_create(pie_metrics *metrics);
+/* NULL with st set on failure. */
+ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics, pie_status *st);
 /* After the server has shut down (no callback can run). NULL is fine. */
 void ctl_cluster_destroy(ctl_cluster *c);
 

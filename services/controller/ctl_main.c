@@ -1,7 +1,7 @@
 /* ctl_main.c — pie-controller: the control layer's process.
  *
- * Owns: the controller's configuration schema and start/stop order. The cluster registry and
- * the pie.v1.Controller methods are in ctl_cluster.c. */
+ * Owns: the controller's configuration schema and start/stop order. The control layer itself is
+ * ctl_core (ctl_core.h); its gRPC face is ctl_cluster.c. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -11,10 +11,41 @@
 
 typedef struct ctl_config {
     svc_config svc;
+    int strategy;              /* scheduler.strategy: ctl_strategy */
+    uint32_t k;                /* scheduler.k */
+    uint64_t t_us;             /* scheduler.t */
+    int64_t k_timeout_ms;      /* scheduler.k_timeout */
+    uint32_t max_step_batches; /* scheduler.max_step_batches */
+    int contention;            /* contention.policy: ctl_contention */
+    int64_t heartbeat_ms;      /* worker.heartbeat */
 } ctl_config;
 
 static const pie_config_field ctl_fields[] = {
     SVC_CONFIG_FIELDS(ctl_config, "0.0.0.0:50052", "0.0.0.0:9092"),
+    {"scheduler.strategy", PIE_CFG_ENUM, PIE_CONFIG_AT(ctl_config, strategy),
+     .def = "work_conserving", .choices = ctl_strategy_names,
+     .doc = "when a batch is sent: work_conserving (when the worker is idle), eager (each call "
+            "alone, at once), k_only (once k queues wait), t_only (once the oldest call waited "
+            "t); all but work_conserving also send while the worker is busy if it grants more "
+            "than one credit"},
+    {"scheduler.k", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, k), .def = "8", .min = "1",
+     .max = "65536", .doc = "k_only: queues waiting with a call of one kind before it fires"},
+    {"scheduler.t", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, t_us), .def = "1000", .min = "1",
+     .max = "10000000",
+     .doc = "t_only: microseconds the oldest call of a kind waits before it fires"},
+    {"scheduler.k_timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(ctl_config, k_timeout_ms),
+     .def = "50ms", .min = "1ms", .max = "1m",
+     .doc = "k_only: fire with fewer than k queues once the oldest call waited this long"},
+    {"scheduler.max_step_batches", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, max_step_batches),
+     .def = "32", .min = "1", .max = "4096",
+     .doc = "most batches in one scheduling step (one WorkerDown message)"},
+    {"contention.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(ctl_config, contention), .def = "kill_newest",
+     .choices = ctl_contention_names,
+     .doc = "when KV pages run out: kill_newest (terminate the newest later instance holding "
+            "pages, FCFS) or fail_call (the allocation fails RESOURCE_EXHAUSTED)"},
+    {"worker.heartbeat", PIE_CFG_DURATION, PIE_CONFIG_AT(ctl_config, heartbeat_ms), .def = "1s",
+     .min = "10ms", .max = "1m",
+     .doc = "stats interval asked of workers; a worker silent for 3 intervals is dropped"},
 };
 static const pie_config_schema ctl_schema = PIE_CONFIG_SCHEMA(ctl_config, ctl_fields);
 
@@ -36,9 +67,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-controller: %s\n", st.msg);
         goto done;
     }
-    cluster = ctl_cluster_create(svc_metrics(s));
+    ctl_core_config cc = {
+        .sched =
+            {
+                .strategy = (ctl_strategy)cfg.strategy,
+                .k = cfg.k,
+                .t_ns = (int64_t)cfg.t_us * 1000,
+                .k_timeout_ns = cfg.k_timeout_ms * 1000000,
+                .max_step_batches = cfg.max_step_batches,
+            },
+        .contention = (ctl_contention)cfg.contention,
+        .heartbeat_ms = (uint32_t)cfg.heartbeat_ms,
+    };
+    cluster = ctl_cluster_create(&cc, svc_metrics(s), &st);
     if (cluster == NULL) {
-        fprintf(stderr, "pie-controller: out of memory\n");
+        fprintf(stderr, "pie-controller: %s\n", st.msg);
         goto done;
     }
     size_t n_methods;
@@ -48,6 +91,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-controller: %s\n", st.msg);
         goto done;
     }
+    pie_log_info("ctl.config", "strategy=%s k=%u t_us=%llu contention=%s heartbeat_ms=%lld",
+                 ctl_strategy_names[cfg.strategy], cfg.k, (unsigned long long)cfg.t_us,
+                 ctl_contention_names[cfg.contention], (long long)cfg.heartbeat_ms);
     svc_add_health(s, "pie.v1.Controller");
     svc_set_serving(s, true);
     int sig = svc_wait_for_signal();

@@ -1,0 +1,102 @@
+/* ctl_core.h — the control layer as a state machine, without transport.
+ *
+ * Owns: everything the controller knows — lifecycle replicas and their instances, worker
+ * groups and the models they serve, placements, virtual spaces, exports, queues, the schedulers,
+ * pub/sub — and the reactions to every message of the Session and WorkerLink protocols. Input:
+ * the functions below, each fed one decoded message. Output: through ctl_sink, at most one
+ * SessionDown per replica and one WorkerDown per worker (per credit) for each input.
+ * Does not own: gRPC, threads and locks (ctl_cluster.c calls these functions with its mutex
+ * held; none of them blocks), the configuration file (ctl_main.c).
+ *
+ * Split over several files, each owning one subsystem (see services/controller/README.md):
+ * ctl_core.c (instances, replicas, calls in, results out, dispatch), ctl_exec.c (what each
+ * API call does and the batches it becomes), ctl_place.c (worker groups, placement,
+ * contention), with ctl_vspace / ctl_queue / ctl_sched / ctl_pubsub as pure building blocks.
+ *
+ * Messages passed in are borrowed unless a function says it takes them (it then frees them with
+ * protobuf_c_message_free_unpacked, possibly after keeping them for a while). */
+#ifndef CTL_CORE_H
+#define CTL_CORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ctl_sched.h"
+#include "pie/v1/controller.pb-c.h"
+#include "pie_metrics.h"
+#include "pie_status.h"
+
+typedef struct ctl_core ctl_core;
+typedef struct ctl_replica ctl_replica;
+typedef struct ctl_worker ctl_worker;
+
+typedef enum ctl_contention {
+    CTL_CONTENTION_KILL_NEWEST = 0, /* FCFS (paper §5.2): terminate the newest later instance */
+    CTL_CONTENTION_FAIL_CALL = 1,   /* fail the allocating call with RESOURCE_EXHAUSTED */
+} ctl_contention;
+
+extern const char *const ctl_contention_names[]; /* "kill_newest", "fail_call", NULL */
+
+typedef struct ctl_core_config {
+    ctl_sched_config sched;
+    ctl_contention contention;
+    uint32_t heartbeat_ms; /* WorkerRegistered.heartbeat_ms; a link silent 3x this is lost */
+} ctl_core_config;
+
+/* Where the core's output goes. Each function is called with the core's caller's lock held and
+ * must not call back into the core. Messages are borrowed for the call's duration. */
+typedef struct ctl_sink {
+    void (*to_replica)(void *user, void *link, const Pie__V1__SessionDown *m);
+    void (*to_worker)(void *user, void *link, const Pie__V1__WorkerDown *m);
+    /* End a stream (protocol violation, silent worker); its leave function follows later. */
+    void (*end_link)(void *user, void *link, pie_code code, const char *msg);
+    void *user;
+} ctl_sink;
+
+/* metrics may be NULL; if not, it must outlive every call but ctl_core_destroy. */
+ctl_core *ctl_core_create(const ctl_core_config *cfg, const ctl_sink *sink, pie_metrics *metrics,
+                          pie_status *st);
+void ctl_core_destroy(ctl_core *c);
+
+/* ---- Session (one per lifecycle replica) ---------------------------------------------------- */
+
+/* The replica's first message (its hello; anything else in it is processed as by
+ * ctl_core_session_up). Sends welcome + ModelsChanged. NULL with st set (the caller ends the
+ * stream with st and frees hello_msg) when refused; takes hello_msg on success. */
+ctl_replica *ctl_core_replica_join(ctl_core *c, void *link, Pie__V1__SessionUp *hello_msg,
+                                   int64_t now_ns, pie_status *st);
+/* Any later message; takes it. */
+void ctl_core_session_up(ctl_core *c, ctl_replica *r, Pie__V1__SessionUp *up, int64_t now_ns);
+/* The stream ended: every instance of the replica ends. */
+void ctl_core_replica_leave(ctl_core *c, ctl_replica *r, int64_t now_ns);
+
+/* ---- WorkerLink (one per worker group) ------------------------------------------------------ */
+
+/* The worker's first message (its registration; credits, capacity and stats in it count too).
+ * Sends WorkerRegistered and tells replicas the models. NULL with st set when refused (the
+ * caller ends the stream and frees reg_msg); takes reg_msg on success. */
+ctl_worker *ctl_core_worker_join(ctl_core *c, void *link, Pie__V1__WorkerUp *reg_msg,
+                                 int64_t now_ns, pie_status *st);
+/* Any later message; takes it. */
+void ctl_core_worker_up(ctl_core *c, ctl_worker *w, Pie__V1__WorkerUp *up, int64_t now_ns);
+/* The link ended (status: why): instances placed on it are terminated, replicas are told. */
+void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, int64_t now_ns);
+
+/* ---- time ----------------------------------------------------------------------------------- */
+
+/* Fires what is due at now_ns (t_only / k_only batches, heartbeat checks). Returns the next
+ * time something will be due (0: nothing scheduled). */
+int64_t ctl_core_tick(ctl_core *c, int64_t now_ns);
+/* The earliest time something is due (0: none), as of the last call into the core. */
+int64_t ctl_core_next_wake(const ctl_core *c);
+
+/* ---- status --------------------------------------------------------------------------------- */
+
+/* Calls fn with the ClusterStatusResponse (valid during the call only). */
+void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterStatusResponse *r),
+                     void *arg);
+
+/* Memory the core holds for its bookkeeping, bytes (bench). */
+size_t ctl_core_bytes(const ctl_core *c);
+
+#endif

@@ -1,0 +1,176 @@
+/* ctl_core_int.h — the controller core's state, shared by ctl_core.c, ctl_exec.c and
+ * ctl_place.c. Not for use outside services/controller (the glue and tests use ctl_core.h).
+ *
+ * All of this is touched by one thread at a time: the caller of the ctl_core_* functions holds
+ * the controller's mutex (ctl_cluster.c). */
+#ifndef CTL_CORE_INT_H
+#define CTL_CORE_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ctl_arena.h"
+#include "ctl_core.h"
+#include "ctl_map.h"
+#include "ctl_place.h"
+#include "ctl_pubsub.h"
+#include "ctl_queue.h"
+#include "ctl_sched.h"
+#include "ctl_vspace.h"
+
+/* A kept SessionUp, referenced by the calls that point into it. */
+typedef struct ctl_msg {
+    Pie__V1__SessionUp *up;
+    uint32_t refs;
+} ctl_msg;
+
+typedef struct ctl_inst {
+    uint64_t id;
+    struct ctl_replica *rep;
+    struct ctl_inst *rep_prev, *rep_next; /* the replica's instances */
+    uint64_t launch;                      /* launch order, cluster-wide (FCFS) */
+    char *model;                          /* default model of its queues */
+    char *program_id;
+    uint32_t lim_kv, lim_emb, lim_queues; /* ResourceLimits; 0 = no limit */
+    uint32_t n_kv, n_emb;                 /* held now (allocated + imported) */
+    ctl_map32 qids;                       /* queue id → index into qv */
+    ctl_queue **qv;                       /* attached queues by index; NULL = free entry */
+    uint32_t n_qv, cap_qv;
+    ctl_vec32 qfree;   /* free qv indices */
+    uint32_t n_queues; /* attached queues */
+    ctl_queue **all;   /* every queue object, attached or draining */
+    uint32_t n_all, cap_all;
+    ctl_place *places;
+    uint32_t n_tied_exports; /* non-persistent exports it made */
+    ctl_subs subs;
+    uint64_t batch_serial; /* serial of the batch its conflict chain is for */
+    int32_t batch_first;   /* first entry of that chain in the step's conflict list */
+    bool dead;
+    struct ctl_inst *grave_next;
+} ctl_inst;
+
+struct ctl_replica {
+    struct ctl_replica *next;
+    uint32_t index;
+    void *link;
+    char *replica_id, *address, *version; /* from its hello */
+    uint64_t connected_unix_ms;
+    uint64_t calls;
+    uint32_t n_insts;
+    ctl_inst *insts;
+    /* Outbox: the SessionDown being assembled, sent once per core entry. */
+    Pie__V1__CallResult *res;
+    uint32_t n_res, cap_res;
+    Pie__V1__SessionEvent *ev;
+    uint32_t n_ev, cap_ev;
+    ctl_arena arena; /* payloads of res / ev */
+    bool dirty;
+    struct ctl_replica *dirty_next;
+};
+
+/* One conflict-tracking entry of the batch being formed (forward and embed_text). */
+typedef struct ctl_conf {
+    ctl_inst *inst;
+    int32_t next_same; /* next entry of the same instance, or -1 */
+    uint32_t item;     /* forward: index into step items; embed: first slot in emb_slots */
+    uint32_t n;        /* embed: slots */
+} ctl_conf;
+
+/* The WorkerDown under construction (one at a time: the core is single-threaded). */
+typedef struct ctl_step {
+    ctl_worker *w;
+    const Pie__V1__ModelInfo *model;
+    ctl_arena arena;  /* every struct and array of the message */
+    ctl_vecp batches; /* Pie__V1__Batch * */
+    ctl_vecp recs;    /* ctl_batch * (NULL for a SlotBatch without calls), same order */
+    /* The batch being formed. */
+    int kind;
+    ctl_batch *rec;
+    ctl_vecp items;      /* item structs of the batch (ForwardItem *, NextDistItem *, ...) */
+    ctl_vec32 emb_slots; /* embed_text: slots of the admitted calls, in order */
+    ctl_vecp emb_calls;  /* embed_text: the admitted calls, in order */
+    uint32_t n_items, n_tokens;
+    uint64_t serial;
+    ctl_conf *conf;
+    uint32_t n_conf, cap_conf;
+} ctl_step;
+
+struct ctl_core {
+    ctl_core_config cfg;
+    ctl_sink sink;
+    ctl_map64 insts;
+    uint32_t n_insts;
+    ctl_replica *replicas;
+    ctl_worker *workers;
+    ctl_model *models;
+    uint32_t n_models, cap_models;
+    ctl_exports exports;
+    ctl_pubsub ps;
+    uint64_t seq;    /* last call arrival number */
+    uint64_t launch; /* last launch number */
+    uint64_t batch_serial;
+    int64_t now_ns; /* time of the current entry */
+    uint64_t started_unix_ms;
+    ctl_slab s_calls, s_msgs, s_batches, s_queues, s_places;
+    ctl_replica *dirty;
+    ctl_inst *grave; /* ended instances, freed at the end of the entry */
+    ctl_vecp grave_queues;
+    ctl_step step;
+    uint32_t depth; /* entry nesting (the graveyard is emptied at depth 0) */
+    /* metrics (may be NULL) */
+    pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
+    pie_gauge *m_instances, *m_workers, *m_replicas;
+};
+
+/* ---- ctl_core.c ----------------------------------------------------------------------------- */
+
+/* Brackets every entry point: the outermost leave dispatches to workers, sends the outboxes and
+ * frees what died during the entry. */
+void ctl_core_enter(ctl_core *c, int64_t now_ns);
+void ctl_core_leave(ctl_core *c);
+
+/* Runs q's head calls while they are controller calls; links q into its worker's ready list
+ * if the head is then a GPU call. Not while a batch is being formed (use the settle list). */
+void ctl_core_advance(ctl_core *c, ctl_queue *q);
+/* A taken call completed: retire what can be retired on its queue (emitting results). */
+void ctl_core_completed(ctl_core *c, ctl_call *call);
+/* Frees a call record (its message reference, strings). */
+void ctl_core_call_free(ctl_core *c, ctl_call *call);
+/* Ends an instance on the controller's initiative: InstanceTerminated{code, msg} to its
+ * replica, then as InstanceEnd. */
+void ctl_core_terminate(ctl_core *c, ctl_inst *inst, pie_code code, const char *msg);
+/* Adds a CallResult to the replica's outbox; returns it (payload to be set by the caller) or
+ * NULL when out of memory. msg is copied. */
+Pie__V1__CallResult *ctl_core_result(ctl_core *c, ctl_replica *r, uint64_t instance_id,
+                                     uint64_t call_id, uint32_t code, const char *msg);
+/* Adds an event to the replica's outbox (zeroed, its case to be set by the caller). */
+Pie__V1__SessionEvent *ctl_core_event(ctl_core *c, ctl_replica *r);
+/* Sends ModelsChanged (plus an optional event before it) to one replica or all. */
+void ctl_core_announce_models(ctl_core *c, ctl_replica *to, const Pie__V1__SessionEvent *extra);
+
+/* ---- ctl_exec.c ----------------------------------------------------------------------------- */
+
+/* Runs a controller call taken from q (alloc, dealloc, export, unexport, import): completes
+ * it. */
+void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call);
+/* Fails a GPU call of an instance with no objects of the queue's model (precise message). */
+void ctl_exec_fail_unplaced(ctl_core *c, ctl_queue *q, ctl_call *call);
+/* Forms and sends steps on w while it has credits and work. */
+void ctl_exec_dispatch(ctl_core *c, ctl_worker *w);
+/* Applies one BatchResult to the oldest outstanding batch of w. Returns false on a protocol
+ * violation (the link is ended by the caller with st). */
+bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_status *st);
+/* Frees an answered / abandoned batch record, freeing its orphaned calls. */
+void ctl_exec_batch_free(ctl_core *c, ctl_batch *b);
+void ctl_exec_step_free(ctl_step *s);
+/* Frees the batch-record slab, with the buffers its records keep. */
+void ctl_exec_free_batches(ctl_slab *s);
+/* Runs list_exports / broadcast / subscribe / unsubscribe for inst (no queue). */
+void ctl_exec_queueless(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api);
+
+/* The model info of a queue. */
+static inline const Pie__V1__ModelInfo *ctl_model_info(const ctl_core *c, uint32_t model) {
+    return c->models[model].info;
+}
+
+#endif

@@ -1,0 +1,1399 @@
+/* ctl_exec.c — what each API call does, and the batches calls become.
+ *
+ * Owns:
+ *  * the controller calls, run when they reach their queue's head: alloc / dealloc of KV pages
+ *    and embeddings (bookkeeping plus a SlotBatch entry, no worker round trip), export,
+ *    unexport, import (placement on the export's group), with quotas and contention;
+ *  * the queue-less calls, run on arrival: list_exports, broadcast, subscribe, unsubscribe;
+ *  * validation of GPU calls and their translation into batch items over physical slots
+ *    (embed_text, forward, mask_kv_page, copy_kv_page, next_dist), including the conflict
+ *    rules that keep two calls out of one batch;
+ *  * the step under construction (ctl_step): the scheduler's callbacks, SlotBatches placed
+ *    before the batches that depend on them, and sending the step when the worker has a credit;
+ *  * applying BatchResults: completing calls with their data or errors.
+ * Does not own: when a call reaches its head (ctl_core.c), which batch is next (ctl_sched.c),
+ * slot bookkeeping itself (ctl_vspace.c).
+ *
+ * Every error names the call, the field or id and the value (docs/wire-contracts.md
+ * "Errors"). */
+#include "ctl_core_int.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pie_log.h"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static const char *model_name(const ctl_core *c, uint32_t model) { return c->models[model].name; }
+
+/* Resolves a page (kv) or embedding id on q's placement, naming what is wrong otherwise. */
+static pie_code map_id(const ctl_core *c, const ctl_queue *q, bool kv, const char *op, uint32_t id,
+                       uint32_t *slot, pie_status *st) {
+    const ctl_place *pl = q->place;
+    if (pl && (kv ? ctl_vspace_kv(&pl->vs, id, slot) : ctl_vspace_emb(&pl->vs, id, slot)))
+        return PIE_OK;
+    const char *what = kv ? "kv page" : "embedding";
+    for (const ctl_place *p = q->inst->places; p; p = p->inst_next) {
+        if (p == pl) continue;
+        if (kv ? ctl_vspace_kv(&p->vs, id, NULL) : ctl_vspace_emb(&p->vs, id, NULL))
+            return pie_status_set(
+                st, PIE_INVALID_ARGUMENT,
+                "%s: %s %u belongs to model \"%s\", but queue %u runs model \"%s\"", op, what, id,
+                model_name(c, p->model), q->id, model_name(c, q->model));
+    }
+    return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s %u is not allocated in this instance",
+                          op, what, id);
+}
+
+/* Ids that must be unbound in every placement of the instance (alloc / import). */
+static pie_code unbound_everywhere(const ctl_core *c, const ctl_queue *q, bool kv, const char *op,
+                                   const uint32_t *ids, uint32_t n, pie_status *st) {
+    for (const ctl_place *p = q->inst->places; p; p = p->inst_next) {
+        const ctl_map32 *m = kv ? &p->vs.kv : &p->vs.emb;
+        if (m->n == 0) continue;
+        for (uint32_t i = 0; i < n; i++) {
+            if (!ctl_map32_get(m, ids[i], NULL)) continue;
+            if (p == q->place)
+                return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                      "%s: %s %u is already allocated in this instance", op,
+                                      kv ? "kv page" : "embedding", ids[i]);
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: %s %u is already allocated in this instance (model \"%s\")",
+                                  op, kv ? "kv page" : "embedding", ids[i],
+                                  model_name(c, p->model));
+        }
+    }
+    return PIE_OK;
+}
+
+static pie_code writable(const ctl_place *pl, const char *op, uint32_t id, uint32_t slot,
+                         pie_status *st) {
+    uint32_t refs = ctl_pool_kv_refs(&pl->w->pool, slot);
+    if (refs <= 1) return PIE_OK;
+    return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                          "%s: kv page %u is read-only: it is shared (%u references: exports or "
+                          "other instances); copy it first",
+                          op, id, refs);
+}
+
+/* The instance's placement for q's model, creating it on w (or the least loaded group). */
+static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char *op,
+                            pie_status *st) {
+    if (q->place) return q->place;
+    q->place = ctl_place_of(q->inst, q->model);
+    if (q->place) return q->place;
+    if (w == NULL) w = ctl_place_choose(c, q->model);
+    if (w == NULL) {
+        pie_status_set(st, PIE_UNAVAILABLE, "%s: no worker serves model \"%s\" now", op,
+                       model_name(c, q->model));
+        return NULL;
+    }
+    q->place = ctl_place_add(c, q->inst, q->model, w);
+    if (q->place == NULL)
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
+    return q->place;
+}
+
+/* ---- controller calls ---------------------------------------------------------------------- */
+
+/* Frees KV pages on w for inst by the contention policy; true if n are available after. */
+static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, uint32_t n, const char *op,
+                    pie_status *st) {
+    uint32_t avail = ctl_pool_kv_available(&w->pool);
+    if (avail >= n) return true;
+    if (c->cfg.contention == CTL_CONTENTION_FAIL_CALL) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                       "%s: %u KV pages requested, worker %s has %u free (contention.policy "
+                       "fail_call)",
+                       op, n, w->reg->group_id, avail);
+        return false;
+    }
+    uint64_t reclaimable = ctl_place_reclaimable(w, inst->launch);
+    if (avail + reclaimable < n) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                       "%s: %u KV pages requested, worker %s has %u free and instances launched "
+                       "after this one hold %llu there",
+                       op, n, w->reg->group_id, avail, (unsigned long long)reclaimable);
+        return false;
+    }
+    char why[PIE_STATUS_MSG_MAX];
+    snprintf(why, sizeof why,
+             "terminated by the system due to resource contention: instance %llu, launched "
+             "earlier, needed KV pages on worker %s",
+             (unsigned long long)inst->id, w->reg->group_id);
+    while (ctl_pool_kv_available(&w->pool) < n) {
+        ctl_inst *victim = ctl_place_victim(w, inst->launch);
+        if (victim == NULL) break;
+        ctl_core_terminate(c, victim, PIE_RESOURCE_EXHAUSTED, why);
+    }
+    avail = ctl_pool_kv_available(&w->pool);
+    if (avail >= n) return true;
+    pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                   "%s: %u KV pages requested, worker %s has %u free after reclaiming pages of "
+                   "later instances (the rest are shared)",
+                   op, n, w->reg->group_id, avail);
+    return false;
+}
+
+static pie_code quota(const char *op, const char *what, uint32_t limit, uint32_t held, uint32_t n,
+                      pie_status *st) {
+    if (limit == 0 || (uint64_t)held + n <= limit) return PIE_OK;
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "%s: %u more %s would exceed the instance's limit of %u (%u held)", op, n,
+                          what, limit, held);
+}
+
+static pie_code do_alloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__ApiCall *api,
+                         pie_status *st) {
+    const char *op = kv ? "alloc_kv_pages" : "alloc_embeds";
+    const uint32_t *ids = kv ? api->alloc_kv_pages->kv_page_ids : api->alloc_embeds->embed_ids;
+    uint32_t n =
+        (uint32_t)(kv ? api->alloc_kv_pages->n_kv_page_ids : api->alloc_embeds->n_embed_ids);
+    ctl_inst *inst = q->inst;
+    if (ctl_ids_check(op, kv ? "kv_page_ids" : "embed_ids", kv ? "kv page" : "embedding", ids, n,
+                      CTL_MAX_IDS, st) != PIE_OK ||
+        unbound_everywhere(c, q, kv, op, ids, n, st) != PIE_OK ||
+        quota(op, kv ? "KV pages" : "embeddings", kv ? inst->lim_kv : inst->lim_emb,
+              kv ? inst->n_kv : inst->n_emb, n, st) != PIE_OK)
+        return st->code;
+    ctl_place *pl = place_for(c, q, NULL, op, st);
+    if (pl == NULL) return st->code;
+    if (kv) {
+        if (!reclaim(c, pl->w, inst, n, op, st)) return st->code;
+        if (ctl_vspace_alloc_kv(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
+        inst->n_kv += n;
+    } else {
+        if (ctl_vspace_alloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) {
+            if (st->code == PIE_RESOURCE_EXHAUSTED && ctl_pool_emb_available(&pl->w->pool) < n)
+                pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                               "%s: %u embeddings requested, worker %s has %u free slots", op, n,
+                               pl->w->reg->group_id, ctl_pool_emb_available(&pl->w->pool));
+            return st->code;
+        }
+        inst->n_emb += n;
+    }
+    return PIE_OK;
+}
+
+/* Checks that every id is bound on q's placement (naming foreign or unknown ids). */
+static pie_code all_bound(const ctl_core *c, const ctl_queue *q, bool kv, const char *op,
+                          const uint32_t *ids, uint32_t n, uint32_t *slots, pie_status *st) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s;
+        if (map_id(c, q, kv, op, ids[i], &s, st) != PIE_OK) return st->code;
+        if (slots) slots[i] = s;
+    }
+    return PIE_OK;
+}
+
+static pie_code do_dealloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__ApiCall *api,
+                           pie_status *st) {
+    const char *op = kv ? "dealloc_kv_pages" : "dealloc_embeds";
+    const uint32_t *ids = kv ? api->dealloc_kv_pages->kv_page_ids : api->dealloc_embeds->embed_ids;
+    uint32_t n =
+        (uint32_t)(kv ? api->dealloc_kv_pages->n_kv_page_ids : api->dealloc_embeds->n_embed_ids);
+    if (ctl_ids_check(op, kv ? "kv_page_ids" : "embed_ids", kv ? "kv page" : "embedding", ids, n,
+                      CTL_MAX_IDS, st) != PIE_OK ||
+        all_bound(c, q, kv, op, ids, n, NULL, st) != PIE_OK)
+        return st->code;
+    ctl_place *pl = q->place;
+    if (kv) {
+        if (ctl_vspace_dealloc_kv(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
+        q->inst->n_kv -= n;
+    } else {
+        if (ctl_vspace_dealloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
+        q->inst->n_emb -= n;
+    }
+    return PIE_OK;
+}
+
+static pie_code do_export(ctl_core *c, ctl_queue *q, const Pie__V1__ApiCall *api, pie_status *st) {
+    const char *op = "export_kv_pages";
+    const Pie__V1__ExportKvPages *e = api->export_kv_pages;
+    uint32_t n = (uint32_t)e->n_kv_page_ids;
+    if (ctl_ids_check(op, "kv_page_ids", "kv page", e->kv_page_ids, n, CTL_MAX_IDS, st) != PIE_OK ||
+        ctl_name_check(op, "name", e->name, st) != PIE_OK)
+        return st->code;
+    uint32_t *slots = malloc(n * sizeof *slots);
+    if (slots == NULL)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
+    pie_code rc = all_bound(c, q, true, op, e->kv_page_ids, n, slots, st);
+    if (rc == PIE_OK)
+        rc = ctl_exports_add(&c->exports, op, e->name, model_name(c, q->model), &q->place->w->pool,
+                             q->place->w, slots, n, e->persistent, q->inst->id, st);
+    free(slots);
+    if (rc == PIE_OK && !e->persistent) q->inst->n_tied_exports++;
+    return rc;
+}
+
+static pie_code do_unexport(ctl_core *c, ctl_queue *q, const Pie__V1__ApiCall *api,
+                            pie_status *st) {
+    const char *op = "unexport_kv_pages";
+    const char *name = api->unexport_kv_pages->name;
+    if (ctl_name_check(op, "name", name, st) != PIE_OK) return st->code;
+    ctl_export *e = ctl_exports_get(&c->exports, name);
+    if (e == NULL)
+        return pie_status_set(st, PIE_NOT_FOUND, "%s: export \"%s\" is not found", op, name);
+    if (!e->persistent && e->exporter != q->inst->id)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "%s: export \"%s\" is not persistent: only its exporter (instance "
+                              "%llu) may remove it",
+                              op, name, (unsigned long long)e->exporter);
+    if (!e->persistent && q->inst->n_tied_exports) q->inst->n_tied_exports--;
+    ctl_exports_remove(&c->exports, e);
+    return PIE_OK;
+}
+
+static pie_code do_import(ctl_core *c, ctl_queue *q, ctl_call *call, pie_status *st) {
+    const char *op = "import_kv_pages";
+    const Pie__V1__ImportKvPages *im = call->api->import_kv_pages;
+    if (ctl_name_check(op, "name", im->name, st) != PIE_OK) return st->code;
+    ctl_export *e = ctl_exports_get(&c->exports, im->name);
+    if (e == NULL)
+        return pie_status_set(st, PIE_NOT_FOUND, "%s: export \"%s\" is not found", op, im->name);
+    if (strcmp(e->model, model_name(c, q->model)) != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: export \"%s\" holds pages of model \"%s\", but queue %u runs "
+                              "model \"%s\"",
+                              op, im->name, e->model, q->id, model_name(c, q->model));
+    uint32_t n = (uint32_t)im->n_kv_page_ids;
+    if (n < e->n)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: %u kv_page_ids for export \"%s\" of %u pages", op, n, im->name,
+                              e->n);
+    if (ctl_ids_check(op, "kv_page_ids", "kv page", im->kv_page_ids, n, CTL_MAX_IDS, st) !=
+            PIE_OK ||
+        unbound_everywhere(c, q, true, op, im->kv_page_ids, e->n, st) != PIE_OK ||
+        quota(op, "KV pages", q->inst->lim_kv, q->inst->n_kv, e->n, st) != PIE_OK)
+        return st->code;
+    ctl_worker *where = e->where;
+    ctl_place *pl = q->place ? q->place : ctl_place_of(q->inst, q->model);
+    if (pl && pl->w != where)
+        return pie_status_set(
+            st, PIE_FAILED_PRECONDITION,
+            "%s: export \"%s\" lives on worker %s, but this instance's objects of "
+            "model \"%s\" live on worker %s",
+            op, im->name, where->reg->group_id, model_name(c, q->model), pl->w->reg->group_id);
+    pl = place_for(c, q, where, op, st);
+    if (pl == NULL) return st->code;
+    call->out_ids = malloc(e->n * sizeof *call->out_ids);
+    if (call->out_ids == NULL)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
+    if (ctl_vspace_import_kv(&pl->vs, op, im->kv_page_ids, e->slots, e->n, st) != PIE_OK)
+        return st->code;
+    memcpy(call->out_ids, im->kv_page_ids, e->n * sizeof *call->out_ids);
+    call->n_out_ids = e->n;
+    call->has_result = true;
+    q->inst->n_kv += e->n;
+    return PIE_OK;
+}
+
+void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call) {
+    pie_status st;
+    pie_status_ok(&st);
+    const Pie__V1__ApiCall *api = call->api;
+    pie_code rc;
+    switch (api->op_case) {
+    case PIE__V1__API_CALL__OP_ALLOC_KV_PAGES: rc = do_alloc(c, q, true, api, &st); break;
+    case PIE__V1__API_CALL__OP_ALLOC_EMBEDS: rc = do_alloc(c, q, false, api, &st); break;
+    case PIE__V1__API_CALL__OP_DEALLOC_KV_PAGES: rc = do_dealloc(c, q, true, api, &st); break;
+    case PIE__V1__API_CALL__OP_DEALLOC_EMBEDS: rc = do_dealloc(c, q, false, api, &st); break;
+    case PIE__V1__API_CALL__OP_EXPORT_KV_PAGES: rc = do_export(c, q, api, &st); break;
+    case PIE__V1__API_CALL__OP_UNEXPORT_KV_PAGES: rc = do_unexport(c, q, api, &st); break;
+    case PIE__V1__API_CALL__OP_IMPORT_KV_PAGES: rc = do_import(c, q, call, &st); break;
+    default:
+        rc = pie_status_set(&st, PIE_UNIMPLEMENTED, "call %llu: not a controller call",
+                            (unsigned long long)api->call_id);
+        break;
+    }
+    ctl_queue_done(call, rc == PIE_OK ? 0 : (uint32_t)rc, rc == PIE_OK ? NULL : st.msg);
+}
+
+/* ---- queue-less calls ---------------------------------------------------------------------- */
+
+static void list_exports(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
+    ctl_replica *r = inst->rep;
+    ctl_export **v = NULL;
+    size_t n = 0;
+    if (ctl_exports_sorted(&c->exports, &v, &n) != 0) goto oom;
+    Pie__V1__ExportList *el = ctl_arena_alloc(&r->arena, sizeof *el);
+    Pie__V1__ExportInfo *infos = ctl_arena_alloc(&r->arena, (n + 1) * sizeof *infos);
+    Pie__V1__ExportInfo **ptrs = ctl_arena_alloc(&r->arena, (n + 1) * sizeof *ptrs);
+    if (!el || !infos || !ptrs) goto oom;
+    pie__v1__export_list__init(el);
+    for (size_t i = 0; i < n; i++) {
+        Pie__V1__ExportInfo *x = &infos[i];
+        pie__v1__export_info__init(x);
+        /* Copies: the export may be removed before the outbox is sent. */
+        x->name = ctl_arena_strdup(&r->arena, v[i]->name);
+        x->model = ctl_arena_strdup(&r->arena, v[i]->model);
+        if (!x->name || !x->model) goto oom;
+        x->page_count = v[i]->n;
+        x->persistent = v[i]->persistent;
+        x->exporter_instance_id = v[i]->exporter;
+        ptrs[i] = x;
+    }
+    el->exports = ptrs;
+    el->n_exports = n;
+    Pie__V1__CallResult *res = ctl_core_result(c, r, inst->id, api->call_id, 0, NULL);
+    if (res == NULL) goto oom;
+    res->payload_case = PIE__V1__CALL_RESULT__PAYLOAD_EXPORTS;
+    res->exports = el;
+    free(v);
+    return;
+oom:
+    free(v);
+    ctl_core_result(c, r, inst->id, api->call_id, PIE_RESOURCE_EXHAUSTED,
+                    "list_exports: controller out of memory");
+}
+
+/* One TopicDelivery per replica with subscribers, listing them. */
+static void broadcast(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
+    const Pie__V1__Broadcast *b = api->broadcast;
+    pie_status st;
+    if (ctl_name_check("broadcast", "topic", b->topic, &st) != PIE_OK) {
+        ctl_core_result(c, inst->rep, inst->id, api->call_id, st.code, st.msg);
+        return;
+    }
+    const ctl_topic *t = ctl_pubsub_topic(&c->ps, b->topic);
+    if (t == NULL) return;
+    for (ctl_replica *r = c->replicas; r; r = r->next) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < t->n; i++) n += ((ctl_inst *)t->subs[i].who)->rep == r;
+        if (n == 0) continue;
+        uint64_t *ids = ctl_arena_alloc(&r->arena, n * sizeof *ids);
+        Pie__V1__TopicDelivery *td = ctl_arena_alloc(&r->arena, sizeof *td);
+        Pie__V1__SessionEvent *e = ids && td ? ctl_core_event(c, r) : NULL;
+        if (e == NULL) {
+            pie_log_error("ctl.broadcast.oom", "replica_index=%u topic_bytes=%zu", r->index,
+                          strlen(b->topic));
+            continue;
+        }
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < t->n; i++) {
+            const ctl_inst *s = t->subs[i].who;
+            if (s->rep == r) ids[k++] = s->id;
+        }
+        pie__v1__topic_delivery__init(td);
+        /* topic and message point into the SessionUp, which outlives the outbox's sending. */
+        td->topic = b->topic;
+        td->message = b->message;
+        td->sender_instance_id = inst->id;
+        td->instance_ids = ids;
+        td->n_instance_ids = k;
+        e->event_case = PIE__V1__SESSION_EVENT__EVENT_DELIVERY;
+        e->delivery = td;
+    }
+}
+
+void ctl_exec_queueless(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
+    pie_status st;
+    switch (api->op_case) {
+    case PIE__V1__API_CALL__OP_LIST_EXPORTS: list_exports(c, inst, api); return;
+    case PIE__V1__API_CALL__OP_BROADCAST: broadcast(c, inst, api); return;
+    case PIE__V1__API_CALL__OP_SUBSCRIBE:
+        if (ctl_name_check("subscribe", "topic", api->subscribe->topic, &st) == PIE_OK)
+            ctl_pubsub_subscribe(&c->ps, &inst->subs, inst, api->subscribe->topic, &st);
+        break;
+    case PIE__V1__API_CALL__OP_UNSUBSCRIBE:
+        if (ctl_name_check("unsubscribe", "topic", api->unsubscribe->topic, &st) == PIE_OK) {
+            ctl_pubsub_unsubscribe(&c->ps, &inst->subs, api->unsubscribe->topic);
+            return;
+        }
+        break;
+    default: return;
+    }
+    if (st.code != PIE_OK) ctl_core_result(c, inst->rep, inst->id, api->call_id, st.code, st.msg);
+}
+
+/* ---- GPU calls: validation and items ----------------------------------------------------------
+ *
+ * Each check_* validates a call against q's placement and, when `b` is set, writes its item(s)
+ * into the step's arena. Static checks come first so that the message names the first thing
+ * wrong with the input. */
+
+typedef struct build {
+    ctl_step *s;
+    void *item; /* the item built (kind-specific), or NULL */
+} build;
+
+static uint32_t *arena_u32(ctl_step *s, size_t n) {
+    return ctl_arena_alloc(&s->arena, (n ? n : 1) * 4);
+}
+
+static pie_code oom_st(const char *op, pie_status *st) {
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
+}
+
+static pie_code check_embed(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                            ctl_step *s, pie_status *st) {
+    const char *op = "embed_text";
+    const Pie__V1__EmbedText *e = api->embed_text;
+    const Pie__V1__ModelInfo *m = ctl_model_info(c, q->model);
+    size_t n = e->n_embed_ids;
+    if (n == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: embed_ids is empty", op);
+    if (e->n_token_ids != n || e->n_positions != n)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: embed_ids, token_ids and positions must have equal lengths, got "
+                              "%zu, %zu and %zu",
+                              op, n, e->n_token_ids, e->n_positions);
+    if (m->max_forward_tokens && n > m->max_forward_tokens)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: %zu tokens exceed the model's max_forward_tokens %u", op, n,
+                              m->max_forward_tokens);
+    for (size_t i = 0; i < n; i++) {
+        if (m->vocab_size && e->token_ids[i] >= m->vocab_size)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: token_ids[%zu] = %u is not below vocab_size %u", op, i,
+                                  e->token_ids[i], m->vocab_size);
+        if (m->max_context_tokens && e->positions[i] >= m->max_context_tokens)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: positions[%zu] = %u is not below max_context_tokens %u", op,
+                                  i, e->positions[i], m->max_context_tokens);
+    }
+    if (ctl_ids_check(op, "embed_ids", "embedding", e->embed_ids, (uint32_t)n, UINT32_MAX, st) !=
+        PIE_OK)
+        return st->code;
+    if (s && ctl_vec32_reserve(&s->emb_slots, s->emb_slots.n + (uint32_t)n) != 0)
+        return oom_st(op, st);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t slot;
+        if (map_id(c, q, false, op, e->embed_ids[i], &slot, st) != PIE_OK) return st->code;
+        if (s) s->emb_slots.v[s->emb_slots.n + i] = slot;
+    }
+    return PIE_OK;
+}
+
+static pie_code check_mask(uint32_t C, uint32_t N, const Pie__V1__AttentionMask *mask,
+                           pie_status *st) {
+    const char *op = "forward";
+    size_t idx = 0, R = mask->n_runs;
+    for (uint32_t i = 0; i < N; i++) {
+        uint64_t row = (uint64_t)C + i + 1, covered = 0;
+        bool visible = true, last_visible = true;
+        while (covered < row) {
+            if (idx >= R)
+                return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                      "%s: mask runs end in row %u after %llu of its %llu tokens",
+                                      op, i, (unsigned long long)covered, (unsigned long long)row);
+            uint64_t len = mask->runs[idx++];
+            if (covered + len > row)
+                return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                      "%s: mask run %zu (length %llu) crosses the end of row %u "
+                                      "(%llu tokens)",
+                                      op, idx - 1, (unsigned long long)len, i,
+                                      (unsigned long long)row);
+            covered += len;
+            last_visible = visible;
+            visible = !visible;
+        }
+        if (!last_visible)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: mask row %u hides its own token (the row's last)", op, i);
+    }
+    if (idx < R)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: mask has %zu runs left after its last row (row %u)", op, R - idx,
+                              N ? N - 1 : 0);
+    return PIE_OK;
+}
+
+static bool in_list(const uint32_t *v, size_t n, uint32_t x) {
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == x) return true;
+    return false;
+}
+
+static pie_code check_forward(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                              ctl_step *s, Pie__V1__ForwardItem **out, pie_status *st) {
+    const char *op = "forward";
+    const Pie__V1__Forward *f = api->forward;
+    const Pie__V1__ModelInfo *m = ctl_model_info(c, q->model);
+    const uint32_t P = m->kv_page_size;
+    size_t N = f->n_input_embed_ids, Cp = f->n_kv_page_ids, O = f->n_output_kv_page_ids,
+           M = f->n_output_embed_ids;
+    uint32_t last = f->kv_page_last_len;
+    if (N == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: input_embed_ids is empty", op);
+    if (m->max_forward_tokens && N > m->max_forward_tokens)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: %zu input tokens exceed the model's max_forward_tokens %u", op,
+                              N, m->max_forward_tokens);
+    if (Cp == 0 && last != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: kv_page_last_len is %u but kv_page_ids is empty", op, last);
+    if (Cp > 0 && (last == 0 || last > P))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: kv_page_last_len %u is out of range [1, %u]", op, last, P);
+    if (M > N)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: %zu output_embed_ids for %zu input tokens (at most one each)",
+                              op, M, N);
+    if (Cp && ctl_ids_check(op, "kv_page_ids", "kv page", f->kv_page_ids, (uint32_t)Cp, UINT32_MAX,
+                            st) != PIE_OK)
+        return st->code;
+    if (O && ctl_ids_check(op, "output_kv_page_ids", "kv page", f->output_kv_page_ids, (uint32_t)O,
+                           UINT32_MAX, st) != PIE_OK)
+        return st->code;
+    if (M && ctl_ids_check(op, "output_embed_ids", "embedding", f->output_embed_ids, (uint32_t)M,
+                           UINT32_MAX, st) != PIE_OK)
+        return st->code;
+    bool cont = false;
+    uint64_t C = Cp ? (uint64_t)(Cp - 1) * P + last : 0;
+    if (O) {
+        cont = Cp > 0 && f->output_kv_page_ids[0] == f->kv_page_ids[Cp - 1];
+        for (size_t j = cont ? 1 : 0; j < O; j++)
+            if (in_list(f->kv_page_ids, Cp, f->output_kv_page_ids[j]))
+                return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                      "%s: output kv page %u is also a context page (only the last "
+                                      "context page may be output_kv_page_ids[0])",
+                                      op, f->output_kv_page_ids[j]);
+        if (!cont && Cp > 0 && last != P)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: output_kv_page_ids[0] (kv page %u) is not the last context "
+                                  "page (kv page %u), which holds %u of %u tokens: append to it",
+                                  op, f->output_kv_page_ids[0], f->kv_page_ids[Cp - 1], last, P);
+        uint64_t room0 = cont ? P - last : P;
+        if (cont && room0 == 0)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: the last context page (kv page %u) is full: "
+                                  "output_kv_page_ids[0] must be a new page",
+                                  op, f->kv_page_ids[Cp - 1]);
+        uint64_t cap = room0 + (uint64_t)(O - 1) * P;
+        uint64_t min = O == 1 ? 1 : room0 + (uint64_t)(O - 2) * P + 1;
+        if (N > cap || N < min)
+            return pie_status_set(
+                st, PIE_INVALID_ARGUMENT,
+                "%s: output_kv_page_ids (%zu pages) take %llu to %llu tokens here, "
+                "but there are %zu input tokens",
+                op, O, (unsigned long long)min, (unsigned long long)cap, N);
+    }
+    if (f->mask && check_mask((uint32_t)C, (uint32_t)N, f->mask, st) != PIE_OK) return st->code;
+
+    /* Ids → slots (and the item). */
+    size_t n_seq = Cp + (O ? (cont ? O - 1 : O) : 0);
+    Pie__V1__ForwardItem *fi = NULL;
+    uint32_t *kv = NULL, *in = NULL, *outs = NULL;
+    if (s) {
+        fi = ctl_arena_alloc(&s->arena, sizeof *fi);
+        kv = arena_u32(s, n_seq);
+        in = arena_u32(s, N);
+        outs = arena_u32(s, M);
+        if (!fi || !kv || !in || !outs) return oom_st(op, st);
+    }
+    uint32_t slot;
+    for (size_t j = 0; j < Cp; j++) {
+        if (map_id(c, q, true, op, f->kv_page_ids[j], &slot, st) != PIE_OK) return st->code;
+        if (kv) kv[j] = slot;
+    }
+    for (size_t j = 0; j < O; j++) {
+        if (map_id(c, q, true, op, f->output_kv_page_ids[j], &slot, st) != PIE_OK ||
+            writable(q->place, op, f->output_kv_page_ids[j], slot, st) != PIE_OK)
+            return st->code;
+        if (kv && !(cont && j == 0)) kv[Cp + j - (cont ? 1 : 0)] = slot;
+    }
+    for (size_t j = 0; j < N; j++) {
+        if (map_id(c, q, false, op, f->input_embed_ids[j], &slot, st) != PIE_OK) return st->code;
+        if (in) in[j] = slot;
+    }
+    for (size_t j = 0; j < M; j++) {
+        if (map_id(c, q, false, op, f->output_embed_ids[j], &slot, st) != PIE_OK) return st->code;
+        if (outs) outs[j] = slot;
+    }
+    if (fi) {
+        pie__v1__forward_item__init(fi);
+        fi->kv_slots = kv;
+        fi->n_kv_slots = n_seq;
+        fi->kv_last_page_len = O ? (uint32_t)(C + N - (uint64_t)(n_seq - 1) * P) : last;
+        fi->append_kv = O > 0;
+        fi->input_embed_slots = in;
+        fi->n_input_embed_slots = N;
+        fi->output_embed_slots = outs;
+        fi->n_output_embed_slots = M;
+        fi->mask = f->mask; /* same encoding; the SessionUp outlives the send */
+        fi->owner = q->inst->id;
+        *out = fi;
+    }
+    return PIE_OK;
+}
+
+static pie_code check_mask_page(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                                ctl_step *s, Pie__V1__MaskPageItem **out, pie_status *st) {
+    const char *op = "mask_kv_page";
+    const Pie__V1__MaskKvPage *mk = api->mask_kv_page;
+    uint32_t P = ctl_model_info(c, q->model)->kv_page_size;
+    if (mk->n_masked != P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: masked has %zu entries, kv_page_size is %u", op, mk->n_masked,
+                              P);
+    uint32_t slot;
+    if (map_id(c, q, true, op, mk->kv_page_id, &slot, st) != PIE_OK ||
+        writable(q->place, op, mk->kv_page_id, slot, st) != PIE_OK)
+        return st->code;
+    if (s) {
+        Pie__V1__MaskPageItem *it = ctl_arena_alloc(&s->arena, sizeof *it);
+        if (it == NULL) return oom_st(op, st);
+        pie__v1__mask_page_item__init(it);
+        it->kv_slot = slot;
+        it->masked = mk->masked; /* points into the SessionUp */
+        it->n_masked = mk->n_masked;
+        *out = it;
+    }
+    return PIE_OK;
+}
+
+static pie_code check_copy(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                           ctl_step *s, Pie__V1__CopyPageItem **out, pie_status *st) {
+    const char *op = "copy_kv_page";
+    const Pie__V1__CopyKvPage *cp = api->copy_kv_page;
+    uint32_t P = ctl_model_info(c, q->model)->kv_page_size;
+    if (cp->src_offset >= P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: src_offset %u is out of range [0, %u]",
+                              op, cp->src_offset, P - 1);
+    if (cp->dst_offset >= P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: dst_offset %u is out of range [0, %u]",
+                              op, cp->dst_offset, P - 1);
+    if (cp->token_count == 0 || cp->token_count > P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: token_count %u is out of range [1, %u]", op, cp->token_count, P);
+    if (cp->src_offset + cp->token_count > P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: src_offset %u + token_count %u exceeds kv_page_size %u", op,
+                              cp->src_offset, cp->token_count, P);
+    if (cp->dst_offset + cp->token_count > P)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: dst_offset %u + token_count %u exceeds kv_page_size %u", op,
+                              cp->dst_offset, cp->token_count, P);
+    if (cp->src_kv_page_id == cp->dst_kv_page_id &&
+        cp->src_offset < cp->dst_offset + cp->token_count &&
+        cp->dst_offset < cp->src_offset + cp->token_count)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: source [%u, %u) and destination [%u, %u) overlap in kv page %u",
+                              op, cp->src_offset, cp->src_offset + cp->token_count, cp->dst_offset,
+                              cp->dst_offset + cp->token_count, cp->src_kv_page_id);
+    uint32_t src, dst;
+    if (map_id(c, q, true, op, cp->src_kv_page_id, &src, st) != PIE_OK ||
+        map_id(c, q, true, op, cp->dst_kv_page_id, &dst, st) != PIE_OK ||
+        writable(q->place, op, cp->dst_kv_page_id, dst, st) != PIE_OK)
+        return st->code;
+    if (s) {
+        Pie__V1__CopyPageItem *it = ctl_arena_alloc(&s->arena, sizeof *it);
+        if (it == NULL) return oom_st(op, st);
+        pie__v1__copy_page_item__init(it);
+        it->src_kv_slot = src;
+        it->dst_kv_slot = dst;
+        it->src_offset = cp->src_offset;
+        it->dst_offset = cp->dst_offset;
+        it->token_count = cp->token_count;
+        *out = it;
+    }
+    return PIE_OK;
+}
+
+static pie_code check_dist(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                           ctl_step *s, pie_status *st) {
+    const char *op = "next_dist";
+    const Pie__V1__NextDist *d = api->next_dist;
+    const Pie__V1__ModelInfo *m = ctl_model_info(c, q->model);
+    size_t n = d->n_embed_ids;
+    if (n == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: embed_ids is empty", op);
+    if (m->max_forward_tokens && n > m->max_forward_tokens)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: %zu embed_ids exceed the model's max_forward_tokens %u", op, n,
+                              m->max_forward_tokens);
+    uint32_t k = d->top_k ? d->top_k : (m->default_top_k ? m->default_top_k : 256);
+    if (m->max_top_k && k > m->max_top_k)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: top_k %u exceeds the model's max_top_k %u", op, k, m->max_top_k);
+    float t = d->temperature;
+    if (isnan(t) || isinf(t) || t < 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: temperature %g is not a finite number >= 0", op, (double)t);
+    if (t == 0) t = 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t slot;
+        if (map_id(c, q, false, op, d->embed_ids[i], &slot, st) != PIE_OK) return st->code;
+        if (s) {
+            Pie__V1__NextDistItem *it = ctl_arena_alloc(&s->arena, sizeof *it);
+            if (it == NULL || ctl_vecp_push(&s->items, it) != 0) return oom_st(op, st);
+            pie__v1__next_dist_item__init(it);
+            it->embed_slot = slot;
+            it->top_k = k;
+            it->temperature = t;
+        }
+    }
+    return PIE_OK;
+}
+
+/* Runs the check of a GPU call without building anything: its first error. */
+static pie_code check_only(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
+                           pie_status *st) {
+    switch (api->op_case) {
+    case PIE__V1__API_CALL__OP_EMBED_TEXT: return check_embed(c, q, api, NULL, st);
+    case PIE__V1__API_CALL__OP_FORWARD: return check_forward(c, q, api, NULL, NULL, st);
+    case PIE__V1__API_CALL__OP_MASK_KV_PAGE: return check_mask_page(c, q, api, NULL, NULL, st);
+    case PIE__V1__API_CALL__OP_COPY_KV_PAGE: return check_copy(c, q, api, NULL, NULL, st);
+    case PIE__V1__API_CALL__OP_NEXT_DIST: return check_dist(c, q, api, NULL, st);
+    default: return pie_status_set(st, PIE_INTERNAL, "controller: not a GPU call");
+    }
+}
+
+void ctl_exec_fail_unplaced(ctl_core *c, ctl_queue *q, ctl_call *call) {
+    pie_status st;
+    if (check_only(c, q, call->api, &st) == PIE_OK) /* cannot pass without objects; be safe */
+        pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                       "%s: the instance holds no objects of model \"%s\"",
+                       ctl_kind_name(call->kind), model_name(c, q->model));
+    ctl_queue_done(call, st.code, st.msg);
+}
+
+/* ---- conflicts within a batch (same instance only: other instances cannot write a page this
+ * instance reads — shared pages are read-only — nor touch its embeddings) ------------------- */
+
+/* Whether forward item b (added later) may not share a batch with a (earlier). */
+static bool forward_conflict(const Pie__V1__ForwardItem *a, const Pie__V1__ForwardItem *b,
+                             uint32_t P) {
+    /* b's inputs must not be a's outputs; b's outputs must not be a's inputs or outputs. */
+    for (size_t i = 0; i < b->n_input_embed_slots; i++)
+        if (in_list(a->output_embed_slots, a->n_output_embed_slots, b->input_embed_slots[i]))
+            return true;
+    for (size_t i = 0; i < b->n_output_embed_slots; i++)
+        if (in_list(a->input_embed_slots, a->n_input_embed_slots, b->output_embed_slots[i]) ||
+            in_list(a->output_embed_slots, a->n_output_embed_slots, b->output_embed_slots[i]))
+            return true;
+    if (!b->append_kv || b->n_kv_slots == 0) return false;
+    /* b writes positions [T-N, T) of its sequence; a covers [0, Ta) of its sequence. A written
+     * page position of b that a's sequence covers is a conflict (a would see b's write, or both
+     * write it). b reading what a writes is the intended order and allowed. */
+    uint64_t T = (uint64_t)(b->n_kv_slots - 1) * P + b->kv_last_page_len;
+    uint64_t from = T - b->n_input_embed_slots;
+    for (uint64_t pg = from / P; pg < b->n_kv_slots; pg++) {
+        uint32_t lo = pg * P < from ? (uint32_t)(from - pg * P) : 0;
+        uint32_t slot = b->kv_slots[pg];
+        for (size_t k = 0; k < a->n_kv_slots; k++) {
+            if (a->kv_slots[k] != slot) continue;
+            uint32_t covered = k + 1 == a->n_kv_slots ? a->kv_last_page_len : P;
+            uint32_t hi = pg + 1 == b->n_kv_slots ? b->kv_last_page_len : P;
+            if (lo < covered && lo < hi) return true;
+        }
+    }
+    return false;
+}
+
+static ctl_conf *conf_add(ctl_step *s, ctl_inst *inst, uint32_t item, uint32_t n) {
+    if (s->n_conf == s->cap_conf) {
+        uint32_t cap = s->cap_conf ? s->cap_conf * 2 : 64;
+        ctl_conf *p = realloc(s->conf, cap * sizeof *p);
+        if (p == NULL) return NULL;
+        s->conf = p;
+        s->cap_conf = cap;
+    }
+    ctl_conf *e = &s->conf[s->n_conf];
+    e->inst = inst;
+    e->item = item;
+    e->n = n;
+    if (inst->batch_serial != s->serial) {
+        inst->batch_serial = s->serial;
+        e->next_same = -1;
+    } else {
+        e->next_same = inst->batch_first;
+    }
+    inst->batch_first = (int32_t)s->n_conf++;
+    return e;
+}
+
+/* The earlier entries of inst in this batch: first index or -1. */
+static int32_t conf_first(const ctl_step *s, const ctl_inst *inst) {
+    return inst->batch_serial == s->serial ? inst->batch_first : -1;
+}
+
+/* ---- admit (scheduler callbacks) ----------------------------------------------------------- */
+
+/* After q's head was taken during batch forming: where q goes now. */
+static void requeue(ctl_worker *w, ctl_queue *q) {
+    ctl_call *h = ctl_queue_head(q);
+    if (h && h->kind != CTL_KIND_CTRL) {
+        ctl_sched_ready(&w->sched, &q->sq, h->kind, h->seq, h->t_ns);
+        q->sched = &w->sched;
+        return;
+    }
+    ctl_sched_unready(&w->sched, &q->sq);
+    q->sched = NULL;
+    if (h && !q->in_settle) { /* a controller call: run it once the batch is closed */
+        q->in_settle = true;
+        q->settle_next = w->settle;
+        w->settle = q;
+    }
+}
+
+static ctl_admit admit_fail(ctl_core *c, ctl_queue *q, const pie_status *st) {
+    ctl_call *call = ctl_queue_take(q);
+    ctl_queue_done(call, st->code, st->msg);
+    requeue(c->step.w, q);
+    ctl_core_completed(c, call);
+    return CTL_ADMIT_FAILED;
+}
+
+static ctl_admit admit_take(ctl_core *c, ctl_queue *q, uint32_t n_items) {
+    ctl_step *s = &c->step;
+    ctl_batch *b = s->rec;
+    ctl_call *call = ctl_queue_take(q);
+    b->calls[b->n_calls++] = (ctl_batch_call){call, n_items};
+    b->n_items += n_items;
+    s->n_items += n_items;
+    requeue(s->w, q);
+    return CTL_ADMIT_TAKEN;
+}
+
+static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
+    ctl_core *c = user;
+    ctl_step *s = &c->step;
+    ctl_worker *w = s->w;
+    ctl_queue *q = (ctl_queue *)sq; /* sq is the first member */
+    ctl_call *call = ctl_queue_head(q);
+    const Pie__V1__ApiCall *api = call->api;
+    pie_status st;
+    ctl_batch *b = s->rec;
+    if (b == NULL) return CTL_ADMIT_FULL;
+    if (b->n_calls == b->cap_calls) {
+        uint32_t cap = b->cap_calls ? b->cap_calls * 2 : 64;
+        ctl_batch_call *p = realloc(b->calls, cap * sizeof *p);
+        if (p == NULL) return CTL_ADMIT_FULL;
+        b->calls = p;
+        b->cap_calls = cap;
+    }
+    const uint32_t P = s->model ? s->model->kv_page_size : 1;
+    switch (kind) {
+    case CTL_KIND_EMBED: {
+        uint32_t n = (uint32_t)api->embed_text->n_embed_ids;
+        if (n > w->max_tokens) { /* can never fit: fail it (with its own error, if it has one) */
+            if (check_only(c, q, api, &st) == PIE_OK)
+                pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                               "embed_text: %u tokens exceed the worker's max_batch_tokens %u", n,
+                               w->max_tokens);
+            return admit_fail(c, q, &st);
+        }
+        if (s->n_tokens + n > w->max_tokens) return CTL_ADMIT_FULL;
+        if (check_embed(c, q, api, s, &st) != PIE_OK) return admit_fail(c, q, &st);
+        /* Same-instance calls of this batch must not write the same embedding. */
+        const uint32_t *mine = &s->emb_slots.v[s->emb_slots.n];
+        for (int32_t e = conf_first(s, q->inst); e >= 0; e = s->conf[e].next_same)
+            for (uint32_t i = 0; i < n; i++)
+                if (in_list(&s->emb_slots.v[s->conf[e].item], s->conf[e].n, mine[i]))
+                    return CTL_ADMIT_CONFLICT;
+        if (conf_add(s, q->inst, s->emb_slots.n, n) == NULL ||
+            ctl_vecp_push(&s->emb_calls, call) != 0)
+            return CTL_ADMIT_FULL;
+        s->emb_slots.n += n;
+        s->n_tokens += n;
+        return admit_take(c, q, n);
+    }
+    case CTL_KIND_FORWARD: {
+        uint32_t n = (uint32_t)api->forward->n_input_embed_ids;
+        Pie__V1__ForwardItem *fi = NULL;
+        if (n > w->max_tokens) {
+            if (check_only(c, q, api, &st) == PIE_OK)
+                pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                               "forward: %u input tokens exceed the worker's max_batch_tokens %u",
+                               n, w->max_tokens);
+            return admit_fail(c, q, &st);
+        }
+        if (s->n_tokens + n > w->max_tokens || s->n_items + 1 > w->max_items) return CTL_ADMIT_FULL;
+        if (check_forward(c, q, api, s, &fi, &st) != PIE_OK) return admit_fail(c, q, &st);
+        for (int32_t e = conf_first(s, q->inst); e >= 0; e = s->conf[e].next_same)
+            if (forward_conflict(s->items.v[s->conf[e].item], fi, P)) return CTL_ADMIT_CONFLICT;
+        if (conf_add(s, q->inst, (uint32_t)s->items.n, 1) == NULL ||
+            ctl_vecp_push(&s->items, fi) != 0)
+            return CTL_ADMIT_FULL;
+        s->n_tokens += n;
+        return admit_take(c, q, 1);
+    }
+    case CTL_KIND_MASK:
+    case CTL_KIND_COPY: {
+        if (s->n_items + 1 > w->max_items) return CTL_ADMIT_FULL;
+        void *it = NULL;
+        pie_code rc = kind == CTL_KIND_MASK
+                          ? check_mask_page(c, q, api, s, (Pie__V1__MaskPageItem **)&it, &st)
+                          : check_copy(c, q, api, s, (Pie__V1__CopyPageItem **)&it, &st);
+        if (rc != PIE_OK) return admit_fail(c, q, &st);
+        if (ctl_vecp_push(&s->items, it) != 0) return CTL_ADMIT_FULL;
+        return admit_take(c, q, 1);
+    }
+    case CTL_KIND_DIST: {
+        uint32_t n = (uint32_t)api->next_dist->n_embed_ids;
+        if (n > w->max_items) {
+            if (check_only(c, q, api, &st) == PIE_OK)
+                pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                               "next_dist: %u embed_ids exceed the worker's max_batch_items %u", n,
+                               w->max_items);
+            return admit_fail(c, q, &st);
+        }
+        if (s->n_items + n > w->max_items) return CTL_ADMIT_FULL;
+        size_t before = s->items.n;
+        if (check_dist(c, q, api, s, &st) != PIE_OK) {
+            s->items.n = before;
+            return admit_fail(c, q, &st);
+        }
+        return admit_take(c, q, n);
+    }
+    default: return CTL_ADMIT_FULL;
+    }
+}
+
+/* ---- the step ------------------------------------------------------------------------------- */
+
+static ctl_batch *rec_new(ctl_core *c, int kind) {
+    ctl_batch *b = ctl_slab_get(&c->s_batches);
+    if (b == NULL) return NULL;
+    b->next = NULL;
+    b->id = 0;
+    b->kind = kind;
+    b->ends_step = false;
+    b->n_items = 0;
+    b->n_calls = 0;
+    return b;
+}
+
+static void rec_put(ctl_core *c, ctl_batch *b) { ctl_slab_put(&c->s_batches, b); }
+
+/* Appends a finished batch to the step. */
+static bool step_push(ctl_core *c, Pie__V1__Batch *pb, ctl_batch *rec) {
+    ctl_step *s = &c->step;
+    if (ctl_vecp_reserve(&s->batches, s->batches.n + 1) != 0 ||
+        ctl_vecp_reserve(&s->recs, s->recs.n + 1) != 0)
+        return false;
+    rec->id = pb->batch_id = ++s->w->next_batch_id;
+    s->batches.v[s->batches.n++] = pb;
+    s->recs.v[s->recs.n++] = rec;
+    return true;
+}
+
+/* Copies a u32 list into the arena. */
+static uint32_t *dup_u32(ctl_step *s, const uint32_t *v, size_t n) {
+    uint32_t *p = arena_u32(s, n);
+    if (p && n) memcpy(p, v, n * sizeof *p);
+    return p;
+}
+
+/* Most slot changes one step carries (about 13 bytes each on the wire: well inside the 4 MiB
+ * default message size). More wait for the next step. */
+#define CTL_STEP_MAX_SLOT_CHANGES 65536u
+
+/* The pool's pending slot changes become SlotBatch(es) at the current point of the step: frees
+ * first, at most max_batch_items entries per SlotBatch, at most `cap` entries in all. Returns
+ * whether everything pending went out. */
+static bool flush_changes(ctl_core *c, uint64_t cap) {
+    ctl_step *s = &c->step;
+    ctl_pool *pool = &s->w->pool;
+    if (!ctl_pool_has_changes(pool)) return true;
+    ctl_slot_changes *ch = &pool->ch;
+    /* The four lists in application order: free kv, free emb, alloc kv, alloc emb. */
+    size_t len[4] = {ch->free_kv.n, ch->free_emb.n, ch->n_alloc_kv, ch->alloc_emb.n};
+    size_t pos[4] = {0, 0, 0, 0};
+    uint32_t max = s->w->max_items;
+    uint64_t budget = cap;
+    int list = 0;
+    while (list < 4 && budget > 0) {
+        Pie__V1__Batch *pb = ctl_arena_alloc(&s->arena, sizeof *pb);
+        Pie__V1__SlotBatch *sb = ctl_arena_alloc(&s->arena, sizeof *sb);
+        ctl_batch *rec = rec_new(c, CTL_KIND_NONE);
+        if (!pb || !sb || !rec) {
+            rec_put(c, rec);
+            pie_log_error("ctl.step.oom", "worker_index=%u what=slot_batch", s->w->index);
+            break; /* what was not sent stays pending */
+        }
+        pie__v1__batch__init(pb);
+        pie__v1__slot_batch__init(sb);
+        uint32_t room = budget < max ? (uint32_t)budget : max;
+        bool oom = false;
+        for (; list < 4 && room > 0 && !oom; list += pos[list] == len[list]) {
+            size_t k = len[list] - pos[list];
+            if (k > room) k = room;
+            if (k == 0) continue;
+            switch (list) {
+            case 0:
+                sb->free_kv_slots = dup_u32(s, ch->free_kv.v + pos[0], k);
+                sb->n_free_kv_slots = k;
+                oom = sb->free_kv_slots == NULL;
+                break;
+            case 1:
+                sb->free_embed_slots = dup_u32(s, ch->free_emb.v + pos[1], k);
+                sb->n_free_embed_slots = k;
+                oom = sb->free_embed_slots == NULL;
+                break;
+            case 2: {
+                uint32_t *sl = arena_u32(s, k);
+                uint64_t *ow = ctl_arena_alloc(&s->arena, k * sizeof *ow);
+                oom = sl == NULL || ow == NULL;
+                if (oom) break;
+                for (size_t i = 0; i < k; i++) {
+                    sl[i] = ch->alloc_kv[pos[2] + i].slot;
+                    ow[i] = ch->alloc_kv[pos[2] + i].owner;
+                }
+                sb->alloc_kv_slots = sl;
+                sb->alloc_kv_owners = ow;
+                sb->n_alloc_kv_slots = sb->n_alloc_kv_owners = k;
+                break;
+            }
+            case 3:
+                sb->alloc_embed_slots = dup_u32(s, ch->alloc_emb.v + pos[3], k);
+                sb->n_alloc_embed_slots = k;
+                oom = sb->alloc_embed_slots == NULL;
+                break;
+            }
+            if (oom) break;
+            pos[list] += k;
+            room -= (uint32_t)k;
+            budget -= k;
+        }
+        if (oom) { /* this SlotBatch's last list did not fit: send what it holds before */
+            pie_log_error("ctl.step.oom", "worker_index=%u what=slot_batch", s->w->index);
+            switch (list) {
+            case 0: sb->n_free_kv_slots = 0; break;
+            case 1: sb->n_free_embed_slots = 0; break;
+            case 2: sb->n_alloc_kv_slots = sb->n_alloc_kv_owners = 0; break;
+            default: sb->n_alloc_embed_slots = 0; break;
+            }
+            budget = 0;
+        }
+        pb->kind_case = PIE__V1__BATCH__KIND_SLOTS;
+        pb->slots = sb;
+        if (!step_push(c, pb, rec)) {
+            rec_put(c, rec);
+            pie_log_error("ctl.step.oom", "worker_index=%u what=slot_batch", s->w->index);
+            break;
+        }
+    }
+    ctl_pool_changes_sent(pool, (uint32_t)pos[0], (uint32_t)pos[1], (uint32_t)pos[2],
+                          (uint32_t)pos[3]);
+    return !ctl_pool_has_changes(pool);
+}
+
+static void on_open(void *user, int kind) {
+    ctl_core *c = user;
+    ctl_step *s = &c->step;
+    flush_changes(c, UINT64_MAX); /* slot changes so far precede this batch */
+    s->kind = kind;
+    s->rec = rec_new(c, kind);
+    s->items.n = 0;
+    s->emb_slots.n = 0;
+    s->emb_calls.n = 0;
+    s->n_items = s->n_tokens = 0;
+    s->n_conf = 0;
+    s->serial = ++c->batch_serial;
+}
+
+/* The Batch message of the batch just formed. */
+static Pie__V1__Batch *build_batch(ctl_core *c, int kind) {
+    ctl_step *s = &c->step;
+    Pie__V1__Batch *pb = ctl_arena_alloc(&s->arena, sizeof *pb);
+    if (pb == NULL) return NULL;
+    pie__v1__batch__init(pb);
+    size_t n = s->items.n;
+    void **items = NULL;
+    if (kind != CTL_KIND_EMBED) {
+        items = ctl_arena_alloc(&s->arena, (n ? n : 1) * sizeof *items);
+        if (items == NULL) return NULL;
+        if (n) memcpy(items, s->items.v, n * sizeof *items);
+    }
+    switch (kind) {
+    case CTL_KIND_EMBED: {
+        Pie__V1__EmbedTextBatch *eb = ctl_arena_alloc(&s->arena, sizeof *eb);
+        uint32_t total = s->emb_slots.n;
+        uint32_t *slots = dup_u32(s, s->emb_slots.v, total);
+        uint32_t *toks = arena_u32(s, total), *pos = arena_u32(s, total);
+        if (!eb || !slots || !toks || !pos) return NULL;
+        uint32_t at = 0;
+        for (size_t i = 0; i < s->emb_calls.n; i++) {
+            const Pie__V1__EmbedText *e = ((ctl_call *)s->emb_calls.v[i])->api->embed_text;
+            memcpy(toks + at, e->token_ids, e->n_token_ids * sizeof *toks);
+            memcpy(pos + at, e->positions, e->n_positions * sizeof *pos);
+            at += (uint32_t)e->n_token_ids;
+        }
+        pie__v1__embed_text_batch__init(eb);
+        eb->embed_slots = slots;
+        eb->n_embed_slots = total;
+        eb->token_ids = toks;
+        eb->n_token_ids = total;
+        eb->positions = pos;
+        eb->n_positions = total;
+        pb->kind_case = PIE__V1__BATCH__KIND_EMBED_TEXT;
+        pb->embed_text = eb;
+        break;
+    }
+    case CTL_KIND_FORWARD: {
+        Pie__V1__ForwardBatch *fb = ctl_arena_alloc(&s->arena, sizeof *fb);
+        if (fb == NULL) return NULL;
+        pie__v1__forward_batch__init(fb);
+        fb->items = (Pie__V1__ForwardItem **)items;
+        fb->n_items = n;
+        pb->kind_case = PIE__V1__BATCH__KIND_FORWARD;
+        pb->forward = fb;
+        break;
+    }
+    case CTL_KIND_MASK: {
+        Pie__V1__MaskPageBatch *mb = ctl_arena_alloc(&s->arena, sizeof *mb);
+        if (mb == NULL) return NULL;
+        pie__v1__mask_page_batch__init(mb);
+        mb->items = (Pie__V1__MaskPageItem **)items;
+        mb->n_items = n;
+        pb->kind_case = PIE__V1__BATCH__KIND_MASK_PAGE;
+        pb->mask_page = mb;
+        break;
+    }
+    case CTL_KIND_COPY: {
+        Pie__V1__CopyPageBatch *cb = ctl_arena_alloc(&s->arena, sizeof *cb);
+        if (cb == NULL) return NULL;
+        pie__v1__copy_page_batch__init(cb);
+        cb->items = (Pie__V1__CopyPageItem **)items;
+        cb->n_items = n;
+        pb->kind_case = PIE__V1__BATCH__KIND_COPY_PAGE;
+        pb->copy_page = cb;
+        break;
+    }
+    case CTL_KIND_DIST: {
+        Pie__V1__NextDistBatch *db = ctl_arena_alloc(&s->arena, sizeof *db);
+        if (db == NULL) return NULL;
+        pie__v1__next_dist_batch__init(db);
+        db->items = (Pie__V1__NextDistItem **)items;
+        db->n_items = n;
+        pb->kind_case = PIE__V1__BATCH__KIND_NEXT_DIST;
+        pb->next_dist = db;
+        break;
+    }
+    default: return NULL;
+    }
+    return pb;
+}
+
+/* Fails every call of a batch that cannot be sent (out of memory). */
+static void fail_batch_calls(ctl_core *c, ctl_batch *b, pie_code code, const char *msg) {
+    for (uint32_t i = 0; i < b->n_calls; i++) {
+        ctl_call *call = b->calls[i].call;
+        if (call->q) ctl_queue_done(call, code, msg);
+        ctl_core_completed(c, call);
+    }
+    b->n_calls = 0;
+}
+
+static void on_close(void *user, int kind, uint32_t n_taken) {
+    ctl_core *c = user;
+    ctl_step *s = &c->step;
+    ctl_batch *rec = s->rec;
+    s->rec = NULL;
+    s->kind = CTL_KIND_NONE;
+    if (rec == NULL) return;
+    if (n_taken == 0) {
+        rec_put(c, rec);
+        return;
+    }
+    Pie__V1__Batch *pb = build_batch(c, kind);
+    if (pb == NULL || !step_push(c, pb, rec)) {
+        fail_batch_calls(c, rec, PIE_RESOURCE_EXHAUSTED,
+                         "controller: out of memory forming a batch");
+        rec_put(c, rec);
+    }
+}
+
+static void on_settle(void *user) {
+    ctl_core *c = user;
+    ctl_worker *w = c->step.w;
+    while (w->settle) {
+        ctl_queue *q = w->settle;
+        w->settle = q->settle_next;
+        q->settle_next = NULL;
+        q->in_settle = false;
+        if (!q->dead) ctl_core_advance(c, q);
+    }
+}
+
+static const ctl_sched_ops sched_ops = {
+    .open = on_open, .admit = admit, .close = on_close, .settle = on_settle};
+
+static void step_reset(ctl_step *s) {
+    ctl_arena_reset(&s->arena);
+    s->batches.n = 0;
+    s->recs.n = 0;
+    s->w = NULL;
+    s->rec = NULL;
+    s->kind = CTL_KIND_NONE;
+}
+
+/* Whether w may be sent a step now. work_conserving sends when the worker is idle — no step
+ * outstanding — as in the paper (seeds/001 §6.1); the other strategies fire on their own
+ * conditions whether or not the worker is busy, bounded only by the credits it grants. With
+ * the worker's default of one credit the two coincide. */
+static bool may_send(const ctl_core *c, const ctl_worker *w) {
+    if (w->credits == 0) return false;
+    return c->cfg.sched.strategy != CTL_STRATEGY_WORK_CONSERVING || w->steps_out == 0;
+}
+
+void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
+    ctl_step *s = &c->step;
+    while (may_send(c, w)) {
+        step_reset(s);
+        s->w = w;
+        s->model = ctl_model_info(c, w->model);
+        int64_t wake = 0;
+        uint32_t formed = 0;
+        if (ctl_pool_changes_count(&w->pool) > CTL_STEP_MAX_SLOT_CHANGES) {
+            /* A backlog of slot changes (mass allocation while the worker was busy): send it
+             * in bounded steps before any batch that could depend on it. */
+            flush_changes(c, CTL_STEP_MAX_SLOT_CHANGES);
+        } else {
+            formed = ctl_sched_step(&w->sched, c->now_ns, &sched_ops, c, &wake);
+            w->wake_ns = wake;
+            flush_changes(c, UINT64_MAX); /* whatever the last batches' controller calls changed */
+        }
+        if (s->batches.n == 0) break;
+        Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+        down.n_batches = s->batches.n;
+        down.batches = (Pie__V1__Batch **)s->batches.v;
+        c->sink.to_worker(c->sink.user, w->link, &down);
+        uint64_t items = 0;
+        ((ctl_batch *)s->recs.v[s->recs.n - 1])->ends_step = true;
+        w->steps_out++;
+        for (size_t i = 0; i < s->recs.n; i++) {
+            ctl_batch *b = s->recs.v[i];
+            items += b->n_items;
+            if (w->out_tail)
+                w->out_tail->next = b;
+            else
+                w->out = b;
+            w->out_tail = b;
+            w->n_out++;
+        }
+        w->credits--;
+        w->steps++;
+        w->batches_sent += s->batches.n;
+        if (c->m_steps) pie_counter_add(c->m_steps, 1);
+        if (c->m_batches) pie_counter_add(c->m_batches, s->batches.n);
+        if (c->m_items) pie_counter_add(c->m_items, items);
+        if (formed == 0) break; /* only slot changes went out */
+    }
+    step_reset(s);
+}
+
+/* ---- results ------------------------------------------------------------------------------- */
+
+void ctl_exec_batch_free(ctl_core *c, ctl_batch *b) {
+    for (uint32_t i = 0; i < b->n_calls; i++) {
+        ctl_call *call = b->calls[i].call;
+        if (call->q == NULL) ctl_core_call_free(c, call);
+    }
+    b->n_calls = 0;
+    rec_put(c, b);
+}
+
+bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_status *st) {
+    ctl_batch *b = w->out;
+    if (b == NULL) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "WorkerLink: result for batch %llu, but no batch is outstanding",
+                       (unsigned long long)r->batch_id);
+        return false;
+    }
+    if (r->batch_id != b->id) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "WorkerLink: result for batch %llu, expected batch %llu (results come in "
+                       "batch order)",
+                       (unsigned long long)r->batch_id, (unsigned long long)b->id);
+        return false;
+    }
+    w->out = b->next;
+    if (w->out == NULL) w->out_tail = NULL;
+    w->n_out--;
+    if (b->ends_step && w->steps_out) w->steps_out--;
+    const char *kname = ctl_kind_name(b->kind);
+    char msg[PIE_STATUS_MSG_MAX];
+    if (b->kind == CTL_KIND_NONE && (r->code != 0 || r->n_items)) {
+        for (size_t i = 0; i < r->n_items; i++) {
+            if (r->items[i]->code == 0) continue;
+            pie_log_error("ctl.worker.slot_failed",
+                          "worker_index=%u batch=%llu item=%zu code=%s "
+                          "error=\"%s\"",
+                          w->index, (unsigned long long)b->id, i,
+                          pie_code_name((int)r->items[i]->code), r->items[i]->message);
+            break;
+        }
+        if (r->code)
+            pie_log_error("ctl.worker.slot_failed",
+                          "worker_index=%u batch=%llu code=%s error=\"%s\"", w->index,
+                          (unsigned long long)b->id, pie_code_name((int)r->code), r->message);
+    }
+    uint32_t fail_code = 0;
+    if (r->code != 0) {
+        fail_code = r->code;
+        snprintf(msg, sizeof msg, "%s",
+                 r->message && r->message[0] ? r->message : "worker: batch failed");
+    } else if (r->n_items == 0 && b->kind == CTL_KIND_DIST) {
+        fail_code = PIE_INTERNAL;
+        snprintf(msg, sizeof msg, "next_dist: worker %s returned no distributions",
+                 w->reg->group_id);
+    } else if (r->n_items != 0 && r->n_items != b->n_items) {
+        fail_code = PIE_INTERNAL;
+        snprintf(msg, sizeof msg, "%s: worker %s returned %zu item results for a batch of %u items",
+                 kname, w->reg->group_id, r->n_items, b->n_items);
+    }
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < b->n_calls; i++) {
+        ctl_call *call = b->calls[i].call;
+        uint32_t n = b->calls[i].n_items;
+        if (call->q) {
+            if (fail_code) {
+                ctl_queue_done(call, fail_code, msg);
+            } else if (r->n_items == 0) {
+                ctl_queue_done(call, 0, NULL);
+            } else {
+                uint32_t code = 0;
+                const char *m = NULL;
+                for (uint32_t k = at; k < at + n && code == 0; k++) {
+                    const Pie__V1__ItemResult *it = r->items[k];
+                    if (it->code) {
+                        code = it->code;
+                        m = it->message && it->message[0] ? it->message : "worker: item failed";
+                    } else if (b->kind == CTL_KIND_DIST && it->distribution == NULL) {
+                        code = PIE_INTERNAL;
+                        snprintf(msg, sizeof msg,
+                                 "next_dist: worker %s returned no distribution "
+                                 "for item %u",
+                                 w->reg->group_id, k);
+                        m = msg;
+                    }
+                }
+                if (code == 0 && b->kind == CTL_KIND_DIST) {
+                    call->items = &r->items[at];
+                    call->n_items = n;
+                    call->has_result = true;
+                }
+                ctl_queue_done(call, code, m);
+            }
+        }
+        at += n;
+        ctl_core_completed(c, call);
+    }
+    b->n_calls = 0;
+    rec_put(c, b);
+    return true;
+}
+
+static void batch_dtor(void *obj) {
+    ctl_batch *b = obj;
+    free(b->calls);
+}
+
+void ctl_exec_step_free(ctl_step *s) {
+    ctl_arena_free(&s->arena);
+    ctl_vecp_free(&s->batches);
+    ctl_vecp_free(&s->recs);
+    ctl_vecp_free(&s->items);
+    ctl_vec32_free(&s->emb_slots);
+    ctl_vecp_free(&s->emb_calls);
+    free(s->conf);
+    memset(s, 0, sizeof *s);
+}
+
+void ctl_exec_free_batches(ctl_slab *s) { ctl_slab_free_each(s, batch_dtor); }

@@ -1,0 +1,1868 @@
+/* test_ctl_core.c — the control layer (services/controller/ctl_core.h) driven message by
+ * message, without gRPC: fake lifecycle replicas send SessionUp messages and read the
+ * SessionDown messages the core emits; fake worker groups read WorkerDown steps and answer them
+ * like a real worker would, checking the contract as they go (slots are allocated before use
+ * and never twice, ids stay within capacity, one step per credit).
+ *
+ * Covers: one decode step as one step, results in issue order per queue, synchronize,
+ * every kind of invalid call and its exact error, quotas, export / import with reference counts,
+ * release when an instance ends, contention (kill_newest and fail_call), placement across
+ * worker groups and their loss, pub/sub, priorities inside a batch, vertical batching and
+ * conflicts, batch and item failures from the worker, protocol violations, k_only timing. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl_core.h"
+#include "pie_log.h"
+
+/* ---- fake transport ------------------------------------------------------------------------ */
+
+#define MAXMSG 512
+
+typedef struct flink {
+    bool worker;
+    ProtobufCMessage *msgs[MAXMSG]; /* deep copies of what the core sent */
+    int n, read;                    /* read: how many the test (or fake worker) consumed */
+    bool ended;
+    pie_code end_code;
+    char end_msg[PIE_STATUS_MSG_MAX];
+} flink;
+
+static ProtobufCMessage *deep_copy(const ProtobufCMessage *m) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    cr_assert_not_null(buf);
+    protobuf_c_message_pack(m, buf);
+    ProtobufCMessage *c = protobuf_c_message_unpack(m->descriptor, NULL, n, buf);
+    free(buf);
+    cr_assert_not_null(c);
+    return c;
+}
+
+static void sink_rep(void *u, void *link, const Pie__V1__SessionDown *m) {
+    (void)u;
+    flink *l = link;
+    cr_assert_lt(l->n, MAXMSG);
+    l->msgs[l->n++] = deep_copy(&m->base);
+}
+
+static void sink_wrk(void *u, void *link, const Pie__V1__WorkerDown *m) {
+    (void)u;
+    flink *l = link;
+    cr_assert_lt(l->n, MAXMSG);
+    l->msgs[l->n++] = deep_copy(&m->base);
+}
+
+static void sink_end(void *u, void *link, pie_code code, const char *msg) {
+    (void)u;
+    flink *l = link;
+    l->ended = true;
+    l->end_code = code;
+    snprintf(l->end_msg, sizeof l->end_msg, "%s", msg);
+}
+
+/* ---- the world ------------------------------------------------------------------------------ */
+
+#define PAGE       4
+#define KV_PAGES   16
+#define EMB_SLOTS  64
+#define MAX_ITEMS  8
+#define MAX_TOKENS 32
+
+typedef struct fworker {
+    flink link;
+    ctl_worker *w;
+    char group[32];
+    uint8_t kv_live[KV_PAGES], emb_live[EMB_SLOTS];
+    uint32_t kv_pages;
+    int steps_answered;
+    /* Failure injection for the next answered batch of a kind. */
+    Pie__V1__Batch__KindCase fail_kind;
+    uint32_t fail_code; /* whole batch */
+    int fail_item;      /* or one item (>= 0) */
+    /* The last forward batch answered (copies of items' kv_slots etc. via the message). */
+    Pie__V1__ForwardBatch *last_forward;
+} fworker;
+
+typedef struct world {
+    ctl_core *core;
+    flink rl[3];
+    ctl_replica *r[3];
+    int nr;
+    fworker wk[3];
+    int nw;
+    int64_t now;
+    uint64_t call_id;
+    /* results collected from replica 0..2, flattened */
+    Pie__V1__CallResult *res[3][1024];
+    int nres[3];
+    Pie__V1__SessionEvent *ev[3][256];
+    int nev[3];
+} world;
+
+static void world_free(world *W) {
+    ctl_core_destroy(W->core);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < W->rl[i].n; k++)
+            protobuf_c_message_free_unpacked(W->rl[i].msgs[k], NULL);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < W->wk[i].link.n; k++)
+            protobuf_c_message_free_unpacked(W->wk[i].link.msgs[k], NULL);
+    free(W);
+}
+
+static ctl_core_config base_cfg(void) {
+    ctl_core_config cfg = {
+        .sched = {.strategy = CTL_STRATEGY_WORK_CONSERVING,
+                  .k = 2,
+                  .t_ns = 1000000,
+                  .k_timeout_ns = 5000000,
+                  .max_step_batches = 32},
+        .contention = CTL_CONTENTION_KILL_NEWEST,
+        .heartbeat_ms = 1000,
+    };
+    return cfg;
+}
+
+static world *world_new(const ctl_core_config *cfg) {
+    world *W = calloc(1, sizeof *W);
+    cr_assert_not_null(W);
+    ctl_sink sink = {sink_rep, sink_wrk, sink_end, NULL};
+    pie_status st;
+    W->core = ctl_core_create(cfg, &sink, NULL, &st);
+    cr_assert_not_null(W->core, "%s", st.msg);
+    W->now = 1000000000;
+    return W;
+}
+
+static ProtobufCMessage *heap_copy(const ProtobufCMessage *m) { return deep_copy(m); }
+
+static int add_replica(world *W) {
+    int i = W->nr++;
+    Pie__V1__SessionHello h = PIE__V1__SESSION_HELLO__INIT;
+    char id[16];
+    snprintf(id, sizeof id, "lc-%d", i);
+    h.replica_id = id;
+    h.version = "pie-c/0.1.0";
+    Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
+    up.hello = &h;
+    pie_status st;
+    Pie__V1__SessionUp *copy = (Pie__V1__SessionUp *)heap_copy(&up.base);
+    W->r[i] = ctl_core_replica_join(W->core, &W->rl[i], copy, W->now, &st);
+    cr_assert_not_null(W->r[i], "%s", st.msg);
+    return i;
+}
+
+static Pie__V1__ModelInfo model_info(const char *name) {
+    Pie__V1__ModelInfo m = PIE__V1__MODEL_INFO__INIT;
+    m.name = (char *)name;
+    m.kv_page_size = PAGE;
+    m.vocab_size = 100;
+    m.max_context_tokens = 1024;
+    m.max_forward_tokens = 64;
+    m.default_top_k = 4;
+    m.max_top_k = 8;
+    m.dtype = "f32";
+    return m;
+}
+
+/* A worker group serving `model` with KV_PAGES pages (or kv_pages if non-zero). */
+static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t credits) {
+    int i = W->nw++;
+    fworker *f = &W->wk[i];
+    f->link.worker = true;
+    f->fail_item = -1;
+    f->kv_pages = kv_pages ? kv_pages : KV_PAGES;
+    snprintf(f->group, sizeof f->group, "g%d", i + 1);
+    Pie__V1__ModelInfo m = model_info(model);
+    Pie__V1__WorkerCapacity cap = PIE__V1__WORKER_CAPACITY__INIT;
+    cap.kv_pages_max = cap.kv_pages_effective = cap.kv_pages_gpu = f->kv_pages;
+    cap.embed_slots = EMB_SLOTS;
+    cap.max_batch_items = MAX_ITEMS;
+    cap.max_batch_tokens = MAX_TOKENS;
+    Pie__V1__WorkerRegistration reg = PIE__V1__WORKER_REGISTRATION__INIT;
+    reg.group_id = f->group;
+    reg.version = "pie-c/0.1.0";
+    reg.model = &m;
+    reg.backend = PIE__V1__BACKEND__BACKEND_CPU;
+    reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
+    reg.capacity = &cap;
+    reg.tp_size = 1;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.registration = &reg;
+    up.credits = credits;
+    pie_status st;
+    f->w = ctl_core_worker_join(W->core, &f->link, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now,
+                                &st);
+    cr_assert_not_null(f->w, "%s", st.msg);
+    cr_assert_eq(f->link.n, 1);
+    Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)f->link.msgs[0];
+    cr_assert_not_null(d->registered);
+    f->link.read = 1;
+    return i;
+}
+
+static int add_worker(world *W, const char *model) { return add_worker_n(W, model, 0, 1); }
+
+/* ---- SessionUp builder ------------------------------------------------------------------------
+ */
+
+typedef struct ub {
+    Pie__V1__SessionUp up;
+    Pie__V1__ApiCall calls[64], *cp[64];
+    Pie__V1__InstanceBegin begins[8], *bp[8];
+    Pie__V1__ResourceLimits lim[8];
+    Pie__V1__InstanceEnd ends[8], *ep[8];
+} ub;
+
+static void ub_init(ub *b) {
+    memset(b, 0, sizeof *b);
+    pie__v1__session_up__init(&b->up);
+}
+
+static uint64_t inst_id(int replica, uint64_t n) { return ((uint64_t)(replica + 1) << 48) | n; }
+
+static void ub_begin(ub *b, uint64_t id, const char *model, uint32_t kv, uint32_t emb,
+                     uint32_t queues) {
+    size_t i = b->up.n_begins++;
+    pie__v1__instance_begin__init(&b->begins[i]);
+    pie__v1__resource_limits__init(&b->lim[i]);
+    b->lim[i].kv_pages = kv;
+    b->lim[i].embeddings = emb;
+    b->lim[i].queues = queues;
+    b->begins[i].instance_id = id;
+    b->begins[i].model = (char *)model;
+    b->begins[i].program_id = "prog";
+    b->begins[i].limits = &b->lim[i];
+    b->bp[i] = &b->begins[i];
+    b->up.begins = b->bp;
+}
+
+static void ub_end(ub *b, uint64_t id) {
+    size_t i = b->up.n_ends++;
+    pie__v1__instance_end__init(&b->ends[i]);
+    b->ends[i].instance_id = id;
+    b->ep[i] = &b->ends[i];
+    b->up.ends = b->ep;
+}
+
+/* Adds a call; msg is the op's message (any of the oneof's types). Returns its call id. */
+static uint64_t ub_call(world *W, ub *b, uint64_t inst, uint32_t q, int op, void *msg) {
+    size_t i = b->up.n_calls++;
+    cr_assert_lt(i, 64);
+    Pie__V1__ApiCall *c = &b->calls[i];
+    pie__v1__api_call__init(c);
+    c->instance_id = inst;
+    c->queue_id = q;
+    c->call_id = ++W->call_id;
+    c->op_case = op;
+    c->create_queue = msg; /* the oneof's members share one pointer */
+    b->cp[i] = c;
+    b->up.calls = b->cp;
+    return c->call_id;
+}
+
+static void send_up(world *W, int replica, ub *b) {
+    ctl_core_session_up(W->core, W->r[replica], (Pie__V1__SessionUp *)heap_copy(&b->up.base),
+                        W->now);
+}
+
+/* Shorthands for common calls (their messages live in static storage per call site). */
+#define OP(x)    PIE__V1__API_CALL__OP_##x
+#define U32(...) ((uint32_t[]){__VA_ARGS__})
+#define N32(...) (sizeof((uint32_t[]){__VA_ARGS__}) / sizeof(uint32_t))
+
+static Pie__V1__CreateQueue *mk_create(const char *model) {
+    static Pie__V1__CreateQueue m[64];
+    static int k;
+    Pie__V1__CreateQueue *x = &m[k++ % 64];
+    pie__v1__create_queue__init(x);
+    x->model = (char *)(model ? model : "");
+    return x;
+}
+
+static Pie__V1__AllocKvPages *mk_alloc_kv(uint32_t *ids, size_t n) {
+    static Pie__V1__AllocKvPages m[64];
+    static int k;
+    Pie__V1__AllocKvPages *x = &m[k++ % 64];
+    pie__v1__alloc_kv_pages__init(x);
+    x->kv_page_ids = ids;
+    x->n_kv_page_ids = n;
+    return x;
+}
+
+static Pie__V1__AllocEmbeds *mk_alloc_emb(uint32_t *ids, size_t n) {
+    static Pie__V1__AllocEmbeds m[64];
+    static int k;
+    Pie__V1__AllocEmbeds *x = &m[k++ % 64];
+    pie__v1__alloc_embeds__init(x);
+    x->embed_ids = ids;
+    x->n_embed_ids = n;
+    return x;
+}
+
+static Pie__V1__DeallocKvPages *mk_dealloc_kv(uint32_t *ids, size_t n) {
+    static Pie__V1__DeallocKvPages m[16];
+    static int k;
+    Pie__V1__DeallocKvPages *x = &m[k++ % 16];
+    pie__v1__dealloc_kv_pages__init(x);
+    x->kv_page_ids = ids;
+    x->n_kv_page_ids = n;
+    return x;
+}
+
+static Pie__V1__EmbedText *mk_embed(uint32_t *ids, uint32_t *toks, uint32_t *pos, size_t n) {
+    static Pie__V1__EmbedText m[64];
+    static int k;
+    Pie__V1__EmbedText *x = &m[k++ % 64];
+    pie__v1__embed_text__init(x);
+    x->embed_ids = ids;
+    x->n_embed_ids = n;
+    x->token_ids = toks;
+    x->n_token_ids = n;
+    x->positions = pos;
+    x->n_positions = n;
+    return x;
+}
+
+static Pie__V1__Forward *mk_forward(uint32_t *kv, size_t nkv, uint32_t last, uint32_t *in,
+                                    size_t nin, uint32_t *okv, size_t nokv, uint32_t *oemb,
+                                    size_t noemb) {
+    static Pie__V1__Forward m[64];
+    static int k;
+    Pie__V1__Forward *x = &m[k++ % 64];
+    pie__v1__forward__init(x);
+    x->kv_page_ids = kv;
+    x->n_kv_page_ids = nkv;
+    x->kv_page_last_len = last;
+    x->input_embed_ids = in;
+    x->n_input_embed_ids = nin;
+    x->output_kv_page_ids = okv;
+    x->n_output_kv_page_ids = nokv;
+    x->output_embed_ids = oemb;
+    x->n_output_embed_ids = noemb;
+    return x;
+}
+
+static Pie__V1__NextDist *mk_dist(uint32_t *ids, size_t n, uint32_t k_, float t) {
+    static Pie__V1__NextDist m[64];
+    static int k;
+    Pie__V1__NextDist *x = &m[k++ % 64];
+    pie__v1__next_dist__init(x);
+    x->embed_ids = ids;
+    x->n_embed_ids = n;
+    x->top_k = k_;
+    x->temperature = t;
+    return x;
+}
+
+static void *mk_empty(int op) {
+    static Pie__V1__Synchronize sy[16];
+    static Pie__V1__DestroyQueue dq[16];
+    static Pie__V1__ListExports le[16];
+    static int k;
+    k++;
+    if (op == OP(SYNCHRONIZE)) {
+        pie__v1__synchronize__init(&sy[k % 16]);
+        return &sy[k % 16];
+    }
+    if (op == OP(DESTROY_QUEUE)) {
+        pie__v1__destroy_queue__init(&dq[k % 16]);
+        return &dq[k % 16];
+    }
+    pie__v1__list_exports__init(&le[k % 16]);
+    return &le[k % 16];
+}
+
+static Pie__V1__ExportKvPages *mk_export(uint32_t *ids, size_t n, const char *name,
+                                         bool persistent) {
+    static Pie__V1__ExportKvPages m[16];
+    static int k;
+    Pie__V1__ExportKvPages *x = &m[k++ % 16];
+    pie__v1__export_kv_pages__init(x);
+    x->kv_page_ids = ids;
+    x->n_kv_page_ids = n;
+    x->name = (char *)name;
+    x->persistent = persistent;
+    return x;
+}
+
+static Pie__V1__ImportKvPages *mk_import(uint32_t *ids, size_t n, const char *name) {
+    static Pie__V1__ImportKvPages m[16];
+    static int k;
+    Pie__V1__ImportKvPages *x = &m[k++ % 16];
+    pie__v1__import_kv_pages__init(x);
+    x->kv_page_ids = ids;
+    x->n_kv_page_ids = n;
+    x->name = (char *)name;
+    return x;
+}
+
+static Pie__V1__UnexportKvPages *mk_unexport(const char *name) {
+    static Pie__V1__UnexportKvPages m[16];
+    static int k;
+    Pie__V1__UnexportKvPages *x = &m[k++ % 16];
+    pie__v1__unexport_kv_pages__init(x);
+    x->name = (char *)name;
+    return x;
+}
+
+/* ---- fake worker ------------------------------------------------------------------------------
+ */
+
+/* Answers every unread step of worker i, one WorkerUp per step with one credit, like
+ * services/worker does; checks slot discipline. Returns steps answered. */
+static int serve(world *W, int i) {
+    fworker *f = &W->wk[i];
+    int answered = 0;
+    while (f->link.read < f->link.n) {
+        Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)f->link.msgs[f->link.read++];
+        cr_assert(d->n_batches > 0, "a WorkerDown without batches used a credit");
+        Pie__V1__BatchResult *res = calloc(d->n_batches, sizeof *res);
+        Pie__V1__BatchResult **rp = calloc(d->n_batches, sizeof *rp);
+        Pie__V1__ItemResult *items = calloc(4096, sizeof *items);
+        Pie__V1__ItemResult **ip = calloc(4096, sizeof *ip);
+        Pie__V1__Distribution *dists = calloc(4096, sizeof *dists);
+        uint32_t *tok = calloc(4096, sizeof *tok);
+        float *prob = calloc(4096, sizeof *prob);
+        size_t ni = 0;
+        for (size_t b = 0; b < d->n_batches; b++) {
+            const Pie__V1__Batch *bt = d->batches[b];
+            pie__v1__batch_result__init(&res[b]);
+            res[b].batch_id = bt->batch_id;
+            rp[b] = &res[b];
+            size_t n_items = 0;
+            switch (bt->kind_case) {
+            case PIE__V1__BATCH__KIND_SLOTS: {
+                const Pie__V1__SlotBatch *s = bt->slots;
+                for (size_t k = 0; k < s->n_free_kv_slots; k++) {
+                    uint32_t v = s->free_kv_slots[k];
+                    cr_assert(v < f->kv_pages && f->kv_live[v],
+                              "free of kv slot %u that is not live", v);
+                    f->kv_live[v] = 0;
+                }
+                for (size_t k = 0; k < s->n_free_embed_slots; k++) {
+                    uint32_t v = s->free_embed_slots[k];
+                    cr_assert(v < EMB_SLOTS && f->emb_live[v], "free of emb slot %u not live", v);
+                    f->emb_live[v] = 0;
+                }
+                cr_assert_eq(s->n_alloc_kv_owners, s->n_alloc_kv_slots);
+                for (size_t k = 0; k < s->n_alloc_kv_slots; k++) {
+                    uint32_t v = s->alloc_kv_slots[k];
+                    cr_assert(v < f->kv_pages && !f->kv_live[v], "alloc of kv slot %u that is live",
+                              v);
+                    f->kv_live[v] = 1;
+                }
+                for (size_t k = 0; k < s->n_alloc_embed_slots; k++) {
+                    uint32_t v = s->alloc_embed_slots[k];
+                    cr_assert(v < EMB_SLOTS && !f->emb_live[v], "alloc of emb slot %u live", v);
+                    f->emb_live[v] = 1;
+                }
+                break;
+            }
+            case PIE__V1__BATCH__KIND_EMBED_TEXT:
+                for (size_t k = 0; k < bt->embed_text->n_embed_slots; k++)
+                    cr_assert(f->emb_live[bt->embed_text->embed_slots[k]],
+                              "embed into a dead slot");
+                n_items = bt->embed_text->n_embed_slots;
+                break;
+            case PIE__V1__BATCH__KIND_FORWARD:
+                cr_assert_leq(bt->forward->n_items, MAX_ITEMS);
+                for (size_t k = 0; k < bt->forward->n_items; k++) {
+                    const Pie__V1__ForwardItem *it = bt->forward->items[k];
+                    for (size_t j = 0; j < it->n_kv_slots; j++)
+                        cr_assert(f->kv_live[it->kv_slots[j]], "forward over dead kv slot %u",
+                                  it->kv_slots[j]);
+                }
+                f->last_forward = bt->forward;
+                n_items = bt->forward->n_items;
+                break;
+            case PIE__V1__BATCH__KIND_MASK_PAGE: n_items = bt->mask_page->n_items; break;
+            case PIE__V1__BATCH__KIND_COPY_PAGE: n_items = bt->copy_page->n_items; break;
+            case PIE__V1__BATCH__KIND_NEXT_DIST: {
+                n_items = bt->next_dist->n_items;
+                res[b].items = &ip[ni];
+                res[b].n_items = n_items;
+                for (size_t k = 0; k < n_items; k++) {
+                    const Pie__V1__NextDistItem *it = bt->next_dist->items[k];
+                    cr_assert(f->emb_live[it->embed_slot]);
+                    cr_assert(it->top_k >= 1 && it->top_k <= 8, "top_k %u", it->top_k);
+                    cr_assert(it->temperature > 0);
+                    pie__v1__item_result__init(&items[ni]);
+                    pie__v1__distribution__init(&dists[ni]);
+                    tok[ni] = it->embed_slot; /* the slot, so tests can check the mapping */
+                    prob[ni] = it->temperature;
+                    dists[ni].token_ids = &tok[ni];
+                    dists[ni].n_token_ids = 1;
+                    dists[ni].probs = &prob[ni];
+                    dists[ni].n_probs = 1;
+                    items[ni].distribution = &dists[ni];
+                    ip[ni] = &items[ni];
+                    ni++;
+                }
+                break;
+            }
+            default: cr_assert_fail("batch of no kind");
+            }
+            if (f->fail_kind == bt->kind_case && f->fail_code) {
+                res[b].code = f->fail_code;
+                res[b].message = "worker: injected batch failure";
+                res[b].items = NULL;
+                res[b].n_items = 0;
+                f->fail_kind = 0;
+                f->fail_code = 0;
+            } else if (f->fail_kind == bt->kind_case && f->fail_item >= 0) {
+                if (res[b].n_items == 0) {
+                    res[b].items = &ip[ni];
+                    res[b].n_items = n_items;
+                    for (size_t k = 0; k < n_items; k++) {
+                        pie__v1__item_result__init(&items[ni]);
+                        ip[ni] = &items[ni];
+                        ni++;
+                    }
+                }
+                res[b].items[f->fail_item]->code = PIE_INTERNAL;
+                res[b].items[f->fail_item]->message = "worker: injected item failure";
+                res[b].items[f->fail_item]->distribution = NULL;
+                f->fail_kind = 0;
+                f->fail_item = -1;
+            }
+        }
+        Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+        up.results = rp;
+        up.n_results = d->n_batches;
+        up.credits = 1;
+        Pie__V1__WorkerUp *copy = (Pie__V1__WorkerUp *)heap_copy(&up.base);
+        free(res);
+        free(rp);
+        free(items);
+        free(ip);
+        free(dists);
+        free(tok);
+        free(prob);
+        ctl_core_worker_up(W->core, f->w, copy, W->now);
+        answered++;
+        f->steps_answered++;
+    }
+    return answered;
+}
+
+/* Serves every worker until none has anything left. */
+static void serve_all(world *W) {
+    for (int rounds = 0; rounds < 100; rounds++) {
+        int any = 0;
+        for (int i = 0; i < W->nw; i++)
+            if (W->wk[i].w) any += serve(W, i);
+        if (!any) return;
+    }
+    cr_assert_fail("workers never went idle");
+}
+
+/* Unread SessionDowns of replica r: results and events into W->res / W->ev. Returns how many
+ * messages were read. */
+static int collect(world *W, int r) {
+    flink *l = &W->rl[r];
+    int msgs = 0;
+    while (l->read < l->n) {
+        Pie__V1__SessionDown *d = (Pie__V1__SessionDown *)l->msgs[l->read++];
+        msgs++;
+        for (size_t i = 0; i < d->n_results; i++) W->res[r][W->nres[r]++] = d->results[i];
+        for (size_t i = 0; i < d->n_events; i++) W->ev[r][W->nev[r]++] = d->events[i];
+    }
+    return msgs;
+}
+
+static Pie__V1__CallResult *result_of(world *W, int r, uint64_t call_id) {
+    collect(W, r);
+    for (int i = 0; i < W->nres[r]; i++)
+        if (W->res[r][i]->call_id == call_id) return W->res[r][i];
+    return NULL;
+}
+
+/* Asserts call_id failed with code and exactly msg. */
+static void expect_error(world *W, int r, uint64_t call_id, pie_code code, const char *msg) {
+    Pie__V1__CallResult *res = result_of(W, r, call_id);
+    cr_assert_not_null(res, "call %llu produced no result (expected %s \"%s\")",
+                       (unsigned long long)call_id, pie_code_name(code), msg);
+    cr_assert_eq(res->code, (uint32_t)code, "call %llu: code %s, expected %s; message \"%s\"",
+                 (unsigned long long)call_id, pie_code_name((int)res->code), pie_code_name(code),
+                 res->message);
+    cr_assert_str_eq(res->message, msg, "call %llu: message differs", (unsigned long long)call_id);
+}
+
+static void expect_no_result(world *W, int r, uint64_t call_id) {
+    Pie__V1__CallResult *res = result_of(W, r, call_id);
+    cr_assert_null(res, "call %llu has a result: %s \"%s\"", (unsigned long long)call_id,
+                   res ? pie_code_name((int)res->code) : "", res ? res->message : "");
+}
+
+/* The terminated event for instance id at replica r, or NULL. */
+static Pie__V1__InstanceTerminated *terminated(world *W, int r, uint64_t id) {
+    collect(W, r);
+    for (int i = 0; i < W->nev[r]; i++)
+        if (W->ev[r][i]->event_case == PIE__V1__SESSION_EVENT__EVENT_INSTANCE_TERMINATED &&
+            W->ev[r][i]->instance_terminated->instance_id == id)
+            return W->ev[r][i]->instance_terminated;
+    return NULL;
+}
+
+static const Pie__V1__WorkerStatus *worker_of_group(const Pie__V1__ClusterStatusResponse *s,
+                                                    const char *group) {
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (strcmp(s->workers[i]->group_id, group) == 0) return s->workers[i];
+    cr_assert_fail("worker %s not in status", group);
+    return NULL;
+}
+
+typedef struct status_copy {
+    Pie__V1__ClusterStatusResponse *r;
+} status_copy;
+
+static void take_status(void *arg, const Pie__V1__ClusterStatusResponse *r) {
+    cr_assert_not_null(r);
+    ((status_copy *)arg)->r = (Pie__V1__ClusterStatusResponse *)deep_copy(&r->base);
+}
+
+static Pie__V1__ClusterStatusResponse *status(world *W) {
+    status_copy s = {0};
+    ctl_core_status(W->core, take_status, &s);
+    return s.r;
+}
+
+static const Pie__V1__WorkerStatus *worker_status(const Pie__V1__ClusterStatusResponse *s,
+                                                  uint32_t index) {
+    for (size_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i]->worker_index == index) return s->workers[i];
+    cr_assert_fail("worker %u not in status", index);
+    return NULL;
+}
+
+/* A standard instance on replica r: queue 1, kv pages 0..npages-1, embeddings 0..nemb-1. */
+static uint64_t std_instance(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb) {
+    ub b;
+    ub_init(&b);
+    uint64_t id = inst_id(r, n);
+    ub_begin(&b, id, "m", 0, 0, 0);
+    ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
+    static uint32_t ids[64];
+    for (uint32_t i = 0; i < 64; i++) ids[i] = i;
+    if (npages) ub_call(W, &b, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(ids, npages));
+    if (nemb) ub_call(W, &b, id, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(ids, nemb));
+    send_up(W, r, &b);
+    return id;
+}
+
+/* Sends one call for inst on queue q; returns its call id. */
+static uint64_t one(world *W, int r, uint64_t inst, uint32_t q, int op, void *msg) {
+    ub b;
+    ub_init(&b);
+    uint64_t cid = ub_call(W, &b, inst, q, op, msg);
+    send_up(W, r, &b);
+    return cid;
+}
+
+static void quiet(void) { pie_log_set_level(PIE_LOG_OFF); }
+
+TestSuite(ctl_core, .init = quiet);
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+Test(ctl_core, welcome_and_served_models_arrive_in_the_first_message) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    add_replica(W);
+    cr_assert_eq(W->rl[0].n, 1);
+    Pie__V1__SessionDown *d = (Pie__V1__SessionDown *)W->rl[0].msgs[0];
+    cr_assert_not_null(d->welcome);
+    cr_assert_eq(d->welcome->replica_index, 1);
+    cr_assert_eq(d->n_events, 1);
+    cr_assert_eq(d->events[0]->event_case, PIE__V1__SESSION_EVENT__EVENT_MODELS_CHANGED);
+    cr_assert_eq(d->events[0]->models_changed->n_models, 1);
+    cr_assert_str_eq(d->events[0]->models_changed->models[0]->name, "m");
+    cr_assert_eq(((Pie__V1__SessionDown *)W->rl[1].msgs[0])->welcome->replica_index, 2);
+    world_free(W);
+}
+
+Test(ctl_core, a_decode_step_travels_as_one_step_and_its_distribution_comes_back) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    ub b;
+    ub_init(&b);
+    uint64_t id = inst_id(0, 1);
+    ub_begin(&b, id, "m", 0, 0, 0);
+    ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
+    ub_call(W, &b, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(7), 1));
+    ub_call(W, &b, id, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(3), 1));
+    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(3), U32(42), U32(0), 1));
+    ub_call(W, &b, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(3), 1, U32(7), 1, U32(3), 1));
+    uint64_t dist = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(3), 1, 0, 0));
+    send_up(W, 0, &b);
+    /* One WorkerDown: [slots, embed_text, forward, next_dist]. */
+    fworker *f = &W->wk[0];
+    cr_assert_eq(f->link.n - f->link.read, 1, "one step");
+    Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)f->link.msgs[f->link.read];
+    cr_assert_eq(d->n_batches, 4);
+    cr_assert_eq(d->batches[0]->kind_case, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert_eq(d->batches[1]->kind_case, PIE__V1__BATCH__KIND_EMBED_TEXT);
+    cr_assert_eq(d->batches[2]->kind_case, PIE__V1__BATCH__KIND_FORWARD);
+    cr_assert_eq(d->batches[3]->kind_case, PIE__V1__BATCH__KIND_NEXT_DIST);
+    for (size_t i = 0; i < 4; i++) cr_assert_eq(d->batches[i]->batch_id, i + 1);
+    const Pie__V1__SlotBatch *sb = d->batches[0]->slots;
+    cr_assert_eq(sb->n_alloc_kv_slots, 1);
+    cr_assert_eq(sb->alloc_kv_owners[0], id);
+    cr_assert_eq(sb->n_alloc_embed_slots, 1);
+    uint32_t kv_slot = sb->alloc_kv_slots[0], emb_slot = sb->alloc_embed_slots[0];
+    cr_assert_eq(d->batches[1]->embed_text->embed_slots[0], emb_slot);
+    cr_assert_eq(d->batches[1]->embed_text->token_ids[0], 42);
+    const Pie__V1__ForwardItem *fi = d->batches[2]->forward->items[0];
+    cr_assert_eq(fi->n_kv_slots, 1);
+    cr_assert_eq(fi->kv_slots[0], kv_slot);
+    cr_assert_eq(fi->kv_last_page_len, 1);
+    cr_assert(fi->append_kv);
+    cr_assert_eq(fi->owner, id);
+    cr_assert_eq(d->batches[3]->next_dist->items[0]->top_k, 4, "k 0 = the model's default_top_k");
+    cr_assert_float_eq(d->batches[3]->next_dist->items[0]->temperature, 1.0f, 1e-6);
+    collect(W, 0);
+    int before = W->rl[0].n;
+    serve(W, 0);
+    cr_assert_eq(W->rl[0].n - before, 1, "one SessionDown for the step's results");
+    Pie__V1__CallResult *r = result_of(W, 0, dist);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->code, 0);
+    cr_assert_eq(r->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_DISTRIBUTIONS);
+    cr_assert_eq(r->distributions->n_dists, 1);
+    cr_assert_eq(r->distributions->dists[0]->token_ids[0], emb_slot);
+    cr_assert_eq(W->nres[0], 1, "void calls that succeeded produce nothing");
+    world_free(W);
+}
+
+Test(ctl_core, results_of_a_queue_arrive_in_issue_order_and_synchronize_waits) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t id = std_instance(W, 0, 1, 1, 2);
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    uint64_t d1 = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 2, 0.5f));
+    uint64_t bad =
+        ub_call(W, &b, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(9), 1, NULL, 0, NULL, 0));
+    uint64_t sync = ub_call(W, &b, id, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    send_up(W, 0, &b);
+    /* The forward failed at once, but its error waits behind next_dist, still in flight. */
+    expect_no_result(W, 0, bad);
+    expect_no_result(W, 0, sync);
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 3);
+    cr_assert_eq(W->res[0][0]->call_id, d1);
+    cr_assert_eq(W->res[0][1]->call_id, bad);
+    cr_assert_str_eq(W->res[0][1]->message,
+                     "forward: embedding 9 is not allocated in this instance");
+    cr_assert_eq(W->res[0][2]->call_id, sync);
+    cr_assert_eq(W->res[0][2]->code, 0);
+    cr_assert_eq(W->res[0][2]->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_SYNCED);
+    world_free(W);
+}
+
+Test(ctl_core, synchronize_of_an_idle_queue_completes_at_once) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t id = std_instance(W, 0, 1, 0, 0);
+    uint64_t s = one(W, 0, id, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    Pie__V1__CallResult *r = result_of(W, 0, s);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_SYNCED);
+    world_free(W);
+}
+
+/* ---- invalid calls --------------------------------------------------------------------------- */
+
+typedef struct bad_case {
+    int op;
+    uint32_t queue;
+    void *(*mk)(void);
+    pie_code code;
+    const char *msg;
+} bad_case;
+
+static void *b_create0(void) { return mk_create(NULL); }
+static void *b_create_unknown(void) { return mk_create("nope"); }
+static void *b_alloc_dup(void) {
+    static uint32_t v1[] = {5, 5};
+    return mk_alloc_kv(v1, 2);
+}
+static void *b_alloc_bound(void) {
+    static uint32_t v2[] = {0};
+    return mk_alloc_kv(v2, 1);
+}
+static void *b_alloc_empty(void) { return mk_alloc_kv(NULL, 0); }
+static void *b_alloc_many(void) {
+    static uint32_t ids[4097];
+    for (uint32_t i = 0; i < 4097; i++) ids[i] = 100 + i;
+    return mk_alloc_kv(ids, 4097);
+}
+static void *b_dealloc_unknown(void) {
+    static uint32_t v3[] = {0, 17};
+    return mk_dealloc_kv(v3, 2);
+}
+static void *b_embed_lengths(void) {
+    static uint32_t v4[] = {0, 1};
+    static uint32_t v5[] = {1, 2};
+    static uint32_t v6[] = {0, 1};
+    Pie__V1__EmbedText *e = mk_embed(v4, v5, v6, 2);
+    e->n_positions = 1;
+    return e;
+}
+static void *b_embed_token(void) {
+    static uint32_t v7[] = {0, 1};
+    static uint32_t v8[] = {1, 100};
+    static uint32_t v9[] = {0, 1};
+    return mk_embed(v7, v8, v9, 2);
+}
+static void *b_embed_pos(void) {
+    static uint32_t v10[] = {0};
+    static uint32_t v11[] = {1};
+    static uint32_t v12[] = {1024};
+    return mk_embed(v10, v11, v12, 1);
+}
+static void *b_embed_unknown(void) {
+    static uint32_t v13[] = {0, 12};
+    static uint32_t v14[] = {1, 2};
+    static uint32_t v15[] = {0, 1};
+    return mk_embed(v13, v14, v15, 2);
+}
+static void *b_embed_twice(void) {
+    static uint32_t v16[] = {1, 1};
+    static uint32_t v17[] = {1, 2};
+    static uint32_t v18[] = {0, 1};
+    return mk_embed(v16, v17, v18, 2);
+}
+static void *b_fwd_empty(void) { return mk_forward(NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0); }
+static void *b_fwd_lastlen_nopages(void) {
+    static uint32_t v19[] = {0};
+    return mk_forward(NULL, 0, 2, v19, 1, NULL, 0, NULL, 0);
+}
+static void *b_fwd_lastlen_big(void) {
+    static uint32_t v20[] = {0};
+    static uint32_t v21[] = {0};
+    return mk_forward(v20, 1, 5, v21, 1, NULL, 0, NULL, 0);
+}
+static void *b_fwd_outs(void) {
+    static uint32_t v22[] = {0};
+    static uint32_t v23[] = {0, 1};
+    return mk_forward(NULL, 0, 0, v22, 1, NULL, 0, v23, 2);
+}
+static void *b_fwd_page_unknown(void) {
+    static uint32_t v24[] = {0, 9};
+    static uint32_t v25[] = {0};
+    return mk_forward(v24, 2, 1, v25, 1, NULL, 0, NULL, 0);
+}
+static void *b_fwd_fill(void) {
+    static uint32_t v26[] = {0};
+    static uint32_t v27[] = {0, 1};
+    return mk_forward(NULL, 0, 0, v26, 1, v27, 2, NULL, 0);
+}
+static void *b_fwd_notlast(void) {
+    static uint32_t v28[] = {0};
+    static uint32_t v29[] = {0};
+    static uint32_t v30[] = {1};
+    return mk_forward(v28, 1, 2, v29, 1, v30, 1, NULL, 0);
+}
+static void *b_fwd_full(void) {
+    static uint32_t v31[] = {0};
+    static uint32_t v32[] = {0};
+    static uint32_t v33[] = {0};
+    return mk_forward(v31, 1, 4, v32, 1, v33, 1, NULL, 0);
+}
+static void *b_fwd_ctx_out(void) {
+    static uint32_t v34[] = {0, 1};
+    static uint32_t v35[] = {0};
+    static uint32_t v36[] = {2, 0};
+    return mk_forward(v34, 2, 4, v35, 1, v36, 2, NULL, 0);
+}
+static void *b_fwd_too_long(void) {
+    static uint32_t in[65];
+    for (int i = 0; i < 65; i++) in[i] = 0;
+    return mk_forward(NULL, 0, 0, in, 65, NULL, 0, NULL, 0);
+}
+static void *b_fwd_oversize(void) {
+    static uint32_t in[40];
+    for (int i = 0; i < 40; i++) in[i] = 0;
+    return mk_forward(NULL, 0, 0, in, 40, NULL, 0, NULL, 0);
+}
+static Pie__V1__AttentionMask masks[4];
+static void *fwd_masked(int which, uint32_t *runs, size_t n) {
+    pie__v1__attention_mask__init(&masks[which]);
+    masks[which].runs = runs;
+    masks[which].n_runs = n;
+    static uint32_t ctx[] = {0}, in[] = {0, 1};
+    Pie__V1__Forward *f = mk_forward(ctx, 1, 2, in, 2, NULL, 0, NULL, 0); /* C=2, N=2 */
+    f->mask = &masks[which];
+    return f;
+}
+static void *b_mask_cross(void) {
+    static uint32_t v37[] = {2, 2};
+    return fwd_masked(0, v37, 2);
+}
+static void *b_mask_hide_self(void) {
+    static uint32_t v38[] = {2, 1, 1, 3};
+    return fwd_masked(1, v38, 4);
+}
+static void *b_mask_left(void) {
+    static uint32_t v39[] = {3, 4, 1};
+    return fwd_masked(2, v39, 3);
+}
+static void *b_mask_short(void) {
+    static uint32_t v40[] = {3};
+    return fwd_masked(3, v40, 1);
+}
+static void *b_dist_k(void) {
+    static uint32_t v41[] = {0};
+    return mk_dist(v41, 1, 9, 0);
+}
+static void *b_dist_temp(void) {
+    static uint32_t v42[] = {0};
+    return mk_dist(v42, 1, 1, -1.0f);
+}
+static void *b_dist_nan(void) {
+    static uint32_t v43[] = {0};
+    return mk_dist(v43, 1, 1, NAN);
+}
+static void *b_dist_unknown(void) {
+    static uint32_t v44[] = {4};
+    return mk_dist(v44, 1, 1, 0);
+}
+static void *b_dist_oversize(void) {
+    static uint32_t v45[] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    return mk_dist(v45, 9, 1, 0);
+}
+static void *b_maskpage_len(void) {
+    static Pie__V1__MaskKvPage m;
+    static protobuf_c_boolean bits[3];
+    pie__v1__mask_kv_page__init(&m);
+    m.kv_page_id = 0;
+    m.masked = bits;
+    m.n_masked = 3;
+    return &m;
+}
+static void *b_maskpage_unknown(void) {
+    static Pie__V1__MaskKvPage m;
+    static protobuf_c_boolean bits[PAGE];
+    pie__v1__mask_kv_page__init(&m);
+    m.kv_page_id = 33;
+    m.masked = bits;
+    m.n_masked = PAGE;
+    return &m;
+}
+static Pie__V1__CopyKvPage *cp(uint32_t src, uint32_t dst, uint32_t so, uint32_t doff, uint32_t n) {
+    static Pie__V1__CopyKvPage m[8];
+    static int k;
+    Pie__V1__CopyKvPage *x = &m[k++ % 8];
+    pie__v1__copy_kv_page__init(x);
+    x->src_kv_page_id = src;
+    x->dst_kv_page_id = dst;
+    x->src_offset = so;
+    x->dst_offset = doff;
+    x->token_count = n;
+    return x;
+}
+static void *b_copy_off(void) { return cp(0, 1, 4, 0, 1); }
+static void *b_copy_count(void) { return cp(0, 1, 0, 0, 0); }
+static void *b_copy_end(void) { return cp(0, 1, 2, 0, 3); }
+static void *b_copy_overlap(void) { return cp(0, 0, 0, 1, 2); }
+static void *b_copy_dst(void) { return cp(0, 8, 0, 0, 1); }
+static void *b_export_noname(void) {
+    static uint32_t v46[] = {0};
+    return mk_export(v46, 1, "", false);
+}
+static void *b_export_unknown(void) {
+    static uint32_t v47[] = {0, 3};
+    return mk_export(v47, 2, "x", false);
+}
+static void *b_unexport_unknown(void) { return mk_unexport("none"); }
+static void *b_import_unknown(void) {
+    static uint32_t v48[] = {40};
+    return mk_import(v48, 1, "none");
+}
+static void *b_sync(void) { return mk_empty(OP(SYNCHRONIZE)); }
+static void *b_noop(void) { return NULL; }
+static void *b_prio(void) {
+    static Pie__V1__SetQueuePriority p;
+    pie__v1__set_queue_priority__init(&p);
+    p.priority = 7;
+    return &p;
+}
+static void *b_topic_empty(void) {
+    static Pie__V1__Broadcast m;
+    pie__v1__broadcast__init(&m);
+    m.topic = "";
+    return &m;
+}
+static void *b_topic_long(void) {
+    static Pie__V1__Subscribe m;
+    static char t[258];
+    memset(t, 't', 257);
+    pie__v1__subscribe__init(&m);
+    m.topic = t;
+    return &m;
+}
+
+static const bad_case bad_cases[] = {
+    {OP(CREATE_QUEUE), 0, b_create0, PIE_INVALID_ARGUMENT, "create_queue: queue id 0 is reserved"},
+    {OP(CREATE_QUEUE), 1, b_create0, PIE_ALREADY_EXISTS, "create_queue: queue 1 already exists"},
+    {OP(CREATE_QUEUE), 2, b_create_unknown, PIE_NOT_FOUND,
+     "create_queue: model \"nope\" is not served"},
+    {OP(SYNCHRONIZE), 9, b_sync, PIE_NOT_FOUND,
+     "synchronize: queue 9 is not found in this instance"},
+    {OP(SET_PRIORITY), 1, b_prio, PIE_INVALID_ARGUMENT,
+     "set_priority: priority 7 is not a QueuePriority"},
+    {OP(ALLOC_KV_PAGES), 1, b_alloc_dup, PIE_INVALID_ARGUMENT,
+     "alloc_kv_pages: kv page 5 is listed twice in kv_page_ids"},
+    {OP(ALLOC_KV_PAGES), 1, b_alloc_bound, PIE_INVALID_ARGUMENT,
+     "alloc_kv_pages: kv page 0 is already allocated in this instance"},
+    {OP(ALLOC_KV_PAGES), 1, b_alloc_empty, PIE_INVALID_ARGUMENT,
+     "alloc_kv_pages: kv_page_ids is empty"},
+    {OP(ALLOC_KV_PAGES), 1, b_alloc_many, PIE_INVALID_ARGUMENT,
+     "alloc_kv_pages: kv_page_ids has 4097 ids, more than the 4096 allowed"},
+    {OP(DEALLOC_KV_PAGES), 1, b_dealloc_unknown, PIE_INVALID_ARGUMENT,
+     "dealloc_kv_pages: kv page 17 is not allocated in this instance"},
+    {OP(EMBED_TEXT), 1, b_embed_lengths, PIE_INVALID_ARGUMENT,
+     "embed_text: embed_ids, token_ids and positions must have equal lengths, got 2, 2 and 1"},
+    {OP(EMBED_TEXT), 1, b_embed_token, PIE_INVALID_ARGUMENT,
+     "embed_text: token_ids[1] = 100 is not below vocab_size 100"},
+    {OP(EMBED_TEXT), 1, b_embed_pos, PIE_INVALID_ARGUMENT,
+     "embed_text: positions[0] = 1024 is not below max_context_tokens 1024"},
+    {OP(EMBED_TEXT), 1, b_embed_unknown, PIE_INVALID_ARGUMENT,
+     "embed_text: embedding 12 is not allocated in this instance"},
+    {OP(EMBED_TEXT), 1, b_embed_twice, PIE_INVALID_ARGUMENT,
+     "embed_text: embedding 1 is listed twice in embed_ids"},
+    {OP(FORWARD), 1, b_fwd_empty, PIE_INVALID_ARGUMENT, "forward: input_embed_ids is empty"},
+    {OP(FORWARD), 1, b_fwd_too_long, PIE_INVALID_ARGUMENT,
+     "forward: 65 input tokens exceed the model's max_forward_tokens 64"},
+    {OP(FORWARD), 1, b_fwd_oversize, PIE_INVALID_ARGUMENT,
+     "forward: 40 input tokens exceed the worker's max_batch_tokens 32"},
+    {OP(FORWARD), 1, b_fwd_lastlen_nopages, PIE_INVALID_ARGUMENT,
+     "forward: kv_page_last_len is 2 but kv_page_ids is empty"},
+    {OP(FORWARD), 1, b_fwd_lastlen_big, PIE_INVALID_ARGUMENT,
+     "forward: kv_page_last_len 5 is out of range [1, 4]"},
+    {OP(FORWARD), 1, b_fwd_outs, PIE_INVALID_ARGUMENT,
+     "forward: 2 output_embed_ids for 1 input tokens (at most one each)"},
+    {OP(FORWARD), 1, b_fwd_page_unknown, PIE_INVALID_ARGUMENT,
+     "forward: kv page 9 is not allocated in this instance"},
+    {OP(FORWARD), 1, b_fwd_fill, PIE_INVALID_ARGUMENT,
+     "forward: output_kv_page_ids (2 pages) take 5 to 8 tokens here, but there are 1 input tokens"},
+    {OP(FORWARD), 1, b_fwd_notlast, PIE_INVALID_ARGUMENT,
+     "forward: output_kv_page_ids[0] (kv page 1) is not the last context page (kv page 0), which "
+     "holds 2 of 4 tokens: append to it"},
+    {OP(FORWARD), 1, b_fwd_full, PIE_INVALID_ARGUMENT,
+     "forward: the last context page (kv page 0) is full: output_kv_page_ids[0] must be a new "
+     "page"},
+    {OP(FORWARD), 1, b_fwd_ctx_out, PIE_INVALID_ARGUMENT,
+     "forward: output kv page 0 is also a context page (only the last context page may be "
+     "output_kv_page_ids[0])"},
+    {OP(FORWARD), 1, b_mask_cross, PIE_INVALID_ARGUMENT,
+     "forward: mask run 1 (length 2) crosses the end of row 0 (3 tokens)"},
+    {OP(FORWARD), 1, b_mask_hide_self, PIE_INVALID_ARGUMENT,
+     "forward: mask row 0 hides its own token (the row's last)"},
+    {OP(FORWARD), 1, b_mask_left, PIE_INVALID_ARGUMENT,
+     "forward: mask has 1 runs left after its last row (row 1)"},
+    {OP(FORWARD), 1, b_mask_short, PIE_INVALID_ARGUMENT,
+     "forward: mask runs end in row 1 after 0 of its 4 tokens"},
+    {OP(NEXT_DIST), 1, b_dist_k, PIE_INVALID_ARGUMENT,
+     "next_dist: top_k 9 exceeds the model's max_top_k 8"},
+    {OP(NEXT_DIST), 1, b_dist_temp, PIE_INVALID_ARGUMENT,
+     "next_dist: temperature -1 is not a finite number >= 0"},
+    {OP(NEXT_DIST), 1, b_dist_nan, PIE_INVALID_ARGUMENT,
+     "next_dist: temperature nan is not a finite number >= 0"},
+    {OP(NEXT_DIST), 1, b_dist_unknown, PIE_INVALID_ARGUMENT,
+     "next_dist: embedding 4 is not allocated in this instance"},
+    {OP(NEXT_DIST), 1, b_dist_oversize, PIE_INVALID_ARGUMENT,
+     "next_dist: 9 embed_ids exceed the worker's max_batch_items 8"},
+    {OP(MASK_KV_PAGE), 1, b_maskpage_len, PIE_INVALID_ARGUMENT,
+     "mask_kv_page: masked has 3 entries, kv_page_size is 4"},
+    {OP(MASK_KV_PAGE), 1, b_maskpage_unknown, PIE_INVALID_ARGUMENT,
+     "mask_kv_page: kv page 33 is not allocated in this instance"},
+    {OP(COPY_KV_PAGE), 1, b_copy_off, PIE_INVALID_ARGUMENT,
+     "copy_kv_page: src_offset 4 is out of range [0, 3]"},
+    {OP(COPY_KV_PAGE), 1, b_copy_count, PIE_INVALID_ARGUMENT,
+     "copy_kv_page: token_count 0 is out of range [1, 4]"},
+    {OP(COPY_KV_PAGE), 1, b_copy_end, PIE_INVALID_ARGUMENT,
+     "copy_kv_page: src_offset 2 + token_count 3 exceeds kv_page_size 4"},
+    {OP(COPY_KV_PAGE), 1, b_copy_overlap, PIE_INVALID_ARGUMENT,
+     "copy_kv_page: source [0, 2) and destination [1, 3) overlap in kv page 0"},
+    {OP(COPY_KV_PAGE), 1, b_copy_dst, PIE_INVALID_ARGUMENT,
+     "copy_kv_page: kv page 8 is not allocated in this instance"},
+    {OP(EXPORT_KV_PAGES), 1, b_export_noname, PIE_INVALID_ARGUMENT,
+     "export_kv_pages: name is empty"},
+    {OP(EXPORT_KV_PAGES), 1, b_export_unknown, PIE_INVALID_ARGUMENT,
+     "export_kv_pages: kv page 3 is not allocated in this instance"},
+    {OP(UNEXPORT_KV_PAGES), 1, b_unexport_unknown, PIE_NOT_FOUND,
+     "unexport_kv_pages: export \"none\" is not found"},
+    {OP(IMPORT_KV_PAGES), 1, b_import_unknown, PIE_NOT_FOUND,
+     "import_kv_pages: export \"none\" is not found"},
+    {OP(BROADCAST), 0, b_topic_empty, PIE_INVALID_ARGUMENT, "broadcast: topic is empty"},
+    {OP(SUBSCRIBE), 0, b_topic_long, PIE_INVALID_ARGUMENT,
+     "subscribe: topic is 257 bytes, more than 256"},
+    {0, 1, b_noop, PIE_UNIMPLEMENTED, NULL /* message built below */},
+};
+
+Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t id = std_instance(W, 0, 1, 2, 2); /* pages 0, 1; embeddings 0, 1 */
+    uint64_t other = std_instance(W, 0, 2, 1, 1);
+    serve_all(W);
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const bad_case *c = &bad_cases[i];
+        uint64_t cid = one(W, 0, id, c->queue, c->op, c->mk());
+        serve_all(W);
+        char noop[96];
+        const char *msg = c->msg;
+        if (msg == NULL) {
+            snprintf(noop, sizeof noop,
+                     "call %llu: no op set, or an op this controller does not know",
+                     (unsigned long long)cid);
+            msg = noop;
+        }
+        expect_error(W, 0, cid, c->code, msg);
+    }
+    /* Nothing else was affected: both instances still run a decode step. */
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    ub_call(W, &b, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
+    uint64_t d1 = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    ub_call(W, &b, other, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    ub_call(W, &b, other, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
+    uint64_t d2 = ub_call(W, &b, other, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &b);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d1)->code, 0);
+    cr_assert_eq(result_of(W, 0, d2)->code, 0);
+    cr_assert_null(terminated(W, 0, id));
+    world_free(W);
+}
+
+Test(ctl_core, writes_to_shared_pages_fail_as_read_only) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t id = std_instance(W, 0, 1, 2, 1);
+    one(W, 0, id, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "shared", false));
+    uint64_t f =
+        one(W, 0, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    serve_all(W);
+    expect_error(W, 0, f, PIE_FAILED_PRECONDITION,
+                 "forward: kv page 0 is read-only: it is shared (2 references: exports or other "
+                 "instances); copy it first");
+    uint64_t c = one(W, 0, id, 1, OP(COPY_KV_PAGE), cp(1, 0, 0, 0, 1));
+    serve_all(W);
+    expect_error(
+        W, 0, c, PIE_FAILED_PRECONDITION,
+        "copy_kv_page: kv page 0 is read-only: it is shared (2 references: exports or other "
+        "instances); copy it first");
+    /* Copying the other way (into the private page) is fine. */
+    uint64_t ok = one(W, 0, id, 1, OP(COPY_KV_PAGE), cp(0, 1, 0, 0, 1));
+    serve_all(W);
+    expect_no_result(W, 0, ok);
+    world_free(W);
+}
+
+Test(ctl_core, an_id_of_another_model_is_named_as_such) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_worker(W, "m2");
+    add_replica(W);
+    uint64_t id = std_instance(W, 0, 1, 1, 1);
+    one(W, 0, id, 2, OP(CREATE_QUEUE), mk_create("m2"));
+    uint64_t e = one(W, 0, id, 2, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    expect_error(W, 0, e, PIE_INVALID_ARGUMENT,
+                 "next_dist: embedding 0 belongs to model \"m\", but queue 2 runs model \"m2\"");
+    uint64_t a = one(W, 0, id, 2, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(0), 1));
+    expect_error(W, 0, a, PIE_INVALID_ARGUMENT,
+                 "alloc_kv_pages: kv page 0 is already allocated in this instance (model \"m\")");
+    world_free(W);
+}
+
+Test(ctl_core, quotas_from_instance_begin_are_enforced) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    ub b;
+    ub_init(&b);
+    uint64_t id = inst_id(0, 1);
+    ub_begin(&b, id, "m", 3, 2, 1);
+    ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
+    uint64_t q2 = ub_call(W, &b, id, 2, OP(CREATE_QUEUE), mk_create(NULL));
+    ub_call(W, &b, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(0, 1), 2));
+    uint64_t kv = ub_call(W, &b, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(2, 3), 2));
+    uint64_t emb = ub_call(W, &b, id, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(0, 1, 2), 3));
+    send_up(W, 0, &b);
+    expect_error(W, 0, q2, PIE_RESOURCE_EXHAUSTED,
+                 "create_queue: the instance holds 1 queues, its limit");
+    expect_error(W, 0, kv, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_kv_pages: 2 more KV pages would exceed the instance's limit of 3 (2 held)");
+    expect_error(W, 0, emb, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_embeds: 3 more embeddings would exceed the instance's limit of 2 (0 held)");
+    /* Freed pages count again. */
+    one(W, 0, id, 1, OP(DEALLOC_KV_PAGES), mk_dealloc_kv(U32(0), 1));
+    uint64_t ok = one(W, 0, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(2, 3), 2));
+    expect_no_result(W, 0, ok);
+    world_free(W);
+}
+
+Test(ctl_core, export_import_share_pages_and_status_shows_the_references) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 2, 0);
+    one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0, 1), 2, "prefix", false));
+    uint64_t b = std_instance(W, 0, 2, 0, 1);
+    uint64_t im = one(W, 0, b, 1, OP(IMPORT_KV_PAGES), mk_import(U32(10, 11, 12), 3, "prefix"));
+    Pie__V1__CallResult *r = result_of(W, 0, im);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->code, 0, "%s", r->message);
+    cr_assert_eq(r->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_IMPORTED);
+    cr_assert_eq(r->imported->n_kv_page_ids, 2, "the first page_count ids are bound");
+    cr_assert_eq(r->imported->kv_page_ids[0], 10);
+    cr_assert_eq(r->imported->kv_page_ids[1], 11);
+    serve_all(W);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    const Pie__V1__WorkerStatus *ws = worker_status(s, 1);
+    cr_assert_eq(ws->kv_pages_used, 2, "importing adds references, not pages");
+    cr_assert_eq(ws->kv_page_refs, 6, "exporter 2 + export 2 + importer 2");
+    cr_assert_eq(ws->kv_pages_shared, 2);
+    cr_assert_eq(s->exports, 1);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* The importer reads the shared prefix: a forward with it as context is fine. */
+    ub u;
+    ub_init(&u);
+    ub_call(W, &u, b, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(8), 1));
+    uint64_t fw = ub_call(W, &u, b, 1, OP(FORWARD),
+                          mk_forward(U32(10, 11), 2, 4, U32(0), 1, NULL, 0, U32(0), 1));
+    send_up(W, 0, &u);
+    serve_all(W);
+    expect_no_result(W, 0, fw);
+    /* list_exports */
+    uint64_t le = one(W, 0, b, 0, OP(LIST_EXPORTS), mk_empty(OP(LIST_EXPORTS)));
+    r = result_of(W, 0, le);
+    cr_assert_eq(r->exports->n_exports, 1);
+    cr_assert_str_eq(r->exports->exports[0]->name, "prefix");
+    cr_assert_str_eq(r->exports->exports[0]->model, "m");
+    cr_assert_eq(r->exports->exports[0]->page_count, 2);
+    cr_assert_eq(r->exports->exports[0]->exporter_instance_id, a);
+    /* The exporter ends: its tied export goes, the importer keeps the pages (now its own). */
+    ub e;
+    ub_init(&e);
+    ub_end(&e, a);
+    send_up(W, 0, &e);
+    serve_all(W);
+    s = status(W);
+    ws = worker_status(s, 1);
+    cr_assert_eq(ws->kv_pages_used, 2);
+    cr_assert_eq(ws->kv_page_refs, 2);
+    cr_assert_eq(ws->kv_pages_shared, 0);
+    cr_assert_eq(s->exports, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    uint64_t w2 = one(W, 0, b, 1, OP(COPY_KV_PAGE), cp(10, 11, 0, 0, 1));
+    serve_all(W);
+    expect_no_result(W, 0, w2);
+    /* And the importer's end frees everything. */
+    ub_init(&e);
+    ub_end(&e, b);
+    send_up(W, 0, &e);
+    serve_all(W);
+    s = status(W);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 0);
+    cr_assert_eq(worker_status(s, 1)->embed_slots_used, 0);
+    cr_assert_eq(s->instances, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}
+
+Test(ctl_core, persistent_exports_outlive_their_exporter_until_anyone_unexports) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 0);
+    one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "keep", true));
+    one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "mine", false));
+    uint64_t b = std_instance(W, 0, 2, 0, 0);
+    uint64_t u1 = one(W, 0, b, 1, OP(UNEXPORT_KV_PAGES), mk_unexport("mine"));
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "unexport_kv_pages: export \"mine\" is not persistent: only its exporter (instance "
+             "%llu) may remove it",
+             (unsigned long long)a);
+    expect_error(W, 0, u1, PIE_FAILED_PRECONDITION, msg);
+    ub e;
+    ub_init(&e);
+    ub_end(&e, a);
+    send_up(W, 0, &e);
+    serve_all(W);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(s->exports, 1);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 1, "the persistent export holds the page");
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    uint64_t u2 = one(W, 0, b, 1, OP(UNEXPORT_KV_PAGES), mk_unexport("keep"));
+    serve_all(W);
+    expect_no_result(W, 0, u2);
+    s = status(W);
+    cr_assert_eq(s->exports, 0);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}
+
+Test(ctl_core, an_ended_instance_releases_everything_and_its_pending_calls_vanish) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 4, 4);
+    serve_all(W);
+    /* A step in flight, then more calls queued behind it, then the end in the same message. */
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, a, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    uint64_t d = ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &b);
+    ub_init(&b);
+    uint64_t s2 = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    ub_end(&b, a);
+    send_up(W, 0, &b);
+    serve_all(W);
+    expect_no_result(W, 0, d);
+    expect_no_result(W, 0, s2);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 0);
+    cr_assert_eq(worker_status(s, 1)->embed_slots_used, 0);
+    cr_assert_eq(worker_status(s, 1)->instances, 0);
+    cr_assert_eq(s->instances, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* The worker was told to free the slots (the fake worker checks the slot discipline). */
+    for (uint32_t i = 0; i < KV_PAGES; i++)
+        cr_assert_eq(W->wk[0].kv_live[i], 0, "kv slot %u live", i);
+    /* Calls of the ended instance are dropped without results. */
+    uint64_t late = one(W, 0, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    expect_no_result(W, 0, late);
+    world_free(W);
+}
+
+Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go_on) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 8, 1);
+    uint64_t b = std_instance(W, 0, 2, 4, 1);
+    uint64_t c = std_instance(W, 0, 3, 4, 1); /* the pool (16) is full */
+    serve_all(W);
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20, 21), 2));
+    serve_all(W);
+    expect_no_result(W, 0, more);
+    Pie__V1__InstanceTerminated *t = terminated(W, 0, c);
+    cr_assert_not_null(t, "the newest instance was not terminated");
+    cr_assert_eq(t->status->code, PIE_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(t->status->message, "terminated by the system due to resource contention"),
+              "%s", t->status->message);
+    cr_assert_null(terminated(W, 0, b));
+    /* b goes on. */
+    ub u;
+    ub_init(&u);
+    ub_call(W, &u, b, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    ub_call(W, &u, b, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
+    uint64_t d = ub_call(W, &u, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &u);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0);
+    /* The newest instance itself gets no victim: its own allocation fails. */
+    uint64_t nb = one(W, 0, b, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(30, 31, 32), 3));
+    expect_error(W, 0, nb, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_kv_pages: 3 KV pages requested, worker g1 has 2 free and instances "
+                 "launched after this one hold 0 there");
+    cr_assert_null(terminated(W, 0, a));
+    world_free(W);
+}
+
+Test(ctl_core, contention_policy_fail_call_fails_the_allocation_instead) {
+    ctl_core_config cfg = base_cfg();
+    cfg.contention = CTL_CONTENTION_FAIL_CALL;
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 8, 0);
+    uint64_t b = std_instance(W, 0, 2, 8, 0);
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20), 1));
+    expect_error(W, 0, more, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_kv_pages: 1 KV pages requested, worker g1 has 0 free (contention.policy "
+                 "fail_call)");
+    cr_assert_null(terminated(W, 0, b));
+    world_free(W);
+}
+
+Test(ctl_core, a_lost_worker_fails_only_its_instances_and_a_new_one_takes_placements) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 4, 1); /* least loaded: both empty → lower index g1 */
+    uint64_t b = std_instance(W, 0, 2, 4, 1); /* g1 now holds pages → g2 */
+    serve_all(W);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->instances, 1);
+    cr_assert_eq(worker_status(s, 2)->instances, 1);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* b has a step in flight on g2 when g1 is lost. */
+    ub u;
+    ub_init(&u);
+    ub_call(W, &u, b, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    uint64_t d = ub_call(W, &u, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    ub_call(W, &u, a, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    uint64_t da = ub_call(W, &u, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &u);
+    pie_status why;
+    pie_status_set(&why, PIE_UNAVAILABLE, "link closed");
+    ctl_core_worker_leave(W->core, W->wk[0].w, &why, W->now);
+    W->wk[0].w = NULL;
+    Pie__V1__InstanceTerminated *t = terminated(W, 0, a);
+    cr_assert_not_null(t);
+    cr_assert_eq(t->status->code, PIE_UNAVAILABLE);
+    cr_assert_str_eq(t->status->message, "worker g1 (m) lost: link closed");
+    expect_no_result(W, 0, da);
+    cr_assert_null(terminated(W, 0, b));
+    bool lost = false, models = false;
+    for (int i = 0; i < W->nev[0]; i++) {
+        if (W->ev[0][i]->event_case == PIE__V1__SESSION_EVENT__EVENT_WORKER_LOST) {
+            lost = true;
+            cr_assert_str_eq(W->ev[0][i]->worker_lost->group_id, "g1");
+        }
+        if (W->ev[0][i]->event_case == PIE__V1__SESSION_EVENT__EVENT_MODELS_CHANGED && lost)
+            models = W->ev[0][i]->models_changed->n_models == 1;
+    }
+    cr_assert(lost && models, "WorkerLost then ModelsChanged (m still served by g2)");
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0, "b finishes on g2");
+    /* A third worker joins: empty, so it takes the next placement. */
+    add_worker(W, "m");
+    uint64_t c = std_instance(W, 0, 3, 1, 0);
+    serve_all(W);
+    s = status(W);
+    cr_assert_eq(worker_of_group(s, "g3")->worker_index, 1, "the freed index is reused");
+    cr_assert_eq(worker_of_group(s, "g3")->instances, 1);
+    cr_assert_eq(worker_of_group(s, "g3")->kv_pages_used, 1);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    (void)c;
+    world_free(W);
+}
+
+Test(ctl_core, an_import_places_the_instance_where_the_export_lives) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 2, 0); /* g1 */
+    uint64_t x = std_instance(W, 0, 2, 1, 0); /* g2 */
+    one(W, 0, x, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "on-g2", true));
+    /* A fresh instance whose first resource call is the import goes to g2, though g2 is the
+     * more loaded one. */
+    uint64_t n = std_instance(W, 0, 3, 0, 0);
+    uint64_t im = one(W, 0, n, 1, OP(IMPORT_KV_PAGES), mk_import(U32(5), 1, "on-g2"));
+    cr_assert_eq(result_of(W, 0, im)->code, 0);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 2)->instances, 2);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* a lives on g1: importing from g2 is refused. */
+    uint64_t bad = one(W, 0, a, 1, OP(IMPORT_KV_PAGES), mk_import(U32(5), 1, "on-g2"));
+    expect_error(W, 0, bad, PIE_FAILED_PRECONDITION,
+                 "import_kv_pages: export \"on-g2\" lives on worker g2, but this instance's "
+                 "objects of model \"m\" live on worker g1");
+    uint64_t few = one(W, 0, n, 1, OP(IMPORT_KV_PAGES), mk_import(NULL, 0, "on-g2"));
+    expect_error(W, 0, few, PIE_INVALID_ARGUMENT,
+                 "import_kv_pages: 0 kv_page_ids for export \"on-g2\" of 1 pages");
+    world_free(W);
+}
+
+Test(ctl_core, broadcast_reaches_subscribers_once_per_replica) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 0, 0), b = std_instance(W, 0, 2, 0, 0);
+    uint64_t c = std_instance(W, 1, 1, 0, 0);
+    static Pie__V1__Subscribe sub;
+    pie__v1__subscribe__init(&sub);
+    sub.topic = "news";
+    one(W, 0, a, 0, OP(SUBSCRIBE), &sub);
+    one(W, 0, b, 0, OP(SUBSCRIBE), &sub);
+    one(W, 0, b, 0, OP(SUBSCRIBE), &sub); /* idempotent */
+    one(W, 1, c, 0, OP(SUBSCRIBE), &sub);
+    collect(W, 0);
+    collect(W, 1);
+    int ev0 = W->nev[0], ev1 = W->nev[1];
+    static Pie__V1__Broadcast bc;
+    pie__v1__broadcast__init(&bc);
+    bc.topic = "news";
+    bc.message.data = (uint8_t *)"hi";
+    bc.message.len = 2;
+    uint64_t bcall = one(W, 1, c, 0, OP(BROADCAST), &bc);
+    expect_no_result(W, 1, bcall);
+    collect(W, 0);
+    collect(W, 1);
+    cr_assert_eq(W->nev[0] - ev0, 1);
+    cr_assert_eq(W->nev[1] - ev1, 1);
+    Pie__V1__TopicDelivery *d0 = W->ev[0][ev0]->delivery;
+    cr_assert_str_eq(d0->topic, "news");
+    cr_assert_eq(d0->message.len, 2);
+    cr_assert_eq(memcmp(d0->message.data, "hi", 2), 0);
+    cr_assert_eq(d0->sender_instance_id, c);
+    cr_assert_eq(d0->n_instance_ids, 2);
+    cr_assert_eq(W->ev[1][ev1]->delivery->n_instance_ids, 1);
+    cr_assert_eq(W->ev[1][ev1]->delivery->instance_ids[0], c);
+    /* Unsubscribe and end stop deliveries. */
+    static Pie__V1__Unsubscribe un;
+    pie__v1__unsubscribe__init(&un);
+    un.topic = "news";
+    one(W, 0, a, 0, OP(UNSUBSCRIBE), &un);
+    ub e;
+    ub_init(&e);
+    ub_end(&e, c);
+    send_up(W, 1, &e);
+    collect(W, 0);
+    collect(W, 1);
+    ev0 = W->nev[0];
+    ev1 = W->nev[1];
+    one(W, 0, b, 0, OP(BROADCAST), &bc);
+    collect(W, 0);
+    collect(W, 1);
+    cr_assert_eq(W->nev[0] - ev0, 1);
+    cr_assert_eq(W->ev[0][ev0]->delivery->n_instance_ids, 1);
+    cr_assert_eq(W->ev[0][ev0]->delivery->instance_ids[0], b);
+    cr_assert_eq(W->nev[1] - ev1, 0);
+    world_free(W);
+}
+
+Test(ctl_core, high_priority_queues_lead_their_batch) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker_n(W, "m", 0, 0); /* no credit yet: calls accumulate */
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 1), b = std_instance(W, 0, 2, 1, 1);
+    static Pie__V1__SetQueuePriority hi;
+    pie__v1__set_queue_priority__init(&hi);
+    hi.priority = PIE__V1__QUEUE_PRIORITY__QUEUE_PRIORITY_HIGH;
+    one(W, 0, b, 1, OP(SET_PRIORITY), &hi);
+    one(W, 0, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    one(W, 0, b, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    cr_assert_eq(W->wk[0].link.n, 1, "nothing sent without a credit");
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.credits = 1;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    cr_assert_eq(W->wk[0].link.n, 2);
+    Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
+    cr_assert_eq(d->n_batches, 2, "slots + one forward batch");
+    Pie__V1__ForwardBatch *fb = d->batches[1]->forward;
+    cr_assert_eq(fb->n_items, 2);
+    cr_assert_eq(fb->items[0]->owner, b, "the high-priority queue's call comes first");
+    cr_assert_eq(fb->items[1]->owner, a);
+    world_free(W);
+}
+
+Test(ctl_core, a_split_prefill_batches_vertically_but_overlapping_writes_do_not) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker_n(W, "m", 0, 0);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 2, 4);
+    ub b;
+    ub_init(&b);
+    /* Tokens 0-1 into page 0, then tokens 2-3 appended to page 0: one batch. */
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0, 1), 2, U32(0), 1, NULL, 0));
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(U32(0), 1, 2, U32(2, 3), 2, U32(0), 1, U32(3), 1));
+    /* Rewriting position 0 of page 0 would change what the others read: next batch. */
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(1), 1, U32(0), 1, NULL, 0));
+    send_up(W, 0, &b);
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.credits = 1;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
+    cr_assert_eq(d->n_batches, 3, "slots, forward x2, forward x1");
+    cr_assert_eq(d->batches[1]->forward->n_items, 2);
+    const Pie__V1__ForwardItem *second = d->batches[1]->forward->items[1];
+    cr_assert_eq(second->n_kv_slots, 1);
+    cr_assert_eq(second->kv_last_page_len, 4);
+    cr_assert_eq(d->batches[2]->forward->n_items, 1);
+    world_free(W);
+}
+
+Test(ctl_core, worker_failures_fail_the_calls_of_the_batch_or_the_item) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 2), b = std_instance(W, 0, 2, 1, 2);
+    serve_all(W);
+    W->wk[0].fail_kind = PIE__V1__BATCH__KIND_NEXT_DIST;
+    W->wk[0].fail_item = 1; /* b's distribution */
+    ub u;
+    ub_init(&u);
+    uint64_t da = ub_call(W, &u, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    uint64_t db = ub_call(W, &u, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &u);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, da)->code, 0);
+    expect_error(W, 0, db, PIE_INTERNAL, "worker: injected item failure");
+    W->wk[0].fail_kind = PIE__V1__BATCH__KIND_FORWARD;
+    W->wk[0].fail_code = PIE_INTERNAL;
+    ub_init(&u);
+    uint64_t fa =
+        ub_call(W, &u, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    uint64_t fb =
+        ub_call(W, &u, b, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    send_up(W, 0, &u);
+    serve_all(W);
+    expect_error(W, 0, fa, PIE_INTERNAL, "worker: injected batch failure");
+    expect_error(W, 0, fb, PIE_INTERNAL, "worker: injected batch failure");
+    world_free(W);
+}
+
+Test(ctl_core, protocol_violations_end_the_stream) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    ub b;
+    ub_init(&b);
+    ub_begin(&b, inst_id(0, 1), "m", 0, 0, 0);
+    ub_begin(&b, inst_id(0, 1), "m", 0, 0, 0);
+    send_up(W, 0, &b);
+    cr_assert(W->rl[0].ended);
+    cr_assert_eq(W->rl[0].end_code, PIE_INVALID_ARGUMENT);
+    char msg[128];
+    snprintf(msg, sizeof msg, "InstanceBegin: instance %llu is already live",
+             (unsigned long long)inst_id(0, 1));
+    cr_assert_str_eq(W->rl[0].end_msg, msg);
+    add_replica(W);
+    ub_init(&b);
+    ub_begin(&b, inst_id(0, 5), "m", 0, 0, 0); /* replica 2 using replica 1's prefix */
+    send_up(W, 1, &b);
+    cr_assert(W->rl[1].ended);
+    cr_assert_eq(W->rl[1].end_code, PIE_INVALID_ARGUMENT);
+    /* A worker answering a batch it never got. */
+    Pie__V1__BatchResult br = PIE__V1__BATCH_RESULT__INIT;
+    br.batch_id = 77;
+    Pie__V1__BatchResult *brp = &br;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.results = &brp;
+    up.n_results = 1;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    cr_assert(W->wk[0].link.ended);
+    cr_assert_str_eq(W->wk[0].link.end_msg,
+                     "WorkerLink: result for batch 77, but no batch is outstanding");
+    world_free(W);
+}
+
+Test(ctl_core, a_registration_that_disagrees_on_the_model_is_refused) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    Pie__V1__ModelInfo m = model_info("m");
+    m.kv_page_size = 8;
+    Pie__V1__WorkerCapacity cap = PIE__V1__WORKER_CAPACITY__INIT;
+    cap.kv_pages_max = cap.kv_pages_effective = 4;
+    cap.embed_slots = 4;
+    cap.max_batch_items = cap.max_batch_tokens = 4;
+    Pie__V1__WorkerRegistration reg = PIE__V1__WORKER_REGISTRATION__INIT;
+    reg.group_id = "odd";
+    reg.version = "pie-c/0.1.0";
+    reg.model = &m;
+    reg.capacity = &cap;
+    reg.tp_size = 1;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.registration = &reg;
+    flink l = {0};
+    pie_status st;
+    Pie__V1__WorkerUp *copy = (Pie__V1__WorkerUp *)heap_copy(&up.base);
+    cr_assert_null(ctl_core_worker_join(W->core, &l, copy, W->now, &st));
+    protobuf_c_message_free_unpacked(&copy->base, NULL);
+    cr_assert_eq(st.code, PIE_FAILED_PRECONDITION);
+    cr_assert_str_eq(st.msg, "WorkerLink registration: model \"m\" differs from what the linked "
+                             "workers serve: kv_page_size 8, not 4");
+    reg.group_id = "g1";
+    m.kv_page_size = 4;
+    copy = (Pie__V1__WorkerUp *)heap_copy(&up.base);
+    cr_assert_null(ctl_core_worker_join(W->core, &l, copy, W->now, &st));
+    protobuf_c_message_free_unpacked(&copy->base, NULL);
+    cr_assert_eq(st.code, PIE_ALREADY_EXISTS);
+    world_free(W);
+}
+
+Test(ctl_core, destroy_queue_retires_it_and_later_calls_name_it_unknown) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    ub b;
+    ub_init(&b);
+    uint64_t id = inst_id(0, 1);
+    ub_begin(&b, id, "m", 0, 0, 1);
+    ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
+    ub_call(W, &b, id, 1, OP(DESTROY_QUEUE), mk_empty(OP(DESTROY_QUEUE)));
+    uint64_t after = ub_call(W, &b, id, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    uint64_t again =
+        ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL)); /* limit 1: room again */
+    send_up(W, 0, &b);
+    expect_error(W, 0, after, PIE_NOT_FOUND, "synchronize: queue 1 is not found in this instance");
+    expect_no_result(W, 0, again);
+    world_free(W);
+}
+
+Test(ctl_core, calls_of_unknown_instances_are_dropped_silently) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    int before = W->rl[0].n;
+    one(W, 0, inst_id(0, 99), 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    cr_assert_eq(W->rl[0].n, before, "nothing sent");
+    world_free(W);
+}
+
+Test(ctl_core, k_only_holds_a_lone_call_until_k_timeout_then_tick_fires_it) {
+    ctl_core_config cfg = base_cfg();
+    cfg.sched.strategy = CTL_STRATEGY_K_ONLY; /* k = 2, k_timeout 5 ms */
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 0, 1);
+    serve_all(W); /* slot changes alone go out at once */
+    uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    int sent = W->wk[0].link.n;
+    int64_t wake = ctl_core_next_wake(W->core);
+    cr_assert_eq(wake, W->now + 5000000);
+    cr_assert_eq(ctl_core_tick(W->core, W->now + 4000000), wake, "not yet");
+    cr_assert_eq(W->wk[0].link.n, sent);
+    ctl_core_tick(W->core, W->now + 5000000);
+    cr_assert_eq(W->wk[0].link.n, sent + 1, "fired at k_timeout");
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0);
+    world_free(W);
+}
+
+Test(ctl_core, eager_sends_each_call_in_its_own_batch) {
+    ctl_core_config cfg = base_cfg();
+    cfg.sched.strategy = CTL_STRATEGY_EAGER;
+    world *W = world_new(&cfg);
+    add_worker_n(W, "m", 0, 0);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1);
+    one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.credits = 1;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
+    cr_assert_eq(d->n_batches, 3, "slots + two single-call next_dist batches");
+    cr_assert_eq(d->batches[1]->next_dist->n_items, 1);
+    cr_assert_eq(d->batches[2]->next_dist->n_items, 1);
+    world_free(W);
+}
+
+Test(ctl_core, a_silent_worker_is_ended_after_three_heartbeats) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    /* Silence counts only once the worker has reported stats. */
+    ctl_core_tick(W->core, W->now + 10000000000);
+    cr_assert(!W->wk[0].link.ended);
+    Pie__V1__WorkerStats stats = PIE__V1__WORKER_STATS__INIT;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.stats = &stats;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    ctl_core_tick(W->core, W->now + 2999000000);
+    cr_assert(!W->wk[0].link.ended);
+    ctl_core_tick(W->core, W->now + 3000000000);
+    cr_assert(W->wk[0].link.ended);
+    cr_assert_eq(W->wk[0].link.end_code, PIE_UNAVAILABLE);
+    world_free(W);
+}
+
+Test(ctl_core, many_instances_churn_without_leaking_slots) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    for (uint64_t round = 0; round < 50; round++) {
+        uint64_t a = std_instance(W, 0, 100 + round, 3, 2);
+        ub b;
+        ub_init(&b);
+        ub_call(W, &b, a, 1, OP(EMBED_TEXT), mk_embed(U32(0, 1), U32(1, 2), U32(0, 1), 2));
+        ub_call(W, &b, a, 1, OP(FORWARD),
+                mk_forward(NULL, 0, 0, U32(0, 1), 2, U32(0), 1, U32(1), 1));
+        ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(1), 1, 0, 0));
+        ub_call(W, &b, a, 1, OP(DEALLOC_KV_PAGES), mk_dealloc_kv(U32(2), 1));
+        if (round % 2) ub_end(&b, a);
+        send_up(W, 0, &b);
+        if (round % 3 == 0) serve_all(W);
+        if (round % 2 == 0) {
+            ub e;
+            ub_init(&e);
+            ub_end(&e, a);
+            send_up(W, 0, &e);
+        }
+    }
+    serve_all(W);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(s->instances, 0);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 0);
+    cr_assert_eq(worker_status(s, 1)->embed_slots_used, 0);
+    cr_assert_eq(worker_status(s, 1)->batches_in_flight, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}
+
+Test(ctl_core, work_conserving_keeps_one_step_in_flight_while_other_strategies_use_every_credit) {
+    for (int strat = 0; strat < 2; strat++) {
+        ctl_core_config cfg = base_cfg();
+        cfg.sched.strategy = strat ? CTL_STRATEGY_K_ONLY : CTL_STRATEGY_WORK_CONSERVING;
+        cfg.sched.k = 1;
+        world *W = world_new(&cfg);
+        add_worker_n(W, "m", 0, 4); /* the worker accepts 4 steps at once */
+        add_replica(W);
+        uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1);
+        int before = W->wk[0].link.n; /* the slot changes went out */
+        one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+        one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+        if (strat == 0)
+            cr_assert_eq(W->wk[0].link.n, before, "work_conserving: the worker is busy, b waits");
+        else
+            cr_assert_eq(W->wk[0].link.n, before + 2,
+                         "k_only: a step per call, credits permitting");
+        serve_all(W);
+        collect(W, 0);
+        cr_assert_eq(W->nres[0], 2);
+        world_free(W);
+    }
+}
