@@ -181,7 +181,7 @@ KRN_TARGET_AVX512 KRN_INLINE __m512 load16_avx512(const uint16_t *p, krn_dtype w
 KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX, const uint16_t *w,
                                               size_t ldw, int RW, int in, krn_dtype wt, float *y,
                                               size_t ldy) {
-    __m512 acc[4][8];
+    __m512 acc[6][8];
     KRN_UNROLL for (int r = 0; r < RX; r++) {
         KRN_UNROLL for (int c = 0; c < RW; c++) { acc[r][c] = _mm512_setzero_ps(); }
     }
@@ -221,6 +221,9 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
 #define KRN_GEMV512_ROWS(RW)                                              \
     do {                                                                  \
         int r = 0;                                                        \
+        for (; r + 6 <= n; r += 6)                                        \
+            tile_avx512(x + (size_t)r * ldx, ldx, 6, wo, ldw, RW, in, wt, \
+                        y + (size_t)r * ldy + (size_t)o, ldy);            \
         for (; r + 4 <= n; r += 4)                                        \
             tile_avx512(x + (size_t)r * ldx, ldx, 4, wo, ldw, RW, in, wt, \
                         y + (size_t)r * ldy + (size_t)o, ldy);            \
@@ -242,7 +245,8 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
     } while (0)
 
 /* Rows of W in blocks of 8 for one row of x (8 independent streams and FMA chains), else in
- * blocks of 4 against up to 4 rows of x at a time (16 accumulators). */
+ * blocks of 4 against up to 6 rows of x at a time (24 accumulators: each converted weight
+ * vector feeds 6 FMAs). */
 KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in,
                                                    const uint16_t *w16, krn_dtype wt, int o0,
                                                    int o1, float *y, int out) {

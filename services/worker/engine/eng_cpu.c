@@ -158,6 +158,10 @@ static pie_code eng_map(eng_region *r, size_t bytes, const char *what, pie_statu
     if (p == MAP_FAILED)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: cannot allocate %zu bytes for %s", bytes, what);
+    /* Transparent huge pages where the kernel offers them (THP "madvise" mode): attention and
+     * the linear layers stream these regions, and 4 KiB pages cost TLB misses. Advice only:
+     * a refusal changes nothing but speed. */
+    if (bytes >= ((size_t)2 << 20)) (void)madvise(p, bytes, MADV_HUGEPAGE);
     r->p = p;
     r->bytes = bytes;
     return PIE_OK;
