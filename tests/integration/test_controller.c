@@ -20,11 +20,8 @@
 #include "eng.h"
 #include "pie/v1/controller.pb-c.h"
 #include "pie_proc.h"
+#include "pie_testutil.h"
 #include "rpc.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define START_MS      30000
 #define STOP_MS       20000
@@ -33,27 +30,7 @@
 #define PAGE          16
 #define ENV_RECONNECT "PIE_CONTROLLER_RECONNECT_INITIAL=50ms", "PIE_CONTROLLER_RECONNECT_MAX=200ms"
 
-static void leak_check(void) {
-#if defined(__SANITIZE_ADDRESS__)
-    if (__lsan_do_recoverable_leak_check() != 0) {
-        fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n");
-        abort();
-    }
-#endif
-}
-
-TestSuite(controller, .fini = leak_check, .timeout = 240);
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+TestSuite(controller, .fini = pie_test_leak_check, .timeout = 240);
 
 /* ---- processes --------------------------------------------------------------------------------
  */
@@ -122,14 +99,14 @@ static Pie__V1__ClusterStatusResponse *cluster_status(rpc_channel *ch) {
 
 /* Waits until n workers are linked. */
 static void wait_workers(rpc_channel *ch, size_t n) {
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     for (;;) {
         Pie__V1__ClusterStatusResponse *s = cluster_status(ch);
         size_t got = s->n_workers;
         rpc_msg_free(&s->base);
         if (got == n) return;
-        cr_assert(now_ms() < deadline, "wanted %zu linked workers, have %zu", n, got);
-        sleep_ms(20);
+        cr_assert(pie_test_now_ms() < deadline, "wanted %zu linked workers, have %zu", n, got);
+        pie_test_sleep_ms(20);
     }
 }
 
@@ -189,9 +166,9 @@ static sess *sess_open(rpc_channel *ch) {
     Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
     up.hello = &h;
     cr_assert_eq(rpc_stream_send(S->s, &up.base, &st), PIE_OK, "%s", st.msg);
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     while (S->replica == 0 || S->model == NULL) {
-        cr_assert(now_ms() < deadline, "no welcome / model %s from the controller", MODEL);
+        cr_assert(pie_test_now_ms() < deadline, "no welcome / model %s from the controller", MODEL);
         sess_pump(S, 500);
     }
     return S;
@@ -215,10 +192,10 @@ static Pie__V1__CallResult *find_result(sess *S, uint64_t call_id) {
 }
 
 static Pie__V1__CallResult *wait_result(sess *S, uint64_t call_id) {
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     Pie__V1__CallResult *r;
     while ((r = find_result(S, call_id)) == NULL) {
-        cr_assert(now_ms() < deadline, "no result for call %llu", (unsigned long long)call_id);
+        cr_assert(pie_test_now_ms() < deadline, "no result for call %llu", (unsigned long long)call_id);
         sess_pump(S, 200);
     }
     return r;
@@ -236,10 +213,10 @@ static Pie__V1__InstanceTerminated *find_terminated(sess *S, uint64_t inst) {
 }
 
 static Pie__V1__InstanceTerminated *wait_terminated(sess *S, uint64_t inst) {
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     Pie__V1__InstanceTerminated *t;
     while ((t = find_terminated(S, inst)) == NULL) {
-        cr_assert(now_ms() < deadline, "instance %llu was not terminated",
+        cr_assert(pie_test_now_ms() < deadline, "instance %llu was not terminated",
                   (unsigned long long)inst);
         sess_pump(S, 200);
     }
@@ -638,7 +615,7 @@ Test(controller, export_and_import_share_pages_with_visible_reference_counts) {
     b = ub_new();
     ub_end(b, a.inst);
     ub_send(S, b);
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     for (;;) {
         s = cluster_status(ch);
         ws = worker_of(s, "w1");
@@ -646,8 +623,8 @@ Test(controller, export_and_import_share_pages_with_visible_reference_counts) {
         uint64_t refs = ws->kv_page_refs;
         rpc_msg_free(&s->base);
         if (done) break;
-        cr_assert(now_ms() < deadline, "after A ended: refs %llu", (unsigned long long)refs);
-        sleep_ms(20);
+        cr_assert(pie_test_now_ms() < deadline, "after A ended: refs %llu", (unsigned long long)refs);
+        pie_test_sleep_ms(20);
     }
     sess_close(S);
     rpc_channel_destroy(ch);

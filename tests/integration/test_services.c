@@ -26,11 +26,8 @@
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie/v1/worker.pb-c.h"
 #include "pie_proc.h"
+#include "pie_testutil.h"
 #include "rpc.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define START_MS 20000 /* a service is serving within this (generous: sanitizers, loaded CI) */
 #define STOP_MS 20000  /* and exits within this after SIGTERM */
@@ -46,33 +43,9 @@
 typedef Pie__V1__ClusterStatusResponse cluster_status;
 typedef Pie__V1__ListModelsResponse models_list;
 
-/* Suite .fini: under AddressSanitizer a leak in this process fails the test (LeakSanitizer
- * alone only prints from Criterion's worker and the test would still pass). Services are
- * checked separately: an ASan-built service that leaks exits non-zero, and every test asserts
- * exit status 0. */
-static void leak_check(void) {
-#if defined(__SANITIZE_ADDRESS__)
-    if (__lsan_do_recoverable_leak_check() != 0) {
-        fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n");
-        abort();
-    }
-#endif
-}
-
-TestSuite(services, .fini = leak_check, .timeout = 90);
+TestSuite(services, .fini = pie_test_leak_check, .timeout = 90);
 
 /* ---- helpers -------------------------------------------------------------------------------- */
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static pie_proc *start(const char *bin, const char *const *env) {
     pie_status st;
@@ -121,7 +94,7 @@ static pie_code get_models(rpc_channel *ch, models_list **out, pie_status *st) {
  * response (caller frees), failing the test with the last answer at the deadline. */
 static cluster_status *wait_cluster(rpc_channel *ch, size_t n_workers, size_t n_replicas,
                                     int64_t timeout_ms) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = pie_test_now_ms() + timeout_ms;
     pie_status st = {0};
     size_t last_w = 0, last_r = 0;
     for (;;) {
@@ -132,18 +105,18 @@ static cluster_status *wait_cluster(rpc_channel *ch, size_t n_workers, size_t n_
             last_r = cs->n_replicas;
             rpc_msg_free(&cs->base);
         }
-        cr_assert(now_ms() < deadline,
+        cr_assert(pie_test_now_ms() < deadline,
                   "ClusterStatus: wanted %zu workers and %zu replicas within %lld ms; last answer "
                   "%zu and %zu (last call: %s %s)",
                   n_workers, n_replicas, (long long)timeout_ms, last_w, last_r,
                   pie_code_name(st.code), st.msg);
-        sleep_ms(20);
+        pie_test_sleep_ms(20);
     }
 }
 
 /* Polls ListModels until it lists n models; returns that response (caller frees). */
 static models_list *wait_models(rpc_channel *ch, size_t n, int64_t timeout_ms) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = pie_test_now_ms() + timeout_ms;
     pie_status st = {0};
     size_t last = 0;
     for (;;) {
@@ -153,10 +126,10 @@ static models_list *wait_models(rpc_channel *ch, size_t n, int64_t timeout_ms) {
             last = ml->n_models;
             rpc_msg_free(&ml->base);
         }
-        cr_assert(now_ms() < deadline,
+        cr_assert(pie_test_now_ms() < deadline,
                   "ListModels: wanted %zu models within %lld ms; last answer %zu (last call: %s %s)",
                   n, (long long)timeout_ms, last, pie_code_name(st.code), st.msg);
-        sleep_ms(20);
+        pie_test_sleep_ms(20);
     }
 }
 
@@ -200,20 +173,20 @@ static char *http_get(int port, const char *path) {
 
 /* Polls GET /metrics until a line is exactly `line`. */
 static void wait_metric_line(int port, const char *line, int64_t timeout_ms) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = pie_test_now_ms() + timeout_ms;
     char want[256];
     snprintf(want, sizeof want, "\n%s\n", line);
     for (;;) {
         char *body = http_get(port, "/metrics");
         bool ok = strncmp(body, "HTTP/1.1 200 ", 13) == 0 && strstr(body, want) != NULL;
-        if (ok || now_ms() >= deadline) {
+        if (ok || pie_test_now_ms() >= deadline) {
             cr_assert(ok, "/metrics on :%d has no line '%s' after %lld ms:\n%s", port, line,
                       (long long)timeout_ms, body);
             free(body);
             return;
         }
         free(body);
-        sleep_ms(20);
+        pie_test_sleep_ms(20);
     }
 }
 
@@ -355,11 +328,11 @@ Test(services, worker_and_replica_relink_after_controller_restart_on_the_same_po
     char listen_env[64];
     snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=%s", listen);
     const char *ctl_env[] = {listen_env, NULL};
-    int64_t t0 = now_ms();
+    int64_t t0 = pie_test_now_ms();
     c.ctl = start("pie-controller", ctl_env);
     cr_assert_eq(pie_proc_grpc_port(c.ctl), port);
     cluster_status *cs = wait_cluster(ctl_ch, 1, 1, 5000);
-    int64_t relink_ms = now_ms() - t0;
+    int64_t relink_ms = pie_test_now_ms() - t0;
     cr_assert_str_eq(cs->workers[0]->model, "tiny");
     rpc_msg_free(&cs->base);
     cr_assert_eq(pie_proc_log_count(c.wrk, "event=wrk.link.registered "), 2,
@@ -402,8 +375,8 @@ Test(services, worker_and_replica_redial_a_dead_controller_at_the_configured_bac
 
     int accepts[2] = {0, 0};
     const int want = 6, window_ms = 3000;
-    int64_t t0 = now_ms(), deadline = t0 + window_ms;
-    while ((accepts[0] < want || accepts[1] < want) && now_ms() < deadline) {
+    int64_t t0 = pie_test_now_ms(), deadline = t0 + window_ms;
+    while ((accepts[0] < want || accepts[1] < want) && pie_test_now_ms() < deadline) {
         struct pollfd pfd[2] = {{.fd = lfd[0], .events = POLLIN}, {.fd = lfd[1], .events = POLLIN}};
         if (poll(pfd, 2, 20) <= 0) continue;
         for (int i = 0; i < 2; i++) {
@@ -417,7 +390,7 @@ Test(services, worker_and_replica_redial_a_dead_controller_at_the_configured_bac
     }
     close(lfd[0]);
     close(lfd[1]);
-    cr_log_info("%d dials each within %lld ms", want, (long long)(now_ms() - t0));
+    cr_log_info("%d dials each within %lld ms", want, (long long)(pie_test_now_ms() - t0));
     cr_assert_geq(accepts[0], want, "the worker dialled the controller %d times in %d ms",
                   accepts[0], window_ms);
     cr_assert_geq(accepts[1], want, "the replica dialled the controller %d times in %d ms",

@@ -28,12 +28,9 @@
 #include "pie/v1/controller.pb-c.h"
 #include "pie/v1/worker.pb-c.h"
 #include "pie_proc.h"
+#include "pie_testutil.h"
 #include "rpc.h"
 #include "tok.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define START_MS    20000 /* the worker serves within this (generous: sanitizers, loaded CI) */
 #define WAIT_MS     10000 /* a message the worker must send arrives within this */
@@ -44,18 +41,8 @@
 #define EMBED_SLOTS 256
 #define MAX_TOKENS  256
 
-static void leak_check(void) {
-#if defined(__SANITIZE_ADDRESS__)
-    if (__lsan_do_recoverable_leak_check() != 0) {
-        fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n");
-        abort();
-    }
-#endif
-}
+TestSuite(worker_link, .fini = pie_test_leak_check, .timeout = 120);
 
-TestSuite(worker_link, .fini = leak_check, .timeout = 120);
-
-static int64_t now_ms(void) { return rpc_now_ns() / 1000000; }
 
 /* ---- the fake controller --------------------------------------------------------------------- */
 
@@ -159,7 +146,7 @@ static void fc_stop(fc *f) {
 
 /* Waits on cv until the absolute CLOCK_MONOTONIC deadline; false once it passed. */
 static bool fc_wait(fc *f, int64_t deadline_ms) {
-    if (now_ms() >= deadline_ms) return false;
+    if (pie_test_now_ms() >= deadline_ms) return false;
     int64_t ns = deadline_ms * 1000000;
     struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
     pthread_cond_timedwait(&f->cv, &f->mu, &ts);
@@ -174,7 +161,7 @@ static bool stats_only(const Pie__V1__WorkerUp *up) {
 
 /* The next WorkerUp (heartbeats skipped unless want_stats), or NULL after timeout_ms. */
 static Pie__V1__WorkerUp *fc_recv_opt(fc *f, int64_t timeout_ms, bool want_stats) {
-    int64_t deadline = now_ms() + timeout_ms;
+    int64_t deadline = pie_test_now_ms() + timeout_ms;
     pthread_mutex_lock(&f->mu);
     for (;;) {
         while (f->q_len > 0) {
@@ -205,7 +192,7 @@ static Pie__V1__WorkerUp *fc_recv(fc *f, const pie_proc *w) {
 
 /* Waits until the worker has opened its n-th WorkerLink call. */
 static void fc_wait_call(fc *f, int n) {
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
     pthread_mutex_lock(&f->mu);
     while (!(f->calls >= n && f->call != NULL) && fc_wait(f, deadline)) {}
     bool ok = f->calls >= n && f->call != NULL;
@@ -1143,10 +1130,10 @@ Test(worker_link, stats_arrive_every_heartbeat_and_count_batches_and_live_pages)
     rpc_msg_free(&up->base);
     /* heartbeat_ms 50 is followed: 10 heartbeats within 5 s, which the default (1000 ms)
      * could not produce. */
-    int64_t t0 = now_ms(), deadline = t0 + 5000;
+    int64_t t0 = pie_test_now_ms(), deadline = t0 + 5000;
     int beats = 0;
     while (beats < 10) {
-        cr_assert_lt(now_ms(), deadline, "only %d heartbeats in 5 s at heartbeat_ms 50", beats);
+        cr_assert_lt(pie_test_now_ms(), deadline, "only %d heartbeats in 5 s at heartbeat_ms 50", beats);
         up = fc_recv_opt(&f, WAIT_MS, true);
         cr_assert(up, "only %d heartbeats in %d ms", beats, WAIT_MS);
         cr_assert(stats_only(up), "unexpected WorkerUp between heartbeats");
@@ -1157,7 +1144,7 @@ Test(worker_link, stats_arrive_every_heartbeat_and_count_batches_and_live_pages)
         rpc_msg_free(&up->base);
         beats++;
     }
-    cr_log_info("10 heartbeats at heartbeat_ms 50 in %lld ms", (long long)(now_ms() - t0));
+    cr_log_info("10 heartbeats at heartbeat_ms 50 in %lld ms", (long long)(pie_test_now_ms() - t0));
     stop_worker(w, 0);
     fc_stop(&f);
 }

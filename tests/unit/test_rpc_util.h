@@ -28,25 +28,13 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "rpc.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#endif
+#include "pie_testutil.h"
 
 /* Suite .fini: under AddressSanitizer, check for leaks now and abort if there are any. Alone,
  * LeakSanitizer only prints a report from Criterion's child process and the test still passes;
  * an abort in .fini makes the runner say "crashed during its setup or teardown" and exit 1.
  * Everything the test made must be destroyed before this runs. */
-#if defined(__SANITIZE_ADDRESS__)
-#define TLEAK_CHECK()                                                               \
-    do {                                                                            \
-        if (__lsan_do_recoverable_leak_check() != 0) {                              \
-            fprintf(stderr, "memory leaked: see the LeakSanitizer report above\n"); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
-#else
-#define TLEAK_CHECK() ((void)0)
-#endif
+#define TLEAK_CHECK() pie_test_leak_check()
 
 typedef Grpc__Health__V1__HealthCheckRequest tmsg;
 #define TMSG_DESC (&grpc__health__v1__health_check_request__descriptor)
