@@ -101,8 +101,9 @@ int main(int argc, char **argv) {
     svc_set_serving(s, false);
     status = 0;
 done:
-    svc_stop(s); /* server first: no callback runs after it */
+    svc_drain(s); /* server first: no callback runs after it */
     ctl_cluster_destroy(cluster);
+    svc_stop(s); /* last: threads stopped above may update its metrics */
     pie_config_free(&ctl_schema, &cfg);
     return status;
 }

@@ -66,8 +66,9 @@ int main(int argc, char **argv) {
     svc_set_serving(s, false);
     status = 0;
 done:
-    svc_stop(s);
+    svc_drain(s); /* server first: no callback runs after it */
     lc_session_destroy(session); /* closes the Session: the controller forgets this replica */
+    svc_stop(s); /* last: threads stopped above may update its metrics */
     pie_config_free(&lc_schema, &cfg);
     return status;
 }

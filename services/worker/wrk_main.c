@@ -231,8 +231,9 @@ int main(int argc, char **argv) {
     svc_set_serving(s, false);
     status = 0;
 done:
-    svc_stop(s);
+    svc_drain(s); /* server first: no callback runs after it */
     wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */
+    svc_stop(s); /* last: threads stopped above may update its metrics */
     eng_close(loaded.engine);
     wrk_desc_free(&loaded.desc);
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)

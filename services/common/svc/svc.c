@@ -272,14 +272,23 @@ pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_
     return PIE_OK;
 }
 
-void svc_stop(svc *s) {
+void svc_drain(svc *s) {
     if (s == NULL) return;
     if (s->server) {
         pie_log_info("svc.stopping", "grace_ms=%lld", (long long)s->cfg->shutdown_grace_ms);
         rpc_server_shutdown(s->server, s->cfg->shutdown_grace_ms);
         rpc_server_destroy(s->server);
+        s->server = NULL;
     }
-    if (s->httpd) pie_httpd_stop(s->httpd);
+    if (s->httpd) {
+        pie_httpd_stop(s->httpd);
+        s->httpd = NULL;
+    }
+}
+
+void svc_stop(svc *s) {
+    if (s == NULL) return;
+    svc_drain(s);
     pie_metrics_destroy(s->metrics);
     pie_log_info("svc.stopped", "%s", "");
     free(s);

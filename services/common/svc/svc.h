@@ -14,7 +14,7 @@
  *     svc_serve(s, methods, n, &st);                          // gRPC server + /metrics
  *     ... start its own threads, then svc_set_serving(s, true);
  *     svc_wait_for_signal();
- *     svc_set_serving(s, false); stop its threads; svc_stop(s);
+ *     svc_set_serving(s, false); svc_drain(s); stop its threads; svc_stop(s);
  */
 #ifndef PIE_SVC_H
 #define PIE_SVC_H
@@ -131,7 +131,13 @@ const char *svc_token(const svc *s); /* effective bearer token ("" if none) */
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st);
 
-/* Graceful stop (grace from the config), frees. NULL is fine. */
+/* Graceful stop of the gRPC server (grace from the config) and the metrics endpoint; the
+ * metrics registry stays valid, so threads that still update metrics (links to the
+ * controller) can be stopped after it. Idempotent; NULL is fine. */
+void svc_drain(svc *s);
+
+/* svc_drain, then frees the metrics registry and s. Stop every thread that updates metrics
+ * first. NULL is fine. */
 void svc_stop(svc *s);
 
 #endif
