@@ -21,6 +21,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,6 +89,18 @@ static void run_tasks(krn_pool *p, int worker) {
     }
 }
 
+/* Spin budget of the two waits below: every 64th spin reads the clock; true once the waiter has
+ * spun for KRN_POOL_SPIN_NS since its first reading (then it sleeps instead). */
+static bool spin_expired(int i, uint64_t *t0) {
+    if ((i & 63) != 63) return false;
+    uint64_t t = now_ns();
+    if (*t0 == 0) {
+        *t0 = t;
+        return false;
+    }
+    return t - *t0 > KRN_POOL_SPIN_NS;
+}
+
 /* Waits until p->gen differs from `seen` (or stop is set); returns the new generation. */
 static unsigned wait_generation(krn_pool *p, unsigned seen) {
     uint64_t t0 = 0;
@@ -95,13 +108,7 @@ static unsigned wait_generation(krn_pool *p, unsigned seen) {
         unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&p->stop, memory_order_acquire)) return g;
         cpu_relax();
-        if ((i & 63) == 63) {
-            uint64_t t = now_ns();
-            if (t0 == 0)
-                t0 = t;
-            else if (t - t0 > KRN_POOL_SPIN_NS)
-                break;
-        }
+        if (spin_expired(i, &t0)) break;
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
@@ -141,13 +148,7 @@ static void wait_joined(krn_pool *p) {
     for (int i = 0;; i++) {
         if (atomic_load(&p->joined) == 0) return;
         cpu_relax();
-        if ((i & 63) == 63) {
-            uint64_t t = now_ns();
-            if (t0 == 0)
-                t0 = t;
-            else if (t - t0 > KRN_POOL_SPIN_NS)
-                break;
-        }
+        if (spin_expired(i, &t0)) break;
     }
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->caller_sleeping, 1);
