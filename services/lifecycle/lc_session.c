@@ -152,6 +152,39 @@ pie_code lc_session_start(lc_session *s, const svc *sv, const svc_dial_config *d
     return PIE_OK;
 }
 
+uint32_t lc_session_replica_index(lc_session *s) { return atomic_load(&s->replica_index); }
+
+pie_code lc_session_resolve_model(lc_session *s, const char *requested, char *out, size_t cap,
+                                  pie_status *st) {
+    pie_code rc = PIE_OK;
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->models_changed ? s->models_changed->n_models : 0;
+    Pie__V1__ModelInfo **models = n ? s->models_changed->models : NULL;
+    if (n == 0) {
+        rc = pie_status_set(st, PIE_UNAVAILABLE, "no model is served now (controller %s)",
+                            atomic_load(&s->replica_index) ? "connected, no worker registered"
+                                                           : "not connected");
+    } else if (requested == NULL || requested[0] == '\0') {
+        if (n == 1)
+            snprintf(out, cap, "%s", models[0]->name);
+        else
+            rc = pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                "model: empty, but the cluster serves %zu models (%s, %s%s); "
+                                "name one",
+                                n, models[0]->name, models[1]->name, n > 2 ? ", ..." : "");
+    } else {
+        size_t i = 0;
+        while (i < n && strcmp(models[i]->name, requested) != 0) i++;
+        if (i < n)
+            snprintf(out, cap, "%s", requested);
+        else
+            rc = pie_status_set(st, PIE_NOT_FOUND, "model \"%s\" is not served by this cluster",
+                                requested);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 void lc_session_destroy(lc_session *s) {
     if (s == NULL) return;
     rpc_link_stop(s->link);

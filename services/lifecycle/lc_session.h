@@ -32,6 +32,16 @@ const rpc_method *lc_session_methods(lc_session *s, size_t *n);
 pie_code lc_session_start(lc_session *s, const svc *sv, const svc_dial_config *dial,
                           pie_status *st);
 
+/* The replica index from the controller's welcome; 0 while the Session is not connected. */
+uint32_t lc_session_replica_index(lc_session *s);
+
+/* Resolves a launch's model name: `requested` if the cluster serves it, or the only model when
+ * `requested` is empty. PIE_NOT_FOUND (not served), PIE_INVALID_ARGUMENT (empty and several
+ * models), PIE_UNAVAILABLE (no model known: not connected or no worker). Copies the name to
+ * out (cap bytes, NUL-terminated). */
+pie_code lc_session_resolve_model(lc_session *s, const char *requested, char *out, size_t cap,
+                                  pie_status *st);
+
 /* After the server has shut down. NULL is fine. */
 void lc_session_destroy(lc_session *s);
 
