@@ -176,7 +176,7 @@ static pie_code scan_ids(tok_builder *b, const json_t *vocab, const json_t *adde
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)vocab, key, v) {
-        uint32_t id;
+        uint32_t id = 0; /* -O3 cannot see that read_id sets it on PIE_OK */
         pie_code rc = read_id(b, v, "model.vocab", key, &id);
         if (rc != PIE_OK) return rc;
         if (id + 1 > max1) max1 = id + 1;
@@ -189,7 +189,7 @@ static pie_code scan_ids(tok_builder *b, const json_t *vocab, const json_t *adde
         if (!json_is_object(a))
             return pie_status_set(b->st, PIE_INVALID_ARGUMENT,
                                   "tok: %s: added_tokens[%zu]: expected an object", b->name, i);
-        uint32_t id;
+        uint32_t id = 0;
         pie_code rc = read_id(b, json_object_get(a, "id"), field, NULL, &id);
         if (rc != PIE_OK) return rc;
         if (id + 1 > max1) max1 = id + 1;
