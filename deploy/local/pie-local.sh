@@ -74,8 +74,10 @@ for ((i = 0; i < workers; i++)); do
     PIE_WORKER_GROUP_ID="worker-$i" PIE_MODEL_PATH="$model"
 done
 for ((i = 0; i < lifecycles; i++)); do
+  # Replicas share one program store and native-code cache (content-addressed, written
+  # atomically); the tokenizer of the model comes from the model directory itself.
   start lifecycle $((base + 1 + 10 * i)) "lifecycle-$i" PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
-    PIE_REPLICA_ID="lifecycle-$i"
+    PIE_REPLICA_ID="lifecycle-$i" PIE_RUNTIME_CACHE_DIR="$rundir/cache" PIE_TOKENIZER_PATH="$model"
 done
 
 health_args=()

@@ -48,7 +48,9 @@ typedef struct lc_host_inst_cb {
 /* Creates the host API over an existing (not necessarily connected) session. */
 lc_host *lc_host_create(const lc_host_config *cfg, lc_session *session, pie_metrics *metrics,
                         pie_status *st);
-void lc_host_destroy(lc_host *h); /* after every instance was freed; NULL is fine */
+/* After every instance was freed and after lc_session_destroy (the Session's thread calls into
+ * the host until then). NULL is fine. */
+void lc_host_destroy(lc_host *h);
 /* The `pie` import module, for lc_wasm_rt_opts.host_fns. */
 const lc_wasm_host_fn *lc_host_fns(size_t *n);
 

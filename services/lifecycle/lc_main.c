@@ -1,20 +1,59 @@
 /* lc_main.c — pie-lifecycle: the application layer's process (public API, inferlet runtime).
  *
  * Owns: the lifecycle's configuration schema and start/stop order. The Session with the
- * controller and the implemented pie.v1.Lifecycle methods are in lc_session.c. */
+ * controller is in lc_session.c, the Wasm runtime in wasm/, the `pie` host API in lc_host*.c,
+ * programs in lc_program.c, instances in lc_inst.c, the pie.v1.Lifecycle methods in lc_api.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
+#include "lc_api.h"
+#include "lc_host.h"
+#include "lc_inst.h"
+#include "lc_program.h"
 #include "lc_session.h"
+#include "lc_wasm.h"
 #include "pie_log.h"
 #include "svc.h"
 
 typedef struct lc_config {
     svc_config svc;
-    svc_dial_config dial;         /* controller.* */
-    char *replica_id;             /* replica.id */
-    char *advertise;              /* replica.advertise */
+    svc_dial_config dial; /* controller.* */
+    char *replica_id;     /* replica.id */
+    char *advertise;      /* replica.advertise */
+    char *cache_dir;      /* runtime.cache_dir */
+    bool tier1;           /* runtime.tier1 */
+    uint64_t stack_bytes; /* runtime.instance_stack */
+    uint64_t max_program_bytes;
+    uint64_t output_buffer_bytes;
+    int64_t retention_ms;
+    lc_limits defaults, maxima;
+    char *tokenizer_path, *http_allow;
+    int64_t http_timeout_ms;
+    uint64_t http_max_bytes;
 } lc_config;
+
+/* The seven quota keys of limits.<which> (which = default or max) into member m. */
+/* clang-format off */
+#define LC_LIMIT_FIELDS(which, m, mem, kv, emb, q, msg, cpu, wall, what)                       \
+    {"limits." which ".memory", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, m.memory_bytes),        \
+     .def = mem, .min = "64KiB", .max = "4GiB", .doc = what " linear memory of an instance"},  \
+    {"limits." which ".kv_pages", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, m.kv_pages),          \
+     .def = kv, .min = "1", .doc = what " KV pages an instance may hold"},                     \
+    {"limits." which ".embeddings", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, m.embeddings),      \
+     .def = emb, .min = "1", .doc = what " embeddings an instance may hold"},                  \
+    {"limits." which ".queues", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, m.queues), .def = q,    \
+     .min = "1", .doc = what " command queues an instance may hold"},                          \
+    {"limits." which ".message", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, m.message_bytes),      \
+     .def = msg, .min = "1", .max = "1GiB",                                                    \
+     .doc = what " size of one message to or from an instance"},                               \
+    {"limits." which ".cpu", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, m.cpu_ms), .def = cpu, \
+     .min = "1ms", .max = "8760h", .doc = what " CPU time of an instance's code"},             \
+    {"limits." which ".wall", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, m.wall_ms),           \
+     .def = wall, .min = "1ms", .max = "8760h", .doc = what " lifetime of an instance from launch"}
+/* clang-format on */
 
 static const pie_config_field lc_fields[] = {
     SVC_CONFIG_FIELDS(lc_config, "0.0.0.0:50051", "0.0.0.0:9091"),
@@ -23,8 +62,110 @@ static const pie_config_field lc_fields[] = {
      .doc = "name of this replica in status and logs (empty = <hostname>:<grpc port>)"},
     {"replica.advertise", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, advertise), .def = "",
      .doc = "host:port at which clients reach this replica (empty = unknown)"},
+    {"runtime.cache_dir", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, cache_dir),
+     .def = "/var/cache/pie",
+     .doc = "directory of stored programs and compiled code (replicas may share it)"},
+    {"runtime.tier1", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier1), .def = "true",
+     .doc = "recompile programs with cc -O2 in the background; later launches use it"},
+    {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes),
+     .def = "512KiB", .min = "256KiB", .max = "256MiB",
+     .doc = "native stack of an instance thread (address space; only touched pages count)"},
+    {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, max_program_bytes),
+     .def = "64MiB", .min = "1KiB", .max = "1GiB", .doc = "largest program accepted by upload"},
+    {"instances.output_buffer", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, output_buffer_bytes),
+     .def = "1MiB", .min = "1KiB", .max = "1GiB",
+     .doc = "output kept per instance while no client is attached (oldest dropped first)"},
+    {"instances.retention", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, retention_ms),
+     .def = "60s", .max = "168h",
+     .doc = "how long exited instances stay listed and attachable"},
+    LC_LIMIT_FIELDS("default", defaults, "256MiB", "1024", "1024", "16", "1MiB", "10m", "1h",
+                    "default (launch leaves it 0):"),
+    LC_LIMIT_FIELDS("max", maxima, "4GiB", "65536", "65536", "256", "4MiB", "24h", "168h",
+                    "largest allowed:"),
+    {"tokenizer.path", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tokenizer_path), .def = "",
+     .doc = "':'-separated directories searched for models' tokenizer.json (model dirs or "
+            "their parents)"},
+    {"http.allow", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, http_allow), .def = "",
+     .doc = "','-separated URL prefixes inferlets may fetch (empty = none)"},
+    {"http.timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, http_timeout_ms), .def = "10s",
+     .min = "1ms", .max = "10m", .doc = "timeout of one outbound HTTP request of an inferlet"},
+    {"http.max_bytes", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, http_max_bytes), .def = "8MiB",
+     .min = "1", .max = "1GiB", .doc = "largest HTTP response body an inferlet may receive"},
 };
 static const pie_config_schema lc_schema = PIE_CONFIG_SCHEMA(lc_config, lc_fields);
+
+/* Everything the process runs, in start order (stopped in reverse, see lc_stop). */
+typedef struct lc_parts {
+    svc *s;
+    lc_session *session;
+    lc_wasm_rt *rt;
+    lc_program_store *programs;
+    lc_host *host;
+    lc_inst_mgr *insts;
+    lc_api *api;
+} lc_parts;
+
+static pie_code make_dirs(const lc_config *cfg, char *native, size_t cap, pie_status *st) {
+    if (mkdir(cfg->cache_dir, 0700) != 0 && errno != EEXIST)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "runtime.cache_dir: cannot create %s: %s", cfg->cache_dir,
+                              strerror(errno));
+    snprintf(native, cap, "%s/native", cfg->cache_dir);
+    return PIE_OK;
+}
+
+static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
+    char native[4096];
+    if ((p->s = svc_create("lifecycle", &cfg->svc, st)) == NULL) return st->code;
+    lc_session_config sc = {.replica_id = cfg->replica_id ? cfg->replica_id : "",
+                            .advertise = cfg->advertise ? cfg->advertise : ""};
+    if ((p->session = lc_session_create(&sc, svc_metrics(p->s), st)) == NULL) return st->code;
+    if (make_dirs(cfg, native, sizeof native, st) != PIE_OK) return st->code;
+    size_t n_fns;
+    const lc_wasm_host_fn *fns = lc_host_fns(&n_fns);
+    lc_wasm_rt_opts ro = {
+        .cache_dir = native, .host_fns = fns, .n_host_fns = n_fns, .tier1 = cfg->tier1};
+    if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
+    p->programs =
+        lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
+    if (p->programs == NULL) return st->code;
+    lc_host_config hc = {.tokenizer_path = cfg->tokenizer_path ? cfg->tokenizer_path : "",
+                         .http_allow = cfg->http_allow ? cfg->http_allow : "",
+                         .http_timeout_ms = (uint64_t)cfg->http_timeout_ms,
+                         .http_max_bytes = cfg->http_max_bytes};
+    if ((p->host = lc_host_create(&hc, p->session, svc_metrics(p->s), st)) == NULL)
+        return st->code;
+    lc_inst_config ic = {.defaults = cfg->defaults,
+                         .maxima = cfg->maxima,
+                         .output_buffer_bytes = cfg->output_buffer_bytes,
+                         .retention_ms = cfg->retention_ms,
+                         .thread_stack_bytes = cfg->stack_bytes};
+    if ((p->insts = lc_inst_mgr_create(&ic, p->programs, p->host, p->session, st)) == NULL)
+        return st->code;
+    if ((p->api = lc_api_create(p->programs, p->insts, p->session, st)) == NULL)
+        return st->code;
+    size_t n_methods;
+    const rpc_method *methods = lc_api_methods(p->api, &n_methods);
+    if (svc_serve(p->s, methods, n_methods, st) != PIE_OK ||
+        lc_session_start(p->session, p->s, &cfg->dial, st) != PIE_OK)
+        return st->code;
+    svc_add_health(p->s, "pie.v1.Lifecycle");
+    svc_set_serving(p->s, true);
+    return PIE_OK;
+}
+
+static void lc_stop(lc_parts *p) {
+    lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
+    svc_drain(p->s);             /* server next: no callback runs after it */
+    lc_api_destroy(p->api);      /* waits for uploads being validated */
+    lc_inst_mgr_destroy(p->insts);
+    lc_session_destroy(p->session); /* last InstanceEnds, stops the Session thread (the host's
+                                       results sink), the controller forgets this replica */
+    lc_host_destroy(p->host);
+    lc_program_store_destroy(p->programs);
+    lc_wasm_rt_destroy(p->rt);
+    svc_stop(p->s); /* last: threads stopped above may update its metrics */
+}
 
 int main(int argc, char **argv) {
     svc_block_signals();
@@ -37,38 +178,16 @@ int main(int argc, char **argv) {
 
     int status = 1;
     pie_status st;
-    lc_session *session = NULL;
-    svc *s = svc_create("lifecycle", &cfg.svc, &st);
-    if (s == NULL) {
+    lc_parts p = {0};
+    if (lc_start(&cfg, &p, &st) != PIE_OK) {
         fprintf(stderr, "pie-lifecycle: %s\n", st.msg);
-        goto done;
+    } else {
+        int sig = svc_wait_for_signal();
+        pie_log_info("lc.signal", "signal=%d", sig);
+        svc_set_serving(p.s, false);
+        status = 0;
     }
-    lc_session_config sc = {
-        .replica_id = cfg.replica_id ? cfg.replica_id : "",
-        .advertise = cfg.advertise ? cfg.advertise : "",
-    };
-    session = lc_session_create(&sc, svc_metrics(s), &st);
-    if (session == NULL) {
-        fprintf(stderr, "pie-lifecycle: %s\n", st.msg);
-        goto done;
-    }
-    size_t n_methods;
-    const rpc_method *methods = lc_session_methods(session, &n_methods);
-    if (svc_serve(s, methods, n_methods, &st) != PIE_OK ||
-        lc_session_start(session, s, &cfg.dial, &st) != PIE_OK) {
-        fprintf(stderr, "pie-lifecycle: %s\n", st.msg);
-        goto done;
-    }
-    svc_add_health(s, "pie.v1.Lifecycle");
-    svc_set_serving(s, true);
-    int sig = svc_wait_for_signal();
-    pie_log_info("lc.signal", "signal=%d", sig);
-    svc_set_serving(s, false);
-    status = 0;
-done:
-    svc_drain(s); /* server first: no callback runs after it */
-    lc_session_destroy(session); /* closes the Session: the controller forgets this replica */
-    svc_stop(s); /* last: threads stopped above may update its metrics */
+    lc_stop(&p);
     pie_config_free(&lc_schema, &cfg);
     return status;
 }

@@ -22,9 +22,25 @@ struct lc_session {
     pthread_mutex_t mu;             /* guards models */
     Pie__V1__SessionDown *models;   /* kept message holding the last ModelsChanged */
     Pie__V1__ModelsChanged *models_changed;
+    _Atomic uint64_t models_gen;    /* bumped by take_models */
     rpc_method methods[1];
     pie_gauge *g_connected, *g_models;
+    pie_counter *c_up;              /* SessionUp messages sent */
+    lc_session_sink sink;
+
+    /* Outbound: instance threads append packed parts to out; the sender thread swaps it out and
+     * sends it as one SessionUp (split only above LC_SESSION_UP_MAX). */
+    pthread_mutex_t out_mu; /* guards the fields below */
+    pthread_cond_t out_cv;
+    lc_session_stage out;
+    uint64_t epoch;      /* current connection, 0 while not open */
+    uint64_t epoch_next; /* last epoch handed out */
+    bool stop, sender_started;
+    pthread_t sender;
 };
+
+/* A SessionUp stays well under the Session's 64 MiB message limit (docs/wire-contracts.md). */
+#define LC_SESSION_UP_MAX (16u << 20)
 
 static void session_on_connect(rpc_link *link, void *user) {
     lc_session *s = user;
@@ -35,8 +51,16 @@ static void session_on_connect(rpc_link *link, void *user) {
     Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
     up.hello = &hello;
     pie_status st;
-    if (rpc_link_send(link, &up.base, &st) != PIE_OK)
+    if (rpc_link_send(link, &up.base, &st) != PIE_OK) {
         pie_log_warn("lc.session.hello_failed", "error=\"%s\"", st.msg);
+        return;
+    }
+    /* Parts may follow the hello from now on, never before it. */
+    pthread_mutex_lock(&s->out_mu);
+    s->epoch = ++s->epoch_next;
+    s->out.len = s->out.n = 0; /* anything left belongs to no live instance */
+    pthread_cond_signal(&s->out_cv);
+    pthread_mutex_unlock(&s->out_mu);
 }
 
 /* Keeps down (returns true) when it holds the newest model list. */
@@ -50,6 +74,7 @@ static bool take_models(lc_session *s, Pie__V1__SessionDown *down) {
     rpc_msg_free(s->models ? &s->models->base : NULL);
     s->models = down;
     s->models_changed = mc;
+    atomic_fetch_add(&s->models_gen, 1);
     pthread_mutex_unlock(&s->mu);
     pie_gauge_set(s->g_models, (double)mc->n_models);
     pie_log_info("lc.session.models", "count=%zu", mc->n_models);
@@ -71,6 +96,7 @@ static bool session_on_message(rpc_link *link, ProtobufCMessage *msg, void *user
             pie_log_warn("lc.session.worker_lost", "worker_index=%u group=%s",
                          down->events[i]->worker_lost->worker_index,
                          down->events[i]->worker_lost->group_id);
+    if ((down->n_results || down->n_events) && s->sink.on_down) s->sink.on_down(s->sink.ctx, down);
     return take_models(s, down);
 }
 
@@ -79,6 +105,11 @@ static void session_on_disconnect(rpc_link *link, const pie_status *st, void *us
     lc_session *s = user;
     uint32_t was = atomic_exchange(&s->replica_index, 0);
     pie_gauge_set(s->g_connected, 0);
+    pthread_mutex_lock(&s->out_mu);
+    s->epoch = 0;
+    s->out.len = s->out.n = 0;
+    pthread_mutex_unlock(&s->out_mu);
+    if (s->sink.on_lost) s->sink.on_lost(s->sink.ctx);
     if (was)
         pie_log_warn("lc.session.lost", "replica_index=%u code=%s error=\"%s\"", was,
                      pie_code_name(st->code), st->msg);
@@ -99,15 +130,186 @@ static bool list_models_on_call(rpc_call *call, ProtobufCMessage *req, void *use
     return false;
 }
 
+/* ---- outbound -------------------------------------------------------------------------------- */
+
+static bool stage_reserve(lc_session_stage *sg, size_t more) {
+    if (sg->cap - sg->len >= more) return true;
+    size_t cap = sg->cap ? sg->cap : 4096;
+    while (cap - sg->len < more) cap *= 2;
+    uint8_t *b = realloc(sg->buf, cap);
+    if (b == NULL) return false;
+    sg->buf = b;
+    sg->cap = cap;
+    return true;
+}
+
+pie_code lc_session_stage_add(lc_session_stage *sg, unsigned field, const ProtobufCMessage *part,
+                              pie_status *st) {
+    size_t n = protobuf_c_message_get_packed_size(part);
+    if (n > LC_SESSION_UP_MAX)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "a call of %zu bytes exceeds the Session's message limit of %u", n,
+                              LC_SESSION_UP_MAX);
+    if (!stage_reserve(sg, 8 + 5 + n))
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    /* protobuf-c packs an unknown field as tag + data, so data holds the length prefix too. */
+    uint8_t *w = sg->buf + sg->len + 8;
+    size_t v = n, k = 0;
+    do {
+        w[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    protobuf_c_message_pack(part, w + k);
+    uint32_t hdr[2] = {(uint32_t)field, (uint32_t)(k + n)};
+    memcpy(sg->buf + sg->len, hdr, sizeof hdr);
+    sg->len += 8 + k + n;
+    sg->n++;
+    return PIE_OK;
+}
+
+void lc_session_stage_free(lc_session_stage *sg) {
+    free(sg->buf);
+    *sg = (lc_session_stage){0};
+}
+
+pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, pie_status *st) {
+    if (sg->len == 0) return PIE_OK;
+    pie_code rc = PIE_OK;
+    pthread_mutex_lock(&s->out_mu);
+    if (epoch == 0 || epoch != s->epoch) {
+        rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost");
+    } else if (!stage_reserve(&s->out, sg->len)) {
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        memcpy(s->out.buf + s->out.len, sg->buf, sg->len);
+        s->out.len += sg->len;
+        s->out.n += sg->n;
+        /* No syscall when the sender is already awake (glibc: no waiters, no futex call). */
+        pthread_cond_signal(&s->out_cv);
+    }
+    pthread_mutex_unlock(&s->out_mu);
+    sg->len = sg->n = 0;
+    return rc;
+}
+
+uint64_t lc_session_epoch(lc_session *s) {
+    pthread_mutex_lock(&s->out_mu);
+    uint64_t e = s->epoch;
+    pthread_mutex_unlock(&s->out_mu);
+    return e;
+}
+
+/* Sends the records of buf[0..len) as SessionUp messages of at most LC_SESSION_UP_MAX bytes:
+ * each record becomes an "unknown field" of an otherwise empty SessionUp, which protobuf-c packs
+ * verbatim — on the wire exactly the repeated begins/calls/ends. */
+static void sender_send(lc_session *s, const uint8_t *buf, size_t len, size_t n,
+                        ProtobufCMessageUnknownField **fields, size_t *cap) {
+    if (*cap < n) {
+        ProtobufCMessageUnknownField *f = realloc(*fields, n * sizeof *f);
+        if (f == NULL) {
+            pie_log_error("lc.session.send_failed", "error=\"out of memory\" parts=%zu", n);
+            return;
+        }
+        *fields = f;
+        *cap = n;
+    }
+    size_t off = 0;
+    while (off < len) {
+        size_t k = 0, bytes = 0;
+        while (off < len) {
+            uint32_t hdr[2];
+            memcpy(hdr, buf + off, sizeof hdr);
+            if (k > 0 && bytes + hdr[1] + 16 > LC_SESSION_UP_MAX) break;
+            (*fields)[k++] = (ProtobufCMessageUnknownField){
+                .tag = hdr[0],
+                .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
+                .len = hdr[1],
+                .data = (uint8_t *)(buf + off + 8),
+            };
+            bytes += hdr[1] + 16;
+            off += 8 + hdr[1];
+        }
+        Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
+        up.base.n_unknown_fields = (unsigned)k;
+        up.base.unknown_fields = *fields;
+        pie_status st;
+        if (rpc_link_send(s->link, &up.base, &st) != PIE_OK) {
+            /* The Session is ending: on_disconnect fails every instance of it. */
+            pie_log_warn("lc.session.send_failed", "parts=%zu error=\"%s\"", k, st.msg);
+            return;
+        }
+        pie_counter_add(s->c_up, 1);
+    }
+}
+
+static void *sender_main(void *arg) {
+    lc_session *s = arg;
+    (void)pthread_setname_np(pthread_self(), "lc-session-tx"); /* cosmetic */
+    lc_session_stage mine = {0};
+    ProtobufCMessageUnknownField *fields = NULL;
+    size_t fields_cap = 0;
+    pthread_mutex_lock(&s->out_mu);
+    for (;;) {
+        while (!s->stop && (s->out.len == 0 || s->epoch == 0))
+            pthread_cond_wait(&s->out_cv, &s->out_mu);
+        if (s->out.len == 0 || s->epoch == 0) break; /* stopping with nothing to send */
+        lc_session_stage t = s->out; /* swap: instance threads fill the other buffer meanwhile */
+        s->out = mine;
+        s->out.len = s->out.n = 0;
+        mine = t;
+        pthread_mutex_unlock(&s->out_mu);
+        sender_send(s, mine.buf, mine.len, mine.n, &fields, &fields_cap);
+        pthread_mutex_lock(&s->out_mu);
+    }
+    pthread_mutex_unlock(&s->out_mu);
+    lc_session_stage_free(&mine);
+    free(fields);
+    return NULL;
+}
+
+void lc_session_set_sink(lc_session *s, const lc_session_sink *sink) { s->sink = *sink; }
+
+uint64_t lc_session_models_gen(lc_session *s) { return atomic_load(&s->models_gen); }
+
+uint64_t lc_session_models_visit(lc_session *s,
+                                 void (*fn)(void *ctx, const Pie__V1__ModelsChanged *mc),
+                                 void *ctx) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t gen = atomic_load(&s->models_gen);
+    fn(ctx, s->models_changed);
+    pthread_mutex_unlock(&s->mu);
+    return gen;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------- */
+
+static pie_code session_init_sync(lc_session *s) {
+    if (pthread_mutex_init(&s->mu, NULL) != 0) return PIE_RESOURCE_EXHAUSTED;
+    if (pthread_mutex_init(&s->out_mu, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        return PIE_RESOURCE_EXHAUSTED;
+    }
+    if (pthread_cond_init(&s->out_cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->out_mu);
+        pthread_mutex_destroy(&s->mu);
+        return PIE_RESOURCE_EXHAUSTED;
+    }
+    return PIE_OK;
+}
+
 lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics,
                               pie_status *st) {
     lc_session *s = calloc(1, sizeof *s);
-    if (s == NULL || pthread_mutex_init(&s->mu, NULL) != 0) {
+    if (s == NULL || session_init_sync(s) != PIE_OK) {
         free(s);
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
     s->cfg = *cfg;
+    s->c_up = pie_metrics_counter(metrics, "pie_lifecycle_session_up_messages_total",
+                                  "SessionUp messages sent (each coalescing calls of many "
+                                  "instances).",
+                                  NULL, 0, st);
     s->g_connected = pie_metrics_gauge(metrics, "pie_lifecycle_session_connected",
                                        "1 while the Session with the controller is open.",
                                        NULL, 0, st);
@@ -148,6 +350,11 @@ pie_code lc_session_start(lc_session *s, const svc *sv, const svc_dial_config *d
         .user = s,
     };
     if (svc_dial_controller(sv, dial, &lo, &s->ch, &s->link, st) != PIE_OK) return st->code;
+    int rc = pthread_create(&s->sender, NULL, sender_main, s);
+    if (rc != 0)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lifecycle session: pthread_create: %s",
+                              strerror(rc));
+    s->sender_started = true;
     pie_log_info("lc.session.dialling", "replica_id=%s", s->replica_id);
     return PIE_OK;
 }
@@ -187,9 +394,20 @@ pie_code lc_session_resolve_model(lc_session *s, const char *requested, char *ou
 
 void lc_session_destroy(lc_session *s) {
     if (s == NULL) return;
+    if (s->sender_started) { /* sends what instances flushed last (their InstanceEnds) first */
+        pthread_mutex_lock(&s->out_mu);
+        s->stop = true;
+        pthread_cond_signal(&s->out_cv);
+        pthread_mutex_unlock(&s->out_mu);
+        int rc = pthread_join(s->sender, NULL);
+        if (rc != 0) pie_log_error("lc.session.join", "error=\"%s\"", strerror(rc));
+    }
     rpc_link_stop(s->link);
     rpc_channel_destroy(s->ch);
     rpc_msg_free(s->models ? &s->models->base : NULL);
+    lc_session_stage_free(&s->out);
+    pthread_cond_destroy(&s->out_cv);
+    pthread_mutex_destroy(&s->out_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

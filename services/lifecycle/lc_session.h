@@ -2,14 +2,21 @@
  * over it: the replica index and the models the cluster serves.
  *
  * Owns: the reconnecting Session stream (hello on every (re)connect), the cached model list
- * (ModelsChanged events), and the ListModels method answered from that cache. Does not own
- * (yet): instances, the Wasm runtime and the host API — the lifecycle issue adds them beside
- * this file and sends their API calls over this session. */
+ * (ModelsChanged events), the ListModels method answered from that cache, and the outbound
+ * path of the stream: instance threads pack SessionUp parts (InstanceBegin, ApiCall,
+ * InstanceEnd) into a staging buffer of their own and flush it into the session's outbox; one
+ * sender thread coalesces whatever the outbox holds into one SessionUp (docs/wire-contracts.md,
+ * "one message each way per hop"), so no instance thread waits on the network. Inbound results
+ * and events go to a sink (lc_host).
+ * Does not own: what the calls mean and whom results belong to (lc_host*.c), instances
+ * (lc_inst.c). */
 #ifndef LC_SESSION_H
 #define LC_SESSION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "pie/v1/controller.pb-c.h"
 #include "pie_metrics.h"
 #include "rpc.h"
 #include "svc.h"
@@ -41,6 +48,55 @@ uint32_t lc_session_replica_index(lc_session *s);
  * out (cap bytes, NUL-terminated). */
 pie_code lc_session_resolve_model(lc_session *s, const char *requested, char *out, size_t cap,
                                   pie_status *st);
+
+/* ---- inbound: results and events ----------------------------------------------------------- */
+
+/* Receives what the controller sends besides the welcome and the model list. Callbacks run on
+ * the Session's thread, one at a time; they must not block. */
+typedef struct lc_session_sink {
+    void *ctx;
+    /* A SessionDown with results and/or events (borrowed for the call). */
+    void (*on_down)(void *ctx, const Pie__V1__SessionDown *down);
+    /* The Session ended: the controller has forgotten every instance of this replica. */
+    void (*on_lost)(void *ctx);
+} lc_session_sink;
+/* Sets the sink (copied); before lc_session_start. */
+void lc_session_set_sink(lc_session *s, const lc_session_sink *sink);
+
+/* ---- outbound: SessionUp parts ---------------------------------------------------------------
+ * Each part is packed once, on the thread that makes it, into a staging buffer; the sender
+ * thread later puts the packed parts into a SessionUp as they are (as its repeated fields
+ * begins = 2, calls = 3, ends = 4), so nothing is copied twice or re-packed. */
+enum { LC_SESSION_BEGIN = 2, LC_SESSION_CALL = 3, LC_SESSION_END = 4 };
+
+typedef struct lc_session_stage {
+    uint8_t *buf; /* records: u32 field, u32 len, len bytes (varint length + packed message) */
+    size_t len, cap;
+    size_t n; /* records */
+} lc_session_stage;
+
+/* Appends one part (an InstanceBegin, ApiCall or InstanceEnd for field). Fails only when out of
+ * memory. */
+pie_code lc_session_stage_add(lc_session_stage *sg, unsigned field, const ProtobufCMessage *part,
+                              pie_status *st);
+/* Moves the staged parts to the outbox and wakes the sender; sg is empty afterwards. Parts staged
+ * for an earlier connection (epoch is not the current one) are discarded: the controller forgot
+ * those instances; returns PIE_UNAVAILABLE then. */
+pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, pie_status *st);
+void lc_session_stage_free(lc_session_stage *sg);
+/* The current connection (changes on every reconnect), or 0 while the Session is not open (no
+ * hello sent). Instances remember the epoch they began in. */
+uint64_t lc_session_epoch(lc_session *s);
+
+/* ---- models --------------------------------------------------------------------------------- */
+
+/* Increases whenever the model list changes (starts at 0: no list yet). */
+uint64_t lc_session_models_gen(lc_session *s);
+/* Calls fn with the current model list (NULL if none yet) under the session's lock: fn copies
+ * what it needs and must not call back into the session. Returns the list's generation. */
+uint64_t lc_session_models_visit(lc_session *s,
+                                 void (*fn)(void *ctx, const Pie__V1__ModelsChanged *mc),
+                                 void *ctx);
 
 /* After the server has shut down. NULL is fine. */
 void lc_session_destroy(lc_session *s);

@@ -6,6 +6,7 @@ line. Services are stopped with SIGTERM and their exit status is checked.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -65,17 +66,23 @@ class Service:
 class Cluster:
     """One controller, one worker, one lifecycle replica, optionally with a bearer token."""
 
-    def __init__(self, token=None):
+    def __init__(self, token=None, lifecycle_env=None):
         env = {"PIE_AUTH_TOKEN": token} if token else {}
+        # The lifecycle stores programs and compiled code here (removed by stop()).
+        self.cache_dir = tempfile.mkdtemp(prefix="pie-lc-cache-")
         self.controller = Service("controller", env)
         link = dict(env, PIE_CONTROLLER_ADDRESS=self.controller.addr)
         # The generated tiny model, served under the name "tiny".
         model = {"PIE_MODEL_PATH": os.path.join(MODELS_DIR, "tiny-f32"), "PIE_MODEL_NAME": "tiny"}
         self.worker = Service("worker", dict(link, **model))
-        self.lifecycle = Service("lifecycle", link)
+        lc = dict(link, PIE_RUNTIME_CACHE_DIR=self.cache_dir, PIE_TOKENIZER_PATH=MODELS_DIR,
+                  PIE_RUNTIME_TIER1="false", **(lifecycle_env or {}))
+        self.lifecycle = Service("lifecycle", lc)
 
     def services(self):
         return [self.lifecycle, self.worker, self.controller]
 
     def stop(self):
-        return {s.name: s.stop() for s in self.services()}
+        codes = {s.name: s.stop() for s in self.services()}
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
+        return codes

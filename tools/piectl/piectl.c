@@ -1,9 +1,10 @@
 /* piectl.c — the command-line client of a Pie-C cluster.
  *
- * Owns: argument parsing and the commands: health (grpc.health.v1 on any service), status
- * (Controller/ClusterStatus), models (Lifecycle/ListModels). Later issues add upload, run,
- * launch, attach, list and terminate. Exit status: 0 success, 1 the cluster said no or is
- * unhealthy, 2 usage error. */
+ * Owns: argument parsing and the cluster commands: health (grpc.health.v1 on any service),
+ * status (Controller/ClusterStatus), models (Lifecycle/ListModels). The program and instance
+ * commands (upload, run, attach, ps, kill, programs, delete) are in piectl_lc.c. Exit status: 0
+ * success, 1 the cluster said no or is unhealthy, 2 usage error; run and attach exit with the
+ * inferlet's exit code, or 100 + the status code when it did not end by itself. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,16 +16,7 @@
 #include "rpc.h"
 #include "svc.h"
 
-#define PIECTL_MAX_ADDRS 32
-
-typedef struct piectl_opts {
-    const char *addrs[PIECTL_MAX_ADDRS];
-    int n_addrs;
-    const char *service; /* health: service name ("" = overall) */
-    const char *token;   /* --token or PIE_TOKEN */
-    int64_t timeout_ms;  /* per call */
-    int64_t wait_ms;     /* health: keep retrying until SERVING or this much time passed */
-} piectl_opts;
+#include "piectl.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -33,6 +25,20 @@ static void usage(FILE *f) {
             "  health   grpc.health.v1 Check on each --addr (default: the three local services)\n"
             "  status   cluster status from the controller (--addr, default 127.0.0.1:50052)\n"
             "  models   models served, from a lifecycle replica (--addr, default 127.0.0.1:50051)\n"
+            "  programs                      programs stored on the replica\n"
+            "  upload FILE [NAME]            store a program (progress on stderr); prints its id\n"
+            "  delete PROGRAM_ID             remove a stored program\n"
+            "  run [RUN OPTIONS] PROGRAM [ARGS...]\n"
+            "                                launch PROGRAM (an id, or a .wasm file: uploaded\n"
+            "                                first) and attach: output streams live, stdin lines\n"
+            "                                go to the inferlet as messages, EOF closes its input\n"
+            "  attach INSTANCE_ID            attach to a running or recently exited instance\n"
+            "  ps                            instances of the replica\n"
+            "  kill INSTANCE_ID              terminate an instance\n"
+            "run options: --model NAME, --no-stdin, --cpu-ms N, --wall-ms N, --memory-mib N,\n"
+            "             --kv-pages N (0 = server default)\n"
+            "run/attach exit with the inferlet's exit code, or 100 + the status code (e.g. 101\n"
+            "CANCELLED, 104 DEADLINE_EXCEEDED, 108 RESOURCE_EXHAUSTED, 110 ABORTED) otherwise.\n"
             "options:\n"
             "  -a, --addr HOST:PORT   service address (repeat for several)\n"
             "  -s, --service NAME     health: service name (default \"\" = whole server)\n"
@@ -42,14 +48,14 @@ static void usage(FILE *f) {
             "  -h, --help             this text\n");
 }
 
-static int64_t now_ms(void) { return rpc_now_ns() / 1000000; }
+int64_t piectl_now_ms(void) { return rpc_now_ns() / 1000000; }
 
 static void sleep_ms(int64_t ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
 }
 
-static rpc_channel *dial(const piectl_opts *o, const char *addr, pie_status *st) {
+rpc_channel *piectl_dial(const piectl_opts *o, const char *addr, pie_status *st) {
     rpc_channel_opts co = {.token = o->token && o->token[0] ? o->token : NULL, .max_recv_bytes = -1};
     return rpc_channel_create(addr, &co, st);
 }
@@ -66,17 +72,17 @@ static const char *health_name(rpc_health_status h) {
 /* One address: retries until SERVING or the wait is over. Returns 0 when SERVING. */
 static int health_one(const piectl_opts *o, const char *addr) {
     pie_status st;
-    rpc_channel *ch = dial(o, addr, &st);
+    rpc_channel *ch = piectl_dial(o, addr, &st);
     if (ch == NULL) {
         printf("%-22s %-18s ERROR %s\n", addr, o->service[0] ? o->service : "\"\"", st.msg);
         return 1;
     }
-    int64_t until = now_ms() + o->wait_ms;
+    int64_t until = piectl_now_ms() + o->wait_ms;
     rpc_health_status hs = RPC_HEALTH_UNKNOWN;
     pie_code rc;
     for (;;) {
         rc = rpc_health_check(ch, o->service, o->timeout_ms, &hs, &st);
-        if ((rc == PIE_OK && hs == RPC_HEALTH_SERVING) || now_ms() >= until) break;
+        if ((rc == PIE_OK && hs == RPC_HEALTH_SERVING) || piectl_now_ms() >= until) break;
         sleep_ms(100);
     }
     rpc_channel_destroy(ch);
@@ -104,12 +110,12 @@ static const char *backend_name(int b) {
     return b == PIE__V1__BACKEND__BACKEND_CPU ? "cpu" : b == PIE__V1__BACKEND__BACKEND_CUDA ? "cuda" : "?";
 }
 
-static int unary(const piectl_opts *o, const char *default_addr, const char *path,
+int piectl_unary(const piectl_opts *o, const char *default_addr, const char *path,
                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rd,
                  ProtobufCMessage **resp) {
     const char *addr = o->n_addrs ? o->addrs[0] : default_addr;
     pie_status st;
-    rpc_channel *ch = dial(o, addr, &st);
+    rpc_channel *ch = piectl_dial(o, addr, &st);
     if (ch == NULL) {
         fprintf(stderr, "piectl: %s\n", st.msg);
         return 1;
@@ -127,7 +133,7 @@ static int unary(const piectl_opts *o, const char *default_addr, const char *pat
 static int cmd_status(const piectl_opts *o) {
     Pie__V1__ClusterStatusRequest req = PIE__V1__CLUSTER_STATUS_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
-    if (unary(o, "127.0.0.1:50052", "/pie.v1.Controller/ClusterStatus", &req.base,
+    if (piectl_unary(o, "127.0.0.1:50052", "/pie.v1.Controller/ClusterStatus", &req.base,
               &pie__v1__cluster_status_response__descriptor, &m))
         return 1;
     Pie__V1__ClusterStatusResponse *r = (Pie__V1__ClusterStatusResponse *)m;
@@ -155,7 +161,7 @@ static int cmd_status(const piectl_opts *o) {
 static int cmd_models(const piectl_opts *o) {
     Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
-    if (unary(o, "127.0.0.1:50051", "/pie.v1.Lifecycle/ListModels", &req.base,
+    if (piectl_unary(o, "127.0.0.1:50051", "/pie.v1.Lifecycle/ListModels", &req.base,
               &pie__v1__list_models_response__descriptor, &m))
         return 1;
     Pie__V1__ListModelsResponse *r = (Pie__V1__ListModelsResponse *)m;
@@ -178,7 +184,8 @@ int main(int argc, char **argv) {
     };
     piectl_opts o = {.service = "", .token = getenv("PIE_TOKEN"), .timeout_ms = 2000};
     int c;
-    while ((c = getopt_long(argc, argv, "a:s:t:h", longopts, NULL)) != -1) {
+    /* "+": options end at the command, so an inferlet's own arguments are left alone */
+    while ((c = getopt_long(argc, argv, "+a:s:t:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'a':
             if (o.n_addrs == PIECTL_MAX_ADDRS) {
@@ -201,6 +208,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[optind];
+    int lc = piectl_lc_command(&o, cmd, argc - optind - 1, argv + optind + 1);
+    if (lc >= 0) return lc;
     if (optind + 1 < argc) {
         fprintf(stderr, "piectl: unexpected argument '%s'\n", argv[optind + 1]);
         return 2;
@@ -212,6 +221,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "health") == 0) return cmd_health(&o);
     if (strcmp(cmd, "status") == 0) return cmd_status(&o);
     if (strcmp(cmd, "models") == 0) return cmd_models(&o);
-    fprintf(stderr, "piectl: unknown command '%s' (health, status, models)\n", cmd);
+    fprintf(stderr,
+            "piectl: unknown command '%s' (health, status, models, programs, upload, delete, "
+            "run, attach, ps, kill)\n",
+            cmd);
     return 2;
 }

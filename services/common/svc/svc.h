@@ -49,7 +49,7 @@ typedef struct svc_config {
     {"server.threads", PIE_CFG_UINT, PIE_CONFIG_AT(T, svc.threads), .def = "1", .min = "1",     \
      .max = "64", .doc = "completion-queue threads of the gRPC server (1: lowest latency)"}, \
     {"server.max_message", PIE_CFG_SIZE, PIE_CONFIG_AT(T, svc.max_message_bytes),              \
-     .def = "4MiB", .min = "1KiB", .max = "1GiB",                                              \
+     .def = "64MiB", .min = "1KiB", .max = "1GiB",                                             \
      .doc = "largest gRPC message sent or received; larger ones fail RESOURCE_EXHAUSTED"},     \
     {"server.shutdown_grace", PIE_CFG_DURATION, PIE_CONFIG_AT(T, svc.shutdown_grace_ms),       \
      .def = "5s", .max = "10m", .doc = "on SIGTERM, how long calls in flight may finish"},     \

@@ -1,0 +1,397 @@
+/* lc_http.c — see lc_http.h. */
+#include "lc_http.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "pie_log.h"
+
+typedef struct http_job {
+    struct http_job *next;
+    char *url;       /* NUL-terminated copies */
+    char *body;
+    size_t body_len;
+    bool post;
+    struct curl_slist *headers;
+    const atomic_bool *cancel;
+    lc_http_done_fn done;
+    void *ctx;
+    /* response */
+    uint8_t *buf; /* u32 status + body */
+    size_t len, cap;
+    bool too_big;
+} http_job;
+
+struct lc_http {
+    char *allow;       /* copy of the list, for messages */
+    char **prefixes;   /* split */
+    size_t n_prefixes;
+    uint64_t timeout_ms, max_bytes;
+    unsigned max_queued;
+    pthread_mutex_t mu; /* guards the queue and stop */
+    pthread_cond_t cv;
+    http_job *head, *tail;
+    unsigned queued;
+    atomic_bool stop;
+    pthread_t *threads;
+    unsigned n_threads;
+};
+
+/* curl_global_init is process-wide state that libcurl requires once before any handle; one
+ * lc_http per process is the normal case, and the count makes nested create/destroy pairs
+ * (tests) balanced. */
+static pthread_mutex_t http_global_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned http_global_users;
+
+static bool http_global_init(void) {
+    pthread_mutex_lock(&http_global_mu);
+    bool ok = http_global_users > 0 || curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+    if (ok) http_global_users++;
+    pthread_mutex_unlock(&http_global_mu);
+    return ok;
+}
+
+static void http_global_release(void) {
+    pthread_mutex_lock(&http_global_mu);
+    if (--http_global_users == 0) curl_global_cleanup();
+    pthread_mutex_unlock(&http_global_mu);
+}
+
+/* ---- allowlist ------------------------------------------------------------------------------ */
+
+static bool split_allow(lc_http *h, const char *allow) {
+    h->allow = strdup(allow ? allow : "");
+    char *copy = strdup(h->allow ? h->allow : "");
+    if (h->allow == NULL || copy == NULL) {
+        free(copy);
+        return false;
+    }
+    char *save = NULL;
+    bool ok = true;
+    for (char *p = strtok_r(copy, ",", &save); p && ok; p = strtok_r(NULL, ",", &save)) {
+        while (*p == ' ') p++;
+        size_t n = strlen(p);
+        while (n && p[n - 1] == ' ') p[--n] = '\0';
+        if (n == 0) continue;
+        char **v = realloc(h->prefixes, (h->n_prefixes + 1) * sizeof *v);
+        ok = v != NULL;
+        if (ok) {
+            h->prefixes = v;
+            ok = (h->prefixes[h->n_prefixes] = strdup(p)) != NULL;
+            if (ok) h->n_prefixes++;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+pie_code lc_http_check_url(const lc_http *h, const char *url, size_t len, pie_status *st) {
+    for (size_t i = 0; i < h->n_prefixes; i++) {
+        const char *p = h->prefixes[i];
+        size_t n = strlen(p);
+        if (len < n || memcmp(url, p, n) != 0) continue;
+        /* "http://a.com" must not admit "http://a.com.evil.net" or "http://a.com@evil.net". */
+        if (p[n - 1] == '/' || len == n || url[n] == '/' || url[n] == '?' || url[n] == '#')
+            return PIE_OK;
+    }
+    return pie_status_set(st, PIE_PERMISSION_DENIED,
+                          "http_request: URL %.*s is not allowed (allowlist: %s)",
+                          len > 200 ? 200 : (int)len, url, h->allow[0] ? h->allow : "empty");
+}
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static void job_free(http_job *j) {
+    if (j == NULL) return;
+    free(j->url);
+    free(j->body);
+    free(j->buf);
+    curl_slist_free_all(j->headers);
+    free(j);
+}
+
+static bool has_ctl(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return true;
+    return false;
+}
+
+/* Header lines → curl list. */
+static pie_code job_headers(http_job *j, const char *hd, size_t n, pie_status *st) {
+    size_t at = 0;
+    while (at < n) {
+        const char *nl = memchr(hd + at, '\n', n - at);
+        size_t end = nl ? (size_t)(nl - hd) : n, ln = end - at;
+        if (ln && hd[at + ln - 1] == '\r') ln--;
+        if (ln > 0) {
+            if (memchr(hd + at, ':', ln) == NULL || has_ctl(hd + at, ln) || ln > 8192)
+                return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                      "http_request: header line \"%.*s\" is not \"Name: value\"",
+                                      ln > 80 ? 80 : (int)ln, hd + at);
+            char *line = strndup(hd + at, ln);
+            struct curl_slist *l = line ? curl_slist_append(j->headers, line) : NULL;
+            free(line);
+            if (l == NULL) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+            j->headers = l;
+        }
+        at = end + 1;
+    }
+    return PIE_OK;
+}
+
+static http_job *job_new(const lc_http *h, const lc_http_request *r, pie_status *st) {
+    bool get = r->method_len == 3 && memcmp(r->method, "GET", 3) == 0;
+    bool post = r->method_len == 4 && memcmp(r->method, "POST", 4) == 0;
+    if (!get && !post) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "http_request: method \"%.*s\" is not GET or POST",
+                       r->method_len > 16 ? 16 : (int)r->method_len, r->method);
+        return NULL;
+    }
+    if (r->url_len == 0 || r->url_len > 8192 || has_ctl(r->url, r->url_len) ||
+        memchr(r->url, ' ', r->url_len)) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "http_request: url of %zu bytes is empty, too long or has spaces or control "
+                       "characters",
+                       r->url_len);
+        return NULL;
+    }
+    if (lc_http_check_url(h, r->url, r->url_len, st) != PIE_OK) return NULL;
+    http_job *j = calloc(1, sizeof *j);
+    if (j == NULL || (j->url = strndup(r->url, r->url_len)) == NULL) goto oom;
+    j->post = post;
+    if (post) {
+        j->body = malloc(r->body_len ? r->body_len : 1);
+        if (j->body == NULL) goto oom;
+        if (r->body_len) memcpy(j->body, r->body, r->body_len);
+        j->body_len = r->body_len;
+    }
+    if (job_headers(j, r->headers, r->headers_len, st) != PIE_OK) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+oom:
+    job_free(j);
+    pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+}
+
+pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_bool *cancel,
+                        lc_http_done_fn done, void *ctx, pie_status *st) {
+    http_job *j = job_new(h, req, st);
+    if (j == NULL) return st ? st->code : PIE_INVALID_ARGUMENT;
+    j->cancel = cancel;
+    j->done = done;
+    j->ctx = ctx;
+    pthread_mutex_lock(&h->mu);
+    if (h->queued >= h->max_queued || atomic_load(&h->stop)) {
+        pthread_mutex_unlock(&h->mu);
+        job_free(j);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "http_request: %u requests are already waiting in this replica",
+                              h->max_queued);
+    }
+    if (h->tail)
+        h->tail->next = j;
+    else
+        h->head = j;
+    h->tail = j;
+    h->queued++;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return PIE_OK;
+}
+
+typedef struct job_run {
+    lc_http *h;
+    http_job *j;
+} job_run;
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
+    job_run *r = user;
+    http_job *j = r->j;
+    size_t n = size * nmemb;
+    if (j->len - 4 + n > r->h->max_bytes) {
+        j->too_big = true;
+        return 0; /* aborts the transfer: CURLE_WRITE_ERROR */
+    }
+    if (j->cap - j->len < n) {
+        size_t cap = j->cap * 2;
+        while (cap - j->len < n) cap *= 2;
+        uint8_t *b = realloc(j->buf, cap);
+        if (b == NULL) return 0;
+        j->buf = b;
+        j->cap = cap;
+    }
+    memcpy(j->buf + j->len, data, n);
+    j->len += n;
+    return n;
+}
+
+static int on_progress(void *user, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
+    (void)a, (void)b, (void)c, (void)d;
+    job_run *r = user;
+    return atomic_load(&r->h->stop) || (r->j->cancel && atomic_load(r->j->cancel));
+}
+
+static void job_setopts(CURL *c, job_run *r) {
+    http_job *j = r->j;
+    curl_easy_setopt(c, CURLOPT_URL, j->url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L); /* a redirect could leave the allowlist */
+    curl_easy_setopt(c, CURLOPT_PROXY, "");          /* no proxy from the environment */
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);       /* threads: no SIGALRM for DNS timeouts */
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)r->h->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)r->h->max_bytes);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, r);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, j->headers);
+    if (j->post) {
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, j->body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)j->body_len);
+    }
+}
+
+/* Runs one request and calls its completion. */
+static void job_run_one(lc_http *h, CURL *c, http_job *j) {
+    job_run r = {h, j};
+    char msg[CURL_ERROR_SIZE + 200] = "";
+    pie_code code = PIE_OK;
+    j->cap = 4096;
+    j->buf = malloc(j->cap);
+    if (j->buf == NULL) {
+        j->done(j->ctx, PIE_RESOURCE_EXHAUSTED, "http_request: out of memory", NULL, 0);
+        return;
+    }
+    j->len = 4;
+    curl_easy_reset(c);
+    job_setopts(c, &r);
+    char err[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
+    CURLcode cc = curl_easy_perform(c);
+    if (cc == CURLE_OK) {
+        long status = 0;
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        uint32_t s32 = (uint32_t)status;
+        memcpy(j->buf, &s32, 4); /* little-endian hosts only (lc_host.c asserts it) */
+        uint8_t *payload = j->buf;
+        size_t len = j->len;
+        j->buf = NULL;
+        j->done(j->ctx, PIE_OK, "", payload, len);
+        return;
+    }
+    if (j->too_big || cc == CURLE_FILESIZE_EXCEEDED) {
+        code = PIE_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof msg, "http_request: response from %s exceeds the cap of %llu bytes",
+                 j->url, (unsigned long long)h->max_bytes);
+    } else if (cc == CURLE_OPERATION_TIMEDOUT) {
+        code = PIE_DEADLINE_EXCEEDED;
+        snprintf(msg, sizeof msg, "http_request: %s did not answer within %llu ms", j->url,
+                 (unsigned long long)h->timeout_ms);
+    } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
+        code = PIE_CANCELLED;
+        snprintf(msg, sizeof msg, "http_request: %s cancelled", j->url);
+    } else {
+        code = PIE_UNAVAILABLE;
+        snprintf(msg, sizeof msg, "http_request: %s failed: %s", j->url,
+                 err[0] ? err : curl_easy_strerror(cc));
+    }
+    j->done(j->ctx, code, msg, NULL, 0);
+}
+
+static void *http_main(void *arg) {
+    lc_http *h = arg;
+    (void)pthread_setname_np(pthread_self(), "lc-http"); /* cosmetic */
+    CURL *c = curl_easy_init();
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        while (h->head == NULL && !atomic_load(&h->stop)) pthread_cond_wait(&h->cv, &h->mu);
+        http_job *j = h->head;
+        if (j) {
+            h->head = j->next;
+            if (h->head == NULL) h->tail = NULL;
+            h->queued--;
+        }
+        pthread_mutex_unlock(&h->mu);
+        if (j == NULL) break; /* stopping, queue empty */
+        if (c == NULL || atomic_load(&h->stop))
+            j->done(j->ctx, c ? PIE_CANCELLED : PIE_RESOURCE_EXHAUSTED,
+                    c ? "http_request: the service is stopping" : "http_request: curl_easy_init failed",
+                    NULL, 0);
+        else
+            job_run_one(h, c, j);
+        job_free(j);
+    }
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------- */
+
+static void http_free(lc_http *h) {
+    for (size_t i = 0; i < h->n_prefixes; i++) free(h->prefixes[i]);
+    free(h->prefixes);
+    free(h->allow);
+    free(h->threads);
+    free(h);
+}
+
+lc_http *lc_http_create(const lc_http_config *cfg, pie_status *st) {
+    lc_http *h = calloc(1, sizeof *h);
+    if (h == NULL || !split_allow(h, cfg->allow)) goto oom;
+    h->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
+    h->max_bytes = cfg->max_bytes ? cfg->max_bytes : (1u << 20);
+    h->max_queued = cfg->max_queued ? cfg->max_queued : 256;
+    unsigned n = cfg->threads ? cfg->threads : 2;
+    atomic_init(&h->stop, false);
+    if ((h->threads = calloc(n, sizeof *h->threads)) == NULL) goto oom;
+    if (!http_global_init()) {
+        http_free(h);
+        pie_status_set(st, PIE_INTERNAL, "curl_global_init failed");
+        return NULL;
+    }
+    if (pthread_mutex_init(&h->mu, NULL) != 0 || pthread_cond_init(&h->cv, NULL) != 0) {
+        http_global_release();
+        http_free(h);
+        pie_status_set(st, PIE_INTERNAL, "lc_http: mutex/condvar init failed");
+        return NULL;
+    }
+    for (; h->n_threads < n; h->n_threads++) {
+        int rc = pthread_create(&h->threads[h->n_threads], NULL, http_main, h);
+        if (rc != 0) {
+            lc_http_destroy(h);
+            pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lc_http: pthread_create: %s",
+                           strerror(rc));
+            return NULL;
+        }
+    }
+    return h;
+oom:
+    if (h) http_free(h);
+    pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+}
+
+void lc_http_destroy(lc_http *h) {
+    if (h == NULL) return;
+    pthread_mutex_lock(&h->mu);
+    atomic_store(&h->stop, true);
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (unsigned i = 0; i < h->n_threads; i++) pthread_join(h->threads[i], NULL);
+    /* Threads drain the queue (cancelling) before they exit; nothing is left here. */
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    http_global_release();
+    http_free(h);
+}

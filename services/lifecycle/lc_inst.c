@@ -1,0 +1,780 @@
+/* lc_inst.c — see lc_inst.h.
+ *
+ * Locking: the manager's mutex guards the table and the live-thread count; each instance's
+ * mutex guards its state, output buffer, attached call, stop request and host/wasm handles.
+ * Order: manager, then instance. lc_host calls back into us (send, terminated) with no host
+ * lock held, so calling lc_host_inst_* under an instance's mutex cannot deadlock. */
+#include "lc_inst.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "pie_log.h"
+
+#define LC_INST_MAX_ARGS       1024
+#define LC_INST_MAX_ARGS_BYTES (64u << 10)
+/* An attached client that reads slower than the inferlet writes: the writer waits while more
+ * than this many responses are queued on the call (backpressure instead of unbounded memory). */
+#define LC_INST_SEND_QUEUE_HIGH 256
+#define LC_INST_SEND_QUEUE_LOW  64
+
+typedef enum lc_out_kind { LC_OUT_MESSAGE, LC_OUT_STDOUT, LC_OUT_STDERR } lc_out_kind;
+
+typedef struct lc_out_chunk {
+    struct lc_out_chunk *next;
+    lc_out_kind kind;
+    size_t len;
+    uint8_t data[];
+} lc_out_chunk;
+
+struct lc_inst_mgr {
+    lc_inst_config cfg;
+    lc_program_store *programs;
+    lc_host *host;
+    lc_session *session;
+    pthread_mutex_t mu; /* guards the fields below */
+    pthread_cond_t cv;  /* live reached 0 */
+    lc_inst **table;    /* launch order */
+    size_t n, cap;
+    size_t live; /* instance threads not yet finished */
+    bool stopping;
+};
+
+struct lc_inst {
+    _Atomic int refs;
+    lc_inst_mgr *mgr; /* valid while the instance's thread runs (the manager waits for it) */
+    uint64_t id;
+    char program_id[65];
+    char program_name[LC_PROGRAM_NAME_MAX + 1];
+    char model[256];
+    char **argv; /* argv[0] = program name */
+    size_t argc;
+    lc_limits limits;
+    uint64_t started_unix_ms;
+    int64_t started_ns;
+    pthread_t thread;
+
+    pthread_mutex_t mu; /* guards everything below */
+    Pie__V1__InstanceState state;
+    lc_host_inst *hi;        /* from launch until the run ended */
+    lc_wasm_instance *winst; /* while it exists */
+    bool stop_requested;
+    pie_code stop_code;
+    char stop_msg[256];
+    rpc_call *attached; /* with a reference */
+    lc_out_chunk *head, *tail;
+    uint64_t buffered_bytes; /* chunk_cost of the chunks held */
+    uint64_t dropped_bytes;  /* output bytes dropped since the last attach */
+    /* once EXITED: */
+    pie_code exit_status;
+    char exit_msg[PIE_STATUS_MSG_MAX];
+    int32_t exit_code;
+    uint64_t exited_unix_ms;
+    int64_t exited_ns;
+    Pie__V1__ResourceUsage usage; /* final usage once exited */
+};
+
+static uint64_t now_unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- limits ------------------------------------------------------------------------------ */
+
+static uint64_t pick(uint64_t req, uint64_t def, uint64_t max) {
+    uint64_t v = req ? req : def;
+    return max && v > max ? max : v;
+}
+
+static lc_limits effective_limits(const lc_inst_config *c, const Pie__V1__ResourceLimits *r) {
+    Pie__V1__ResourceLimits zero = PIE__V1__RESOURCE_LIMITS__INIT;
+    if (r == NULL) r = &zero;
+    lc_limits l = {
+        .memory_bytes = pick(r->memory_bytes, c->defaults.memory_bytes, c->maxima.memory_bytes),
+        .kv_pages = (uint32_t)pick(r->kv_pages, c->defaults.kv_pages, c->maxima.kv_pages),
+        .embeddings = (uint32_t)pick(r->embeddings, c->defaults.embeddings, c->maxima.embeddings),
+        .queues = (uint32_t)pick(r->queues, c->defaults.queues, c->maxima.queues),
+        .message_bytes = pick(r->message_bytes, c->defaults.message_bytes, c->maxima.message_bytes),
+        .cpu_ms =
+            (int64_t)pick(r->cpu_ms, (uint64_t)c->defaults.cpu_ms, (uint64_t)c->maxima.cpu_ms),
+        .wall_ms =
+            (int64_t)pick(r->wall_ms, (uint64_t)c->defaults.wall_ms, (uint64_t)c->maxima.wall_ms),
+    };
+    return l;
+}
+
+void lc_limits_to_pb(const lc_limits *l, Pie__V1__ResourceLimits *pb) {
+    pie__v1__resource_limits__init(pb);
+    pb->memory_bytes = l->memory_bytes;
+    pb->kv_pages = l->kv_pages;
+    pb->embeddings = l->embeddings;
+    pb->queues = l->queues;
+    pb->message_bytes = l->message_bytes;
+    pb->cpu_ms = (uint64_t)l->cpu_ms;
+    pb->wall_ms = (uint64_t)l->wall_ms;
+}
+
+/* ---- instance objects ------------------------------------------------------------------- */
+
+static void free_chunks(lc_out_chunk *c) {
+    while (c) {
+        lc_out_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+}
+
+static void inst_free(lc_inst *in) {
+    for (size_t i = 0; i < in->argc; i++) free(in->argv[i]);
+    free(in->argv);
+    free_chunks(in->head);
+    pthread_mutex_destroy(&in->mu);
+    free(in);
+}
+
+void lc_inst_unref(lc_inst *in) {
+    if (in && atomic_fetch_sub(&in->refs, 1) == 1) inst_free(in);
+}
+
+static lc_inst *inst_ref(lc_inst *in) {
+    atomic_fetch_add(&in->refs, 1);
+    return in;
+}
+
+uint64_t lc_inst_id(const lc_inst *in) { return in->id; }
+
+bool lc_inst_exited(lc_inst *in) {
+    pthread_mutex_lock(&in->mu);
+    bool e = in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
+    pthread_mutex_unlock(&in->mu);
+    return e;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+/* Sends one output chunk on the attached call. Caller holds in->mu. */
+static pie_code send_output(rpc_call *call, lc_out_kind kind, const void *data, size_t len) {
+    Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
+    ProtobufCBinaryData b = {.len = len, .data = (uint8_t *)data};
+    switch (kind) {
+    case LC_OUT_MESSAGE:
+        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE;
+        r.message = b;
+        break;
+    case LC_OUT_STDOUT:
+        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA;
+        r.stdout_data = b;
+        break;
+    case LC_OUT_STDERR:
+        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STDERR_DATA;
+        r.stderr_data = b;
+        break;
+    }
+    return rpc_call_send(call, &r.base);
+}
+
+/* What a buffered chunk costs against the cap: its bytes plus its header, so that a storm of
+ * empty messages cannot grow memory without bound either. */
+static uint64_t chunk_cost(size_t len) { return (uint64_t)len + sizeof(lc_out_chunk); }
+
+/* Appends to the buffer, dropping the oldest output beyond the cap (dropped_bytes counts output
+ * bytes). Caller holds in->mu. */
+static void buffer_output(lc_inst *in, lc_out_kind kind, const void *data, size_t len) {
+    uint64_t cap = in->mgr->cfg.output_buffer_bytes;
+    if (chunk_cost(len) > cap) { /* could never be delivered whole: it and all before it go */
+        for (lc_out_chunk *c = in->head; c; c = c->next) in->dropped_bytes += c->len;
+        in->dropped_bytes += len;
+        free_chunks(in->head);
+        in->head = in->tail = NULL;
+        in->buffered_bytes = 0;
+        return;
+    }
+    while (in->head && in->buffered_bytes + chunk_cost(len) > cap) {
+        lc_out_chunk *c = in->head;
+        in->head = c->next;
+        if (in->head == NULL) in->tail = NULL;
+        in->buffered_bytes -= chunk_cost(c->len);
+        in->dropped_bytes += c->len;
+        free(c);
+    }
+    lc_out_chunk *c = malloc(sizeof *c + len);
+    if (c == NULL) {
+        in->dropped_bytes += len;
+        return;
+    }
+    c->next = NULL;
+    c->kind = kind;
+    c->len = len;
+    memcpy(c->data, data, len);
+    if (in->tail)
+        in->tail->next = c;
+    else
+        in->head = c;
+    in->tail = c;
+    in->buffered_bytes += chunk_cost(len);
+}
+
+/* Waits (on the writer's thread, no lock held) while the attached client lags far behind. */
+static void wait_for_reader(lc_inst *in, rpc_call *call) {
+    if (rpc_call_send_queued(call) <= LC_INST_SEND_QUEUE_HIGH) return;
+    struct timespec ts = {0, 200 * 1000};
+    for (;;) {
+        pthread_mutex_lock(&in->mu);
+        bool go_on = in->attached == call && !in->stop_requested;
+        pthread_mutex_unlock(&in->mu);
+        if (!go_on || rpc_call_is_cancelled(call) ||
+            rpc_call_send_queued(call) <= LC_INST_SEND_QUEUE_LOW)
+            return;
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void output(lc_inst *in, lc_out_kind kind, const void *data, size_t len) {
+    if (len == 0 && kind != LC_OUT_MESSAGE) return; /* an empty message is still a message */
+    rpc_call *call = NULL;
+    pthread_mutex_lock(&in->mu);
+    if (in->attached && send_output(in->attached, kind, data, len) == PIE_OK) {
+        call = in->attached;
+        rpc_call_ref(call);
+    } else {
+        buffer_output(in, kind, data, len);
+    }
+    pthread_mutex_unlock(&in->mu);
+    if (call) {
+        wait_for_reader(in, call);
+        rpc_call_unref(call);
+    }
+}
+
+static void on_wasm_output(void *ctx, int fd, const char *data, size_t len) {
+    output(ctx, fd == 2 ? LC_OUT_STDERR : LC_OUT_STDOUT, data, len);
+}
+
+static void on_host_send(void *ctx, const void *msg, size_t len) {
+    output(ctx, LC_OUT_MESSAGE, len ? msg : "", len);
+}
+
+static void on_host_terminated(void *ctx, pie_code code, const char *msg) {
+    lc_inst_stop(ctx, code, msg);
+}
+
+/* ---- exit -------------------------------------------------------------------------------- */
+
+static void fill_exit(const lc_inst *in, Pie__V1__InstanceExit *ex, Pie__V1__Status *s) {
+    pie__v1__status__init(s);
+    s->code = (uint32_t)in->exit_status;
+    s->message = (char *)(in->exit_status == PIE_OK ? "" : in->exit_msg);
+    pie__v1__instance_exit__init(ex);
+    ex->status = s;
+    ex->exit_code = in->exit_status == PIE_OK ? in->exit_code : 0;
+    ex->exited_unix_ms = in->exited_unix_ms;
+}
+
+/* Sends exit_status and ends the attached call with OK. Caller holds in->mu. */
+static void finish_attached(lc_inst *in) {
+    rpc_call *call = in->attached;
+    if (call == NULL) return;
+    Pie__V1__InstanceExit ex;
+    Pie__V1__Status s;
+    fill_exit(in, &ex, &s);
+    Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
+    r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS;
+    r.exit_status = &ex;
+    if (rpc_call_send(call, &r.base) == PIE_OK) rpc_call_finish(call, PIE_OK, NULL);
+    in->attached = NULL;
+    rpc_call_unref(call);
+}
+
+/* lc_wasm's outcome as an InstanceExit status (lifecycle.proto, InstanceExit.status) and its
+ * message (msg, cap bytes). Caller holds in->mu. */
+static pie_code exit_status_of(lc_inst *in, const lc_wasm_outcome *o, char *msg, size_t cap) {
+    pie_code code;
+    snprintf(msg, cap, "%s", o->message);
+    switch (o->end) {
+    case LC_WASM_EXITED: return PIE_OK;
+    case LC_WASM_INTERRUPTED:
+        if (o->trap == LC_WASM_TRAP_CPU_TIME || o->trap == LC_WASM_TRAP_WALL_TIME)
+            return PIE_DEADLINE_EXCEEDED;
+        code = PIE_CANCELLED;
+        break;
+    case LC_WASM_TRAPPED:
+        /* A refused memory.grow followed by a trap is the allocation failing (malloc NULL →
+         * abort): the memory quota, not a bug of the program. */
+        if (o->trap == LC_WASM_TRAP_MEMORY_LIMIT || o->memory_refusals > 0)
+            return PIE_RESOURCE_EXHAUSTED;
+        if (!in->stop_requested) return PIE_ABORTED;
+        code = PIE_ABORTED; /* a host call noticed the stop: reported as the stop below */
+        break;
+    default: return PIE_INTERNAL;
+    }
+    if (in->stop_requested) { /* Terminate, a cancelled Run, the controller, shutdown */
+        snprintf(msg, cap, "%s", in->stop_msg);
+        return in->stop_code;
+    }
+    return code;
+}
+
+/* Records how the instance ended, tells the attached client. Called once, by its thread. */
+static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_code) {
+    pthread_mutex_lock(&in->mu);
+    in->exit_status = code;
+    snprintf(in->exit_msg, sizeof in->exit_msg, "%s", msg);
+    in->exit_code = exit_code;
+    in->exited_unix_ms = now_unix_ms();
+    in->exited_ns = rpc_now_ns();
+    in->usage.wall_ms = (uint64_t)(in->exited_ns - in->started_ns) / 1000000;
+    in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
+    finish_attached(in);
+    pthread_mutex_unlock(&in->mu);
+    pie_log_debug("lc.inst.exited", "instance=%016llx status=%s exit_code=%d message=\"%s\"",
+                  (unsigned long long)in->id, pie_code_name(code), exit_code, msg);
+}
+
+/* ---- the instance thread ------------------------------------------------------------------ */
+
+static pie_code create_wasm(lc_inst *in, lc_wasm_instance **w, pie_status *st) {
+    uint64_t pages = (in->limits.memory_bytes + 65535) / 65536;
+    int64_t elapsed_ms = (rpc_now_ns() - in->started_ns) / 1000000;
+    /* wall_ms counts from launch (lifecycle.proto), lc_wasm's from the run: give it the rest */
+    uint64_t wall =
+        in->limits.wall_ms > elapsed_ms ? (uint64_t)(in->limits.wall_ms - elapsed_ms) : 1;
+    lc_wasm_instance_opts o = {
+        .argv = (const char *const *)in->argv,
+        .argc = in->argc,
+        .limits = {.max_memory_pages = pages > 65536 ? 65536 : (pages ? (uint32_t)pages : 1),
+                   .cpu_ms = (uint64_t)in->limits.cpu_ms,
+                   .wall_ms = wall},
+        .output = on_wasm_output,
+        .output_ctx = in,
+        .host = in->hi,
+        .on_interrupt = lc_host_inst_wake,
+    };
+    return lc_program_instance(in->mgr->programs, in->program_id, &o, w, st);
+}
+
+static void run_instance(lc_inst *in) {
+    pie_status st;
+    lc_wasm_instance *w = NULL;
+    lc_wasm_outcome out;
+    memset(&out, 0, sizeof out);
+    pie_code code;
+    if (create_wasm(in, &w, &st) == PIE_OK) {
+        pthread_mutex_lock(&in->mu);
+        in->winst = w;
+        in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING;
+        if (in->stop_requested) lc_wasm_instance_interrupt(w);
+        pthread_mutex_unlock(&in->mu);
+        code = lc_wasm_instance_run(w, &out, &st);
+        if (code == PIE_OK) {
+            pthread_mutex_lock(&in->mu);
+            code = exit_status_of(in, &out, st.msg, sizeof st.msg);
+            pthread_mutex_unlock(&in->mu);
+        } else {
+            code = PIE_INTERNAL;
+        }
+    } else {
+        code = st.code; /* the program could not be loaded (deleted, corrupt cache, memory) */
+    }
+    lc_host_inst_end(in->hi, code, code == PIE_OK ? "" : st.msg);
+    pthread_mutex_lock(&in->mu);
+    lc_host_inst *hi = in->hi;
+    lc_host_inst_usage(hi, &in->usage);
+    in->usage.memory_bytes = (uint64_t)out.memory_pages * 65536;
+    in->usage.cpu_ms = out.cpu_ns / 1000000;
+    in->hi = NULL;
+    in->winst = NULL;
+    pthread_mutex_unlock(&in->mu);
+    lc_host_inst_free(hi);
+    lc_wasm_instance_free(w);
+    set_exited(in, code, st.msg, code == PIE_OK ? out.exit_code : 0);
+}
+
+static void *inst_thread(void *arg) {
+    lc_inst *in = arg;
+    lc_inst_mgr *m = in->mgr;
+    run_instance(in);
+    lc_inst_unref(in); /* the thread's reference */
+    pthread_mutex_lock(&m->mu);
+    if (--m->live == 0) pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
+
+/* ---- manager ------------------------------------------------------------------------------ */
+
+lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *programs,
+                                lc_host *host, lc_session *session, pie_status *st) {
+    lc_inst_mgr *m = calloc(1, sizeof *m);
+    if (m == NULL) goto oom;
+    if (pthread_mutex_init(&m->mu, NULL) != 0) goto oom_free;
+    if (pthread_cond_init(&m->cv, NULL) != 0) {
+        pthread_mutex_destroy(&m->mu);
+        goto oom_free;
+    }
+    m->cfg = *cfg;
+    m->programs = programs;
+    m->host = host;
+    m->session = session;
+    return m;
+oom_free:
+    free(m);
+oom:
+    pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+}
+
+void lc_inst_mgr_stop(lc_inst_mgr *m) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->mu);
+    m->stopping = true;
+    for (size_t i = 0; i < m->n; i++)
+        lc_inst_stop(m->table[i], PIE_UNAVAILABLE, "the lifecycle replica is shutting down");
+    while (m->live > 0) pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void lc_inst_mgr_destroy(lc_inst_mgr *m) {
+    if (m == NULL) return;
+    lc_inst_mgr_stop(m);
+    for (size_t i = 0; i < m->n; i++) lc_inst_unref(m->table[i]);
+    free(m->table);
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+/* Drops exited instances older than the retention period. Caller holds m->mu. */
+static void sweep(lc_inst_mgr *m) {
+    int64_t now = rpc_now_ns();
+    size_t j = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        lc_inst *in = m->table[i];
+        pthread_mutex_lock(&in->mu);
+        bool old = in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED &&
+                   now - in->exited_ns >= m->cfg.retention_ms * 1000000;
+        pthread_mutex_unlock(&in->mu);
+        if (old)
+            lc_inst_unref(in);
+        else
+            m->table[j++] = in;
+    }
+    m->n = j;
+}
+
+/* Caller holds m->mu. */
+static lc_inst *find_locked(lc_inst_mgr *m, uint64_t id) {
+    for (size_t i = m->n; i-- > 0;)
+        if (m->table[i]->id == id) return m->table[i];
+    return NULL;
+}
+
+lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, pie_status *st) {
+    pthread_mutex_lock(&m->mu);
+    sweep(m);
+    lc_inst *in = find_locked(m, id);
+    if (in) inst_ref(in);
+    pthread_mutex_unlock(&m->mu);
+    if (in) return in;
+    uint32_t mine = lc_session_replica_index(m->session), owner = (uint32_t)(id >> 48);
+    if (id != 0 && owner != mine)
+        pie_status_set(st, PIE_NOT_FOUND,
+                       "instance_id: %llu (0x%016llx) belongs to lifecycle replica %u; this is "
+                       "replica %u (Controller.ClusterStatus lists replica addresses)",
+                       (unsigned long long)id, (unsigned long long)id, owner, mine);
+    else
+        pie_status_set(st, PIE_NOT_FOUND,
+                       "instance_id: %llu (0x%016llx) is not a running or recently exited "
+                       "instance of this replica",
+                       (unsigned long long)id, (unsigned long long)id);
+    return NULL;
+}
+
+/* A fresh id: replica index in the high 16 bits, random non-zero low 48. Caller holds m->mu. */
+static pie_code new_id(lc_inst_mgr *m, uint64_t *out, pie_status *st) {
+    uint32_t replica = lc_session_replica_index(m->session);
+    if (replica == 0)
+        return pie_status_set(st, PIE_UNAVAILABLE,
+                              "launch: this lifecycle replica is not connected to the "
+                              "controller (no replica index yet); retry shortly");
+    for (int tries = 0; tries < 64; tries++) {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+            return pie_status_set(st, PIE_INTERNAL, "launch: getrandom failed: %s",
+                                  strerror(errno));
+        r &= (1ull << 48) - 1;
+        uint64_t id = ((uint64_t)(replica & 0xffff) << 48) | r;
+        if (r != 0 && find_locked(m, id) == NULL) {
+            *out = id;
+            return PIE_OK;
+        }
+    }
+    return pie_status_set(st, PIE_INTERNAL, "launch: no free instance id");
+}
+
+static pie_code check_args(const Pie__V1__LaunchRequest *req, pie_status *st) {
+    if (req->n_args > LC_INST_MAX_ARGS)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "args: %zu arguments, at most %d",
+                              req->n_args, LC_INST_MAX_ARGS);
+    size_t total = 0;
+    for (size_t i = 0; i < req->n_args; i++) total += strlen(req->args[i]);
+    if (total > LC_INST_MAX_ARGS_BYTES)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "args: %zu bytes in total, at most %u",
+                              total, LC_INST_MAX_ARGS_BYTES);
+    return PIE_OK;
+}
+
+static lc_inst *inst_new(const Pie__V1__LaunchRequest *req, const char *argv0, pie_status *st) {
+    lc_inst *in = calloc(1, sizeof *in);
+    if (in == NULL) goto oom;
+    if (pthread_mutex_init(&in->mu, NULL) != 0) {
+        free(in);
+        goto oom;
+    }
+    atomic_init(&in->refs, 1);
+    pie__v1__resource_usage__init(&in->usage);
+    in->argv = calloc(req->n_args + 1, sizeof *in->argv);
+    if (in->argv == NULL) goto oom_free;
+    in->argc = req->n_args + 1;
+    for (size_t i = 0; i < in->argc; i++) {
+        in->argv[i] = strdup(i == 0 ? argv0 : req->args[i - 1]);
+        if (in->argv[i] == NULL) goto oom_free;
+    }
+    in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_STARTING;
+    in->started_unix_ms = now_unix_ms();
+    in->started_ns = rpc_now_ns();
+    return in;
+oom_free:
+    inst_free(in);
+oom:
+    pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return NULL;
+}
+
+/* Adds in to the table and starts its thread. Caller holds m->mu. */
+static pie_code start_locked(lc_inst_mgr *m, lc_inst *in, pie_status *st) {
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        lc_inst **t = realloc(m->table, cap * sizeof *t);
+        if (t == NULL) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        m->table = t;
+        m->cap = cap;
+    }
+    pthread_attr_t attr;
+    int err = lc_wasm_thread_attr_init(&attr, m->cfg.thread_stack_bytes);
+    if (err == 0) {
+        err = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        inst_ref(in); /* the thread's reference */
+        if (err == 0) err = pthread_create(&in->thread, &attr, inst_thread, in);
+        if (err != 0) atomic_fetch_sub(&in->refs, 1);
+        pthread_attr_destroy(&attr);
+    }
+    if (err != 0)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "launch: cannot start the instance's thread: %s", strerror(err));
+    m->live++;
+    m->table[m->n++] = inst_ref(in);
+    return PIE_OK;
+}
+
+pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_inst **out,
+                        lc_limits *limits, pie_status *st) {
+    char name[LC_PROGRAM_NAME_MAX + 1], model[256];
+    if (check_args(req, st) != PIE_OK ||
+        lc_program_lookup(m->programs, req->program_id, name, sizeof name, st) != PIE_OK ||
+        lc_session_resolve_model(m->session, req->model, model, sizeof model, st) != PIE_OK)
+        return st->code;
+    /* argv[0] is the program's label, or its id when it has none */
+    lc_inst *in = inst_new(req, name[0] ? name : req->program_id, st);
+    if (in == NULL) return st->code;
+    snprintf(in->program_id, sizeof in->program_id, "%s", req->program_id);
+    snprintf(in->program_name, sizeof in->program_name, "%s", name);
+    snprintf(in->model, sizeof in->model, "%s", model);
+    in->limits = effective_limits(&m->cfg, req->limits);
+    pthread_mutex_lock(&m->mu);
+    sweep(m);
+    pie_code rc = m->stopping ? pie_status_set(st, PIE_UNAVAILABLE,
+                                               "launch: the lifecycle replica is shutting down")
+                              : new_id(m, &in->id, st);
+    if (rc == PIE_OK) {
+        Pie__V1__ResourceLimits pb;
+        lc_limits_to_pb(&in->limits, &pb);
+        lc_host_inst_cb cb = {.ctx = in, .send = on_host_send, .terminated = on_host_terminated};
+        in->mgr = m;
+        in->hi = lc_host_inst_begin(m->host, in->id, in->program_id, in->model, &pb, &cb, st);
+        rc = in->hi ? start_locked(m, in, st) : st->code;
+        if (rc != PIE_OK && in->hi) {
+            lc_host_inst_end(in->hi, rc, st->msg);
+            lc_host_inst_free(in->hi);
+            in->hi = NULL;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (rc != PIE_OK) {
+        lc_inst_unref(in);
+        return rc;
+    }
+    pie_log_debug("lc.inst.launched", "instance=%016llx program=%s model=%s",
+                  (unsigned long long)in->id, in->program_id, in->model);
+    *limits = in->limits;
+    *out = in;
+    return PIE_OK;
+}
+
+/* ---- clients ------------------------------------------------------------------------------ */
+
+pie_code lc_inst_attach(lc_inst *in, rpc_call *call, pie_status *st) {
+    pthread_mutex_lock(&in->mu);
+    if (in->attached) {
+        pthread_mutex_unlock(&in->mu);
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "instance_id: %llu already has a client attached (one at a time)",
+                              (unsigned long long)in->id);
+    }
+    rpc_call_ref(call);
+    in->attached = call;
+    if (in->dropped_bytes) {
+        Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
+        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_DROPPED_BYTES;
+        r.dropped_bytes = in->dropped_bytes;
+        rpc_call_send(call, &r.base);
+        in->dropped_bytes = 0;
+    }
+    for (lc_out_chunk *c = in->head; c; c = c->next) send_output(call, c->kind, c->data, c->len);
+    free_chunks(in->head);
+    in->head = in->tail = NULL;
+    in->buffered_bytes = 0;
+    if (in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED) finish_attached(in);
+    pthread_mutex_unlock(&in->mu);
+    return PIE_OK;
+}
+
+void lc_inst_detach(lc_inst *in, rpc_call *call) {
+    pthread_mutex_lock(&in->mu);
+    bool was = in->attached == call;
+    if (was) in->attached = NULL;
+    pthread_mutex_unlock(&in->mu);
+    if (was) rpc_call_unref(call);
+}
+
+pie_code lc_inst_message(lc_inst *in, const void *msg, size_t len, pie_status *st) {
+    if (len > in->limits.message_bytes)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "message: %zu bytes, above the instance's message_bytes quota of "
+                              "%llu",
+                              len, (unsigned long long)in->limits.message_bytes);
+    pie_code rc = PIE_OK;
+    pthread_mutex_lock(&in->mu);
+    if (in->hi) rc = lc_host_inst_message(in->hi, msg, len, st);
+    pthread_mutex_unlock(&in->mu);
+    return rc;
+}
+
+void lc_inst_close_input(lc_inst *in) {
+    pthread_mutex_lock(&in->mu);
+    if (in->hi) lc_host_inst_close_input(in->hi);
+    pthread_mutex_unlock(&in->mu);
+}
+
+void lc_inst_stop(lc_inst *in, pie_code code, const char *msg) {
+    pthread_mutex_lock(&in->mu);
+    if (!in->stop_requested && in->state != PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED) {
+        in->stop_requested = true;
+        in->stop_code = code;
+        snprintf(in->stop_msg, sizeof in->stop_msg, "%s", msg);
+        if (in->winst) lc_wasm_instance_interrupt(in->winst);
+        /* Not running yet: run_instance interrupts it as soon as it exists. */
+    }
+    pthread_mutex_unlock(&in->mu);
+}
+
+/* ---- listing ------------------------------------------------------------------------------ */
+
+static uint64_t thread_cpu_ms(pthread_t t) {
+    clockid_t cid;
+    struct timespec ts;
+    if (pthread_getcpuclockid(t, &cid) != 0 || clock_gettime(cid, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* One InstanceInfo, allocated as a single block with its sub-messages. Caller holds in->mu. */
+typedef struct lc_info_block {
+    Pie__V1__InstanceInfo info; /* first: the list holds &info */
+    lc_inst *in;                /* a reference: info points at its strings */
+    Pie__V1__ResourceLimits limits;
+    Pie__V1__ResourceUsage usage;
+    Pie__V1__InstanceExit exit;
+    Pie__V1__Status status;
+    char exit_msg[PIE_STATUS_MSG_MAX];
+} lc_info_block;
+
+static Pie__V1__InstanceInfo *info_of(lc_inst *in) {
+    lc_info_block *b = calloc(1, sizeof *b);
+    if (b == NULL) return NULL;
+    b->in = inst_ref(in);
+    Pie__V1__InstanceInfo *i = &b->info;
+    pie__v1__instance_info__init(i);
+    i->instance_id = in->id;
+    i->program_id = in->program_id;
+    i->program_name = in->program_name;
+    i->model = in->model;
+    i->state = in->state;
+    i->started_unix_ms = in->started_unix_ms;
+    lc_limits_to_pb(&in->limits, &b->limits);
+    i->limits = &b->limits;
+    pie__v1__resource_usage__init(&b->usage);
+    if (in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED) {
+        b->usage = in->usage;
+        fill_exit(in, &b->exit, &b->status);
+        snprintf(b->exit_msg, sizeof b->exit_msg, "%s", b->status.message);
+        b->status.message = b->exit_msg;
+        i->exit_status = &b->exit;
+    } else {
+        if (in->hi) lc_host_inst_usage(in->hi, &b->usage);
+        if (in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING)
+            b->usage.cpu_ms = thread_cpu_ms(in->thread);
+        b->usage.wall_ms = (uint64_t)(rpc_now_ns() - in->started_ns) / 1000000;
+    }
+    i->usage = &b->usage;
+    i->attached = in->attached != NULL;
+    return i;
+}
+
+pie_code lc_inst_list(lc_inst_mgr *m, Pie__V1__InstanceInfo ***out, size_t *n, pie_status *st) {
+    pthread_mutex_lock(&m->mu);
+    sweep(m);
+    Pie__V1__InstanceInfo **list = calloc(m->n ? m->n : 1, sizeof *list);
+    size_t cnt = 0;
+    for (size_t i = 0; list && i < m->n; i++) {
+        lc_inst *in = m->table[i];
+        pthread_mutex_lock(&in->mu);
+        Pie__V1__InstanceInfo *info = info_of(in);
+        pthread_mutex_unlock(&in->mu);
+        if (info == NULL) {
+            lc_inst_list_free(list, cnt);
+            list = NULL;
+            break;
+        }
+        list[cnt++] = info;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (list == NULL) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    *out = list;
+    *n = cnt;
+    return PIE_OK;
+}
+
+void lc_inst_list_free(Pie__V1__InstanceInfo **list, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        lc_info_block *b = (lc_info_block *)list[i];
+        lc_inst_unref(b->in);
+        free(b);
+    }
+    free(list);
+}

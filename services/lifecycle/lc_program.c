@@ -1,0 +1,396 @@
+/* lc_program.c — see lc_program.h. */
+#include "lc_program.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct lc_program_loaded {
+    char id[65];
+    lc_wasm_module *m; /* the store's reference */
+} lc_program_loaded;
+
+struct lc_program_store {
+    char dir[4096];    /* <dir>/programs */
+    char native[4096]; /* lc_wasm cache directory */
+    lc_wasm_rt *rt;
+    uint64_t max_bytes;
+    pthread_mutex_t mu; /* guards loaded */
+    lc_program_loaded *loaded;
+    size_t n_loaded, cap_loaded;
+};
+
+static bool valid_id(const char *id) {
+    if (id == NULL || strlen(id) != 64) return false;
+    for (int i = 0; i < 64; i++)
+        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f'))) return false;
+    return true;
+}
+
+static pie_code check_id(const char *id, pie_status *st) {
+    if (valid_id(id)) return PIE_OK;
+    return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                          "program_id: \"%.80s\" is not 64 lowercase hex digits (a SHA-256)",
+                          id ? id : "");
+}
+
+static void path_of(const lc_program_store *ps, const char *id, const char *ext, char *out,
+                    size_t cap) {
+    snprintf(out, cap, "%s/%s.%s", ps->dir, id, ext);
+}
+
+static uint64_t now_unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+lc_program_store *lc_program_store_create(const char *dir, const char *native_dir, lc_wasm_rt *rt,
+                                          uint64_t max_bytes, pie_status *st) {
+    lc_program_store *ps = calloc(1, sizeof *ps);
+    if (ps == NULL || pthread_mutex_init(&ps->mu, NULL) != 0) {
+        free(ps);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    snprintf(ps->dir, sizeof ps->dir, "%s/programs", dir);
+    snprintf(ps->native, sizeof ps->native, "%s", native_dir);
+    ps->rt = rt;
+    ps->max_bytes = max_bytes;
+    if ((mkdir(dir, 0700) != 0 && errno != EEXIST) ||
+        (mkdir(ps->dir, 0700) != 0 && errno != EEXIST)) {
+        pie_status_set(st, PIE_FAILED_PRECONDITION, "runtime cache dir: cannot create %s: %s",
+                       ps->dir, strerror(errno));
+        lc_program_store_destroy(ps);
+        return NULL;
+    }
+    return ps;
+}
+
+void lc_program_store_destroy(lc_program_store *ps) {
+    if (ps == NULL) return;
+    for (size_t i = 0; i < ps->n_loaded; i++) lc_wasm_module_release(ps->loaded[i].m);
+    free(ps->loaded);
+    pthread_mutex_destroy(&ps->mu);
+    free(ps);
+}
+
+uint64_t lc_program_max_bytes(const lc_program_store *ps) { return ps->max_bytes; }
+
+/* Writes len bytes to path through a unique temporary file and rename(2): readers (and other
+ * replicas sharing the directory) see the old file or the whole new one. */
+static pie_code write_atomic(const char *path, const void *data, size_t len, pie_status *st) {
+    char tmp[4200];
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
+        struct timespec ts; /* no entropy: time still makes the name unique in practice */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%016llx", path, (int)getpid(), (unsigned long long)r);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) goto fail;
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            close(fd);
+            goto fail_unlink;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) goto fail_unlink;
+    return PIE_OK;
+fail_unlink:
+    unlink(tmp);
+fail:
+    return pie_status_set(st, PIE_INTERNAL, "program store: cannot write %s: %s", path,
+                          strerror(errno));
+}
+
+/* Reads the .meta file: "<uploaded_unix_ms>\n<name>" (name to the end). */
+static bool read_meta(const lc_program_store *ps, const char *id, char *name, size_t cap,
+                      uint64_t *uploaded_ms) {
+    char path[4200], buf[LC_PROGRAM_NAME_MAX + 64];
+    path_of(ps, id, "meta", path, sizeof path);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl == NULL) return false;
+    *nl = '\0';
+    if (uploaded_ms) *uploaded_ms = strtoull(buf, NULL, 10);
+    if (name) snprintf(name, cap, "%s", nl + 1);
+    return true;
+}
+
+static pie_code write_meta(const lc_program_store *ps, const char *id, const char *name,
+                           uint64_t uploaded_ms, pie_status *st) {
+    char path[4200], buf[LC_PROGRAM_NAME_MAX + 64];
+    path_of(ps, id, "meta", path, sizeof path);
+    int n = snprintf(buf, sizeof buf, "%llu\n%s", (unsigned long long)uploaded_ms, name);
+    return write_atomic(path, buf, (size_t)n, st);
+}
+
+/* Keeps m as the store's module for id (takes the reference), unless one is there already. */
+static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m) {
+    pthread_mutex_lock(&ps->mu);
+    for (size_t i = 0; i < ps->n_loaded; i++)
+        if (strcmp(ps->loaded[i].id, id) == 0) {
+            pthread_mutex_unlock(&ps->mu);
+            lc_wasm_module_release(m);
+            return;
+        }
+    if (ps->n_loaded == ps->cap_loaded) {
+        size_t cap = ps->cap_loaded ? ps->cap_loaded * 2 : 16;
+        lc_program_loaded *l = realloc(ps->loaded, cap * sizeof *l);
+        if (l == NULL) { /* not fatal: the module is loaded again at the next launch */
+            pthread_mutex_unlock(&ps->mu);
+            lc_wasm_module_release(m);
+            return;
+        }
+        ps->loaded = l;
+        ps->cap_loaded = cap;
+    }
+    lc_program_loaded *e = &ps->loaded[ps->n_loaded++];
+    snprintf(e->id, sizeof e->id, "%s", id);
+    e->m = m;
+    pthread_mutex_unlock(&ps->mu);
+}
+
+pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+                        char id_out[65], bool *already, pie_status *st) {
+    lc_wasm_module *m = NULL;
+    if (lc_wasm_module_load(ps->rt, wasm, len, &m, st) != PIE_OK) return st->code;
+    const char *id = lc_wasm_module_id(m);
+    snprintf(id_out, 65, "%s", id);
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    struct stat sb;
+    uint64_t uploaded_ms = now_unix_ms();
+    *already = stat(path, &sb) == 0 && (uint64_t)sb.st_size == len &&
+               read_meta(ps, id, NULL, 0, &uploaded_ms);
+    pie_code rc = PIE_OK;
+    if (!*already) rc = write_atomic(path, wasm, len, st);
+    if (rc == PIE_OK) rc = write_meta(ps, id, name, uploaded_ms, st);
+    if (rc != PIE_OK) {
+        lc_wasm_module_release(m);
+        return rc;
+    }
+    keep_loaded(ps, id_out, m);
+    return PIE_OK;
+}
+
+pie_code lc_program_lookup(lc_program_store *ps, const char *id, char *name, size_t cap,
+                           pie_status *st) {
+    if (check_id(id, st) != PIE_OK) return st->code;
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    if (access(path, R_OK) != 0)
+        return pie_status_set(st, PIE_NOT_FOUND,
+                              "program_id: %s is not stored on this replica "
+                              "(upload it first)",
+                              id);
+    if (name && !read_meta(ps, id, name, cap, NULL)) snprintf(name, cap, "%s", "");
+    return PIE_OK;
+}
+
+/* lc_wasm_instance_create from the module in memory; NOT_FOUND when none is loaded. The
+ * store's lock keeps the module alive while the instance takes its own reference. */
+static pie_code instance_from_loaded(lc_program_store *ps, const char *id,
+                                     const lc_wasm_instance_opts *opts, lc_wasm_instance **out,
+                                     pie_status *st) {
+    pie_code rc = PIE_NOT_FOUND;
+    pthread_mutex_lock(&ps->mu);
+    for (size_t i = 0; i < ps->n_loaded; i++)
+        if (strcmp(ps->loaded[i].id, id) == 0) {
+            rc = lc_wasm_instance_create(ps->loaded[i].m, opts, out, st);
+            break;
+        }
+    pthread_mutex_unlock(&ps->mu);
+    return rc;
+}
+
+static pie_code read_file(const char *path, uint8_t **out, size_t *len, pie_status *st) {
+    FILE *f = fopen(path, "re");
+    struct stat sb;
+    if (f == NULL || fstat(fileno(f), &sb) != 0) {
+        if (f) fclose(f);
+        return pie_status_set(st, PIE_NOT_FOUND, "program store: cannot read %s: %s", path,
+                              strerror(errno));
+    }
+    uint8_t *buf = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1);
+    size_t n = buf ? fread(buf, 1, (size_t)sb.st_size, f) : 0;
+    fclose(f);
+    if (buf == NULL || n != (size_t)sb.st_size) {
+        free(buf);
+        return pie_status_set(st, PIE_INTERNAL, "program store: short read of %s", path);
+    }
+    *out = buf;
+    *len = n;
+    return PIE_OK;
+}
+
+pie_code lc_program_instance(lc_program_store *ps, const char *id,
+                             const lc_wasm_instance_opts *opts, lc_wasm_instance **out,
+                             pie_status *st) {
+    if (check_id(id, st) != PIE_OK) return st->code;
+    pie_code rc = instance_from_loaded(ps, id, opts, out, st);
+    if (rc != PIE_NOT_FOUND) return rc;
+    /* Stored by another replica or before a restart: load from disk (the native cache makes
+     * this a dlopen unless no one compiled it yet). */
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    uint8_t *wasm = NULL;
+    size_t len = 0;
+    if (read_file(path, &wasm, &len, st) != PIE_OK) return st->code;
+    lc_wasm_module *m = NULL;
+    rc = lc_wasm_module_load(ps->rt, wasm, len, &m, st);
+    free(wasm);
+    if (rc != PIE_OK) return rc;
+    if (strcmp(lc_wasm_module_id(m), id) != 0) {
+        lc_wasm_module_release(m);
+        return pie_status_set(st, PIE_DATA_LOSS, "program store: %s does not hash to its id", path);
+    }
+    keep_loaded(ps, id, m);
+    rc = instance_from_loaded(ps, id, opts, out, st);
+    if (rc == PIE_NOT_FOUND) /* deleted in between */
+        pie_status_set(st, PIE_NOT_FOUND, "program_id: %s was deleted", id);
+    return rc;
+}
+
+/* Best tier for a program: the loaded module's, else what the native cache holds. */
+static Pie__V1__ProgramTier tier_of(lc_program_store *ps, const char *id) {
+    int t = -1;
+    pthread_mutex_lock(&ps->mu);
+    for (size_t i = 0; i < ps->n_loaded; i++)
+        if (strcmp(ps->loaded[i].id, id) == 0) t = lc_wasm_module_tier(ps->loaded[i].m);
+    pthread_mutex_unlock(&ps->mu);
+    if (t < 0) {
+        char path[4300];
+        snprintf(path, sizeof path, "%s/%s/t1.so", ps->native, id);
+        if (access(path, R_OK) == 0) return PIE__V1__PROGRAM_TIER__PROGRAM_TIER_OPTIMIZED;
+        snprintf(path, sizeof path, "%s/%s/t0.so", ps->native, id);
+        return access(path, R_OK) == 0 ? PIE__V1__PROGRAM_TIER__PROGRAM_TIER_QUICK
+                                       : PIE__V1__PROGRAM_TIER__PROGRAM_TIER_NONE;
+    }
+    return t == 1 ? PIE__V1__PROGRAM_TIER__PROGRAM_TIER_OPTIMIZED
+                  : PIE__V1__PROGRAM_TIER__PROGRAM_TIER_QUICK;
+}
+
+static Pie__V1__ProgramInfo *info_of(lc_program_store *ps, const char *id) {
+    Pie__V1__ProgramInfo *pi = calloc(1, sizeof *pi);
+    char *name = malloc(LC_PROGRAM_NAME_MAX + 1);
+    char *pid = strdup(id);
+    if (pi == NULL || name == NULL || pid == NULL) goto fail;
+    pie__v1__program_info__init(pi);
+    char path[4200];
+    struct stat sb;
+    path_of(ps, id, "wasm", path, sizeof path);
+    if (stat(path, &sb) != 0) goto fail; /* deleted meanwhile */
+    if (!read_meta(ps, id, name, LC_PROGRAM_NAME_MAX + 1, &pi->uploaded_unix_ms)) name[0] = '\0';
+    pi->program_id = pid;
+    pi->name = name;
+    pi->size_bytes = (uint64_t)sb.st_size;
+    pi->tier = tier_of(ps, id);
+    return pi;
+fail:
+    free(pi);
+    free(name);
+    free(pid);
+    return NULL;
+}
+
+static int cmp_info(const void *a, const void *b) {
+    return strcmp((*(Pie__V1__ProgramInfo *const *)a)->program_id,
+                  (*(Pie__V1__ProgramInfo *const *)b)->program_id);
+}
+
+pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size_t *n,
+                         pie_status *st) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(ps->dir);
+    if (d == NULL)
+        return pie_status_set(st, PIE_INTERNAL, "program store: cannot list %s: %s", ps->dir,
+                              strerror(errno));
+    Pie__V1__ProgramInfo **list = NULL;
+    size_t cnt = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char id[65];
+        if (strlen(e->d_name) != 69 || strcmp(e->d_name + 64, ".wasm") != 0) continue;
+        memcpy(id, e->d_name, 64);
+        id[64] = '\0';
+        if (!valid_id(id)) continue;
+        Pie__V1__ProgramInfo *pi = info_of(ps, id);
+        if (pi == NULL) continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            Pie__V1__ProgramInfo **l = realloc(list, cap * sizeof *l);
+            if (l == NULL) {
+                lc_program_list_free(&pi, 1);
+                lc_program_list_free(list, cnt);
+                closedir(d);
+                return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+            }
+            list = l;
+        }
+        list[cnt++] = pi;
+    }
+    closedir(d);
+    if (cnt > 1) qsort(list, cnt, sizeof *list, cmp_info);
+    *out = list;
+    *n = cnt;
+    return PIE_OK;
+}
+
+void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(list[i]->program_id);
+        free(list[i]->name);
+        free(list[i]);
+    }
+    free(list);
+}
+
+pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st) {
+    if (check_id(id, st) != PIE_OK) return st->code;
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    if (unlink(path) != 0) {
+        if (errno == ENOENT)
+            return pie_status_set(st, PIE_NOT_FOUND,
+                                  "program_id: %s is not stored on this "
+                                  "replica",
+                                  id);
+        return pie_status_set(st, PIE_INTERNAL, "program store: cannot remove %s: %s", path,
+                              strerror(errno));
+    }
+    path_of(ps, id, "meta", path, sizeof path);
+    unlink(path); /* a missing label only loses the name */
+    lc_wasm_module *m = NULL;
+    pthread_mutex_lock(&ps->mu);
+    for (size_t i = 0; i < ps->n_loaded; i++)
+        if (strcmp(ps->loaded[i].id, id) == 0) {
+            m = ps->loaded[i].m;
+            ps->loaded[i] = ps->loaded[--ps->n_loaded];
+            break;
+        }
+    pthread_mutex_unlock(&ps->mu);
+    lc_wasm_module_release(m); /* running instances hold their own references */
+    return PIE_OK;
+}

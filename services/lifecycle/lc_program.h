@@ -1,0 +1,59 @@
+/* lc_program.h — the program store of a lifecycle replica.
+ *
+ * Owns: programs on disk under <cache dir>/programs (<id>.wasm holds the module bytes, <id>.meta
+ * the label and first-upload time; both written to a temporary name and renamed, so replicas
+ * and concurrent uploads sharing the directory never see a partial file), validation at upload
+ * by lc_wasm_module_load (which also compiles tier 0, so the first launch is warm), the size
+ * limit, listing and deletion, and one loaded lc_wasm_module per program kept for launches.
+ * Does not own: the upload stream (lc_api.c), instances (lc_inst.c), compilation and the native
+ * code cache (wasm/). */
+#ifndef LC_PROGRAM_H
+#define LC_PROGRAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lc_wasm.h"
+#include "pie/v1/lifecycle.pb-c.h"
+#include "pie_status.h"
+
+typedef struct lc_program_store lc_program_store;
+
+#define LC_PROGRAM_NAME_MAX 256 /* bytes of a program label (ProgramMetadata.name) */
+
+/* Opens (creating) <dir>/programs. rt compiles and caches modules in native_dir (its
+ * lc_wasm_rt_opts.cache_dir, read here only to report tiers of programs not loaded yet);
+ * max_bytes is the upload size limit. */
+lc_program_store *lc_program_store_create(const char *dir, const char *native_dir, lc_wasm_rt *rt,
+                                          uint64_t max_bytes, pie_status *st);
+void lc_program_store_destroy(lc_program_store *ps); /* NULL is fine */
+uint64_t lc_program_max_bytes(const lc_program_store *ps);
+
+/* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65
+ * bytes), *already that the bytes were stored before. INVALID_ARGUMENT (lc_wasm's reason) for
+ * a module that cannot run here. Slow the first time (compiles): not on an RPC thread. */
+pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+                        char id_out[65], bool *already, pie_status *st);
+
+/* Whether program id is stored; copies its label to name (cap bytes) when name is not NULL.
+ * NOT_FOUND otherwise (INVALID_ARGUMENT for an id that is not 64 lowercase hex digits). */
+pie_code lc_program_lookup(lc_program_store *ps, const char *id, char *name, size_t cap,
+                           pie_status *st);
+
+/* Creates an instance of program id (lc_wasm_instance_create with opts): from the module in
+ * memory, else after loading it from disk (compiling when the native cache lacks it: slow, so
+ * not on an RPC thread). */
+pie_code lc_program_instance(lc_program_store *ps, const char *id,
+                             const lc_wasm_instance_opts *opts, lc_wasm_instance **out,
+                             pie_status *st);
+
+/* Every stored program ordered by id; free with lc_program_list_free. */
+pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size_t *n,
+                         pie_status *st);
+void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n);
+
+/* Removes program id (disk and memory); running instances keep their module. */
+pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st);
+
+#endif

@@ -1,0 +1,377 @@
+/* e2e_support.c — cluster, Lifecycle API client and reference engine of the end-to-end
+ * inferlet tests (see e2e_support.h). */
+#include "e2e_support.h"
+
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng.h"
+#include "mdl.h"
+#include "pie/v1/lifecycle.pb-c.h"
+#include "tok.h"
+
+#define START_MS 60000
+#define STOP_MS  30000
+#define RUN_MS   240000 /* sanitizer builds on 2 shared cores are slow */
+
+/* ---- cluster ------------------------------------------------------------------------------ */
+
+void e2e_cluster_start(e2e_cluster *c) {
+    pie_status st;
+    *c = (e2e_cluster){0};
+    c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
+    cr_assert(c->ctl, "%s", st.msg);
+    char ctl_env[96];
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+    const char *wenv[] = {ctl_env,
+                          "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
+                          "PIE_BACKEND=cpu",
+                          "PIE_ENGINE_THREADS=1",
+                          "PIE_POOL_KV_PAGES=512",
+                          "PIE_POOL_EMBED_SLOTS=1024",
+                          NULL};
+    pie_proc_opts wo = {.env = wenv};
+    c->wrk = pie_proc_start("pie-worker", &wo, START_MS, &st);
+    cr_assert(c->wrk, "%s", st.msg);
+    c->cache_dir = pie_proc_tmpdir(&st);
+    cr_assert(c->cache_dir, "%s", st.msg);
+    char cache_env[600];
+    snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c->cache_dir);
+    const char *lenv[] = {ctl_env, cache_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
+                          "PIE_RUNTIME_TIER1=false", NULL};
+    pie_proc_opts lo = {.env = lenv};
+    c->lc = pie_proc_start("pie-lifecycle", &lo, START_MS, &st);
+    cr_assert(c->lc, "%s", st.msg);
+    c->ch = rpc_channel_create(pie_proc_addr(c->lc), NULL, &st);
+    cr_assert(c->ch, "%s", st.msg);
+}
+
+static void stop_one(pie_proc *p) {
+    if (!p) return;
+    pie_status st;
+    int rc = pie_proc_stop(p, STOP_MS, &st);
+    char *tail = pie_proc_log_tail(p, 4000);
+    cr_expect_eq(rc, 0, "%s exited with %d: %s\nlog:\n%s", pie_proc_name(p), rc, st.msg,
+                 tail ? tail : "");
+    cr_expect_eq(pie_proc_log_count(p, "AddressSanitizer") + pie_proc_log_count(p, "runtime error:") +
+                     pie_proc_log_count(p, "LeakSanitizer"),
+                 0, "%s reported a sanitizer error:\n%s", pie_proc_name(p), tail ? tail : "");
+    free(tail);
+    pie_proc_destroy(p);
+}
+
+void e2e_cluster_stop(e2e_cluster *c) {
+    rpc_channel_destroy(c->ch);
+    stop_one(c->lc);
+    stop_one(c->wrk);
+    stop_one(c->ctl);
+    if (c->cache_dir) {
+        /* the program cache has sub-directories: remove them with the shell */
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->cache_dir);
+        cr_expect_eq(system(cmd), 0, "could not remove %s", c->cache_dir);
+        free(c->cache_dir);
+    }
+    *c = (e2e_cluster){0};
+}
+
+/* ---- Lifecycle API ------------------------------------------------------------------------ */
+
+static uint8_t *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s (is the inferlet built?)", path);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    cr_assert_geq(n, 0);
+    cr_assert_eq(fseek(f, 0, SEEK_SET), 0);
+    uint8_t *b = malloc((size_t)n + 1);
+    cr_assert(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n, "short read of %s", path);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+char *e2e_upload(e2e_cluster *c, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.wasm", PIE_INFERLETS_DIR, name);
+    size_t len;
+    uint8_t *bytes = read_file(path, &len);
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = RUN_MS, .wait_for_ready = true};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
+                                    &pie__v1__upload_program_response__descriptor, &o, &st);
+    cr_assert(s, "UploadProgram: %s", st.msg);
+    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
+    md.name = (char *)name;
+    md.size_bytes = len;
+    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
+    req.metadata = &md;
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "upload metadata: %s", st.msg);
+    for (size_t at = 0; at < len; at += 65536) {
+        Pie__V1__UploadProgramRequest chunk = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+        chunk.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_CHUNK;
+        chunk.chunk.data = bytes + at;
+        chunk.chunk.len = len - at < 65536 ? len - at : 65536;
+        cr_assert_eq(rpc_stream_send(s, &chunk.base, &st), PIE_OK, "upload chunk: %s", st.msg);
+    }
+    cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
+    ProtobufCMessage *m = NULL;
+    rpc_recv_result rr = rpc_stream_recv(s, &m, RUN_MS);
+    pie_code fin = rr == RPC_RECV_MESSAGE ? PIE_OK : rpc_stream_finish(s, &st);
+    cr_assert_eq(rr, RPC_RECV_MESSAGE, "UploadProgram %s: no response (%d: %s)", name, (int)fin,
+                 st.msg);
+    Pie__V1__UploadProgramResponse *resp = (Pie__V1__UploadProgramResponse *)m;
+    cr_assert_eq(resp->size_bytes, len);
+    char *id = strdup(resp->program_id);
+    cr_assert_eq(strlen(id), 64, "program id \"%s\"", id);
+    rpc_msg_free(m);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "UploadProgram %s: %s", name, st.msg);
+    rpc_stream_destroy(s);
+    free(bytes);
+    return id;
+}
+
+static void append(char **buf, size_t *len, const uint8_t *p, size_t n) {
+    char *b = realloc(*buf, *len + n + 1);
+    cr_assert(b);
+    memcpy(b + *len, p, n);
+    *len += n;
+    b[*len] = 0;
+    *buf = b;
+}
+
+static void take_response(e2e_run *r, const Pie__V1__AttachResponse *a) {
+    switch (a->msg_case) {
+    case PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE:
+        r->msgs = realloc(r->msgs, (r->n_msgs + 1) * sizeof *r->msgs);
+        r->msg_lens = realloc(r->msg_lens, (r->n_msgs + 1) * sizeof *r->msg_lens);
+        cr_assert(r->msgs && r->msg_lens);
+        r->msgs[r->n_msgs] = NULL;
+        r->msg_lens[r->n_msgs] = 0;
+        append(&r->msgs[r->n_msgs], &r->msg_lens[r->n_msgs], a->message.data, a->message.len);
+        r->n_msgs++;
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA:
+        append(&r->out, &r->out_len, a->stdout_data.data, a->stdout_data.len);
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_STDERR_DATA:
+        append(&r->err, &r->err_len, a->stderr_data.data, a->stderr_data.len);
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS:
+        r->exited = true;
+        r->exit_code = a->exit_status->exit_code;
+        if (a->exit_status->status) {
+            r->status_code = a->exit_status->status->code;
+            r->status_msg = strdup(a->exit_status->status->message ? a->exit_status->status->message : "");
+        }
+        break;
+    default: break;
+    }
+}
+
+void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
+                     const char *const *in, e2e_run *r) {
+    *r = (e2e_run){0};
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = RUN_MS, .wait_for_ready = true};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
+                                    &pie__v1__attach_response__descriptor, &o, &st);
+    cr_assert(s, "Run: %s", st.msg);
+    size_t n_args = 0;
+    while (args && args[n_args]) n_args++;
+    Pie__V1__LaunchRequest launch = PIE__V1__LAUNCH_REQUEST__INIT;
+    launch.program_id = (char *)program_id;
+    launch.args = (char **)args;
+    launch.n_args = n_args;
+    Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
+    req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
+    req.launch = &launch;
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
+    for (size_t i = 0; in && in[i]; i++) {
+        Pie__V1__RunRequest m = PIE__V1__RUN_REQUEST__INIT;
+        m.msg_case = PIE__V1__RUN_REQUEST__MSG_MESSAGE;
+        m.message.data = (uint8_t *)in[i];
+        m.message.len = strlen(in[i]);
+        cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "Run message: %s", st.msg);
+    }
+    Pie__V1__CloseInput ci = PIE__V1__CLOSE_INPUT__INIT;
+    Pie__V1__RunRequest close = PIE__V1__RUN_REQUEST__INIT;
+    close.msg_case = PIE__V1__RUN_REQUEST__MSG_CLOSE_INPUT;
+    close.close_input = &ci;
+    cr_assert_eq(rpc_stream_send(s, &close.base, &st), PIE_OK, "Run close_input: %s", st.msg);
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        rpc_recv_result rr = rpc_stream_recv(s, &m, RUN_MS);
+        cr_assert_neq(rr, RPC_RECV_TIMEOUT, "Run: nothing for %d ms", RUN_MS);
+        if (rr == RPC_RECV_END) break;
+        take_response(r, (const Pie__V1__AttachResponse *)m);
+        rpc_msg_free(m);
+    }
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "Run: %s", st.msg);
+    rpc_stream_destroy(s);
+    cr_assert(r->exited, "Run ended without an exit status; stderr:\n%s", r->err ? r->err : "");
+}
+
+void e2e_assert_success(const e2e_run *r, const char *what) {
+    cr_assert(r->exited && r->status_code == 0 && r->exit_code == 0,
+              "%s: status %u \"%s\", exit code %d; stderr:\n%s", what, r->status_code,
+              r->status_msg ? r->status_msg : "", r->exit_code, r->err ? r->err : "");
+}
+
+void e2e_run_free(e2e_run *r) {
+    for (size_t i = 0; i < r->n_msgs; i++) free(r->msgs[i]);
+    free(r->msgs);
+    free(r->msg_lens);
+    free(r->out);
+    free(r->err);
+    free(r->status_msg);
+    *r = (e2e_run){0};
+}
+
+/* ---- reference engine --------------------------------------------------------------------- */
+
+struct e2e_ref {
+    eng *e;
+    tok *t;
+    const eng_info *info;
+    mdl_config cfg; /* for the list of eos tokens */
+};
+
+e2e_ref *e2e_ref_open(void) {
+    e2e_ref *r = calloc(1, sizeof *r);
+    cr_assert(r);
+    eng_opts o = {.model_dir = PIE_MODELS_DIR "/" E2E_MODEL,
+                  .kv_page_size = E2E_PAGE,
+                  .kv_pages = E2E_MAX_TOKENS / E2E_PAGE + 1,
+                  .embed_slots = E2E_MAX_TOKENS,
+                  .max_batch_tokens = E2E_MAX_TOKENS,
+                  .n_threads = 1};
+    pie_status st;
+    cr_assert_eq(eng_open(&o, &r->e, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(tok_load(PIE_MODELS_DIR "/" E2E_MODEL "/tokenizer.json", &r->t, &st), PIE_OK,
+                 "%s", st.msg);
+    r->info = eng_get_info(r->e);
+    cr_assert_eq(mdl_config_load(PIE_MODELS_DIR "/" E2E_MODEL, &r->cfg, &st), PIE_OK, "%s", st.msg);
+    return r;
+}
+
+void e2e_ref_close(e2e_ref *r) {
+    if (!r) return;
+    eng_close(r->e);
+    tok_free(r->t);
+    free(r);
+}
+
+size_t e2e_ref_encode(e2e_ref *r, const char *text, uint32_t *out, size_t cap) {
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    pie_status st;
+    cr_assert_eq(tok_encode(r->t, text, strlen(text), true, &ids, &n, &st), PIE_OK, "%s", st.msg);
+    cr_assert_leq(n, cap, "\"%s\" has %zu tokens, room for %zu", text, n, cap);
+    if (n) memcpy(out, ids, n * sizeof *ids);
+    free(ids);
+    return n;
+}
+
+size_t e2e_ref_prompt(e2e_ref *r, const char *const *parts, size_t n_parts, uint32_t *out) {
+    size_t n = 0;
+    if (r->info->bos_token_id >= 0) out[n++] = (uint32_t)r->info->bos_token_id;
+    for (size_t i = 0; i < n_parts; i++) n += e2e_ref_encode(r, parts[i], out + n, E2E_MAX_TOKENS / 2 - n);
+    return n;
+}
+
+/* Forwards toks[0..n) at positions at.. (appending their K/V to the pages that hold the first
+ * `at` tokens) and writes the hidden states of the last n_out into slots base..base+n_out. */
+static void ref_forward(e2e_ref *r, const uint32_t *toks, size_t n, size_t at, size_t n_out,
+                        uint32_t *out_slots) {
+    static uint32_t pages[E2E_MAX_TOKENS / E2E_PAGE + 1];
+    uint32_t in_slots[E2E_MAX_TOKENS], pos[E2E_MAX_TOKENS];
+    cr_assert_leq(at + n, E2E_MAX_TOKENS / 2);
+    for (uint32_t i = 0; i < E2E_MAX_TOKENS / E2E_PAGE + 1; i++) pages[i] = i;
+    for (size_t i = 0; i < n; i++) {
+        in_slots[i] = (uint32_t)i;
+        pos[i] = (uint32_t)(at + i);
+    }
+    for (size_t i = 0; i < n_out; i++) out_slots[i] = (uint32_t)(E2E_MAX_TOKENS / 2 + i);
+    pie_status st;
+    cr_assert_eq(eng_embed_text(r->e, in_slots, toks, pos, (uint32_t)n, &st), PIE_OK, "%s", st.msg);
+    size_t total = at + n;
+    eng_forward_item it = {
+        .kv_pages = pages,
+        .n_kv_pages = (uint32_t)((total + E2E_PAGE - 1) / E2E_PAGE),
+        .kv_last_page_len = (uint32_t)((total - 1) % E2E_PAGE + 1),
+        .append_kv = true,
+        .in_slots = in_slots,
+        .n_in = (uint32_t)n,
+        .out_slots = out_slots,
+        .n_out = (uint32_t)n_out,
+    };
+    cr_assert_eq(eng_forward(r->e, &it, 1, &st), PIE_OK, "%s", st.msg);
+}
+
+static uint32_t ref_argmax(e2e_ref *r, uint32_t slot) {
+    uint32_t id;
+    float p;
+    eng_dist_item d = {.slot = slot, .top_k = 1, .temperature = 1.0f, .ids = &id, .probs = &p};
+    pie_status st;
+    cr_assert_eq(eng_next_dist(r->e, &d, 1, &st), PIE_OK, "%s", st.msg);
+    return id;
+}
+
+static bool is_eos(const e2e_ref *r, uint32_t t) {
+    for (uint32_t i = 0; i < r->cfg.n_eos_token_ids; i++)
+        if ((int64_t)t == r->cfg.eos_token_ids[i]) return true;
+    return r->cfg.eos_token_id >= 0 && (int64_t)t == r->cfg.eos_token_id;
+}
+
+size_t e2e_ref_greedy(e2e_ref *r, const uint32_t *prompt, size_t n_prompt, size_t max_new,
+                      bool ignore_eos, uint32_t *out) {
+    uint32_t slot;
+    ref_forward(r, prompt, n_prompt, 0, 1, &slot);
+    size_t at = n_prompt, n = 0;
+    while (n < max_new) {
+        uint32_t t = ref_argmax(r, slot);
+        if (!ignore_eos && is_eos(r, t)) break;
+        out[n++] = t;
+        if (n == max_new) break;
+        ref_forward(r, &t, 1, at, 1, &slot);
+        at++;
+    }
+    return n;
+}
+
+char *e2e_ref_text(e2e_ref *r, const uint32_t *toks, size_t n, size_t *len) {
+    char *s = NULL;
+    pie_status st;
+    cr_assert_eq(tok_decode(r->t, toks, n, &s, len, &st), PIE_OK, "%s", st.msg);
+    return s;
+}
+
+double e2e_ref_logprob(e2e_ref *r, const uint32_t *prompt, size_t n_prompt, const uint32_t *toks,
+                       size_t n) {
+    uint32_t seq[E2E_MAX_TOKENS], slots[E2E_MAX_TOKENS];
+    cr_assert_leq(n_prompt + n, E2E_MAX_TOKENS / 2);
+    memcpy(seq, prompt, n_prompt * sizeof *seq);
+    memcpy(seq + n_prompt, toks, n * sizeof *seq);
+    /* outputs of inputs n_prompt-1 .. n_prompt+n-1: the last n+1 (the final one is unused) */
+    ref_forward(r, seq, n_prompt + n, 0, n + 1, slots);
+    float *logits = malloc(r->info->vocab_size * sizeof *logits);
+    cr_assert(logits);
+    double total = 0;
+    pie_status st;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(eng_logits(r->e, slots[i], logits, &st), PIE_OK, "%s", st.msg);
+        double mx = -INFINITY, z = 0;
+        for (uint32_t v = 0; v < r->info->vocab_size; v++) mx = fmax(mx, logits[v]);
+        for (uint32_t v = 0; v < r->info->vocab_size; v++) z += exp((double)logits[v] - mx);
+        total += (double)logits[toks[i]] - mx - log(z);
+    }
+    free(logits);
+    return total;
+}

@@ -1,0 +1,86 @@
+/* e2e_support.h — what the end-to-end inferlet tests share: a three-service cluster on
+ * loopback, the public Lifecycle API (upload a .wasm, run it with arguments and messages,
+ * collect its messages, output and exit status), and an in-process reference engine
+ * (greedy decoding and log-probabilities straight from eng.h on the same model, tokens from
+ * the same tokenizer.json) that the inferlets' results are compared against.
+ *
+ * Owns: nothing between tests; every test starts its own cluster.
+ * Does not own: the services (tests/support/pie_proc.h starts them), assertions on outcomes
+ * (each test file). */
+#ifndef E2E_SUPPORT_H
+#define E2E_SUPPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pie_proc.h"
+#include "rpc.h"
+
+/* small-f32, not tiny-f32: tiny's tied random embeddings make greedy decoding repeat the last
+ * prompt token whatever came before it, which would hide context bugs from these tests. */
+#define E2E_MODEL      "small-f32"
+#define E2E_PAGE       16 /* the worker's pool.kv_page_size default */
+#define E2E_MAX_TOKENS 512
+
+/* ---- cluster ----------------------------------------------------------------------------- */
+
+typedef struct e2e_cluster {
+    pie_proc *ctl, *wrk, *lc;
+    rpc_channel *ch; /* to pie-lifecycle */
+    char *cache_dir;
+} e2e_cluster;
+
+/* Starts controller, CPU worker (tiny-f32) and lifecycle; asserts on failure. */
+void e2e_cluster_start(e2e_cluster *c);
+/* Stops all three (each must exit 0) and frees. */
+void e2e_cluster_stop(e2e_cluster *c);
+
+/* ---- Lifecycle API ------------------------------------------------------------------------ */
+
+/* Uploads PIE_INFERLETS_DIR/<name>.wasm; returns the program id (caller frees). */
+char *e2e_upload(e2e_cluster *c, const char *name);
+
+typedef struct e2e_run {
+    char **msgs; /* messages the inferlet sent, NUL-terminated copies */
+    size_t *msg_lens;
+    size_t n_msgs;
+    char *out, *err; /* stdout / stderr, NUL-terminated */
+    size_t out_len, err_len;
+    bool exited;
+    uint32_t status_code; /* InstanceExit.status.code */
+    char *status_msg;
+    int32_t exit_code;
+} e2e_run;
+
+/* Run: launches program_id with args (NULL-terminated), sends the messages in (NULL-terminated
+ * or NULL), closes input and collects everything until the exit status. Asserts that the call
+ * itself works; the instance's outcome is in *r. */
+void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
+                     const char *const *in, e2e_run *r);
+/* Asserts that the instance ended with OK and exit code 0 (the message shows its stderr). */
+void e2e_assert_success(const e2e_run *r, const char *what);
+void e2e_run_free(e2e_run *r);
+
+/* ---- reference engine --------------------------------------------------------------------- */
+
+typedef struct e2e_ref e2e_ref;
+
+e2e_ref *e2e_ref_open(void);
+void e2e_ref_close(e2e_ref *r);
+/* BOS (if the model has one) followed by the tokens of each part, encoded separately (as the
+ * SDK's ctx_fill does part by part, special tokens allowed). Returns the count. */
+size_t e2e_ref_prompt(e2e_ref *r, const char *const *parts, size_t n_parts, uint32_t *out);
+/* Greedy decoding of up to max_new tokens after prompt; stops before any of the model's eos
+ * tokens (config.json eos_token_id) unless ignore_eos. Returns the count written to out. */
+size_t e2e_ref_greedy(e2e_ref *r, const uint32_t *prompt, size_t n_prompt, size_t max_new,
+                      bool ignore_eos, uint32_t *out);
+/* Raw bytes of the tokens (malloc'd, NUL-terminated, *len set). */
+char *e2e_ref_text(e2e_ref *r, const uint32_t *toks, size_t n, size_t *len);
+/* Sum of log p(toks[i] | prompt, toks[..i]) under the model. */
+double e2e_ref_logprob(e2e_ref *r, const uint32_t *prompt, size_t n_prompt, const uint32_t *toks,
+                       size_t n);
+/* Token ids of text (no BOS), for comparisons with parsed output. */
+size_t e2e_ref_encode(e2e_ref *r, const char *text, uint32_t *out, size_t cap);
+
+#endif

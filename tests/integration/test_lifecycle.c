@@ -1,0 +1,845 @@
+/* test_lifecycle.c — the public API pie.v1.Lifecycle through real processes: pie-controller, a
+ * CPU pie-worker (tiny-f32) and pie-lifecycle on loopback, driven over gRPC from C.
+ *
+ * Covers: upload (stored, idempotent, size mismatch, over the limit, hash mismatch, corrupt and
+ * non-wasm modules rejected with lc_wasm's reason), list and delete; launch + attach (stdout,
+ * stderr, exit code), run with messages both ways, end of input, oversize client messages,
+ * one attachment at a time, terminate, a cancelled Run, dropped output, list instances
+ * (states, limits, usage), retention, foreign ids; hostile instances (out-of-bounds access, an
+ * infinite loop against cpu_ms, deep recursion, an allocation storm) each end alone with a
+ * clear status while a well-behaved instance finishes and the services stay healthy; piectl
+ * (run with exit codes, ps, programs, readable errors).
+ *
+ * Fixtures: tests/wasm/lc_echo.c (raw pie ABI) and tests/wasm/hostile.c. Deadlines are
+ * generous: sanitizer builds are slow. */
+#include <criterion/criterion.h>
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lc_wasm.h"
+#include "pie/v1/lifecycle.pb-c.h"
+#include "pie_proc.h"
+#include "pie_testutil.h"
+#include "rpc.h"
+
+#define START_MS 30000
+#define STOP_MS  20000
+#define WAIT_MS  30000
+#define MODEL    "tiny-f32"
+
+TestSuite(lifecycle, .fini = pie_test_leak_check, .timeout = 240);
+
+/* ---- cluster ------------------------------------------------------------------------------ */
+
+typedef struct cluster {
+    pie_proc *ctl, *wrk, *lc;
+    rpc_channel *ch; /* to the lifecycle */
+    char *dir;       /* runtime cache dir */
+} cluster;
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static pie_proc *start(const char *bin, const char *const *env) {
+    pie_proc_opts o = {.env = env};
+    pie_status st;
+    pie_proc *p = pie_proc_start(bin, &o, START_MS, &st);
+    cr_assert(p, "%s", st.msg);
+    return p;
+}
+
+static void wait_models(cluster *c);
+
+/* extra: more lifecycle environment entries (NULL-terminated) or NULL. with_worker: start a
+ * worker (launches need a model). */
+static void cluster_start(cluster *c, const char *const *extra, bool with_worker) {
+    memset(c, 0, sizeof *c);
+    pie_status st;
+    static char *dir; /* reachable from here if an assertion ends the test early */
+    c->dir = dir = pie_proc_tmpdir(&st);
+    cr_assert(c->dir, "%s", st.msg);
+    c->ctl = start("pie-controller", NULL);
+    static char ctl_env[96], dir_env[4200];
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", c->dir);
+    if (with_worker) {
+        const char *wenv[] = {ctl_env, "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" MODEL,
+                              "PIE_BACKEND=cpu", "PIE_ENGINE_THREADS=1", NULL};
+        c->wrk = start("pie-worker", wenv);
+    }
+    const char *env[24] = {ctl_env,
+                           dir_env,
+                           "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
+                           "PIE_RUNTIME_TIER1=false",
+                           "PIE_CONTROLLER_RECONNECT_INITIAL=50ms",
+                           "PIE_CONTROLLER_RECONNECT_MAX=200ms"};
+    size_t n = 6;
+    for (size_t i = 0; extra && extra[i] && n < 23; i++) env[n++] = extra[i];
+    env[n] = NULL;
+    c->lc = start("pie-lifecycle", env);
+    rpc_channel_opts co = {.max_recv_bytes = -1, .max_send_bytes = -1};
+    c->ch = rpc_channel_create(pie_proc_addr(c->lc), &co, &st);
+    cr_assert(c->ch, "%s", st.msg);
+    if (with_worker) wait_models(c);
+}
+
+static void stop_ok(pie_proc *p) {
+    if (p == NULL) return;
+    pie_status st;
+    int rc = pie_proc_stop(p, STOP_MS, &st);
+    static char *tail; /* reachable if the assertion ends the test */
+    tail = pie_proc_log_tail(p, 3000);
+    cr_assert_eq(rc, 0, "%s exited with %d: %s\nlog:\n%s", pie_proc_name(p), rc, st.msg,
+                 tail ? tail : "");
+    free(tail);
+    pie_proc_destroy(p);
+}
+
+static void cluster_stop(cluster *c) {
+    rpc_channel_destroy(c->ch);
+    stop_ok(c->lc);
+    stop_ok(c->wrk);
+    stop_ok(c->ctl);
+    nftw(c->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(c->dir);
+}
+
+static bool healthy(cluster *c) {
+    pie_status st;
+    rpc_health_status hs = RPC_HEALTH_UNKNOWN;
+    return rpc_health_check(c->ch, "pie.v1.Lifecycle", 5000, &hs, &st) == PIE_OK &&
+           hs == RPC_HEALTH_SERVING;
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+static pie_code unary(cluster *c, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp,
+                      pie_status *st) {
+    char path[128];
+    snprintf(path, sizeof path, "/pie.v1.Lifecycle/%s", method);
+    rpc_call_opts o = {.timeout_ms = WAIT_MS};
+    ProtobufCMessage *r = NULL;
+    pie_code rc = rpc_unary(c->ch, path, req, rd, &r, &o, st);
+    if (resp)
+        *resp = r;
+    else
+        rpc_msg_free(r);
+    return rc;
+}
+
+static void wait_models(cluster *c) {
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
+        ProtobufCMessage *r = NULL;
+        pie_status st;
+        size_t n = 0;
+        if (unary(c, "ListModels", &req.base, &pie__v1__list_models_response__descriptor, &r,
+                  &st) == PIE_OK)
+            n = ((Pie__V1__ListModelsResponse *)r)->n_models;
+        rpc_msg_free(r);
+        if (n > 0) return;
+        cr_assert(pie_test_now_ms() < deadline, "the lifecycle never learned a model");
+        pie_test_sleep_ms(50);
+    }
+}
+
+static uint8_t *read_fixture(const char *name, size_t *len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", PIE_WASM_FIXTURES, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open fixture %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n);
+    cr_assert(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* Uploads data as name in chunks of `chunk` bytes, declaring `declared` bytes. */
+static pie_code upload_ex(cluster *c, const void *data, size_t len, uint64_t declared,
+                          const char *name, const char *sha, size_t chunk, char id[65],
+                          bool *already, pie_status *st) {
+    rpc_call_opts o = {.timeout_ms = WAIT_MS};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
+                                    &pie__v1__upload_program_response__descriptor, &o, st);
+    cr_assert(s, "%s", st->msg);
+    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
+    md.name = (char *)name;
+    md.size_bytes = declared;
+    md.expected_sha256 = (char *)(sha ? sha : "");
+    Pie__V1__UploadProgramRequest r = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+    r.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
+    r.metadata = &md;
+    pie_code rc = rpc_stream_send(s, &r.base, st);
+    for (size_t off = 0; rc == PIE_OK && off < len; off += chunk) {
+        Pie__V1__UploadProgramRequest cr = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+        cr.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_CHUNK;
+        cr.chunk.data = (uint8_t *)data + off;
+        cr.chunk.len = len - off < chunk ? len - off : chunk;
+        rc = rpc_stream_send(s, &cr.base, st);
+    }
+    rpc_stream_close_send(s, st);
+    ProtobufCMessage *m = NULL;
+    if (rpc_stream_recv(s, &m, WAIT_MS) == RPC_RECV_MESSAGE) {
+        Pie__V1__UploadProgramResponse *u = (Pie__V1__UploadProgramResponse *)m;
+        if (id) snprintf(id, 65, "%s", u->program_id);
+        if (already) *already = u->already_cached;
+        cr_assert_eq(u->size_bytes, len);
+        rpc_msg_free(m);
+    }
+    rc = rpc_stream_finish(s, st);
+    rpc_stream_destroy(s);
+    return rc;
+}
+
+static void upload_ok(cluster *c, const char *fixture, const char *name, char id[65]) {
+    size_t len;
+    uint8_t *b = read_fixture(fixture, &len);
+    pie_status st;
+    cr_assert_eq(upload_ex(c, b, len, len, name, NULL, 64 << 10, id, NULL, &st), PIE_OK,
+                 "upload %s: %s", fixture, st.msg);
+    free(b);
+}
+
+typedef struct launch_opts {
+    const char *const *args;
+    uint64_t cpu_ms, memory_bytes, message_bytes, wall_ms;
+} launch_opts;
+
+static void fill_launch(Pie__V1__LaunchRequest *req, Pie__V1__ResourceLimits *lim, const char *id,
+                        const launch_opts *o) {
+    pie__v1__launch_request__init(req);
+    pie__v1__resource_limits__init(lim);
+    req->program_id = (char *)id;
+    size_t n = 0;
+    while (o->args && o->args[n]) n++;
+    req->n_args = n;
+    req->args = (char **)o->args;
+    lim->cpu_ms = o->cpu_ms;
+    lim->memory_bytes = o->memory_bytes;
+    lim->message_bytes = o->message_bytes;
+    lim->wall_ms = o->wall_ms;
+    req->limits = lim;
+}
+
+static pie_code launch(cluster *c, const char *id, const launch_opts *o, uint64_t *inst,
+                       pie_status *st) {
+    Pie__V1__LaunchRequest req;
+    Pie__V1__ResourceLimits lim;
+    fill_launch(&req, &lim, id, o);
+    ProtobufCMessage *r = NULL;
+    pie_code rc = unary(c, "Launch", &req.base, &pie__v1__launch_response__descriptor, &r, st);
+    if (rc == PIE_OK) {
+        Pie__V1__LaunchResponse *lr = (Pie__V1__LaunchResponse *)r;
+        *inst = lr->instance_id;
+        cr_assert(lr->limits && lr->limits->cpu_ms > 0 && lr->limits->memory_bytes > 0 &&
+                      lr->limits->kv_pages > 0 && lr->limits->message_bytes > 0,
+                  "effective limits must be non-zero");
+        rpc_msg_free(r);
+    }
+    return rc;
+}
+
+static uint64_t launch_ok(cluster *c, const char *id, const launch_opts *o) {
+    uint64_t inst = 0;
+    pie_status st;
+    if (launch(c, id, o, &inst, &st) != PIE_OK) {
+        static char *tail; /* reachable when the assertion ends the test */
+        tail = pie_proc_log_tail(c->lc, 4000);
+        cr_assert_fail("Launch: %s\nlifecycle log:\n%s", st.msg, tail ? tail : "");
+    }
+    cr_assert_neq(inst, 0);
+    return inst;
+}
+
+/* What an Attach or Run stream delivered. */
+typedef struct seen {
+    uint64_t started_id;
+    char out[64 << 10], err[4096];
+    size_t n_out, n_err;
+    char msgs[16][256];
+    int n_msgs;
+    uint64_t dropped;
+    int dropped_at; /* index of the dropped_bytes message among all messages, or -1 */
+    int n_total;
+    bool exited;
+    uint32_t exit_code_status;
+    char exit_msg[512];
+    int32_t exit_code;
+    pie_code call_code;
+    char call_msg[512];
+} seen;
+
+static void take(seen *s, Pie__V1__AttachResponse *r) {
+    switch (r->msg_case) {
+    case PIE__V1__ATTACH_RESPONSE__MSG_STARTED: s->started_id = r->started->instance_id; break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE:
+        cr_assert_lt(s->n_msgs, 16);
+        snprintf(s->msgs[s->n_msgs++], 256, "%.*s", (int)r->message.len, r->message.data);
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA:
+        if (s->n_out + r->stdout_data.len < sizeof s->out) {
+            memcpy(s->out + s->n_out, r->stdout_data.data, r->stdout_data.len);
+            s->n_out += r->stdout_data.len;
+        } else {
+            s->n_out += r->stdout_data.len; /* counted, not kept */
+        }
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_STDERR_DATA:
+        cr_assert_lt(s->n_err + r->stderr_data.len, sizeof s->err);
+        memcpy(s->err + s->n_err, r->stderr_data.data, r->stderr_data.len);
+        s->n_err += r->stderr_data.len;
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_DROPPED_BYTES:
+        cr_assert_eq(s->dropped_at, -1, "dropped_bytes sent twice");
+        s->dropped = r->dropped_bytes;
+        s->dropped_at = s->n_total;
+        break;
+    case PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS:
+        s->exited = true;
+        s->exit_code_status = r->exit_status->status ? r->exit_status->status->code : 0;
+        snprintf(s->exit_msg, sizeof s->exit_msg, "%s",
+                 r->exit_status->status ? r->exit_status->status->message : "");
+        s->exit_code = r->exit_status->exit_code;
+        cr_assert_gt(r->exit_status->exited_unix_ms, 0);
+        break;
+    default: cr_assert_fail("unexpected AttachResponse case %d", r->msg_case);
+    }
+    s->n_total++;
+}
+
+/* Reads until the stream ends (or n_msgs reaches want_msgs when want_msgs > 0). */
+static void collect(rpc_stream *s, seen *out, int want_msgs) {
+    for (;;) {
+        if (want_msgs > 0 && out->n_msgs >= want_msgs) return;
+        ProtobufCMessage *m = NULL;
+        rpc_recv_result r = rpc_stream_recv(s, &m, WAIT_MS);
+        cr_assert_neq(r, RPC_RECV_TIMEOUT, "no output within %d ms", WAIT_MS);
+        if (r == RPC_RECV_END) break;
+        cr_assert(!out->exited, "a message came after exit_status");
+        take(out, (Pie__V1__AttachResponse *)m);
+        rpc_msg_free(m);
+    }
+    pie_status st;
+    out->call_code = rpc_stream_finish(s, &st);
+    snprintf(out->call_msg, sizeof out->call_msg, "%s", st.msg);
+}
+
+static rpc_stream *open_stream(cluster *c, const char *method) {
+    char path[128];
+    snprintf(path, sizeof path, "/pie.v1.Lifecycle/%s", method);
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = 120000};
+    rpc_stream *s = rpc_stream_open(c->ch, path, &pie__v1__attach_response__descriptor, &o, &st);
+    cr_assert(s, "%s", st.msg);
+    return s;
+}
+
+static rpc_stream *attach_open(cluster *c, uint64_t inst) {
+    rpc_stream *s = open_stream(c, "Attach");
+    Pie__V1__AttachStart a = PIE__V1__ATTACH_START__INIT;
+    a.instance_id = inst;
+    Pie__V1__AttachRequest r = PIE__V1__ATTACH_REQUEST__INIT;
+    r.msg_case = PIE__V1__ATTACH_REQUEST__MSG_START;
+    r.start = &a;
+    pie_status st;
+    cr_assert_eq(rpc_stream_send(s, &r.base, &st), PIE_OK, "%s", st.msg);
+    return s;
+}
+
+static void attach_all(cluster *c, uint64_t inst, seen *out) {
+    memset(out, 0, sizeof *out);
+    out->dropped_at = -1;
+    rpc_stream *s = attach_open(c, inst);
+    collect(s, out, 0);
+    rpc_stream_destroy(s);
+}
+
+static void send_msg(rpc_stream *s, bool run, const char *text) {
+    pie_status st;
+    ProtobufCBinaryData b = {.len = strlen(text), .data = (uint8_t *)text};
+    pie_code rc;
+    if (run) {
+        Pie__V1__RunRequest r = PIE__V1__RUN_REQUEST__INIT;
+        r.msg_case = PIE__V1__RUN_REQUEST__MSG_MESSAGE;
+        r.message = b;
+        rc = rpc_stream_send(s, &r.base, &st);
+    } else {
+        Pie__V1__AttachRequest r = PIE__V1__ATTACH_REQUEST__INIT;
+        r.msg_case = PIE__V1__ATTACH_REQUEST__MSG_MESSAGE;
+        r.message = b;
+        rc = rpc_stream_send(s, &r.base, &st);
+    }
+    cr_assert_eq(rc, PIE_OK, "send: %s", st.msg);
+}
+
+static void close_input_run(rpc_stream *s) {
+    Pie__V1__CloseInput ci = PIE__V1__CLOSE_INPUT__INIT;
+    Pie__V1__RunRequest r = PIE__V1__RUN_REQUEST__INIT;
+    r.msg_case = PIE__V1__RUN_REQUEST__MSG_CLOSE_INPUT;
+    r.close_input = &ci;
+    pie_status st;
+    cr_assert_eq(rpc_stream_send(s, &r.base, &st), PIE_OK, "%s", st.msg);
+}
+
+static rpc_stream *run_open(cluster *c, const char *id, const launch_opts *o) {
+    rpc_stream *s = open_stream(c, "Run");
+    Pie__V1__LaunchRequest req;
+    Pie__V1__ResourceLimits lim;
+    fill_launch(&req, &lim, id, o);
+    Pie__V1__RunRequest r = PIE__V1__RUN_REQUEST__INIT;
+    r.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
+    r.launch = &req;
+    pie_status st;
+    cr_assert_eq(rpc_stream_send(s, &r.base, &st), PIE_OK, "%s", st.msg);
+    return s;
+}
+
+static Pie__V1__ListInstancesResponse *list_instances(cluster *c) {
+    Pie__V1__ListInstancesRequest req = PIE__V1__LIST_INSTANCES_REQUEST__INIT;
+    ProtobufCMessage *r = NULL;
+    pie_status st;
+    cr_assert_eq(unary(c, "ListInstances", &req.base, &pie__v1__list_instances_response__descriptor,
+                       &r, &st),
+                 PIE_OK, "%s", st.msg);
+    return (Pie__V1__ListInstancesResponse *)r;
+}
+
+/* The instance's state in ListInstances (0 when not listed). */
+static int state_of(cluster *c, uint64_t inst) {
+    Pie__V1__ListInstancesResponse *l = list_instances(c);
+    int s = 0;
+    for (size_t i = 0; i < l->n_instances; i++)
+        if (l->instances[i]->instance_id == inst) s = (int)l->instances[i]->state;
+    rpc_msg_free(&l->base);
+    return s;
+}
+
+static void wait_state(cluster *c, uint64_t inst, int state) {
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    while (state_of(c, inst) != state) {
+        cr_assert(pie_test_now_ms() < deadline, "instance %llx never reached state %d",
+                  (unsigned long long)inst, state);
+        pie_test_sleep_ms(20);
+    }
+}
+
+#define EXITED  PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED
+#define RUNNING PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING
+
+/* ---- programs ----------------------------------------------------------------------------- */
+
+Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
+    cluster c;
+    const char *extra[] = {"PIE_PROGRAMS_MAX_SIZE=64KiB", NULL};
+    cluster_start(&c, extra, false);
+    size_t len;
+    uint8_t *wasm = read_fixture("lc_echo.wasm", &len);
+    cr_assert_lt(len, 64 << 10, "the fixture must fit the limit this test sets");
+    char want[65], id[65] = "", sha_bad[65];
+    lc_wasm_sha256_hex(wasm, len, want);
+    pie_status st;
+    bool already = true;
+
+    /* stored, in odd-sized chunks, with the right expected hash */
+    cr_assert_eq(upload_ex(&c, wasm, len, len, "echo", want, 1000, id, &already, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_assert_str_eq(id, want);
+    cr_assert(!already, "the first upload stores the bytes");
+    /* the same bytes again: idempotent, already cached, the newest name wins */
+    cr_assert_eq(upload_ex(&c, wasm, len, len, "echo2", NULL, 64 << 10, id, &already, &st), PIE_OK,
+                 "%s", st.msg);
+    cr_assert(already);
+
+    /* size mismatch both ways */
+    cr_assert_eq(upload_ex(&c, wasm, len - 1, len, "short", NULL, 4096, NULL, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_assert(strstr(st.msg, "size_bytes"), "%s", st.msg);
+    cr_assert_eq(upload_ex(&c, wasm, len, len - 1, "long", NULL, 4096, NULL, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    /* over the limit: refused from the metadata alone */
+    uint8_t *big = calloc(1, 70 << 10);
+    cr_assert(big);
+    cr_assert_eq(upload_ex(&c, big, 70 << 10, 70 << 10, "big", NULL, 64 << 10, NULL, NULL, &st),
+                 PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert(strstr(st.msg, "limit"), "%s", st.msg);
+    free(big);
+    /* hash mismatch */
+    snprintf(sha_bad, sizeof sha_bad, "%s", want);
+    sha_bad[0] = sha_bad[0] == '0' ? '1' : '0';
+    cr_assert_eq(upload_ex(&c, wasm, len, len, "sha", sha_bad, 4096, NULL, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_assert(strstr(st.msg, "expected_sha256"), "%s", st.msg);
+    /* non-wasm and corrupt modules, with lc_wasm's reason */
+    const char *text = "#!/bin/sh\necho not a module\n";
+    cr_assert_eq(upload_ex(&c, text, strlen(text), strlen(text), "sh", NULL, 4096, NULL, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_assert(strstr(st.msg, "not a WebAssembly") || strstr(st.msg, "magic") ||
+                  strstr(st.msg, "wasm"),
+              "reason: %s", st.msg);
+    uint8_t *corrupt = malloc(len);
+    cr_assert(corrupt);
+    memcpy(corrupt, wasm, len);
+    memset(corrupt + 8, 0xff, 64); /* section headers become nonsense */
+    cr_assert_eq(upload_ex(&c, corrupt, len, len, "corrupt", NULL, 4096, NULL, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_assert_gt(strlen(st.msg), 10, "a reason is given: %s", st.msg);
+    free(corrupt);
+
+    /* a second program; list is ordered by id and shows names and sizes */
+    char id2[65];
+    upload_ok(&c, "hostile.wasm", "hostile", id2);
+    Pie__V1__ListProgramsRequest lreq = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(unary(&c, "ListPrograms", &lreq.base, &pie__v1__list_programs_response__descriptor,
+                       &r, &st),
+                 PIE_OK, "%s", st.msg);
+    Pie__V1__ListProgramsResponse *lp = (Pie__V1__ListProgramsResponse *)r;
+    cr_assert_eq(lp->n_programs, 2, "only the accepted uploads are stored");
+    cr_assert_lt(strcmp(lp->programs[0]->program_id, lp->programs[1]->program_id), 0);
+    for (size_t i = 0; i < 2; i++) {
+        Pie__V1__ProgramInfo *p = lp->programs[i];
+        bool is_echo = strcmp(p->program_id, want) == 0;
+        cr_assert_str_eq(p->name, is_echo ? "echo2" : "hostile");
+        if (is_echo) cr_assert_eq(p->size_bytes, len);
+        cr_assert_eq(p->tier, PIE__V1__PROGRAM_TIER__PROGRAM_TIER_QUICK,
+                     "validated uploads are compiled at tier 0");
+        cr_assert_gt(p->uploaded_unix_ms, 0);
+    }
+    rpc_msg_free(r);
+
+    /* delete, then delete again and launch: NOT_FOUND */
+    Pie__V1__DeleteProgramRequest dreq = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
+    dreq.program_id = id2;
+    cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
+                       &pie__v1__delete_program_response__descriptor, NULL, &st),
+                 PIE_OK, "%s", st.msg);
+    cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
+                       &pie__v1__delete_program_response__descriptor, NULL, &st),
+                 PIE_NOT_FOUND, "%s", st.msg);
+    uint64_t inst;
+    launch_opts lo = {0};
+    cr_assert_eq(launch(&c, id2, &lo, &inst, &st), PIE_NOT_FOUND, "%s", st.msg);
+    cr_assert(healthy(&c));
+    free(wasm);
+    cluster_stop(&c);
+}
+
+/* ---- instances ---------------------------------------------------------------------------- */
+
+Test(lifecycle, launch_then_attach_reads_output_exit_code_and_retention) {
+    cluster c;
+    const char *extra[] = {"PIE_INSTANCES_RETENTION=2s", NULL};
+    cluster_start(&c, extra, true);
+    char id[65];
+    upload_ok(&c, "lc_echo.wasm", "echo", id);
+    const char *args[] = {"exit", "3", "a b", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t inst = launch_ok(&c, id, &lo);
+    wait_state(&c, inst, EXITED);
+
+    /* ListInstances: exited, with its exit status, limits and usage */
+    Pie__V1__ListInstancesResponse *l = list_instances(&c);
+    Pie__V1__InstanceInfo *info = NULL;
+    for (size_t i = 0; i < l->n_instances; i++)
+        if (l->instances[i]->instance_id == inst) info = l->instances[i];
+    cr_assert(info);
+    cr_assert_str_eq(info->program_id, id);
+    cr_assert_str_eq(info->program_name, "echo");
+    cr_assert_str_eq(info->model, MODEL);
+    cr_assert(info->exit_status && info->exit_status->status);
+    cr_assert_eq(info->exit_status->status->code, 0);
+    cr_assert_eq(info->exit_status->exit_code, 3);
+    cr_assert(info->limits && info->limits->wall_ms > 0);
+    cr_assert(info->usage && info->usage->memory_bytes > 0, "final linear memory is reported");
+    cr_assert(!info->attached);
+    rpc_msg_free(&l->base);
+
+    /* the output was buffered; attach gets it in order, then the exit status */
+    seen s;
+    attach_all(&c, inst, &s);
+    cr_assert_eq(s.call_code, PIE_OK, "%s", s.call_msg);
+    cr_assert_eq(s.dropped_at, -1, "nothing was dropped");
+    cr_assert_eq(s.n_out, strlen("hello exit 3 a b\n"));
+    cr_assert(memcmp(s.out, "hello exit 3 a b\n", s.n_out) == 0, "stdout: %.*s", (int)s.n_out,
+              s.out);
+    cr_assert(s.n_err == strlen("to stderr\n") && memcmp(s.err, "to stderr\n", s.n_err) == 0);
+    cr_assert(s.exited);
+    cr_assert_eq(s.exit_code_status, 0);
+    cr_assert_eq(s.exit_code, 3);
+    /* a second attach within retention: no output left, the exit status again */
+    attach_all(&c, inst, &s);
+    cr_assert(s.exited && s.n_out == 0 && s.exit_code == 3);
+
+    /* an id of another replica and an unknown one */
+    pie_status st;
+    uint64_t foreign = (((inst >> 48) + 1) << 48) | 12345;
+    rpc_stream *fs = attach_open(&c, foreign);
+    memset(&s, 0, sizeof s);
+    s.dropped_at = -1;
+    collect(fs, &s, 0);
+    rpc_stream_destroy(fs);
+    cr_assert_eq(s.call_code, PIE_NOT_FOUND, "%s", s.call_msg);
+    char want[64];
+    snprintf(want, sizeof want, "replica %llu", (unsigned long long)((inst >> 48) + 1));
+    cr_assert(strstr(s.call_msg, want), "names the owning replica: %s", s.call_msg);
+    Pie__V1__TerminateRequest tr = PIE__V1__TERMINATE_REQUEST__INIT;
+    tr.instance_id = inst ^ 1;
+    cr_assert_eq(
+        unary(&c, "Terminate", &tr.base, &pie__v1__terminate_response__descriptor, NULL, &st),
+        PIE_NOT_FOUND, "%s", st.msg);
+
+    /* after the retention period the instance is gone */
+    pie_test_sleep_ms(2500);
+    cr_assert_eq(state_of(&c, inst), 0, "still listed after retention");
+    attach_all(&c, inst, &s);
+    cr_assert_eq(s.call_code, PIE_NOT_FOUND, "%s", s.call_msg);
+    cluster_stop(&c);
+}
+
+Test(lifecycle, run_exchanges_messages_and_attach_rules_hold) {
+    cluster c;
+    const char *extra[] = {"PIE_INSTANCES_OUTPUT_BUFFER=4KiB", NULL};
+    cluster_start(&c, extra, true);
+    char id[65];
+    upload_ok(&c, "lc_echo.wasm", "echo", id);
+
+    /* Run: started first, messages both ways, end of input, exit status last */
+    const char *echo_args[] = {"echo", NULL};
+    launch_opts lo = {.args = echo_args};
+    rpc_stream *s = run_open(&c, id, &lo);
+    seen sn;
+    memset(&sn, 0, sizeof sn);
+    sn.dropped_at = -1;
+    const char *words[] = {"one", "two", "three"};
+    for (int i = 0; i < 3; i++) {
+        send_msg(s, true, words[i]);
+        collect(s, &sn, i + 1);
+        char want[32];
+        snprintf(want, sizeof want, "echo:%s", words[i]);
+        cr_assert_str_eq(sn.msgs[i], want);
+    }
+    cr_assert_neq(sn.started_id, 0, "started came first");
+    close_input_run(s);
+    collect(s, &sn, 0);
+    rpc_stream_destroy(s);
+    cr_assert_eq(sn.call_code, PIE_OK, "%s", sn.call_msg);
+    cr_assert(sn.exited && sn.exit_code_status == 0 && sn.exit_code == 0, "%s", sn.exit_msg);
+    cr_assert_str_eq(sn.out, "input closed after 3 messages\n");
+
+    /* a client message above message_bytes ends the call with INVALID_ARGUMENT */
+    launch_opts small = {.args = echo_args, .message_bytes = 8};
+    s = run_open(&c, id, &small);
+    memset(&sn, 0, sizeof sn);
+    sn.dropped_at = -1;
+    send_msg(s, true, "this is longer than eight bytes");
+    collect(s, &sn, 0);
+    rpc_stream_destroy(s);
+    cr_assert_eq(sn.call_code, PIE_INVALID_ARGUMENT, "%s", sn.call_msg);
+    cr_assert(strstr(sn.call_msg, "message_bytes"), "%s", sn.call_msg);
+    /* ...and the Run call's end (a cancel from the server's side is not the client's) leaves
+     * the instance to the Run rules: it was cancelled before exit, so it is terminated */
+    wait_state(&c, sn.started_id, EXITED);
+
+    /* one attachment at a time; Terminate ends it with CANCELLED */
+    const char *wait_args[] = {"wait", NULL};
+    launch_opts wo = {.args = wait_args};
+    uint64_t inst = launch_ok(&c, id, &wo);
+    wait_state(&c, inst, RUNNING);
+    rpc_stream *a = attach_open(&c, inst);
+    pie_status st;
+    cr_assert_eq(rpc_stream_wait_ready(a, WAIT_MS, &st), PIE_OK, "%s", st.msg);
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) { /* the first attach is registered once ListInstances says so */
+        Pie__V1__ListInstancesResponse *l = list_instances(&c);
+        bool att = false;
+        for (size_t i = 0; i < l->n_instances; i++)
+            if (l->instances[i]->instance_id == inst) att = l->instances[i]->attached;
+        rpc_msg_free(&l->base);
+        if (att) break;
+        cr_assert(pie_test_now_ms() < deadline, "never attached");
+        pie_test_sleep_ms(20);
+    }
+    seen second;
+    attach_all(&c, inst, &second);
+    cr_assert_eq(second.call_code, PIE_FAILED_PRECONDITION, "%s", second.call_msg);
+    Pie__V1__TerminateRequest tr = PIE__V1__TERMINATE_REQUEST__INIT;
+    tr.instance_id = inst;
+    cr_assert_eq(
+        unary(&c, "Terminate", &tr.base, &pie__v1__terminate_response__descriptor, NULL, &st),
+        PIE_OK, "%s", st.msg);
+    memset(&sn, 0, sizeof sn);
+    sn.dropped_at = -1;
+    collect(a, &sn, 0);
+    rpc_stream_destroy(a);
+    cr_assert(sn.exited);
+    cr_assert_eq(sn.exit_code_status, PIE_CANCELLED);
+    cr_assert_str_eq(sn.exit_msg, "terminated by client");
+
+    /* a Run cancelled by its client terminates the instance */
+    s = run_open(&c, id, &wo);
+    memset(&sn, 0, sizeof sn);
+    ProtobufCMessage *m = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &m, WAIT_MS), RPC_RECV_MESSAGE);
+    take(&sn, (Pie__V1__AttachResponse *)m);
+    rpc_msg_free(m);
+    cr_assert_neq(sn.started_id, 0);
+    rpc_stream_cancel(s);
+    rpc_stream_finish(s, &st);
+    rpc_stream_destroy(s);
+    wait_state(&c, sn.started_id, EXITED);
+    Pie__V1__ListInstancesResponse *l = list_instances(&c);
+    for (size_t i = 0; i < l->n_instances; i++)
+        if (l->instances[i]->instance_id == sn.started_id)
+            cr_assert_eq(l->instances[i]->exit_status->status->code, PIE_CANCELLED);
+    rpc_msg_free(&l->base);
+
+    /* output beyond the 4 KiB buffer while detached: oldest dropped, reported once */
+    const char *spam_args[] = {"spam", "10000", NULL};
+    launch_opts so = {.args = spam_args};
+    inst = launch_ok(&c, id, &so);
+    wait_state(&c, inst, EXITED);
+    attach_all(&c, inst, &sn);
+    cr_assert_eq(sn.dropped_at, 0, "dropped_bytes comes first");
+    cr_assert_eq(sn.dropped + sn.n_out, 10000, "dropped %llu + delivered %zu",
+                 (unsigned long long)sn.dropped, sn.n_out);
+    cr_assert_leq(sn.n_out, 4096);
+    cr_assert(sn.exited && sn.exit_code == 0);
+    cr_assert(healthy(&c));
+    cluster_stop(&c);
+}
+
+Test(lifecycle, hostile_instances_end_alone_with_a_clear_reason) {
+    cluster c;
+    cluster_start(&c, NULL, true);
+    char echo[65], hostile[65];
+    upload_ok(&c, "lc_echo.wasm", "echo", echo);
+    upload_ok(&c, "hostile.wasm", "hostile", hostile);
+
+    /* a well-behaved instance runs throughout */
+    const char *echo_args[] = {"echo", NULL};
+    launch_opts eo = {.args = echo_args};
+    rpc_stream *good = run_open(&c, echo, &eo);
+    seen gs;
+    memset(&gs, 0, sizeof gs);
+    gs.dropped_at = -1;
+    send_msg(good, true, "before");
+    collect(good, &gs, 1);
+
+    struct {
+        const char *args[3];
+        uint64_t cpu_ms, memory_bytes;
+        pie_code want;
+        const char *reason;
+    } cases[] = {
+        {{"oob-read", NULL}, 0, 0, PIE_ABORTED, "out-of-bounds"},
+        {{"loop", NULL}, 300, 0, PIE_DEADLINE_EXCEEDED, "CPU"},
+        {{"recurse", NULL}, 0, 0, PIE_ABORTED, "stack"},
+        {{"storm", NULL}, 0, 16 << 20, PIE_RESOURCE_EXHAUSTED, "memory"},
+        {{"div0", NULL}, 0, 0, PIE_ABORTED, "divide"},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    uint64_t ids[8];
+    for (size_t i = 0; i < n; i++) {
+        launch_opts o = {.args = cases[i].args,
+                         .cpu_ms = cases[i].cpu_ms,
+                         .memory_bytes = cases[i].memory_bytes};
+        ids[i] = launch_ok(&c, hostile, &o);
+    }
+    for (size_t i = 0; i < n; i++) {
+        seen s;
+        attach_all(&c, ids[i], &s);
+        cr_assert(s.exited, "%s: no exit status", cases[i].args[0]);
+        cr_assert_eq(s.exit_code_status, (uint32_t)cases[i].want, "%s: status %u (%s)",
+                     cases[i].args[0], s.exit_code_status, s.exit_msg);
+        cr_assert(strcasestr(s.exit_msg, cases[i].reason), "%s: reason \"%s\" lacks \"%s\"",
+                  cases[i].args[0], s.exit_msg, cases[i].reason);
+    }
+    /* wall_ms counts while the instance waits in a host call too */
+    const char *wait_args[] = {"wait", NULL};
+    launch_opts wo = {.args = wait_args, .wall_ms = 300};
+    seen ws;
+    attach_all(&c, launch_ok(&c, echo, &wo), &ws);
+    cr_assert(ws.exited);
+    cr_assert_eq(ws.exit_code_status, PIE_DEADLINE_EXCEEDED, "%s", ws.exit_msg);
+    cr_assert(strstr(ws.exit_msg, "wall"), "%s", ws.exit_msg);
+
+    /* the good one is untouched */
+    send_msg(good, true, "after");
+    collect(good, &gs, 2);
+    cr_assert_str_eq(gs.msgs[1], "echo:after");
+    close_input_run(good);
+    collect(good, &gs, 0);
+    rpc_stream_destroy(good);
+    cr_assert(gs.exited && gs.exit_code_status == 0 && gs.exit_code == 0, "%s", gs.exit_msg);
+    cr_assert(healthy(&c));
+    cluster_stop(&c);
+}
+
+/* ---- piectl --------------------------------------------------------------------------------- */
+
+/* Runs piectl against the cluster's lifecycle; returns its exit status, *log its output. */
+static int piectl(cluster *c, const char *const *args, char **log) {
+    const char *argv[16] = {"--addr", pie_proc_addr(c->lc), "--timeout", "30000"};
+    size_t n = 4;
+    for (size_t i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    pie_proc_opts o = {.args = argv};
+    pie_status st;
+    pie_proc *p = pie_proc_spawn("piectl", &o, &st);
+    cr_assert(p, "%s", st.msg);
+    int rc = pie_proc_wait(p, 60000, &st);
+    *log = pie_proc_log(p);
+    pie_proc_destroy(p);
+    return rc;
+}
+
+Test(lifecycle, piectl_runs_inferlets_and_reports_their_exit) {
+    cluster c;
+    cluster_start(&c, NULL, true);
+    char *log = NULL;
+    /* a file is uploaded first; the inferlet's exit code becomes piectl's */
+    const char *run_exit[] = {"run", PIE_WASM_FIXTURES "/lc_echo.wasm", "exit", "7", NULL};
+    cr_assert_eq(piectl(&c, run_exit, &log), 7, "%s", log);
+    cr_assert(strstr(log, "hello exit 7\n") && strstr(log, "to stderr\n"), "%s", log);
+    free(log);
+    /* stdin is /dev/null here: the input is closed at once */
+    const char *run_echo[] = {"run", PIE_WASM_FIXTURES "/lc_echo.wasm", "echo", NULL};
+    cr_assert_eq(piectl(&c, run_echo, &log), 0, "%s", log);
+    cr_assert(strstr(log, "input closed after 0 messages"), "%s", log);
+    free(log);
+    /* a status other than OK: 100 + its code, with the reason on stderr */
+    const char *run_loop[] = {"run",  "--cpu-ms", "200", PIE_WASM_FIXTURES "/hostile.wasm",
+                              "loop", NULL};
+    cr_assert_eq(piectl(&c, run_loop, &log), 100 + PIE_DEADLINE_EXCEEDED, "%s", log);
+    cr_assert(strstr(log, "DEADLINE_EXCEEDED") && strstr(log, "CPU time"), "%s", log);
+    free(log);
+    /* ps lists them; programs lists both uploads; an unknown instance is a readable error */
+    const char *ps[] = {"ps", NULL};
+    cr_assert_eq(piectl(&c, ps, &log), 0, "%s", log);
+    cr_assert(strstr(log, "exited") && strstr(log, "code 7") && strstr(log, "DEADLINE_EXCEEDED"),
+              "%s", log);
+    free(log);
+    const char *programs[] = {"programs", NULL};
+    cr_assert_eq(piectl(&c, programs, &log), 0, "%s", log);
+    cr_assert(strstr(log, "lc_echo.wasm") && strstr(log, "hostile.wasm"), "%s", log);
+    free(log);
+    const char *kill[] = {"kill", "123", NULL};
+    cr_assert_eq(piectl(&c, kill, &log), 1, "%s", log);
+    cr_assert(strstr(log, "NOT_FOUND"), "%s", log);
+    free(log);
+    cluster_stop(&c);
+}

@@ -1,0 +1,112 @@
+/* lc_echo.c — fixture of the lifecycle tests and benchmark: a small inferlet that talks to its
+ * client through the raw `pie` ABI (sdk/include/pie_abi.h), in the mode argv[1] names:
+ *   exit N       prints "hello <args>" to stdout and "to stderr" to stderr, exits with code N
+ *   echo         answers every client message M with the message "echo:M" until the client
+ *                closes its input, then prints "input closed after K messages" and exits 0
+ *   spam N       writes N bytes to stdout in lines of 100 bytes, then exits 0
+ *   wait         waits for one client message (or end of input), then exits 0 (idle instance)
+ *   bench-host N times N pie.model_count calls (answered in-process) and prints ns per call
+ *   bench-gpu N  creates a queue and times N awaited synchronize round trips (lifecycle →
+ *                controller → worker → back), printing the median and mean in ns */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pie_abi.h"
+
+#define F_IN  1u /* future ids */
+#define F_GPU 2u
+
+static char buf[1 << 20];
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The next client message into buf: its length, or -code (OUT_OF_RANGE at end of input). */
+static int32_t next_message(void) {
+    int32_t rc = pie_receive(F_IN);
+    if (rc < 0) return rc;
+    return pie_future_result(F_IN, buf, sizeof buf);
+}
+
+static int echo(void) {
+    int n = 0;
+    for (;;) {
+        int32_t len = next_message();
+        if (len == PIE_ABI_E_OUT_OF_RANGE) break;
+        if (len < 0) {
+            fprintf(stderr, "receive failed: %d\n", (int)len);
+            return 3;
+        }
+        static char out[sizeof buf + 8];
+        memcpy(out, "echo:", 5);
+        memcpy(out + 5, buf, (size_t)len);
+        if (pie_send(out, (uint32_t)len + 5) < 0) return 4;
+        n++;
+    }
+    printf("input closed after %d messages\n", n);
+    return 0;
+}
+
+static int spam(long n) {
+    char line[101];
+    memset(line, 'x', 99);
+    line[99] = '\n';
+    line[100] = 0;
+    for (long i = 0; i < n; i += 100) fputs(line, stdout);
+    return 0;
+}
+
+static int cmp64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int bench_host(long n) {
+    int64_t t0 = now_ns();
+    int32_t sum = 0;
+    for (long i = 0; i < n; i++) sum += pie_model_count();
+    int64_t t1 = now_ns();
+    printf("host_call_ns=%.1f models=%d\n", (double)(t1 - t0) / (double)n, (int)(sum / n));
+    return 0;
+}
+
+static int bench_gpu(long n) {
+    if (pie_create_queue(1, "", 0) < 0) return 5;
+    static int64_t t[100000];
+    if (n > 100000) n = 100000;
+    int64_t total = 0;
+    for (long i = 0; i < n; i++) {
+        int64_t t0 = now_ns();
+        if (pie_synchronize(1, F_GPU) < 0 || pie_future_result(F_GPU, 0, 0) < 0) return 6;
+        t[i] = now_ns() - t0;
+        total += t[i];
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp64);
+    printf("gpu_roundtrip_p50_ns=%lld mean_ns=%lld\n", (long long)t[n / 2], (long long)(total / n));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "exit";
+    long n = argc > 2 ? atol(argv[2]) : 0;
+    if (strcmp(mode, "exit") == 0) {
+        printf("hello");
+        for (int i = 1; i < argc; i++) printf(" %s", argv[i]);
+        printf("\n");
+        fprintf(stderr, "to stderr\n");
+        return (int)n;
+    }
+    if (strcmp(mode, "echo") == 0) return echo();
+    if (strcmp(mode, "spam") == 0) return spam(n);
+    if (strcmp(mode, "wait") == 0) return next_message() < -11 ? 1 : 0;
+    if (strcmp(mode, "bench-host") == 0) return bench_host(n > 0 ? n : 100000);
+    if (strcmp(mode, "bench-gpu") == 0) return bench_gpu(n > 0 ? n : 1000);
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+}
