@@ -1,6 +1,13 @@
 /* wrk_backend.c — see wrk_backend.h. */
 #include "wrk_backend.h"
 
+#include <stdio.h>
+#include <string.h>
+
+#ifdef PIE_WITH_CUDA
+#include "eng_cuda.h"
+#endif
+
 /* ---- the engine ------------------------------------------------------------------------------ */
 
 static pie_code engine_embed_text(void *ctx, const uint32_t *slots, const uint32_t *tokens,
@@ -86,4 +93,75 @@ void wrk_backend_null(wrk_backend *b) {
         .copy_pages = null_copy_pages,
         .next_dist = null_next_dist,
     };
+}
+
+/* ---- cuda: the engine's cuda backend ---------------------------------------------------------- */
+
+#ifdef PIE_WITH_CUDA
+static pie_code cuda_embed_text(void *ctx, const uint32_t *slots, const uint32_t *tokens,
+                                const uint32_t *positions, uint32_t n, pie_status *st) {
+    return eng_cuda_embed_text(ctx, slots, tokens, positions, n, st);
+}
+
+static pie_code cuda_forward(void *ctx, const eng_forward_item *items, uint32_t n,
+                             pie_status *st) {
+    return eng_cuda_forward(ctx, items, n, st);
+}
+
+static pie_code cuda_mask_page(void *ctx, uint32_t page, const bool *masked, pie_status *st) {
+    return eng_cuda_mask_page(ctx, page, masked, st);
+}
+
+static pie_code cuda_copy_pages(void *ctx, const eng_copy_item *items, uint32_t n,
+                                pie_status *st) {
+    return eng_cuda_copy_pages(ctx, items, n, st);
+}
+
+static pie_code cuda_next_dist(void *ctx, eng_dist_item *items, uint32_t n, pie_status *st) {
+    return eng_cuda_next_dist(ctx, items, n, st);
+}
+
+static void cuda_close(void *ctx) { eng_cuda_close(ctx); }
+
+pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_info **info,
+                               char *device, size_t device_len, pie_status *st) {
+    eng_cuda *e = NULL;
+    pie_code rc = eng_cuda_open(opts, &e, st);
+    if (rc != PIE_OK) {
+        /* eng_open's prefix names the function; the worker's log names the backend */
+        const char *prefix = "eng_open: ";
+        if (strncmp(st->msg, prefix, strlen(prefix)) == 0) {
+            char msg[PIE_STATUS_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", st->msg + strlen(prefix));
+            pie_status_set(st, rc, "%s", msg);
+        }
+        return rc;
+    }
+    *b = (wrk_backend){
+        .name = "cuda",
+        .ctx = e,
+        .embed_text = cuda_embed_text,
+        .forward = cuda_forward,
+        .mask_page = cuda_mask_page,
+        .copy_pages = cuda_copy_pages,
+        .next_dist = cuda_next_dist,
+        .close = cuda_close,
+    };
+    *info = eng_cuda_get_info(e);
+    snprintf(device, device_len, "cuda: %s", eng_cuda_device_name(e));
+    return PIE_OK;
+}
+#else
+pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_info **info,
+                               char *device, size_t device_len, pie_status *st) {
+    (void)b, (void)opts, (void)info, (void)device, (void)device_len;
+    return pie_status_set(st, PIE_UNIMPLEMENTED,
+                          "backend cuda: not built into this worker (nvcc was not found at build "
+                          "time)");
+}
+#endif
+
+void wrk_backend_release(wrk_backend *b) {
+    if (b->close && b->ctx) b->close(b->ctx);
+    memset(b, 0, sizeof *b);
 }

@@ -1,28 +1,33 @@
-/* wrk_backend.h — the compute behind the worker's executor: the engine (cpu backend) or the
- * benchmark-only null backend, behind one table of functions with eng.h's signatures.
+/* wrk_backend.h — the compute behind the worker's executor: the engine (cpu backend), its cuda
+ * backend, or the benchmark-only null backend, behind one table of functions with eng.h's
+ * signatures.
  *
  * Owns: the null backend (every handler succeeds at once; next_dist returns token ids
- * 0..k-1 with a fixed descending distribution) and the adapter that calls the engine.
+ * 0..k-1 with a fixed descending distribution), the adapters that call the engines, and
+ * opening the cuda engine (wrk_backend_open_cuda: present in every build; without nvcc at build
+ * time it says so).
  * Does not own: validation against capacities and slot liveness (wrk_exec.c checks that
- * before any backend call), the engine itself (engine/eng.h). */
+ * before any backend call), the engines themselves (engine/eng.h, engine/eng_cuda.h). */
 #ifndef WRK_BACKEND_H
 #define WRK_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "eng.h"
 #include "pie_status.h"
 
 typedef struct wrk_backend {
-    const char *name; /* "cpu", "null" */
-    void *ctx;        /* the eng for "cpu"; NULL for "null" */
+    const char *name; /* "cpu", "cuda", "null" */
+    void *ctx;        /* the eng for "cpu", the eng_cuda for "cuda"; NULL for "null" */
     pie_code (*embed_text)(void *ctx, const uint32_t *slots, const uint32_t *tokens,
                            const uint32_t *positions, uint32_t n, pie_status *st);
     pie_code (*forward)(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st);
     pie_code (*mask_page)(void *ctx, uint32_t page, const bool *masked, pie_status *st);
     pie_code (*copy_pages)(void *ctx, const eng_copy_item *items, uint32_t n, pie_status *st);
     pie_code (*next_dist)(void *ctx, eng_dist_item *items, uint32_t n, pie_status *st);
+    void (*close)(void *ctx); /* releases ctx when the backend owns it (cuda); NULL otherwise */
 } wrk_backend;
 
 /* Handlers that call e (borrowed; it must outlive every use of *b). */
@@ -30,5 +35,16 @@ void wrk_backend_engine(wrk_backend *b, eng *e);
 
 /* The null backend. */
 void wrk_backend_null(wrk_backend *b);
+
+/* Opens the cuda engine with opts (backend field ignored) and makes *b call it; b->close
+ * releases it. *info is set to its eng_info, *device to e.g. "cuda: NVIDIA H100 ... (sm_90)".
+ * Fails with "backend cuda: no CUDA device (<reason>)" (PIE_UNAVAILABLE) where the machine
+ * has none, and with "backend cuda: not built into this worker (nvcc was not found at build
+ * time)" (PIE_UNIMPLEMENTED) in a build without CUDA. On failure *b is untouched. */
+pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_info **info,
+                               char *device, size_t device_len, pie_status *st);
+
+/* Releases what the backend owns (b->close), then clears *b. */
+void wrk_backend_release(wrk_backend *b);
 
 #endif

@@ -108,14 +108,34 @@ static pie_code load_cpu(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
     return PIE_OK;
 }
 
+static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
+    if (rc != PIE_OK) return rc;
+    eng_opts eo = {
+        .model_dir = cfg->model_path,
+        .backend = ENG_BACKEND_CUDA,
+        .kv_page_size = cfg->kv_page_size,
+        .kv_pages = cfg->kv_pages,
+        .embed_slots = cfg->embed_slots,
+        .max_batch_tokens = cfg->max_batch_tokens,
+    };
+    const eng_info *ei = NULL;
+    rc = wrk_backend_open_cuda(&l->backend, &eo, &ei, l->device, sizeof l->device, st);
+    if (rc != PIE_OK) return rc;
+    wrk_desc_set_engine(&l->desc, ei);
+    l->pool_bytes = (uint64_t)ei->kv_pool_bytes + ei->embed_pool_bytes;
+    return PIE_OK;
+}
+
 /* Loads what cfg asks for into *l (zeroed first). On failure *l holds nothing to free. */
 static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
     memset(l, 0, sizeof *l);
     pie_code rc;
     switch (cfg->backend) {
     case WRK_BACKEND_CUDA:
-        return pie_status_set(st, PIE_FAILED_PRECONDITION,
-                              "backend cuda: not built into this worker yet");
+        rc = load_cuda(cfg, l, st);
+        if (rc != PIE_OK) goto fail;
+        break;
     case WRK_BACKEND_NULL:
         if (cfg->model_path[0] != '\0') {
             rc = wrk_desc_load(&l->desc, cfg->model_path, st); /* description only */
@@ -135,6 +155,7 @@ static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
                          cfg->max_batch_items, st);
     if (rc == PIE_OK) return PIE_OK;
 fail:
+    wrk_backend_release(&l->backend);
     eng_close(l->engine);
     wrk_desc_free(&l->desc);
     memset(l, 0, sizeof *l);
@@ -234,6 +255,7 @@ done:
     svc_drain(s); /* server first: no callback runs after it */
     wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */
     svc_stop(s); /* last: threads stopped above may update its metrics */
+    wrk_backend_release(&loaded.backend); /* the cuda engine; nothing for cpu and null */
     eng_close(loaded.engine);
     wrk_desc_free(&loaded.desc);
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)

@@ -1,12 +1,9 @@
 /* CUDA toolchain and device self-check. Skips visibly where no device exists (CI). */
-#include <criterion/criterion.h>
-
-#include "krn_cuda_device.h"
+#include "cuda_test.h"
 
 Test(krn_cuda_device, axpy_round_trip_matches_host) {
+    CUDA_TEST_REQUIRE_DEVICE();
     char why[256] = "";
-    int n = krn_cuda_device_count(why, sizeof why);
-    if (n == 0) cr_skip_test("skipped: no CUDA device (%s)", why);
     char name[128];
     int major = 0, minor = 0;
     cr_assert_eq(krn_cuda_device_info(0, name, sizeof name, &major, &minor), 0);

@@ -11,8 +11,8 @@
  * prompt distributions and greedy generation equal to the engine, mask/copy/slot batches,
  * per-item and per-batch errors with the worker serving on, the stats heartbeat, re-registration
  * after the link drops (all slots free, engine kept), Drain with shutdown, the null backend, and
- * start-up failures (bad model.path or backend cuda: NOT_SERVING with Info state FAILED, exit 1
- * on SIGTERM; missing model.path: exit 2). */
+ * start-up failures (bad model.path or backend cuda without a device: NOT_SERVING with Info
+ * state FAILED, exit 1 on SIGTERM; missing model.path: exit 2). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "eng.h"
 #include "mdl.h"
@@ -1313,9 +1314,18 @@ Test(worker_link, bad_model_path_leaves_the_worker_not_serving_with_state_failed
                       "/nonexistent/model-dir");
 }
 
-Test(worker_link, backend_cuda_fails_the_load_with_failed_precondition) {
-    assert_load_fails(&(wopts){.backend = "cuda"}, PIE_FAILED_PRECONDITION,
-                      "backend cuda: not built into this worker yet");
+/* Where no CUDA device exists the cuda backend fails the load: UNAVAILABLE in a worker built
+ * with nvcc, UNIMPLEMENTED in one built without (-DPIE_CUDA=OFF). With a device the load
+ * succeeds; tests/cuda cover that backend. */
+Test(worker_link, backend_cuda_without_a_device_fails_the_load) {
+    if (access("/dev/nvidiactl", F_OK) == 0)
+        cr_skip_test("a CUDA device is present: the cuda backend loads (see tests/cuda)");
+#if PIE_TEST_WORKER_HAS_CUDA
+    assert_load_fails(&(wopts){.backend = "cuda"}, PIE_UNAVAILABLE, "backend cuda: no CUDA device");
+#else
+    assert_load_fails(&(wopts){.backend = "cuda"}, PIE_UNIMPLEMENTED,
+                      "backend cuda: not built into this worker (nvcc was not found at build time)");
+#endif
 }
 
 Test(worker_link, backend_cpu_without_model_path_exits_2) {

@@ -1,0 +1,269 @@
+/* krn_cuda_attn.cu — paged attention over layer-major bf16 KV pages (krn_cuda_attention).
+ *
+ * Owns: one kernel for prefill, append and decode, and the merge of split-KV partials.
+ * A block takes one tile (up to KRN_CUDA_ATTN_QVECS / group query rows of one sequence) for one
+ * KV head: all query heads of the group share every key and value it loads (GQA), and for a
+ * prefill the rows of the tile share them too. Keys stream through shared memory in tiles of
+ * ATT_KT; each lane scores one key, the softmax is online (running max and sum per query), and
+ * each lane accumulates head_dim / 32 output dimensions. With n_splits > 1 (decode over long
+ * contexts: too few tiles to fill the GPU) blockIdx.z takes one chunk of the keys and writes
+ * an unnormalised partial; merge_kernel combines them (flash-decoding).
+ * Visibility of key t for tile row r: t <= q_seq + r (causality, or the length of an explicit
+ * mask row, which covers exactly that many tokens), the explicit mask's runs when there is one,
+ * and the page mask for t < pm_ctx. Does not own: which rows form a tile (the engine). */
+#include <math.h>
+
+#include "krn_cuda.h"
+#include "krn_cuda_impl.cuh"
+
+#define ATT_THREADS 128
+#define ATT_WARPS   (ATT_THREADS / 32)
+#define ATT_KT      32 /* keys per shared-memory tile: one per lane */
+#define ATT_QPW     (KRN_CUDA_ATTN_QVECS / ATT_WARPS) /* query vectors per warp */
+#define ATT_DL      (KRN_CUDA_MAX_HEAD_DIM / 32)      /* output dims per lane */
+
+static size_t attn_smem_bytes(int hd) {
+    return ((size_t)KRN_CUDA_ATTN_QVECS * hd + 2 * (size_t)ATT_KT * (hd + 1)) * sizeof(float);
+}
+
+extern "C" int krn_cuda_attn_tile_rows(int n_heads, int n_kv_heads) {
+    int g = n_kv_heads > 0 ? n_heads / n_kv_heads : 1;
+    int rows = g > 0 ? KRN_CUDA_ATTN_QVECS / g : 1;
+    return rows > 0 ? rows : 1;
+}
+
+/* Row state of an explicit mask while keys advance: run index, where that run starts, and
+ * whether it is a visible run. */
+typedef struct run_state {
+    int32_t cur, beg, visible;
+} run_state;
+
+/* Advances st so that its run contains key t (t < the row's length). */
+__device__ static void run_seek(run_state *st, const uint32_t *runs, int t) {
+    while (st->beg + (int)runs[st->cur] <= t) {
+        st->beg += (int)runs[st->cur];
+        st->cur++;
+        st->visible ^= 1;
+    }
+}
+
+/* Visibility bits of keys [k0, k0 + nk) for tile row r. */
+__device__ static uint32_t row_visibility(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t,
+                                          int r, int k0, int nk, run_state *st) {
+    int len = t.q_seq + r + 1; /* keys this row may see at most */
+    const uint32_t *pages = a.page_list + t.pages;
+    uint32_t bits = 0;
+    for (int j = 0; j < nk; j++) {
+        int key = k0 + j;
+        if (key >= len) break;
+        int vis = 1;
+        if (t.mask_row >= 0) {
+            run_seek(st, a.runs, key);
+            vis = st->visible;
+        }
+        if (vis && key < t.pm_ctx) {
+            uint32_t page = pages[key / a.page_size];
+            vis = a.page_mask[(size_t)page * a.page_size + key % a.page_size] == 0;
+        }
+        bits |= (uint32_t)vis << j;
+    }
+    return bits;
+}
+
+/* Key (or value, which = 1) vector of sequence index key for kv head kvh. */
+__device__ static const krn_bf16 *key_ptr(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t,
+                                          int key, int kvh, int which) {
+    int kvd = a.n_kv_heads * a.hd;
+    if (key < t.n_ctx) {
+        size_t page = a.page_list[t.pages + key / a.page_size];
+        size_t off = (size_t)(key % a.page_size);
+        size_t ps = (size_t)a.page_size;
+        return a.kv + ((page * 2 + which) * ps + off) * (size_t)kvd + (size_t)kvh * a.hd;
+    }
+    const krn_bf16 *tail = which ? a.vb : a.kb;
+    return tail + (size_t)(t.tail_row + key - t.n_ctx) * kvd + (size_t)kvh * a.hd;
+}
+
+__global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_args a) {
+    const krn_cuda_attn_tile t = a.tiles[blockIdx.x];
+    if (t.n_q <= 0) return;
+    extern __shared__ float smem[];
+    __shared__ uint32_t vis[KRN_CUDA_ATTN_QVECS];
+    __shared__ run_state rs[KRN_CUDA_ATTN_QVECS];
+    const int hd = a.hd, hd1 = hd + 1, g = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
+    const int nqv = t.n_q * g, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float *qs = smem;                                  /* [QVECS][hd], pre-scaled */
+    float *ks = qs + (size_t)KRN_CUDA_ATTN_QVECS * hd; /* [KT][hd + 1] */
+    float *vs = ks + (size_t)ATT_KT * hd1;             /* [KT][hd + 1] */
+
+    for (int i = tid; i < nqv * hd; i += ATT_THREADS) {
+        int m = i / hd, d = i % hd, r = m / g, h = kvh * g + m % g;
+        qs[i] = a.q[(size_t)(t.q_row + r) * a.q_stride + (size_t)h * hd + d] * a.scale;
+    }
+    int key_lim = min(t.n_ctx + t.n_tail, t.q_seq + t.n_q);
+    int kbeg = 0, kend = key_lim;
+    if (a.n_splits > 1) {
+        kbeg = (int)blockIdx.z * t.kv_chunk;
+        kend = min(kbeg + t.kv_chunk, key_lim);
+    }
+    if (tid < t.n_q && t.mask_row >= 0) {
+        run_state st = {a.row_runs[t.mask_row + tid], 0, 1};
+        int len = t.q_seq + tid + 1;
+        if (kbeg < len) run_seek(&st, a.runs, kbeg);
+        rs[tid] = st;
+    }
+
+    float mx[ATT_QPW], sum[ATT_QPW], acc[ATT_QPW][ATT_DL];
+#pragma unroll
+    for (int qi = 0; qi < ATT_QPW; qi++) {
+        mx[qi] = -INFINITY;
+        sum[qi] = 0.0f;
+#pragma unroll
+        for (int di = 0; di < ATT_DL; di++) acc[qi][di] = 0.0f;
+    }
+
+    for (int k0 = kbeg; k0 < kend; k0 += ATT_KT) {
+        int nk = min(ATT_KT, kend - k0);
+        __syncthreads();     /* the previous tile is consumed */
+        if ((hd & 7) == 0) { /* 16-byte loads: rows of hd bf16 start 16-byte aligned */
+            const int cpr = hd / 8;
+            for (int i = tid; i < nk * cpr; i += ATT_THREADS) {
+                int j = i / cpr, c = (i % cpr) * 8;
+                float kf[8], vf[8];
+                krn_unpack8(*reinterpret_cast<const uint4 *>(key_ptr(a, t, k0 + j, kvh, 0) + c),
+                            kf);
+                krn_unpack8(*reinterpret_cast<const uint4 *>(key_ptr(a, t, k0 + j, kvh, 1) + c),
+                            vf);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    ks[j * hd1 + c + e] = kf[e];
+                    vs[j * hd1 + c + e] = vf[e];
+                }
+            }
+        } else {
+            for (int i = tid; i < nk * hd; i += ATT_THREADS) {
+                int j = i / hd, d = i % hd;
+                ks[j * hd1 + d] = krn_bf16_to_f32(key_ptr(a, t, k0 + j, kvh, 0)[d]);
+                vs[j * hd1 + d] = krn_bf16_to_f32(key_ptr(a, t, k0 + j, kvh, 1)[d]);
+            }
+        }
+        if (tid < t.n_q) vis[tid] = row_visibility(a, t, tid, k0, nk, &rs[tid]);
+        __syncthreads();
+#pragma unroll
+        for (int qi = 0; qi < ATT_QPW; qi++) {
+            int m = warp + qi * ATT_WARPS;
+            if (m >= nqv) break;
+            const float *qv = qs + (size_t)m * hd;
+            float s = -INFINITY;
+            if (lane < nk && ((vis[m / g] >> lane) & 1u)) {
+                const float *kr = ks + lane * hd1;
+                float dot = 0.0f;
+                for (int d = 0; d < hd; d++) dot += qv[d] * kr[d];
+                s = dot;
+            }
+            float m_new = fmaxf(mx[qi], krn_warp_max(s));
+            if (m_new == -INFINITY) continue; /* nothing visible to this query yet */
+            float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+            float corr = mx[qi] == -INFINITY ? 0.0f : expf(mx[qi] - m_new);
+            sum[qi] = sum[qi] * corr + krn_warp_sum(p);
+            mx[qi] = m_new;
+#pragma unroll
+            for (int di = 0; di < ATT_DL; di++) acc[qi][di] *= corr;
+            for (int j = 0; j < nk; j++) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+                if (pj == 0.0f) continue;
+                const float *vr = vs + j * hd1;
+#pragma unroll
+                for (int di = 0; di < ATT_DL; di++) {
+                    int d = lane + 32 * di;
+                    if (d < hd) acc[qi][di] += pj * vr[d];
+                }
+            }
+        }
+    }
+
+    const int qd = a.n_heads * hd;
+#pragma unroll
+    for (int qi = 0; qi < ATT_QPW; qi++) {
+        int m = warp + qi * ATT_WARPS;
+        if (m >= nqv) break;
+        int r = m / g, h = kvh * g + m % g;
+        if (a.n_splits == 1) {
+            float inv = sum[qi] > 0.0f ? 1.0f / sum[qi] : 0.0f; /* nothing visible: zeros */
+            krn_bf16 *o = a.out + (size_t)(t.o_row + r) * qd + (size_t)h * hd;
+#pragma unroll
+            for (int di = 0; di < ATT_DL; di++) {
+                int d = lane + 32 * di;
+                if (d < hd) o[d] = krn_f32_to_bf16(acc[qi][di] * inv);
+            }
+        } else {
+            size_t at = ((size_t)blockIdx.z * a.split_rows + t.o_row + r) * a.n_heads + h;
+            float *pa = a.part_acc + at * hd;
+#pragma unroll
+            for (int di = 0; di < ATT_DL; di++) {
+                int d = lane + 32 * di;
+                if (d < hd) pa[d] = acc[qi][di];
+            }
+            if (lane == 0) {
+                a.part_ml[at * 2] = mx[qi];
+                a.part_ml[at * 2 + 1] = sum[qi];
+            }
+        }
+    }
+}
+
+/* blockIdx.x = tile, blockIdx.y = head; combines the n_splits partials of each tile row. */
+__global__ static void merge_kernel(krn_cuda_attn_args a) {
+    const krn_cuda_attn_tile t = a.tiles[blockIdx.x];
+    int h = blockIdx.y, hd = a.hd, qd = a.n_heads * hd;
+    for (int r = 0; r < t.n_q; r++) {
+        size_t row = (size_t)(t.o_row + r);
+        float m = -INFINITY;
+        for (int s = 0; s < a.n_splits; s++)
+            m = fmaxf(m, a.part_ml[((s * (size_t)a.split_rows + row) * a.n_heads + h) * 2]);
+        float l = 0.0f;
+        for (int s = 0; s < a.n_splits; s++) {
+            const float *ml = a.part_ml + ((s * (size_t)a.split_rows + row) * a.n_heads + h) * 2;
+            if (ml[0] != -INFINITY) l += ml[1] * expf(ml[0] - m);
+        }
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float o = 0.0f;
+            for (int s = 0; s < a.n_splits; s++) {
+                size_t at = (s * (size_t)a.split_rows + row) * a.n_heads + h;
+                float ms = a.part_ml[at * 2];
+                if (ms != -INFINITY) o += a.part_acc[at * hd + d] * expf(ms - m);
+            }
+            a.out[row * qd + (size_t)h * hd + d] = krn_f32_to_bf16(o * inv);
+        }
+    }
+}
+
+/* The attribute is set for the largest head_dim, so engines of different models can share a
+ * process (a launch needs at most that). */
+extern "C" cudaError_t krn_cuda_init(int head_dim) {
+    if (head_dim <= 0 || head_dim > KRN_CUDA_MAX_HEAD_DIM) return cudaErrorInvalidValue;
+    cudaError_t err = cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)attn_smem_bytes(KRN_CUDA_MAX_HEAD_DIM));
+    if (err != cudaSuccess) return err;
+    int dev = 0, major = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err != cudaSuccess || major < 8) return err; /* no tensor-core path before sm_80 */
+    return krn_cuda_attn_tc_init();
+}
+
+extern "C" cudaError_t krn_cuda_attention(const krn_cuda_attn_args *a, cudaStream_t stream) {
+    if (a->n_tiles <= 0) return cudaSuccess;
+    if (a->hd <= 0 || a->hd > KRN_CUDA_MAX_HEAD_DIM || a->n_kv_heads <= 0 ||
+        a->n_heads % a->n_kv_heads != 0 || a->n_heads / a->n_kv_heads > KRN_CUDA_MAX_GROUP ||
+        a->n_splits < 1 || a->n_splits > KRN_CUDA_MAX_SPLITS || a->n_kv_heads > 65535)
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)a->n_tiles, (unsigned)a->n_kv_heads, (unsigned)a->n_splits);
+    attn_kernel<<<grid, ATT_THREADS, attn_smem_bytes(a->hd), stream>>>(*a);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || a->n_splits == 1) return err;
+    merge_kernel<<<dim3((unsigned)a->n_tiles, (unsigned)a->n_heads), 128, 0, stream>>>(*a);
+    return cudaGetLastError();
+}

@@ -1,0 +1,157 @@
+/* krn_cuda_dist.cu — next-token distributions: softmax over the vocabulary and its top k.
+ *
+ * Owns: krn_cuda_topk. One block per row. The softmax's max and sum are block reductions; the
+ * k-th largest logit is found by a radix select over the logits' order-preserving 32-bit keys
+ * (four 8-bit passes with a 256-bin histogram), so nothing is sorted but the k candidates:
+ * those above the threshold, plus the lowest-id ones equal to it (ties: lower id first, as the
+ * CPU backend). The candidates (k <= 1024) are sorted with a bitonic sort in shared memory. */
+#include <math.h>
+
+#include "krn_cuda.h"
+#include "krn_cuda_impl.cuh"
+
+#define TOPK_THREADS 1024
+
+/* Larger float → larger key (negative floats have their order reversed). */
+__device__ __forceinline__ uint32_t order_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* (key desc, id asc): true when a comes before b. */
+__device__ __forceinline__ bool before(uint32_t ka, uint32_t ia, uint32_t kb, uint32_t ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Exclusive prefix sum over the block of one value per thread (TOPK_THREADS threads). */
+__device__ static uint32_t block_exclusive_scan(uint32_t v, uint32_t *warp_tot) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint32_t n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    __syncthreads();
+    if (lane == 31) warp_tot[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t t = warp_tot[lane], s = t;
+        for (int o = 1; o < 32; o <<= 1) {
+            uint32_t n = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += n;
+        }
+        warp_tot[lane] = s - t; /* exclusive over warps */
+    }
+    __syncthreads();
+    return warp_tot[warp] + inc - v;
+}
+
+__global__ static void __launch_bounds__(TOPK_THREADS)
+    topk_kernel(const float *logits, int vocab, const float *temp, const int32_t *kk, uint32_t *ids,
+                float *probs) {
+    __shared__ float red[32];
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t cand_key[KRN_CUDA_TOPK_MAX], cand_id[KRN_CUDA_TOPK_MAX];
+    __shared__ uint32_t sel[3]; /* prefix, remaining, greater-count cursor */
+    __shared__ uint32_t warp_tot[32];
+    const int tid = threadIdx.x;
+    const float *x = logits + (size_t)blockIdx.x * vocab;
+    const int k = kk[blockIdx.x];
+    const float inv_t = 1.0f / temp[blockIdx.x];
+
+    float m = -INFINITY;
+    for (int i = tid; i < vocab; i += TOPK_THREADS) m = fmaxf(m, x[i]);
+    m = krn_block_max(m, red);
+    float s = 0.0f;
+    for (int i = tid; i < vocab; i += TOPK_THREADS) s += expf((x[i] - m) * inv_t);
+    s = krn_block_sum(s, red);
+
+    /* radix select: the key of the k-th largest logit */
+    uint32_t prefix = 0, mask = 0;
+    if (tid == 0) sel[1] = (uint32_t)k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += TOPK_THREADS) hist[b] = 0;
+        __syncthreads();
+        for (int i = tid; i < vocab; i += TOPK_THREADS) {
+            uint32_t key = order_key(x[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            uint32_t remaining = sel[1], above = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (above + hist[b] >= remaining) break;
+                above += hist[b];
+            }
+            sel[0] = prefix | ((uint32_t)b << shift);
+            sel[1] = remaining - above;
+        }
+        __syncthreads();
+        prefix = sel[0];
+        mask |= 255u << shift;
+    }
+    const uint32_t thr = prefix, need_eq = sel[1], n_greater = (uint32_t)k - need_eq;
+
+    /* candidates: every key above thr (any order), then the first need_eq keys equal to it */
+    if (tid == 0) sel[2] = 0;
+    __syncthreads();
+    const int chunk = (vocab + TOPK_THREADS - 1) / TOPK_THREADS;
+    const int lo = min(vocab, tid * chunk), hi = min(vocab, lo + chunk);
+    uint32_t n_eq = 0;
+    for (int i = lo; i < hi; i++) {
+        uint32_t key = order_key(x[i]);
+        if (key > thr) {
+            uint32_t at = atomicAdd(&sel[2], 1u);
+            cand_key[at] = key;
+            cand_id[at] = (uint32_t)i;
+        } else if (key == thr) {
+            n_eq++;
+        }
+    }
+    uint32_t rank = block_exclusive_scan(n_eq, warp_tot);
+    for (int i = lo; i < hi && rank < need_eq; i++) {
+        uint32_t key = order_key(x[i]);
+        if (key == thr) {
+            cand_key[n_greater + rank] = key;
+            cand_id[n_greater + rank] = (uint32_t)i;
+            rank++;
+        }
+    }
+    int p2 = 1;
+    while (p2 < k) p2 <<= 1;
+    for (int i = k + tid; i < p2; i += TOPK_THREADS) cand_key[i] = 0, cand_id[i] = 0xffffffffu;
+    __syncthreads();
+
+    /* bitonic sort of p2 <= 1024 candidates, one element per thread */
+    for (int size = 2; size <= p2; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            int i = tid, j = tid ^ stride;
+            if (i < p2 && j > i) {
+                bool up = (i & size) == 0; /* this half is ordered "before"-first */
+                bool swap = up ? before(cand_key[j], cand_id[j], cand_key[i], cand_id[i])
+                               : before(cand_key[i], cand_id[i], cand_key[j], cand_id[j]);
+                if (swap) {
+                    uint32_t tk = cand_key[i], ti = cand_id[i];
+                    cand_key[i] = cand_key[j], cand_id[i] = cand_id[j];
+                    cand_key[j] = tk, cand_id[j] = ti;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    float inv_s = 1.0f / s;
+    for (int i = tid; i < k; i += TOPK_THREADS) {
+        uint32_t id = cand_id[i];
+        ids[(size_t)blockIdx.x * KRN_CUDA_TOPK_MAX + i] = id;
+        probs[(size_t)blockIdx.x * KRN_CUDA_TOPK_MAX + i] = expf((x[id] - m) * inv_t) * inv_s;
+    }
+}
+
+extern "C" cudaError_t krn_cuda_topk(const float *logits, int n, int vocab, const float *temp,
+                                     const int32_t *k, uint32_t *ids, float *probs,
+                                     cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(logits, vocab, temp, k, ids, probs);
+    return cudaGetLastError();
+}

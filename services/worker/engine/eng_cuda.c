@@ -1,0 +1,650 @@
+/* eng_cuda.c — the cuda backend's engine object: open/close, the device pool, weight upload,
+ * and the handlers other than forward (embed, page mask and copy, distributions, logits).
+ *
+ * Owns: the one device allocation made at open and its carving (weights as bf16 with q|k|v and
+ * gate|up fused into one matrix each, the layer-major KV pool, page masks, embedding slots,
+ * activation scratch for max_batch_tokens, split-KV partials, per-batch tables, distribution
+ * buffers, the cuBLAS workspace), pinned host staging, the compute and copy streams, the
+ * cuBLAS handle. No handler allocates; each ends with a stream synchronisation, so errors of
+ * the device work belong to the call that caused them.
+ * Does not own: the forward pass (eng_cuda_fwd.c), the kernels (kernels/cuda), the model files
+ * (services/worker/model). Error messages are eng_cpu.c's, word for word, for everything a
+ * caller can get wrong; device failures are PIE_INTERNAL "cuda: <call> failed at
+ * <file>:<line>: <reason>". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_cuda_impl.h"
+#include "krn_cpu.h"
+
+#define EC_MAX_PAGE_SIZE 65536u
+#define EC_MAX_BATCH     (1u << 20)
+#define EC_MAX_SLOTS     (1u << 24)
+#define EC_MAX_KV_TOKENS (1ull << 30)
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+pie_code ec_cuda_fail(pie_status *st, cudaError_t err, const char *call, const char *file,
+                      int line) {
+    const char *base = strrchr(file, '/');
+    return pie_status_set(st, PIE_INTERNAL, "cuda: %s failed at %s:%d: %s", call,
+                          base ? base + 1 : file, line, cudaGetErrorString(err));
+}
+
+pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, const char *file,
+                        int line) {
+    const char *base = strrchr(file, '/');
+    return pie_status_set(st, PIE_INTERNAL, "cuda: %s failed at %s:%d: cublas status %d", call,
+                          base ? base + 1 : file, line, (int)s);
+}
+
+/* ---- validation generations -------------------------------------------------------------- */
+
+void ec_reserve_gens(eng_cuda *e, uint64_t count) {
+    if ((uint64_t)e->gen + count < UINT32_MAX) return;
+    memset(e->slot_mark, 0, sizeof *e->slot_mark * e->info.embed_slots);
+    memset(e->page_mark, 0, sizeof *e->page_mark * e->info.kv_pages);
+    memset(e->tok_mark, 0, sizeof *e->tok_mark * (size_t)e->info.kv_pages * e->info.kv_page_size);
+    e->gen = 0;
+}
+
+uint32_t ec_next_gen(eng_cuda *e) { return ++e->gen; }
+
+/* ---- the pool ---------------------------------------------------------------------------- */
+
+static size_t ec_mul(size_t a, size_t b) { return a != 0 && b > SIZE_MAX / a ? SIZE_MAX : a * b; }
+static size_t ec_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+static size_t ec_align(size_t n) {
+    return n >= SIZE_MAX - EC_ALIGN ? SIZE_MAX : (n + EC_ALIGN - 1) / EC_ALIGN * EC_ALIGN;
+}
+
+/* Two passes over the same code: measure (base NULL), then assign. */
+typedef struct ec_carver {
+    char *base;
+    size_t used;
+} ec_carver;
+
+static void *ec_carve(ec_carver *c, size_t bytes) {
+    size_t at = c->used;
+    c->used = ec_add(c->used, ec_align(bytes));
+    return c->base ? c->base + at : NULL;
+}
+
+#define EC_CARVE(c, n, type) ((type *)ec_carve((c), ec_mul((n), sizeof(type))))
+
+static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
+    const mdl_config *cf = &e->m->cfg;
+    const eng_info *in = &e->info;
+    size_t d = cf->hidden_size, V = cf->vocab_size, T = in->max_batch_tokens;
+    size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
+    e->embed = EC_CARVE(c, V * d, krn_bf16);
+    e->lm_head = cf->tie_word_embeddings ? e->embed : EC_CARVE(c, V * d, krn_bf16);
+    e->norm = EC_CARVE(c, d, krn_bf16);
+    for (uint32_t l = 0; l < cf->n_layers; l++) {
+        ec_layer *L = &e->layers[l];
+        L->attn_norm = EC_CARVE(c, d, krn_bf16);
+        L->wqkv = EC_CARVE(c, ec_mul(e->qkvd, d), krn_bf16);
+        L->wo = EC_CARVE(c, ec_mul(d, e->qd), krn_bf16);
+        L->ffn_norm = EC_CARVE(c, d, krn_bf16);
+        L->w_gate_up = EC_CARVE(c, ec_mul(2 * (size_t)e->ffn, d), krn_bf16);
+        L->w_down = EC_CARVE(c, ec_mul(d, e->ffn), krn_bf16);
+    }
+    e->kv_layer_elems = ec_mul(ec_mul(kv_tokens, 2), e->kvd);
+    e->kv = EC_CARVE(c, ec_mul(e->kv_layer_elems, cf->n_layers ? cf->n_layers : 1), krn_bf16);
+    e->d_page_mask = EC_CARVE(c, kv_tokens, uint8_t);
+    e->emb = EC_CARVE(c, ec_mul(in->embed_slots, d), float);
+    e->inv_freq = EC_CARVE(c, cf->head_dim / 2, float);
+    e->x = EC_CARVE(c, ec_mul(T, d), float);
+    e->x2 = EC_CARVE(c, ec_mul(T, d), float);
+    e->tmp = EC_CARVE(c, ec_mul(T, d), float);
+    e->xn = EC_CARVE(c, ec_mul(T, d), krn_bf16);
+    size_t shared = e->qkvd > 2 * (size_t)e->ffn ? e->qkvd : 2 * (size_t)e->ffn;
+    e->qkv = EC_CARVE(c, ec_mul(T, shared), float);
+    e->gu = e->qkv; /* the MLP runs after attention has consumed q, and k/v live in kb/vb */
+    e->kb = EC_CARVE(c, ec_mul(T, e->kvd), krn_bf16);
+    e->vb = EC_CARVE(c, ec_mul(T, e->kvd), krn_bf16);
+    e->att = EC_CARVE(c, ec_mul(T, e->qd), krn_bf16);
+    e->h = EC_CARVE(c, ec_mul(T, e->ffn), krn_bf16);
+    e->logits = EC_CARVE(c, ec_mul(e->dist_rows, V), float);
+    size_t parts = ec_mul(ec_mul(KRN_CUDA_MAX_SPLITS, e->split_rows), cf->n_heads);
+    e->part_acc = EC_CARVE(c, ec_mul(parts, cf->head_dim), float);
+    e->part_ml = EC_CARVE(c, ec_mul(parts, 2), float);
+    e->d_meta = EC_CARVE(c, e->meta_words, int32_t);
+    e->d_top_ids = EC_CARVE(c, ec_mul(e->dist_rows, KRN_CUDA_TOPK_MAX), uint32_t);
+    e->d_top_probs = EC_CARVE(c, ec_mul(e->dist_rows, KRN_CUDA_TOPK_MAX), float);
+    e->d_temp = EC_CARVE(c, e->dist_rows, float);
+    e->d_topk = EC_CARVE(c, e->dist_rows, int32_t);
+    e->d_slot_idx = EC_CARVE(c, e->dist_rows, int32_t);
+    e->cublas_ws = ec_carve(c, EC_CUBLAS_WS);
+}
+
+/* ---- weights ----------------------------------------------------------------------------- */
+
+static uint16_t ec_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                     /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Copies tensor t (any dtype) as bf16 to dst on the device, through the pinned stage. */
+static pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st) {
+    size_t n = (size_t)t->rows * t->cols;
+    size_t chunk = EC_STAGE_BYTES / sizeof(uint16_t);
+    for (size_t at = 0; at < n; at += chunk) {
+        size_t len = n - at < chunk ? n - at : chunk;
+        uint16_t *s = (uint16_t *)e->h_stage;
+        if (t->dtype == MDL_BF16)
+            memcpy(s, (const uint16_t *)t->data + at, len * sizeof(uint16_t));
+        else
+            for (size_t i = 0; i < len; i++) s[i] = ec_f32_to_bf16(mdl_tensor_at(t, at + i));
+        EC_CUDA(st, cudaMemcpy(dst + at, s, len * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    }
+    return PIE_OK;
+}
+
+static pie_code ec_upload_weights(eng_cuda *e, pie_status *st) {
+    const mdl_model *m = e->m;
+    size_t d = m->cfg.hidden_size;
+    pie_code rc = ec_upload(e, &m->embed, e->embed, st);
+    if (rc == PIE_OK && !m->cfg.tie_word_embeddings) rc = ec_upload(e, &m->lm_head, e->lm_head, st);
+    if (rc == PIE_OK) rc = ec_upload(e, &m->norm, e->norm, st);
+    for (uint32_t l = 0; rc == PIE_OK && l < m->cfg.n_layers; l++) {
+        const mdl_layer *L = &m->layers[l];
+        ec_layer *D = &e->layers[l];
+        krn_bf16 *qkv = (krn_bf16 *)D->wqkv, *gu = (krn_bf16 *)D->w_gate_up;
+        rc = ec_upload(e, &L->attn_norm, (krn_bf16 *)D->attn_norm, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->wq, qkv, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->wk, qkv + (size_t)e->qd * d, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->wv, qkv + (size_t)(e->qd + e->kvd) * d, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->wo, (krn_bf16 *)D->wo, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->ffn_norm, (krn_bf16 *)D->ffn_norm, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->w_gate, gu, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->w_up, gu + (size_t)e->ffn * d, st);
+        if (rc == PIE_OK) rc = ec_upload(e, &L->w_down, (krn_bf16 *)D->w_down, st);
+    }
+    return rc;
+}
+
+/* ---- open / close ------------------------------------------------------------------------ */
+
+static pie_code ec_check_opts(const eng_opts *o, uint32_t *ps, uint32_t *pages, uint32_t *slots,
+                              uint32_t *T, pie_status *st) {
+    *ps = o->kv_page_size ? o->kv_page_size : 16;
+    *pages = o->kv_pages ? o->kv_pages : 256;
+    *slots = o->embed_slots ? o->embed_slots : 1024;
+    *T = o->max_batch_tokens ? o->max_batch_tokens : 4096;
+    if (*ps > EC_MAX_PAGE_SIZE)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: kv_page_size %u is out of range [1, %u]", *ps,
+                              EC_MAX_PAGE_SIZE);
+    if (*T > EC_MAX_BATCH)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: max_batch_tokens %u is out of range [1, %u]", *T,
+                              EC_MAX_BATCH);
+    if (*slots > EC_MAX_SLOTS)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: embed_slots %u is out of range [1, %u]", *slots,
+                              EC_MAX_SLOTS);
+    if ((uint64_t)*pages * *ps > EC_MAX_KV_TOKENS)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: kv_pages %u x kv_page_size %u exceeds 2^30 tokens", *pages,
+                              *ps);
+    return PIE_OK;
+}
+
+static pie_code ec_check_model(const eng_cuda *e, const char *dir, pie_status *st) {
+    const mdl_config *c = &e->m->cfg;
+    if (c->head_dim == 0 || c->head_dim % 2 != 0 || c->n_kv_heads == 0 ||
+        c->n_heads % c->n_kv_heads != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: %s: head_dim %u must be even and n_kv_heads %u must "
+                              "divide n_heads %u",
+                              dir, c->head_dim, c->n_kv_heads, c->n_heads);
+    if (c->head_dim > KRN_CUDA_MAX_HEAD_DIM || c->n_heads / c->n_kv_heads > KRN_CUDA_MAX_GROUP ||
+        c->n_kv_heads > 65535)
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: backend cuda: %s: head_dim %u (at most %d) or "
+                              "n_heads / n_kv_heads %u (at most %d) is beyond the attention "
+                              "kernel",
+                              dir, c->head_dim, KRN_CUDA_MAX_HEAD_DIM, c->n_heads / c->n_kv_heads,
+                              KRN_CUDA_MAX_GROUP);
+    return PIE_OK;
+}
+
+static void ec_fill_info(eng_cuda *e, uint32_t ps, uint32_t pages, uint32_t slots, uint32_t T) {
+    const mdl_config *c = &e->m->cfg;
+    eng_info *in = &e->info;
+    snprintf(in->architecture, sizeof in->architecture, "%s", c->architecture);
+    snprintf(in->dtype, sizeof in->dtype, "%s", mdl_dtype_name(e->m->embed.dtype));
+    in->vocab_size = c->vocab_size;
+    in->hidden_size = c->hidden_size;
+    in->intermediate_size = c->intermediate_size;
+    in->n_layers = c->n_layers;
+    in->n_heads = c->n_heads;
+    in->n_kv_heads = c->n_kv_heads;
+    in->head_dim = c->head_dim;
+    in->max_position = c->max_position;
+    in->bos_token_id = c->bos_token_id;
+    in->eos_token_id = c->eos_token_id;
+    in->kv_page_size = ps;
+    in->kv_pages = pages;
+    in->embed_slots = slots;
+    in->max_batch_tokens = T;
+    in->weight_bytes = e->m->weight_bytes;
+}
+
+/* Host arrays: mirrors, plans, validation marks, and the pinned buffers. */
+static pie_code ec_alloc_host(eng_cuda *e, pie_status *st) {
+    const eng_info *in = &e->info;
+    size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
+    e->page_mask = calloc(kv_tokens ? kv_tokens : 1, 1);
+    e->page_n_masked = calloc(in->kv_pages, sizeof *e->page_n_masked);
+    e->emb_pos = calloc(in->embed_slots, sizeof *e->emb_pos);
+    e->plan = calloc(in->max_batch_tokens, sizeof *e->plan);
+    e->slot_mark = calloc(in->embed_slots, sizeof *e->slot_mark);
+    e->page_mark = calloc(in->kv_pages, sizeof *e->page_mark);
+    e->tok_mark = calloc(kv_tokens ? kv_tokens : 1, sizeof *e->tok_mark);
+    if (!e->page_mask || !e->page_n_masked || !e->emb_pos || !e->plan || !e->slot_mark ||
+        !e->page_mark || !e->tok_mark)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: cannot allocate the page masks and marks of %u pages",
+                              in->kv_pages);
+    size_t top = (size_t)e->dist_rows * KRN_CUDA_TOPK_MAX;
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_meta, e->meta_words * sizeof(int32_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_top_ids, top * sizeof(uint32_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_top_probs, top * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_dist_f, e->dist_rows * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_dist_i, 2 * e->dist_rows * sizeof(int32_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_stage, EC_STAGE_BYTES));
+    return PIE_OK;
+}
+
+/* The meta buffer must hold the tables of the largest batch: rows T, every page list, runs. */
+static void ec_size_meta(eng_cuda *e) {
+    const eng_info *in = &e->info;
+    size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
+    e->page_cap = (uint32_t)(4ull * in->kv_pages + in->max_batch_tokens > UINT32_MAX / 2
+                                 ? UINT32_MAX / 2
+                                 : 4ull * in->kv_pages + in->max_batch_tokens);
+    uint64_t runs = 4ull * (kv_tokens + in->max_batch_tokens);
+    if (runs < (1u << 20)) runs = 1u << 20;
+    if (runs > UINT32_MAX / 2) runs = UINT32_MAX / 2;
+    e->runs_cap = (uint32_t)runs;
+    size_t tile_words = sizeof(krn_cuda_attn_tile) / sizeof(int32_t);
+    e->meta_words =
+        (size_t)in->max_batch_tokens * (6 + 2 * tile_words) + e->page_cap + e->runs_cap + 64;
+}
+
+static pie_code ec_open_device(eng_cuda *e, pie_status *st) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0)
+        return pie_status_set(st, PIE_UNAVAILABLE, "eng_open: backend cuda: no CUDA device (%s)",
+                              err != cudaSuccess ? cudaGetErrorString(err)
+                                                 : "the driver lists none");
+    e->dev = 0;
+    struct cudaDeviceProp prop;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    EC_CUDA(st, cudaGetDeviceProperties(&prop, e->dev));
+    e->n_sms = prop.multiProcessorCount;
+    snprintf(e->device, sizeof e->device, "%.256s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    EC_CUDA(st, cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+    EC_CUDA(st, cudaStreamCreateWithFlags(&e->copy_stream, cudaStreamNonBlocking));
+    EC_CUBLAS(st, cublasCreate(&e->cublas));
+    EC_CUBLAS(st, cublasSetStream(e->cublas, e->stream));
+    EC_CUBLAS(st, cublasSetMathMode(e->cublas, CUBLAS_DEFAULT_MATH));
+    const mdl_config *c = &e->m->cfg;
+    EC_CUDA(st, krn_cuda_init((int)c->head_dim));
+    if (krn_cuda_attn_tc_fits((int)c->head_dim, (int)c->n_heads, (int)c->n_kv_heads))
+        e->tc_rows = (uint32_t)krn_cuda_attn_tc_rows((int)c->n_heads, (int)c->n_kv_heads);
+    return PIE_OK;
+}
+
+static pie_code ec_open_pool(eng_cuda *e, pie_status *st) {
+    ec_carver measure = {0};
+    ec_carve_pool(e, &measure);
+    if (measure.used == SIZE_MAX)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: the device pool size overflows");
+    cudaError_t err = cudaMalloc(&e->pool, measure.used);
+    if (err != cudaSuccess) {
+        e->pool = NULL;
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: cannot allocate %zu bytes of device memory for the "
+                              "pool (%s)",
+                              measure.used, cudaGetErrorString(err));
+    }
+    e->pool_bytes = measure.used;
+    ec_carver carve = {.base = e->pool};
+    ec_carve_pool(e, &carve);
+    EC_CUDA(st, cudaMemset(e->pool, 0, e->pool_bytes)); /* KV, masks, slots start zeroed */
+    EC_CUBLAS(st, cublasSetWorkspace(e->cublas, e->cublas_ws, EC_CUBLAS_WS));
+    return PIE_OK;
+}
+
+static pie_code ec_upload_freqs(eng_cuda *e, pie_status *st) {
+    const mdl_config *c = &e->m->cfg;
+    float *f = (float *)e->h_stage;
+    krn_cpu_rope_freqs(f, (int)c->head_dim, c->rope_theta, c->rope_factor, c->rope_low_freq_factor,
+                       c->rope_high_freq_factor, (int)c->rope_orig_max_position);
+    EC_CUDA(st,
+            cudaMemcpy(e->inv_freq, f, sizeof(float) * (c->head_dim / 2), cudaMemcpyHostToDevice));
+    return PIE_OK;
+}
+
+pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
+    if (!opts || !out || !opts->model_dir)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: opts, out and opts->model_dir must not be NULL");
+    *out = NULL;
+    uint32_t ps, pages, slots, T;
+    pie_code rc = ec_check_opts(opts, &ps, &pages, &slots, &T, st);
+    if (rc != PIE_OK) return rc;
+    eng_cuda *e = calloc(1, sizeof *e);
+    if (!e) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
+    const char *g = getenv("PIE_CUDA_GRAPHS");
+    e->graphs_on = !(g && strcmp(g, "0") == 0);
+    rc = mdl_open(opts->model_dir, &e->m, st);
+    if (rc == PIE_OK) rc = ec_check_model(e, opts->model_dir, st);
+    if (rc != PIE_OK) goto fail;
+    const mdl_config *c = &e->m->cfg;
+    ec_fill_info(e, ps, pages, slots, T);
+    e->qd = c->n_heads * c->head_dim;
+    e->kvd = c->n_kv_heads * c->head_dim;
+    e->qkvd = e->qd + 2 * e->kvd;
+    e->ffn = c->intermediate_size;
+    e->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    e->tile_rows = (uint32_t)krn_cuda_attn_tile_rows((int)c->n_heads, (int)c->n_kv_heads);
+    e->dist_rows = T < EC_DIST_ROWS ? T : EC_DIST_ROWS;
+    e->split_rows = T < EC_SPLIT_ROWS ? T : EC_SPLIT_ROWS;
+    ec_size_meta(e);
+    e->layers = calloc(c->n_layers ? c->n_layers : 1, sizeof *e->layers);
+    if (!e->layers) {
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
+        goto fail;
+    }
+    rc = ec_open_device(e, st);
+    if (rc == PIE_OK) rc = ec_alloc_host(e, st);
+    if (rc == PIE_OK) rc = ec_open_pool(e, st);
+    if (rc == PIE_OK) rc = ec_upload_weights(e, st);
+    if (rc == PIE_OK) rc = ec_upload_freqs(e, st);
+    if (rc != PIE_OK) goto fail;
+    size_t kv_tokens = (size_t)pages * ps;
+    e->info.kv_pool_bytes =
+        ec_mul(ec_mul(e->kv_layer_elems, sizeof(krn_bf16)), c->n_layers) + kv_tokens;
+    e->info.embed_pool_bytes = (size_t)slots * c->hidden_size * sizeof(float);
+    e->info.scratch_bytes = e->pool_bytes - e->info.kv_pool_bytes - e->info.embed_pool_bytes;
+    *out = e;
+    return PIE_OK;
+fail:
+    eng_cuda_close(e);
+    return rc;
+}
+
+void eng_cuda_close(eng_cuda *e) {
+    if (!e) return;
+    if (e->stream) (void)cudaStreamSynchronize(e->stream);
+    ec_graphs_free(e);
+    if (e->cublas) (void)cublasDestroy(e->cublas);
+    if (e->stream) (void)cudaStreamDestroy(e->stream);
+    if (e->copy_stream) (void)cudaStreamDestroy(e->copy_stream);
+    if (e->pool) (void)cudaFree(e->pool);
+    void *pinned[] = {e->h_meta,   e->h_top_ids, e->h_top_probs,
+                      e->h_dist_f, e->h_dist_i,  e->h_stage};
+    for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
+        if (pinned[i]) (void)cudaFreeHost(pinned[i]);
+    mdl_close(e->m);
+    free(e->layers);
+    free(e->page_mask);
+    free(e->page_n_masked);
+    free(e->emb_pos);
+    free(e->plan);
+    free(e->slot_mark);
+    free(e->page_mark);
+    free(e->tok_mark);
+    free(e);
+}
+
+const eng_info *eng_cuda_get_info(const eng_cuda *e) { return &e->info; }
+const char *eng_cuda_device_name(const eng_cuda *e) { return e->device; }
+
+void eng_cuda_graph_stats(const eng_cuda *e, uint64_t *replays, uint32_t *graphs) {
+    if (replays) *replays = e->graph_replays;
+    if (graphs) *graphs = e->n_graphs;
+}
+
+void eng_cuda_set_graphs(eng_cuda *e, bool on) { e->graphs_on = on; }
+
+/* ---- embed ------------------------------------------------------------------------------- */
+
+pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *tokens,
+                             const uint32_t *positions, uint32_t n, pie_status *st) {
+    if (n == 0) return PIE_OK;
+    if (!slots || !tokens || !positions)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "embed_text: slots, tokens and positions must not be NULL");
+    const eng_info *in = &e->info;
+    for (uint32_t i = 0; i < n; i++) {
+        if (slots[i] >= in->embed_slots)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "embed_text: item %u: slot %u is out of range [0, %u)", i,
+                                  slots[i], in->embed_slots);
+        if (tokens[i] >= in->vocab_size)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "embed_text: item %u: token %u is out of range [0, %u)", i,
+                                  tokens[i], in->vocab_size);
+        if (positions[i] >= in->max_position)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "embed_text: item %u: position %u is out of range [0, %u)", i,
+                                  positions[i], in->max_position);
+    }
+    EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
+    /* tokens and slots through the stage in chunks (n is not bounded by any capacity) */
+    uint32_t chunk = (uint32_t)(EC_STAGE_BYTES / (2 * sizeof(uint32_t)));
+    uint32_t *d_tok = (uint32_t *)e->d_meta, *h_tok = (uint32_t *)e->h_meta;
+    uint32_t cap = (uint32_t)(e->meta_words / 2 < chunk ? e->meta_words / 2 : chunk);
+    for (uint32_t at = 0; at < n; at += cap) {
+        uint32_t len = n - at < cap ? n - at : cap;
+        memcpy(h_tok, tokens + at, len * sizeof(uint32_t));
+        memcpy(h_tok + cap, slots + at, len * sizeof(uint32_t));
+        EC_CUDA(st, cudaMemcpyAsync(d_tok, h_tok, len * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                    e->stream));
+        EC_CUDA(st, cudaMemcpyAsync(d_tok + cap, h_tok + cap, len * sizeof(uint32_t),
+                                    cudaMemcpyHostToDevice, e->stream));
+        EC_CUDA(st, krn_cuda_embed(e->embed, (int)in->hidden_size, d_tok, d_tok + cap, (int)len,
+                                   e->emb, e->stream));
+        EC_CUDA(st, cudaStreamSynchronize(e->stream)); /* the stage is reused next round */
+    }
+    for (uint32_t i = 0; i < n; i++) e->emb_pos[slots[i]] = positions[i];
+    return PIE_OK;
+}
+
+/* ---- pages ------------------------------------------------------------------------------- */
+
+pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_status *st) {
+    if (!masked) return pie_status_set(st, PIE_INVALID_ARGUMENT, "mask_page: masked is NULL");
+    if (page >= e->info.kv_pages)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "mask_page: page %u is out of range [0, %u)", page, e->info.kv_pages);
+    uint32_t ps = e->info.kv_page_size, count = 0;
+    uint8_t *m = e->page_mask + (size_t)page * ps;
+    for (uint32_t o = 0; o < ps; o++) {
+        m[o] = masked[o] ? 1 : 0;
+        count += m[o];
+    }
+    memcpy(e->h_stage, m, ps);
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    EC_CUDA(st, cudaMemcpyAsync(e->d_page_mask + (size_t)page * ps, e->h_stage, ps,
+                                cudaMemcpyHostToDevice, e->stream));
+    EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    e->page_n_masked[page] = count;
+    return PIE_OK;
+}
+
+static pie_code ec_check_copy(const eng_cuda *e, const eng_copy_item *c, uint32_t i,
+                              pie_status *st) {
+    uint32_t pages = e->info.kv_pages, ps = e->info.kv_page_size;
+    if (c->src >= pages)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "copy_pages: item %u: src %u is out of range [0, %u)", i, c->src,
+                              pages);
+    if (c->dst >= pages)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "copy_pages: item %u: dst %u is out of range [0, %u)", i, c->dst,
+                              pages);
+    if (c->count == 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "copy_pages: item %u: count is 0", i);
+    if ((uint64_t)c->src_off + c->count > ps)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "copy_pages: item %u: src_off %u + count %u exceeds kv_page_size %u",
+                              i, c->src_off, c->count, ps);
+    if ((uint64_t)c->dst_off + c->count > ps)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "copy_pages: item %u: dst_off %u + count %u exceeds kv_page_size %u",
+                              i, c->dst_off, c->count, ps);
+    if (c->src == c->dst && c->src_off < c->dst_off + c->count &&
+        c->dst_off < c->src_off + c->count)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "copy_pages: item %u: ranges [%u, %u) and [%u, %u) of page %u "
+                              "overlap",
+                              i, c->src_off, c->src_off + c->count, c->dst_off,
+                              c->dst_off + c->count, c->src);
+    return PIE_OK;
+}
+
+pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st) {
+    if (n == 0) return PIE_OK;
+    if (!items) return pie_status_set(st, PIE_INVALID_ARGUMENT, "copy_pages: items is NULL");
+    for (uint32_t i = 0; i < n; i++) {
+        pie_code rc = ec_check_copy(e, &items[i], i, st);
+        if (rc != PIE_OK) return rc;
+    }
+    uint32_t ps = e->info.kv_page_size;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    /* one launch per item, in order on the stream: a later item may read what an earlier one
+     * wrote */
+    for (uint32_t i = 0; i < n; i++) {
+        const eng_copy_item *c = &items[i];
+        int src = (int)(c->src * ps + c->src_off), dst = (int)(c->dst * ps + c->dst_off);
+        EC_CUDA(st, krn_cuda_page_copy(e->kv, e->kv_layer_elems, (int)e->info.n_layers, (int)ps,
+                                       (int)e->kvd, e->d_page_mask, src, dst, (int)c->count,
+                                       e->stream));
+        uint8_t *dm = e->page_mask + (size_t)c->dst * ps;
+        const uint8_t *sm = e->page_mask + (size_t)c->src * ps;
+        uint32_t count = e->page_n_masked[c->dst];
+        for (uint32_t t = 0; t < c->count; t++) {
+            count -= dm[c->dst_off + t];
+            dm[c->dst_off + t] = sm[c->src_off + t];
+            count += dm[c->dst_off + t];
+        }
+        e->page_n_masked[c->dst] = count;
+    }
+    EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    return PIE_OK;
+}
+
+/* ---- distributions ----------------------------------------------------------------------- */
+
+/* logits[rows, vocab] = lm_head · (the states of slots d_slot_idx[rows]). */
+static pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st) {
+    uint32_t d = e->info.hidden_size;
+    EC_CUDA(st, krn_cuda_gather_rows(e->tmp, e->emb, e->d_slot_idx, (int)rows, (int)d, e->stream));
+    EC_CUDA(st, krn_cuda_to_bf16(e->tmp, (size_t)rows * d, e->xn, e->stream));
+    return ec_linear(e, e->xn, rows, d, e->lm_head, e->info.vocab_size, e->logits, st);
+}
+
+static pie_code ec_check_dist(const eng_cuda *e, const eng_dist_item *it, uint32_t i,
+                              pie_status *st) {
+    const eng_info *in = &e->info;
+    uint32_t kmax = in->vocab_size < ENG_CUDA_TOPK_MAX ? in->vocab_size : ENG_CUDA_TOPK_MAX;
+    if (it->slot >= in->embed_slots)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "next_dist: item %u: slot %u is out of range [0, %u)", i, it->slot,
+                              in->embed_slots);
+    if (it->top_k < 1 || it->top_k > kmax)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "next_dist: item %u: top_k %u is out of range [1, %u]", i, it->top_k,
+                              kmax);
+    if (!(it->temperature > 0.0f) || !isfinite(it->temperature))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "next_dist: item %u: temperature %g must be finite and > 0", i,
+                              (double)it->temperature);
+    if (!it->ids || !it->probs)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "next_dist: item %u: ids and probs must not be NULL", i);
+    return PIE_OK;
+}
+
+pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st) {
+    if (n == 0) return PIE_OK;
+    if (!items) return pie_status_set(st, PIE_INVALID_ARGUMENT, "next_dist: items is NULL");
+    for (uint32_t i = 0; i < n; i++) {
+        pie_code rc = ec_check_dist(e, &items[i], i, st);
+        if (rc != PIE_OK) return rc;
+    }
+    uint32_t R = e->dist_rows;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    for (uint32_t start = 0; start < n; start += R) {
+        uint32_t rows = n - start < R ? n - start : R;
+        for (uint32_t r = 0; r < rows; r++) {
+            e->h_dist_f[r] = items[start + r].temperature;
+            e->h_dist_i[r] = (int32_t)items[start + r].top_k;
+            e->h_dist_i[R + r] = (int32_t)items[start + r].slot;
+        }
+        EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, e->stream));
+        EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, e->stream));
+        EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, e->stream));
+        pie_code rc = ec_lm_head(e, rows, st);
+        if (rc != PIE_OK) return rc;
+        EC_CUDA(st, krn_cuda_topk(e->logits, (int)rows, (int)e->info.vocab_size, e->d_temp,
+                                  e->d_topk, e->d_top_ids, e->d_top_probs, e->stream));
+        size_t top = (size_t)rows * KRN_CUDA_TOPK_MAX;
+        EC_CUDA(st, cudaMemcpyAsync(e->h_top_ids, e->d_top_ids, top * sizeof(uint32_t),
+                                    cudaMemcpyDeviceToHost, e->stream));
+        EC_CUDA(st, cudaMemcpyAsync(e->h_top_probs, e->d_top_probs, top * sizeof(float),
+                                    cudaMemcpyDeviceToHost, e->stream));
+        EC_CUDA(st, cudaStreamSynchronize(e->stream));
+        for (uint32_t r = 0; r < rows; r++) {
+            eng_dist_item *it = &items[start + r];
+            memcpy(it->ids, e->h_top_ids + (size_t)r * KRN_CUDA_TOPK_MAX,
+                   it->top_k * sizeof(uint32_t));
+            memcpy(it->probs, e->h_top_probs + (size_t)r * KRN_CUDA_TOPK_MAX,
+                   it->top_k * sizeof(float));
+        }
+    }
+    return PIE_OK;
+}
+
+pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st) {
+    if (slot >= e->info.embed_slots)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "logits: slot %u is out of range [0, %u)",
+                              slot, e->info.embed_slots);
+    if (!logits) return pie_status_set(st, PIE_INVALID_ARGUMENT, "logits: logits is NULL");
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    e->h_dist_i[0] = (int32_t)slot;
+    EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i, sizeof(int32_t), cudaMemcpyHostToDevice,
+                                e->stream));
+    pie_code rc = ec_lm_head(e, 1, st);
+    if (rc != PIE_OK) return rc;
+    EC_CUDA(st, cudaMemcpyAsync(logits, e->logits, e->info.vocab_size * sizeof(float),
+                                cudaMemcpyDeviceToHost, e->stream));
+    EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    return PIE_OK;
+}
+
+pie_code eng_cuda_slot_position(eng_cuda *e, uint32_t slot, uint32_t *pos, pie_status *st) {
+    if (slot >= e->info.embed_slots)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "slot_position: slot %u is out of range [0, %u)", slot,
+                              e->info.embed_slots);
+    if (!pos) return pie_status_set(st, PIE_INVALID_ARGUMENT, "slot_position: pos is NULL");
+    *pos = e->emb_pos[slot];
+    return PIE_OK;
+}

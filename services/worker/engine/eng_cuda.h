@@ -1,0 +1,54 @@
+/* eng_cuda.h — the cuda backend of the engine: eng.h's handlers on one CUDA device.
+ *
+ * Owns: the same contract as eng.h (ragged forward batches over physical KV pages and
+ * embedding slots, page mask and copy, next-token distributions, the same validation and error
+ * messages), implemented with kernels/cuda and cuBLAS. The functions mirror eng.h one to one;
+ * a worker with `backend: cuda` calls these instead (services/worker/wrk_backend.c).
+ * Does not own: the contract's definition (eng.h, README.md), the kernels (kernels/cuda).
+ *
+ * Differences a caller can observe (all documented in docs/cuda.md):
+ *  - numerics: weights are stored in bf16 on the device whatever the file's dtype, KV pages are
+ *    bf16, activations and accumulations f32 (the CPU backend keeps f32 KV);
+ *  - capacities fixed at open besides max_batch_tokens: the page lists of one forward batch may
+ *    name at most 4 * kv_pages + max_batch_tokens pages in all, and its explicit masks at most
+ *    max(2^20, 4 * (kv_pages * kv_page_size + max_batch_tokens)) runs in all (refused with
+ *    RESOURCE_EXHAUSTED beyond), next_dist's top_k is at most 1024;
+ *  - eng_open fails with "eng_open: backend cuda: no CUDA device (<driver's reason>)"
+ *    (UNAVAILABLE) where there is none.
+ * n_threads in eng_opts is ignored. Not thread-safe: one handler at a time, from any thread
+ * (each handler makes the engine's device current first). */
+#ifndef ENG_CUDA_H
+#define ENG_CUDA_H
+
+#include "eng.h"
+
+typedef struct eng_cuda eng_cuda;
+
+/* Most top_k next_dist accepts (the CPU backend accepts up to the vocabulary). */
+#define ENG_CUDA_TOPK_MAX 1024u
+
+pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st);
+void eng_cuda_close(eng_cuda *e);
+const eng_info *eng_cuda_get_info(const eng_cuda *e);
+
+/* The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)". */
+const char *eng_cuda_device_name(const eng_cuda *e);
+
+pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *tokens,
+                             const uint32_t *positions, uint32_t n, pie_status *st);
+pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st);
+pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_status *st);
+pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st);
+pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st);
+pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st);
+pie_code eng_cuda_slot_position(eng_cuda *e, uint32_t slot, uint32_t *pos, pie_status *st);
+
+/* Decode steps replayed from captured CUDA graphs (counted since open), and graphs captured.
+ * For tests and benchmarks. */
+void eng_cuda_graph_stats(const eng_cuda *e, uint64_t *replays, uint32_t *graphs);
+
+/* Enables or disables graph capture/replay (default on; PIE_CUDA_GRAPHS=0 in the environment
+ * at open turns it off). Benchmarks compare both. */
+void eng_cuda_set_graphs(eng_cuda *e, bool on);
+
+#endif

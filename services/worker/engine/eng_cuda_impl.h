@@ -1,0 +1,158 @@
+/* eng_cuda_impl.h — the cuda engine's object and the helpers its files share (internal).
+ *
+ * Owns: struct eng_cuda (device pool and its carving, host mirrors, staging, streams, cuBLAS,
+ * the graph cache) and the error macros that turn a cudaError_t / cublasStatus_t into a
+ * pie_status naming the call, file and line. eng_cuda.c: open/close, embed, pages,
+ * distributions; eng_cuda_fwd.c: forward validation, planning, execution, graphs. */
+#ifndef ENG_CUDA_IMPL_H
+#define ENG_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "eng_cuda.h"
+#include "krn_cuda.h"
+#include "mdl.h"
+
+#define EC_ALIGN       256u /* every carved device buffer */
+#define EC_DIST_ROWS   64u  /* slots per lm_head call in next_dist */
+#define EC_SPLIT_ROWS  256u /* attention calls of at most this many rows may split KV */
+#define EC_GRAPH_MAX_T 128u /* decode batches up to this many items replay graphs */
+#define EC_GRAPHS      32u  /* graph cache entries */
+#define EC_CUBLAS_WS   (32u << 20)
+#define EC_STAGE_BYTES (64u << 20) /* pinned staging for weight upload */
+
+/* cudaError_t / cublasStatus_t → pie_status (PIE_INTERNAL) naming the call and where. */
+pie_code ec_cuda_fail(pie_status *st, cudaError_t err, const char *call, const char *file,
+                      int line);
+pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, const char *file,
+                        int line);
+
+#define EC_CUDA(st, call)                                                                          \
+    do {                                                                                           \
+        cudaError_t ec_err_ = (call);                                                              \
+        if (ec_err_ != cudaSuccess) return ec_cuda_fail((st), ec_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+#define EC_CUBLAS(st, call)                                                \
+    do {                                                                   \
+        cublasStatus_t ec_s_ = (call);                                     \
+        if (ec_s_ != CUBLAS_STATUS_SUCCESS)                                \
+            return ec_cublas_fail((st), ec_s_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+/* Validation stamp, as the CPU backend's. */
+typedef struct ec_mark {
+    uint32_t gen, who;
+} ec_mark;
+
+/* One forward item after validation. */
+typedef struct ec_plan {
+    uint32_t first;   /* first row in the batch */
+    uint32_t ctx;     /* C: tokens before the inputs */
+    uint32_t pages;   /* offset of its page list in the meta page array */
+    int32_t mask_row; /* first entry of its rows in row_runs, -1 without an explicit mask */
+} ec_plan;
+
+/* Per-batch tables, at int32 offsets into the meta buffers for a row capacity R (a graph
+ * bucket, or the batch's own row count). */
+typedef struct ec_meta_layout {
+    size_t in_slot, pos, kv_dst, out_row, out_slot, row_runs, tiles_all, tiles_out, pages, runs;
+    size_t end; /* int32 units with every capacity */
+} ec_meta_layout;
+
+typedef struct ec_layer {
+    const krn_bf16 *attn_norm, *wqkv, *wo, *ffn_norm, *w_gate_up, *w_down;
+} ec_layer;
+
+typedef struct ec_graph {
+    uint32_t rows, splits; /* key: bucket and split count */
+    cudaGraphExec_t exec;
+} ec_graph;
+
+/* What one forward call runs: counts that fix kernel launch shapes. */
+typedef struct ec_run {
+    uint32_t rows;     /* R: batch rows (bucket size in graph mode) */
+    uint32_t out_rows; /* rows of the last layer's tail (n_out, or the bucket) */
+    uint32_t n_out;    /* real outputs (0: the last layer stops after storing K/V) */
+    uint32_t tiles_all, tiles_out;
+    uint32_t splits_all, splits_out;
+    bool tc_all, tc_out; /* the tensor-core kernel runs that tile list */
+    ec_meta_layout lay;
+} ec_run;
+
+struct eng_cuda {
+    mdl_model *m;
+    eng_info info;
+    char device[288];
+    int dev, n_sms;
+    uint32_t qd, kvd, qkvd, ffn;
+    uint32_t tile_rows; /* rows per tile of krn_cuda_attention (decode-shaped work) */
+    uint32_t tc_rows;   /* rows per tile of krn_cuda_attention_tc; 0: not on this device */
+    float attn_scale;
+
+    /* capacities fixed at open */
+    uint32_t page_cap, runs_cap, dist_rows;
+
+    /* the device pool: one allocation, carved */
+    void *pool;
+    size_t pool_bytes;
+    krn_bf16 *embed, *norm, *lm_head; /* lm_head == embed when tied */
+    ec_layer *layers;                 /* [n_layers] (host array of device pointers) */
+    krn_bf16 *kv;                     /* [n_layers][pages][2][ps][kvd] */
+    size_t kv_layer_elems;
+    uint8_t *d_page_mask;      /* [pages * ps] */
+    float *emb;                /* [slots, d] */
+    float *inv_freq;           /* [hd / 2] */
+    float *x, *x2, *tmp;       /* [T, d] */
+    krn_bf16 *xn;              /* [T, d] */
+    float *qkv, *gu;           /* [T, qkvd] and [T, 2 ffn]: the same memory */
+    krn_bf16 *kb, *vb;         /* [T, kvd] */
+    krn_bf16 *att;             /* [T, qd] */
+    krn_bf16 *h;               /* [T, ffn] */
+    float *logits;             /* [dist_rows, vocab] */
+    float *part_acc, *part_ml; /* split-KV partials */
+    uint32_t split_rows;
+    int32_t *d_meta; /* per-batch tables */
+    size_t meta_words;
+    uint32_t *d_top_ids; /* [dist_rows, TOPK_MAX] */
+    float *d_top_probs;
+    float *d_temp;                /* [dist_rows] */
+    int32_t *d_topk, *d_slot_idx; /* [dist_rows] */
+    void *cublas_ws;
+
+    /* host side */
+    int32_t *h_meta;     /* pinned, meta_words */
+    uint32_t *h_top_ids; /* pinned [dist_rows, TOPK_MAX] */
+    float *h_top_probs;
+    float *h_dist_f;    /* pinned [dist_rows] temperatures */
+    int32_t *h_dist_i;  /* pinned [2 * dist_rows]: top_k, slot */
+    uint8_t *h_stage;   /* pinned EC_STAGE_BYTES: weight upload, page masks, tokens */
+    uint8_t *page_mask; /* [pages * ps] mirror */
+    uint32_t *page_n_masked;
+    uint32_t *emb_pos; /* [slots] */
+    ec_plan *plan;     /* [T] */
+    ec_mark *slot_mark, *page_mark, *tok_mark;
+    uint32_t gen;
+
+    cudaStream_t stream, copy_stream; /* copy_stream: reserved for the memory-tier work */
+    cublasHandle_t cublas;
+
+    bool graphs_on;
+    ec_graph graphs[EC_GRAPHS];
+    uint32_t n_graphs;
+    uint64_t graph_replays;
+};
+
+/* eng_cuda_fwd.c: a y = x · W^T through the GEMV or cuBLAS (y row stride = out). */
+pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
+                   uint32_t out, float *y, pie_status *st);
+
+/* eng_cuda.c: fresh validation generations (see eng_cpu.c). */
+void ec_reserve_gens(eng_cuda *e, uint64_t count);
+uint32_t ec_next_gen(eng_cuda *e);
+
+/* eng_cuda_fwd.c: releases every captured graph. */
+void ec_graphs_free(eng_cuda *e);
+
+#endif
