@@ -6,8 +6,10 @@
  * stderr, exit code), run with messages both ways, end of input, oversize client messages,
  * one attachment at a time, terminate, a cancelled Run, dropped output, list instances
  * (states, limits, usage), retention, foreign ids; hostile instances (out-of-bounds access, an
- * infinite loop against cpu_ms, deep recursion, an allocation storm) each end alone with a
- * clear status while a well-behaved instance finishes and the services stay healthy; piectl
+ * infinite loop against cpu_ms, deep recursion, a memory storm) each end alone with a clear
+ * status, and API abuse (a KV-page allocation storm, ids never allocated, an oversize message, a
+ * URL outside the allowlist, a future storm) is refused with a reason the inferlet can read,
+ * while a well-behaved instance finishes and the services stay healthy; piectl
  * (run with exit codes, ps, programs, readable errors).
  *
  * Fixtures: tests/wasm/lc_echo.c (raw pie ABI) and tests/wasm/hostile.c. Deadlines are
@@ -776,6 +778,29 @@ Test(lifecycle, hostile_instances_end_alone_with_a_clear_reason) {
     cr_assert(ws.exited);
     cr_assert_eq(ws.exit_code_status, PIE_DEADLINE_EXCEEDED, "%s", ws.exit_msg);
     cr_assert(strstr(ws.exit_msg, "wall"), "%s", ws.exit_msg);
+
+    /* API abuse: the host or the controller refuses, the inferlet reads why and exits 1 */
+    struct {
+        const char *kind, *reason;
+    } abuse[] = {
+        {"alloc-storm", "4096 more KV pages would exceed the instance's limit of 1024"},
+        {"foreign-ids", "kv page 777 is not allocated in this instance"},
+        {"oversize", "exceeds the instance's message_bytes limit"},
+        {"bad-url", "is not allowed"},
+        {"future-storm", "futures armed"},
+    };
+    for (size_t i = 0; i < sizeof abuse / sizeof abuse[0]; i++) {
+        const char *args[] = {"abuse", abuse[i].kind, NULL};
+        launch_opts o = {.args = args, .message_bytes = 64 << 10};
+        seen s;
+        attach_all(&c, launch_ok(&c, echo, &o), &s);
+        cr_assert(s.exited, "%s: no exit status", abuse[i].kind);
+        cr_assert(s.exit_code_status == 0 && s.exit_code == 1, "%s: status %u code %d (%s) %.*s",
+                  abuse[i].kind, s.exit_code_status, s.exit_code, s.exit_msg, (int)s.n_err, s.err);
+        cr_assert(memmem(s.err, s.n_err, abuse[i].reason, strlen(abuse[i].reason)),
+                  "%s: stderr \"%.*s\" lacks \"%s\"", abuse[i].kind, (int)s.n_err, s.err,
+                  abuse[i].reason);
+    }
 
     /* the good one is untouched */
     send_msg(good, true, "after");

@@ -7,7 +7,12 @@
  *   wait         waits for one client message (or end of input), then exits 0 (idle instance)
  *   bench-host N times N pie.model_count calls (answered in-process) and prints ns per call
  *   bench-gpu N  creates a queue and times N awaited synchronize round trips (lifecycle →
- *                controller → worker → back), printing the median and mean in ns */
+ *                controller → worker → back), printing the median and mean in ns
+ *   abuse KIND   misuses the API the way a hostile inferlet would, KIND = alloc-storm (KV pages
+ *                until refused), foreign-ids (frees and forwards ids it never allocated),
+ *                oversize (sends a message above its quota), bad-url (fetches a URL outside the
+ *                allowlist), future-storm (arms futures until refused); when the host refuses,
+ *                prints "refused: <pie_last_error>" to stderr and exits 1, as the SDK does */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +97,63 @@ static int bench_gpu(long n) {
     return 0;
 }
 
+/* Reports the host's refusal of the last call the way the SDK does: stderr, exit code 1. */
+static int refused(int32_t rc) {
+    char msg[512];
+    int32_t n = pie_last_error(msg, sizeof msg - 1);
+    msg[n < 0 ? 0 : n > (int32_t)sizeof msg - 1 ? (int32_t)sizeof msg - 1 : n] = 0;
+    fprintf(stderr, "refused (%d): %s\n", (int)rc, msg);
+    return 1;
+}
+
+/* Synchronizes queue 1: the first deferred error of its calls, as a negative code, or 0. */
+static int32_t sync_queue(void) {
+    int32_t rc = pie_synchronize(1, F_GPU);
+    return rc < 0 ? rc : pie_future_result(F_GPU, 0, 0);
+}
+
+static int alloc_storm(void) {
+    static uint32_t ids[4096];
+    for (uint32_t round = 0; round < 1024; round++) {
+        for (uint32_t i = 0; i < 4096; i++) ids[i] = round * 4096 + i;
+        int32_t rc = pie_alloc_kv_pages(1, ids, 4096);
+        if (rc < 0 || (rc = sync_queue()) < 0) return refused(rc);
+    }
+    return 0; /* 4M pages granted: no quota held */
+}
+
+static int foreign_ids(void) {
+    uint32_t never = 777;
+    int32_t rc = pie_dealloc_kv_pages(1, &never, 1);
+    if (rc < 0 || (rc = sync_queue()) < 0) return refused(rc);
+    return 0;
+}
+
+static int abuse(const char *kind) {
+    if (strcmp(kind, "oversize") == 0) {
+        int32_t rc = pie_send(buf, sizeof buf); /* 1 MiB: above the test's quota */
+        return rc < 0 ? refused(rc) : 0;
+    }
+    if (strcmp(kind, "bad-url") == 0) {
+        static const char url[] = "http://169.254.169.254/latest/meta-data/";
+        int32_t rc = pie_http_request("GET", 3, url, sizeof url - 1, "", 0, "", 0, F_GPU);
+        if (rc >= 0) rc = pie_future_result(F_GPU, buf, sizeof buf);
+        return rc < 0 ? refused(rc) : 0;
+    }
+    if (strcmp(kind, "future-storm") == 0) {
+        for (uint32_t f = 100; f < 100 + (1u << 20); f++) {
+            int32_t rc = pie_receive(f);
+            if (rc < 0) return refused(rc);
+        }
+        return 0;
+    }
+    if (pie_create_queue(1, "", 0) < 0) return refused(-1);
+    if (strcmp(kind, "alloc-storm") == 0) return alloc_storm();
+    if (strcmp(kind, "foreign-ids") == 0) return foreign_ids();
+    fprintf(stderr, "unknown abuse %s\n", kind);
+    return 2;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "exit";
     long n = argc > 2 ? atol(argv[2]) : 0;
@@ -107,6 +169,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "wait") == 0) return next_message() < -11 ? 1 : 0;
     if (strcmp(mode, "bench-host") == 0) return bench_host(n > 0 ? n : 100000);
     if (strcmp(mode, "bench-gpu") == 0) return bench_gpu(n > 0 ? n : 1000);
+    if (strcmp(mode, "abuse") == 0) return abuse(argc > 2 ? argv[2] : "");
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
 }
