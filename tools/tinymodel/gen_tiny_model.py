@@ -6,9 +6,11 @@ name), the safetensors writer (single file or shards with model.safetensors.inde
 f32 → bf16/f16 conversion, config.json / generation_config.json / tokenizer_config.json, and
 the choice of tokenizer. Does not own: training the tokenizer (bpe_train.py, trained on
 corpus.txt; while that module is absent a pure byte-level tokenizer is written instead).
+train_tiny.py (the bundled trained model) reuses make_tokenizer, write_model_files,
+write_safetensors_arrays and write_dir_atomically from here.
 
 Usage:
-  gen_tiny_model.py --out DIR [--preset tiny|small|llama-3.2-1b] [--dtype f32|bf16|f16]
+  gen_tiny_model.py --out DIR [--preset tiny|small|llama-3.2-1b|llama-3.1-8b] [--dtype f32|bf16|f16]
                     [--seed N] [--tied|--untied] [--shards N]
                     [--rope-style scaling|parameters|none] [--tokenizer-style llama3|gpt2]
                     [--tokenizer-vocab N] [--tokenizer-cache DIR] [--quiet]
@@ -57,6 +59,14 @@ PRESETS = {
         rope=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                   original_max_position_embeddings=8192),
         tied=True),
+    # Exactly the shapes and hyper-parameters of meta-llama/Llama-3.1-8B (16 GB in bf16: made on
+    # the GPU machine for the cuda backend's checks, never at build time).
+    "llama-3.1-8b": dict(
+        tok_vocab=4096, vocab_size=128256, hidden=4096, layers=32, heads=32, kv_heads=8,
+        head_dim=128, ffn=14336, max_position=131072, rms_eps=1e-5, rope_theta=500000.0,
+        rope=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=8192),
+        tied=False),
 }
 
 DTYPES = {  # --dtype → (safetensors name, element bytes, config name)
@@ -272,32 +282,54 @@ def tensor_chunks(seed, name, shape, std, mean, dtype):
         x = rng.standard_normal(n * cols, dtype=np.float32)
         x *= np.float32(std)
         x += np.float32(mean)
-        if dtype == "f32":
-            out = x.astype("<f4", copy=False)
-        elif dtype == "f16":
-            out = x.astype("<f2")
-        else:
-            out = f32_to_bf16(x).astype("<u2", copy=False)
-        yield out.tobytes()
+        yield convert_f32(x, dtype)
 
 
-def write_safetensors(path, specs, seed, dtype, metadata):
-    """Streams one safetensors file tensor by tensor; returns its data bytes."""
+def safetensors_header(entries, dtype, metadata):
+    """The header bytes (length prefix included) of a safetensors file holding entries
+    [(name, shape)] in order, all of dtype; and the data bytes they take. The JSON is padded with
+    spaces so the data starts 8-aligned and every tensor is aligned to its element size."""
     st_name, esize, _ = DTYPES[dtype]
     header = {"__metadata__": metadata}
     off = 0
-    for name, shape, _, _ in specs:
+    for name, shape in entries:
         nbytes = int(np.prod(shape)) * esize
         header[name] = {"dtype": st_name, "shape": list(shape), "data_offsets": [off, off + nbytes]}
         off += nbytes
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * ((-(8 + len(hb))) % 8)  # data starts 8-aligned: every tensor is aligned
+    return struct.pack("<Q", len(hb)) + hb, off
+
+
+def convert_f32(x, dtype):
+    """f32 numpy values → the little-endian bytes of dtype (bf16: round to nearest even)."""
+    if dtype == "f32":
+        return x.astype("<f4", copy=False).tobytes()
+    if dtype == "f16":
+        return x.astype("<f2").tobytes()
+    return f32_to_bf16(np.ascontiguousarray(x, dtype=np.float32)).astype("<u2",
+                                                                          copy=False).tobytes()
+
+
+def write_safetensors(path, specs, seed, dtype, metadata):
+    """Streams one safetensors file tensor by tensor; returns its data bytes."""
+    head, off = safetensors_header([(name, shape) for name, shape, _, _ in specs], dtype, metadata)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
+        f.write(head)
         for name, shape, std, mean in specs:
             for chunk in tensor_chunks(seed, name, shape, std, mean, dtype):
                 f.write(chunk)
+    return off
+
+
+def write_safetensors_arrays(path, arrays, dtype, metadata):
+    """Writes given tensors [(name, float32 numpy array)] (e.g. trained weights, see
+    train_tiny.py) as one safetensors file in dtype; returns its data bytes."""
+    head, off = safetensors_header([(name, a.shape) for name, a in arrays], dtype, metadata)
+    with open(path, "wb") as f:
+        f.write(head)
+        for _, a in arrays:
+            f.write(convert_f32(a, dtype))
     return off
 
 
@@ -378,6 +410,45 @@ def write_json(path, obj):
         f.write("\n")
 
 
+def write_model_files(tmp, p, vocab, tied, dtype, rope_style, tok, tok_style):
+    """Everything of the directory except the weights: config.json, generation_config.json,
+    tokenizer_config.json and tokenizer.json (also used by train_tiny.py)."""
+    bos, eos = special_ids(tok)
+    write_json(os.path.join(tmp, "config.json"),
+               config_json(p, vocab, tied, dtype, rope_style, bos, eos))
+    write_json(os.path.join(tmp, "generation_config.json"),
+               {"bos_token_id": bos, "eos_token_id": eos, "do_sample": True,
+                "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.45.0"})
+    write_json(os.path.join(tmp, "tokenizer_config.json"),
+               tokenizer_config(tok, tok_style, p["max_position"]))
+    with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+
+
+def write_dir_atomically(out, fill):
+    """Calls fill(tmp) on an empty DIR.tmp.<pid> next to out, then renames it into place (the
+    old directory, if any, is removed after), so a reader never sees half a model. Returns what
+    fill returns."""
+    out = os.path.abspath(out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = f"{out}.tmp.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        result = fill(tmp)
+        if os.path.exists(out):
+            old = f"{out}.old.{os.getpid()}"
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
 def generate(args, tmp):
     p = PRESETS[args.preset]
     tied = p["tied"] if args.tied is None else args.tied
@@ -387,17 +458,8 @@ def generate(args, tmp):
     vocab = p.get("vocab_size", tok_ids)
     if vocab < tok_ids:
         sys.exit(f"gen_tiny_model: the tokenizer has {tok_ids} ids, more than vocab_size {vocab}")
-    bos, eos = special_ids(tok)
-
-    write_json(os.path.join(tmp, "config.json"),
-               config_json(p, vocab, tied, args.dtype, args.rope_style, bos, eos))
-    write_json(os.path.join(tmp, "generation_config.json"),
-               {"bos_token_id": bos, "eos_token_id": eos, "do_sample": True,
-                "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.45.0"})
-    write_json(os.path.join(tmp, "tokenizer_config.json"),
-               tokenizer_config(tok, args.tokenizer_style, p["max_position"]))
-    with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False)
+    write_model_files(tmp, p, vocab, tied, args.dtype, args.rope_style, tok,
+                      args.tokenizer_style)
 
     specs = tensor_specs(p, vocab, tied)
     meta = {"format": "pt", "generator": "pie-c tools/tinymodel/gen_tiny_model.py",
@@ -449,23 +511,7 @@ def main(argv=None):
 
     t0 = time.time()
     out = os.path.abspath(args.out)
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{out}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        vocab, tok_ids, tied, total = generate(args, tmp)
-        if os.path.exists(out):
-            old = f"{out}.old.{os.getpid()}"
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    vocab, tok_ids, tied, total = write_dir_atomically(out, lambda tmp: generate(args, tmp))
     log(f"wrote {out}: preset {args.preset}, {args.dtype}, seed {args.seed}, "
         f"{'tied' if tied else 'untied'}, vocab {vocab} (tokenizer {tok_ids}), "
         f"{total / 1e6:.1f} MB in {args.shards} file(s), {time.time() - t0:.2f} s")
