@@ -20,7 +20,11 @@
 
 /* ---- cluster ------------------------------------------------------------------------------ */
 
-void e2e_cluster_start(e2e_cluster *c) {
+/* Room in pie-lifecycle's environment: the 4 settings every e2e cluster gets, the caller's
+ * extra ones and the terminating NULL. */
+#define LC_ENV_MAX 16
+
+void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
     pie_status st;
     *c = (e2e_cluster){0};
     c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
@@ -41,14 +45,22 @@ void e2e_cluster_start(e2e_cluster *c) {
     cr_assert(c->cache_dir, "%s", st.msg);
     char cache_env[600];
     snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c->cache_dir);
-    const char *lenv[] = {ctl_env, cache_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
-                          "PIE_RUNTIME_TIER1=false", NULL};
+    const char *lenv[LC_ENV_MAX] = {ctl_env, cache_env,
+                                    "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
+                                    "PIE_RUNTIME_TIER1=false"};
+    size_t n = 4;
+    for (size_t i = 0; lc_env && lc_env[i]; i++) {
+        cr_assert_lt(n, LC_ENV_MAX - 1, "more than %d extra lifecycle settings", LC_ENV_MAX - 5);
+        lenv[n++] = lc_env[i];
+    }
     pie_proc_opts lo = {.env = lenv};
     c->lc = pie_proc_start("pie-lifecycle", &lo, START_MS, &st);
     cr_assert(c->lc, "%s", st.msg);
     c->ch = rpc_channel_create(pie_proc_addr(c->lc), NULL, &st);
     cr_assert(c->ch, "%s", st.msg);
 }
+
+void e2e_cluster_start(e2e_cluster *c) { e2e_cluster_start_env(c, NULL); }
 
 static void stop_one(pie_proc *p) {
     if (!p) return;
@@ -175,9 +187,8 @@ static void take_response(e2e_run *r, const Pie__V1__AttachResponse *a) {
     }
 }
 
-void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
-                     const char *const *in, e2e_run *r) {
-    *r = (e2e_run){0};
+rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *const *args,
+                         const char *const *in) {
     pie_status st;
     rpc_call_opts o = {.timeout_ms = RUN_MS, .wait_for_ready = true};
     rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
@@ -205,6 +216,11 @@ void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *
     close.msg_case = PIE__V1__RUN_REQUEST__MSG_CLOSE_INPUT;
     close.close_input = &ci;
     cr_assert_eq(rpc_stream_send(s, &close.base, &st), PIE_OK, "Run close_input: %s", st.msg);
+    return s;
+}
+
+void e2e_run_collect(rpc_stream *s, e2e_run *r) {
+    *r = (e2e_run){0};
     for (;;) {
         ProtobufCMessage *m = NULL;
         rpc_recv_result rr = rpc_stream_recv(s, &m, RUN_MS);
@@ -213,9 +229,15 @@ void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *
         take_response(r, (const Pie__V1__AttachResponse *)m);
         rpc_msg_free(m);
     }
+    pie_status st;
     cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "Run: %s", st.msg);
     rpc_stream_destroy(s);
     cr_assert(r->exited, "Run ended without an exit status; stderr:\n%s", r->err ? r->err : "");
+}
+
+void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
+                     const char *const *in, e2e_run *r) {
+    e2e_run_collect(e2e_run_open(c, program_id, args, in), r);
 }
 
 void e2e_assert_success(const e2e_run *r, const char *what) {

@@ -31,8 +31,12 @@ typedef struct e2e_cluster {
     char *cache_dir;
 } e2e_cluster;
 
-/* Starts controller, CPU worker (tiny-f32) and lifecycle; asserts on failure. */
+/* Starts controller, CPU worker (E2E_MODEL) and lifecycle; asserts on failure. */
 void e2e_cluster_start(e2e_cluster *c);
+/* The same, with lc_env (NULL-terminated "PIE_KEY=value" settings: quotas, HTTP allowlist, ...)
+ * appended to pie-lifecycle's environment; pie_proc strips the test's own PIE_* variables, so
+ * settings must be passed here. At most 11. */
+void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env);
 /* Stops all three (each must exit 0) and frees. */
 void e2e_cluster_stop(e2e_cluster *c);
 
@@ -58,6 +62,12 @@ typedef struct e2e_run {
  * itself works; the instance's outcome is in *r. */
 void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
                      const char *const *in, e2e_run *r);
+/* The two halves of e2e_run_program, for instances that run while the caller does something
+ * else: e2e_run_open launches, sends in and closes input without reading; e2e_run_collect reads
+ * the stream to its end into *r and destroys it. */
+rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *const *args,
+                         const char *const *in);
+void e2e_run_collect(rpc_stream *s, e2e_run *r);
 /* Asserts that the instance ended with OK and exit code 0 (the message shows its stderr). */
 void e2e_assert_success(const e2e_run *r, const char *what);
 void e2e_run_free(e2e_run *r);

@@ -7,9 +7,8 @@
  * attention masks) and against re-implementations of each example's rule written from its
  * specification (the JSON shape, the watermark's green list, the tree's selection rule).
  *
- * Owns: the tests, a cluster start with extra lifecycle settings (quotas, HTTP allowlist), a
- * masked-attention reference, a one-request-at-a-time HTTP test server on loopback, and a raw
- * Run stream for running two instances at once.
+ * Owns: the tests, a masked-attention reference and a one-request-at-a-time HTTP test server on
+ * loopback.
  * Does not own: the shared cluster/API/reference helpers (e2e_support.c). */
 #include <criterion/criterion.h>
 
@@ -35,40 +34,6 @@
 TestSuite(e2e_apps, .fini = pie_test_leak_check, .timeout = 600);
 
 #define MAXT E2E_MAX_TOKENS
-
-/* ---- a cluster whose lifecycle gets extra settings ------------------------------------------
- * e2e_cluster_start with lc_env appended to pie-lifecycle's environment (pie_proc strips the
- * test's own PIE_* variables, so settings must be passed here). Stopped by e2e_cluster_stop. */
-static void cluster_start_with(e2e_cluster *c, const char *const *lc_env) {
-    pie_status st;
-    *c = (e2e_cluster){0};
-    c->ctl = pie_proc_start("pie-controller", NULL, 60000, &st);
-    cr_assert(c->ctl, "%s", st.msg);
-    char ctl_env[96];
-    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
-    const char *wenv[] = {ctl_env, "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL, "PIE_BACKEND=cpu",
-                          "PIE_ENGINE_THREADS=1", "PIE_POOL_KV_PAGES=512",
-                          "PIE_POOL_EMBED_SLOTS=1024", NULL};
-    pie_proc_opts wo = {.env = wenv};
-    c->wrk = pie_proc_start("pie-worker", &wo, 60000, &st);
-    cr_assert(c->wrk, "%s", st.msg);
-    c->cache_dir = pie_proc_tmpdir(&st);
-    cr_assert(c->cache_dir, "%s", st.msg);
-    char cache_env[600];
-    snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c->cache_dir);
-    const char *lenv[16] = {ctl_env, cache_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
-                            "PIE_RUNTIME_TIER1=false"};
-    size_t n = 4;
-    for (size_t i = 0; lc_env && lc_env[i]; i++) {
-        cr_assert_lt(n, 15);
-        lenv[n++] = lc_env[i];
-    }
-    pie_proc_opts lo = {.env = lenv};
-    c->lc = pie_proc_start("pie-lifecycle", &lo, 60000, &st);
-    cr_assert(c->lc, "%s", st.msg);
-    c->ch = rpc_channel_create(pie_proc_addr(c->lc), NULL, &st);
-    cr_assert(c->ch, "%s", st.msg);
-}
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
@@ -196,7 +161,7 @@ Test(e2e_apps, attention_sink_keeps_kv_pages_bounded_and_matches_masked_attentio
      * the same length that keeps every token cannot fit. */
     const char *lenv[] = {"PIE_LIMITS_DEFAULT_KV_PAGES=6", NULL};
     e2e_cluster c;
-    cluster_start_with(&c, lenv);
+    e2e_cluster_start_env(&c, lenv);
     e2e_ref *ref = e2e_ref_open();
     mref m;
     mref_open(&m);
@@ -544,7 +509,7 @@ Test(e2e_apps, react_agent_calls_the_tool_and_keeps_its_kv_between_generations) 
     snprintf(allow, sizeof allow, "PIE_HTTP_ALLOW=%s", url);
     const char *lenv[] = {allow, NULL};
     e2e_cluster c;
-    cluster_start_with(&c, lenv);
+    e2e_cluster_start_env(&c, lenv);
     e2e_ref *ref = e2e_ref_open();
     char *prog = e2e_upload(&c, "react_agent");
     const char *question = "Which river flows through the old town?";
@@ -881,67 +846,6 @@ Test(e2e_apps, watermark_detector_separates_watermarked_from_plain_text) {
 
 /* ==== messaging ============================================================================== */
 
-/* Launches program_id with args on a Run stream and closes its input, without reading: the
- * instance runs while the caller does other things; run_collect reads it to the end. */
-static rpc_stream *run_open(e2e_cluster *c, const char *program_id, const char *const *args) {
-    pie_status st;
-    rpc_call_opts o = {.timeout_ms = 240000, .wait_for_ready = true};
-    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
-                                    &pie__v1__attach_response__descriptor, &o, &st);
-    cr_assert(s, "Run: %s", st.msg);
-    size_t n_args = 0;
-    while (args[n_args]) n_args++;
-    Pie__V1__LaunchRequest launch = PIE__V1__LAUNCH_REQUEST__INIT;
-    launch.program_id = (char *)program_id;
-    launch.args = (char **)args;
-    launch.n_args = n_args;
-    Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
-    req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
-    req.launch = &launch;
-    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
-    Pie__V1__CloseInput ci = PIE__V1__CLOSE_INPUT__INIT;
-    Pie__V1__RunRequest close = PIE__V1__RUN_REQUEST__INIT;
-    close.msg_case = PIE__V1__RUN_REQUEST__MSG_CLOSE_INPUT;
-    close.close_input = &ci;
-    cr_assert_eq(rpc_stream_send(s, &close.base, &st), PIE_OK, "Run close_input: %s", st.msg);
-    return s;
-}
-
-/* Reads s to its end: messages (NUL-terminated copies), stderr and the exit status into *r. */
-static void run_collect(rpc_stream *s, e2e_run *r) {
-    *r = (e2e_run){0};
-    for (;;) {
-        ProtobufCMessage *m = NULL;
-        rpc_recv_result rr = rpc_stream_recv(s, &m, 240000);
-        cr_assert_neq(rr, RPC_RECV_TIMEOUT, "Run: nothing for 240 s");
-        if (rr == RPC_RECV_END) break;
-        const Pie__V1__AttachResponse *a = (const Pie__V1__AttachResponse *)m;
-        if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE) {
-            r->msgs = realloc(r->msgs, (r->n_msgs + 1) * sizeof *r->msgs);
-            r->msg_lens = realloc(r->msg_lens, (r->n_msgs + 1) * sizeof *r->msg_lens);
-            cr_assert(r->msgs && r->msg_lens);
-            r->msgs[r->n_msgs] = strndup((const char *)a->message.data, a->message.len);
-            r->msg_lens[r->n_msgs++] = a->message.len;
-        } else if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_STDERR_DATA) {
-            size_t old = r->err_len;
-            r->err = realloc(r->err, old + a->stderr_data.len + 1);
-            cr_assert(r->err);
-            memcpy(r->err + old, a->stderr_data.data, a->stderr_data.len);
-            r->err_len += a->stderr_data.len;
-            r->err[r->err_len] = 0;
-        } else if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS) {
-            r->exited = true;
-            r->exit_code = a->exit_status->exit_code;
-            if (a->exit_status->status) r->status_code = a->exit_status->status->code;
-        }
-        rpc_msg_free(m);
-    }
-    pie_status st;
-    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "Run: %s", st.msg);
-    rpc_stream_destroy(s);
-    cr_assert(r->exited, "Run ended without an exit status; stderr:\n%s", r->err ? r->err : "");
-}
-
 Test(e2e_apps, messaging_consumers_receive_every_line_the_producer_broadcasts) {
     e2e_cluster c;
     e2e_cluster_start(&c);
@@ -950,14 +854,14 @@ Test(e2e_apps, messaging_consumers_receive_every_line_the_producer_broadcasts) {
     const char *prompt = "Once upon a time";
     /* two consumers start first and wait; the producer runs while they do */
     const char *ca[] = {"--topic", "e2e-lines", NULL};
-    rpc_stream *s1 = run_open(&c, cons, ca), *s2 = run_open(&c, cons, ca);
+    rpc_stream *s1 = e2e_run_open(&c, cons, ca, NULL), *s2 = e2e_run_open(&c, cons, ca, NULL);
     e2e_run pr, c1, c2;
     const char *pa[] = {"--topic", "e2e-lines", "--prompt", prompt, "--lines", "3",
                         "--tokens-per-line", "6", "--consumers", "2", NULL};
     e2e_run_program(&c, prod, pa, NULL, &pr);
     e2e_assert_success(&pr, "messaging_producer");
-    run_collect(s1, &c1);
-    run_collect(s2, &c2);
+    e2e_run_collect(s1, &c1);
+    e2e_run_collect(s2, &c2);
     e2e_assert_success(&c1, "messaging_consumer 1");
     e2e_assert_success(&c2, "messaging_consumer 2");
     cr_assert_eq(pr.n_msgs, 4, "producer messages: %zu", pr.n_msgs);
