@@ -1,6 +1,6 @@
 /* test_inferlet_apps.c — the application examples end to end: attention sinks, tree of thought,
  * a ReAct agent calling an HTTP tool, JSON-constrained decoding, watermarking and messaging
- * between two inferlets. Each test starts a real pie-controller, CPU pie-worker (tiny-f32) and
+ * between two inferlets. Each test starts a real pie-controller, CPU pie-worker (small-f32) and
  * pie-lifecycle on loopback, uploads the example's .wasm and runs it through the public
  * Lifecycle API; results are checked against the engine's own computation in this process
  * (eng.h on the same model: greedy decoding, log-probabilities, and forwards with explicit

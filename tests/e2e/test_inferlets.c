@@ -1,5 +1,5 @@
 /* test_inferlets.c — the example inferlets end to end: a real pie-controller, CPU pie-worker
- * (tiny-f32) and pie-lifecycle on loopback; each example's .wasm is uploaded and run through
+ * (small-f32) and pie-lifecycle on loopback; each example's .wasm is uploaded and run through
  * the public Lifecycle API (UploadProgram + Run), and its output is compared with the
  * engine's own computation in this process (eng.h on the same model, the same tokenizer).
  *
