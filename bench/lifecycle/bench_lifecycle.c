@@ -1,23 +1,43 @@
 /* bench_lifecycle.c — the lifecycle service's launch latency, concurrency, host-call and
- * GPU-call overhead, and memory, measured through real processes (pie-controller, a pie-worker
- * with the null backend, pie-lifecycle) over the public API. Results: bench/results/lifecycle.md.
+ * GPU-call overhead, memory, and per-token serving overhead, measured through real processes
+ * (pie-controller, a pie-worker, pie-lifecycle) over the public API. Results:
+ * bench/results/lifecycle.md.
  *
  *   bench_lifecycle [--quick] [--no-tier1] [--cold-only]
- *                                    (release build: build-lc-rel/bench/bench_lifecycle)
+ *   bench_lifecycle --serving [--model NAME] [--reps N] [--instances N] [--worker-credits N]
+ *                             [--controller-env PIE_NAME=VALUE]... [--lifecycle-bin PATH]
+ *                                    (release build: build-perf/bench/bench_lifecycle)
  * --no-tier1 keeps the background cc -O2 from competing with the cold launches measured
  * (2 cores); --cold-only measures nothing else.
  *
- * Measures: warm launch (Run of a stored trivial program → started → exit observed, p50/p90);
- * cold launch (upload of a never-seen ~200 KB module — tests/wasm/big.c with a fresh custom
- * section, so translate + tier-0 compile run — then Run to exit); 512 concurrent launches until
- * all are RUNNING; an in-process host call (pie.model_count, timed inside the inferlet); an
- * awaited GPU call (synchronize: lifecycle → controller → worker → back, timed inside the
- * inferlet); lifecycle RSS with 1,000 idle instances; lifecycle RSS over 10,000 launches. */
+ * Default mode, worker with the null backend: warm launch (Run of a stored trivial program →
+ * started → exit observed, p50/p90); cold launch (upload of a never-seen ~200 KB module —
+ * tests/wasm/big.c with a fresh custom section, so translate + tier-0 compile run — then Run to
+ * exit); 512 concurrent launches until all are RUNNING; an in-process host call
+ * (pie.model_count, timed inside the inferlet); an awaited GPU call (synchronize: lifecycle →
+ * controller → worker → back, timed inside the inferlet); lifecycle RSS with 1,000 idle
+ * instances; lifecycle RSS over 10,000 launches.
+ *
+ * --serving, worker with the CPU backend on a generated test model of the build (default
+ * small-f32; one engine thread): the text_completion inferlet (the build's inferlets/, at tier 1)
+ * run by 1 and by 32 concurrent clients, each generating exactly 16 and then 80 tokens; the
+ * per-token serving overhead is defined and computed in bench_serving. --instances N runs only
+ * that count; --worker-credits sets the worker's batch.credits (steps the controller may keep
+ * outstanding on it; default 1); --controller-env passes a setting to the controller (e.g.
+ * PIE_SCHEDULER_STRATEGY=k_only, at most 4); --lifecycle-bin runs another build of pie-lifecycle
+ * (A/B comparisons). */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "pie/v1/lifecycle.pb-c.h"
@@ -32,7 +52,15 @@
         exit(1);                                          \
     } while (0)
 
+/* The build's generated test models and inferlets, next to its bin/ (PIE_BIN_DIR). */
+#define MODELS_DIR    PIE_BIN_DIR "/../models"
+#define INFERLETS_DIR PIE_BIN_DIR "/../inferlets"
+
+/* The cluster under test and the client's channel: one of each per run of the benchmark. */
 static pie_proc *g_ctl, *g_wrk, *g_lc;
+static const char *g_lc_bin = "pie-lifecycle"; /* --lifecycle-bin: another build, for A/B runs */
+static int g_credits;                          /* --worker-credits: batch.credits (0: default) */
+static const char *g_ctl_env[5];               /* --controller-env NAME=VALUE, up to 4 */
 static rpc_channel *g_ch;
 
 static pie_proc *start(const char *bin, const char *const *env) {
@@ -125,8 +153,27 @@ static void upload(const uint8_t *data, size_t len, char id[65]) {
     rpc_stream_destroy(s);
 }
 
-/* Run to exit; stdout (if out) collected. Returns the exit code, dies on a non-OK status. */
-static int run(const char *id, const char *const *args, char *out, size_t cap) {
+/* What a client saw of one Run: when each stdout chunk arrived (µs, now_us), and the last
+ * message the instance sent. */
+typedef struct run_trace {
+    double *chunk_us;
+    int n_chunks, cap;
+    char last_msg[128];
+} run_trace;
+
+static void trace_chunk(run_trace *tr, double t_us) {
+    if (tr->n_chunks == tr->cap) {
+        tr->cap = tr->cap ? 2 * tr->cap : 256;
+        tr->chunk_us = realloc(tr->chunk_us, sizeof(double) * (size_t)tr->cap);
+        if (tr->chunk_us == NULL) DIE("out of memory");
+    }
+    tr->chunk_us[tr->n_chunks++] = t_us;
+}
+
+/* Run to exit; stdout (if out) collected, arrivals traced (if tr). Returns the exit code, dies
+ * on a non-OK status. */
+static int run_traced(const char *id, const char *const *args, char *out, size_t cap,
+                      run_trace *tr) {
     pie_status st;
     rpc_call_opts o = {.timeout_ms = 120000};
     rpc_stream *s = rpc_stream_open(g_ch, "/pie.v1.Lifecycle/Run",
@@ -146,6 +193,11 @@ static int run(const char *id, const char *const *args, char *out, size_t cap) {
         ProtobufCMessage *m = NULL;
         if (rpc_stream_recv(s, &m, 120000) != RPC_RECV_MESSAGE) break;
         Pie__V1__AttachResponse *a = (Pie__V1__AttachResponse *)m;
+        if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA && tr)
+            trace_chunk(tr, now_us());
+        if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE && tr)
+            snprintf(tr->last_msg, sizeof tr->last_msg, "%.*s", (int)a->message.len,
+                     (const char *)a->message.data);
         if (a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA && out &&
             used + a->stdout_data.len < cap) {
             memcpy(out + used, a->stdout_data.data, a->stdout_data.len);
@@ -163,6 +215,10 @@ static int run(const char *id, const char *const *args, char *out, size_t cap) {
     if (rpc_stream_finish(s, &st) != PIE_OK) DIE("run: %s", st.msg);
     rpc_stream_destroy(s);
     return code;
+}
+
+static int run(const char *id, const char *const *args, char *out, size_t cap) {
+    return run_traced(id, args, out, cap, NULL);
 }
 
 static uint64_t launch(const char *id, const char *const *args) {
@@ -328,36 +384,347 @@ static void bench_rss_launches(const char *id, int n) {
     printf("\n");
 }
 
-int main(int argc, char **argv) {
-    bool quick = false, tier1 = true, cold_only = false;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0)
-            quick = true;
-        else if (strcmp(argv[i], "--no-tier1") == 0)
-            tier1 = false;
-        else if (strcmp(argv[i], "--cold-only") == 0)
-            cold_only = true;
-        else
-            DIE("unknown option %s (--quick, --no-tier1, --cold-only)", argv[i]);
+/* ---- per-token serving overhead (CPU backend) ---------------------------------------------- */
+
+/* Counters of the three services from their Prometheus endpoints: the worker's batch execution
+ * time summed over all kinds and its forward batches; the controller's scheduling steps (one
+ * WorkerDown each) and batches; the lifecycle's SessionUp messages. */
+typedef struct svc_counters {
+    double busy_s, forward_batches, ctl_steps, ctl_batches, lc_ups;
+    double cpu_ms[4];   /* CPU time of lifecycle, controller, worker, this client */
+    double switches[2]; /* voluntary context switches (a thread blocked) of lifecycle, controller */
+} svc_counters;
+
+/* Voluntary context switches (a thread blocked, and later had to be woken: what the serving
+ * path pays for most on few cores) of every thread a process has had during a round. Instance
+ * threads end with their instance, taking their counts with them, so a sampler thread reads
+ * /proc/<pid>/task/ every few ms and keeps each thread's last count. */
+typedef struct switch_count {
+    int tid;
+    double base, last; /* base: the count when sampling began (0 for threads born later) */
+} switch_count;
+
+typedef struct switch_sampler {
+    pie_proc *p;
+    switch_count t[4096];
+    int n_t;
+    bool started; /* after the first sample */
+    atomic_bool stop;
+    pthread_t th;
+} switch_sampler;
+
+static void switches_sample(switch_sampler *ss) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", pie_proc_pid(ss->p));
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.') continue;
+        char path[400], line[256];
+        snprintf(path, sizeof path, "%s/%.256s/status", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        double n = -1;
+        while (f && fgets(line, sizeof line, f))
+            if (strncmp(line, "voluntary_ctxt_switches:", 24) == 0) n = atof(line + 24);
+        if (f) fclose(f);
+        int tid = atoi(e->d_name), i = 0;
+        while (i < ss->n_t && ss->t[i].tid != tid) i++;
+        if (n < 0 || (i == ss->n_t && ss->n_t == (int)(sizeof ss->t / sizeof ss->t[0]))) continue;
+        if (i == ss->n_t) ss->t[ss->n_t++] = (switch_count){tid, ss->started ? 0 : n, n};
+        ss->t[i].last = n;
     }
-    setvbuf(stdout, NULL, _IOLBF, 0); // results appear as they are measured
-    pie_status st;
-    char *dir = pie_proc_tmpdir(&st);
-    if (dir == NULL) DIE("%s", st.msg);
-    g_ctl = start("pie-controller", NULL);
-    char ctl_env[96], dir_env[4200];
+    if (d) closedir(d);
+}
+
+static void *switches_main(void *arg) {
+    switch_sampler *ss = arg;
+    while (!atomic_load(&ss->stop)) {
+        switches_sample(ss);
+        pie_test_sleep_ms(5);
+    }
+    return NULL;
+}
+
+/* Starts sampling p; switches_stop returns the switches of its threads since the start. */
+static switch_sampler *switches_start(pie_proc *p) {
+    switch_sampler *ss = calloc(1, sizeof *ss);
+    if (ss == NULL) DIE("out of memory");
+    ss->p = p;
+    switches_sample(ss);
+    ss->started = true;
+    atomic_init(&ss->stop, false);
+    if (pthread_create(&ss->th, NULL, switches_main, ss) != 0) DIE("pthread_create");
+    return ss;
+}
+
+static double switches_stop(switch_sampler *ss) {
+    atomic_store(&ss->stop, true);
+    pthread_join(ss->th, NULL);
+    switches_sample(ss);
+    double n = 0;
+    for (int i = 0; i < ss->n_t; i++) n += ss->t[i].last - ss->t[i].base;
+    free(ss);
+    return n;
+}
+
+/* GET /metrics from 127.0.0.1:port into a malloc'ed string. */
+static char *http_get_metrics(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        DIE("metrics: connect to port %d: %s", port, strerror(errno));
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) DIE("metrics: write");
+    size_t cap = 1 << 16, len = 0;
+    char *b = malloc(cap);
+    for (;;) {
+        if (b == NULL) DIE("out of memory");
+        ssize_t r = read(fd, b + len, cap - len - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) DIE("metrics: read: %s", strerror(errno));
+        if (r == 0) break;
+        len += (size_t)r;
+        if (cap - len < 4096) b = realloc(b, cap *= 2);
+    }
+    close(fd);
+    b[len] = 0;
+    return b;
+}
+
+/* Sum of the values of the series whose line starts with `prefix`. */
+static double metric_sum(pie_proc *p, const char *prefix) {
+    char *text = http_get_metrics(pie_proc_metrics_port(p));
+    double sum = 0;
+    size_t pl = strlen(prefix);
+    for (char *save, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        const char *sp = strrchr(line, ' ');
+        if (sp != NULL && strncmp(line, prefix, pl) == 0) sum += atof(sp + 1);
+    }
+    free(text);
+    return sum;
+}
+
+static svc_counters counters(void) {
+    struct rusage self;
+    getrusage(RUSAGE_SELF, &self);
+    return (svc_counters){
+        .busy_s = metric_sum(g_wrk, "pie_worker_batch_seconds_sum{"),
+        .forward_batches = metric_sum(g_wrk, "pie_worker_batch_seconds_count{kind=\"forward\"}"),
+        .ctl_steps = metric_sum(g_ctl, "pie_controller_steps_total"),
+        .ctl_batches = metric_sum(g_ctl, "pie_controller_batches_total"),
+        .lc_ups = metric_sum(g_lc, "pie_lifecycle_session_up_messages_total"),
+        .cpu_ms = {cpu_ms(g_lc), cpu_ms(g_ctl), cpu_ms(g_wrk),
+                   (double)(self.ru_utime.tv_sec + self.ru_stime.tv_sec) * 1e3 +
+                       (double)(self.ru_utime.tv_usec + self.ru_stime.tv_usec) / 1e3},
+    };
+}
+
+typedef struct serve_job {
+    const char *id;
+    const char *const *args;
+    run_trace tr;
+} serve_job;
+
+static void *serve_thread(void *arg) {
+    serve_job *j = arg;
+    run_traced(j->id, j->args, NULL, 0, &j->tr);
+    return NULL;
+}
+
+/* One round: n instances of text_completion, each generating exactly `tokens` tokens, launched
+ * together. Returns the wall time until all exited and the counters over it, and (if gaps)
+ * appends each instance's gaps between consecutive tokens' stdout chunks (the inferlet writes
+ * and flushes every token's text as it is decided). */
+typedef struct serve_round {
+    double wall_us;
+    svc_counters d; /* counters over the round */
+} serve_round;
+
+static serve_round serve_once(const char *id, int n, int tokens, double *gaps, int *n_gaps,
+                              int gaps_cap) {
+    char max_tokens[16];
+    snprintf(max_tokens, sizeof max_tokens, "%d", tokens);
+    const char *args[] = {
+        "--prompt", "The cat sat on the mat and", "--max-tokens", max_tokens, "--ignore-eos", NULL};
+    serve_job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    if (jobs == NULL || th == NULL) DIE("out of memory");
+    switch_sampler *sw_lc = switches_start(g_lc), *sw_ctl = switches_start(g_ctl);
+    svc_counters c0 = counters();
+    double t0 = now_us();
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (serve_job){.id = id, .args = args};
+        if (pthread_create(&th[i], NULL, serve_thread, &jobs[i]) != 0) DIE("pthread_create");
+    }
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    serve_round r = {.wall_us = now_us() - t0};
+    svc_counters c1 = counters();
+    r.d = (svc_counters){c1.busy_s - c0.busy_s,
+                         c1.forward_batches - c0.forward_batches,
+                         c1.ctl_steps - c0.ctl_steps,
+                         c1.ctl_batches - c0.ctl_batches,
+                         c1.lc_ups - c0.lc_ups,
+                         {0},
+                         {switches_stop(sw_lc), switches_stop(sw_ctl)}};
+    for (int i = 0; i < 4; i++) r.d.cpu_ms[i] = c1.cpu_ms[i] - c0.cpu_ms[i];
+    char want[64];
+    snprintf(want, sizeof want, "reason=max_tokens tokens=%d", tokens);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(jobs[i].tr.last_msg, want) != 0)
+            DIE("text_completion ended with \"%s\", expected \"%s\"", jobs[i].tr.last_msg, want);
+        /* the first chunk follows the prefill; the last is the inferlet's final newline */
+        for (int k = 1; gaps && k + 1 < jobs[i].tr.n_chunks && *n_gaps < gaps_cap; k++)
+            gaps[(*n_gaps)++] = jobs[i].tr.chunk_us[k] - jobs[i].tr.chunk_us[k - 1];
+        free(jobs[i].tr.chunk_us);
+    }
+    free(jobs);
+    free(th);
+    return r;
+}
+
+/* Overhead per output token = (time per output token as a client sees it) − (the worker's step
+ * time: its busy time per decode step, i.e. per token of each instance). Two estimates:
+ *  p50:  the p50 of the gaps between consecutive tokens at the clients (all instances, all
+ *        `hi` rounds) − the worker's busy time per decode step;
+ *  mean: per round pair, (wall_hi − wall_lo)/(hi − lo) − (busy_hi − busy_lo)/(hi − lo): the
+ *        difference of a `hi`-token and a `lo`-token round cancels launch, prefill and exit;
+ *        shown as the p50 (min, max) over the round pairs.
+ * The worker's busy time per decode step is (busy_hi − busy_lo)/(hi − lo) (median over round
+ * pairs), from the worker's pie_worker_batch_seconds (all batch kinds: embed_text, forward,
+ * next_dist, slots). What remains is the serving path: the inferlet's own work, lifecycle,
+ * controller, four gRPC hops, thread wake-ups, and the worker waiting for the next batch. */
+static void bench_serving(const char *id, int n, int reps, int lo, int hi) {
+    enum {
+        TOK,
+        STEP,
+        OVER,
+        FWD,
+        STEPS,
+        BATCHES,
+        UPS,
+        CPU_LC,
+        CPU_CTL,
+        CPU_WRK,
+        CPU_CLI,
+        SW_LC,
+        SW_CTL,
+        NV
+    };
+    double *v[NV];
+    for (int i = 0; i < NV; i++)
+        if ((v[i] = malloc(sizeof(double) * (size_t)reps)) == NULL) DIE("out of memory");
+    int gaps_cap = reps * n * (hi + 8), n_gaps = 0;
+    double *gaps = malloc(sizeof(double) * (size_t)gaps_cap);
+    if (gaps == NULL) DIE("out of memory");
+    serve_once(id, n, lo, NULL, NULL, 0); /* warm-up: pages, threads, caches */
+    for (int r = 0; r < reps; r++) {
+        serve_round a = serve_once(id, n, lo, NULL, NULL, 0);
+        serve_round b = serve_once(id, n, hi, gaps, &n_gaps, gaps_cap);
+        double k = hi - lo;
+        v[TOK][r] = (b.wall_us - a.wall_us) / k;
+        v[STEP][r] = (b.d.busy_s - a.d.busy_s) * 1e6 / k;
+        v[OVER][r] = v[TOK][r] - v[STEP][r];
+        v[FWD][r] = (b.d.forward_batches - a.d.forward_batches) / k;
+        v[STEPS][r] = (b.d.ctl_steps - a.d.ctl_steps) / k;
+        v[BATCHES][r] = (b.d.ctl_batches - a.d.ctl_batches) / k;
+        v[UPS][r] = (b.d.lc_ups - a.d.lc_ups) / k;
+        for (int i = 0; i < 4; i++) v[CPU_LC + i][r] = (b.d.cpu_ms[i] - a.d.cpu_ms[i]) / k;
+        for (int i = 0; i < 2; i++) v[SW_LC + i][r] = (b.d.switches[i] - a.d.switches[i]) / k;
+    }
+    if (n_gaps == 0) DIE("serving: no token gaps seen (does text_completion print each token?)");
+    double gap50 = pct(gaps, n_gaps, 0.5), gap90 = pct(gaps, n_gaps, 0.9);
+    double step = pct(v[STEP], reps, 0.5);
+    double o50 = pct(v[OVER], reps, 0.5), omin = v[OVER][0], omax = v[OVER][reps - 1];
+    printf("serving, %d instance%s (%d vs %d tokens, %d round pairs): client time per token p50 "
+           "%.3f ms (p90 %.3f) - worker busy per decode step %.3f ms = overhead p50 %.3f ms; "
+           "mean estimate %.3f ms (min %.3f, max %.3f)\n",
+           n, n == 1 ? "" : "s", lo, hi, reps, gap50 / 1e3, gap90 / 1e3, step / 1e3,
+           (gap50 - step) / 1e3, o50 / 1e3, omin / 1e3, omax / 1e3);
+    printf("  per decode step: %.2f worker steps, %.2f batches (%.2f forward), %.2f SessionUp "
+           "messages; thread blocks (voluntary context switches): lifecycle %.1f, controller "
+           "%.1f\n",
+           pct(v[STEPS], reps, 0.5), pct(v[BATCHES], reps, 0.5), pct(v[FWD], reps, 0.5),
+           pct(v[UPS], reps, 0.5), pct(v[SW_LC], reps, 0.5), pct(v[SW_CTL], reps, 0.5));
+    printf("  CPU time per decode step (10 ms ticks, averaged): lifecycle %.3f ms, controller "
+           "%.3f ms, worker %.3f ms, this client %.3f ms\n",
+           pct(v[CPU_LC], reps, 0.5), pct(v[CPU_CTL], reps, 0.5), pct(v[CPU_WRK], reps, 0.5),
+           pct(v[CPU_CLI], reps, 0.5));
+    for (int i = 0; i < NV; i++) free(v[i]);
+    free(gaps);
+}
+
+/* Waits until the program's tier-1 library is in use (the steady state of a served program). */
+static void wait_optimized(const char *id) {
+    int64_t deadline = pie_test_now_ms() + 600000;
+    for (;;) {
+        Pie__V1__ListProgramsRequest req = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
+        rpc_call_opts o = {.timeout_ms = 60000};
+        ProtobufCMessage *m = NULL;
+        pie_status st;
+        if (rpc_unary(g_ch, "/pie.v1.Lifecycle/ListPrograms", &req.base,
+                      &pie__v1__list_programs_response__descriptor, &m, &o, &st) != PIE_OK)
+            DIE("list programs: %s", st.msg);
+        Pie__V1__ListProgramsResponse *l = (Pie__V1__ListProgramsResponse *)m;
+        bool done = false;
+        for (size_t i = 0; i < l->n_programs; i++)
+            done |= strcmp(l->programs[i]->program_id, id) == 0 &&
+                    l->programs[i]->tier == PIE__V1__PROGRAM_TIER__PROGRAM_TIER_OPTIMIZED;
+        rpc_msg_free(m);
+        if (done) return;
+        if (pie_test_now_ms() > deadline) DIE("program %s not at tier 1 after 600 s", id);
+        pie_test_sleep_ms(200);
+    }
+}
+
+/* Starts controller, worker and lifecycle. cpu_model NULL: the null backend; otherwise the CPU
+ * backend on that generated test model (one engine thread: the other core is the serving
+ * path's), which is also the lifecycle's tokenizer. */
+static void cluster_start(const char *dir, bool tier1, const char *cpu_model) {
+    g_ctl = start("pie-controller", g_ctl_env);
+    static char ctl_env[96], dir_env[4200], model_env[4200], tok_env[4200]; /* outlive the call */
     pie_proc_env_controller(g_ctl, ctl_env, sizeof ctl_env);
     snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", dir);
-    const char *wenv[] = {ctl_env, "PIE_BACKEND=null", NULL};
-    g_wrk = start("pie-worker", wenv);
-    const char *lenv[] = {ctl_env, dir_env, "PIE_INSTANCES_RETENTION=0s",
-                          tier1 ? "PIE_RUNTIME_TIER1=true" : "PIE_RUNTIME_TIER1=false", NULL};
-    g_lc = start("pie-lifecycle", lenv);
+    snprintf(model_env, sizeof model_env, "PIE_MODEL_PATH=%s/%s", MODELS_DIR,
+             cpu_model ? cpu_model : "");
+    snprintf(tok_env, sizeof tok_env, "PIE_TOKENIZER_PATH=%s/%s", MODELS_DIR,
+             cpu_model ? cpu_model : "");
+    const char *null_env[] = {ctl_env, "PIE_BACKEND=null", NULL};
+    static char credits_env[48];
+    snprintf(credits_env, sizeof credits_env, "PIE_BATCH_CREDITS=%d", g_credits);
+    const char *cpu_env[] = {ctl_env,
+                             "PIE_BACKEND=cpu",
+                             model_env,
+                             "PIE_ENGINE_THREADS=1",
+                             g_credits ? credits_env : NULL,
+                             NULL};
+    g_wrk = start("pie-worker", cpu_model ? cpu_env : null_env);
+    const char *lenv[] = {ctl_env,
+                          dir_env,
+                          "PIE_INSTANCES_RETENTION=0s",
+                          tier1 ? "PIE_RUNTIME_TIER1=true" : "PIE_RUNTIME_TIER1=false",
+                          cpu_model ? tok_env : NULL,
+                          NULL};
+    g_lc = start(g_lc_bin, lenv);
     rpc_channel_opts co = {.max_recv_bytes = -1, .max_send_bytes = -1};
+    pie_status st;
     g_ch = rpc_channel_create(pie_proc_addr(g_lc), &co, &st);
     if (g_ch == NULL) DIE("%s", st.msg);
     pie_test_sleep_ms(1000); /* session + model list */
+}
 
+static void cluster_stop(void) {
+    pie_status st;
+    rpc_channel_destroy(g_ch);
+    pie_proc_stop(g_lc, 30000, &st);
+    pie_proc_stop(g_wrk, 30000, &st);
+    pie_proc_stop(g_ctl, 30000, &st);
+    pie_proc_destroy(g_lc);
+    pie_proc_destroy(g_wrk);
+    pie_proc_destroy(g_ctl);
+}
+
+static void main_lifecycle(bool quick, bool tier1, bool cold_only) {
     size_t len;
     uint8_t *echo = read_file(PIE_WASM_FIXTURES "/lc_echo.wasm", &len);
     char id[65];
@@ -374,14 +741,64 @@ int main(int argc, char **argv) {
         bench_idle_rss(id, quick ? 200 : 1000);
         bench_rss_launches(id, quick ? 1000 : 10000);
     }
+}
 
-    rpc_channel_destroy(g_ch);
-    pie_proc_stop(g_lc, 30000, &st);
-    pie_proc_stop(g_wrk, 30000, &st);
-    pie_proc_stop(g_ctl, 30000, &st);
-    pie_proc_destroy(g_lc);
-    pie_proc_destroy(g_wrk);
-    pie_proc_destroy(g_ctl);
+static void main_serving(const char *model, int reps, int only_n) {
+    size_t len;
+    uint8_t *tc = read_file(INFERLETS_DIR "/text_completion.wasm", &len);
+    char id[65];
+    upload(tc, len, id);
+    free(tc);
+    wait_optimized(id);
+    printf("bench_lifecycle --serving: controller + worker (CPU backend, model %s, 1 engine "
+           "thread, batch.credits %d) + lifecycle, release build; text_completion at tier 1\n",
+           model, g_credits ? g_credits : 1);
+    if (only_n != 32) bench_serving(id, only_n ? only_n : 1, reps, 16, 80);
+    if (only_n == 0 || only_n == 32) bench_serving(id, 32, reps, 16, 80);
+}
+
+int main(int argc, char **argv) {
+    bool quick = false, tier1 = true, cold_only = false, serving = false;
+    const char *model = "small-f32";
+    int reps = 0, only_n = 0, n_ctl_env = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (strcmp(argv[i], "--no-tier1") == 0)
+            tier1 = false;
+        else if (strcmp(argv[i], "--cold-only") == 0)
+            cold_only = true;
+        else if (strcmp(argv[i], "--serving") == 0)
+            serving = true;
+        else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+            model = argv[++i];
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--controller-env") == 0 && i + 1 < argc && n_ctl_env < 4)
+            g_ctl_env[n_ctl_env++] = argv[++i];
+        else if (strcmp(argv[i], "--worker-credits") == 0 && i + 1 < argc)
+            g_credits = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--instances") == 0 && i + 1 < argc)
+            only_n = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--lifecycle-bin") == 0 && i + 1 < argc)
+            g_lc_bin = argv[++i];
+        else
+            DIE("unknown option %s (--quick, --no-tier1, --cold-only, --serving [--model NAME] "
+                "[--reps N] [--instances N] [--worker-credits N] [--controller-env NAME=VALUE], "
+                "--lifecycle-bin PATH)",
+                argv[i]);
+    }
+    if (reps <= 0) reps = quick ? 3 : 7;
+    setvbuf(stdout, NULL, _IOLBF, 0); // results appear as they are measured
+    pie_status st;
+    char *dir = pie_proc_tmpdir(&st);
+    if (dir == NULL) DIE("%s", st.msg);
+    cluster_start(dir, serving || tier1, serving ? model : NULL);
+    if (serving)
+        main_serving(model, reps, only_n);
+    else
+        main_lifecycle(quick, tier1, cold_only);
+    cluster_stop();
     char cmd[4300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "bench_lifecycle: could not remove %s\n", dir);

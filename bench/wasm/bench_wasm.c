@@ -2,7 +2,8 @@
  *
  * Measures, with the fixtures of tests/wasm (built by the normal build):
  *   cold    load of a new ~200 KB module made unique per iteration by a custom section: hash +
- *           checks + wasm2c + tcc + dlopen; also wasm2c and tcc alone, and the tier-1 compile.
+ *           checks + wasm2c | tcc (a pipeline) + dlopen; also wasm2c and tcc alone, and the
+ *           tier-1 compile.
  *           big.wasm is ~200 KB of code, big_dwarf.wasm ~200 KB as clang emits it (mostly DWARF);
  *   warm    create + run + free of trivial.wasm (module already loaded), tier 0 and tier 1,
  *           and the same plus lc_wasm_module_load of the bytes (hash + memory hit);
@@ -10,7 +11,8 @@
  *   many    N instances (default 512) each on its own thread, all parked in a host call:
  *           time until all run, resident memory per idle instance, time until all finished.
  * Results are recorded in bench/results/wasm.md. Usage:
- *   bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] [--stack-kib N] */
+ *   bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] [--stack-kib N] [--tier1 0|1]
+ * (--tier1 0 skips the tier-1 compile of the cold section, which takes seconds to minutes.) */
 #include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
@@ -134,7 +136,7 @@ static lc_wasm_outcome run_once(lc_wasm_module *m, const char *const *argv, size
 /* ---- cold
  * ---------------------------------------------------------------------------------------- */
 
-static void bench_cold(const char *fixture, int n) {
+static void bench_cold(const char *fixture, int n, bool tier1) {
     size_t len;
     uint8_t *b = read_fixture(fixture, &len);
     lc_wasm_rt *rt = make_rt(false);
@@ -150,12 +152,14 @@ static void bench_cold(const char *fixture, int n) {
         lc_wasm_module_release(m);
     }
     double p50 = pct(t, (size_t)n, 0.5), p90 = pct(t, (size_t)n, 0.9), min = t[0];
-    printf("cold load of a new %zu-byte module (%s: hash+check+wasm2c+tcc+dlopen), %d runs: "
+    printf("cold load of a new %zu-byte module (%s: hash+check+wasm2c|tcc+dlopen), %d runs: "
            "p50 %.1f ms, p90 %.1f ms, min %.1f ms; CPU (ours + children) p50 %.1f ms\n",
            len, fixture, n, p50, p90, min, pct(cpu, (size_t)n, 0.5));
     free(cpu);
 
-    /* The two tools alone, on the last module's files. */
+    /* The two tools alone, one after the other, on the last module's files (the runtime runs
+     * them as a pipeline, wasm2c | tcc; the C name is the runtime's, "w" + 24 hex digits of the
+     * id, so that the glue in wasm.h matches). */
     lc_wasm_module *m;
     pie_status st;
     if (lc_wasm_module_load(rt, b, make_unique(b, len, (uint64_t)n), &m, &st) != PIE_OK)
@@ -164,25 +168,31 @@ static void bench_cold(const char *fixture, int n) {
     double w[5], c[5];
     for (int i = 0; i < 5; i++) {
         double t0 = now_ms();
-        snprintf(cmd, sizeof cmd, "cd %s/%s && wasm2c module.wasm -n x -o /tmp/bench_wasm_x.c",
-                 cache_dir, lc_wasm_module_id(m));
+        snprintf(cmd, sizeof cmd, "cd %s/%s && wasm2c module.wasm -n w%.24s > /tmp/bench_wasm_x.c",
+                 cache_dir, lc_wasm_module_id(m), lc_wasm_module_id(m));
         if (system(cmd) != 0) die("wasm2c", NULL);
         w[i] = now_ms() - t0;
         t0 = now_ms();
         snprintf(cmd, sizeof cmd,
-                 "cd %s/%s && tcc -shared -fPIC -o /tmp/bench_wasm_x.so t0.c glue.c -lm", cache_dir,
-                 lc_wasm_module_id(m));
+                 "cd %s/%s && tcc -shared -fPIC -I. -o /tmp/bench_wasm_x.so -include t0.h "
+                 "/tmp/bench_wasm_x.c -lm",
+                 cache_dir, lc_wasm_module_id(m));
         if (system(cmd) != 0) die("tcc", NULL);
         c[i] = now_ms() - t0;
     }
     unlink("/tmp/bench_wasm_x.c");
-    unlink("/tmp/bench_wasm_x.h");
     unlink("/tmp/bench_wasm_x.so");
-    printf("  of which (via system(), incl. a shell): wasm2c p50 %.1f ms, tcc p50 %.1f ms\n",
+    printf("  the tools alone, one after the other (via system(), incl. a shell each): wasm2c "
+           "p50 %.1f ms, tcc p50 %.1f ms\n",
            pct(w, 5, 0.5), pct(c, 5, 0.5));
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
 
+    if (!tier1) {
+        free(t);
+        free(b);
+        return;
+    }
     /* Tier 1 of the same module, for reference. */
     rt = make_rt(true);
     double t0 = now_ms();
@@ -330,7 +340,7 @@ static void bench_many(int n, size_t stack_kib) {
 }
 
 int main(int argc, char **argv) {
-    int cold = 20, warm = 2000, instances = 512;
+    int cold = 20, warm = 2000, instances = 512, tier1 = 1;
     long calls = 10000000;
     size_t stack_kib = 8192;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -344,16 +354,18 @@ int main(int argc, char **argv) {
             instances = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--stack-kib") == 0)
             stack_kib = (size_t)atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--tier1") == 0)
+            tier1 = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "usage: bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] "
-                            "[--stack-kib N]\n");
+                            "[--stack-kib N] [--tier1 0|1]\n");
             return 2;
         }
     }
     snprintf(cache_dir, sizeof cache_dir, "/tmp/bench_wasm.XXXXXX");
     if (mkdtemp(cache_dir) == NULL) die("mkdtemp", NULL);
-    if (cold > 0) bench_cold("big", cold);
-    if (cold > 0) bench_cold("big_dwarf", cold);
+    if (cold > 0) bench_cold("big", cold, tier1 != 0);
+    if (cold > 0) bench_cold("big_dwarf", cold, tier1 != 0);
     if (warm > 0) bench_warm(warm);
     if (calls > 0) bench_calls(calls);
     if (instances > 0) bench_many(instances, stack_kib);

@@ -1,12 +1,13 @@
 /* lc_wasm_compile.c — from wasm bytes to a loaded native library, and the cache directory.
  *
- * Owns: the cache directory <cache_dir>/<sha256>/ (module.wasm, m.c + m.h from wasm2c, glue.c,
- * t0.c (tcc's missing builtins, then m.c), t0.so from tcc, t1.so from cc -O2, and a `lock` file
- * whose flock makes one process compile while others wait), running the three tools (posix_spawn,
- * output captured for messages), dlopen of a tier with its glue entry points and executable
- * segment, and the tier-1 thread. Every file a reader may open is written under a temporary name
- * and renamed into place, so a crash or a concurrent reader never sees half a library. Does not
- * own: which module is loaded when (lc_wasm_instance.c). */
+ * Owns: the cache directory <cache_dir>/<sha256>/ (module.wasm; wasm.h, the glue entry points
+ * that wasm2c's code includes; t0.h, tcc's prelude; t0.so from wasm2c | tcc, t1.so from
+ * wasm2c | cc -O2; and a `lock` file whose flock makes one process compile while others wait),
+ * running the tools (posix_spawn, a pipe from wasm2c to the compiler, diagnostics captured for
+ * messages), dlopen of a tier with its glue entry points and executable segment, and the tier-1
+ * thread. Every file a reader may open is written under a temporary name and renamed into place,
+ * so a crash or a concurrent reader never sees half a library. Does not own: which module is
+ * loaded when (lc_wasm_instance.c). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,101 +88,117 @@ static pie_code write_file(const char *dir, const char *file, const void *data, 
 /* ---- tools ------------------------------------------------------------------------------------
  */
 
-/* Runs argv[0] (looked up in PATH) in dir with stdout+stderr captured; PIE_OK if it exits 0.
- * With track, the child's pid is published in rt->t1_child so that destroy can kill it; nothing
- * is started once rt->stopping is set. */
-static pie_code run_tool(lc_wasm_rt *rt, char *const argv[], const char *dir, bool track,
-                         const char *what, pie_status *st) {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0)
-        return pie_status_set(st, PIE_INTERNAL, "pipe: %s", strerror(errno));
+/* One spawned tool. Its diagnostics go to a memory file rather than a pipe, so that nobody has
+ * to drain them while the tool runs (a pipeline has two tools and one waiting thread). */
+typedef struct lc_tool {
+    const char *what; /* "tier-0 compile (tcc)": the start of every message about it */
+    char *const *argv;
+    pid_t pid;  /* 0 when not started */
+    int log_fd; /* memfd: stderr, and stdout unless that goes to a pipe; -1 when none */
+    int status; /* waitpid status once reaped; -1 before (neither exited nor signalled) */
+} lc_tool;
+
+static void tool_close(lc_tool *t) {
+    if (t->log_fd >= 0) close(t->log_fd);
+    t->log_fd = -1;
+}
+
+/* Starts t->argv[0] (looked up in PATH) in dir with stdin from in_fd (-1: /dev/null) and stdout
+ * to out_fd (-1: the log). With track, the pid is published in rt->t1_child so that destroy can
+ * kill it, and nothing is started once rt->stopping is set. */
+static pie_code tool_spawn(lc_wasm_rt *rt, lc_tool *t, const char *dir, int in_fd, int out_fd,
+                           bool track, pie_status *st) {
+    t->pid = 0;
+    t->log_fd = memfd_create("lc_wasm_tool", MFD_CLOEXEC);
+    if (t->log_fd < 0)
+        return pie_status_set(st, PIE_INTERNAL, "%s: memfd_create: %s", t->what, strerror(errno));
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
     pie_code rc = PIE_OK;
-    bool fa_ok = false, attr_ok = false;
-    if (posix_spawn_file_actions_init(&fa) != 0) goto spawn_fail;
-    fa_ok = true;
-    if (posix_spawnattr_init(&attr) != 0) goto spawn_fail;
-    attr_ok = true;
+    bool fa_ok = posix_spawn_file_actions_init(&fa) == 0;
+    bool attr_ok = fa_ok && posix_spawnattr_init(&attr) == 0;
     sigset_t none, all;
     sigemptyset(&none);
     sigfillset(&all);
-    if (posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0) != 0 ||
-        posix_spawn_file_actions_adddup2(&fa, p[1], 1) != 0 ||
-        posix_spawn_file_actions_adddup2(&fa, p[1], 2) != 0 ||
+    if (!attr_ok ||
+        (in_fd < 0 ? posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0)
+                   : posix_spawn_file_actions_adddup2(&fa, in_fd, 0)) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, out_fd < 0 ? t->log_fd : out_fd, 1) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, t->log_fd, 2) != 0 ||
         posix_spawn_file_actions_addchdir_np(&fa, dir) != 0 ||
         posix_spawnattr_setsigmask(&attr, &none) != 0 ||
         posix_spawnattr_setsigdefault(&attr, &all) != 0 ||
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF) != 0)
-        goto spawn_fail;
-
-    pid_t pid = 0;
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF) != 0) {
+        rc = pie_status_set(st, PIE_INTERNAL, "%s: posix_spawn setup failed", t->what);
+        goto done;
+    }
     int err;
     if (track) {
         pthread_mutex_lock(&rt->mu);
         if (rt->stopping) {
             pthread_mutex_unlock(&rt->mu);
-            rc = pie_status_set(st, PIE_CANCELLED, "%s: runtime is shutting down", what);
+            rc = pie_status_set(st, PIE_CANCELLED, "%s: runtime is shutting down", t->what);
             goto done;
         }
-        err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
-        if (err == 0) rt->t1_child = pid;
+        err = posix_spawnp(&t->pid, t->argv[0], &fa, &attr, t->argv, environ);
+        if (err == 0) rt->t1_child = t->pid;
         pthread_mutex_unlock(&rt->mu);
     } else {
-        err = posix_spawnp(&pid, argv[0], &fa, &attr, argv, environ);
+        err = posix_spawnp(&t->pid, t->argv[0], &fa, &attr, t->argv, environ);
     }
     if (err != 0) {
-        rc = pie_status_set(st, PIE_FAILED_PRECONDITION, "%s: cannot run %s: %s", what, argv[0],
-                            strerror(err));
-        goto done;
+        t->pid = 0;
+        rc = pie_status_set(st, PIE_FAILED_PRECONDITION, "%s: cannot run %s: %s", t->what,
+                            t->argv[0], strerror(err));
     }
-    close(p[1]);
-    p[1] = -1;
+done:
+    if (attr_ok) posix_spawnattr_destroy(&attr);
+    if (fa_ok) posix_spawn_file_actions_destroy(&fa);
+    if (rc != PIE_OK) tool_close(t);
+    return rc;
+}
 
-    char out[1024];
-    size_t used = 0;
-    for (;;) {
-        char buf[4096];
-        ssize_t r = read(p[0], buf, sizeof buf);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        size_t take = (size_t)r < sizeof out - 1 - used ? (size_t)r : sizeof out - 1 - used;
-        memcpy(out + used, buf, take);
-        used += take;
-    }
-    out[used] = '\0';
-    int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
+/* Reaps t (if it was started) into t->status; clears rt->t1_child when it was tracked. */
+static void tool_wait(lc_wasm_rt *rt, lc_tool *t, bool track) {
+    if (t->pid == 0) return;
+    while (waitpid(t->pid, &t->status, 0) < 0 && errno == EINTR) {}
+    t->pid = 0;
     if (track) {
         pthread_mutex_lock(&rt->mu);
         rt->t1_child = 0;
         pthread_mutex_unlock(&rt->mu);
     }
-    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-        while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == ' ')) out[--used] = '\0';
-        for (char *c = out; *c; c++)
-            if (*c == '\n') *c = ' ';
-        if (WIFSIGNALED(ws))
-            rc = pie_status_set(st, PIE_INTERNAL, "%s: %s killed by signal %d%s%s", what, argv[0],
-                                WTERMSIG(ws), used ? ": " : "", out);
-        else
-            rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "%s failed: %s", what,
-                                used ? out : "(no output)");
-    }
-    goto done;
+}
 
-spawn_fail:
-    rc = pie_status_set(st, PIE_INTERNAL, "%s: posix_spawn setup failed", what);
-done:
-    if (fa_ok) posix_spawn_file_actions_destroy(&fa);
-    if (attr_ok) posix_spawnattr_destroy(&attr);
-    close(p[0]);
-    if (p[1] >= 0) close(p[1]);
-    return rc;
+static bool tool_ok(const lc_tool *t) {
+    return WIFEXITED(t->status) && WEXITSTATUS(t->status) == 0;
+}
+
+/* The status of a tool that did not exit 0, with the start of its output on one line:
+ * INTERNAL when a signal killed it, INVALID_ARGUMENT when it exited non-zero. */
+static pie_code tool_error(const lc_tool *t, pie_status *st) {
+    char out[1024];
+    ssize_t n = t->log_fd >= 0 ? pread(t->log_fd, out, sizeof out - 1, 0) : 0;
+    size_t used = n > 0 ? (size_t)n : 0;
+    out[used] = '\0';
+    while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == ' ')) out[--used] = '\0';
+    for (char *c = out; *c; c++)
+        if (*c == '\n') *c = ' ';
+    if (WIFSIGNALED(t->status))
+        return pie_status_set(st, PIE_INTERNAL, "%s: %s killed by signal %d%s%s", t->what,
+                              t->argv[0], WTERMSIG(t->status), used ? ": " : "", out);
+    return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s failed: %s", t->what,
+                          used ? out : "(no output)");
 }
 
 /* ---- translation and compilation ----------------------------------------------------------------
- */
+ *
+ * wasm2c writes the C to its stdout and the compiler reads it from its stdin as it comes: the two
+ * run at once (on two cores the cold load takes about the longer of the two, not their sum), and
+ * no C file is written. wasm2c's stdout form is the header followed by the code, which includes
+ * "wasm.h" (the header's name in that form) after the header's text: the cache entry's wasm.h is
+ * our glue, compiled in the same translation unit. Tier 1 translates again (tens of ms beside
+ * seconds of cc -O2) rather than keeping 2 MB of C per module on disk. */
 
 /* The glue gives the host entry points with fixed C types (no calls through mismatched function
  * pointer types) and the size of the generated instance struct. wasm2c orders the import
@@ -189,8 +207,8 @@ static pie_code write_glue(lc_wasm_module *m, pie_status *st) {
     const char *n = m->cname;
     char text[2048];
     int len = snprintf(text, sizeof text,
-                       "/* Generated by lc_wasm (services/lifecycle/wasm/lc_wasm_compile.c). */\n"
-                       "#include \"m.h\"\n"
+                       "/* Generated by lc_wasm (services/lifecycle/wasm/lc_wasm_compile.c): the\n"
+                       " * lc_wasm entry points, included by wasm2c's code after its header. */\n"
                        "struct Z_pie_instance_t;\n"
                        "struct Z_wasi_snapshot_preview1_instance_t;\n"
                        "size_t %s_lc_instance_size(void) { return sizeof(Z_%s_instance_t); }\n"
@@ -206,15 +224,16 @@ static pie_code write_glue(lc_wasm_module *m, pie_status *st) {
                        m->imports_wasi ? ", w" : "", n, n, n, n, n, n);
     if (len < 0 || (size_t)len >= sizeof text)
         return pie_status_set(st, PIE_INTERNAL, "glue text too long");
-    return write_file(m->dir, "glue.c", text, (size_t)len, st);
+    return write_file(m->dir, "wasm.h", text, (size_t)len, st);
 }
 
-/* Tier 0 compiles t0.c: this prelude, then m.c. tcc 0.9.27 lacks the bit-counting builtins that
- * wasm2c's code uses (gcc and clang have them; wasm2c maps a zero argument of clz/ctz to the bit
- * width before calling them), and without __has_builtin wasm-rt.h makes every linear-memory load
- * and store a call of libc memcpy; a plain access of the right width is 30% faster at tier 0
- * (wasm is little-endian like every host we build for, and x86-64 and arm64 allow unaligned
- * access). wasm-rt.h is included first so that its definition of wasm_rt_memcpy can be replaced. */
+/* Tier 0 compiles with this prelude (tcc -include) in front of wasm2c's output. tcc 0.9.27 lacks
+ * the bit-counting builtins that wasm2c's code uses (gcc and clang have them; wasm2c maps a zero
+ * argument of clz/ctz to the bit width before calling them), and without __has_builtin wasm-rt.h
+ * makes every linear-memory load and store a call of libc memcpy; a plain access of the right
+ * width is 30% faster at tier 0 (wasm is little-endian like every host we build for, and x86-64
+ * and arm64 allow unaligned access). wasm-rt.h is included first so that its definition of
+ * wasm_rt_memcpy can be replaced. */
 static const char tcc_prelude[] =
     "/* Generated by lc_wasm (services/lifecycle/wasm/lc_wasm_compile.c). */\n"
     "#include \"wasm-rt.h\"\n"
@@ -236,59 +255,95 @@ static const char tcc_prelude[] =
     "  else if ((n) == 8) *(unsigned long long *)(d) = *(const unsigned long long *)(s); \\\n"
     "  else if ((n) == 1) *(unsigned char *)(d) = *(const unsigned char *)(s); \\\n"
     "  else if ((n) == 2) *(unsigned short *)(d) = *(const unsigned short *)(s); \\\n"
-    "  else memcpy((d), (s), (n)); } while (0)\n"
-    "#include \"m.c\"\n";
+    "  else memcpy((d), (s), (n)); } while (0)\n";
 
-static pie_code translate(lc_wasm_module *m, const uint8_t *wasm, size_t len, pie_status *st) {
-    lc_wasm_rt *rt = m->rt;
-    if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK) return st->code;
-    char *argv[] = {rt->wasm2c, "module.wasm", "-n", m->cname, "-o", "m.c", NULL};
-    pie_code rc = run_tool(rt, argv, m->dir, false, "wasm2c (translate to C)", st);
+/* The status of a pipeline in which a tool failed. wasm2c's own failure is the module's fault
+ * (it validates: INVALID_ARGUMENT with its reason; it aborts on features it cannot translate,
+ * SIMD for one), unless the compiler died first and took wasm2c's pipe with it; a failing
+ * compiler is ours (INTERNAL). */
+static pie_code pipeline_error(const lc_tool *w2c, const lc_tool *cc, pie_status *st) {
+    bool broken_pipe = WIFSIGNALED(w2c->status) && WTERMSIG(w2c->status) == SIGPIPE;
+    if (tool_ok(w2c) || (broken_pipe && !tool_ok(cc))) {
+        tool_error(cc, st);
+        return st->code = PIE_INTERNAL;
+    }
+    pie_code rc = tool_error(w2c, st);
+    char msg[PIE_STATUS_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", st->msg);
     if (rc == PIE_INVALID_ARGUMENT) {
-        /* wasm2c validated the module and rejected it: that is the client's error. */
-        char msg[PIE_STATUS_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", st->msg);
         const char *why = strstr(msg, "failed: ");
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "invalid wasm module (wasm2c): %s",
                               why ? why + 8 : msg);
     }
-    if (rc == PIE_INTERNAL && strstr(st->msg, "killed by signal") != NULL) {
-        /* wasm2c 1.0.32 aborts on features it cannot translate, SIMD for one. */
-        char msg[PIE_STATUS_MSG_MAX];
-        snprintf(msg, sizeof msg, "%s", st->msg);
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "unsupported wasm module: %s; SIMD (-msimd128) and other post-MVP "
-                              "features that wasm2c 1.0.32 lacks do this",
-                              msg);
-    }
-    if (rc != PIE_OK) return rc;
-    atomic_fetch_add(&rt->translations, 1u);
-    if (write_file(m->dir, "t0.c", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
-        return st->code;
-    return write_glue(m, st);
+    return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                          "unsupported wasm module: %s; SIMD (-msimd128) and other post-MVP "
+                          "features that wasm2c 1.0.32 lacks do this",
+                          msg);
 }
 
-/* Compiles m.c + glue.c into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1). */
+/* The pipe from wasm2c to the compiler: 1 MiB (Linux's default limit for F_SETPIPE_SZ) instead of
+ * 64 KiB saves ~5 ms of the two tools' wake-ups on a 2 MB translation. */
+#define LC_WASM_PIPE_BYTES (1 << 20)
+
+/* wasm2c | compiler, both reaped; PIE_OK when both exited 0. Tier 1's compiler is tracked (see
+ * tool_spawn); wasm2c then ends on its own, by a broken pipe if the compiler is killed. */
+static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const char *dir, bool track,
+                             pie_status *st) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return pie_status_set(st, PIE_INTERNAL, "pipe: %s", strerror(errno));
+    (void)fcntl(p[1], F_SETPIPE_SZ, LC_WASM_PIPE_BYTES); /* best effort: 64 KiB works too */
+    pie_code rc = tool_spawn(rt, w2c, dir, -1, p[1], false, st);
+    close(p[1]);
+    if (rc == PIE_OK) rc = tool_spawn(rt, cc, dir, p[0], -1, track, st);
+    close(p[0]); /* with no compiler reading, wasm2c ends at its first write */
+    tool_wait(rt, w2c, false);
+    tool_wait(rt, cc, track);
+    if (rc == PIE_OK && (!tool_ok(w2c) || !tool_ok(cc))) rc = pipeline_error(w2c, cc, st);
+    if (tool_ok(w2c)) atomic_fetch_add(&rt->translations, 1u);
+    tool_close(w2c);
+    tool_close(cc);
+    return rc;
+}
+
+/* Translates module.wasm and compiles it into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1). */
 static pie_code compile(lc_wasm_module *m, int tier, pie_status *st) {
     lc_wasm_rt *rt = m->rt;
     char final[PATH_MAX], tmp[PATH_MAX];
     if (path_join(final, m->dir, tier ? "t1.so" : "t0.so", st) != PIE_OK ||
         tmp_name(tmp, final, st) != PIE_OK)
         return st->code;
-    char *tcc_argv[] = {rt->tcc, "-shared", "-fPIC", "-o", tmp, "t0.c", "glue.c", "-lm", NULL};
-    char *cc_argv[] = {rt->cc, "-O2", "-shared", "-fPIC", "-w", "-o",
-                       tmp,    "m.c", "glue.c",  "-lm",   NULL};
-    pie_code rc = run_tool(rt, tier ? cc_argv : tcc_argv, m->dir, tier == 1,
-                           tier ? "tier-1 compile (cc -O2)" : "tier-0 compile (tcc)", st);
+    /* written again for tier 1: a cache entry of an older version may lack it */
+    if (write_glue(m, st) != PIE_OK) return st->code;
+    char *w2c_argv[] = {rt->wasm2c, "module.wasm", "-n", m->cname, NULL};
+    char *tcc_argv[] = {rt->tcc,    "-shared", "-fPIC", "-o",  tmp,
+                        "-include", "t0.h",    "-",     "-lm", NULL};
+    char *cc_argv[] = {rt->cc, "-O2", "-shared", "-fPIC", "-w",  "-o",
+                       tmp,    "-x",  "c",       "-",     "-lm", NULL};
+    lc_tool w2c = {.what = "wasm2c (translate to C)", .argv = w2c_argv, .log_fd = -1, .status = -1};
+    lc_tool cc = {.what = tier ? "tier-1 compile (cc -O2)" : "tier-0 compile (tcc)",
+                  .argv = tier ? cc_argv : tcc_argv,
+                  .log_fd = -1,
+                  .status = -1};
+    pie_code rc = run_pipeline(rt, &w2c, &cc, m->dir, tier == 1, st);
     if (rc == PIE_OK && rename(tmp, final) != 0)
         rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
     if (rc != PIE_OK) {
         unlink(tmp);
-        if (rc == PIE_INVALID_ARGUMENT) rc = st->code = PIE_INTERNAL; /* our C, not the client's */
         return rc;
     }
     atomic_fetch_add(tier ? &rt->tier1_compiles : &rt->tier0_compiles, 1u);
     return PIE_OK;
+}
+
+/* Tier 0 from the bytes: module.wasm (which tier 1 translates again), the prelude, then the
+ * pipeline. */
+static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t len,
+                                  pie_status *st) {
+    if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK ||
+        write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
+        return st->code;
+    return compile(m, 0, st);
 }
 
 /* ---- loading a tier ----------------------------------------------------------------------------
@@ -409,8 +464,7 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
     if (try_cached(m, 1) || try_cached(m, 0)) {
         atomic_fetch_add(&rt->disk_hits, 1u);
     } else {
-        rc = translate(m, wasm, len, st);
-        if (rc == PIE_OK) rc = compile(m, 0, st);
+        rc = translate_compile(m, wasm, len, st);
         if (rc == PIE_OK) rc = code_open(m, 0, &m->code, st);
     }
     flock(lock, LOCK_UN);
