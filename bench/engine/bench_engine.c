@@ -379,9 +379,10 @@ int main(int argc, char **argv) {
     krn_pool *pool = krn_pool_create(threads);
     if (!pool) die("krn_pool_create", NULL);
     printf("model %s: %s, %u layers, hidden %u, ffn %u, heads %u/%u, vocab %u; threads %d; "
-           "simd %s; open %.2f s\n",
+           "simd %s%s; open %.2f s\n",
            o.model, in->dtype, in->n_layers, in->hidden_size, in->intermediate_size, in->n_heads,
-           in->n_kv_heads, in->vocab_size, krn_pool_size(pool), krn_cpu_simd_name(), t_open);
+           in->n_kv_heads, in->vocab_size, krn_pool_size(pool), krn_cpu_simd_name(),
+           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)" : "", t_open);
     printf("pools: weights %.1f MiB, KV %.1f MiB (%u pages of %u), embeddings %.1f MiB, "
            "scratch %.1f MiB (max_batch_tokens %u)\n\n",
            in->weight_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0, n_pages, ps,

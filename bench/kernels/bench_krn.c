@@ -272,7 +272,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_krn: cannot create a pool of %d threads\n", threads);
         return 1;
     }
-    printf("bench_krn: %d threads, SIMD %s\n", krn_pool_size(p), krn_cpu_simd_name());
+    printf("bench_krn: %d threads, SIMD %s%s\n", krn_pool_size(p), krn_cpu_simd_name(),
+           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)" : "");
 
     {
         int reps = 20000;

@@ -42,12 +42,25 @@ const char *krn_cpu_simd_name(void);
  * lacks that path. Not to be called while kernels run. */
 int krn_cpu_set_simd(const char *name);
 
+/* Whether krn_cpu_linear multiplies bf16 weights on Intel AMX (see there): the CPU has
+ * AMX-BF16, the kernel granted the tile state, the SIMD path is avx512, and neither
+ * PIE_KRN_AMX=0 (read once) nor krn_cpu_set_amx(0) turned it off. */
+int krn_cpu_amx_active(void);
+
+/* Turns the AMX path on or off for later calls (tests check both on one machine). -1 (nothing
+ * changed) when asked to turn it on and the CPU or kernel lacks AMX. Not to be called while
+ * kernels run. */
+int krn_cpu_set_amx(int on);
+
 /* ---- dense ------------------------------------------------------------------------------- */
 
 /* y[n, out] = x[n, in] · W^T where W is [out, in] of dtype wt (the HF Linear layout). bf16/f16
- * weights are converted exactly and accumulated in f32. The pool owns all threads: the first
- * call sets OpenBLAS to one thread (process-wide) and splits sgemm over the pool. y must not
- * overlap x or W. */
+ * weights are converted exactly and accumulated in f32. bf16 weights with n >= 8 rows and `in`
+ * a multiple of 32 run on AMX while krn_cpu_amx_active() (the first out - out % 16 rows of W):
+ * x is split into two bf16 parts (x = hi + lo to 2^-17 relative), products are exact and
+ * accumulated in f32, so the result is as accurate as the f32 paths. The pool owns all
+ * threads: the first call sets OpenBLAS to one thread (process-wide) and splits sgemm over the
+ * pool. y must not overlap x or W. */
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y);
 

@@ -30,6 +30,19 @@ krn_simd krn_simd_level(void);
 /* Whether the CPU supports AVX-512 BF16 (vdpbf16ps); only meaningful at KRN_SIMD_AVX512. */
 int krn_simd_has_bf16(void);
 
+/* ---- AMX (krn_amx.c) ----------------------------------------------------------------------- */
+
+/* Bytes of the packed form of x[n, in] (in a multiple of 32): bf16 "B" tiles of x's two
+ * bf16 parts (hi, lo), rows padded to a multiple of 16. */
+size_t krn_amx_pack_bytes(int n, int in);
+/* Splits x[n, in] into bf16 parts and packs them into xp (krn_amx_pack_bytes bytes, 64-byte
+ * aligned), across the pool. */
+void krn_amx_pack(krn_pool *p, const float *x, int n, int in, void *xp);
+/* y[r, o] = Σ_k w[o, k] · x[r, k] with x as packed, for o in [o0, o1), o1 - o0 a multiple of
+ * 16, in a multiple of 32. Only when krn_cpu_amx_active(). */
+void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
+                  int out);
+
 /* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
 
 /* Like krn_task_fn, plus the index in [0, krn_pool_size) of the worker running the task (0 is

@@ -13,12 +13,19 @@
  *
  * Paths, per weight dtype:
  *   f32            sgemm (sgemv when n == 1) per block of output columns.
- *   bf16/f16, n <= KRN_LINEAR_GEMV_MAX_N (32)
+ *   bf16, n >= KRN_LINEAR_AMX_MIN_N (8), in % 32 == 0, AMX active (krn_amx.c)
+ *                  x is packed once per call (split into two bf16 parts: as accurate as the
+ *                  exact paths); W is read in place as AMX tiles, blocks of 64 output rows
+ *                  are the tasks; the last out % 16 rows take the GEMV path below. 1.9-2.8×
+ *                  the GEMV path's throughput at n = 32 (now close to n = 1's time: W is read
+ *                  once) and 2-4.6× the tile path's at n = 512 (2 cores;
+ *                  bench/results/kernels.md).
+ *   bf16/f16, n <= KRN_LINEAR_GEMV_MAX_N (32), otherwise
  *                  GEMV-style: W is streamed once for all n rows (a block of 4 rows of W is
  *                  reused from L1/L2 for every group of 4 rows of x); each weight is converted
  *                  exactly to f32 in registers and multiplied with x in f32 (f32 accumulation,
  *                  nothing lost to rounding x). Blocks of output rows are the tasks.
- *   bf16/f16, more rows
+ *   bf16/f16, more rows, otherwise
  *                  each task owns KRN_LINEAR_TILE_ROWS rows of W; it converts them
  *                  KRN_LINEAR_TILE_K columns at a time into its worker's scratch (1 MiB of f32)
  *                  and calls sgemm on each tile, accumulating into y (beta = 1 after the
@@ -41,6 +48,11 @@
 #define KRN_LINEAR_TILE_K    512
 /* Output rows per GEMV task: small enough for load balance, large enough to amortise a task. */
 #define KRN_LINEAR_GEMV_ROWS 64
+/* bf16 weights on AMX (krn_amx.c) from this many rows of x: below it the exact GEMV path
+ * reads the weights just as fast (it is bound by memory, not arithmetic, at n <= 4). */
+#define KRN_LINEAR_AMX_MIN_N 8
+/* Output rows per AMX task (a multiple of 32: two 16-row A tiles at a time). */
+#define KRN_LINEAR_AMX_ROWS 64
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -318,6 +330,8 @@ typedef struct linear_job {
     int rows_per_task;  /* output rows (W rows) per task */
     int tile_k;         /* tile path: input columns per converted tile */
     float *tiles[1024]; /* per worker, tile path only */
+    const void *xp;     /* AMX path: x packed as bf16 tiles */
+    int out16;          /* AMX path: rows of W it covers */
 } linear_job;
 
 static void task_f32(void *arg, int task, int n_tasks) {
@@ -342,6 +356,18 @@ static void task_gemv(void *arg, int task, int n_tasks) {
     gemv_range(j->x, j->n, j->in, j->w, j->wt, o0, o1, j->y, j->out);
 }
 
+/* AMX for the first out16 rows (a multiple of 16), the exact GEMV for the rest. */
+static void task_amx(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int a1 = o1 < j->out16 ? o1 : j->out16;
+    if (a1 > o0) krn_amx_rows(j->xp, j->n, j->in, j->w, o0, a1, j->y, j->out);
+    int g0 = a1 > o0 ? a1 : o0;
+    if (o1 > g0) gemv_range(j->x, j->n, j->in, j->w, j->wt, g0, o1, j->y, j->out);
+}
+
 static void task_tile(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks;
     const linear_job *j = arg;
@@ -361,6 +387,24 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
+/* The AMX path: packs x once (in the pool's shared scratch, or a malloc without a pool), then
+ * splits the rows of W over the pool. -1 when memory for the packed x runs out (the caller
+ * takes another path). */
+static int linear_amx(krn_pool *p, linear_job *j) {
+    size_t bytes = krn_amx_pack_bytes(j->n, j->in);
+    void *own = NULL;
+    void *xp = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
+                 : (own = aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!xp) return -1;
+    krn_amx_pack(p, j->x, j->n, j->in, xp);
+    j->xp = xp;
+    j->out16 = j->out / 16 * 16;
+    j->rows_per_task = KRN_LINEAR_AMX_ROWS;
+    krn_pool_run(p, task_amx, j, div_up(j->out, j->rows_per_task));
+    free(own);
+    return 0;
+}
+
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y) {
     if (n <= 0 || out <= 0) return;
@@ -378,6 +422,10 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         krn_pool_run(p, task_f32, &j, div_up(out, j.rows_per_task));
         return;
     }
+
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
+        krn_cpu_amx_active() && linear_amx(p, &j) == 0)
+        return;
 
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
         int rows = KRN_LINEAR_TILE_ROWS, tk = KRN_LINEAR_TILE_K;

@@ -288,6 +288,59 @@ Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
     }
 }
 
+/* bf16 weights on AMX (when the CPU and kernel have it): the same accuracy as every other
+ * path (check_linear's 1e-5 · Σ|w·x|) on batch sizes from 8, odd row counts of W (the last
+ * out % 16 rows take the exact path) and K up to 2048; then a probe that tells the paths
+ * apart: x = 1 + 2^-10 + 2^-20 needs 21 significant bits, so the AMX path (x as two bf16
+ * parts, 1 and 2^-10) gives exactly 32 + 2^-5 for 32 such products with w = 1, where the
+ * exact path gives 32 + 2^-5 + 2^-15. */
+Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
+    if (krn_cpu_set_simd("avx512") != 0 || krn_cpu_set_amx(1) != 0) {
+        cr_log_warn("no AMX on this CPU/kernel; the AMX path is not tested here");
+        return;
+    }
+    cr_assert(krn_cpu_amx_active());
+    static const int ns[] = {8, 9, 16, 17, 31, 32, 33, 48, 70};
+    static const int ins[] = {32, 64, 96, 2048};
+    static const int outs[] = {16, 32, 48, 67, 200};
+    rng r = {0xa3a3u};
+    krn_pool *pools[3] = {NULL, krn_pool_create(2), krn_pool_create(3)};
+    cr_assert(pools[1] && pools[2]);
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+            for (size_t c = 0; c < sizeof outs / sizeof *outs; c++)
+                check_linear(pools[(a + b + c) % 3], &r, KRN_BF16, ns[a], ins[b], outs[c],
+                             "avx512+amx");
+
+    enum { N = 9, K = 32, OUT = 35 };
+    float xs[N * K], ys[N * OUT];
+    uint16_t ws[OUT * K];
+    for (int i = 0; i < N * K; i++) xs[i] = 1.0f + 0x1p-10f + 0x1p-20f;
+    for (int i = 0; i < OUT * K; i++) ws[i] = 0x3f80; /* 1.0 */
+    xs[3 * K + 5] = INFINITY;                         /* special values survive the split */
+    const float amx = 32.0f + 0x1p-5f, exact = 32.0f + 0x1p-5f + 0x1p-15f;
+    krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OUT; o++) {
+            float want = i == 3 ? INFINITY : o < OUT / 16 * 16 ? amx : exact;
+            cr_assert_eq(ys[i * OUT + o], want, "AMX on: y[%d,%d] = %.9g, want %.9g", i, o,
+                         ys[i * OUT + o], want);
+        }
+    /* switched off, or on another SIMD path, the same call is exact */
+    cr_assert_eq(krn_cpu_set_amx(0), 0);
+    cr_assert(!krn_cpu_amx_active());
+    krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
+    cr_assert_eq(ys[0], exact, "AMX off: y[0,0] = %.9g", ys[0]);
+    cr_assert_eq(krn_cpu_set_amx(1), 0);
+    cr_assert_eq(krn_cpu_set_simd("avx2"), 0);
+    cr_assert(!krn_cpu_amx_active());
+    krn_cpu_linear(pools[2], xs, N, K, ws, KRN_BF16, OUT, ys);
+    cr_assert_eq(ys[0], exact, "avx2: y[0,0] = %.9g", ys[0]);
+    cr_assert_eq(krn_cpu_set_simd("avx512"), 0);
+    krn_pool_destroy(pools[1]);
+    krn_pool_destroy(pools[2]);
+}
+
 /* ---- element-wise -------------------------------------------------------------------------- */
 
 Test(krn_vec, rmsnorm_matches_reference_in_place_and_not) {
