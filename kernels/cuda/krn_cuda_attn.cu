@@ -32,64 +32,12 @@ extern "C" int krn_cuda_attn_tile_rows(int n_heads, int n_kv_heads) {
     return rows > 0 ? rows : 1;
 }
 
-/* Row state of an explicit mask while keys advance: run index, where that run starts, and
- * whether it is a visible run. */
-typedef struct run_state {
-    int32_t cur, beg, visible;
-} run_state;
-
-/* Advances st so that its run contains key t (t < the row's length). */
-__device__ static void run_seek(run_state *st, const uint32_t *runs, int t) {
-    while (st->beg + (int)runs[st->cur] <= t) {
-        st->beg += (int)runs[st->cur];
-        st->cur++;
-        st->visible ^= 1;
-    }
-}
-
-/* Visibility bits of keys [k0, k0 + nk) for tile row r. */
-__device__ static uint32_t row_visibility(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t,
-                                          int r, int k0, int nk, run_state *st) {
-    int len = t.q_seq + r + 1; /* keys this row may see at most */
-    const uint32_t *pages = a.page_list + t.pages;
-    uint32_t bits = 0;
-    for (int j = 0; j < nk; j++) {
-        int key = k0 + j;
-        if (key >= len) break;
-        int vis = 1;
-        if (t.mask_row >= 0) {
-            run_seek(st, a.runs, key);
-            vis = st->visible;
-        }
-        if (vis && key < t.pm_ctx) {
-            uint32_t page = pages[key / a.page_size];
-            vis = a.page_mask[(size_t)page * a.page_size + key % a.page_size] == 0;
-        }
-        bits |= (uint32_t)vis << j;
-    }
-    return bits;
-}
-
-/* Key (or value, which = 1) vector of sequence index key for kv head kvh. */
-__device__ static const krn_bf16 *key_ptr(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t,
-                                          int key, int kvh, int which) {
-    int kvd = a.n_kv_heads * a.hd;
-    if (key < t.n_ctx) {
-        size_t page = a.page_list[t.pages + key / a.page_size];
-        size_t off = (size_t)(key % a.page_size);
-        size_t ps = (size_t)a.page_size;
-        return a.kv + ((page * 2 + which) * ps + off) * (size_t)kvd + (size_t)kvh * a.hd;
-    }
-    const krn_bf16 *tail = which ? a.vb : a.kb;
-    return tail + (size_t)(t.tail_row + key - t.n_ctx) * kvd + (size_t)kvh * a.hd;
-}
-
 __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_args a) {
     const krn_cuda_attn_tile t = a.tiles[blockIdx.x];
     if (t.n_q <= 0) return;
     extern __shared__ float smem[];
     __shared__ uint32_t vis[KRN_CUDA_ATTN_QVECS];
-    __shared__ run_state rs[KRN_CUDA_ATTN_QVECS];
+    __shared__ krn_run_state rs[KRN_CUDA_ATTN_QVECS];
     const int hd = a.hd, hd1 = hd + 1, g = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
     const int nqv = t.n_q * g, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float *qs = smem;                                  /* [QVECS][hd], pre-scaled */
@@ -107,9 +55,9 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
         kend = min(kbeg + t.kv_chunk, key_lim);
     }
     if (tid < t.n_q && t.mask_row >= 0) {
-        run_state st = {a.row_runs[t.mask_row + tid], 0, 1};
+        krn_run_state st = {a.row_runs[t.mask_row + tid], 0, 1};
         int len = t.q_seq + tid + 1;
-        if (kbeg < len) run_seek(&st, a.runs, kbeg);
+        if (kbeg < len) krn_run_seek(&st, a.runs, kbeg);
         rs[tid] = st;
     }
 
@@ -130,9 +78,9 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
             for (int i = tid; i < nk * cpr; i += ATT_THREADS) {
                 int j = i / cpr, c = (i % cpr) * 8;
                 float kf[8], vf[8];
-                krn_unpack8(*reinterpret_cast<const uint4 *>(key_ptr(a, t, k0 + j, kvh, 0) + c),
+                krn_unpack8(*reinterpret_cast<const uint4 *>(krn_attn_kv(a, t, k0 + j, kvh, 0) + c),
                             kf);
-                krn_unpack8(*reinterpret_cast<const uint4 *>(key_ptr(a, t, k0 + j, kvh, 1) + c),
+                krn_unpack8(*reinterpret_cast<const uint4 *>(krn_attn_kv(a, t, k0 + j, kvh, 1) + c),
                             vf);
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
@@ -143,11 +91,11 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
         } else {
             for (int i = tid; i < nk * hd; i += ATT_THREADS) {
                 int j = i / hd, d = i % hd;
-                ks[j * hd1 + d] = krn_bf16_to_f32(key_ptr(a, t, k0 + j, kvh, 0)[d]);
-                vs[j * hd1 + d] = krn_bf16_to_f32(key_ptr(a, t, k0 + j, kvh, 1)[d]);
+                ks[j * hd1 + d] = krn_bf16_to_f32(krn_attn_kv(a, t, k0 + j, kvh, 0)[d]);
+                vs[j * hd1 + d] = krn_bf16_to_f32(krn_attn_kv(a, t, k0 + j, kvh, 1)[d]);
             }
         }
-        if (tid < t.n_q) vis[tid] = row_visibility(a, t, tid, k0, nk, &rs[tid]);
+        if (tid < t.n_q) vis[tid] = krn_attn_row_vis<uint32_t>(a, t, tid, k0, nk, &rs[tid]);
         __syncthreads();
 #pragma unroll
         for (int qi = 0; qi < ATT_QPW; qi++) {

@@ -33,49 +33,8 @@ template <int HD> struct tc_smem {
     float o[TC_Q][HD + 4];
     float m[TC_Q], l[TC_Q];
     unsigned long long vis[TC_Q]; /* per tile row: keys k0..k0+63 visible */
-    int32_t run_cur[TC_Q], run_beg[TC_Q], run_vis[TC_Q];
+    krn_run_state run[TC_Q];      /* explicit mask rows */
 };
-
-/* Visibility bits of keys [k0, k0 + nk) for tile row r (nk <= 64). */
-__device__ static unsigned long long tc_row_vis(const krn_cuda_attn_args &a,
-                                                const krn_cuda_attn_tile &t, int r, int k0, int nk,
-                                                int32_t *cur, int32_t *beg, int32_t *vis_run) {
-    int len = t.q_seq + r + 1;
-    const uint32_t *pages = a.page_list + t.pages;
-    unsigned long long bits = 0;
-    for (int j = 0; j < nk; j++) {
-        int key = k0 + j;
-        if (key >= len) break;
-        int vis = 1;
-        if (t.mask_row >= 0) {
-            while (*beg + (int)a.runs[*cur] <= key) {
-                *beg += (int)a.runs[*cur];
-                (*cur)++;
-                *vis_run ^= 1;
-            }
-            vis = *vis_run;
-        }
-        if (vis && key < t.pm_ctx) {
-            uint32_t page = pages[key / a.page_size];
-            vis = a.page_mask[(size_t)page * a.page_size + key % a.page_size] == 0;
-        }
-        bits |= (unsigned long long)vis << j;
-    }
-    return bits;
-}
-
-__device__ static const krn_bf16 *tc_key(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t,
-                                         int key, int kvh, int which) {
-    int kvd = a.n_kv_heads * a.hd;
-    if (key < t.n_ctx) {
-        size_t page = a.page_list[t.pages + key / a.page_size];
-        size_t ps = (size_t)a.page_size;
-        return a.kv + ((page * 2 + which) * ps + (size_t)(key % a.page_size)) * (size_t)kvd +
-               (size_t)kvh * a.hd;
-    }
-    const krn_bf16 *tail = which ? a.vb : a.kb;
-    return tail + (size_t)(t.tail_row + key - t.n_ctx) * kvd + (size_t)kvh * a.hd;
-}
 
 template <int HD>
 __global__ static void __launch_bounds__(TC_THREADS) tc_kernel(krn_cuda_attn_args a) {
@@ -102,9 +61,7 @@ __global__ static void __launch_bounds__(TC_THREADS) tc_kernel(krn_cuda_attn_arg
         sm.m[tid] = -INFINITY;
         sm.l[tid] = 0.0f;
         if (tid < t.n_q && t.mask_row >= 0) {
-            sm.run_cur[tid] = a.row_runs[t.mask_row + tid];
-            sm.run_beg[tid] = 0;
-            sm.run_vis[tid] = 1;
+            sm.run[tid] = krn_run_state{a.row_runs[t.mask_row + tid], 0, 1};
         }
     }
     const int key_lim = min(t.n_ctx + t.n_tail, t.q_seq + t.n_q);
@@ -116,15 +73,14 @@ __global__ static void __launch_bounds__(TC_THREADS) tc_kernel(krn_cuda_attn_arg
             int j = i / (HD / 8), c = (i % (HD / 8)) * 8;
             uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
             if (j < nk) {
-                kv4 = *reinterpret_cast<const uint4 *>(tc_key(a, t, k0 + j, kvh, 0) + c);
-                vv4 = *reinterpret_cast<const uint4 *>(tc_key(a, t, k0 + j, kvh, 1) + c);
+                kv4 = *reinterpret_cast<const uint4 *>(krn_attn_kv(a, t, k0 + j, kvh, 0) + c);
+                vv4 = *reinterpret_cast<const uint4 *>(krn_attn_kv(a, t, k0 + j, kvh, 1) + c);
             }
             *reinterpret_cast<uint4 *>(&sm.k[j][c]) = kv4;
             *reinterpret_cast<uint4 *>(&sm.v[j][c]) = vv4;
         }
         if (tid < t.n_q)
-            sm.vis[tid] =
-                tc_row_vis(a, t, tid, k0, nk, &sm.run_cur[tid], &sm.run_beg[tid], &sm.run_vis[tid]);
+            sm.vis[tid] = krn_attn_row_vis<unsigned long long>(a, t, tid, k0, nk, &sm.run[tid]);
         __syncthreads();
 
         /* S rows [16 warp, 16 warp + 16) = Q K^T */

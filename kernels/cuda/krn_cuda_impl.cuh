@@ -1,5 +1,7 @@
 /* krn_cuda_impl.cuh — device helpers shared by the kernels of kernels/cuda (not part of the C
- * interface): bf16 <-> f32 with round-to-nearest-even, and warp / block reductions. */
+ * interface): bf16 <-> f32 with round-to-nearest-even, warp / block reductions, and what both
+ * attention kernels (krn_cuda_attn.cu, krn_cuda_attn_tc.cu) read the same way: key visibility
+ * (explicit mask runs, page masks) and K/V vectors. */
 #ifndef KRN_CUDA_IMPL_CUH
 #define KRN_CUDA_IMPL_CUH
 
@@ -59,6 +61,63 @@ __device__ __forceinline__ float krn_block_max(float v, float *red) {
     __syncthreads();
     v = lane < nw ? red[lane] : -INFINITY;
     return krn_warp_max(v);
+}
+
+/* Row state of an explicit mask while keys advance: run index, where that run starts, and
+ * whether it is a visible run. */
+typedef struct krn_run_state {
+    int32_t cur, beg, visible;
+} krn_run_state;
+
+/* Advances st so that its run contains key t (t < the row's length). */
+__device__ __forceinline__ void krn_run_seek(krn_run_state *st, const uint32_t *runs, int t) {
+    while (st->beg + (int)runs[st->cur] <= t) {
+        st->beg += (int)runs[st->cur];
+        st->cur++;
+        st->visible ^= 1;
+    }
+}
+
+/* Visibility bits of keys [k0, k0 + nk) for tile row r (nk <= the bits of Bits): causality
+ * (or the explicit mask row's length), the explicit mask's runs, the page mask for keys below
+ * pm_ctx. */
+template <typename Bits>
+__device__ __forceinline__ Bits krn_attn_row_vis(const krn_cuda_attn_args &a,
+                                                 const krn_cuda_attn_tile &t, int r, int k0, int nk,
+                                                 krn_run_state *st) {
+    int len = t.q_seq + r + 1; /* keys this row may see at most */
+    const uint32_t *pages = a.page_list + t.pages;
+    Bits bits = 0;
+    for (int j = 0; j < nk; j++) {
+        int key = k0 + j;
+        if (key >= len) break;
+        int vis = 1;
+        if (t.mask_row >= 0) {
+            krn_run_seek(st, a.runs, key);
+            vis = st->visible;
+        }
+        if (vis && key < t.pm_ctx) {
+            uint32_t page = pages[key / a.page_size];
+            vis = a.page_mask[(size_t)page * a.page_size + key % a.page_size] == 0;
+        }
+        bits |= (Bits)vis << j;
+    }
+    return bits;
+}
+
+/* Key (which = 0) or value (which = 1) vector of sequence index key for kv head kvh: from the
+ * tile's pages below n_ctx, from the batch's own K/V rows (the tail) above. */
+__device__ __forceinline__ const krn_bf16 *
+krn_attn_kv(const krn_cuda_attn_args &a, const krn_cuda_attn_tile &t, int key, int kvh, int which) {
+    int kvd = a.n_kv_heads * a.hd;
+    if (key < t.n_ctx) {
+        size_t page = a.page_list[t.pages + key / a.page_size];
+        size_t off = (size_t)(key % a.page_size);
+        size_t ps = (size_t)a.page_size;
+        return a.kv + ((page * 2 + which) * ps + off) * (size_t)kvd + (size_t)kvh * a.hd;
+    }
+    const krn_bf16 *tail = which ? a.vb : a.kb;
+    return tail + (size_t)(t.tail_row + key - t.n_ctx) * kvd + (size_t)kvh * a.hd;
 }
 
 #endif

@@ -24,36 +24,34 @@ extern "C" cudaError_t krn_cuda_embed(const krn_bf16 *table, int d, const uint32
     return cudaGetLastError();
 }
 
-__global__ static void gather_kernel(float *dst, const float *src, const int32_t *idx, int d) {
+/* Row i of the index list: gather copies src row idx[i] to dst row i, scatter src row i to dst
+ * row idx[i]; idx[i] < 0 copies nothing. */
+template <bool Scatter>
+__global__ static void move_rows_kernel(float *dst, const float *src, const int32_t *idx, int d) {
     int i = blockIdx.x;
     int s = idx[i];
     if (s < 0) return;
-    const float *from = src + (size_t)s * (size_t)d;
-    float *to = dst + (size_t)i * (size_t)d;
+    const float *from = src + (size_t)(Scatter ? i : s) * (size_t)d;
+    float *to = dst + (size_t)(Scatter ? s : i) * (size_t)d;
     for (int j = threadIdx.x; j < d; j += blockDim.x) to[j] = from[j];
+}
+
+template <bool Scatter>
+static cudaError_t move_rows(float *dst, const float *src, const int32_t *idx, int n, int d,
+                             cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    move_rows_kernel<Scatter><<<n, 256, 0, stream>>>(dst, src, idx, d);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t krn_cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n,
                                             int d, cudaStream_t stream) {
-    if (n <= 0) return cudaSuccess;
-    gather_kernel<<<n, 256, 0, stream>>>(dst, src, idx, d);
-    return cudaGetLastError();
-}
-
-__global__ static void scatter_kernel(float *dst, const float *src, const int32_t *idx, int d) {
-    int i = blockIdx.x;
-    int s = idx[i];
-    if (s < 0) return;
-    const float *from = src + (size_t)i * (size_t)d;
-    float *to = dst + (size_t)s * (size_t)d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) to[j] = from[j];
+    return move_rows<false>(dst, src, idx, n, d, stream);
 }
 
 extern "C" cudaError_t krn_cuda_scatter_rows(float *dst, const float *src, const int32_t *idx,
                                              int n, int d, cudaStream_t stream) {
-    if (n <= 0) return cudaSuccess;
-    scatter_kernel<<<n, 256, 0, stream>>>(dst, src, idx, d);
-    return cudaGetLastError();
+    return move_rows<true>(dst, src, idx, n, d, stream);
 }
 
 __global__ static void to_bf16_kernel(const float *x, size_t n, krn_bf16 *y) {

@@ -8,21 +8,17 @@
  * cuBLAS handle. No handler allocates; each ends with a stream synchronisation, so errors of
  * the device work belong to the call that caused them.
  * Does not own: the forward pass (eng_cuda_fwd.c), the kernels (kernels/cuda), the model files
- * (services/worker/model). Error messages are eng_cpu.c's, word for word, for everything a
- * caller can get wrong; device failures are PIE_INTERNAL "cuda: <call> failed at
- * <file>:<line>: <reason>". */
+ * (services/worker/model), validating what a caller can get wrong (eng_check.c: the same
+ * checks and messages as the cpu backend). Device failures are PIE_INTERNAL "cuda: <call>
+ * failed at <file>:<line>: <reason>". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "eng_cuda_impl.h"
+#include "eng_mask.h"
 #include "krn_cpu.h"
-
-#define EC_MAX_PAGE_SIZE 65536u
-#define EC_MAX_BATCH     (1u << 20)
-#define EC_MAX_SLOTS     (1u << 24)
-#define EC_MAX_KV_TOKENS (1ull << 30)
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
@@ -39,18 +35,6 @@ pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, cons
     return pie_status_set(st, PIE_INTERNAL, "cuda: %s failed at %s:%d: cublas status %d", call,
                           base ? base + 1 : file, line, (int)s);
 }
-
-/* ---- validation generations -------------------------------------------------------------- */
-
-void ec_reserve_gens(eng_cuda *e, uint64_t count) {
-    if ((uint64_t)e->gen + count < UINT32_MAX) return;
-    memset(e->slot_mark, 0, sizeof *e->slot_mark * e->info.embed_slots);
-    memset(e->page_mark, 0, sizeof *e->page_mark * e->info.kv_pages);
-    memset(e->tok_mark, 0, sizeof *e->tok_mark * (size_t)e->info.kv_pages * e->info.kv_page_size);
-    e->gen = 0;
-}
-
-uint32_t ec_next_gen(eng_cuda *e) { return ++e->gen; }
 
 /* ---- the pool ---------------------------------------------------------------------------- */
 
@@ -171,39 +155,11 @@ static pie_code ec_upload_weights(eng_cuda *e, pie_status *st) {
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
-static pie_code ec_check_opts(const eng_opts *o, uint32_t *ps, uint32_t *pages, uint32_t *slots,
-                              uint32_t *T, pie_status *st) {
-    *ps = o->kv_page_size ? o->kv_page_size : 16;
-    *pages = o->kv_pages ? o->kv_pages : 256;
-    *slots = o->embed_slots ? o->embed_slots : 1024;
-    *T = o->max_batch_tokens ? o->max_batch_tokens : 4096;
-    if (*ps > EC_MAX_PAGE_SIZE)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: kv_page_size %u is out of range [1, %u]", *ps,
-                              EC_MAX_PAGE_SIZE);
-    if (*T > EC_MAX_BATCH)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: max_batch_tokens %u is out of range [1, %u]", *T,
-                              EC_MAX_BATCH);
-    if (*slots > EC_MAX_SLOTS)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: embed_slots %u is out of range [1, %u]", *slots,
-                              EC_MAX_SLOTS);
-    if ((uint64_t)*pages * *ps > EC_MAX_KV_TOKENS)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: kv_pages %u x kv_page_size %u exceeds 2^30 tokens", *pages,
-                              *ps);
-    return PIE_OK;
-}
-
+/* eng_check_model's shape, then the attention kernels' limits. */
 static pie_code ec_check_model(const eng_cuda *e, const char *dir, pie_status *st) {
     const mdl_config *c = &e->m->cfg;
-    if (c->head_dim == 0 || c->head_dim % 2 != 0 || c->n_kv_heads == 0 ||
-        c->n_heads % c->n_kv_heads != 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: %s: head_dim %u must be even and n_kv_heads %u must "
-                              "divide n_heads %u",
-                              dir, c->head_dim, c->n_kv_heads, c->n_heads);
+    pie_code rc = eng_check_model(c, dir, st);
+    if (rc != PIE_OK) return rc;
     if (c->head_dim > KRN_CUDA_MAX_HEAD_DIM || c->n_heads / c->n_kv_heads > KRN_CUDA_MAX_GROUP ||
         c->n_kv_heads > 65535)
         return pie_status_set(st, PIE_UNIMPLEMENTED,
@@ -215,44 +171,20 @@ static pie_code ec_check_model(const eng_cuda *e, const char *dir, pie_status *s
     return PIE_OK;
 }
 
-static void ec_fill_info(eng_cuda *e, uint32_t ps, uint32_t pages, uint32_t slots, uint32_t T) {
-    const mdl_config *c = &e->m->cfg;
-    eng_info *in = &e->info;
-    snprintf(in->architecture, sizeof in->architecture, "%s", c->architecture);
-    snprintf(in->dtype, sizeof in->dtype, "%s", mdl_dtype_name(e->m->embed.dtype));
-    in->vocab_size = c->vocab_size;
-    in->hidden_size = c->hidden_size;
-    in->intermediate_size = c->intermediate_size;
-    in->n_layers = c->n_layers;
-    in->n_heads = c->n_heads;
-    in->n_kv_heads = c->n_kv_heads;
-    in->head_dim = c->head_dim;
-    in->max_position = c->max_position;
-    in->bos_token_id = c->bos_token_id;
-    in->eos_token_id = c->eos_token_id;
-    in->kv_page_size = ps;
-    in->kv_pages = pages;
-    in->embed_slots = slots;
-    in->max_batch_tokens = T;
-    in->weight_bytes = e->m->weight_bytes;
-}
-
-/* Host arrays: mirrors, plans, validation marks, and the pinned buffers. */
+/* Host arrays: mirrors, validation marks and plans (eng_check.c), and the pinned buffers. */
 static pie_code ec_alloc_host(eng_cuda *e, pie_status *st) {
     const eng_info *in = &e->info;
     size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
     e->page_mask = calloc(kv_tokens ? kv_tokens : 1, 1);
     e->page_n_masked = calloc(in->kv_pages, sizeof *e->page_n_masked);
     e->emb_pos = calloc(in->embed_slots, sizeof *e->emb_pos);
-    e->plan = calloc(in->max_batch_tokens, sizeof *e->plan);
-    e->slot_mark = calloc(in->embed_slots, sizeof *e->slot_mark);
-    e->page_mark = calloc(in->kv_pages, sizeof *e->page_mark);
-    e->tok_mark = calloc(kv_tokens ? kv_tokens : 1, sizeof *e->tok_mark);
-    if (!e->page_mask || !e->page_n_masked || !e->emb_pos || !e->plan || !e->slot_mark ||
-        !e->page_mark || !e->tok_mark)
+    if (!e->page_mask || !e->page_n_masked || !e->emb_pos)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: cannot allocate the page masks and marks of %u pages",
                               in->kv_pages);
+    pie_code rc = eng_check_init(&e->chk, &e->info, st);
+    if (rc != PIE_OK) return rc;
+    eng_check_set_caps(&e->chk, "cuda", e->page_cap, e->runs_cap);
     size_t top = (size_t)e->dist_rows * KRN_CUDA_TOPK_MAX;
     EC_CUDA(st, cudaMallocHost((void **)&e->h_meta, e->meta_words * sizeof(int32_t)));
     EC_CUDA(st, cudaMallocHost((void **)&e->h_top_ids, top * sizeof(uint32_t)));
@@ -341,9 +273,10 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: opts, out and opts->model_dir must not be NULL");
     *out = NULL;
-    uint32_t ps, pages, slots, T;
-    pie_code rc = ec_check_opts(opts, &ps, &pages, &slots, &T, st);
+    eng_check_dims dims;
+    pie_code rc = eng_check_opts(opts, &dims, st);
     if (rc != PIE_OK) return rc;
+    uint32_t ps = dims.page_size, pages = dims.pages, slots = dims.slots, T = dims.batch_tokens;
     eng_cuda *e = calloc(1, sizeof *e);
     if (!e) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
     const char *g = getenv("PIE_CUDA_GRAPHS");
@@ -352,7 +285,7 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
     if (rc == PIE_OK) rc = ec_check_model(e, opts->model_dir, st);
     if (rc != PIE_OK) goto fail;
     const mdl_config *c = &e->m->cfg;
-    ec_fill_info(e, ps, pages, slots, T);
+    eng_check_fill_info(&e->info, e->m, &dims);
     e->qd = c->n_heads * c->head_dim;
     e->kvd = c->n_kv_heads * c->head_dim;
     e->qkvd = e->qd + 2 * e->kvd;
@@ -402,10 +335,7 @@ void eng_cuda_close(eng_cuda *e) {
     free(e->page_mask);
     free(e->page_n_masked);
     free(e->emb_pos);
-    free(e->plan);
-    free(e->slot_mark);
-    free(e->page_mark);
-    free(e->tok_mark);
+    eng_check_free(&e->chk);
     free(e);
 }
 
@@ -424,24 +354,9 @@ void eng_cuda_set_graphs(eng_cuda *e, bool on) { e->graphs_on = on; }
 pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *tokens,
                              const uint32_t *positions, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
-    if (!slots || !tokens || !positions)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "embed_text: slots, tokens and positions must not be NULL");
     const eng_info *in = &e->info;
-    for (uint32_t i = 0; i < n; i++) {
-        if (slots[i] >= in->embed_slots)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: slot %u is out of range [0, %u)", i,
-                                  slots[i], in->embed_slots);
-        if (tokens[i] >= in->vocab_size)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: token %u is out of range [0, %u)", i,
-                                  tokens[i], in->vocab_size);
-        if (positions[i] >= in->max_position)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: position %u is out of range [0, %u)", i,
-                                  positions[i], in->max_position);
-    }
+    pie_code rc = eng_check_embed(in, slots, tokens, positions, n, st);
+    if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
     /* tokens and slots through the stage in chunks (n is not bounded by any capacity) */
     uint32_t chunk = (uint32_t)(EC_STAGE_BYTES / (2 * sizeof(uint32_t)));
@@ -466,16 +381,11 @@ pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t 
 /* ---- pages ------------------------------------------------------------------------------- */
 
 pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_status *st) {
-    if (!masked) return pie_status_set(st, PIE_INVALID_ARGUMENT, "mask_page: masked is NULL");
-    if (page >= e->info.kv_pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "mask_page: page %u is out of range [0, %u)", page, e->info.kv_pages);
-    uint32_t ps = e->info.kv_page_size, count = 0;
+    pie_code rc = eng_check_mask_page(&e->info, page, masked, st);
+    if (rc != PIE_OK) return rc;
+    uint32_t ps = e->info.kv_page_size;
     uint8_t *m = e->page_mask + (size_t)page * ps;
-    for (uint32_t o = 0; o < ps; o++) {
-        m[o] = masked[o] ? 1 : 0;
-        count += m[o];
-    }
+    uint32_t count = eng_mask_page_set(m, masked, ps);
     memcpy(e->h_stage, m, ps);
     EC_CUDA(st, cudaSetDevice(e->dev));
     EC_CUDA(st, cudaMemcpyAsync(e->d_page_mask + (size_t)page * ps, e->h_stage, ps,
@@ -485,44 +395,10 @@ pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_
     return PIE_OK;
 }
 
-static pie_code ec_check_copy(const eng_cuda *e, const eng_copy_item *c, uint32_t i,
-                              pie_status *st) {
-    uint32_t pages = e->info.kv_pages, ps = e->info.kv_page_size;
-    if (c->src >= pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: src %u is out of range [0, %u)", i, c->src,
-                              pages);
-    if (c->dst >= pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: dst %u is out of range [0, %u)", i, c->dst,
-                              pages);
-    if (c->count == 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "copy_pages: item %u: count is 0", i);
-    if ((uint64_t)c->src_off + c->count > ps)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: src_off %u + count %u exceeds kv_page_size %u",
-                              i, c->src_off, c->count, ps);
-    if ((uint64_t)c->dst_off + c->count > ps)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: dst_off %u + count %u exceeds kv_page_size %u",
-                              i, c->dst_off, c->count, ps);
-    if (c->src == c->dst && c->src_off < c->dst_off + c->count &&
-        c->dst_off < c->src_off + c->count)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: ranges [%u, %u) and [%u, %u) of page %u "
-                              "overlap",
-                              i, c->src_off, c->src_off + c->count, c->dst_off,
-                              c->dst_off + c->count, c->src);
-    return PIE_OK;
-}
-
 pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
-    if (!items) return pie_status_set(st, PIE_INVALID_ARGUMENT, "copy_pages: items is NULL");
-    for (uint32_t i = 0; i < n; i++) {
-        pie_code rc = ec_check_copy(e, &items[i], i, st);
-        if (rc != PIE_OK) return rc;
-    }
+    pie_code rc = eng_check_copy(&e->info, items, n, st);
+    if (rc != PIE_OK) return rc;
     uint32_t ps = e->info.kv_page_size;
     EC_CUDA(st, cudaSetDevice(e->dev));
     /* one launch per item, in order on the stream: a later item may read what an earlier one
@@ -533,15 +409,7 @@ pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n
         EC_CUDA(st, krn_cuda_page_copy(e->kv, e->kv_layer_elems, (int)e->info.n_layers, (int)ps,
                                        (int)e->kvd, e->d_page_mask, src, dst, (int)c->count,
                                        e->stream));
-        uint8_t *dm = e->page_mask + (size_t)c->dst * ps;
-        const uint8_t *sm = e->page_mask + (size_t)c->src * ps;
-        uint32_t count = e->page_n_masked[c->dst];
-        for (uint32_t t = 0; t < c->count; t++) {
-            count -= dm[c->dst_off + t];
-            dm[c->dst_off + t] = sm[c->src_off + t];
-            count += dm[c->dst_off + t];
-        }
-        e->page_n_masked[c->dst] = count;
+        eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
     }
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
     return PIE_OK;
@@ -557,35 +425,10 @@ static pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st) {
     return ec_linear(e, e->xn, rows, d, e->lm_head, e->info.vocab_size, e->logits, st);
 }
 
-static pie_code ec_check_dist(const eng_cuda *e, const eng_dist_item *it, uint32_t i,
-                              pie_status *st) {
-    const eng_info *in = &e->info;
-    uint32_t kmax = in->vocab_size < ENG_CUDA_TOPK_MAX ? in->vocab_size : ENG_CUDA_TOPK_MAX;
-    if (it->slot >= in->embed_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: slot %u is out of range [0, %u)", i, it->slot,
-                              in->embed_slots);
-    if (it->top_k < 1 || it->top_k > kmax)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: top_k %u is out of range [1, %u]", i, it->top_k,
-                              kmax);
-    if (!(it->temperature > 0.0f) || !isfinite(it->temperature))
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: temperature %g must be finite and > 0", i,
-                              (double)it->temperature);
-    if (!it->ids || !it->probs)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: ids and probs must not be NULL", i);
-    return PIE_OK;
-}
-
 pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
-    if (!items) return pie_status_set(st, PIE_INVALID_ARGUMENT, "next_dist: items is NULL");
-    for (uint32_t i = 0; i < n; i++) {
-        pie_code rc = ec_check_dist(e, &items[i], i, st);
-        if (rc != PIE_OK) return rc;
-    }
+    pie_code rc = eng_check_dist(&e->info, items, n, ENG_CUDA_TOPK_MAX, st);
+    if (rc != PIE_OK) return rc;
     uint32_t R = e->dist_rows;
     EC_CUDA(st, cudaSetDevice(e->dev));
     for (uint32_t start = 0; start < n; start += R) {
@@ -601,7 +444,7 @@ pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_s
                                     cudaMemcpyHostToDevice, e->stream));
         EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, e->stream));
-        pie_code rc = ec_lm_head(e, rows, st);
+        rc = ec_lm_head(e, rows, st);
         if (rc != PIE_OK) return rc;
         EC_CUDA(st, krn_cuda_topk(e->logits, (int)rows, (int)e->info.vocab_size, e->d_temp,
                                   e->d_topk, e->d_top_ids, e->d_top_probs, e->stream));
@@ -623,15 +466,13 @@ pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_s
 }
 
 pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st) {
-    if (slot >= e->info.embed_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "logits: slot %u is out of range [0, %u)",
-                              slot, e->info.embed_slots);
-    if (!logits) return pie_status_set(st, PIE_INVALID_ARGUMENT, "logits: logits is NULL");
+    pie_code rc = eng_check_slot_out(&e->info, "logits", slot, logits, "logits", st);
+    if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaSetDevice(e->dev));
     e->h_dist_i[0] = (int32_t)slot;
     EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i, sizeof(int32_t), cudaMemcpyHostToDevice,
                                 e->stream));
-    pie_code rc = ec_lm_head(e, 1, st);
+    rc = ec_lm_head(e, 1, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaMemcpyAsync(logits, e->logits, e->info.vocab_size * sizeof(float),
                                 cudaMemcpyDeviceToHost, e->stream));
@@ -640,11 +481,8 @@ pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *
 }
 
 pie_code eng_cuda_slot_position(eng_cuda *e, uint32_t slot, uint32_t *pos, pie_status *st) {
-    if (slot >= e->info.embed_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "slot_position: slot %u is out of range [0, %u)", slot,
-                              e->info.embed_slots);
-    if (!pos) return pie_status_set(st, PIE_INVALID_ARGUMENT, "slot_position: pos is NULL");
+    pie_code rc = eng_check_slot_out(&e->info, "slot_position", slot, pos, "pos", st);
+    if (rc != PIE_OK) return rc;
     *pos = e->emb_pos[slot];
     return PIE_OK;
 }

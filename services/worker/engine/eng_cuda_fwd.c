@@ -1,8 +1,8 @@
 /* eng_cuda_fwd.c — the cuda backend's forward pass: validation, the per-batch tables, the
  * layer loop on the device, and CUDA-graph capture/replay of decode steps.
  *
- * Owns: eng_cuda_forward and ec_linear. A call (1) validates every item with eng_cpu.c's checks
- * and messages (plus two capacities: page-list and mask-run totals), (2) writes the batch's
+ * Owns: eng_cuda_forward and ec_linear. A call (1) validates every item with the cpu backend's
+ * checks (eng_check.c, plus two capacities: page-list and mask-run totals), (2) writes the batch's
  * tables into pinned host memory — input slot and RoPE position per row, the pool token each
  * appended row's K/V goes to, output rows and slots, attention tiles for all rows and for the
  * output rows, page lists, mask runs and each masked row's first run — and uploads them in one
@@ -12,8 +12,7 @@
  * graph captured the first time that (bucket, split) shape is seen; padding rows read slot 0,
  * store nothing, write no slot, and their tiles are empty.
  * Does not own: the pool and other handlers (eng_cuda.c), the kernels (kernels/cuda), the
- * run-length mask format (eng_mask.c). */
-#include <stdio.h>
+ * run-length mask format (eng_mask.c), validation (eng_check.c). */
 #include <string.h>
 
 #include "eng_cuda_impl.h"
@@ -37,174 +36,6 @@ pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, c
     return PIE_OK;
 }
 
-/* ---- validation (the checks and messages of eng_cpu.c) ------------------------------------ */
-
-static pie_code ec_check_slots(eng_cuda *e, const uint32_t *slots, uint32_t n, const char *field,
-                               uint32_t item, pie_status *st) {
-    for (uint32_t j = 0; j < n; j++)
-        if (slots[j] >= e->info.embed_slots)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: %s[%u] = %u is out of range [0, %u)", item,
-                                  field, j, slots[j], e->info.embed_slots);
-    return PIE_OK;
-}
-
-static pie_code ec_check_pages(eng_cuda *e, const eng_forward_item *it, uint32_t i,
-                               uint64_t *tokens, pie_status *st) {
-    const eng_info *in = &e->info;
-    if (it->n_kv_pages > 0 && !it->kv_pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: kv_pages is NULL", i);
-    uint32_t gen = ec_next_gen(e);
-    for (uint32_t j = 0; j < it->n_kv_pages; j++) {
-        uint32_t p = it->kv_pages[j];
-        if (p >= in->kv_pages)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: kv_pages[%u] = %u is out of range [0, %u)", i,
-                                  j, p, in->kv_pages);
-        if (e->page_mark[p].gen == gen)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: kv page %u appears twice (kv_pages[%u] and "
-                                  "kv_pages[%u])",
-                                  i, p, e->page_mark[p].who, j);
-        e->page_mark[p] = (ec_mark){gen, j};
-    }
-    if (it->n_kv_pages == 0) {
-        if (it->kv_last_page_len != 0)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: kv_last_page_len %u must be 0 when kv_pages "
-                                  "is empty",
-                                  i, it->kv_last_page_len);
-        *tokens = 0;
-        return PIE_OK;
-    }
-    if (it->kv_last_page_len < 1 || it->kv_last_page_len > in->kv_page_size)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: kv_last_page_len %u is out of range [1, %u]", i,
-                              it->kv_last_page_len, in->kv_page_size);
-    *tokens = (uint64_t)(it->n_kv_pages - 1) * in->kv_page_size + it->kv_last_page_len;
-    return PIE_OK;
-}
-
-static pie_code ec_check_io(eng_cuda *e, const eng_forward_item *it, uint32_t i, uint32_t gen,
-                            uint64_t *total, pie_status *st) {
-    if (it->n_in == 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: n_in is 0 (an item needs at least one input)", i);
-    if (!it->in_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: in_slots is NULL", i);
-    if (it->n_out > it->n_in)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: n_out %u exceeds n_in %u", i, it->n_out, it->n_in);
-    if (it->n_out > 0 && !it->out_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: out_slots is NULL", i);
-    *total += it->n_in;
-    if (*total > e->info.max_batch_tokens)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: the batch reaches %llu input tokens, more than "
-                              "max_batch_tokens %u",
-                              i, (unsigned long long)*total, e->info.max_batch_tokens);
-    pie_code rc = ec_check_slots(e, it->in_slots, it->n_in, "in_slots", i, st);
-    if (rc == PIE_OK) rc = ec_check_slots(e, it->out_slots, it->n_out, "out_slots", i, st);
-    if (rc != PIE_OK) return rc;
-    for (uint32_t j = 0; j < it->n_out; j++) {
-        ec_mark *mk = &e->slot_mark[it->out_slots[j]];
-        if (mk->gen == gen)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: out_slots[%u] = %u is also an output of item "
-                                  "%u",
-                                  i, j, it->out_slots[j], mk->who);
-        *mk = (ec_mark){gen, i};
-    }
-    return PIE_OK;
-}
-
-static pie_code ec_check_writes(eng_cuda *e, const eng_forward_item *it, uint32_t i, uint32_t gen,
-                                uint64_t seq_tokens, pie_status *st) {
-    if (it->n_in > seq_tokens)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: append_kv with n_in %u but kv_pages hold only "
-                              "%llu tokens",
-                              i, it->n_in, (unsigned long long)seq_tokens);
-    uint32_t ps = e->info.kv_page_size;
-    uint64_t ctx = seq_tokens - it->n_in;
-    for (uint32_t t = 0; t < it->n_in; t++) {
-        uint64_t s = ctx + t;
-        uint32_t page = it->kv_pages[s / ps], off = (uint32_t)(s % ps);
-        ec_mark *mk = &e->tok_mark[(size_t)page * ps + off];
-        if (mk->gen == gen)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: input %u writes kv page %u offset %u, as "
-                                  "does item %u",
-                                  i, t, page, off, mk->who);
-        *mk = (ec_mark){gen, i};
-    }
-    return PIE_OK;
-}
-
-static pie_code ec_check_mask(const eng_forward_item *it, uint32_t i, uint32_t ctx,
-                              pie_status *st) {
-    if (!it->mask_runs && !it->n_mask_runs) return PIE_OK;
-    char prefix[48];
-    snprintf(prefix, sizeof prefix, "forward: item %u", i);
-    if (!it->mask_runs)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: mask_runs is NULL with n_mask_runs %u", i,
-                              it->n_mask_runs);
-    return eng_mask_check(it->mask_runs, it->n_mask_runs, ctx, it->n_in, prefix, st);
-}
-
-/* The batch's page lists and mask runs must fit the tables sized at open. */
-static pie_code ec_check_caps(const eng_cuda *e, uint32_t i, uint64_t pages, uint64_t runs,
-                              pie_status *st) {
-    if (pages > e->page_cap)
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                              "forward: item %u: the batch lists %llu kv pages in all, more than "
-                              "this cuda engine's %u",
-                              i, (unsigned long long)pages, e->page_cap);
-    if (runs > e->runs_cap)
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                              "forward: item %u: the batch's attention masks have %llu runs in "
-                              "all, more than this cuda engine's %u",
-                              i, (unsigned long long)runs, e->runs_cap);
-    return PIE_OK;
-}
-
-static pie_code ec_check_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n,
-                                 uint32_t *total, pie_status *st) {
-    ec_reserve_gens(e, (uint64_t)(n < e->info.max_batch_tokens ? n : e->info.max_batch_tokens) + 2);
-    uint32_t gen = ec_next_gen(e);
-    uint64_t rows = 0, pages = 0, runs = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const eng_forward_item *it = &items[i];
-        uint64_t seq = 0;
-        uint32_t first = (uint32_t)rows;
-        pie_code rc = ec_check_pages(e, it, i, &seq, st);
-        if (rc == PIE_OK) rc = ec_check_io(e, it, i, gen, &rows, st);
-        if (rc == PIE_OK && it->append_kv) rc = ec_check_writes(e, it, i, gen, seq, st);
-        uint32_t ctx = (uint32_t)(it->append_kv ? seq - it->n_in : seq);
-        if (rc == PIE_OK) rc = ec_check_mask(it, i, ctx, st);
-        pages += it->n_kv_pages;
-        runs += it->mask_runs ? it->n_mask_runs : 0;
-        if (rc == PIE_OK) rc = ec_check_caps(e, i, pages, runs, st);
-        if (rc != PIE_OK) return rc;
-        e->plan[i] = (ec_plan){.first = first,
-                               .ctx = ctx,
-                               .pages = (uint32_t)(pages - it->n_kv_pages),
-                               .mask_row = it->mask_runs ? (int32_t)first : -1};
-    }
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; j < items[i].n_in; j++) {
-            const ec_mark *mk = &e->slot_mark[items[i].in_slots[j]];
-            if (mk->gen == gen && mk->who != i)
-                return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                      "forward: item %u: in_slots[%u] = %u is an output of item "
-                                      "%u",
-                                      i, j, items[i].in_slots[j], mk->who);
-        }
-    *total = (uint32_t)rows;
-    return PIE_OK;
-}
-
 /* ---- tables ------------------------------------------------------------------------------ */
 
 static ec_meta_layout ec_layout(const eng_cuda *e, uint32_t R) {
@@ -224,18 +55,10 @@ static ec_meta_layout ec_layout(const eng_cuda *e, uint32_t R) {
     return L;
 }
 
-static bool ec_ctx_masked(const eng_cuda *e, const eng_forward_item *it, uint32_t ctx) {
-    uint32_t ps = e->info.kv_page_size;
-    for (uint32_t j = 0; j * ps < ctx; j++)
-        if (e->page_n_masked[it->kv_pages[j]] > 0) return true;
-    return false;
-}
-
 /* Tiles of `rows` rows over rows [from, n_in) of item i; o_base is the output row of row
  * `from`. Returns the count written at *tiles. */
-static uint32_t ec_item_tiles(const eng_forward_item *it, const ec_plan *p, uint32_t from,
-                              uint32_t o_base, bool masked_ctx, uint32_t rows,
-                              krn_cuda_attn_tile *tiles) {
+static uint32_t ec_item_tiles(const eng_forward_item *it, const eng_check_plan *p, uint32_t from,
+                              uint32_t o_base, uint32_t rows, krn_cuda_attn_tile *tiles) {
     uint32_t n = 0;
     for (uint32_t r = from; r < it->n_in; r += rows) {
         uint32_t nq = it->n_in - r < rows ? it->n_in - r : rows;
@@ -248,8 +71,9 @@ static uint32_t ec_item_tiles(const eng_forward_item *it, const ec_plan *p, uint
             .pages = (int32_t)p->pages,
             .tail_row = (int32_t)p->first,
             .n_tail = it->append_kv ? 0 : (int32_t)it->n_in,
-            .pm_ctx = masked_ctx ? (int32_t)p->ctx : 0,
-            .mask_row = p->mask_row >= 0 ? p->mask_row + (int32_t)r : -1,
+            .pm_ctx = p->ctx_masked ? (int32_t)p->ctx : 0,
+            /* an explicit mask's rows start at row_runs[first] */
+            .mask_row = it->mask_runs ? (int32_t)(p->first + r) : -1,
             .kv_chunk = 0,
         };
     }
@@ -306,7 +130,7 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
     uint32_t rows_out = run->tc_out ? e->tc_rows : e->tile_rows;
     for (uint32_t i = 0; i < n; i++) {
         const eng_forward_item *it = &items[i];
-        const ec_plan *p = &e->plan[i];
+        const eng_check_plan *p = &e->chk.plan[i];
         if (it->n_kv_pages > 0) /* kv_pages may be NULL then */
             memcpy(M + L.pages + p->pages, it->kv_pages, it->n_kv_pages * sizeof(uint32_t));
         uint32_t cursor = 0;
@@ -329,10 +153,9 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
             memcpy(M + L.runs + runs_at, it->mask_runs, it->n_mask_runs * sizeof(uint32_t));
             runs_at += it->n_mask_runs;
         }
-        bool masked = ec_ctx_masked(e, it, p->ctx);
-        n_ta += ec_item_tiles(it, p, 0, p->first, masked, rows_all, ta + n_ta);
+        n_ta += ec_item_tiles(it, p, 0, p->first, rows_all, ta + n_ta);
         if (it->n_out > 0)
-            n_to += ec_item_tiles(it, p, it->n_in - it->n_out, n_out, masked, rows_out, to + n_to);
+            n_to += ec_item_tiles(it, p, it->n_in - it->n_out, n_out, rows_out, to + n_to);
         for (uint32_t j = 0; j < it->n_out; j++) {
             M[L.out_row + n_out] = (int32_t)(p->first + it->n_in - it->n_out + j);
             M[L.out_slot + n_out] = (int32_t)it->out_slots[j];
@@ -542,9 +365,8 @@ static pie_code ec_run_graph(eng_cuda *e, const ec_run *run, pie_status *st) {
 
 pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
-    if (!items) return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: items is NULL");
     uint32_t T = 0;
-    pie_code rc = ec_check_forward(e, items, n, &T, st);
+    pie_code rc = eng_check_forward(&e->chk, items, n, e->page_n_masked, &T, st);
     if (rc != PIE_OK) return rc;
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */

@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "eng_check.h"
 #include "eng_cuda.h"
 #include "krn_cuda.h"
 #include "mdl.h"
@@ -40,19 +41,6 @@ pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, cons
         if (ec_s_ != CUBLAS_STATUS_SUCCESS)                                \
             return ec_cublas_fail((st), ec_s_, #call, __FILE__, __LINE__); \
     } while (0)
-
-/* Validation stamp, as the CPU backend's. */
-typedef struct ec_mark {
-    uint32_t gen, who;
-} ec_mark;
-
-/* One forward item after validation. */
-typedef struct ec_plan {
-    uint32_t first;   /* first row in the batch */
-    uint32_t ctx;     /* C: tokens before the inputs */
-    uint32_t pages;   /* offset of its page list in the meta page array */
-    int32_t mask_row; /* first entry of its rows in row_runs, -1 without an explicit mask */
-} ec_plan;
 
 /* Per-batch tables, at int32 offsets into the meta buffers for a row capacity R (a graph
  * bucket, or the batch's own row count). */
@@ -130,10 +118,8 @@ struct eng_cuda {
     uint8_t *h_stage;   /* pinned EC_STAGE_BYTES: weight upload, page masks, tokens */
     uint8_t *page_mask; /* [pages * ps] mirror */
     uint32_t *page_n_masked;
-    uint32_t *emb_pos; /* [slots] */
-    ec_plan *plan;     /* [T] */
-    ec_mark *slot_mark, *page_mark, *tok_mark;
-    uint32_t gen;
+    uint32_t *emb_pos;   /* [slots] */
+    eng_check_state chk; /* validation marks and the plan of the last forward (eng_check.h) */
 
     cudaStream_t stream, copy_stream; /* copy_stream: reserved for the memory-tier work */
     cublasHandle_t cublas;
@@ -147,10 +133,6 @@ struct eng_cuda {
 /* eng_cuda_fwd.c: a y = x · W^T through the GEMV or cuBLAS (y row stride = out). */
 pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
                    uint32_t out, float *y, pie_status *st);
-
-/* eng_cuda.c: fresh validation generations (see eng_cpu.c). */
-void ec_reserve_gens(eng_cuda *e, uint64_t count);
-uint32_t ec_next_gen(eng_cuda *e);
 
 /* eng_cuda_fwd.c: releases every captured graph. */
 void ec_graphs_free(eng_cuda *e);
