@@ -23,6 +23,10 @@
  * --worker-credits N (the worker's batch.credits: steps it accepts at once; default 1).
  * --replicas R (throughput / strategies: the instances spread over R Session streams, one
  * thread each, default 1). Each replica starts its instances in one SessionUp.
+ * --only LIST (strategies: only the configurations named, comma-separated, as printed:
+ * "work_conserving", "eager", "k_only K=16", "t_only T=200", ...), --repeat N (strategies: the
+ * whole list N times over, interleaved, so that a loaded machine's drift hits every
+ * configuration alike; default 1).
  * Binaries are taken from <this program's dir>/../bin, models from ../models. */
 #include <errno.h>
 #include <fcntl.h>
@@ -56,6 +60,8 @@ static char g_ctl_threads[64] =
 static char g_wrk_credits[64] = "PIE_BATCH_CREDITS=1"; /* steps the worker accepts at once */
 static struct rpc_channel *g_status_ch;
 static uint32_t g_replicas = 1;
+static const char *g_only;     /* strategies: comma-separated labels to run (NULL: all) */
+static uint32_t g_repeat = 1;  /* strategies: passes over the list */
     /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
                                                                    for worker counters */
 
@@ -715,6 +721,20 @@ static void mode_throughput(const uint32_t *ns, size_t k) {
     }
 }
 
+/* Whether label is in --only (every label when it is not given). */
+static bool label_listed(const char *label) {
+    if (g_only == NULL) return true;
+    size_t n = strlen(label);
+    for (const char *p = g_only; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, label, n) == 0) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
 static void mode_strategies(uint32_t n) {
     const char *confs[][3] = {
         {"PIE_SCHEDULER_STRATEGY=work_conserving", NULL, NULL},
@@ -727,7 +747,14 @@ static void mode_strategies(uint32_t n) {
         {"PIE_SCHEDULER_STRATEGY=t_only", "PIE_SCHEDULER_T=5000", NULL},
         {"PIE_SCHEDULER_STRATEGY=work_conserving", NULL, NULL}, /* again: order effects */
     };
-    for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) {
+    const size_t n_confs = sizeof confs / sizeof confs[0];
+    for (size_t pass = 0; pass < g_repeat * n_confs; pass++) {
+        size_t i = pass % n_confs;
+        char label[64];
+        snprintf(label, sizeof label, "%s%s%s", confs[i][0] + 23, confs[i][1] ? " " : "",
+                 confs[i][1] ? confs[i][1] + 14 : "");
+        if (!label_listed(label)) continue;
+        if (g_only && i == n_confs - 1) continue; /* the order-effect repeat: --repeat does it */
         cluster c;
         cluster_start(&c, confs[i], n * PAGES_PER_INST + 64, n + 64);
         dresult d = run_decode_replicas(c.ch, n, 1.0, g_seconds);
@@ -867,6 +894,12 @@ int main(int argc, char **argv) {
             quick = true;
         else if (!strcmp(argv[i], "--ctl-threads") && i + 1 < argc)
             snprintf(g_ctl_threads, sizeof g_ctl_threads, "PIE_SERVER_THREADS=%d", atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            g_only = argv[++i];
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
+            int r = atoi(argv[++i]);
+            g_repeat = r > 0 ? (uint32_t)r : 1;
+        }
         else if (!strcmp(argv[i], "--replicas") && i + 1 < argc)
             g_replicas = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
@@ -881,6 +914,7 @@ int main(int argc, char **argv) {
                 "usage: bench_controller [--mode all|latency|throughput|strategies|memory|soak] "
                 "[--seconds S] [--instances N,N,...] [--backend null|cpu] [--top-k K] "
                 "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--replicas R] "
+                "[--only LABEL,...] [--repeat N] "
                 "[--quick]\n");
             return 2;
         }

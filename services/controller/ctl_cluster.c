@@ -282,6 +282,26 @@ ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics
     return c;
 }
 
+uint32_t ctl_cluster_drain(ctl_cluster *c, const char *reason, int64_t timeout_ms) {
+    const int64_t deadline = rpc_now_ns() + timeout_ms * 1000000;
+    pthread_mutex_lock(&c->mu);
+    ctl_core_drain(c->core, reason, rpc_now_ns());
+    kick_timer(c);
+    uint32_t out = ctl_core_steps_out(c->core);
+    /* Results arrive on the completion-queue thread, which needs the mutex: poll (shutdown
+     * only, so a 1 ms period costs nothing that matters). */
+    while (out > 0 && rpc_now_ns() < deadline) {
+        pthread_mutex_unlock(&c->mu);
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->mu);
+        out = ctl_core_steps_out(c->core);
+    }
+    ctl_core_end_worker_links(c->core, "controller shutting down (drained)");
+    pthread_mutex_unlock(&c->mu);
+    return out;
+}
+
 const rpc_method *ctl_cluster_methods(ctl_cluster *c, size_t *n) {
     *n = sizeof c->methods / sizeof c->methods[0];
     return c->methods;

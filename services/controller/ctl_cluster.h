@@ -27,6 +27,12 @@ ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics
 /* After the server has shut down (no callback can run). NULL is fine. */
 void ctl_cluster_destroy(ctl_cluster *c);
 
+/* Shutdown, before the server stops: sends every worker Drain{shutdown = false, reason}
+ * (ctl_core_drain) and waits up to timeout_ms for the steps they hold to be answered, so their
+ * results still reach the replicas; then ends the WorkerLink streams (the workers dial the
+ * next controller). Returns the steps still unanswered (0: drained). */
+uint32_t ctl_cluster_drain(ctl_cluster *c, const char *reason, int64_t timeout_ms);
+
 /* The method table of pie.v1.Controller bound to c; *n gets its length. */
 const rpc_method *ctl_cluster_methods(ctl_cluster *c, size_t *n);
 

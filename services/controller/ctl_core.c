@@ -40,10 +40,45 @@ static void enter(ctl_core *c, int64_t now_ns) {
 }
 
 /* Results per SessionDown at most: a replica's outbox can hold the results of thousands of
- * instances (each next_dist result carries top_k entries), and one message must stay well
- * inside the gRPC message limit. Events ride in the last message. */
+ * instances; smaller messages let the replica start on the first results sooner. Events ride
+ * in the last message. Messages are also cut by bytes (server.max_message). */
 #define CTL_DOWN_MAX_RESULTS 1024u
 
+/* Bytes a varint-length-delimited field of n body bytes takes: tag, length, body. */
+static size_t field_bytes(size_t n) {
+    size_t len = 1;
+    for (size_t v = n; v >= 0x80; v >>= 7) len++;
+    return 1 + len + n;
+}
+
+/* An upper bound of the bytes a CallResult adds to a SessionDown, without walking the
+ * distributions entry by entry (this runs for every result): ids and call ids 11 bytes each,
+ * a distribution entry at most 5 (id) + 4 (probability) bytes plus its list headers. */
+static size_t result_bytes(const Pie__V1__CallResult *r) {
+    size_t n = 11 + 11 + 6 + (r->message ? field_bytes(strlen(r->message)) : 0);
+    switch (r->payload_case) {
+    case PIE__V1__CALL_RESULT__PAYLOAD_DISTRIBUTIONS: {
+        size_t d = 0;
+        for (size_t i = 0; i < r->distributions->n_dists; i++) {
+            const Pie__V1__Distribution *x = r->distributions->dists[i];
+            d += 6 + 6 + 6 + 5 * x->n_token_ids + 4 * x->n_probs;
+        }
+        n += 6 + 6 + d;
+        break;
+    }
+    case PIE__V1__CALL_RESULT__PAYLOAD_IMPORTED: n += 12 + 5 * r->imported->n_kv_page_ids; break;
+    case PIE__V1__CALL_RESULT__PAYLOAD_EXPORTS:
+        n += protobuf_c_message_get_packed_size(&r->exports->base) + 6;
+        break;
+    default: n += 6; break;
+    }
+    return field_bytes(n);
+}
+
+/* Sends the outbox: results in order, as many per SessionDown as fit (in count and bytes),
+ * events in the last message (in as many more as they need). A single result or event larger
+ * than the limit is sent alone (gRPC then fails it; the lifecycle never produces one: its own
+ * limits on message sizes are smaller). */
 static void flush_replica(ctl_core *c, ctl_replica *r) {
     Pie__V1__CallResult **rp = r->n_res ? ctl_arena_alloc(&r->arena, r->n_res * sizeof *rp) : NULL;
     Pie__V1__SessionEvent **ep = r->n_ev ? ctl_arena_alloc(&r->arena, r->n_ev * sizeof *ep) : NULL;
@@ -53,20 +88,36 @@ static void flush_replica(ctl_core *c, ctl_replica *r) {
     } else {
         for (uint32_t i = 0; i < r->n_res; i++) rp[i] = &r->res[i];
         for (uint32_t i = 0; i < r->n_ev; i++) ep[i] = &r->ev[i];
-        uint32_t at = 0;
+        const size_t budget = ctl_msg_budget(c);
+        uint32_t at = 0, ev_at = 0;
         do {
             Pie__V1__SessionDown down = PIE__V1__SESSION_DOWN__INIT;
-            uint32_t n =
-                r->n_res - at < CTL_DOWN_MAX_RESULTS ? r->n_res - at : CTL_DOWN_MAX_RESULTS;
+            size_t bytes = 0;
+            uint32_t n = 0;
+            while (at + n < r->n_res && n < CTL_DOWN_MAX_RESULTS) {
+                size_t b = result_bytes(rp[at + n]);
+                if (n > 0 && bytes + b > budget) break;
+                bytes += b;
+                n++;
+            }
             down.n_results = n;
-            down.results = rp ? rp + at : NULL;
+            down.results = n ? rp + at : NULL;
             at += n;
             if (at == r->n_res) {
-                down.n_events = r->n_ev;
-                down.events = ep;
+                uint32_t m = 0;
+                while (ev_at + m < r->n_ev) {
+                    size_t b =
+                        field_bytes(protobuf_c_message_get_packed_size(&ep[ev_at + m]->base));
+                    if ((n > 0 || m > 0) && bytes + b > budget) break;
+                    bytes += b;
+                    m++;
+                }
+                down.n_events = m;
+                down.events = m ? ep + ev_at : NULL;
+                ev_at += m;
             }
             c->sink.to_replica(c->sink.user, r->link, &down);
-        } while (at < r->n_res);
+        } while (at < r->n_res || ev_at < r->n_ev);
     }
     r->n_res = r->n_ev = 0;
     ctl_arena_reset(&r->arena);
@@ -79,9 +130,12 @@ static void queue_free(ctl_core *c, ctl_queue *q);
  * each replica its SessionDown, free what died. */
 static void leave(ctl_core *c) {
     if (--c->depth != 0) return;
-    for (ctl_worker *w = c->workers; w; w = w->next)
+    for (ctl_worker *w = c->workers; w; w = w->next) {
         if (w->credits && (ctl_sched_waiting(&w->sched) || ctl_pool_has_changes(&w->pool)))
             ctl_exec_dispatch(c, w); /* it decides whether the strategy lets it send */
+        else
+            w->hold_ns = 0; /* nothing waits: nothing to hold */
+    }
     while (c->dirty) {
         ctl_replica *r = c->dirty;
         c->dirty = r->dirty_next;
@@ -906,12 +960,49 @@ int64_t ctl_core_next_wake(const ctl_core *c) {
     for (const ctl_worker *w = c->workers; w; w = w->next) {
         if (w->credits && w->wake_ns && (wake == 0 || w->wake_ns < wake)) wake = w->wake_ns;
         /* (wake_ns is only set by strategies with deadlines, which ignore steps_out.) */
+        if (w->credits && w->hold_ns && (wake == 0 || w->hold_ns < wake)) wake = w->hold_ns;
         if (w->heard_stats) {
             int64_t t = w->last_heard_ns + hb_ns;
             if (wake == 0 || t < wake) wake = t;
         }
     }
     return wake;
+}
+
+/* ---- drain ---------------------------------------------------------------------------------- */
+
+void ctl_core_drain_worker(ctl_core *c, ctl_worker *w) {
+    if (w->draining) return;
+    w->draining = true;
+    Pie__V1__Drain dr = PIE__V1__DRAIN__INIT;
+    dr.shutdown = false;
+    dr.reason = c->drain_reason;
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.drain = &dr;
+    c->sink.to_worker(c->sink.user, w->link, &down);
+    pie_log_info("ctl.worker.drain", "worker_index=%u group=%s steps_out=%u reason=\"%s\"",
+                 w->index, w->reg->group_id, w->steps_out, c->drain_reason);
+}
+
+void ctl_core_drain(ctl_core *c, const char *reason, int64_t now_ns) {
+    enter(c, now_ns);
+    if (!c->draining) {
+        c->draining = true;
+        snprintf(c->drain_reason, sizeof c->drain_reason, "%s", reason ? reason : "");
+    }
+    for (ctl_worker *w = c->workers; w; w = w->next) ctl_core_drain_worker(c, w);
+    ctl_core_leave(c);
+}
+
+void ctl_core_end_worker_links(ctl_core *c, const char *why) {
+    for (ctl_worker *w = c->workers; w; w = w->next)
+        c->sink.end_link(c->sink.user, w->link, PIE_UNAVAILABLE, why);
+}
+
+uint32_t ctl_core_steps_out(const ctl_core *c) {
+    uint32_t n = 0;
+    for (const ctl_worker *w = c->workers; w; w = w->next) n += w->steps_out;
+    return n;
 }
 
 int64_t ctl_core_tick(ctl_core *c, int64_t now_ns) {
@@ -984,7 +1075,8 @@ void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterSt
         s->tp_size = reg->tp_size;
         s->device = reg->device;
         s->address = reg->address;
-        s->state = PIE__V1__WORKER_STATE__WORKER_STATE_READY;
+        s->state = w->draining ? PIE__V1__WORKER_STATE__WORKER_STATE_DRAINING
+                               : PIE__V1__WORKER_STATE__WORKER_STATE_READY;
         s->connected_unix_ms = w->connected_unix_ms;
         s->capacity = cap;
         s->kv_pages_used = w->pool.kv_used;

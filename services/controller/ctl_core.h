@@ -41,6 +41,9 @@ typedef struct ctl_core_config {
     ctl_sched_config sched;
     ctl_contention contention;
     uint32_t heartbeat_ms; /* WorkerRegistered.heartbeat_ms; a link silent 3x this is lost */
+    /* server.max_message: no SessionDown or WorkerDown is formed larger than this (results are
+     * split at result boundaries, steps end early at batch / call boundaries); 0 = 64 MiB. */
+    uint64_t max_message_bytes;
 } ctl_core_config;
 
 /* Where the core's output goes. Each function is called with the core's caller's lock held and
@@ -89,6 +92,20 @@ void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, in
 int64_t ctl_core_tick(ctl_core *c, int64_t now_ns);
 /* The earliest time something is due (0: none), as of the last call into the core. */
 int64_t ctl_core_next_wake(const ctl_core *c);
+
+/* ---- drain (shutdown) ------------------------------------------------------------------------ */
+
+/* The controller is shutting down: every worker gets Drain{shutdown = false, reason} and no
+ * step after it. Steps already sent finish on the workers and their results still reach the
+ * replicas; workers that register later are drained at once; no new placement is made (an
+ * allocation then fails UNAVAILABLE). Workers stay idle and linked until the stream ends,
+ * then dial the next controller. */
+void ctl_core_drain(ctl_core *c, const char *reason, int64_t now_ns);
+/* Steps sent to workers and not answered yet (all workers): 0 once a drain is complete. */
+uint32_t ctl_core_steps_out(const ctl_core *c);
+/* Ends every WorkerLink stream UNAVAILABLE `why` (after a drain: the workers then dial the
+ * next controller instead of holding the server's shutdown until its grace runs out). */
+void ctl_core_end_worker_links(ctl_core *c, const char *why);
 
 /* ---- status --------------------------------------------------------------------------------- */
 

@@ -7,6 +7,7 @@
 #define CTL_CORE_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ctl_arena.h"
@@ -90,6 +91,9 @@ typedef struct ctl_step {
     ctl_vec32 emb_slots; /* embed_text: slots of the admitted calls, in order */
     ctl_vecp emb_calls;  /* embed_text: the admitted calls, in order */
     uint32_t n_items, n_tokens;
+    size_t bytes;        /* an upper bound of the step's size on the wire so far (ctl_msg_budget) */
+    bool full;           /* the step reached its byte budget: no more batches or slot changes */
+    size_t result_bytes; /* next_dist: an upper bound of the batch's result on the wire */
     uint64_t serial;
     ctl_conf *conf;
     uint32_t n_conf, cap_conf;
@@ -117,6 +121,8 @@ struct ctl_core {
     ctl_vecp grave_queues;
     ctl_step step;
     uint32_t depth; /* entry nesting (the graveyard is emptied at depth 0) */
+    bool draining;  /* ctl_core_drain was called: workers get no more steps */
+    char drain_reason[128];
     /* metrics (may be NULL) */
     pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
     pie_gauge *m_instances, *m_workers, *m_replicas;
@@ -139,6 +145,8 @@ void ctl_core_call_free(ctl_core *c, ctl_call *call);
 /* Ends an instance on the controller's initiative: InstanceTerminated{code, msg} to its
  * replica, then as InstanceEnd. */
 void ctl_core_terminate(ctl_core *c, ctl_inst *inst, pie_code code, const char *msg);
+/* Sends w Drain{shutdown = false, the core's drain reason} once; it gets no step after it. */
+void ctl_core_drain_worker(ctl_core *c, ctl_worker *w);
 /* Adds a CallResult to the replica's outbox; returns it (payload to be set by the caller) or
  * NULL when out of memory. msg is copied. */
 Pie__V1__CallResult *ctl_core_result(ctl_core *c, ctl_replica *r, uint64_t instance_id,
@@ -167,6 +175,18 @@ void ctl_exec_step_free(ctl_step *s);
 void ctl_exec_free_batches(ctl_slab *s);
 /* Runs list_exports / broadcast / subscribe / unsubscribe for inst (no queue). */
 void ctl_exec_queueless(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api);
+
+/* server.max_message as the core applies it (0 in the config: the contract's 64 MiB). */
+static inline uint64_t ctl_msg_max(const ctl_core *c) {
+    return c->cfg.max_message_bytes ? c->cfg.max_message_bytes : (uint64_t)64 << 20;
+}
+
+/* The bytes one SessionDown or WorkerDown may carry: server.max_message less room for the
+ * message's own framing. */
+static inline size_t ctl_msg_budget(const ctl_core *c) {
+    uint64_t max = ctl_msg_max(c);
+    return max > 1024 ? (size_t)(max - 256) : (size_t)(max / 2);
+}
 
 /* The model info of a queue. */
 static inline const Pie__V1__ModelInfo *ctl_model_info(const ctl_core *c, uint32_t model) {

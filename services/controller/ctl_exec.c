@@ -88,8 +88,9 @@ static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char
     if (q->place) return q->place;
     if (w == NULL) w = ctl_place_choose(c, q->model);
     if (w == NULL) {
-        pie_status_set(st, PIE_UNAVAILABLE, "%s: no worker serves model \"%s\" now", op,
-                       model_name(c, q->model));
+        pie_status_set(st, PIE_UNAVAILABLE, "%s: no worker serves model \"%s\" now%s", op,
+                       model_name(c, q->model),
+                       c->draining ? " (the controller is shutting down)" : "");
         return NULL;
     }
     q->place = ctl_place_add(c, q->inst, q->model, w);
@@ -100,42 +101,43 @@ static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char
 
 /* ---- controller calls ---------------------------------------------------------------------- */
 
-/* Frees KV pages on w for inst by the contention policy; true if n are available after. */
-static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, uint32_t n, const char *op,
+/* Frees KV pages (kv) or embedding slots (!kv) on w for inst by the contention policy; true
+ * if n are available after. Both kinds of memory follow the same FCFS rule (paper §5.2). */
+static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, bool kv, uint32_t n, const char *op,
                     pie_status *st) {
-    uint32_t avail = ctl_pool_kv_available(&w->pool);
+    const char *what = kv ? "KV pages" : "embedding slots";
+    uint32_t avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
     if (avail >= n) return true;
     if (c->cfg.contention == CTL_CONTENTION_FAIL_CALL) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                       "%s: %u KV pages requested, worker %s has %u free (contention.policy "
-                       "fail_call)",
-                       op, n, w->reg->group_id, avail);
+                       "%s: %u %s requested, worker %s has %u free (contention.policy fail_call)",
+                       op, n, what, w->reg->group_id, avail);
         return false;
     }
-    uint64_t reclaimable = ctl_place_reclaimable(w, inst->launch);
+    uint64_t reclaimable = ctl_place_reclaimable(w, inst->launch, kv);
     if (avail + reclaimable < n) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                       "%s: %u KV pages requested, worker %s has %u free and instances launched "
-                       "after this one hold %llu there",
-                       op, n, w->reg->group_id, avail, (unsigned long long)reclaimable);
+                       "%s: %u %s requested, worker %s has %u free and instances launched after "
+                       "this one hold %llu there",
+                       op, n, what, w->reg->group_id, avail, (unsigned long long)reclaimable);
         return false;
     }
     char why[PIE_STATUS_MSG_MAX];
     snprintf(why, sizeof why,
              "terminated by the system due to resource contention: instance %llu, launched "
-             "earlier, needed KV pages on worker %s",
-             (unsigned long long)inst->id, w->reg->group_id);
-    while (ctl_pool_kv_available(&w->pool) < n) {
-        ctl_inst *victim = ctl_place_victim(w, inst->launch);
+             "earlier, needed %s on worker %s",
+             (unsigned long long)inst->id, what, w->reg->group_id);
+    for (;;) {
+        avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
+        if (avail >= n) return true;
+        ctl_inst *victim = ctl_place_victim(w, inst->launch, kv);
         if (victim == NULL) break;
         ctl_core_terminate(c, victim, PIE_RESOURCE_EXHAUSTED, why);
     }
-    avail = ctl_pool_kv_available(&w->pool);
-    if (avail >= n) return true;
     pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                   "%s: %u KV pages requested, worker %s has %u free after reclaiming pages of "
-                   "later instances (the rest are shared)",
-                   op, n, w->reg->group_id, avail);
+                   "%s: %u %s requested, worker %s has %u free after reclaiming those of later "
+                   "instances (the rest are shared)",
+                   op, n, what, w->reg->group_id, avail);
     return false;
 }
 
@@ -162,18 +164,12 @@ static pie_code do_alloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__ApiC
         return st->code;
     ctl_place *pl = place_for(c, q, NULL, op, st);
     if (pl == NULL) return st->code;
+    if (!reclaim(c, pl->w, inst, kv, n, op, st)) return st->code;
     if (kv) {
-        if (!reclaim(c, pl->w, inst, n, op, st)) return st->code;
         if (ctl_vspace_alloc_kv(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
         inst->n_kv += n;
     } else {
-        if (ctl_vspace_alloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) {
-            if (st->code == PIE_RESOURCE_EXHAUSTED && ctl_pool_emb_available(&pl->w->pool) < n)
-                pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                               "%s: %u embeddings requested, worker %s has %u free slots", op, n,
-                               pl->w->reg->group_id, ctl_pool_emb_available(&pl->w->pool));
-            return st->code;
-        }
+        if (ctl_vspace_alloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
         inst->n_emb += n;
     }
     return PIE_OK;
@@ -297,6 +293,9 @@ void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call) {
     pie_status_ok(&st);
     const Pie__V1__ApiCall *api = call->api;
     pie_code rc;
+    /* A queue whose first call frees or copies objects another queue of the same model made
+     * (an SDK context freed right after a fork) joins the instance's existing placement. */
+    if (q->place == NULL) q->place = ctl_place_of(q->inst, q->model);
     switch (api->op_case) {
     case PIE__V1__API_CALL__OP_ALLOC_KV_PAGES: rc = do_alloc(c, q, true, api, &st); break;
     case PIE__V1__API_CALL__OP_ALLOC_EMBEDS: rc = do_alloc(c, q, false, api, &st); break;
@@ -693,6 +692,11 @@ static pie_code check_copy(const ctl_core *c, const ctl_queue *q, const Pie__V1_
     return PIE_OK;
 }
 
+/* The top_k a NextDist call gets (0 → the model's default). */
+static uint32_t dist_k(const Pie__V1__ModelInfo *m, const Pie__V1__NextDist *d) {
+    return d->top_k ? d->top_k : (m->default_top_k ? m->default_top_k : 256);
+}
+
 static pie_code check_dist(const ctl_core *c, const ctl_queue *q, const Pie__V1__ApiCall *api,
                            ctl_step *s, pie_status *st) {
     const char *op = "next_dist";
@@ -704,7 +708,7 @@ static pie_code check_dist(const ctl_core *c, const ctl_queue *q, const Pie__V1_
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "%s: %zu embed_ids exceed the model's max_forward_tokens %u", op, n,
                               m->max_forward_tokens);
-    uint32_t k = d->top_k ? d->top_k : (m->default_top_k ? m->default_top_k : 256);
+    uint32_t k = dist_k(m, d);
     if (m->max_top_k && k > m->max_top_k)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "%s: top_k %u exceeds the model's max_top_k %u", op, k, m->max_top_k);
@@ -848,6 +852,42 @@ static ctl_admit admit_take(ctl_core *c, ctl_queue *q, uint32_t n_items) {
     return CTL_ADMIT_TAKEN;
 }
 
+#define CTL_SLOT_CHANGE_BYTES 16u /* a KV allocation: slot (5) + owner (10) + rounding */
+#define CTL_BATCH_BYTES       48u /* a Batch's framing: tag, length, batch_id, kind header */
+
+/* Adds an upper bound of n bytes to the step; false (and the step is full) when it does not
+ * fit in the message budget. (A call too large for any step is refused before this:
+ * admit_bytes.) */
+static bool step_bytes(ctl_core *c, size_t n) {
+    ctl_step *s = &c->step;
+    if (s->bytes + n > ctl_msg_budget(c)) {
+        s->full = true;
+        return false;
+    }
+    s->bytes += n;
+    return true;
+}
+
+/* Bytes of a call's items on the wire (n, an upper bound): CTL_ADMIT_TAKEN when they fit in
+ * the step, CTL_ADMIT_FULL when they would fit in a step of their own (the call waits for the
+ * next step), else the call fails: it could never be sent. */
+static ctl_admit admit_bytes(ctl_core *c, ctl_queue *q, const char *op, size_t n) {
+    if (n + 2 * CTL_BATCH_BYTES > ctl_msg_budget(c)) {
+        pie_status st;
+        pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                       "%s: the call takes up to %zu bytes in the message to the worker, more "
+                       "than server.max_message %llu allows",
+                       op, n, (unsigned long long)ctl_msg_max(c));
+        return admit_fail(c, q, &st);
+    }
+    return step_bytes(c, n) ? CTL_ADMIT_TAKEN : CTL_ADMIT_FULL;
+}
+
+/* Wire bytes of one item in its batch: tag, length, body. */
+static size_t item_bytes(const ProtobufCMessage *m) {
+    return 6 + protobuf_c_message_get_packed_size(m);
+}
+
 static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
     ctl_core *c = user;
     ctl_step *s = &c->step;
@@ -857,7 +897,8 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
     const Pie__V1__ApiCall *api = call->api;
     pie_status st;
     ctl_batch *b = s->rec;
-    if (b == NULL) return CTL_ADMIT_FULL;
+    if (b == NULL || s->full) return CTL_ADMIT_FULL;
+    ctl_admit fits;
     if (b->n_calls == b->cap_calls) {
         uint32_t cap = b->cap_calls ? b->cap_calls * 2 : 64;
         ctl_batch_call *p = realloc(b->calls, cap * sizeof *p);
@@ -877,6 +918,8 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
             return admit_fail(c, q, &st);
         }
         if (s->n_tokens + n > w->max_tokens) return CTL_ADMIT_FULL;
+        if ((fits = admit_bytes(c, q, "embed_text", 15 * (size_t)n)) != CTL_ADMIT_TAKEN)
+            return fits;
         if (check_embed(c, q, api, s, &st) != PIE_OK) return admit_fail(c, q, &st);
         /* Same-instance calls of this batch must not write the same embedding. */
         const uint32_t *mine = &s->emb_slots.v[s->emb_slots.n];
@@ -905,6 +948,8 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
         if (check_forward(c, q, api, s, &fi, &st) != PIE_OK) return admit_fail(c, q, &st);
         for (int32_t e = conf_first(s, q->inst); e >= 0; e = s->conf[e].next_same)
             if (forward_conflict(s->items.v[s->conf[e].item], fi, P)) return CTL_ADMIT_CONFLICT;
+        if ((fits = admit_bytes(c, q, "forward", item_bytes(&fi->base))) != CTL_ADMIT_TAKEN)
+            return fits;
         if (conf_add(s, q->inst, (uint32_t)s->items.n, 1) == NULL ||
             ctl_vecp_push(&s->items, fi) != 0)
             return CTL_ADMIT_FULL;
@@ -919,6 +964,9 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
                           ? check_mask_page(c, q, api, s, (Pie__V1__MaskPageItem **)&it, &st)
                           : check_copy(c, q, api, s, (Pie__V1__CopyPageItem **)&it, &st);
         if (rc != PIE_OK) return admit_fail(c, q, &st);
+        fits = admit_bytes(c, q, kind == CTL_KIND_MASK ? "mask_kv_page" : "copy_kv_page",
+                           item_bytes((const ProtobufCMessage *)it));
+        if (fits != CTL_ADMIT_TAKEN) return fits;
         if (ctl_vecp_push(&s->items, it) != 0) return CTL_ADMIT_FULL;
         return admit_take(c, q, 1);
     }
@@ -932,6 +980,20 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
             return admit_fail(c, q, &st);
         }
         if (s->n_items + n > w->max_items) return CTL_ADMIT_FULL;
+        /* The worker answers a batch in one BatchResult (it splits WorkerUps only between
+         * batches): the batch's distributions must fit in one message too. */
+        size_t rb =
+            (size_t)n * (24 + 9 * (size_t)dist_k(ctl_model_info(c, q->model), api->next_dist));
+        if (rb + 2 * CTL_BATCH_BYTES > ctl_msg_budget(c)) {
+            pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                           "next_dist: %u distributions take up to %zu bytes in the worker's "
+                           "result, more than server.max_message %llu allows",
+                           n, rb, (unsigned long long)ctl_msg_max(c));
+            return admit_fail(c, q, &st);
+        }
+        if (s->result_bytes + rb + 2 * CTL_BATCH_BYTES > ctl_msg_budget(c)) return CTL_ADMIT_FULL;
+        if ((fits = admit_bytes(c, q, "next_dist", 32 * (size_t)n)) != CTL_ADMIT_TAKEN) return fits;
+        s->result_bytes += rb;
         size_t before = s->items.n;
         if (check_dist(c, q, api, s, &st) != PIE_OK) {
             s->items.n = before;
@@ -978,8 +1040,8 @@ static uint32_t *dup_u32(ctl_step *s, const uint32_t *v, size_t n) {
     return p;
 }
 
-/* Most slot changes one step carries (about 13 bytes each on the wire: well inside the 4 MiB
- * default message size). More wait for the next step. */
+/* Most slot changes one step carries (at most 16 bytes each on the wire; the byte budget of
+ * the step, ctl_msg_budget, may cut it further). More wait for the next step. */
 #define CTL_STEP_MAX_SLOT_CHANGES 65536u
 
 /* The pool's pending slot changes become SlotBatch(es) at the current point of the step: frees
@@ -1008,6 +1070,14 @@ static bool flush_changes(ctl_core *c, uint64_t cap) {
         pie__v1__batch__init(pb);
         pie__v1__slot_batch__init(sb);
         uint32_t room = budget < max ? (uint32_t)budget : max;
+        size_t lim = ctl_msg_budget(c), used = s->bytes + CTL_BATCH_BYTES;
+        size_t fit = used < lim ? (lim - used) / CTL_SLOT_CHANGE_BYTES : 0;
+        if (fit < room) room = (uint32_t)fit;
+        if (room == 0) { /* the step is full: the rest goes out with the next one */
+            rec_put(c, rec);
+            s->full = true;
+            break;
+        }
         bool oom = false;
         for (; list < 4 && room > 0 && !oom; list += pos[list] == len[list]) {
             size_t k = len[list] - pos[list];
@@ -1061,6 +1131,9 @@ static bool flush_changes(ctl_core *c, uint64_t cap) {
         }
         pb->kind_case = PIE__V1__BATCH__KIND_SLOTS;
         pb->slots = sb;
+        s->bytes += CTL_BATCH_BYTES +
+                    CTL_SLOT_CHANGE_BYTES * (sb->n_free_kv_slots + sb->n_free_embed_slots +
+                                             sb->n_alloc_kv_slots + sb->n_alloc_embed_slots);
         if (!step_push(c, pb, rec)) {
             rec_put(c, rec);
             pie_log_error("ctl.step.oom", "worker_index=%u what=slot_batch", s->w->index);
@@ -1075,13 +1148,17 @@ static bool flush_changes(ctl_core *c, uint64_t cap) {
 static void on_open(void *user, int kind) {
     ctl_core *c = user;
     ctl_step *s = &c->step;
-    flush_changes(c, UINT64_MAX); /* slot changes so far precede this batch */
+    /* Slot changes so far precede this batch; if they do not all fit, no batch may follow
+     * them in this step (admit refuses while the step is full). */
+    if (!flush_changes(c, UINT64_MAX)) s->full = true;
+    if (!s->full) s->full = !step_bytes(c, CTL_BATCH_BYTES);
     s->kind = kind;
     s->rec = rec_new(c, kind);
     s->items.n = 0;
     s->emb_slots.n = 0;
     s->emb_calls.n = 0;
     s->n_items = s->n_tokens = 0;
+    s->result_bytes = 0;
     s->n_conf = 0;
     s->serial = ++c->batch_serial;
 }
@@ -1215,6 +1292,8 @@ static const ctl_sched_ops sched_ops = {
 
 static void step_reset(ctl_step *s) {
     ctl_arena_reset(&s->arena);
+    s->bytes = 0;
+    s->full = false;
     s->batches.n = 0;
     s->recs.n = 0;
     s->w = NULL;
@@ -1222,13 +1301,36 @@ static void step_reset(ctl_step *s) {
     s->kind = CTL_KIND_NONE;
 }
 
-/* Whether w may be sent a step now. work_conserving sends when the worker is idle — no step
- * outstanding — as in the paper (seeds/001 §6.1); the other strategies fire on their own
- * conditions whether or not the worker is busy, bounded only by the credits it grants. With
- * the worker's default of one credit the two coincide. */
-static bool may_send(const ctl_core *c, const ctl_worker *w) {
-    if (w->credits == 0) return false;
-    return c->cfg.sched.strategy != CTL_STRATEGY_WORK_CONSERVING || w->steps_out == 0;
+/* work_conserving over a network. The paper's policy dispatches a batch the moment the GPU is
+ * idle (seeds/001 §6.1); its dispatcher sits next to the GPU. Here a step travels controller →
+ * worker and its results back, so a step formed only once the previous one's results have
+ * arrived leaves the worker idle for that round trip on every step. So the controller keeps
+ * at most CTL_WC_STEPS steps on a worker — the one running and the next — and forms the next
+ * one as late as it can while still reaching the worker before the running one ends: at the
+ * running step's send time plus 3/4 of the recent step execution time (the one-way delay is
+ * on both sides of that sum and cancels; the quarter is the margin against a step running
+ * shorter than average). Calls arriving while the worker computes join that step instead of
+ * waiting a whole step behind it. Steps shorter than CTL_WC_HOLD_MIN_NS (the null backend, a
+ * tiny batch) are not held: a timer wake-up costs about as much as it could gather. */
+#define CTL_WC_STEPS       2u
+#define CTL_WC_HOLD_MIN_NS 300000
+
+/* Whether w may be sent a step now: never beyond the credits the worker grants (with its
+ * default of one credit every strategy sends only to an idle worker); work_conserving as above
+ * (w->hold_ns gets the time it waits for); the other strategies fire on their own conditions,
+ * bounded only by the credits. */
+static bool may_send(const ctl_core *c, ctl_worker *w) {
+    w->hold_ns = 0;
+    if (w->credits == 0 || w->draining) return false;
+    if (c->cfg.sched.strategy != CTL_STRATEGY_WORK_CONSERVING) return true;
+    if (w->steps_out == 0) return true;
+    if (w->steps_out >= CTL_WC_STEPS || w->out == NULL) return false;
+    int64_t est = w->exec_avg_ns;
+    if (est < CTL_WC_HOLD_MIN_NS) return true;
+    int64_t due = w->out->sent_ns + est - est / 4;
+    if (c->now_ns >= due) return true;
+    w->hold_ns = due;
+    return false;
 }
 
 void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
@@ -1258,6 +1360,7 @@ void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
         w->steps_out++;
         for (size_t i = 0; i < s->recs.n; i++) {
             ctl_batch *b = s->recs.v[i];
+            b->sent_ns = c->now_ns;
             items += b->n_items;
             if (w->out_tail)
                 w->out_tail->next = b;
@@ -1306,7 +1409,14 @@ bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_st
     w->out = b->next;
     if (w->out == NULL) w->out_tail = NULL;
     w->n_out--;
-    if (b->ends_step && w->steps_out) w->steps_out--;
+    w->step_exec_us += r->exec_us;
+    if (b->ends_step) {
+        if (w->steps_out) w->steps_out--;
+        /* Moving average of a step's execution time (work_conserving's timing). */
+        int64_t t = (int64_t)w->step_exec_us * 1000;
+        w->exec_avg_ns = w->exec_avg_ns ? (3 * w->exec_avg_ns + t) / 4 : t;
+        w->step_exec_us = 0;
+    }
     const char *kname = ctl_kind_name(b->kind);
     char msg[PIE_STATUS_MSG_MAX];
     if (b->kind == CTL_KIND_NONE && (r->code != 0 || r->n_items)) {

@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
             },
         .contention = (ctl_contention)cfg.contention,
         .heartbeat_ms = (uint32_t)cfg.heartbeat_ms,
+        .max_message_bytes = cfg.svc.max_message_bytes,
     };
     cluster = ctl_cluster_create(&cc, svc_metrics(s), &st);
     if (cluster == NULL) {
@@ -99,6 +100,13 @@ int main(int argc, char **argv) {
     int sig = svc_wait_for_signal();
     pie_log_info("ctl.signal", "signal=%d", sig);
     svc_set_serving(s, false);
+    /* Workers finish the steps they hold (their results still reach the replicas), then stay
+     * idle until the stream ends and dial the next controller. */
+    int64_t t0 = rpc_now_ns();
+    uint32_t left =
+        ctl_cluster_drain(cluster, "controller shutting down", cfg.svc.shutdown_grace_ms);
+    pie_log_info("ctl.drained", "steps_unanswered=%u ms=%lld", left,
+                 (long long)((rpc_now_ns() - t0) / 1000000));
     status = 0;
 done:
     svc_drain(s); /* server first: no callback runs after it */

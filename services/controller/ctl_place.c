@@ -186,7 +186,7 @@ oom:
 ctl_worker *ctl_place_choose(ctl_core *c, uint32_t model) {
     ctl_worker *best = NULL;
     for (ctl_worker *w = c->workers; w; w = w->next) {
-        if (w->model != model) continue;
+        if (w->model != model || w->draining) continue;
         if (best == NULL) {
             best = w;
             continue;
@@ -243,20 +243,23 @@ void ctl_place_release(ctl_core *c, ctl_place *p) {
     ctl_slab_put(&c->s_places, p);
 }
 
-ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch) {
+/* Objects of one kind a placement holds. */
+static uint32_t held(const ctl_place *p, bool kv) { return kv ? p->vs.kv.n : p->vs.emb.n; }
+
+ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch, bool kv) {
     ctl_inst *v = NULL;
     for (const ctl_place *p = w->places; p; p = p->w_next) {
         ctl_inst *i = p->inst;
-        if (i->dead || i->launch <= launch || p->vs.kv.n == 0) continue;
+        if (i->dead || i->launch <= launch || held(p, kv) == 0) continue;
         if (v == NULL || i->launch > v->launch) v = i;
     }
     return v;
 }
 
-uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch) {
+uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch, bool kv) {
     uint64_t n = 0;
     for (const ctl_place *p = w->places; p; p = p->w_next)
-        if (!p->inst->dead && p->inst->launch > launch) n += p->vs.kv.n;
+        if (!p->inst->dead && p->inst->launch > launch) n += held(p, kv);
     return n;
 }
 
@@ -315,6 +318,7 @@ ctl_worker *ctl_core_worker_join(ctl_core *c, void *link, Pie__V1__WorkerUp *reg
     down.registered = &reg;
     c->sink.to_worker(c->sink.user, link, &down);
     ctl_core_announce_models(c, NULL, NULL);
+    if (c->draining) ctl_core_drain_worker(c, w); /* it joined a controller shutting down */
     /* The registration message may already grant credits and report capacity or stats. */
     w->credits = reg_msg->credits > 1024 ? 1024 : reg_msg->credits;
     if (reg_msg->capacity && reg_msg->capacity->kv_pages_effective <= w->pool.kv_max)

@@ -5,10 +5,11 @@
  * model and its ModelInfo), ctl_place (an instance's objects of one model on one worker group:
  * its virtual space), registration checks, the placement choice (the least loaded group serving
  * the model, or the group holding the KV pages an instance imports first), the contention
- * victim (FCFS: the newest instance launched after the requester that holds pages on the
- * group), and the loss of a group (its instances are terminated, its exports dropped).
- * Does not own: what happens to a terminated instance (ctl_core.c), batches' contents
- * (ctl_exec.c). Internal to the controller: see ctl_core.h for the public interface. */
+ * victim (FCFS: the newest instance launched after the requester that holds pages — or
+ * embeddings, when those ran out — on the group), and the loss of a group (its instances are
+ * terminated, its exports dropped). Does not own: what happens to a terminated instance
+ * (ctl_core.c), batches' contents (ctl_exec.c). Internal to the controller: see ctl_core.h for the
+ * public interface. */
 #ifndef CTL_PLACE_H
 #define CTL_PLACE_H
 
@@ -40,8 +41,9 @@ typedef struct ctl_batch_call {
 typedef struct ctl_batch {
     struct ctl_batch *next;
     uint64_t id;
-    int kind;       /* CTL_KIND_*; CTL_KIND_NONE for a SlotBatch */
-    bool ends_step; /* the last batch of its step (WorkerDown) */
+    int kind;        /* CTL_KIND_*; CTL_KIND_NONE for a SlotBatch */
+    bool ends_step;  /* the last batch of its step (WorkerDown) */
+    int64_t sent_ns; /* when its step was sent */
     uint32_t n_items;
     ctl_batch_call *calls; /* kept across reuse (slab free list) */
     uint32_t n_calls, cap_calls;
@@ -80,6 +82,11 @@ typedef struct ctl_worker {
     uint32_t n_places;
     struct ctl_queue *settle; /* queues whose head became a controller call mid-batch */
     int64_t wake_ns;          /* its scheduler's next due time (0: none) */
+    bool draining;            /* Drain sent: no more steps, no new placements */
+    /* work_conserving: how long a step takes on the worker (moving average of the exec_us of
+     * its batches) and, while one step runs, when the next one is to be formed (0: none). */
+    int64_t exec_avg_ns, hold_ns;
+    uint64_t step_exec_us; /* exec_us of the answered batches of the oldest step so far */
     uint64_t steps, batches_sent;
 } ctl_worker;
 
@@ -100,10 +107,10 @@ ctl_place *ctl_place_add(struct ctl_core *c, struct ctl_inst *inst, uint32_t mod
 /* Releases every object of the placement and frees it (unlinking it from its worker). */
 void ctl_place_release(struct ctl_core *c, ctl_place *p);
 /* The contention victim on w for a requester launched at `launch`: the newest instance
- * launched after it with KV pages on w, or NULL. */
-struct ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch);
-/* KV pages held on w by instances launched after `launch` (an upper bound of what killing
- * them can free). */
-uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch);
+ * launched after it with KV pages (kv) or embeddings (!kv) on w, or NULL. */
+struct ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch, bool kv);
+/* KV pages (kv) or embeddings (!kv) held on w by instances launched after `launch` (an upper
+ * bound of what killing them can free: shared pages stay while another holder lives). */
+uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch, bool kv);
 
 #endif

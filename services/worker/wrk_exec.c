@@ -69,8 +69,12 @@ struct wrk_exec {
     wrk_step *q; /* ring of q_cap; grows only when the controller exceeds its credits */
     size_t q_cap, q_head, q_len;
     bool stop, reset_pending;
+    /* A thread is running a step or freeing the slots: the executor thread, or the submitting
+     * thread running a step inline (wrk_exec_submit). The fields below belong to whoever set
+     * it; the mutex hand-off orders their accesses. */
+    bool running;
 
-    /* executor thread only */
+    /* the runner only (see `running`) */
     uint8_t *kv_live;  /* [kv_pages] 1 = allocated by a SlotBatch */
     uint8_t *emb_live; /* [embed_slots] */
     bool *mask_buf;    /* [kv_page_size] */
@@ -676,21 +680,24 @@ static void *exec_main(void *arg) {
     (void)pthread_setname_np(pthread_self(), "wrk-exec"); /* cosmetic */
     pthread_mutex_lock(&x->mu);
     for (;;) {
-        while (!x->stop && !x->reset_pending && x->q_len == 0) pthread_cond_wait(&x->cv, &x->mu);
+        while (!x->stop && (x->running || (!x->reset_pending && x->q_len == 0)))
+            pthread_cond_wait(&x->cv, &x->mu);
         if (x->stop) break;
+        x->running = true;
         if (x->reset_pending) {
             x->reset_pending = false;
             pthread_mutex_unlock(&x->mu);
             free_all_slots(x);
-            pthread_mutex_lock(&x->mu);
-            continue;
+        } else {
+            wrk_step s = x->q[x->q_head];
+            x->q_head = (x->q_head + 1) % x->q_cap;
+            x->q_len--;
+            pthread_mutex_unlock(&x->mu);
+            run_step(x, &s);
         }
-        wrk_step s = x->q[x->q_head];
-        x->q_head = (x->q_head + 1) % x->q_cap;
-        x->q_len--;
-        pthread_mutex_unlock(&x->mu);
-        run_step(x, &s);
         pthread_mutex_lock(&x->mu);
+        x->running = false;
+        pthread_cond_broadcast(&x->cv); /* a stop waiting for the step */
     }
     pthread_mutex_unlock(&x->mu);
     return NULL;
@@ -789,6 +796,21 @@ void wrk_exec_submit(wrk_exec *x, Pie__V1__WorkerDown *down, uint64_t epoch) {
         rpc_msg_free(&down->base);
         return;
     }
+    if (!x->running && !x->reset_pending && x->q_len == 0) {
+        /* The executor is idle: run the step on this (the link's) thread. Handing it over
+         * would cost a wake-up of the executor thread per step (tens of µs on a loaded 2-core
+         * machine), on the critical path of every decode step. Order is kept: the link thread
+         * is the only submitter, and the next step cannot arrive while it runs this one. */
+        x->running = true;
+        pthread_mutex_unlock(&x->mu);
+        wrk_step s = {down, epoch};
+        run_step(x, &s);
+        pthread_mutex_lock(&x->mu);
+        x->running = false;
+        pthread_cond_broadcast(&x->cv); /* the executor (anything queued), or a waiting stop */
+        pthread_mutex_unlock(&x->mu);
+        return;
+    }
     if (x->q_len == x->q_cap) { /* only when the controller sends beyond its credits */
         size_t cap = x->q_cap * 2;
         wrk_step *q = calloc(cap, sizeof *q);
@@ -833,7 +855,8 @@ void wrk_exec_stop(wrk_exec *x) {
     pthread_mutex_lock(&x->mu);
     x->stop = true;
     drop_queue(x);
-    pthread_cond_signal(&x->cv);
+    pthread_cond_broadcast(&x->cv);
+    while (x->running) pthread_cond_wait(&x->cv, &x->mu); /* a step run inline by a submitter */
     pthread_mutex_unlock(&x->mu);
     int rc = pthread_join(x->th, NULL);
     if (rc != 0) pie_log_error("wrk.exec.stop", "pthread_join: %s", strerror(rc));

@@ -18,7 +18,9 @@
  *     or temperature. The other items of the batch still run.
  *
  * Threads: submit, reset, stats and stop may be called from any thread; emit and drain are
- * called on the executor thread. */
+ * called on the thread that runs the step: the executor thread, or the submitter itself when
+ * the executor was idle (submit then returns after the step: one submitting thread, the
+ * link's, keeps the order). */
 #ifndef WRK_EXEC_H
 #define WRK_EXEC_H
 

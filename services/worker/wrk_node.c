@@ -77,8 +77,10 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.group_id = (char *)atomic_load(&w->group_id);
     reg.version = "pie-c/" PIE_VERSION;
     reg.model = &pb.model;
-    reg.backend =
-        PIE__V1__BACKEND__BACKEND_CPU; /* the cpu backend (also what null stands in for) */
+    /* pie.v1.Backend has no null: the benchmark-only null backend registers as cpu */
+    reg.backend = w->ready.backend.name && strcmp(w->ready.backend.name, "cuda") == 0
+                      ? PIE__V1__BACKEND__BACKEND_CUDA
+                      : PIE__V1__BACKEND__BACKEND_CPU;
     reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     reg.capacity = &pb.capacity;
     reg.tp_size = 1;
@@ -130,7 +132,9 @@ static bool link_on_message(rpc_link *link, ProtobufCMessage *msg, void *user) {
     if (atomic_load(&w->closing)) return false;
     if (down->registered) on_registered(w, down->registered);
     if (down->n_batches == 0 && down->drain == NULL) return false;
-    /* No lock here: the link thread must not wait behind a send blocked on flow control. */
+    /* No lock here: the link thread must not wait behind a send blocked on flow control. (When
+     * the executor is idle, wrk_exec_submit runs the step on this thread and sends its results
+     * before returning.) */
     uint64_t epoch = atomic_load(&w->epoch);
     bool no_credit = down->n_batches > 0 && atomic_fetch_sub(&w->credits, 1) <= 0;
     if (no_credit) {

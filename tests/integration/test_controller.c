@@ -6,7 +6,9 @@
  * (several instances batched together); export / import shares pages (reference counts in
  * ClusterStatus); contention terminates the newest instance while the others finish; a worker
  * killed mid-run fails only its instances; a worker that joins takes new placements; invalid
- * calls get their precise errors over the wire and nothing else is affected.
+ * calls get their precise errors over the wire and nothing else is affected; on SIGTERM the
+ * controller drains its workers (the step in flight finishes and its results arrive) and the
+ * workers, left idle, link to the next controller.
  *
  * Everything waits with deadlines; sanitizer builds are slow, so the deadlines are generous. */
 #include <criterion/criterion.h>
@@ -35,14 +37,19 @@ TestSuite(controller, .fini = pie_test_leak_check, .timeout = 240);
 /* ---- processes --------------------------------------------------------------------------------
  */
 
-static pie_proc *start_controller(void) {
+static pie_proc *start_controller_env(const char *const *env) {
     pie_status st;
-    pie_proc *p = pie_proc_start("pie-controller", NULL, START_MS, &st);
+    pie_proc_opts o = {.env = env};
+    pie_proc *p = pie_proc_start("pie-controller", &o, START_MS, &st);
     cr_assert(p, "%s", st.msg);
     return p;
 }
 
-static pie_proc *start_worker(const pie_proc *ctl, const char *group, unsigned kv_pages) {
+static pie_proc *start_controller(void) { return start_controller_env(NULL); }
+
+/* extra: one more "NAME=value" for the worker's environment, or NULL. */
+static pie_proc *start_worker_env(const pie_proc *ctl, const char *group, unsigned kv_pages,
+                                  const char *extra) {
     static char ctl_env[4][96], group_env[4][64], pages_env[4][64];
     static int k;
     int i = k++ % 4;
@@ -57,12 +64,17 @@ static pie_proc *start_worker(const pie_proc *ctl, const char *group, unsigned k
                          "PIE_ENGINE_THREADS=1",
                          "PIE_POOL_EMBED_SLOTS=512",
                          ENV_RECONNECT,
+                         extra,
                          NULL};
     pie_proc_opts o = {.env = env};
     pie_status st;
     pie_proc *p = pie_proc_start("pie-worker", &o, START_MS, &st);
     cr_assert(p, "%s", st.msg);
     return p;
+}
+
+static pie_proc *start_worker(const pie_proc *ctl, const char *group, unsigned kv_pages) {
+    return start_worker_env(ctl, group, kv_pages, NULL);
 }
 
 static void stop_ok(pie_proc *p) {
@@ -797,6 +809,152 @@ Test(controller, invalid_calls_get_precise_errors_and_nothing_else_is_affected) 
     uint32_t expect[64];
     engine_greedy(g.prompt, g.n_prompt, g.n_out, expect);
     for (size_t k = 0; k < g.n_out; k++) cr_assert_eq(g.out[k], expect[k], "token %zu", k);
+    sess_close(S);
+    rpc_channel_destroy(ch);
+    stop_ok(w);
+    stop_ok(ctl);
+}
+
+/* Waits until p is in the stopped state (SIGSTOP is delivered asynchronously). */
+static void wait_stopped(const pie_proc *p) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pie_proc_pid(p));
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "%s: cannot open", path);
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *paren = strrchr(buf, ')'); /* "pid (comm) state ..." */
+        if (paren && paren[1] == ' ' && paren[2] == 'T') return;
+        cr_assert(pie_test_now_ms() < deadline, "%s did not stop: %s", pie_proc_name(p), buf);
+        pie_test_sleep_ms(2);
+    }
+}
+
+Test(controller, on_sigterm_the_controller_drains_workers_and_they_link_to_the_next_one) {
+    const char *env1[] = {"PIE_SERVER_SHUTDOWN_GRACE=20s", NULL};
+    pie_proc *ctl = start_controller_env(env1);
+    int port = pie_proc_grpc_port(ctl);
+    pie_proc *w = start_worker(ctl, "w1", 64);
+    rpc_channel *ch = channel_to(ctl);
+    wait_workers(ch, 1);
+    sess *S = sess_open(ch);
+    gen g[2] = {0};
+    fill_prompt(&g[0], 12, 3);
+    fill_prompt(&g[1], 20, 4);
+    g[1].page_base = 8;
+    gen_run(S, g, 2, 1, true);
+
+    /* Freeze the worker, then send a decode step: it is sent and stays unanswered. */
+    pie_status st;
+    cr_assert_eq(pie_proc_signal(w, SIGSTOP, &st), PIE_OK, "%s", st.msg);
+    wait_stopped(w);
+    ub *b = ub_new();
+    gen_decode(S, b, &g[0]);
+    gen_decode(S, b, &g[1]);
+    ub_send(S, b);
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        Pie__V1__ClusterStatusResponse *cs = cluster_status(ch);
+        uint32_t in_flight = worker_of(cs, "w1")->batches_in_flight;
+        rpc_msg_free(&cs->base);
+        if (in_flight > 0) break;
+        cr_assert(pie_test_now_ms() < deadline, "the step never left the controller");
+        pie_test_sleep_ms(5);
+    }
+
+    /* SIGTERM: the controller sends Drain and waits for the step it has on the worker. */
+    cr_assert_eq(pie_proc_signal(ctl, SIGTERM, &st), PIE_OK, "%s", st.msg);
+    cr_assert(pie_proc_wait_log(ctl, "event=ctl.worker.drain worker_index=1 group=w1 steps_out=1",
+                                1, WAIT_MS),
+              "the controller sent no Drain");
+    Pie__V1__ClusterStatusResponse *cs = cluster_status(ch);
+    cr_assert_eq(worker_of(cs, "w1")->state, PIE__V1__WORKER_STATE__WORKER_STATE_DRAINING);
+    cr_assert_gt(worker_of(cs, "w1")->batches_in_flight, 0);
+    rpc_msg_free(&cs->base);
+    cr_assert_eq(pie_proc_log_count(ctl, "event=ctl.drained"), 0,
+                 "the controller stopped waiting while the step was on the worker");
+
+    /* The worker resumes: it finishes the step, reports its results (which reach this replica
+     * through the draining controller), and honours the Drain. */
+    cr_assert_eq(pie_proc_signal(w, SIGCONT, &st), PIE_OK, "%s", st.msg);
+    gen_take(S, &g[0]);
+    gen_take(S, &g[1]);
+    for (int i = 0; i < 2; i++) {
+        uint32_t want[4];
+        engine_greedy(g[i].prompt, g[i].n_prompt, 2, want);
+        cr_assert_eq(g[i].out[0], want[0], "instance %d token 0", i);
+        cr_assert_eq(g[i].out[1], want[1], "instance %d token 1 (the drained step)", i);
+    }
+    cr_assert(pie_proc_wait_log(w, "event=wrk.link.drain shutdown=0 reason=\"controller shutting "
+                                   "down\"",
+                                1, WAIT_MS),
+              "the worker did not receive the Drain");
+    sess_close(S);
+    rpc_channel_destroy(ch);
+    int rc = pie_proc_wait(ctl, STOP_MS, &st);
+    cr_assert_eq(rc, 0, "the controller exited %d: %s", rc, st.msg);
+    cr_assert_eq(pie_proc_log_count(ctl, "event=ctl.drained steps_unanswered=0"), 1,
+                 "the drain did not complete");
+    pie_proc_destroy(ctl);
+
+    /* The worker stayed up (Drain without shutdown) and registers with the next controller at
+     * the same address, which serves generations on it. */
+    char listen[64];
+    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    const char *env2[] = {listen, NULL};
+    pie_proc *ctl2 = start_controller_env(env2);
+    rpc_channel *ch2 = channel_to(ctl2);
+    wait_workers(ch2, 1);
+    cr_assert(pie_proc_wait_log(w, "event=wrk.link.registered", 2, WAIT_MS));
+    sess *S2 = sess_open(ch2);
+    gen g2 = {0};
+    fill_prompt(&g2, 12, 3);
+    gen_run(S2, &g2, 1, 2, true);
+    cr_assert_eq(g2.out[1], g[0].out[1], "the worker computes the same tokens after the drain");
+    sess_close(S2);
+    rpc_channel_destroy(ch2);
+    stop_ok(w);
+    stop_ok(ctl2);
+}
+
+Test(controller, results_larger_than_max_message_are_split_into_batches_and_messages_that_fit) {
+    /* 16 KiB messages everywhere: 8 distributions of top_k 512 (the tiny model's vocabulary)
+     * are about 3 KB each on the wire, 25 KB together. */
+    const char *env[] = {"PIE_SERVER_MAX_MESSAGE=16KiB", NULL};
+    pie_proc *ctl = start_controller_env(env);
+    pie_proc *w = start_worker_env(ctl, "w1", 64, "PIE_SERVER_MAX_MESSAGE=16KiB");
+    rpc_channel *ch = channel_to(ctl);
+    wait_workers(ch, 1);
+    sess *S = sess_open(ch);
+    enum { N = 8 };
+    gen g[N] = {0};
+    for (int i = 0; i < N; i++) fill_prompt(&g[i], 10 + (size_t)i, 20 + (uint32_t)i);
+    gen_run(S, g, N, 1, true);
+    int downs_before = S->n_down;
+    ub *b = ub_new();
+    uint64_t d[N];
+    for (int i = 0; i < N; i++)
+        d[i] = c_dist(S, b, g[i].inst, (uint32_t)g[i].n_prompt - 1, S->model->max_top_k);
+    ub_send(S, b);
+    int first_down = 0, last_down = 0;
+    for (int i = 0; i < N; i++) {
+        Pie__V1__CallResult *r = wait_result(S, d[i]);
+        cr_assert_eq(r->code, 0, "instance %d: %s %s", i, pie_code_name((int)r->code), r->message);
+        const Pie__V1__Distribution *x = r->distributions->dists[0];
+        cr_assert_eq(x->n_token_ids, S->model->max_top_k);
+        cr_assert_eq(x->token_ids[0], g[i].out[0], "instance %d: the top token differs from the "
+                                                   "greedy token of the same position", i);
+        for (int k = downs_before; k < S->n_down; k++)
+            for (size_t j = 0; j < S->down[k]->n_results; j++)
+                if (S->down[k]->results[j] == r) {
+                    if (i == 0) first_down = k;
+                    last_down = k;
+                }
+    }
+    cr_assert_gt(last_down, first_down, "all %d results came in one SessionDown", N);
     sess_close(S);
     rpc_channel_destroy(ch);
     stop_ok(w);

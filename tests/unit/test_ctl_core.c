@@ -43,15 +43,25 @@ static ProtobufCMessage *deep_copy(const ProtobufCMessage *m) {
     return c;
 }
 
+/* Every message the core sends must fit in its configured server.max_message (u points to it;
+ * 0 = not checked). */
+static void check_size(void *u, const ProtobufCMessage *m) {
+    uint64_t max = *(const uint64_t *)u;
+    size_t n = protobuf_c_message_get_packed_size(m);
+    if (max)
+        cr_assert_leq(n, max, "a %s of %zu bytes exceeds max_message %llu", m->descriptor->name, n,
+                      (unsigned long long)max);
+}
+
 static void sink_rep(void *u, void *link, const Pie__V1__SessionDown *m) {
-    (void)u;
+    check_size(u, &m->base);
     flink *l = link;
     cr_assert_lt(l->n, MAXMSG);
     l->msgs[l->n++] = deep_copy(&m->base);
 }
 
 static void sink_wrk(void *u, void *link, const Pie__V1__WorkerDown *m) {
-    (void)u;
+    check_size(u, &m->base);
     flink *l = link;
     cr_assert_lt(l->n, MAXMSG);
     l->msgs[l->n++] = deep_copy(&m->base);
@@ -84,6 +94,7 @@ typedef struct fworker {
     Pie__V1__Batch__KindCase fail_kind;
     uint32_t fail_code; /* whole batch */
     int fail_item;      /* or one item (>= 0) */
+    uint64_t exec_us;   /* reported as every batch's execution time */
     /* The last forward batch answered (copies of items' kv_slots etc. via the message). */
     Pie__V1__ForwardBatch *last_forward;
 } fworker;
@@ -102,6 +113,7 @@ typedef struct world {
     int nres[3];
     Pie__V1__SessionEvent *ev[3][256];
     int nev[3];
+    uint64_t max_message; /* cfg.max_message_bytes, for check_size */
 } world;
 
 static void world_free(world *W) {
@@ -131,7 +143,8 @@ static ctl_core_config base_cfg(void) {
 static world *world_new(const ctl_core_config *cfg) {
     world *W = calloc(1, sizeof *W);
     cr_assert_not_null(W);
-    ctl_sink sink = {sink_rep, sink_wrk, sink_end, NULL};
+    W->max_message = cfg->max_message_bytes;
+    ctl_sink sink = {sink_rep, sink_wrk, sink_end, &W->max_message};
     pie_status st;
     W->core = ctl_core_create(cfg, &sink, NULL, &st);
     cr_assert_not_null(W->core, "%s", st.msg);
@@ -434,6 +447,7 @@ static int serve(world *W, int i) {
             const Pie__V1__Batch *bt = d->batches[b];
             pie__v1__batch_result__init(&res[b]);
             res[b].batch_id = bt->batch_id;
+            res[b].exec_us = f->exec_us;
             rp[b] = &res[b];
             size_t n_items = 0;
             switch (bt->kind_case) {
@@ -1420,6 +1434,135 @@ Test(ctl_core, contention_policy_fail_call_fails_the_allocation_instead) {
     world_free(W);
 }
 
+Test(ctl_core, embedding_exhaustion_terminates_the_newest_later_instance_holding_embeddings) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    /* EMB_SLOTS (64) embedding slots: a 24, b 20, c 20 (full); c holds no KV pages, d (newer
+     * still) holds pages but no embeddings: only holders of embeddings are victims. */
+    uint64_t a = std_instance(W, 0, 1, 2, 24);
+    uint64_t b = std_instance(W, 0, 2, 2, 20);
+    uint64_t c = std_instance(W, 0, 3, 0, 20);
+    uint64_t d = std_instance(W, 0, 4, 2, 0);
+    serve_all(W);
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(40, 41, 42), 3));
+    serve_all(W);
+    expect_no_result(W, 0, more);
+    Pie__V1__InstanceTerminated *t = terminated(W, 0, c);
+    cr_assert_not_null(t, "the newest instance holding embeddings was not terminated");
+    cr_assert_eq(t->status->code, PIE_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(t->status->message, "terminated by the system due to resource contention") &&
+                  strstr(t->status->message, "needed embedding slots on worker g1"),
+              "%s", t->status->message);
+    cr_assert_null(terminated(W, 0, d), "d holds no embeddings: it must not be a victim");
+    cr_assert_null(terminated(W, 0, b));
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->embed_slots_used, 24 + 20 + 3);
+    cr_assert_eq(s->instances, 3);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* a's new embeddings work: a decode step over them. */
+    ub u;
+    ub_init(&u);
+    ub_call(W, &u, a, 1, OP(EMBED_TEXT), mk_embed(U32(40), U32(1), U32(0), 1));
+    ub_call(W, &u, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(40), 1, U32(0), 1, U32(41), 1));
+    uint64_t dist = ub_call(W, &u, a, 1, OP(NEXT_DIST), mk_dist(U32(41), 1, 0, 0));
+    send_up(W, 0, &u);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, dist)->code, 0, "%s", result_of(W, 0, dist)->message);
+    /* The newest holder cannot reclaim from anyone: its own allocation fails. */
+    uint64_t nb =
+        one(W, 0, b, 1, OP(ALLOC_EMBEDS),
+            mk_alloc_emb(
+                U32(50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 30, 31, 32, 33), 18));
+    expect_error(W, 0, nb, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_embeds: 18 embedding slots requested, worker g1 has 17 free and "
+                 "instances launched after this one hold 0 there");
+    cr_assert_null(terminated(W, 0, a));
+    world_free(W);
+}
+
+Test(ctl_core, embedding_exhaustion_fails_the_call_under_fail_call) {
+    ctl_core_config cfg = base_cfg();
+    cfg.contention = CTL_CONTENTION_FAIL_CALL;
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 32);
+    uint64_t b = std_instance(W, 0, 2, 1, 32);
+    serve_all(W);
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(40), 1));
+    expect_error(W, 0, more, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_embeds: 1 embedding slots requested, worker g1 has 0 free "
+                 "(contention.policy fail_call)");
+    cr_assert_null(terminated(W, 0, b));
+    world_free(W);
+}
+
+Test(ctl_core, steps_and_result_messages_are_cut_to_fit_max_message) {
+    ctl_core_config cfg = base_cfg();
+    cfg.max_message_bytes = 2048; /* every message sent is checked against it (check_size) */
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    enum { N = 16 };
+    uint64_t inst[N], dist[N];
+    for (int i = 0; i < N; i++) inst[i] = std_instance(W, 0, (uint64_t)i + 1, 1, 4);
+    serve_all(W);
+    int before = W->wk[0].link.n;
+    /* All in one SessionUp: 16 x (embed_text of 4 tokens + next_dist of 4 embeddings with
+     * top_k 8): 64 tokens of embed_text (up to 960 bytes) and 64 distributions (up to 4,608 bytes
+     * of worker results, more than 2,048) do not fit in one step. */
+    ub b;
+    ub_init(&b);
+    for (int i = 0; i < N; i++) {
+        ub_call(W, &b, inst[i], 1, OP(EMBED_TEXT),
+                mk_embed(U32(0, 1, 2, 3), U32(5, 6, 7, 8), U32(0, 1, 2, 3), 4));
+        dist[i] = ub_call(W, &b, inst[i], 1, OP(NEXT_DIST), mk_dist(U32(0, 1, 2, 3), 4, 8, 0));
+    }
+    send_up(W, 0, &b);
+    serve_all(W);
+    for (int i = 0; i < N; i++) {
+        const Pie__V1__CallResult *r = result_of(W, 0, dist[i]);
+        cr_assert_eq(r->code, 0, "instance %d: %s", i, r->message);
+        cr_assert_eq(r->distributions->n_dists, 4);
+        cr_assert_eq(r->distributions->dists[3]->n_token_ids, 1); /* the fake worker's */
+    }
+    /* Several steps, each under the limit (check_size). */
+    int steps = 0;
+    for (int k = before; k < W->wk[0].link.n; k++)
+        steps += ((const Pie__V1__WorkerDown *)W->wk[0].link.msgs[k])->n_batches > 0;
+    cr_assert_geq(steps, 2, "the calls went out in %d step(s) (one without the limit)", steps);
+    /* The results reached the replica in several SessionDowns. */
+    int downs = 0;
+    for (int k = 0; k < W->rl[0].n; k++)
+        downs += ((const Pie__V1__SessionDown *)W->rl[0].msgs[k])->n_results > 0;
+    cr_assert_geq(downs, 2);
+    world_free(W);
+}
+
+Test(ctl_core, a_call_that_can_never_fit_in_max_message_fails_with_the_sizes) {
+    ctl_core_config cfg = base_cfg();
+    cfg.max_message_bytes = 1024;
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 8);
+    serve_all(W);
+    /* 8 distributions of top_k 8: up to 8 x (24 + 72) = 768 bytes of results, more than a
+     * 1 KiB message holds next to its framing. */
+    uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0, 1, 2, 3, 4, 5, 6, 7), 8, 8, 0));
+    serve_all(W);
+    expect_error(W, 0, d, PIE_INVALID_ARGUMENT,
+                 "next_dist: 8 distributions take up to 768 bytes in the worker's result, more "
+                 "than server.max_message 1024 allows");
+    /* The instance goes on with calls that fit. */
+    uint64_t d2 = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 8, 0));
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d2)->code, 0);
+    world_free(W);
+}
+
 Test(ctl_core, a_lost_worker_fails_only_its_instances_and_a_new_one_takes_placements) {
     ctl_core_config cfg = base_cfg();
     world *W = world_new(&cfg);
@@ -1771,6 +1914,37 @@ Test(ctl_core, k_only_holds_a_lone_call_until_k_timeout_then_tick_fires_it) {
     world_free(W);
 }
 
+Test(ctl_core, work_conserving_forms_the_next_step_near_the_end_of_the_running_one) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker_n(W, "m", 0, 4);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
+             c = std_instance(W, 0, 3, 0, 1);
+    W->wk[0].exec_us = 2000; /* every batch takes 2 ms on this worker */
+    serve_all(W);            /* (the slot steps: 2 ms each, so the average is 2 ms) */
+    int sent = W->wk[0].link.n;
+    one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    cr_assert_eq(W->wk[0].link.n, sent + 1, "an idle worker gets a step at once");
+    /* b arrives while a's step runs: its step is formed 3/4 of a step later (1.5 ms), so
+     * that calls arriving meanwhile (c) join it, and it still reaches the worker in time. */
+    one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    cr_assert_eq(W->wk[0].link.n, sent + 1, "the next step was formed at once");
+    cr_assert_eq(ctl_core_next_wake(W->core), W->now + 1500000);
+    W->now += 1000000;
+    one(W, 0, c, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    cr_assert_eq(W->wk[0].link.n, sent + 1);
+    ctl_core_tick(W->core, W->now + 500000);
+    cr_assert_eq(W->wk[0].link.n, sent + 2, "the held step was not sent at its time");
+    const Pie__V1__WorkerDown *d = (const Pie__V1__WorkerDown *)W->wk[0].link.msgs[sent + 1];
+    cr_assert_eq(d->n_batches, 1);
+    cr_assert_eq(d->batches[0]->next_dist->n_items, 2, "b and c travel together");
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 3);
+    world_free(W);
+}
+
 Test(ctl_core, eager_sends_each_call_in_its_own_batch) {
     ctl_core_config cfg = base_cfg();
     cfg.sched.strategy = CTL_STRATEGY_EAGER;
@@ -1843,7 +2017,7 @@ Test(ctl_core, many_instances_churn_without_leaking_slots) {
     world_free(W);
 }
 
-Test(ctl_core, work_conserving_keeps_one_step_in_flight_while_other_strategies_use_every_credit) {
+Test(ctl_core, work_conserving_keeps_one_step_queued_behind_the_running_one_others_use_credits) {
     for (int strat = 0; strat < 2; strat++) {
         ctl_core_config cfg = base_cfg();
         cfg.sched.strategy = strat ? CTL_STRATEGY_K_ONLY : CTL_STRATEGY_WORK_CONSERVING;
@@ -1851,18 +2025,25 @@ Test(ctl_core, work_conserving_keeps_one_step_in_flight_while_other_strategies_u
         world *W = world_new(&cfg);
         add_worker_n(W, "m", 0, 4); /* the worker accepts 4 steps at once */
         add_replica(W);
-        uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1);
-        int before = W->wk[0].link.n; /* the slot changes went out */
+        uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
+                 c = std_instance(W, 0, 3, 0, 1);
+        serve_all(W); /* the slot changes are answered: the worker is idle */
+        int before = W->wk[0].link.n;
         one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+        cr_assert_eq(W->wk[0].link.n, before + 1, "an idle worker gets a step at once");
         one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+        cr_assert_eq(W->wk[0].link.n, before + 2,
+                     "a step waits on the worker behind the running one, so it never idles");
+        one(W, 0, c, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
         if (strat == 0)
-            cr_assert_eq(W->wk[0].link.n, before, "work_conserving: the worker is busy, b waits");
-        else
             cr_assert_eq(W->wk[0].link.n, before + 2,
+                         "work_conserving: one step running, one queued: c waits");
+        else
+            cr_assert_eq(W->wk[0].link.n, before + 3,
                          "k_only: a step per call, credits permitting");
         serve_all(W);
         collect(W, 0);
-        cr_assert_eq(W->nres[0], 2);
+        cr_assert_eq(W->nres[0], 3);
         world_free(W);
     }
 }
