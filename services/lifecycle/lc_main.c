@@ -25,6 +25,7 @@ typedef struct lc_config {
     char *advertise;      /* replica.advertise */
     char *cache_dir;      /* runtime.cache_dir */
     bool tier1;           /* runtime.tier1 */
+    char *tier1_cc;       /* runtime.tier1_cc */
     uint64_t stack_bytes; /* runtime.instance_stack */
     uint64_t max_program_bytes;
     uint64_t output_buffer_bytes;
@@ -67,6 +68,8 @@ static const pie_config_field lc_fields[] = {
      .doc = "directory of stored programs and compiled code (replicas may share it)"},
     {"runtime.tier1", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier1), .def = "true",
      .doc = "recompile programs with cc -O2 in the background; later launches use it"},
+    {"runtime.tier1_cc", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tier1_cc), .def = "cc",
+     .doc = "C compiler of tier 1 (gcc or clang; PATH is searched)"},
     {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes),
      .def = "512KiB", .min = "256KiB", .max = "256MiB",
      .doc = "native stack of an instance thread (address space; only touched pages count)"},
@@ -124,7 +127,8 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     size_t n_fns;
     const lc_wasm_host_fn *fns = lc_host_fns(&n_fns);
     lc_wasm_rt_opts ro = {
-        .cache_dir = native, .host_fns = fns, .n_host_fns = n_fns, .tier1 = cfg->tier1};
+        .cache_dir = native, .host_fns = fns, .n_host_fns = n_fns, .tier1 = cfg->tier1,
+        .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
     if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);

@@ -281,6 +281,10 @@ PY
     exit $rc
     ;;
 
+  dockerfile-configure)
+    exec python3 "$here/dockerfile-configure.py" --root "$root" "$root/deploy/docker/Dockerfile"
+    ;;
+
   runtime-deps)
     bin=$1
     command -v dpkg >/dev/null || { echo "skipped: no dpkg (not a Debian-family host)"; exit 0; }
