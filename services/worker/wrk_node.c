@@ -69,6 +69,14 @@ static void stats_of(wrk_node *w, Pie__V1__WorkerStats *s) {
 
 /* ---- WorkerLink (client side) -------------------------------------------------------------- */
 
+/* The backend in use, as the wire names it. pie.v1.Backend has no null: the benchmark-only null
+ * backend reports cpu. Valid once the worker is ready. */
+static Pie__V1__Backend backend_pb(const wrk_node *w) {
+    return w->ready.backend.name && strcmp(w->ready.backend.name, "cuda") == 0
+               ? PIE__V1__BACKEND__BACKEND_CUDA
+               : PIE__V1__BACKEND__BACKEND_CPU;
+}
+
 static void link_on_connect(rpc_link *link, void *user) {
     wrk_node *w = user;
     wrk_desc_pb pb;
@@ -77,10 +85,7 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.group_id = (char *)atomic_load(&w->group_id);
     reg.version = "pie-c/" PIE_VERSION;
     reg.model = &pb.model;
-    /* pie.v1.Backend has no null: the benchmark-only null backend registers as cpu */
-    reg.backend = w->ready.backend.name && strcmp(w->ready.backend.name, "cuda") == 0
-                      ? PIE__V1__BACKEND__BACKEND_CUDA
-                      : PIE__V1__BACKEND__BACKEND_CPU;
+    reg.backend = backend_pb(w);
     reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     reg.capacity = &pb.capacity;
     reg.tp_size = 1;
@@ -308,7 +313,8 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     resp.tp_size = 1;
     resp.group_id = (char *)atomic_load(&w->group_id);
     resp.version = "pie-c/" PIE_VERSION;
-    resp.backend = PIE__V1__BACKEND__BACKEND_CPU;
+    resp.backend = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY ? backend_pb(w)
+                                                                   : PIE__V1__BACKEND__BACKEND_CPU;
     resp.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     resp.state = state;
     resp.status = &status;
