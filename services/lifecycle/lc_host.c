@@ -95,12 +95,24 @@ static void inst_terminate(lc_host_inst *hi, pie_code code, const char *msg);
 
 /* Moves the staged parts to the session; false if the session they were made for is gone. */
 static bool inst_flush(lc_host_inst *hi) {
-    if (hi->stage.len == 0) return true;
+    bool woken = atomic_exchange(&hi->gather_woken, false);
+    if (hi->stage.len == 0 && !woken) return true;
     pie_status st;
-    if (lc_session_flush(hi->h->session, hi->epoch, &hi->stage, &st) == PIE_OK) return true;
+    if (lc_session_flush(hi->h->session, hi->epoch, &hi->stage, woken, &st) == PIE_OK)
+        return true;
     pie_log_debug("lc.host.flush_dropped", "instance=%llx error=\"%s\"",
                   (unsigned long long)hi->id, st.msg);
     return false;
+}
+
+/* The instance was counted as woken by results (on_down) and will stage nothing more for now:
+ * the session's sender must not hold its send for it (lc_session_gather_add). May run under
+ * hi->mu: lock order hi->mu, then the session's outbox lock; nothing takes them the other way. */
+static void gather_release(lc_host_inst *hi) {
+    if (!atomic_exchange(&hi->gather_woken, false)) return;
+    lc_session_stage none = {0};
+    pie_status st;
+    (void)lc_session_flush(hi->h->session, hi->epoch, &none, true, &st); /* nothing: no error */
 }
 
 void lc_host_inst_flush(lc_host_inst *hi) {
@@ -148,7 +160,10 @@ void lc_host_future_resolve(lc_host_inst *hi, lc_future *f, pie_code code, const
         f->payload = payload;
         f->len = len;
     }
-    pthread_cond_broadcast(&hi->cv);
+    if (hi->defer_wake)
+        hi->wake_due = true;
+    else
+        pthread_cond_broadcast(&hi->cv);
 }
 
 /* Fails every pending future (under hi->mu). */
@@ -262,6 +277,8 @@ static bool wait_step(lc_host_inst *hi, lc_wasm_instance *inst, uint64_t deadlin
     /* Past the wall deadline the watchdog interrupts us any moment: poll for it. */
     if (wall <= now) until = now + 5000000;
     else if (wall < until) until = wall;
+    /* Woken by results that did not end this wait (another future's): it stages nothing now. */
+    gather_release(hi);
     if (until == UINT64_MAX) {
         pthread_cond_wait(&hi->cv, &hi->mu);
     } else {
@@ -462,21 +479,35 @@ static void on_delivery(lc_host *h, const Pie__V1__TopicDelivery *d) {
     }
 }
 
+/* Applies results[i..] that belong to hi's instance (one lock) and wakes the instance once if
+ * they resolved a future; returns the index after them. */
+static size_t down_results(lc_host *h, lc_host_inst *hi, const Pie__V1__SessionDown *down,
+                           size_t i) {
+    pthread_mutex_lock(&hi->mu);
+    hi->defer_wake = true;
+    for (; i < down->n_results && down->results[i]->instance_id == hi->id; i++)
+        if (!hi->ended && !hi->terminated) lc_host_call_result(hi, down->results[i]);
+    hi->defer_wake = false;
+    bool wake = hi->wake_due;
+    hi->wake_due = false;
+    /* Counted before the instance can run (and flush) again; at most once until it does. */
+    if (wake && !atomic_exchange(&hi->gather_woken, true)) lc_session_gather_add(h->session);
+    pthread_mutex_unlock(&hi->mu);
+    if (wake) pthread_cond_broadcast(&hi->cv); /* hi is referenced: cv stays valid */
+    return i;
+}
+
 static void on_down(void *ctx, const Pie__V1__SessionDown *down) {
     lc_host *h = ctx;
-    lc_host_inst *hi = NULL;
-    for (size_t i = 0; i < down->n_results; i++) {
-        const Pie__V1__CallResult *r = down->results[i];
-        if (hi == NULL || hi->id != r->instance_id) {
-            if (hi) lc_host_inst_unref(hi);
-            hi = inst_get(h, r->instance_id);
-            if (hi == NULL) continue;
+    for (size_t i = 0; i < down->n_results;) {
+        lc_host_inst *hi = inst_get(h, down->results[i]->instance_id);
+        if (hi == NULL) {
+            i++;
+            continue;
         }
-        pthread_mutex_lock(&hi->mu);
-        if (!hi->ended && !hi->terminated) lc_host_call_result(hi, r);
-        pthread_mutex_unlock(&hi->mu);
+        i = down_results(h, hi, down, i);
+        lc_host_inst_unref(hi);
     }
-    if (hi) lc_host_inst_unref(hi);
     for (size_t i = 0; i < down->n_events; i++) {
         const Pie__V1__SessionEvent *e = down->events[i];
         if (e->event_case == PIE__V1__SESSION_EVENT__EVENT_INSTANCE_TERMINATED) {
@@ -749,7 +780,9 @@ static void inst_destroy(lc_host_inst *hi) {
 }
 
 void lc_host_inst_unref(lc_host_inst *hi) {
-    if (atomic_fetch_sub(&hi->refs, 1) == 1) inst_destroy(hi);
+    if (atomic_fetch_sub(&hi->refs, 1) != 1) return;
+    gather_release(hi); /* woken by results it never got to flush after */
+    inst_destroy(hi);
 }
 
 void lc_host_inst_free(lc_host_inst *hi) {

@@ -136,6 +136,9 @@ struct lc_host_inst {
     uint64_t tok_cache_gen;
     atomic_uint_fast64_t api_calls;
     atomic_bool http_cancel;
+    /* Set by on_down when its results woke the instance, cleared by the instance's next flush:
+     * the session's sender counts such instances (lc_session_gather_add). */
+    atomic_bool gather_woken;
     /* Guarded by mu. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -148,6 +151,9 @@ struct lc_host_inst {
     bool terminated; /* the controller ended it or the Session was lost: no InstanceEnd */
     bool closed;     /* lc_host_inst_free ran: no more callbacks */
     unsigned cb_busy;
+    /* on_down applying results: lc_host_future_resolve only notes wake_due, and on_down wakes
+     * the instance once, after unlocking mu (a thread woken under the lock would block on it). */
+    bool defer_wake, wake_due;
     pie_code dead_code; /* terminated: why */
     char *dead_msg;
     uint32_t kv_pages, embeds, queues_held;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pie/v1/controller.pb-c.h"
@@ -36,11 +37,20 @@ struct lc_session {
     uint64_t epoch;      /* current connection, 0 while not open */
     uint64_t epoch_next; /* last epoch handed out */
     bool stop, sender_started;
+    bool gathering; /* the sender waits for woken instances (lc_session_gather_add) */
     pthread_t sender;
+    /* Instances woken by results that have not flushed since (lc_session_gather_add): the
+     * sender holds a send while this is above 0, for at most gather_ns. Signed: an instance
+     * may flush before its wake is counted. */
+    _Atomic int64_t gather_pending;
+    int64_t gather_ns;
 };
 
 /* A SessionUp stays well under the Session's 64 MiB message limit (docs/wire-contracts.md). */
 #define LC_SESSION_UP_MAX (16u << 20)
+/* The longest the sender holds parts for instances still running after their results arrived
+ * (sender_gather). */
+#define LC_SESSION_GATHER_NS 200000
 
 static void session_on_connect(rpc_link *link, void *user) {
     lc_session *s = user;
@@ -172,10 +182,27 @@ void lc_session_stage_free(lc_session_stage *sg) {
     *sg = (lc_session_stage){0};
 }
 
-pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, pie_status *st) {
-    if (sg->len == 0) return PIE_OK;
+void lc_session_gather_add(lc_session *s) { atomic_fetch_add(&s->gather_pending, 1); }
+
+/* Counts a woken instance as done (out_mu held); wakes a gathering sender when it was the last. */
+static void gather_done(lc_session *s) {
+    if (atomic_fetch_sub(&s->gather_pending, 1) <= 1 && s->gathering)
+        pthread_cond_signal(&s->out_cv);
+}
+
+pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, bool woken,
+                          pie_status *st) {
+    if (sg->len == 0) {
+        if (woken) {
+            pthread_mutex_lock(&s->out_mu);
+            gather_done(s);
+            pthread_mutex_unlock(&s->out_mu);
+        }
+        return PIE_OK;
+    }
     pie_code rc = PIE_OK;
     pthread_mutex_lock(&s->out_mu);
+    if (woken) gather_done(s);
     if (epoch == 0 || epoch != s->epoch) {
         rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost");
     } else if (!stage_reserve(&s->out, sg->len)) {
@@ -184,8 +211,9 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, p
         memcpy(s->out.buf + s->out.len, sg->buf, sg->len);
         s->out.len += sg->len;
         s->out.n += sg->n;
-        /* No syscall when the sender is already awake (glibc: no waiters, no futex call). */
-        pthread_cond_signal(&s->out_cv);
+        /* No syscall when the sender is already awake (glibc: no waiters, no futex call); a
+         * gathering sender is woken only by the last woken instance (gather_done). */
+        if (!s->gathering) pthread_cond_signal(&s->out_cv);
     }
     pthread_mutex_unlock(&s->out_mu);
     sg->len = sg->n = 0;
@@ -242,6 +270,23 @@ static void sender_send(lc_session *s, const uint8_t *buf, size_t len, size_t n,
     }
 }
 
+/* Called with out_mu held and parts in the outbox: while instances woken by the last results are
+ * still running (sampling, staging their next calls), waits for them — at most gather_ns — so
+ * that their calls leave in one SessionUp and reach the controller together instead of as a
+ * trickle of small messages, each a wake-up of the controller and a chance to form a step from
+ * the first few calls only. With one instance the count is 0 by the time it flushed: no wait. */
+static void sender_gather(lc_session *s) {
+    if (s->gather_ns <= 0 || atomic_load(&s->gather_pending) <= 0) return;
+    int64_t until = rpc_now_ns() + s->gather_ns;
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000000000),
+                          .tv_nsec = (long)(until % 1000000000)};
+    s->gathering = true;
+    while (!s->stop && s->epoch != 0 && atomic_load(&s->gather_pending) > 0 &&
+           rpc_now_ns() < until)
+        pthread_cond_timedwait(&s->out_cv, &s->out_mu, &ts);
+    s->gathering = false;
+}
+
 static void *sender_main(void *arg) {
     lc_session *s = arg;
     (void)pthread_setname_np(pthread_self(), "lc-session-tx"); /* cosmetic */
@@ -253,6 +298,8 @@ static void *sender_main(void *arg) {
         while (!s->stop && (s->out.len == 0 || s->epoch == 0))
             pthread_cond_wait(&s->out_cv, &s->out_mu);
         if (s->out.len == 0 || s->epoch == 0) break; /* stopping with nothing to send */
+        sender_gather(s);
+        if (s->epoch == 0) continue; /* the Session ended while gathering: the outbox is gone */
         lc_session_stage t = s->out; /* swap: instance threads fill the other buffer meanwhile */
         s->out = mine;
         s->out.len = s->out.n = 0;
@@ -289,7 +336,14 @@ static pie_code session_init_sync(lc_session *s) {
         pthread_mutex_destroy(&s->mu);
         return PIE_RESOURCE_EXHAUSTED;
     }
-    if (pthread_cond_init(&s->out_cv, NULL) != 0) {
+    pthread_condattr_t ca;
+    int rc = pthread_condattr_init(&ca);
+    if (rc == 0) { /* sender_gather waits against rpc_now_ns, a CLOCK_MONOTONIC time */
+        rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        if (rc == 0) rc = pthread_cond_init(&s->out_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if (rc != 0) {
         pthread_mutex_destroy(&s->out_mu);
         pthread_mutex_destroy(&s->mu);
         return PIE_RESOURCE_EXHAUSTED;
@@ -306,6 +360,7 @@ lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics
         return NULL;
     }
     s->cfg = *cfg;
+    s->gather_ns = LC_SESSION_GATHER_NS;
     s->c_up = pie_metrics_counter(metrics, "pie_lifecycle_session_up_messages_total",
                                   "SessionUp messages sent (each coalescing calls of many "
                                   "instances).",

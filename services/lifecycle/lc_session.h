@@ -6,13 +6,16 @@
  * path of the stream: instance threads pack SessionUp parts (InstanceBegin, ApiCall,
  * InstanceEnd) into a staging buffer of their own and flush it into the session's outbox; one
  * sender thread coalesces whatever the outbox holds into one SessionUp (docs/wire-contracts.md,
- * "one message each way per hop"), so no instance thread waits on the network. Inbound results
+ * "one message each way per hop"), so no instance thread waits on the network; it holds a send
+ * briefly while instances woken by the last results are still staging (lc_session_gather_add),
+ * so that their calls leave together. Inbound results
  * and events go to a sink (lc_host).
  * Does not own: what the calls mean and whom results belong to (lc_host*.c), instances
  * (lc_inst.c). */
 #ifndef LC_SESSION_H
 #define LC_SESSION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -81,8 +84,13 @@ pie_code lc_session_stage_add(lc_session_stage *sg, unsigned field, const Protob
                               pie_status *st);
 /* Moves the staged parts to the outbox and wakes the sender; sg is empty afterwards. Parts staged
  * for an earlier connection (epoch is not the current one) are discarded: the controller forgot
- * those instances; returns PIE_UNAVAILABLE then. */
-pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, pie_status *st);
+ * those instances; returns PIE_UNAVAILABLE then. woken: the instance was counted by
+ * lc_session_gather_add since its last flush (it is done now, even with nothing staged). */
+pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, bool woken,
+                          pie_status *st);
+/* Counts an instance that results just woke (link thread): until it flushes (woken = true) the
+ * sender holds what the outbox has, briefly, so the woken instances' next calls leave together. */
+void lc_session_gather_add(lc_session *s);
 void lc_session_stage_free(lc_session_stage *sg);
 /* The current connection (changes on every reconnect), or 0 while the Session is not open (no
  * hello sent). Instances remember the epoch they began in. */
