@@ -26,7 +26,10 @@
  * --only LIST (strategies: only the configurations named, comma-separated, as printed:
  * "work_conserving", "eager", "k_only K=16", "t_only T=200", ...), --repeat N (strategies: the
  * whole list N times over, interleaved, so that a loaded machine's drift hits every
- * configuration alike; default 1).
+ * configuration alike; default 1), --think-us MEAN (throughput / strategies: after each result
+ * an instance waits an exponential think time of that mean, capped at 10x, from a fixed seed per
+ * replica, before its next step — real inferlets do CPU work between steps and are not in
+ * lockstep; default 0: the next step goes out the moment the result arrives).
  * Binaries are taken from <this program's dir>/../bin, models from ../models. */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +41,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -62,6 +67,7 @@ static struct rpc_channel *g_status_ch;
 static uint32_t g_replicas = 1;
 static const char *g_only;     /* strategies: comma-separated labels to run (NULL: all) */
 static uint32_t g_repeat = 1;  /* strategies: passes over the list */
+static double g_think_us = 0;  /* mean think time between a result and the next step (0: none) */
     /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
                                                                    for worker counters */
 
@@ -513,6 +519,184 @@ static uint32_t next_pos(uint32_t pos) {
     return pos >= PAGES_PER_INST * PAGE ? PAGE : pos; /* wrap: keep appending within the pages */
 }
 
+/* ---- think time -------------------------------------------------------------------------------
+ * With --think-us, an instance waits a random think time after its result arrives before it
+ * issues the next step (an inferlet's sampling, constraint checks, tool calls). The receiving
+ * thread draws the time and pushes (due, instance, token) on a min-heap; one sender thread per
+ * replica sleeps until the earliest due time (condition variable on CLOCK_MONOTONIC, the clock of
+ * now_ns), then sends every step that is due in one SessionUp. So a replica is two threads, not
+ * one per instance. */
+
+typedef struct think_item {
+    int64_t due_ns;
+    uint32_t inst, tok;
+} think_item;
+
+typedef struct think_heap {
+    think_item *a;
+    size_t n, cap;
+} think_heap;
+
+static void th_push(think_heap *h, think_item it) {
+    if (h->n == h->cap) die("think heap full (%zu items)", h->cap); /* cap = instances */
+    size_t i = h->n++;
+    while (i > 0 && h->a[(i - 1) / 2].due_ns > it.due_ns) {
+        h->a[i] = h->a[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->a[i] = it;
+}
+
+static think_item th_pop(think_heap *h) {
+    think_item top = h->a[0], last = h->a[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && h->a[c + 1].due_ns < h->a[c].due_ns) c++;
+        if (h->a[c].due_ns >= last.due_ns) break;
+        h->a[i] = h->a[c];
+        i = c;
+    }
+    if (h->n) h->a[i] = last;
+    return top;
+}
+
+/* xorshift64*: a fixed-seed stream per replica, so every strategy sees the same draws. */
+static uint64_t rng_next(uint64_t *x) {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return *x * 0x2545F4914F6CDD1DULL;
+}
+
+/* Exponential with mean g_think_us, capped at 10x the mean (so no instance sleeps through a
+ * whole run), in ns. */
+static int64_t think_draw_ns(uint64_t *x) {
+    double u = (double)(rng_next(x) >> 11) / 9007199254740992.0; /* [0, 1) */
+    double t = -log(1.0 - u) * g_think_us;
+    if (t > 10 * g_think_us) t = 10 * g_think_us;
+    return (int64_t)(t * 1e3);
+}
+
+typedef struct thinker {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    think_heap h;
+    bool stop;
+    replica *r;
+    up_builder *b;
+    dstate *st;
+    pthread_t th;
+} thinker;
+
+/* The sender: sleeps until the earliest due step, sends all that are due in one SessionUp. The
+ * call ids are recorded as pending (under mu, which the receiver also takes) before the send, so
+ * a result can never arrive before its instance expects it. */
+static void *thinker_main(void *arg) {
+    thinker *t = arg;
+    think_item due[1024];
+    pthread_mutex_lock(&t->mu);
+    while (!t->stop) {
+        if (t->h.n == 0) {
+            pthread_cond_wait(&t->cv, &t->mu);
+            continue;
+        }
+        int64_t now = now_ns();
+        if (t->h.a[0].due_ns > now) {
+            struct timespec ts;
+            int64_t at = t->h.a[0].due_ns;
+            ts.tv_sec = (time_t)(at / 1000000000);
+            ts.tv_nsec = (long)(at % 1000000000);
+            int rc = pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+            if (rc != 0 && rc != ETIMEDOUT) die("think: pthread_cond_timedwait: %s", strerror(rc));
+            continue;
+        }
+        size_t n = 0;
+        while (t->h.n && t->h.a[0].due_ns <= now && n < sizeof due / sizeof due[0])
+            due[n++] = th_pop(&t->h);
+        pthread_mutex_unlock(&t->mu);
+        uint64_t ids[1024];
+        for (size_t k = 0; k < n; k++) {
+            dstate *d = &t->st[due[k].inst];
+            d->pos = next_pos(d->pos); /* only this thread touches pos once thinking is on */
+            ids[k] = add_step(t->r, t->b, d->id, d->pos, due[k].tok);
+        }
+        pthread_mutex_lock(&t->mu);
+        int64_t sent = now_ns();
+        for (size_t k = 0; k < n; k++) {
+            t->st[due[k].inst].pending = ids[k];
+            t->st[due[k].inst].sent_ns = sent;
+        }
+        pthread_mutex_unlock(&t->mu);
+        if (t->b->n_calls) ub_send(t->r, t->b);
+        pthread_mutex_lock(&t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static void thinker_start(thinker *t, replica *r, up_builder *b, dstate *st, uint32_t n) {
+    memset(t, 0, sizeof *t);
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
+        pthread_cond_init(&t->cv, &ca) != 0 || pthread_mutex_init(&t->mu, NULL) != 0)
+        die("think: cannot create the sender's condition variable");
+    pthread_condattr_destroy(&ca);
+    t->h.a = malloc((size_t)n * sizeof *t->h.a);
+    if (t->h.a == NULL) die("oom");
+    t->h.cap = n;
+    t->r = r;
+    t->b = b;
+    t->st = st;
+    if (pthread_create(&t->th, NULL, thinker_main, t) != 0) die("think: pthread_create");
+}
+
+static void thinker_stop(thinker *t) {
+    pthread_mutex_lock(&t->mu);
+    t->stop = true;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->th, NULL);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t->h.a);
+}
+
+static uint32_t result_token(const Pie__V1__CallResult *res, uint32_t vocab) {
+    return res->distributions && res->distributions->n_dists &&
+                   res->distributions->dists[0]->n_token_ids
+               ? res->distributions->dists[0]->token_ids[0] % (vocab ? vocab : 1)
+               : 1;
+}
+
+/* The receiver's half with think time: each expected result schedules its instance's next step
+ * at now + a think time. Returns the steps completed. */
+static uint64_t think_results(thinker *t, const Pie__V1__SessionDown *d, uint32_t n,
+                              uint64_t inst_base, int64_t now, uint64_t *seed, int64_t *lat,
+                              size_t cap_lat, size_t *n_lat) {
+    uint64_t steps = 0;
+    pthread_mutex_lock(&t->mu);
+    bool wake = false;
+    for (size_t k = 0; k < d->n_results; k++) {
+        const Pie__V1__CallResult *res = d->results[k];
+        uint64_t i = (res->instance_id & 0xFFFFFFFFFFFFull) - inst_base - 1;
+        if (i >= n) continue;
+        if (res->code != 0)
+            die("call %llu failed: %s", (unsigned long long)res->call_id, res->message);
+        if (res->call_id != t->st[i].pending) continue;
+        steps++;
+        if (*n_lat < cap_lat) lat[(*n_lat)++] = now - t->st[i].sent_ns;
+        t->st[i].pending = 0;
+        int64_t due = now + think_draw_ns(seed);
+        wake |= t->h.n == 0 || due < t->h.a[0].due_ns;
+        th_push(&t->h, (think_item){due, (uint32_t)i, result_token(res, t->r->vocab)});
+    }
+    if (wake) pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return steps;
+}
+
 /* n instances decode in a closed loop: for `seconds` after `warm_s`, or (steps_each > 0) until
  * each has done steps_each steps. Ends the instances. */
 static dresult run_decode(replica *r, uint32_t n, double warm_s, double seconds, uint64_t inst_base,
@@ -532,6 +716,11 @@ static dresult run_decode(replica *r, uint32_t n, double warm_s, double seconds,
         if (b.n_calls + 8 > b.cap_calls || b.used + 4096 > b.cap_store) ub_send(r, &b);
     }
     if (b.n_calls) ub_send(r, &b);
+    /* Think time only in the timed runs: the soak's fixed step counts keep the old loop. */
+    bool think = g_think_us > 0 && steps_each == 0;
+    thinker tk;
+    uint64_t seed = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)r->index * 0xD1B54A32D192ED03ULL);
+    if (think) thinker_start(&tk, r, &b, st, n);
     int64_t t0 = now_ns(), t_measure = t0 + (int64_t)(warm_s * 1e9),
             t_end = steps_each ? t0 + 120000000000LL : t_measure + (int64_t)(seconds * 1e9);
     uint64_t steps = 0, msgs = 0, done_each = 0, *count = calloc(n, sizeof *count);
@@ -554,6 +743,11 @@ static dresult run_decode(replica *r, uint32_t n, double warm_s, double seconds,
         }
         msgs++;
         Pie__V1__SessionDown *d = (Pie__V1__SessionDown *)m;
+        if (think) {
+            steps += think_results(&tk, d, n, inst_base, now, &seed, lat, cap_lat, &n_lat);
+            rpc_msg_free(m);
+            continue;
+        }
         for (size_t k = 0; k < d->n_results; k++) {
             const Pie__V1__CallResult *res = d->results[k];
             uint64_t i = (res->instance_id & 0xFFFFFFFFFFFFull) - inst_base - 1;
@@ -581,6 +775,7 @@ static dresult run_decode(replica *r, uint32_t n, double warm_s, double seconds,
         if (b.n_calls) ub_send(r, &b);
     }
     int64_t elapsed = now_ns() - t_measure;
+    if (think) thinker_stop(&tk); /* the builder is this thread's again */
     worker_counts(&b1, &i1);
     /* End the instances; drain what is in flight. */
     for (uint32_t i = 0; i < n; i++) {
@@ -735,6 +930,14 @@ static bool label_listed(const char *label) {
     return false;
 }
 
+/* This process's CPU time (all threads), us. */
+static double self_cpu_us(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 static void mode_strategies(uint32_t n) {
     const char *confs[][3] = {
         {"PIE_SCHEDULER_STRATEGY=work_conserving", NULL, NULL},
@@ -757,13 +960,18 @@ static void mode_strategies(uint32_t n) {
         if (g_only && i == n_confs - 1) continue; /* the order-effect repeat: --repeat does it */
         cluster c;
         cluster_start(&c, confs[i], n * PAGES_PER_INST + 64, n + 64);
+        double b0 = self_cpu_us(), c0 = proc_cpu_us(c.ctl.pid), w0 = proc_cpu_us(c.wrk.pid);
+        int64_t t0 = now_ns();
         dresult d = run_decode_replicas(c.ch, n, 1.0, g_seconds);
-        printf("strategy backend=%s %s replicas=%u %u instances %-16s %-6s %8.0f steps/s, step p50 "
-               "%.0f us p99 "
-               "%.0f us, %.1f items per batch, %.1f steps per SessionDown\n",
-               g_backend, g_wrk_credits + 4, g_replicas, n, confs[i][0] + 23,
+        double wall = (double)(now_ns() - t0) / 1e3; /* us, warm-up and setup included */
+        double b1 = self_cpu_us(), c1 = proc_cpu_us(c.ctl.pid), w1 = proc_cpu_us(c.wrk.pid);
+        printf("strategy backend=%s %s replicas=%u think=%.0fus %u instances %-16s %-6s %8.0f "
+               "steps/s, step p50 %.0f us p99 %.0f us, %.1f items per batch, %.1f steps per "
+               "SessionDown, CPU %% of a core: bench %.0f controller %.0f worker %.0f\n",
+               g_backend, g_wrk_credits + 4, g_replicas, g_think_us, n, confs[i][0] + 23,
                confs[i][1] ? confs[i][1] + 14 : "", d.steps_per_s, d.p50_us, d.p99_us,
-               d.items_per_batch, d.messages_in ? (double)d.steps / (double)d.messages_in : 0);
+               d.items_per_batch, d.messages_in ? (double)d.steps / (double)d.messages_in : 0,
+               100 * (b1 - b0) / wall, 100 * (c1 - c0) / wall, 100 * (w1 - w0) / wall);
         fflush(stdout);
         cluster_stop(&c);
     }
@@ -900,7 +1108,11 @@ int main(int argc, char **argv) {
             int r = atoi(argv[++i]);
             g_repeat = r > 0 ? (uint32_t)r : 1;
         }
-        else if (!strcmp(argv[i], "--replicas") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--think-us") && i + 1 < argc) {
+            g_think_us = atof(argv[++i]);
+            if (!(g_think_us >= 0 && g_think_us <= 1e7))
+                die("--think-us %s: want a mean in microseconds, 0 to 10000000", argv[i]);
+        } else if (!strcmp(argv[i], "--replicas") && i + 1 < argc)
             g_replicas = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
             snprintf(g_wrk_credits, sizeof g_wrk_credits, "PIE_BATCH_CREDITS=%d", atoi(argv[++i]));
@@ -914,7 +1126,7 @@ int main(int argc, char **argv) {
                 "usage: bench_controller [--mode all|latency|throughput|strategies|memory|soak] "
                 "[--seconds S] [--instances N,N,...] [--backend null|cpu] [--top-k K] "
                 "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--replicas R] "
-                "[--only LABEL,...] [--repeat N] "
+                "[--only LABEL,...] [--repeat N] [--think-us MEAN] "
                 "[--quick]\n");
             return 2;
         }
