@@ -3,12 +3,10 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,40 +83,6 @@ void lc_program_store_destroy(lc_program_store *ps) {
 
 uint64_t lc_program_max_bytes(const lc_program_store *ps) { return ps->max_bytes; }
 
-/* Writes len bytes to path through a unique temporary file and rename(2): readers (and other
- * replicas sharing the directory) see the old file or the whole new one. */
-static pie_code write_atomic(const char *path, const void *data, size_t len, pie_status *st) {
-    char tmp[4200];
-    uint64_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
-        struct timespec ts; /* no entropy: time still makes the name unique in practice */
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        r = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%016llx", path, (int)getpid(), (unsigned long long)r);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) goto fail;
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            close(fd);
-            goto fail_unlink;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (close(fd) != 0 || rename(tmp, path) != 0) goto fail_unlink;
-    return PIE_OK;
-fail_unlink:
-    unlink(tmp);
-fail:
-    return pie_status_set(st, PIE_INTERNAL, "program store: cannot write %s: %s", path,
-                          strerror(errno));
-}
-
 /* Reads the .meta file: "<uploaded_unix_ms>\n<name>" (name to the end). */
 static bool read_meta(const lc_program_store *ps, const char *id, char *name, size_t cap,
                       uint64_t *uploaded_ms) {
@@ -142,7 +106,7 @@ static pie_code write_meta(const lc_program_store *ps, const char *id, const cha
     char path[4200], buf[LC_PROGRAM_NAME_MAX + 64];
     path_of(ps, id, "meta", path, sizeof path);
     int n = snprintf(buf, sizeof buf, "%llu\n%s", (unsigned long long)uploaded_ms, name);
-    return write_atomic(path, buf, (size_t)n, st);
+    return lc_wasm_write_file(path, buf, (size_t)n, st);
 }
 
 /* Keeps m as the store's module for id (takes the reference), unless one is there already. */
@@ -184,7 +148,7 @@ pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, cons
     *already = stat(path, &sb) == 0 && (uint64_t)sb.st_size == len &&
                read_meta(ps, id, NULL, 0, &uploaded_ms);
     pie_code rc = PIE_OK;
-    if (!*already) rc = write_atomic(path, wasm, len, st);
+    if (!*already) rc = lc_wasm_write_file(path, wasm, len, st);
     if (rc == PIE_OK) rc = write_meta(ps, id, name, uploaded_ms, st);
     if (rc != PIE_OK) {
         lc_wasm_module_release(m);

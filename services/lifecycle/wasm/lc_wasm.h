@@ -104,6 +104,11 @@ pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_st
 void lc_wasm_sha256(const void *data, size_t len, uint8_t out[32]);
 void lc_wasm_sha256_hex(const void *data, size_t len, char out[65]);
 
+/* Writes len bytes to path through a unique temporary name in the same directory and rename(2),
+ * so readers (other threads, other replicas sharing the directory) see the whole file or none.
+ * No fsync: the cache and the program store are rebuildable. PIE_INTERNAL naming the file. */
+pie_code lc_wasm_write_file(const char *path, const void *data, size_t len, pie_status *st);
+
 /* ---- instances ------------------------------------------------------------------------------ */
 
 /* Receives what the instance writes to stdout (fd 1) and stderr (fd 2); called on the instance's

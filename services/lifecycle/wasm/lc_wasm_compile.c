@@ -55,12 +55,9 @@ static pie_code tmp_name(char *out, const char *final, pie_status *st) {
     return PIE_OK;
 }
 
-/* Writes dir/file atomically (temporary name, fsync-free rename: the cache is rebuildable). */
-static pie_code write_file(const char *dir, const char *file, const void *data, size_t len,
-                           pie_status *st) {
-    char final[PATH_MAX], tmp[PATH_MAX];
-    if (path_join(final, dir, file, st) != PIE_OK || tmp_name(tmp, final, st) != PIE_OK)
-        return st->code;
+pie_code lc_wasm_write_file(const char *path, const void *data, size_t len, pie_status *st) {
+    char tmp[PATH_MAX];
+    if (tmp_name(tmp, path, st) != PIE_OK) return st->code;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return pie_status_set(st, PIE_INTERNAL, "create %s: %s", tmp, strerror(errno));
     const char *p = data;
@@ -77,12 +74,20 @@ static pie_code write_file(const char *dir, const char *file, const void *data, 
         p += w;
         left -= (size_t)w;
     }
-    if (close(fd) != 0 || rename(tmp, final) != 0) {
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return pie_status_set(st, PIE_INTERNAL, "write %s: %s", final, strerror(e));
+        return pie_status_set(st, PIE_INTERNAL, "write %s: %s", path, strerror(e));
     }
     return PIE_OK;
+}
+
+/* Writes dir/file with lc_wasm_write_file. */
+static pie_code write_file(const char *dir, const char *file, const void *data, size_t len,
+                           pie_status *st) {
+    char final[PATH_MAX];
+    if (path_join(final, dir, file, st) != PIE_OK) return st->code;
+    return lc_wasm_write_file(final, data, len, st);
 }
 
 /* ---- tools ------------------------------------------------------------------------------------
