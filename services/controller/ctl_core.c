@@ -535,7 +535,7 @@ static void enqueue(ctl_core *c, ctl_inst *inst, ctl_queue *q, ctl_msg *m,
 
 static void call_in(ctl_core *c, ctl_replica *r, ctl_msg *m, const Pie__V1__ApiCall *api,
                     int64_t now_ns) {
-    ctl_inst *inst = ctl_map64_get(&c->insts, api->instance_id);
+    ctl_inst *inst = pie_map64_get(&c->insts, api->instance_id);
     if (inst == NULL || inst->rep != r || inst->dead) return; /* not live: dropped */
     switch (api->op_case) {
     case PIE__V1__API_CALL__OP_LIST_EXPORTS:
@@ -623,7 +623,7 @@ static void queue_drop_calls(ctl_core *c, ctl_queue *q) {
 static void end_instance(ctl_core *c, ctl_inst *inst) {
     if (inst->dead) return;
     inst->dead = true;
-    ctl_map64_del(&c->insts, inst->id);
+    pie_map64_del(&c->insts, inst->id);
     c->n_insts--;
     ctl_replica *r = inst->rep;
     if (inst->rep_prev)
@@ -691,7 +691,7 @@ static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__InstanceB
                        (unsigned long long)id, r->index);
         return false;
     }
-    if (ctl_map64_get(&c->insts, id)) {
+    if (pie_map64_get(&c->insts, id)) {
         pie_status_set(st, PIE_INVALID_ARGUMENT, "InstanceBegin: instance %llu is already live",
                        (unsigned long long)id);
         return false;
@@ -702,7 +702,7 @@ static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__InstanceB
         inst->program_id = strdup(b->program_id ? b->program_id : "");
     }
     if (inst == NULL || !inst->model || !inst->program_id ||
-        ctl_map64_put(&c->insts, id, inst) != 0) {
+        pie_map64_put(&c->insts, id, inst) != 0) {
         if (inst) inst_free(inst);
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller: out of memory");
         return false;
@@ -836,7 +836,7 @@ static void process_up(ctl_core *c, ctl_replica *r, Pie__V1__SessionUp *up, int6
     if (c->m_calls) pie_counter_add(c->m_calls, up->n_calls);
     for (size_t i = 0; i < up->n_calls; i++) call_in(c, r, m, up->calls[i], now_ns);
     for (size_t i = 0; i < up->n_ends; i++) {
-        ctl_inst *inst = ctl_map64_get(&c->insts, up->ends[i]->instance_id);
+        ctl_inst *inst = pie_map64_get(&c->insts, up->ends[i]->instance_id);
         if (inst && inst->rep == r) end_instance(c, inst);
     }
 out:
@@ -941,7 +941,7 @@ void ctl_core_destroy(ctl_core *c) {
     free(c->models);
     ctl_exports_free(&c->exports);
     ctl_pubsub_free(&c->ps);
-    ctl_map64_free(&c->insts);
+    pie_map64_free(&c->insts);
     ctl_vecp_free(&c->grave_queues);
     ctl_exec_step_free(&c->step);
     ctl_slab_free(&c->s_calls);
@@ -1123,7 +1123,7 @@ done:
 }
 
 size_t ctl_core_bytes(const ctl_core *c) {
-    size_t b = sizeof *c + c->insts.cap * sizeof(ctl_map64_cell);
+    size_t b = sizeof *c + c->insts.cap * sizeof(pie_map64_cell);
     b += ctl_slab_bytes(&c->s_calls) + ctl_slab_bytes(&c->s_msgs) + ctl_slab_bytes(&c->s_batches) +
          ctl_slab_bytes(&c->s_queues) + ctl_slab_bytes(&c->s_places);
     for (uint32_t i = 0; i < c->insts.cap; i++) {

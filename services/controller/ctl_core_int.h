@@ -102,7 +102,7 @@ typedef struct ctl_step {
 struct ctl_core {
     ctl_core_config cfg;
     ctl_sink sink;
-    ctl_map64 insts;
+    pie_map64 insts;
     uint32_t n_insts;
     ctl_replica *replicas;
     ctl_worker *workers;

@@ -1,10 +1,10 @@
 /* ctl_map.h — the controller's hash maps.
  *
- * Owns: three open-addressing tables (linear probing, deletion by backward shift, so no
- * tombstones and no rehash storms under churn): u32 → u32 (an instance's virtual ids → physical
- * slots, queue ids → queue index), u64 → pointer (instance ids → instances), and string →
- * pointer (export names, topics). Capacities are powers of two kept at most 3/4 full; tables
- * grow and never shrink until freed. Does not own what the keys mean.
+ * Owns: two open-addressing tables (linear probing, deletion by backward shift, so no tombstones
+ * and no rehash storms under churn): u32 → u32 (an instance's virtual ids → physical slots, queue
+ * ids → queue index) and string → pointer (export names, topics). Capacities are powers of two
+ * kept at most 3/4 full; tables grow and never shrink until freed. Does not own what the keys
+ * mean. The u64 → pointer map (instance ids) is pie_map64 in services/common.
  *
  * A zeroed struct is an empty map. Functions that can fail return -1 when out of memory and
  * leave the map unchanged. */
@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "pie_map64.h" /* u64 → pointer, shared with the lifecycle */
 
 /* ---- u32 → u32 ---------------------------------------------------------------------------- */
 
@@ -40,23 +42,6 @@ bool ctl_map32_del(ctl_map32 *m, uint32_t key, uint32_t *old);
 void ctl_map32_free(ctl_map32 *m);
 /* Bytes held by the table (for memory accounting). */
 size_t ctl_map32_bytes(const ctl_map32 *m);
-
-/* ---- u64 → pointer (key 0 is reserved) ------------------------------------------------------ */
-
-typedef struct ctl_map64_cell {
-    uint64_t key; /* 0: free cell */
-    void *val;
-} ctl_map64_cell;
-
-typedef struct ctl_map64 {
-    ctl_map64_cell *cells;
-    size_t cap, n;
-} ctl_map64;
-
-void *ctl_map64_get(const ctl_map64 *m, uint64_t key);
-int ctl_map64_put(ctl_map64 *m, uint64_t key, void *val); /* key != 0, val != NULL */
-void *ctl_map64_del(ctl_map64 *m, uint64_t key);          /* the removed value, or NULL */
-void ctl_map64_free(ctl_map64 *m);
 
 /* ---- string → pointer (keys are borrowed: they must live as long as their entry) ------------ */
 

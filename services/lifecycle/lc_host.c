@@ -138,7 +138,7 @@ lc_future *lc_host_future_arm(lc_host_inst *hi, uint32_t fid, uint8_t kind) {
     f->id = fid;
     f->kind = kind;
     f->serial = ++hi->next_serial;
-    if (lc_hmap_put(&hi->futures, fid, f) != 0) {
+    if (pie_map64_put(&hi->futures, fid, f) != 0) {
         free(f);
         return NULL;
     }
@@ -194,7 +194,7 @@ bool lc_host_inbox_put(lc_host_inst *hi, lc_inbox *b, const void *a, size_t alen
         uint32_t fid = b->waiters[0];
         memmove(b->waiters, b->waiters + 1, (b->n_waiters - 1) * sizeof *b->waiters);
         b->n_waiters--;
-        lc_future *f = lc_hmap_get(&hi->futures, fid);
+        lc_future *f = pie_map64_get(&hi->futures, fid);
         if (f && !f->done && (f->kind == LC_FUT_RECEIVE || f->kind == LC_FUT_SUBSCRIPTION)) {
             lc_host_future_resolve(hi, f, PIE_OK, NULL, p, alen + mlen);
             return true;
@@ -303,7 +303,7 @@ uint32_t Z_pieZ_future_poll(struct Z_pie_instance_t *pie, uint32_t fid) {
     atomic_fetch_add(&hi->api_calls, 1);
     lc_host_inst_flush(hi);
     pthread_mutex_lock(&hi->mu);
-    lc_future *f = lc_hmap_get(&hi->futures, fid);
+    lc_future *f = pie_map64_get(&hi->futures, fid);
     int done = f ? f->done : -1;
     pthread_mutex_unlock(&hi->mu);
     if (done < 0) return lc_host_fail(hi, PIE_NOT_FOUND, "future_poll: future %u is not armed", fid);
@@ -318,7 +318,7 @@ uint32_t Z_pieZ_future_wait(struct Z_pie_instance_t *pie, uint32_t fid, uint64_t
     uint64_t deadline = deadline_of((int64_t)timeout_ms);
     pthread_mutex_lock(&hi->mu);
     lc_future *f;
-    while ((f = lc_hmap_get(&hi->futures, fid)) != NULL && !f->done &&
+    while ((f = pie_map64_get(&hi->futures, fid)) != NULL && !f->done &&
            wait_step(hi, inst, deadline)) {}
     int r = f ? f->done : -1;
     pthread_mutex_unlock(&hi->mu);
@@ -346,7 +346,7 @@ uint32_t Z_pieZ_future_wait_any(struct Z_pie_instance_t *pie, uint32_t ids, uint
     pthread_mutex_lock(&hi->mu);
     for (;;) {
         for (uint32_t i = 0; i < n && found < 0 && !any_missing; i++) {
-            lc_future *f = lc_hmap_get(&hi->futures, v[i]);
+            lc_future *f = pie_map64_get(&hi->futures, v[i]);
             if (f == NULL) {
                 any_missing = true;
                 missing = v[i];
@@ -376,7 +376,7 @@ uint32_t Z_pieZ_future_result(struct Z_pie_instance_t *pie, uint32_t fid, uint32
     lc_host_inst_flush(hi);
     pthread_mutex_lock(&hi->mu);
     lc_future *f;
-    while ((f = lc_hmap_get(&hi->futures, fid)) != NULL && !f->done &&
+    while ((f = pie_map64_get(&hi->futures, fid)) != NULL && !f->done &&
            wait_step(hi, inst, UINT64_MAX)) {}
     bool ready = f && f->done;
     pthread_mutex_unlock(&hi->mu);
@@ -388,7 +388,7 @@ uint32_t Z_pieZ_future_result(struct Z_pie_instance_t *pie, uint32_t fid, uint32
     if (f->code != PIE_OK) {
         uint32_t rc = lc_host_fail(hi, f->code, "%s", f->msg ? f->msg : "");
         pthread_mutex_lock(&hi->mu);
-        lc_hmap_del(&hi->futures, fid);
+        pie_map64_del(&hi->futures, fid);
         pthread_mutex_unlock(&hi->mu);
         future_free(f);
         return rc;
@@ -399,7 +399,7 @@ uint32_t Z_pieZ_future_result(struct Z_pie_instance_t *pie, uint32_t fid, uint32
     if (len) memcpy(dst, f->payload, len < cap ? len : cap);
     if (cap >= len) {
         pthread_mutex_lock(&hi->mu);
-        lc_hmap_del(&hi->futures, fid);
+        pie_map64_del(&hi->futures, fid);
         pthread_mutex_unlock(&hi->mu);
         future_free(f);
     }
@@ -411,7 +411,7 @@ uint32_t Z_pieZ_future_drop(struct Z_pie_instance_t *pie, uint32_t fid) {
     lc_host_inst *hi = pie->host;
     atomic_fetch_add(&hi->api_calls, 1);
     pthread_mutex_lock(&hi->mu);
-    lc_future *f = lc_hmap_del(&hi->futures, fid);
+    lc_future *f = pie_map64_del(&hi->futures, fid);
     if (f && (f->kind == LC_FUT_RECEIVE || f->kind == LC_FUT_SUBSCRIPTION)) {
         waiter_remove(&hi->inbox, fid);
         waiter_remove(&hi->subs, fid);
@@ -426,7 +426,7 @@ uint32_t Z_pieZ_future_drop(struct Z_pie_instance_t *pie, uint32_t fid) {
 
 static lc_host_inst *inst_get(lc_host *h, uint64_t id) {
     pthread_mutex_lock(&h->mu);
-    lc_host_inst *hi = lc_hmap_get(&h->insts, id);
+    lc_host_inst *hi = pie_map64_get(&h->insts, id);
     if (hi) lc_host_inst_ref(hi);
     pthread_mutex_unlock(&h->mu);
     return hi;
@@ -597,7 +597,7 @@ void lc_host_destroy(lc_host *h) {
     lc_http_destroy(h->http); /* its callbacks release the instances they hold */
     lc_tokreg_destroy(h->tokreg);
     lc_host_models_free(h);
-    lc_hmap_free(&h->insts);
+    pie_map64_free(&h->insts);
     pthread_mutex_destroy(&h->models_mu);
     pthread_mutex_destroy(&h->mu);
     free(h->http_allow);
@@ -658,7 +658,7 @@ lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *p
     if (!hi->program_id || !hi->model) goto fail;
     if (lc_session_stage_add(&hi->stage, LC_SESSION_BEGIN, &b.base, st) != PIE_OK) goto fail;
     pthread_mutex_lock(&h->mu);
-    int rc = lc_hmap_get(&h->insts, instance_id) ? 1 : lc_hmap_put(&h->insts, instance_id, hi);
+    int rc = pie_map64_get(&h->insts, instance_id) ? 1 : pie_map64_put(&h->insts, instance_id, hi);
     pthread_mutex_unlock(&h->mu);
     if (rc != 0) {
         if (rc == 1)
@@ -671,7 +671,7 @@ lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *p
     }
     if (!inst_flush(hi)) { /* the controller knows the instance from now on (ClusterStatus) */
         pthread_mutex_lock(&h->mu);
-        lc_hmap_del(&h->insts, instance_id);
+        pie_map64_del(&h->insts, instance_id);
         pthread_mutex_unlock(&h->mu);
         lc_host_inst_unref(hi);
         pie_status_set(st, PIE_UNAVAILABLE, "controller session lost");
@@ -707,7 +707,7 @@ void lc_host_inst_close_input(lc_host_inst *hi) {
     hi->input_closed = true;
     /* The inbox is empty exactly when waiters exist: all of them learn the input ended. */
     for (size_t i = 0; i < hi->inbox.n_waiters; i++) {
-        lc_future *f = lc_hmap_get(&hi->futures, hi->inbox.waiters[i]);
+        lc_future *f = pie_map64_get(&hi->futures, hi->inbox.waiters[i]);
         if (f && f->kind == LC_FUT_RECEIVE)
             lc_host_future_resolve(hi, f, PIE_OUT_OF_RANGE, "input closed", NULL, 0);
     }
@@ -763,9 +763,9 @@ static void inst_destroy(lc_host_inst *hi) {
         if (hi->calls.cells[i].key) free(hi->calls.cells[i].val);
     for (size_t i = 0; i < hi->queues.cap; i++)
         if (hi->queues.cells[i].key) lc_queue_free(hi->queues.cells[i].val);
-    lc_hmap_free(&hi->futures);
-    lc_hmap_free(&hi->calls);
-    lc_hmap_free(&hi->queues);
+    pie_map64_free(&hi->futures);
+    pie_map64_free(&hi->calls);
+    pie_map64_free(&hi->queues);
     inbox_free(&hi->inbox);
     inbox_free(&hi->subs);
     lc_host_scratch_reset(hi);
@@ -790,7 +790,7 @@ void lc_host_inst_free(lc_host_inst *hi) {
     lc_host *h = hi->h;
     atomic_store(&hi->http_cancel, true);
     pthread_mutex_lock(&h->mu);
-    if (lc_hmap_get(&h->insts, hi->id) == hi) lc_hmap_del(&h->insts, hi->id);
+    if (pie_map64_get(&h->insts, hi->id) == hi) pie_map64_del(&h->insts, hi->id);
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_lock(&hi->mu);
     hi->closed = true;

@@ -32,12 +32,12 @@ void lc_queue_free(lc_queue *q) {
 }
 
 static lc_queue *queue_make(lc_host_inst *hi, uint32_t q) { /* under mu */
-    lc_queue *lq = lc_hmap_get(&hi->queues, (uint64_t)q + 1);
+    lc_queue *lq = pie_map64_get(&hi->queues, (uint64_t)q + 1);
     if (lq) return lq;
     lq = calloc(1, sizeof *lq);
     if (lq == NULL) return NULL;
     lq->id = q;
-    if (lc_hmap_put(&hi->queues, (uint64_t)q + 1, lq) != 0) { /* +1: queue 0 is a key too */
+    if (pie_map64_put(&hi->queues, (uint64_t)q + 1, lq) != 0) { /* +1: queue 0 is a key too */
         free(lq);
         return NULL;
     }
@@ -45,7 +45,7 @@ static lc_queue *queue_make(lc_host_inst *hi, uint32_t q) { /* under mu */
 }
 
 static lc_queue *queue_get(lc_host_inst *hi, uint32_t q) {
-    return lc_hmap_get(&hi->queues, (uint64_t)q + 1);
+    return pie_map64_get(&hi->queues, (uint64_t)q + 1);
 }
 
 static bool ring_push(lc_queue *lq, lc_void_call v) {
@@ -121,7 +121,7 @@ uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, Pie__V1__Api
     uint32_t op = (uint32_t)c->op_case;
     if (fid) {
         pthread_mutex_lock(&hi->mu);
-        bool busy = lc_hmap_get(&hi->futures, fid) != NULL;
+        bool busy = pie_map64_get(&hi->futures, fid) != NULL;
         pthread_mutex_unlock(&hi->mu);
         if (busy)
             return lc_host_fail(hi, PIE_ALREADY_EXISTS,
@@ -140,8 +140,8 @@ uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, Pie__V1__Api
     } else if (fid) {
         lc_call *cl = malloc(sizeof *cl);
         lc_future *f = cl ? lc_host_future_arm(hi, fid, LC_FUT_CALL) : NULL;
-        if (f == NULL || lc_hmap_put(&hi->calls, c->call_id, cl) != 0) {
-            if (f) free(lc_hmap_del(&hi->futures, fid));
+        if (f == NULL || pie_map64_put(&hi->calls, c->call_id, cl) != 0) {
+            if (f) free(pie_map64_del(&hi->futures, fid));
             free(cl);
             ok = false;
         } else {
@@ -300,14 +300,14 @@ static void result_void_error(lc_host_inst *hi, const Pie__V1__CallResult *r) {
 }
 
 void lc_host_call_result(lc_host_inst *hi, const Pie__V1__CallResult *r) {
-    lc_call *cl = lc_hmap_del(&hi->calls, r->call_id);
+    lc_call *cl = pie_map64_del(&hi->calls, r->call_id);
     if (cl == NULL) {
         if (r->code != 0) result_void_error(hi, r);
         return;
     }
     lc_queue *lq = queue_get(hi, cl->queue);
     if (lq) ring_prune(lq, r->call_id);
-    lc_future *f = lc_hmap_get(&hi->futures, cl->fid);
+    lc_future *f = pie_map64_get(&hi->futures, cl->fid);
     if (f && (f->serial != cl->serial || f->done)) f = NULL; /* dropped (and maybe re-armed) */
     if (r->code != 0) {
         if (f) lc_host_future_resolve(hi, f, (pie_code)r->code, r->message, NULL, 0);

@@ -1,10 +1,10 @@
 /* lc_host_int.h — the structures behind lc_host.h, shared by the lc_host*.c files.
  *
- * Owns: the host and per-instance state layouts, the small u64-keyed map they use, and the
- * helpers every `pie` function shares (argument checks, errors, staging calls, waits).
+ * Owns: the host and per-instance state layouts (their id maps are pie_map64, services/common),
+ * and the helpers every `pie` function shares (argument checks, errors, staging calls, waits).
  * lc_host.c: host + instance lifetime, futures, results and events from the controller, the
  * function table. lc_host_gpu.c: the calls that go to the controller. lc_host_local.c: the calls
- * answered in-process (runtime, models, tokenizer, messaging, HTTP). lc_host_map.c: lc_hmap. */
+ * answered in-process (runtime, models, tokenizer, messaging, HTTP). */
 #ifndef LC_HOST_INT_H
 #define LC_HOST_INT_H
 
@@ -17,24 +17,13 @@
 #include "lc_http.h"
 #include "lc_tokreg.h"
 #include "pie_abi.h"
+#include "pie_map64.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the pie ABI's payloads are little-endian and copied as is: little-endian hosts only"
 #endif
 
 /* ---- u64 → pointer map (key 0 reserved; open addressing, backward-shift deletion) ----------- */
-typedef struct lc_hmap_cell {
-    uint64_t key;
-    void *val;
-} lc_hmap_cell;
-typedef struct lc_hmap {
-    lc_hmap_cell *cells;
-    size_t cap, n;
-} lc_hmap;
-void *lc_hmap_get(const lc_hmap *m, uint64_t key);
-int lc_hmap_put(lc_hmap *m, uint64_t key, void *val); /* -1 when out of memory */
-void *lc_hmap_del(lc_hmap *m, uint64_t key);
-void lc_hmap_free(lc_hmap *m);
 
 /* ---- models (a snapshot of the session's ModelsChanged, refreshed when it changes) ---------- */
 typedef struct lc_model {
@@ -53,7 +42,7 @@ struct lc_host {
     lc_tokreg *tokreg;
     lc_http *http;
     pthread_mutex_t mu; /* guards insts */
-    lc_hmap insts;      /* instance id → lc_host_inst (a reference is taken by lookups) */
+    pie_map64 insts;      /* instance id → lc_host_inst (a reference is taken by lookups) */
     pthread_mutex_t models_mu; /* guards the snapshot */
     lc_model *models;
     size_t n_models;
@@ -142,9 +131,9 @@ struct lc_host_inst {
     /* Guarded by mu. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    lc_hmap futures; /* id → lc_future */
-    lc_hmap calls;   /* call id → lc_call */
-    lc_hmap queues;  /* queue id → lc_queue (queue 0: calls that take no queue) */
+    pie_map64 futures; /* id → lc_future */
+    pie_map64 calls;   /* call id → lc_call */
+    pie_map64 queues;  /* queue id → lc_queue (queue 0: calls that take no queue) */
     lc_inbox inbox, subs;
     bool input_closed;
     bool ended;      /* lc_host_inst_end ran */

@@ -216,7 +216,7 @@ static uint32_t inbox_arm(Zpi *pie, const char *fn, bool subs, uint32_t f) {
     lc_host_inst *hi = enter(pie, &inst);
     if (f == 0) return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: future id 0 is reserved", fn);
     pthread_mutex_lock(&hi->mu);
-    bool busy = lc_hmap_get(&hi->futures, f) != NULL;
+    bool busy = pie_map64_get(&hi->futures, f) != NULL;
     uint32_t rc = busy ? 0
                        : lc_host_inbox_arm(hi, subs ? &hi->subs : &hi->inbox, f,
                                            subs ? LC_FUT_SUBSCRIPTION : LC_FUT_RECEIVE,
@@ -382,7 +382,7 @@ static void http_done(void *ctx, pie_code code, const char *msg, uint8_t *payloa
     lc_host_inst *hi = c->hi;
     pthread_mutex_lock(&hi->mu);
     hi->http_inflight--;
-    lc_future *f = lc_hmap_get(&hi->futures, c->fid);
+    lc_future *f = pie_map64_get(&hi->futures, c->fid);
     if (f && f->serial == c->serial && !f->done)
         lc_host_future_resolve(hi, f, code, msg, payload, len);
     else
@@ -412,7 +412,7 @@ uint32_t Z_pieZ_http_request(Zpi *pie, uint32_t method, uint32_t method_len, uin
     http_ctx *c = malloc(sizeof *c);
     if (c == NULL) return lc_host_fail(hi, PIE_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     pthread_mutex_lock(&hi->mu);
-    bool busy = lc_hmap_get(&hi->futures, f) != NULL;
+    bool busy = pie_map64_get(&hi->futures, f) != NULL;
     bool full = hi->http_inflight >= LC_HTTP_INFLIGHT_MAX;
     lc_future *fu = busy || full ? NULL : lc_host_future_arm(hi, f, LC_FUT_HTTP);
     if (fu) hi->http_inflight++;
@@ -435,7 +435,7 @@ uint32_t Z_pieZ_http_request(Zpi *pie, uint32_t method, uint32_t method_len, uin
     if (lc_http_submit(hi->h->http, &r, &hi->http_cancel, http_done, c, &st) != PIE_OK) {
         pthread_mutex_lock(&hi->mu);
         hi->http_inflight--;
-        lc_future *x = lc_hmap_del(&hi->futures, f);
+        lc_future *x = pie_map64_del(&hi->futures, f);
         pthread_mutex_unlock(&hi->mu);
         free(x);
         free(c);
