@@ -41,8 +41,8 @@ struct lc_host {
     lc_session *session;
     lc_tokreg *tokreg;
     lc_http *http;
-    pthread_mutex_t mu; /* guards insts */
-    pie_map64 insts;      /* instance id → lc_host_inst (a reference is taken by lookups) */
+    pthread_mutex_t mu;        /* guards insts */
+    pie_map64 insts;           /* instance id → lc_host_inst (a reference is taken by lookups) */
     pthread_mutex_t models_mu; /* guards the snapshot */
     lc_model *models;
     size_t n_models;
@@ -50,7 +50,8 @@ struct lc_host {
     pie_counter *c_terminated;
 };
 
-/* ---- futures and outstanding calls ------------------------------------------------------------ */
+/* ---- futures and outstanding calls ------------------------------------------------------------
+ */
 enum { LC_FUT_CALL = 1, LC_FUT_RECEIVE, LC_FUT_SUBSCRIPTION, LC_FUT_HTTP };
 
 typedef struct lc_future {
@@ -79,11 +80,11 @@ typedef struct lc_void_call {
 
 typedef struct lc_queue {
     uint32_t id;
-    bool live;                 /* created here and neither destroyed nor refused */
-    pie_abi_model_info model;  /* of its model, for local checks */
-    pie_code code;             /* first deferred error since the last synchronize */
+    bool live;                /* created here and neither destroyed nor refused */
+    pie_abi_model_info model; /* of its model, for local checks */
+    pie_code code;            /* first deferred error since the last synchronize */
     char *msg;
-    lc_void_call *ring;        /* outstanding void calls, ascending call ids */
+    lc_void_call *ring; /* outstanding void calls, ascending call ids */
     size_t head, n, cap;
 } lc_queue;
 
@@ -150,18 +151,19 @@ struct lc_host_inst {
     uint64_t subs_dropped;
 };
 
-/* ---- shared helpers (lc_host.c) --------------------------------------------------------------- */
-#define LC_MAX_IDS 4096u /* ids per alloc/dealloc/export/import call (controller.proto) */
-#define LC_MAX_NAME 256u /* export names, topics */
+/* ---- shared helpers (lc_host.c) ---------------------------------------------------------------
+ */
+#define LC_MAX_IDS  4096u /* ids per alloc/dealloc/export/import call (controller.proto) */
+#define LC_MAX_NAME 256u  /* export names, topics */
 /* Host memory an instance can make the lifecycle hold, whatever it does: armed futures, and calls
  * without a result that are remembered until a later result on the same queue shows they
  * succeeded (to report their errors through synchronize). Beyond these a call fails with
  * RESOURCE_EXHAUSTED instead of growing the host. */
-#define LC_MAX_FUTURES 65536u
+#define LC_MAX_FUTURES    65536u
 #define LC_MAX_UNANSWERED 1048576u /* per queue: 16 MiB of tracking */
 /* Client messages queued for an inferlet that does not read them: a client that floods gets
  * RESOURCE_EXHAUSTED on its Attach/Run call instead of growing the host. */
-#define LC_MAX_INBOX_MSGS 65536u
+#define LC_MAX_INBOX_MSGS  65536u
 #define LC_MAX_INBOX_BYTES (64u << 20)
 
 /* Records the message as last_error and returns -code as the wasm i32. */
@@ -193,8 +195,7 @@ void lc_host_future_resolve(lc_host_inst *hi, lc_future *f, pie_code code, const
 bool lc_host_inbox_put(lc_host_inst *hi, lc_inbox *b, const void *a, size_t alen, const void *m,
                        size_t mlen);
 /* Arms fid on an inbox (under hi->mu). closed: resolve with OUT_OF_RANGE when empty. */
-uint32_t lc_host_inbox_arm(lc_host_inst *hi, lc_inbox *b, uint32_t fid, uint8_t kind,
-                           bool closed);
+uint32_t lc_host_inbox_arm(lc_host_inst *hi, lc_inbox *b, uint32_t fid, uint8_t kind, bool closed);
 void lc_host_inst_ref(lc_host_inst *hi);
 void lc_host_inst_unref(lc_host_inst *hi);
 
@@ -224,8 +225,7 @@ uint32_t Z_pieZ_future_drop(Zpi *, uint32_t f);
 uint32_t Z_pieZ_model_count(Zpi *);
 uint32_t Z_pieZ_model_name(Zpi *, uint32_t i, uint32_t buf, uint32_t cap);
 uint32_t Z_pieZ_model_info(Zpi *, uint32_t model, uint32_t model_len, uint32_t info);
-uint32_t Z_pieZ_model_traits(Zpi *, uint32_t model, uint32_t model_len, uint32_t buf,
-                             uint32_t cap);
+uint32_t Z_pieZ_model_traits(Zpi *, uint32_t model, uint32_t model_len, uint32_t buf, uint32_t cap);
 uint32_t Z_pieZ_model_stop_tokens(Zpi *, uint32_t model, uint32_t model_len, uint32_t ids,
                                   uint32_t cap);
 uint32_t Z_pieZ_tokenize(Zpi *, uint32_t model, uint32_t model_len, uint32_t text,
@@ -251,8 +251,8 @@ uint32_t Z_pieZ_unexport_kv_pages(Zpi *, uint32_t q, uint32_t name, uint32_t nam
 uint32_t Z_pieZ_import_kv_pages(Zpi *, uint32_t q, uint32_t ids, uint32_t n, uint32_t name,
                                 uint32_t name_len, uint32_t f);
 uint32_t Z_pieZ_list_exports(Zpi *, uint32_t f);
-uint32_t Z_pieZ_embed_text(Zpi *, uint32_t q, uint32_t embeds, uint32_t tokens,
-                           uint32_t positions, uint32_t n);
+uint32_t Z_pieZ_embed_text(Zpi *, uint32_t q, uint32_t embeds, uint32_t tokens, uint32_t positions,
+                           uint32_t n);
 uint32_t Z_pieZ_forward(Zpi *, uint32_t q, uint32_t desc);
 uint32_t Z_pieZ_next_dist(Zpi *, uint32_t q, uint32_t embeds, uint32_t n, uint32_t top_k,
                           float temperature, uint32_t f);
