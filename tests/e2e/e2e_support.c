@@ -12,6 +12,7 @@
 #include "eng.h"
 #include "mdl.h"
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_testutil.h"
 #include "tok.h"
 
 #define START_MS 60000
@@ -23,6 +24,27 @@
 /* Room in pie-lifecycle's environment: the 4 settings every e2e cluster gets, the caller's
  * extra ones and the terminating NULL. */
 #define LC_ENV_MAX 16
+
+/* The lifecycle reports healthy before its Session has told it which models the cluster
+ * serves (a launch before that fails with UNAVAILABLE, which clients retry): wait for the list
+ * so that a test's first launch does not race the worker's registration. */
+static void wait_for_a_model(e2e_cluster *c) {
+    int64_t deadline = pie_test_now_ms() + START_MS;
+    for (;;) {
+        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
+        rpc_call_opts o = {.timeout_ms = 5000, .wait_for_ready = true};
+        ProtobufCMessage *r = NULL;
+        pie_status st;
+        size_t n = 0;
+        if (rpc_unary(c->ch, "/pie.v1.Lifecycle/ListModels", &req.base,
+                      &pie__v1__list_models_response__descriptor, &r, &o, &st) == PIE_OK)
+            n = ((Pie__V1__ListModelsResponse *)r)->n_models;
+        rpc_msg_free(r);
+        if (n > 0) return;
+        cr_assert(pie_test_now_ms() < deadline, "the lifecycle never learned a model");
+        pie_test_sleep_ms(20);
+    }
+}
 
 void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
     pie_status st;
@@ -58,6 +80,7 @@ void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
     cr_assert(c->lc, "%s", st.msg);
     c->ch = rpc_channel_create(pie_proc_addr(c->lc), NULL, &st);
     cr_assert(c->ch, "%s", st.msg);
+    wait_for_a_model(c);
 }
 
 void e2e_cluster_start(e2e_cluster *c) { e2e_cluster_start_env(c, NULL); }
