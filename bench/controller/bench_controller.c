@@ -20,7 +20,10 @@
  * Options: --seconds S (measured time per run, default 3), --backend null|cpu, --top-k K
  * (next_dist k; 0 = the model's default), --quick (shorter runs), --soak-seconds S (10),
  * --ctl-threads N (the controller's completion-queue threads, server.threads; default 1),
- * --worker-credits N (the worker's batch.credits: steps it accepts at once; default 1).
+ * --worker-credits N (the worker's batch.credits: steps it accepts at once; default 2, the
+ * worker's default).
+ * --device-us B,T (backend null: an emulated device, a forward batch of n tokens takes
+ * B + n*T microseconds, sleeping, as a GPU step costs time but no host core; default 0,0).
  * --replicas R (throughput / strategies: the instances spread over R Session streams, one
  * thread each, default 1). Each replica starts its instances in one SessionUp.
  * --only LIST (strategies: only the configurations named, comma-separated, as printed:
@@ -62,14 +65,15 @@ static uint32_t g_top_k = 0;
 static double g_seconds = 3.0;
 static char g_ctl_threads[64] =
     "PIE_SERVER_THREADS=1"; /* completion-queue threads of the controller */
-static char g_wrk_credits[64] = "PIE_BATCH_CREDITS=1"; /* steps the worker accepts at once */
+static char g_wrk_credits[64] = "PIE_BATCH_CREDITS=2"; /* steps the worker accepts at once */
+static char g_dev_batch[64] = "PIE_NULL_BATCH_US=0", g_dev_token[64] = "PIE_NULL_TOKEN_US=0";
 static struct rpc_channel *g_status_ch;
 static uint32_t g_replicas = 1;
-static const char *g_only;     /* strategies: comma-separated labels to run (NULL: all) */
-static uint32_t g_repeat = 1;  /* strategies: passes over the list */
-static double g_think_us = 0;  /* mean think time between a result and the next step (0: none) */
-    /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
-                                                                   for worker counters */
+static const char *g_only;    /* strategies: comma-separated labels to run (NULL: all) */
+static uint32_t g_repeat = 1; /* strategies: passes over the list */
+static double g_think_us = 0; /* mean think time between a result and the next step (0: none) */
+/* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
+                                                               for worker counters */
 
 static int64_t now_ns(void) { return rpc_now_ns(); }
 
@@ -252,6 +256,8 @@ static void cluster_start(cluster *c, const char *const *ctl_env, uint32_t kv_pa
                           "PIE_WORKER_GROUP_ID=bench-w1",
                           "PIE_SERVER_MAX_MESSAGE=64MiB",
                           g_wrk_credits,
+                          g_dev_batch,
+                          g_dev_token,
                           "PIE_CONTROLLER_RECONNECT_INITIAL=20ms",
                           "PIE_CONTROLLER_RECONNECT_MAX=100ms",
                           NULL};
@@ -965,13 +971,15 @@ static void mode_strategies(uint32_t n) {
         dresult d = run_decode_replicas(c.ch, n, 1.0, g_seconds);
         double wall = (double)(now_ns() - t0) / 1e3; /* us, warm-up and setup included */
         double b1 = self_cpu_us(), c1 = proc_cpu_us(c.ctl.pid), w1 = proc_cpu_us(c.wrk.pid);
-        printf("strategy backend=%s %s replicas=%u think=%.0fus %u instances %-16s %-6s %8.0f "
+        printf("strategy backend=%s device=%s,%sus %s replicas=%u think=%.0fus %u instances %-16s "
+               "%-6s %8.0f "
                "steps/s, step p50 %.0f us p99 %.0f us, %.1f items per batch, %.1f steps per "
                "SessionDown, CPU %% of a core: bench %.0f controller %.0f worker %.0f\n",
-               g_backend, g_wrk_credits + 4, g_replicas, g_think_us, n, confs[i][0] + 23,
-               confs[i][1] ? confs[i][1] + 14 : "", d.steps_per_s, d.p50_us, d.p99_us,
-               d.items_per_batch, d.messages_in ? (double)d.steps / (double)d.messages_in : 0,
-               100 * (b1 - b0) / wall, 100 * (c1 - c0) / wall, 100 * (w1 - w0) / wall);
+               g_backend, g_dev_batch + 18, g_dev_token + 18, g_wrk_credits + 4, g_replicas,
+               g_think_us, n, confs[i][0] + 23, confs[i][1] ? confs[i][1] + 14 : "", d.steps_per_s,
+               d.p50_us, d.p99_us, d.items_per_batch,
+               d.messages_in ? (double)d.steps / (double)d.messages_in : 0, 100 * (b1 - b0) / wall,
+               100 * (c1 - c0) / wall, 100 * (w1 - w0) / wall);
         fflush(stdout);
         cluster_stop(&c);
     }
@@ -1107,14 +1115,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
             int r = atoi(argv[++i]);
             g_repeat = r > 0 ? (uint32_t)r : 1;
-        }
-        else if (!strcmp(argv[i], "--think-us") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "--think-us") && i + 1 < argc) {
             g_think_us = atof(argv[++i]);
             if (!(g_think_us >= 0 && g_think_us <= 1e7))
                 die("--think-us %s: want a mean in microseconds, 0 to 10000000", argv[i]);
         } else if (!strcmp(argv[i], "--replicas") && i + 1 < argc)
             g_replicas = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--device-us") && i + 1 < argc) {
+            unsigned b, t;
+            if (sscanf(argv[++i], "%u,%u", &b, &t) != 2)
+                die("--device-us %s: want BATCH_US,TOKEN_US", argv[i]);
+            snprintf(g_dev_batch, sizeof g_dev_batch, "PIE_NULL_BATCH_US=%u", b);
+            snprintf(g_dev_token, sizeof g_dev_token, "PIE_NULL_TOKEN_US=%u", t);
+        } else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
             snprintf(g_wrk_credits, sizeof g_wrk_credits, "PIE_BATCH_CREDITS=%d", atoi(argv[++i]));
         else if (!strcmp(argv[i], "--instances") && i + 1 < argc) {
             n_ns = 0;
@@ -1125,7 +1138,8 @@ int main(int argc, char **argv) {
                 stderr,
                 "usage: bench_controller [--mode all|latency|throughput|strategies|memory|soak] "
                 "[--seconds S] [--instances N,N,...] [--backend null|cpu] [--top-k K] "
-                "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--replicas R] "
+                "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--device-us B,T] "
+                "[--replicas R] "
                 "[--only LABEL,...] [--repeat N] [--think-us MEAN] "
                 "[--quick]\n");
             return 2;

@@ -752,7 +752,7 @@ static void main_serving(const char *model, int reps, int only_n) {
     wait_optimized(id);
     printf("bench_lifecycle --serving: controller + worker (CPU backend, model %s, 1 engine "
            "thread, batch.credits %d) + lifecycle, release build; text_completion at tier 1\n",
-           model, g_credits ? g_credits : 1);
+           model, g_credits ? g_credits : 2);
     if (only_n != 32) bench_serving(id, only_n ? only_n : 1, reps, 16, 80);
     if (only_n == 0 || only_n == 32) bench_serving(id, 32, reps, 16, 80);
 }

@@ -1307,9 +1307,12 @@ static void step_reset(ctl_step *s) {
  * arrived leaves the worker idle for that round trip on every step. So the controller keeps
  * at most CTL_WC_STEPS steps on a worker — the one running and the next — and forms the next
  * one as late as it can while still reaching the worker before the running one ends: at the
- * running step's send time plus 3/4 of the recent step execution time (the one-way delay is
- * on both sides of that sum and cancels; the quarter is the margin against a step running
- * shorter than average). Calls arriving while the worker computes join that step instead of
+ * running step's start plus 3/4 of the recent step execution time. The start, as the
+ * controller sees it, is the step's send time, or the arrival of the previous step's results
+ * when it was sent while that one ran (it queued on the worker until then); the one-way delay
+ * is on both sides of the sum and cancels, and the quarter is the margin against a step running
+ * shorter than average. Timing from the send time alone fired a queued step's successor at
+ * once, splitting the instances into ever more, smaller steps. Calls arriving while the worker computes join that step instead of
  * waiting a whole step behind it. Steps shorter than CTL_WC_HOLD_MIN_NS (the null backend, a
  * tiny batch) are not held: a timer wake-up costs about as much as it could gather. */
 #define CTL_WC_STEPS       2u
@@ -1327,7 +1330,8 @@ static bool may_send(const ctl_core *c, ctl_worker *w) {
     if (w->steps_out >= CTL_WC_STEPS || w->out == NULL) return false;
     int64_t est = w->exec_avg_ns;
     if (est < CTL_WC_HOLD_MIN_NS) return true;
-    int64_t due = w->out->sent_ns + est - est / 4;
+    int64_t start = w->out->sent_ns > w->step_done_ns ? w->out->sent_ns : w->step_done_ns;
+    int64_t due = start + est - est / 4;
     if (c->now_ns >= due) return true;
     w->hold_ns = due;
     return false;
@@ -1412,6 +1416,7 @@ bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_st
     w->step_exec_us += r->exec_us;
     if (b->ends_step) {
         if (w->steps_out) w->steps_out--;
+        w->step_done_ns = c->now_ns;
         /* Moving average of a step's execution time (work_conserving's timing). */
         int64_t t = (int64_t)w->step_exec_us * 1000;
         w->exec_avg_ns = w->exec_avg_ns ? (3 * w->exec_avg_ns + t) / 4 : t;

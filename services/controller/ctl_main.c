@@ -25,11 +25,13 @@ static const pie_config_field ctl_fields[] = {
     {"scheduler.strategy", PIE_CFG_ENUM, PIE_CONFIG_AT(ctl_config, strategy),
      .def = "work_conserving", .choices = ctl_strategy_names,
      .doc = "when a batch is sent: work_conserving (when the worker is idle), eager (each call "
-            "alone, at once), k_only (once k queues wait), t_only (once the oldest call waited "
-            "t); all but work_conserving also send while the worker is busy if it grants more "
-            "than one credit"},
+            "alone, at once), k_only (batches of k queues, once k wait), t_only (once the "
+            "oldest call waited t); work_conserving keeps at most two steps on a worker, the "
+            "others send while it is busy as far as its credits allow"},
     {"scheduler.k", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, k), .def = "8", .min = "1",
-     .max = "65536", .doc = "k_only: queues waiting with a call of one kind before it fires"},
+     .max = "65536",
+     .doc = "k_only: queues with a call of one kind that fire a batch, and the most queues "
+            "one batch holds"},
     {"scheduler.t", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, t_us), .def = "1000", .min = "1",
      .max = "10000000",
      .doc = "t_only: microseconds the oldest call of a kind waits before it fires"},

@@ -84,8 +84,9 @@ typedef struct ctl_worker {
     int64_t wake_ns;          /* its scheduler's next due time (0: none) */
     bool draining;            /* Drain sent: no more steps, no new placements */
     /* work_conserving: how long a step takes on the worker (moving average of the exec_us of
-     * its batches) and, while one step runs, when the next one is to be formed (0: none). */
-    int64_t exec_avg_ns, hold_ns;
+     * its batches), while one step runs when the next one is to be formed (0: none), and when
+     * the last step's results arrived (a step sent while another ran starts about then). */
+    int64_t exec_avg_ns, hold_ns, step_done_ns;
     uint64_t step_exec_us; /* exec_us of the answered batches of the oldest step so far */
     uint64_t steps, batches_sent;
 } ctl_worker;

@@ -128,6 +128,9 @@ uint32_t ctl_sched_step(ctl_sched *s, int64_t now_ns, const ctl_sched_ops *ops, 
                         int64_t *wake_ns) {
     uint32_t formed = 0;
     const bool eager = s->cfg.strategy == CTL_STRATEGY_EAGER;
+    /* k_only's batches are of fixed size: at most k queues each. */
+    const uint32_t max_queues =
+        s->cfg.strategy == CTL_STRATEGY_K_ONLY && s->cfg.k ? s->cfg.k : UINT32_MAX;
     *wake_ns = 0;
     while (formed < s->cfg.max_step_batches) {
         /* Choose the kind whose candidate batch holds the oldest call, among those that may
@@ -154,7 +157,7 @@ uint32_t ctl_sched_step(ctl_sched *s, int64_t now_ns, const ctl_sched_ops *ops, 
         uint32_t taken = 0, failed = 0;
         bool full = false;
         ops->open(user, kind);
-        for (uint32_t i = 0; i < n && !full; i++) {
+        for (uint32_t i = 0; i < n && !full && i < max_queues; i++) {
             ctl_sq *q = s->scratch[i];
             /* Vertical batching: keep taking this queue's calls while they are of the kind. */
             while (q->kind == kind) {

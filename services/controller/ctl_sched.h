@@ -13,9 +13,11 @@
  * Paper: seeds/001 §5.2 "批处理调度器" and §6.1; strategies as compared in its Table 5:
  *   work_conserving — fire when the worker is idle (no step outstanding): the default;
  *   eager           — no batching: every batch holds one call, fired at once;
- *   k_only          — a kind fires once K queues wait with a call of that kind (or, so that a
- *                     tail of fewer than K instances cannot stall, once its oldest call waited
- *                     k_timeout);
+ *   k_only          — fixed-size batching: a kind fires once K queues wait with a call of
+ *                     that kind, and a batch holds the calls of at most K queues (the oldest
+ *                     first; the rest wait for the next batch); so that a tail of fewer than K
+ *                     instances cannot stall, a kind also fires once its oldest call waited
+ *                     k_timeout;
  *   t_only          — a kind fires once its oldest call waited T.
  * Whether a step may be formed at all (credits; work_conserving also waits for the worker to
  * be idle, the others fire on their own conditions while earlier steps run) is the owner's

@@ -1,8 +1,10 @@
 /* wrk_backend.c — see wrk_backend.h. */
 #include "wrk_backend.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef PIE_WITH_CUDA
 #include "eng_cuda.h"
@@ -53,8 +55,18 @@ static pie_code null_embed_text(void *ctx, const uint32_t *slots, const uint32_t
     return PIE_OK;
 }
 
+static void sleep_us(uint64_t us) {
+    struct timespec ts = {.tv_sec = (time_t)(us / 1000000), .tv_nsec = (long)(us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
 static pie_code null_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
-    (void)ctx, (void)items, (void)n, (void)st;
+    (void)st;
+    const wrk_null_cost *cost = ctx;
+    if (cost == NULL || (cost->batch_us == 0 && cost->token_us == 0)) return PIE_OK;
+    uint64_t tokens = 0;
+    for (uint32_t i = 0; i < n; i++) tokens += items[i].n_in;
+    sleep_us(cost->batch_us + tokens * cost->token_us);
     return PIE_OK;
 }
 
@@ -83,10 +95,10 @@ static pie_code null_next_dist(void *ctx, eng_dist_item *items, uint32_t n, pie_
     return PIE_OK;
 }
 
-void wrk_backend_null(wrk_backend *b) {
+void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost) {
     *b = (wrk_backend){
         .name = "null",
-        .ctx = NULL,
+        .ctx = (void *)cost, /* read only */
         .embed_text = null_embed_text,
         .forward = null_forward,
         .mask_page = null_mask_page,
@@ -95,7 +107,8 @@ void wrk_backend_null(wrk_backend *b) {
     };
 }
 
-/* ---- cuda: the engine's cuda backend ---------------------------------------------------------- */
+/* ---- cuda: the engine's cuda backend ----------------------------------------------------------
+ */
 
 #ifdef PIE_WITH_CUDA
 static pie_code cuda_embed_text(void *ctx, const uint32_t *slots, const uint32_t *tokens,
@@ -103,8 +116,7 @@ static pie_code cuda_embed_text(void *ctx, const uint32_t *slots, const uint32_t
     return eng_cuda_embed_text(ctx, slots, tokens, positions, n, st);
 }
 
-static pie_code cuda_forward(void *ctx, const eng_forward_item *items, uint32_t n,
-                             pie_status *st) {
+static pie_code cuda_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
     return eng_cuda_forward(ctx, items, n, st);
 }
 
@@ -112,8 +124,7 @@ static pie_code cuda_mask_page(void *ctx, uint32_t page, const bool *masked, pie
     return eng_cuda_mask_page(ctx, page, masked, st);
 }
 
-static pie_code cuda_copy_pages(void *ctx, const eng_copy_item *items, uint32_t n,
-                                pie_status *st) {
+static pie_code cuda_copy_pages(void *ctx, const eng_copy_item *items, uint32_t n, pie_status *st) {
     return eng_cuda_copy_pages(ctx, items, n, st);
 }
 

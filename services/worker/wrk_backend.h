@@ -2,12 +2,12 @@
  * backend, or the benchmark-only null backend, behind one table of functions with eng.h's
  * signatures.
  *
- * Owns: the null backend (every handler succeeds at once; next_dist returns token ids
- * 0..k-1 with a fixed descending distribution), the adapters that call the engines, and
- * opening the cuda engine (wrk_backend_open_cuda: present in every build; without nvcc at build
- * time it says so).
- * Does not own: validation against capacities and slot liveness (wrk_exec.c checks that
- * before any backend call), the engines themselves (engine/eng.h, engine/eng_cuda.h). */
+ * Owns: the null backend (every handler succeeds at once, or after an emulated device time for
+ * forward batches; next_dist returns token ids 0..k-1 with a fixed descending distribution), the
+ * adapters that call the engines, and opening the cuda engine (wrk_backend_open_cuda: present in
+ * every build; without nvcc at build time it says so). Does not own: validation against capacities
+ * and slot liveness (wrk_exec.c checks that before any backend call), the engines themselves
+ * (engine/eng.h, engine/eng_cuda.h). */
 #ifndef WRK_BACKEND_H
 #define WRK_BACKEND_H
 
@@ -33,8 +33,16 @@ typedef struct wrk_backend {
 /* Handlers that call e (borrowed; it must outlive every use of *b). */
 void wrk_backend_engine(wrk_backend *b, eng *e);
 
-/* The null backend. */
-void wrk_backend_null(wrk_backend *b);
+/* The null backend's emulated device: a forward batch of T input tokens sleeps
+ * batch_us + T * token_us (a GPU's launch-bound fixed cost and its small per-token cost, without
+ * using a host core), so that scheduling strategies can be compared as they would be on a GPU.
+ * All zero = instant results (the control plane alone). */
+typedef struct wrk_null_cost {
+    uint32_t batch_us, token_us;
+} wrk_null_cost;
+
+/* The null backend; cost (borrowed; may be NULL = instant) must outlive every use of *b. */
+void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost);
 
 /* Opens the cuda engine with opts (backend field ignored) and makes *b call it; b->close
  * releases it. *info is set to its eng_info, *device to e.g. "cuda: NVIDIA H100 ... (sm_90)".

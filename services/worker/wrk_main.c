@@ -36,6 +36,7 @@ typedef struct wrk_config {
     uint32_t max_batch_tokens; /* batch.max_tokens */
     uint32_t max_batch_items;  /* batch.max_items */
     uint32_t credits;          /* batch.credits */
+    wrk_null_cost null_cost;   /* null.batch_us, null.token_us */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -69,10 +70,20 @@ static const pie_config_field wrk_fields[] = {
      .doc = "most input tokens in one forward batch (also the model's max_forward_tokens)"},
     {"batch.max_items", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, max_batch_items), .def = "256",
      .min = "1", .max = "65536", .doc = "most items in one batch of any kind"},
-    {"batch.credits", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, credits), .def = "1", .min = "1",
+    {"batch.credits", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, credits), .def = "2", .min = "1",
      .max = "64",
-     .doc = "scheduling steps the controller may have outstanding on this worker (1 = the "
-            "paper's work-conserving dispatch)"},
+     .doc = "scheduling steps the controller may have outstanding on this worker: 2 lets the "
+            "work-conserving controller queue the next step behind the running one, so the "
+            "worker never idles for a controller round trip; 1 = dispatch only to an idle "
+            "worker"},
+    {"null.batch_us", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, null_cost.batch_us), .def = "0",
+     .max = "10000000",
+     .doc = "null backend only: emulated device time of a forward batch, fixed part in "
+            "microseconds (0 = instant)"},
+    {"null.token_us", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, null_cost.token_us), .def = "0",
+     .max = "1000000",
+     .doc = "null backend only: emulated device time per input token of a forward batch, in "
+            "microseconds"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -143,8 +154,13 @@ static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
         } else {
             wrk_desc_null_model(&l->desc);
         }
-        wrk_backend_null(&l->backend);
-        snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
+        wrk_backend_null(&l->backend, &cfg->null_cost);
+        if (cfg->null_cost.batch_us || cfg->null_cost.token_us)
+            snprintf(l->device, sizeof l->device,
+                     "null: emulated device, forward %u us + %u us/token (benchmarks only)",
+                     cfg->null_cost.batch_us, cfg->null_cost.token_us);
+        else
+            snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
         break;
     default:
         rc = load_cpu(cfg, l, st);
@@ -252,9 +268,9 @@ int main(int argc, char **argv) {
     svc_set_serving(s, false);
     status = 0;
 done:
-    svc_drain(s); /* server first: no callback runs after it */
+    svc_drain(s);           /* server first: no callback runs after it */
     wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */
-    svc_stop(s); /* last: threads stopped above may update its metrics */
+    svc_stop(s);            /* last: threads stopped above may update its metrics */
     wrk_backend_release(&loaded.backend); /* the cuda engine; nothing for cpu and null */
     eng_close(loaded.engine);
     wrk_desc_free(&loaded.desc);

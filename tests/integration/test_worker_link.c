@@ -230,7 +230,7 @@ static void fc_drop(fc *f) {
 typedef struct wopts {
     const char *backend;     /* NULL: cpu (the default) */
     const char *model_path;  /* NULL: tiny-f32; "": not set */
-    const char *credits;     /* NULL: the default (1) */
+    const char *credits;     /* NULL: 1 (these tests count credits one step at a time) */
     const char *listen;      /* NULL: an ephemeral port */
     const char *max_message; /* server.max_message; NULL: the default */
 } wopts;
@@ -250,10 +250,8 @@ static pie_proc *spawn_worker(const fc *f, const wopts *o) {
         snprintf(backend, sizeof backend, "PIE_BACKEND=%s", o->backend);
         env[n++] = backend;
     }
-    if (o && o->credits) {
-        snprintf(credits, sizeof credits, "PIE_BATCH_CREDITS=%s", o->credits);
-        env[n++] = credits;
-    }
+    snprintf(credits, sizeof credits, "PIE_BATCH_CREDITS=%s", o && o->credits ? o->credits : "1");
+    env[n++] = credits;
     if (o && o->listen) {
         snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=%s", o->listen);
         env[n++] = listen;

@@ -11,6 +11,7 @@
  * conflicts, batch and item failures from the worker, protocol violations, k_only timing. */
 #include <criterion/criterion.h>
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -427,12 +428,12 @@ static Pie__V1__UnexportKvPages *mk_unexport(const char *name) {
 /* ---- fake worker ------------------------------------------------------------------------------
  */
 
-/* Answers every unread step of worker i, one WorkerUp per step with one credit, like
- * services/worker does; checks slot discipline. Returns steps answered. */
-static int serve(world *W, int i) {
+/* Answers up to max unread steps of worker i, oldest first, one WorkerUp per step with one
+ * credit, like services/worker does; checks slot discipline. Returns steps answered. */
+static int serve_n(world *W, int i, int max) {
     fworker *f = &W->wk[i];
     int answered = 0;
-    while (f->link.read < f->link.n) {
+    while (f->link.read < f->link.n && answered < max) {
         Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)f->link.msgs[f->link.read++];
         cr_assert(d->n_batches > 0, "a WorkerDown without batches used a credit");
         Pie__V1__BatchResult *res = calloc(d->n_batches, sizeof *res);
@@ -566,6 +567,8 @@ static int serve(world *W, int i) {
 }
 
 /* Serves every worker until none has anything left. */
+static int serve(world *W, int i) { return serve_n(W, i, INT_MAX); }
+
 static void serve_all(world *W) {
     for (int rounds = 0; rounds < 100; rounds++) {
         int any = 0;
@@ -1939,6 +1942,34 @@ Test(ctl_core, work_conserving_forms_the_next_step_near_the_end_of_the_running_o
     const Pie__V1__WorkerDown *d = (const Pie__V1__WorkerDown *)W->wk[0].link.msgs[sent + 1];
     cr_assert_eq(d->n_batches, 1);
     cr_assert_eq(d->batches[0]->next_dist->n_items, 2, "b and c travel together");
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 3);
+    world_free(W);
+}
+
+Test(ctl_core, work_conserving_times_a_queued_step_from_when_it_started_not_when_it_was_sent) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker_n(W, "m", 0, 4);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
+             c = std_instance(W, 0, 3, 0, 1);
+    W->wk[0].exec_us = 2000; /* every batch takes 2 ms on this worker */
+    serve_all(W);
+    int sent = W->wk[0].link.n;
+    one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0)); /* a runs from t = 0 */
+    one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    int64_t t0 = W->now;
+    ctl_core_tick(W->core, t0 + 1500000); /* b's step is sent and queues behind a's */
+    cr_assert_eq(W->wk[0].link.n, sent + 2);
+    W->now = t0 + 2000000; /* a's step ends: b's starts now, not when it was sent */
+    cr_assert_eq(serve_n(W, 0, 1), 1);
+    W->now = t0 + 2100000;
+    one(W, 0, c, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    cr_assert_eq(W->wk[0].link.n, sent + 2, "c was sent at once, not with the next step");
+    cr_assert_eq(ctl_core_next_wake(W->core), t0 + 2000000 + 1500000,
+                 "the step after b's is formed 3/4 of a step after b's step started");
     serve_all(W);
     collect(W, 0);
     cr_assert_eq(W->nres[0], 3);

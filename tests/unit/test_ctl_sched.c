@@ -327,6 +327,17 @@ Test(ctl_sched, k_only_waits_for_k_queues_then_fires_them_together) {
     ctl_sched_destroy(&o.s);
 }
 
+Test(ctl_sched, k_only_batches_hold_at_most_k_queues_oldest_first) {
+    towner o;
+    setup(&o, CTL_STRATEGY_K_ONLY, 100); /* k = 3 */
+    for (int i = 0; i < 7; i++) add_queue(&o, CTL_RANK_NORMAL, 1000 * (i + 1), 1, EMB);
+    cr_assert_eq(step(&o, 10000, NULL), 2, "7 queues: two batches of 3, one call left over");
+    expect_batch(&o, 0, CTL_KIND_EMBED, 3, (int[]){0, 10, 20});
+    expect_batch(&o, 1, CTL_KIND_EMBED, 3, (int[]){30, 40, 50});
+    cr_assert_eq(ctl_sched_waiting(&o.s), 1, "the seventh waits for two more queues");
+    ctl_sched_destroy(&o.s);
+}
+
 Test(ctl_sched, k_only_fires_a_short_batch_once_k_timeout_passed) {
     towner o;
     setup(&o, CTL_STRATEGY_K_ONLY, 100);
