@@ -739,6 +739,7 @@ static Pie__V1__InstanceInfo *info_of(lc_inst *in) {
         if (in->hi) lc_host_inst_usage(in->hi, &b->usage);
         if (in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING)
             b->usage.cpu_ms = thread_cpu_ms(in->thread);
+        if (in->winst) b->usage.memory_bytes = lc_wasm_instance_memory_bytes(in->winst);
         b->usage.wall_ms = (uint64_t)(rpc_now_ns() - in->started_ns) / 1000000;
     }
     i->usage = &b->usage;

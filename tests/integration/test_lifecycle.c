@@ -668,8 +668,15 @@ Test(lifecycle, run_exchanges_messages_and_attach_rules_hold) {
     for (;;) { /* the first attach is registered once ListInstances says so */
         Pie__V1__ListInstancesResponse *l = list_instances(&c);
         bool att = false;
-        for (size_t i = 0; i < l->n_instances; i++)
-            if (l->instances[i]->instance_id == inst) att = l->instances[i]->attached;
+        for (size_t i = 0; i < l->n_instances; i++) {
+            const Pie__V1__InstanceInfo *info = l->instances[i];
+            if (info->instance_id != inst) continue;
+            att = info->attached;
+            cr_assert(info->usage && info->usage->memory_bytes > 0 &&
+                          info->usage->memory_bytes % 65536 == 0,
+                      "a running instance reports its linear memory now (%llu bytes)",
+                      info->usage ? (unsigned long long)info->usage->memory_bytes : 0ull);
+        }
         rpc_msg_free(&l->base);
         if (att) break;
         cr_assert(pie_test_now_ms() < deadline, "never attached");

@@ -186,6 +186,9 @@ pie_code lc_wasm_instance_run(lc_wasm_instance *inst, lc_wasm_outcome *out, pie_
 /* Asks a running (or not yet started) instance to stop: it ends INTERRUPTED/TERMINATED as soon as
  * it executes wasm code. Thread-safe; any thread; no-op once the run ended. */
 void lc_wasm_instance_interrupt(lc_wasm_instance *inst);
+/* Bytes of linear memory the instance holds now (all its memories). Thread-safe; any thread,
+ * while the instance exists. */
+uint64_t lc_wasm_instance_memory_bytes(const lc_wasm_instance *inst);
 /* Frees the instance, its memories and tables, and its module reference. Not while running. */
 void lc_wasm_instance_free(lc_wasm_instance *inst);
 

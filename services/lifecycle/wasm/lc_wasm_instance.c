@@ -718,3 +718,7 @@ void lc_wasm_host_checkpoint(lc_wasm_instance *inst) {
 }
 
 uint64_t lc_wasm_wall_deadline_ns(const lc_wasm_instance *inst) { return inst->wall_deadline_ns; }
+
+uint64_t lc_wasm_instance_memory_bytes(const lc_wasm_instance *inst) {
+    return atomic_load_explicit(&inst->memory_pages, memory_order_relaxed) * LC_WASM_PAGE_BYTES;
+}

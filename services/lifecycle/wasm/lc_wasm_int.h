@@ -154,6 +154,9 @@ struct lc_wasm_instance {
     pthread_cond_t cv;    /* CLOCK_MONOTONIC; signalled by interrupt */
     int state;            /* 0 created, 1 running, 2 done */
     atomic_int interrupt; /* lc_wasm_trap reason to stop with, 0 if none */
+    /* Pages of all its linear memories: written by the instance's thread (allocate, grow), read
+     * by any (lc_wasm_instance_memory_bytes, for ListInstances of a running instance). */
+    _Atomic uint64_t memory_pages;
     timer_t cpu_timer, kill_timer;
     bool has_cpu_timer, has_kill_timer;
     uint64_t wall_deadline_ns;

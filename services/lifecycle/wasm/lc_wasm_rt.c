@@ -324,6 +324,7 @@ void wasm_rt_allocate_memory(wasm_rt_memory_t *mem, uint32_t initial_pages, uint
         atomic_signal_fence(memory_order_seq_cst);
         inst->n_regions = i + 1;
         if (inst->mem0 == NULL) inst->mem0 = mem;
+        atomic_fetch_add_explicit(&inst->memory_pages, initial_pages, memory_order_relaxed);
     }
 }
 
@@ -346,6 +347,7 @@ uint32_t wasm_rt_grow_memory(wasm_rt_memory_t *mem, uint32_t delta) {
         return UINT32_MAX;
     mem->pages = (uint32_t)want;
     mem->size = (uint32_t)(want * LC_WASM_PAGE_BYTES);
+    if (inst) atomic_fetch_add_explicit(&inst->memory_pages, delta, memory_order_relaxed);
     return old;
 }
 
