@@ -70,17 +70,16 @@ static const pie_config_field lc_fields[] = {
      .doc = "recompile programs with cc -O2 in the background; later launches use it"},
     {"runtime.tier1_cc", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tier1_cc), .def = "cc",
      .doc = "C compiler of tier 1 (gcc or clang; PATH is searched)"},
-    {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes),
-     .def = "512KiB", .min = "256KiB", .max = "256MiB",
+    {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes), .def = "512KiB",
+     .min = "256KiB", .max = "256MiB",
      .doc = "native stack of an instance thread (address space; only touched pages count)"},
-    {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, max_program_bytes),
-     .def = "64MiB", .min = "1KiB", .max = "1GiB", .doc = "largest program accepted by upload"},
+    {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, max_program_bytes), .def = "64MiB",
+     .min = "1KiB", .max = "1GiB", .doc = "largest program accepted by upload"},
     {"instances.output_buffer", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, output_buffer_bytes),
      .def = "1MiB", .min = "1KiB", .max = "1GiB",
      .doc = "output kept per instance while no client is attached (oldest dropped first)"},
-    {"instances.retention", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, retention_ms),
-     .def = "60s", .max = "168h",
-     .doc = "how long exited instances stay listed and attachable"},
+    {"instances.retention", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, retention_ms), .def = "60s",
+     .max = "168h", .doc = "how long exited instances stay listed and attachable"},
     LC_LIMIT_FIELDS("default", defaults, "256MiB", "1024", "1024", "16", "1MiB", "10m", "1h",
                     "default (launch leaves it 0):"),
     LC_LIMIT_FIELDS("max", maxima, "4GiB", "65536", "65536", "256", "4MiB", "24h", "168h",
@@ -117,18 +116,25 @@ static pie_code make_dirs(const lc_config *cfg, char *native, size_t cap, pie_st
     return PIE_OK;
 }
 
+/* The health name of the public API: the readiness probe's. SERVING only while this replica
+ * can launch (its Session is connected and knows a model); "" (liveness) stays SERVING. */
+#define LC_HEALTH_NAME "pie.v1.Lifecycle"
+
 static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     char native[4096];
     if ((p->s = svc_create("lifecycle", &cfg->svc, st)) == NULL) return st->code;
     lc_session_config sc = {.replica_id = cfg->replica_id ? cfg->replica_id : "",
-                            .advertise = cfg->advertise ? cfg->advertise : ""};
+                            .advertise = cfg->advertise ? cfg->advertise : "",
+                            .ready_health = LC_HEALTH_NAME};
     if ((p->session = lc_session_create(&sc, svc_metrics(p->s), st)) == NULL) return st->code;
     if (make_dirs(cfg, native, sizeof native, st) != PIE_OK) return st->code;
     size_t n_fns;
     const lc_wasm_host_fn *fns = lc_host_fns(&n_fns);
-    lc_wasm_rt_opts ro = {
-        .cache_dir = native, .host_fns = fns, .n_host_fns = n_fns, .tier1 = cfg->tier1,
-        .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
+    lc_wasm_rt_opts ro = {.cache_dir = native,
+                          .host_fns = fns,
+                          .n_host_fns = n_fns,
+                          .tier1 = cfg->tier1,
+                          .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
     if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
@@ -137,8 +143,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .http_allow = cfg->http_allow ? cfg->http_allow : "",
                          .http_timeout_ms = (uint64_t)cfg->http_timeout_ms,
                          .http_max_bytes = cfg->http_max_bytes};
-    if ((p->host = lc_host_create(&hc, p->session, svc_metrics(p->s), st)) == NULL)
-        return st->code;
+    if ((p->host = lc_host_create(&hc, p->session, svc_metrics(p->s), st)) == NULL) return st->code;
     lc_inst_config ic = {.defaults = cfg->defaults,
                          .maxima = cfg->maxima,
                          .output_buffer_bytes = cfg->output_buffer_bytes,
@@ -146,22 +151,20 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .thread_stack_bytes = cfg->stack_bytes};
     if ((p->insts = lc_inst_mgr_create(&ic, p->programs, p->host, p->session, st)) == NULL)
         return st->code;
-    if ((p->api = lc_api_create(p->programs, p->insts, p->session, st)) == NULL)
-        return st->code;
+    if ((p->api = lc_api_create(p->programs, p->insts, p->session, st)) == NULL) return st->code;
     size_t n_methods;
     const rpc_method *methods = lc_api_methods(p->api, &n_methods);
-    if (svc_serve(p->s, methods, n_methods, st) != PIE_OK ||
-        lc_session_start(p->session, p->s, &cfg->dial, st) != PIE_OK)
-        return st->code;
-    svc_add_health(p->s, "pie.v1.Lifecycle");
+    if (svc_serve(p->s, methods, n_methods, st) != PIE_OK) return st->code;
+    svc_add_health(p->s, LC_HEALTH_NAME); /* ready once the Session knows a model */
+    if (lc_session_start(p->session, p->s, &cfg->dial, st) != PIE_OK) return st->code;
     svc_set_serving(p->s, true);
     return PIE_OK;
 }
 
 static void lc_stop(lc_parts *p) {
     lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
-    svc_drain(p->s);             /* server next: no callback runs after it */
-    lc_api_destroy(p->api);      /* waits for uploads being validated */
+    svc_drain(p->s);            /* server next: no callback runs after it */
+    lc_api_destroy(p->api);     /* waits for uploads being validated */
     lc_inst_mgr_destroy(p->insts);
     lc_session_destroy(p->session); /* last InstanceEnds, stops the Session thread (the host's
                                        results sink), the controller forgets this replica */

@@ -16,6 +16,7 @@
 
 struct lc_session {
     lc_session_config cfg;
+    svc *sv; /* for cfg.ready_health; set by lc_session_start */
     char replica_id[320];
     rpc_channel *ch;
     rpc_link *link;
@@ -23,10 +24,10 @@ struct lc_session {
     pthread_mutex_t mu;             /* guards models */
     Pie__V1__SessionDown *models;   /* kept message holding the last ModelsChanged */
     Pie__V1__ModelsChanged *models_changed;
-    _Atomic uint64_t models_gen;    /* bumped by take_models */
+    _Atomic uint64_t models_gen; /* bumped by take_models */
     rpc_method methods[1];
     pie_gauge *g_connected, *g_models;
-    pie_counter *c_up;              /* SessionUp messages sent */
+    pie_counter *c_up; /* SessionUp messages sent */
     lc_session_sink sink;
 
     /* Outbound: instance threads append packed parts to out; the sender thread swaps it out and
@@ -73,6 +74,16 @@ static void session_on_connect(rpc_link *link, void *user) {
     pthread_mutex_unlock(&s->out_mu);
 }
 
+/* Publishes whether this replica can launch now: connected and knowing a model. */
+static void update_ready(lc_session *s) {
+    if (s->sv == NULL || s->cfg.ready_health == NULL) return;
+    pthread_mutex_lock(&s->mu);
+    bool ready =
+        atomic_load(&s->replica_index) != 0 && s->models_changed && s->models_changed->n_models > 0;
+    pthread_mutex_unlock(&s->mu);
+    svc_set_health_ready(s->sv, s->cfg.ready_health, ready);
+}
+
 /* Keeps down (returns true) when it holds the newest model list. */
 static bool take_models(lc_session *s, Pie__V1__SessionDown *down) {
     Pie__V1__ModelsChanged *mc = NULL;
@@ -107,7 +118,9 @@ static bool session_on_message(rpc_link *link, ProtobufCMessage *msg, void *user
                          down->events[i]->worker_lost->worker_index,
                          down->events[i]->worker_lost->group_id);
     if ((down->n_results || down->n_events) && s->sink.on_down) s->sink.on_down(s->sink.ctx, down);
-    return take_models(s, down);
+    bool kept = take_models(s, down);
+    if (kept || down->welcome) update_ready(s);
+    return kept;
 }
 
 static void session_on_disconnect(rpc_link *link, const pie_status *st, void *user) {
@@ -120,6 +133,7 @@ static void session_on_disconnect(rpc_link *link, const pie_status *st, void *us
     s->out.len = s->out.n = 0;
     pthread_mutex_unlock(&s->out_mu);
     if (s->sink.on_lost) s->sink.on_lost(s->sink.ctx);
+    update_ready(s);
     if (was)
         pie_log_warn("lc.session.lost", "replica_index=%u code=%s error=\"%s\"", was,
                      pie_code_name(st->code), st->msg);
@@ -281,8 +295,7 @@ static void sender_gather(lc_session *s) {
     struct timespec ts = {.tv_sec = (time_t)(until / 1000000000),
                           .tv_nsec = (long)(until % 1000000000)};
     s->gathering = true;
-    while (!s->stop && s->epoch != 0 && atomic_load(&s->gather_pending) > 0 &&
-           rpc_now_ns() < until)
+    while (!s->stop && s->epoch != 0 && atomic_load(&s->gather_pending) > 0 && rpc_now_ns() < until)
         pthread_cond_timedwait(&s->out_cv, &s->out_mu, &ts);
     s->gathering = false;
 }
@@ -351,8 +364,7 @@ static pie_code session_init_sync(lc_session *s) {
     return PIE_OK;
 }
 
-lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics,
-                              pie_status *st) {
+lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics, pie_status *st) {
     lc_session *s = calloc(1, sizeof *s);
     if (s == NULL || session_init_sync(s) != PIE_OK) {
         free(s);
@@ -365,9 +377,9 @@ lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics
                                   "SessionUp messages sent (each coalescing calls of many "
                                   "instances).",
                                   NULL, 0, st);
-    s->g_connected = pie_metrics_gauge(metrics, "pie_lifecycle_session_connected",
-                                       "1 while the Session with the controller is open.",
-                                       NULL, 0, st);
+    s->g_connected =
+        pie_metrics_gauge(metrics, "pie_lifecycle_session_connected",
+                          "1 while the Session with the controller is open.", NULL, 0, st);
     s->g_models = pie_metrics_gauge(metrics, "pie_lifecycle_models",
                                     "Models the cluster serves, as last announced.", NULL, 0, st);
     s->methods[0] = (rpc_method){
@@ -386,9 +398,10 @@ const rpc_method *lc_session_methods(lc_session *s, size_t *n) {
     return s->methods;
 }
 
-pie_code lc_session_start(lc_session *s, const svc *sv, const svc_dial_config *dial,
-                          pie_status *st) {
+pie_code lc_session_start(lc_session *s, svc *sv, const svc_dial_config *dial, pie_status *st) {
     int grpc_port = svc_port(sv);
+    s->sv = sv;
+    if (s->cfg.ready_health) svc_set_health_ready(sv, s->cfg.ready_health, false);
     if (s->cfg.replica_id && s->cfg.replica_id[0]) {
         snprintf(s->replica_id, sizeof s->replica_id, "%s", s->cfg.replica_id);
     } else {

@@ -25,22 +25,24 @@
 #include "svc.h"
 
 typedef struct lc_session_config {
-    const char *replica_id;  /* stable name of this replica (empty = hostname:port) */
-    const char *advertise;   /* host:port clients use to reach this replica ("" = unknown) */
+    const char *replica_id; /* stable name of this replica (empty = hostname:port) */
+    const char *advertise;  /* host:port clients use to reach this replica ("" = unknown) */
+    /* A health name (registered with svc_add_health) that is ready only while the Session is
+     * connected and knows a model to launch on: the readiness probe's name. NULL: none. */
+    const char *ready_health;
 } lc_session_config;
 
 typedef struct lc_session lc_session;
 
-lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics,
-                              pie_status *st);
+lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics, pie_status *st);
 
 /* pie.v1.Lifecycle methods implemented so far; *n gets the count. */
 const rpc_method *lc_session_methods(lc_session *s, size_t *n);
 
 /* Starts the Session (reconnecting with backoff). An empty replica id becomes
- * <hostname>:<gRPC port of sv>. */
-pie_code lc_session_start(lc_session *s, const svc *sv, const svc_dial_config *dial,
-                          pie_status *st);
+ * <hostname>:<gRPC port of sv>. cfg.ready_health of sv is not ready until the first model
+ * list arrives. */
+pie_code lc_session_start(lc_session *s, svc *sv, const svc_dial_config *dial, pie_status *st);
 
 /* The replica index from the controller's welcome; 0 while the Session is not connected. */
 uint32_t lc_session_replica_index(lc_session *s);

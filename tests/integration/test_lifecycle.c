@@ -113,11 +113,18 @@ static void cluster_stop(cluster *c) {
     free(c->dir);
 }
 
-static bool healthy(cluster *c) {
+static rpc_health_status health_of(cluster *c, const char *service) {
     pie_status st;
     rpc_health_status hs = RPC_HEALTH_UNKNOWN;
-    return rpc_health_check(c->ch, "pie.v1.Lifecycle", 5000, &hs, &st) == PIE_OK &&
-           hs == RPC_HEALTH_SERVING;
+    if (rpc_health_check(c->ch, service, 5000, &hs, &st) != PIE_OK) return RPC_HEALTH_UNKNOWN;
+    return hs;
+}
+
+/* The process serves (liveness) and, where a worker serves a model, the public API is ready
+ * (readiness: the Session is up and knows a model). */
+static bool healthy(cluster *c) {
+    bool live = health_of(c, "") == RPC_HEALTH_SERVING;
+    return live && (c->wrk == NULL || health_of(c, "pie.v1.Lifecycle") == RPC_HEALTH_SERVING);
 }
 
 /* ---- calls ------------------------------------------------------------------------------- */
@@ -536,6 +543,9 @@ Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
     launch_opts lo = {0};
     cr_assert_eq(launch(&c, id2, &lo, &inst, &st), PIE_NOT_FOUND, "%s", st.msg);
     cr_assert(healthy(&c));
+    /* no worker, no model: alive, but not ready to launch (what a readiness probe asks) */
+    cr_assert_eq(health_of(&c, "pie.v1.Lifecycle"), RPC_HEALTH_NOT_SERVING,
+                 "a replica that knows no model reports ready");
     free(wasm);
     cluster_stop(&c);
 }

@@ -30,10 +30,10 @@
 #include "rpc.h"
 
 #define START_MS 20000 /* a service is serving within this (generous: sanitizers, loaded CI) */
-#define STOP_MS 20000  /* and exits within this after SIGTERM */
-#define LINK_MS 10000  /* worker/replica linked (or unlinked) within this */
-#define CALL_MS 5000   /* deadline of one RPC */
-#define TOKEN "s3cret-token"
+#define STOP_MS  20000 /* and exits within this after SIGTERM */
+#define LINK_MS  10000 /* worker/replica linked (or unlinked) within this */
+#define CALL_MS  5000  /* deadline of one RPC */
+#define TOKEN    "s3cret-token"
 
 /* Short backoffs for every process that dials the controller. */
 #define ENV_RECONNECT "PIE_CONTROLLER_RECONNECT_INITIAL=50ms", "PIE_CONTROLLER_RECONNECT_MAX=200ms"
@@ -126,23 +126,31 @@ static models_list *wait_models(rpc_channel *ch, size_t n, int64_t timeout_ms) {
             last = ml->n_models;
             rpc_msg_free(&ml->base);
         }
-        cr_assert(pie_test_now_ms() < deadline,
-                  "ListModels: wanted %zu models within %lld ms; last answer %zu (last call: %s %s)",
-                  n, (long long)timeout_ms, last, pie_code_name(st.code), st.msg);
+        cr_assert(
+            pie_test_now_ms() < deadline,
+            "ListModels: wanted %zu models within %lld ms; last answer %zu (last call: %s %s)", n,
+            (long long)timeout_ms, last, pie_code_name(st.code), st.msg);
         pie_test_sleep_ms(20);
     }
 }
 
+/* The process is live ("" SERVING) and its service becomes ready within LINK_MS (the
+ * lifecycle's is ready once its Session knows a model). */
 static void assert_serving(const pie_proc *p, const char *service) {
     rpc_channel *ch = channel_to(p, NULL); /* health needs no token */
     const char *names[] = {"", service};
     for (size_t i = 0; i < 2; i++) {
-        pie_status st;
-        rpc_health_status hs = RPC_HEALTH_UNKNOWN;
-        cr_assert_eq(rpc_health_check(ch, names[i], CALL_MS, &hs, &st), PIE_OK,
-                     "%s: health check of '%s': %s", pie_proc_name(p), names[i], st.msg);
-        cr_assert_eq(hs, RPC_HEALTH_SERVING, "%s: health of '%s' is %d, not SERVING",
-                     pie_proc_name(p), names[i], (int)hs);
+        int64_t deadline = pie_test_now_ms() + (i ? LINK_MS : 0);
+        for (;;) {
+            pie_status st;
+            rpc_health_status hs = RPC_HEALTH_UNKNOWN;
+            cr_assert_eq(rpc_health_check(ch, names[i], CALL_MS, &hs, &st), PIE_OK,
+                         "%s: health check of '%s': %s", pie_proc_name(p), names[i], st.msg);
+            if (hs == RPC_HEALTH_SERVING) break;
+            cr_assert(pie_test_now_ms() < deadline, "%s: health of '%s' is %d, not SERVING",
+                      pie_proc_name(p), names[i], (int)hs);
+            pie_test_sleep_ms(20);
+        }
     }
     rpc_channel_destroy(ch);
 }
@@ -228,7 +236,8 @@ Test(services, each_service_serves_health_overall_and_by_name_and_exits_0_on_sig
     assert_serving(c.wrk, "pie.v1.Worker");
     assert_serving(c.lc, "pie.v1.Lifecycle");
     cr_assert_gt(pie_proc_metrics_port(c.ctl), 0, "metrics_port of the controller");
-    cr_assert_eq(pie_proc_log_count(c.ctl, "auth=off"), 1, "controller without a token logs auth=off");
+    cr_assert_eq(pie_proc_log_count(c.ctl, "auth=off"), 1,
+                 "controller without a token logs auth=off");
 
     rpc_channel *ch = channel_to(c.ctl, NULL);
     pie_status st;
@@ -279,7 +288,8 @@ Test(services, cluster_status_and_list_models_follow_the_worker) {
     pie_status st;
     rpc_call_opts co = {.timeout_ms = CALL_MS};
     cr_assert_eq(rpc_unary(wrk_ch, "/pie.v1.Worker/Info", &ireq.base,
-                           &pie__v1__info_response__descriptor, (ProtobufCMessage **)&info, &co, &st),
+                           &pie__v1__info_response__descriptor, (ProtobufCMessage **)&info, &co,
+                           &st),
                  PIE_OK, "Worker/Info: %s", st.msg);
     cr_assert_eq(info->rank, 0);
     cr_assert_eq(info->tp_size, 1);
@@ -324,6 +334,13 @@ Test(services, worker_and_replica_relink_after_controller_restart_on_the_same_po
               "the worker did not notice the controller's death");
     cr_assert(pie_proc_wait_log(c.lc, "event=lc.session.lost ", 1, LINK_MS),
               "the replica did not notice the controller's death");
+    /* without its controller the replica cannot launch: alive but not ready */
+    rpc_health_status hs = RPC_HEALTH_UNKNOWN;
+    cr_assert_eq(rpc_health_check(lc_ch, "", CALL_MS, &hs, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(hs, RPC_HEALTH_SERVING, "liveness must not follow the controller");
+    cr_assert_eq(rpc_health_check(lc_ch, "pie.v1.Lifecycle", CALL_MS, &hs, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_assert_eq(hs, RPC_HEALTH_NOT_SERVING, "a replica without a controller reports ready");
 
     char listen_env[64];
     snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=%s", listen);
@@ -343,6 +360,7 @@ Test(services, worker_and_replica_relink_after_controller_restart_on_the_same_po
     rpc_msg_free(&ml->base);
     cr_log_info("worker and replica relinked %lld ms after the controller restarted",
                 (long long)relink_ms);
+    assert_serving(c.lc, "pie.v1.Lifecycle"); /* ready again */
 
     rpc_channel_destroy(ctl_ch);
     rpc_channel_destroy(lc_ch);
@@ -442,7 +460,8 @@ Test(services, token_guards_every_method_but_health_and_linked_services_present_
 /* ---- tests: configuration and command line -------------------------------------------------- */
 
 /* Runs bin to completion with env and args; returns the exit status, *log gets the output. */
-static int run_to_exit(const char *bin, const char *const *env, const char *const *args, char **log) {
+static int run_to_exit(const char *bin, const char *const *env, const char *const *args,
+                       char **log) {
     pie_status st;
     pie_proc_opts o = {.env = env, .args = args};
     pie_proc *p = pie_proc_spawn(bin, &o, &st);
@@ -530,7 +549,8 @@ Test(services, print_config_shows_environment_overrides_and_redacts_the_token) {
     char *log = NULL;
     cr_assert_eq(run_to_exit("pie-worker", env, args, &log), 0, "output:\n%s", log);
     cr_assert(strstr(log, "server:\n"), "no server section:\n%s", log);
-    cr_assert(strstr(log, "\n  listen: \"127.0.0.1:5999\"\n"), "server.listen not from env:\n%s", log);
+    cr_assert(strstr(log, "\n  listen: \"127.0.0.1:5999\"\n"), "server.listen not from env:\n%s",
+              log);
     cr_assert(strstr(log, "\n  kv_pages: 2048\n"), "pool.kv_pages not from env:\n%s", log);
     cr_assert(strstr(log, "\n  token: \"<redacted>\"\n"), "token not redacted:\n%s", log);
     cr_assert_null(strstr(log, TOKEN), "--print-config shows the token:\n%s", log);
@@ -543,11 +563,13 @@ Test(services, help_config_lists_every_key_and_version_exits_0) {
     char *log = NULL;
     cr_assert_eq(run_to_exit("pie-worker", NULL, help, &log), 0, "output:\n%s", log);
     static const char *const keys[] = {
-        "| `server.listen` | `PIE_SERVER_LISTEN` |", "| `auth.token` | `PIE_AUTH_TOKEN` |",
+        "| `server.listen` | `PIE_SERVER_LISTEN` |",
+        "| `auth.token` | `PIE_AUTH_TOKEN` |",
         "| `metrics.listen` | `PIE_METRICS_LISTEN` |",
         "| `controller.address` | `PIE_CONTROLLER_ADDRESS` |",
         "| `controller.reconnect_initial` | `PIE_CONTROLLER_RECONNECT_INITIAL` |",
-        "| `pool.kv_pages` | `PIE_POOL_KV_PAGES` |", "| `model.name` | `PIE_MODEL_NAME` |"};
+        "| `pool.kv_pages` | `PIE_POOL_KV_PAGES` |",
+        "| `model.name` | `PIE_MODEL_NAME` |"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         cr_assert(strstr(log, keys[i]), "--help-config lacks %s:\n%s", keys[i], log);
     free(log);

@@ -45,6 +45,15 @@ class Service:
         with open(self.log.name, "rb") as f:
             return f.read()
 
+    def wait_log(self, needle, timeout=20.0):
+        """Waits until the log contains needle (bytes)."""
+        deadline = time.monotonic() + timeout
+        while needle not in self.read_log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pie-{self.name}: no {needle!r} in its log:\n"
+                                   f"{self.read_log().decode(errors='replace')}")
+            time.sleep(0.02)
+
     def stop(self, timeout=20.0):
         """SIGTERM, then the exit status (0 expected). A sanitizer report in the log (the
         ASan+UBSan test build) fails the test whatever the status."""
@@ -78,6 +87,8 @@ class Cluster:
         lc = dict(link, PIE_RUNTIME_CACHE_DIR=self.cache_dir, PIE_TOKENIZER_PATH=MODELS_DIR,
                   PIE_RUNTIME_TIER1="false", **(lifecycle_env or {}))
         self.lifecycle = Service("lifecycle", lc)
+        # Ready to launch (its readiness health) once its Session knows the worker's model.
+        self.lifecycle.wait_log(b"event=svc.health.ready service=pie.v1.Lifecycle ready=true")
 
     def services(self):
         return [self.lifecycle, self.worker, self.controller]

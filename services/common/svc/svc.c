@@ -22,20 +22,22 @@ struct svc {
     rpc_server *server;
     pie_metrics *metrics;
     pie_httpd *httpd;
-    const svc_config *cfg;             /* borrowed; outlives the svc */
+    const svc_config *cfg; /* borrowed; outlives the svc */
     char token[512];
+    /* Health: "" is `serving`; each name of health[] is serving && its ready flag. Set from the
+     * main thread (serving) and from the service's own threads (ready), hence the lock. */
+    pthread_mutex_t health_mu;
     const char *health[SVC_MAX_HEALTH]; /* service names reported in health besides "" */
+    bool ready[SVC_MAX_HEALTH];
     size_t n_health;
+    bool serving;
 };
 
 int svc_parse_args(int argc, char **argv, const char *prog, svc_args *out) {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"print-config", no_argument, NULL, 'p'},
-        {"help-config", no_argument, NULL, 'H'},
-        {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'}, {"print-config", no_argument, NULL, 'p'},
+        {"help-config", no_argument, NULL, 'H'},  {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     memset(out, 0, sizeof *out);
     optind = 1;
@@ -47,11 +49,12 @@ int svc_parse_args(int argc, char **argv, const char *prog, svc_args *out) {
         case 'H': out->help_config = true; break;
         case 'V': printf("%s %s\n", prog, PIE_VERSION); return 1;
         case 'h':
-            printf("usage: %s [--config FILE] [--print-config] [--help-config] [--version]\n"
-                   "  --config FILE    YAML configuration (PIE_* environment variables override it)\n"
-                   "  --print-config   print the effective configuration and exit\n"
-                   "  --help-config    print every configuration key and exit\n",
-                   prog);
+            printf(
+                "usage: %s [--config FILE] [--print-config] [--help-config] [--version]\n"
+                "  --config FILE    YAML configuration (PIE_* environment variables override it)\n"
+                "  --print-config   print the effective configuration and exit\n"
+                "  --help-config    print every configuration key and exit\n",
+                prog);
             return 1;
         default: return 2;
         }
@@ -108,8 +111,7 @@ int svc_wait_for_signal(void) {
     sigset_t set;
     signal_set(&set);
     int sig = 0;
-    while (sigwait(&set, &sig) != 0) {
-    }
+    while (sigwait(&set, &sig) != 0) {}
     return sig;
 }
 
@@ -143,11 +145,13 @@ static pie_code read_token_file(const char *path, char *out, size_t n, pie_statu
     size_t len = fread(out, 1, n - 1, f);
     int err = ferror(f);
     fclose(f);
-    if (err) return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: cannot read '%s'", path);
+    if (err)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: cannot read '%s'", path);
     out[len] = '\0';
     while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r' || out[len - 1] == ' '))
         out[--len] = '\0';
-    if (len == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: '%s' is empty", path);
+    if (len == 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "auth.token_file: '%s' is empty", path);
     return PIE_OK;
 }
 
@@ -156,8 +160,8 @@ static pie_code start_metrics(svc *s, const svc_config *cfg, pie_status *st) {
     char host[256];
     uint16_t port;
     if (split_host_port(cfg->metrics_listen, host, sizeof host, &port) != 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "metrics.listen: '%s' is not host:port", cfg->metrics_listen);
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "metrics.listen: '%s' is not host:port",
+                              cfg->metrics_listen);
     pie_httpd_options opt = {.host = host, .port = port, .metrics = s->metrics};
     return pie_httpd_start(&opt, &s->httpd, st);
 }
@@ -165,15 +169,15 @@ static pie_code start_metrics(svc *s, const svc_config *cfg, pie_status *st) {
 static void register_build_info(svc *s) {
     pie_status st;
     pie_metric_label labels[] = {{"service", s->name}, {"version", PIE_VERSION}};
-    pie_gauge *g = pie_metrics_gauge(s->metrics, "pie_build_info",
-                                     "Always 1; labels name the service and its version.",
-                                     labels, 2, &st);
+    pie_gauge *g =
+        pie_metrics_gauge(s->metrics, "pie_build_info",
+                          "Always 1; labels name the service and its version.", labels, 2, &st);
     pie_gauge_set(g, 1);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    pie_gauge *start = pie_metrics_gauge(s->metrics, "pie_process_start_time_seconds",
-                                         "Start time of the process since the Unix epoch.", NULL,
-                                         0, &st);
+    pie_gauge *start =
+        pie_metrics_gauge(s->metrics, "pie_process_start_time_seconds",
+                          "Start time of the process since the Unix epoch.", NULL, 0, &st);
     pie_gauge_set(start, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
 }
 
@@ -183,12 +187,19 @@ svc *svc_create(const char *name, const svc_config *cfg, pie_status *st) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    int rc = pthread_mutex_init(&s->health_mu, NULL);
+    if (rc != 0) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "svc: pthread_mutex_init: %s", strerror(rc));
+        free(s);
+        return NULL;
+    }
     snprintf(s->name, sizeof s->name, "%s", name);
     s->cfg = cfg;
     pie_log_set_service(name);
     pie_log_set_level((pie_log_level)cfg->log_level);
     if (cfg->auth_token_file && cfg->auth_token_file[0]) {
-        if (read_token_file(cfg->auth_token_file, s->token, sizeof s->token, st) != PIE_OK) goto fail;
+        if (read_token_file(cfg->auth_token_file, s->token, sizeof s->token, st) != PIE_OK)
+            goto fail;
     } else if (cfg->auth_token) {
         snprintf(s->token, sizeof s->token, "%s", cfg->auth_token);
     }
@@ -206,7 +217,8 @@ fail:
 
 pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) {
     const svc_config *cfg = s->cfg;
-    int max_msg = cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX : (int)cfg->max_message_bytes;
+    int max_msg =
+        cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX : (int)cfg->max_message_bytes;
     rpc_server_opts so = {
         .addr = cfg->listen,
         .n_threads = (int)cfg->threads,
@@ -225,16 +237,45 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) 
     return PIE_OK;
 }
 
+/* Publishes health[i]; health_mu held. */
+static void health_publish(svc *s, size_t i) {
+    bool on = s->serving && s->ready[i];
+    rpc_server_set_health(s->server, s->health[i], on ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING,
+                          NULL);
+}
+
 void svc_add_health(svc *s, const char *service) {
-    if (s->n_health < SVC_MAX_HEALTH) s->health[s->n_health++] = service;
-    rpc_server_set_health(s->server, service, RPC_HEALTH_NOT_SERVING, NULL);
+    pthread_mutex_lock(&s->health_mu);
+    if (s->n_health < SVC_MAX_HEALTH) {
+        s->health[s->n_health] = service;
+        s->ready[s->n_health] = true;
+        health_publish(s, s->n_health++);
+    }
+    pthread_mutex_unlock(&s->health_mu);
 }
 
 void svc_set_serving(svc *s, bool serving) {
-    rpc_health_status hs = serving ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING;
-    for (size_t i = 0; i < s->n_health; i++) rpc_server_set_health(s->server, s->health[i], hs, NULL);
-    rpc_server_set_health(s->server, "", hs, NULL);
+    pthread_mutex_lock(&s->health_mu);
+    s->serving = serving;
+    for (size_t i = 0; i < s->n_health; i++) health_publish(s, i);
+    rpc_server_set_health(s->server, "", serving ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING,
+                          NULL);
+    pthread_mutex_unlock(&s->health_mu);
     pie_log_info("svc.health", "serving=%s", serving ? "true" : "false");
+}
+
+void svc_set_health_ready(svc *s, const char *service, bool ready) {
+    bool changed = false;
+    pthread_mutex_lock(&s->health_mu);
+    for (size_t i = 0; i < s->n_health; i++) {
+        if (strcmp(s->health[i], service) != 0 || s->ready[i] == ready) continue;
+        s->ready[i] = ready;
+        health_publish(s, i);
+        changed = true;
+    }
+    pthread_mutex_unlock(&s->health_mu);
+    if (changed)
+        pie_log_info("svc.health.ready", "service=%s ready=%s", service, ready ? "true" : "false");
 }
 
 rpc_server *svc_server(svc *s) { return s->server; }
@@ -246,7 +287,7 @@ const char *svc_token(const svc *s) { return s->token; }
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st) {
     int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX
-                                                                   : (int)s->cfg->max_message_bytes;
+                                                                  : (int)s->cfg->max_message_bytes;
     rpc_channel_opts co = {
         .token = s->token[0] ? s->token : NULL,
         .max_recv_bytes = max_msg,
@@ -291,5 +332,6 @@ void svc_stop(svc *s) {
     svc_drain(s);
     pie_metrics_destroy(s->metrics);
     pie_log_info("svc.stopped", "%s", "");
+    pthread_mutex_destroy(&s->health_mu);
     free(s);
 }

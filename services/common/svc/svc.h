@@ -43,25 +43,45 @@ typedef struct svc_config {
 
 /* Field table entries for svc_config inside service struct T (member `svc`); defaults are the
  * service's ports. Used as the first entries of each service's pie_config_field array. */
-#define SVC_CONFIG_FIELDS(T, listen_def, metrics_def)                                         \
-    {"server.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.listen), .def = (listen_def),       \
-     .doc = "host:port the gRPC server binds (port 0 = any free port)"},                       \
-    {"server.threads", PIE_CFG_UINT, PIE_CONFIG_AT(T, svc.threads), .def = "1", .min = "1",     \
-     .max = "64", .doc = "completion-queue threads of the gRPC server (1: lowest latency)"}, \
-    {"server.max_message", PIE_CFG_SIZE, PIE_CONFIG_AT(T, svc.max_message_bytes),              \
-     .def = "64MiB", .min = "1KiB", .max = "1GiB",                                             \
-     .doc = "largest gRPC message sent or received; larger ones fail RESOURCE_EXHAUSTED"},     \
-    {"server.shutdown_grace", PIE_CFG_DURATION, PIE_CONFIG_AT(T, svc.shutdown_grace_ms),       \
-     .def = "5s", .max = "10m", .doc = "on SIGTERM, how long calls in flight may finish"},     \
-    {"auth.token", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.auth_token), .def = "",               \
-     .doc = "bearer token every caller must send (empty = no authentication)",                 \
-     .flags = PIE_CONFIG_SECRET},                                                              \
-    {"auth.token_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.auth_token_file), .def = "",      \
-     .doc = "file holding the bearer token (a mounted Kubernetes secret); overrides auth.token"}, \
-    {"metrics.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.metrics_listen),                  \
-     .def = (metrics_def), .doc = "host:port of the Prometheus /metrics endpoint (empty = off)"}, \
-    {"log.level", PIE_CFG_ENUM, PIE_CONFIG_AT(T, svc.log_level), .def = "info",                \
-     .choices = svc_log_levels, .doc = "lowest log level written"}
+#define SVC_CONFIG_FIELDS(T, listen_def, metrics_def)                                              \
+    {"server.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.listen), .def = (listen_def),           \
+     .doc = "host:port the gRPC server binds (port 0 = any free port)"},                           \
+        {"server.threads",                                                                         \
+         PIE_CFG_UINT,                                                                             \
+         PIE_CONFIG_AT(T, svc.threads),                                                            \
+         .def = "1",                                                                               \
+         .min = "1",                                                                               \
+         .max = "64",                                                                              \
+         .doc = "completion-queue threads of the gRPC server (1: lowest latency)"},                \
+        {"server.max_message",                                                                     \
+         PIE_CFG_SIZE,                                                                             \
+         PIE_CONFIG_AT(T, svc.max_message_bytes),                                                  \
+         .def = "64MiB",                                                                           \
+         .min = "1KiB",                                                                            \
+         .max = "1GiB",                                                                            \
+         .doc = "largest gRPC message sent or received; larger ones fail RESOURCE_EXHAUSTED"},     \
+        {"server.shutdown_grace",                                                                  \
+         PIE_CFG_DURATION,                                                                         \
+         PIE_CONFIG_AT(T, svc.shutdown_grace_ms),                                                  \
+         .def = "5s",                                                                              \
+         .max = "10m",                                                                             \
+         .doc = "on SIGTERM, how long calls in flight may finish"},                                \
+        {"auth.token",                                                                             \
+         PIE_CFG_STRING,                                                                           \
+         PIE_CONFIG_AT(T, svc.auth_token),                                                         \
+         .def = "",                                                                                \
+         .doc = "bearer token every caller must send (empty = no authentication)",                 \
+         .flags = PIE_CONFIG_SECRET},                                                              \
+        {"auth.token_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.auth_token_file), .def = "",      \
+         .doc =                                                                                    \
+             "file holding the bearer token (a mounted Kubernetes secret); overrides auth.token"}, \
+        {"metrics.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.metrics_listen),                   \
+         .def = (metrics_def),                                                                     \
+         .doc = "host:port of the Prometheus /metrics endpoint (empty = off)"},                    \
+    {                                                                                              \
+        "log.level", PIE_CFG_ENUM, PIE_CONFIG_AT(T, svc.log_level),                                \
+            .def = "info", .choices = svc_log_levels, .doc = "lowest log level written"            \
+    }
 
 extern const char *const svc_log_levels[];
 
@@ -73,14 +93,21 @@ typedef struct svc_dial_config {
 } svc_dial_config;
 
 /* Field table entries for an svc_dial_config member `m` of struct T. */
-#define SVC_DIAL_FIELDS(T, m)                                                                  \
-    {"controller.address", PIE_CFG_STRING, PIE_CONFIG_AT(T, m.address),                        \
-     .def = "127.0.0.1:50052", .doc = "controller to dial (host:port or dns:///name:port)"},  \
-    {"controller.reconnect_initial", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_initial_ms), \
-     .def = "100ms", .min = "1ms", .max = "1m",                                                \
-     .doc = "first redial delay after the controller link fails (grows 1.6x, +-20% jitter)"}, \
-    {"controller.reconnect_max", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_max_ms),       \
-     .def = "5s", .min = "1ms", .max = "10m", .doc = "longest redial delay of the controller link"} /* "debug", "info", "warn", "error", "off", NULL */
+#define SVC_DIAL_FIELDS(T, m)                                                                     \
+    {"controller.address", PIE_CFG_STRING, PIE_CONFIG_AT(T, m.address), .def = "127.0.0.1:50052", \
+     .doc = "controller to dial (host:port or dns:///name:port)"},                                \
+        {"controller.reconnect_initial",                                                          \
+         PIE_CFG_DURATION,                                                                        \
+         PIE_CONFIG_AT(T, m.reconnect_initial_ms),                                                \
+         .def = "100ms",                                                                          \
+         .min = "1ms",                                                                            \
+         .max = "1m",                                                                             \
+         .doc = "first redial delay after the controller link fails (grows 1.6x, +-20% jitter)"}, \
+    {                                                                                             \
+        "controller.reconnect_max", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_max_ms),       \
+            .def = "5s", .min = "1ms", .max = "10m",                                              \
+            .doc = "longest redial delay of the controller link"                                  \
+    } /* "debug", "info", "warn", "error", "off", NULL */
 
 typedef struct svc_args {
     const char *config_path; /* --config PATH (NULL: defaults + environment) */
@@ -115,13 +142,19 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st);
 
 /* Overall health ("") and the health of each service name registered with svc_add_health. */
 void svc_set_serving(svc *s, bool serving);
-/* Also report `service` (e.g. "pie.v1.Controller") in health; follows svc_set_serving. */
+/* Also report `service` (e.g. "pie.v1.Controller") in health; follows svc_set_serving. The
+ * string is borrowed and must outlive s. */
 void svc_add_health(svc *s, const char *service);
+/* Whether `service` (registered with svc_add_health) can do its work now, e.g. the lifecycle
+ * while it knows no model to launch on: its health is SERVING only while serving and ready
+ * (ready from the start). The overall health ("", what liveness probes ask) does not change.
+ * Thread-safe. */
+void svc_set_health_ready(svc *s, const char *service, bool ready);
 
 rpc_server *svc_server(svc *s);
 pie_metrics *svc_metrics(svc *s);
-int svc_port(const svc *s);         /* bound gRPC port */
-int svc_metrics_port(const svc *s); /* bound metrics port, 0 if off */
+int svc_port(const svc *s);          /* bound gRPC port */
+int svc_metrics_port(const svc *s);  /* bound metrics port, 0 if off */
 const char *svc_token(const svc *s); /* effective bearer token ("" if none) */
 
 /* Dials the controller: a channel with this service's token and message size, and a
