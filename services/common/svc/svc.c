@@ -237,8 +237,9 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) 
     return PIE_OK;
 }
 
-/* Publishes health[i]; health_mu held. */
+/* Publishes health[i]; health_mu held. Nothing once the server is gone (svc_drain). */
 static void health_publish(svc *s, size_t i) {
+    if (s->server == NULL) return;
     bool on = s->serving && s->ready[i];
     rpc_server_set_health(s->server, s->health[i], on ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING,
                           NULL);
@@ -258,8 +259,9 @@ void svc_set_serving(svc *s, bool serving) {
     pthread_mutex_lock(&s->health_mu);
     s->serving = serving;
     for (size_t i = 0; i < s->n_health; i++) health_publish(s, i);
-    rpc_server_set_health(s->server, "", serving ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING,
-                          NULL);
+    if (s->server)
+        rpc_server_set_health(s->server, "", serving ? RPC_HEALTH_SERVING : RPC_HEALTH_NOT_SERVING,
+                              NULL);
     pthread_mutex_unlock(&s->health_mu);
     pie_log_info("svc.health", "serving=%s", serving ? "true" : "false");
 }
@@ -318,8 +320,12 @@ void svc_drain(svc *s) {
     if (s->server) {
         pie_log_info("svc.stopping", "grace_ms=%lld", (long long)s->cfg->shutdown_grace_ms);
         rpc_server_shutdown(s->server, s->cfg->shutdown_grace_ms);
-        rpc_server_destroy(s->server);
+        /* Service threads may still set health (svc_set_health_ready): under health_mu. */
+        pthread_mutex_lock(&s->health_mu);
+        rpc_server *srv = s->server;
         s->server = NULL;
+        pthread_mutex_unlock(&s->health_mu);
+        rpc_server_destroy(srv);
     }
     if (s->httpd) {
         pie_httpd_stop(s->httpd);
