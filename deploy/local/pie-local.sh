@@ -147,6 +147,11 @@ for _ in $(seq $((wait_s * 10))); do
   sleep 0.1
 done
 [ $linked = 1 ] || { echo "pie-local: the controller did not see $workers worker(s) and $lifecycles replica(s) within $wait_s s" >&2; ok=1; }
+# Each replica is ready (pie.v1.Lifecycle SERVING) once its Session knows the model: launches
+# before that fail with UNAVAILABLE.
+lc_args=()
+for a in "${lc_addrs[@]}"; do lc_args+=(--addr "$a"); done
+"$bin/piectl" --wait $((wait_s * 1000)) --service pie.v1.Lifecycle "${lc_args[@]}" health || ok=1
 "$bin/piectl" --addr "127.0.0.1:$ctl" status || ok=1
 if [ $check = 1 ]; then
   stop_all || ok=1
