@@ -13,18 +13,6 @@ static uint64_t h64(uint64_t x) { /* splitmix64 finaliser */
     return x ^ (x >> 31);
 }
 
-/* Is i inside the cyclic range [k, j)? (Backward-shift deletion: an entry at j whose home is k
- * may move to the hole at i only if i lies between its home and its current cell.) */
-static bool cyc_between(size_t k, size_t i, size_t j) {
-    return k <= j ? (k <= i && i < j) : (k <= i || i < j);
-}
-
-static size_t grown_cap(size_t cap, size_t need) {
-    size_t c = cap ? cap : 8;
-    while (need * 4 > c * 3) c *= 2;
-    return c;
-}
-
 void *pie_map64_get(const pie_map64 *m, uint64_t key) {
     if (m->n == 0 || key == 0) return NULL;
     size_t mask = m->cap - 1;
@@ -51,7 +39,7 @@ static void put64_nogrow(pie_map64 *m, uint64_t key, void *val) {
 }
 
 int pie_map64_put(pie_map64 *m, uint64_t key, void *val) {
-    size_t cap = grown_cap(m->cap, m->n + 1);
+    size_t cap = pie_map_grown_cap(m->cap, m->n + 1);
     if (cap != m->cap) {
         pie_map64_cell *cells = calloc(cap, sizeof *cells);
         if (cells == NULL) return -1;
@@ -78,7 +66,7 @@ void *pie_map64_del(pie_map64 *m, uint64_t key) {
     void *val = m->cells[i].val;
     for (size_t j = (i + 1) & mask; m->cells[j].key != 0; j = (j + 1) & mask) {
         size_t k = h64(m->cells[j].key) & mask;
-        if (cyc_between(k, i, j)) {
+        if (pie_map_cyc_between(k, i, j)) {
             m->cells[i] = m->cells[j];
             i = j;
         }

@@ -8,8 +8,23 @@
 #ifndef PIE_MAP64_H
 #define PIE_MAP64_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The table discipline of this map, also used by the controller's u32 and string maps
+ * (ctl_map.c). */
+/* The capacity (a power of two, at least 8) that keeps need entries at most 3/4 full. */
+static inline size_t pie_map_grown_cap(size_t cap, size_t need) {
+    size_t c = cap ? cap : 8;
+    while (need * 4 > c * 3) c *= 2;
+    return c;
+}
+/* Is i inside the cyclic range [k, j)? (Backward-shift deletion: an entry at j whose home is k
+ * may move to the hole at i only if i lies between its home and its current cell.) */
+static inline bool pie_map_cyc_between(size_t k, size_t i, size_t j) {
+    return k <= j ? (k <= i && i < j) : (k <= i || i < j);
+}
 
 typedef struct pie_map64_cell {
     uint64_t key; /* 0: free cell */

@@ -4,18 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Is i inside the cyclic range [k, j)? (Backward-shift deletion: an entry at j whose home is k
- * may move to the hole at i only if i lies between its home and its current cell.) */
-static bool cyc_between(size_t k, size_t i, size_t j) {
-    return k <= j ? (k <= i && i < j) : (k <= i || i < j);
-}
-
-static size_t grown_cap(size_t cap, size_t need) {
-    size_t c = cap ? cap : 8;
-    while (need * 4 > c * 3) c *= 2;
-    return c;
-}
-
 /* ---- u32 → u32 ---------------------------------------------------------------------------- */
 
 static uint32_t h32(uint32_t k) {
@@ -54,7 +42,7 @@ static void put32_nogrow(ctl_map32 *m, uint32_t key, uint32_t val) {
 }
 
 int ctl_map32_reserve(ctl_map32 *m, uint32_t n) {
-    size_t cap = grown_cap(m->cap, n);
+    size_t cap = pie_map_grown_cap(m->cap, n);
     if (cap == m->cap) return 0;
     if (cap > UINT32_MAX / 2) return -1;
     ctl_map32_cell *cells = malloc(cap * sizeof *cells);
@@ -88,7 +76,7 @@ bool ctl_map32_del(ctl_map32 *m, uint32_t key, uint32_t *old) {
     if (old) *old = m->cells[i].val;
     for (uint32_t j = (i + 1) & mask; m->cells[j].val != CTL_MAP32_EMPTY; j = (j + 1) & mask) {
         uint32_t k = h32(m->cells[j].key) & mask;
-        if (cyc_between(k, i, j)) {
+        if (pie_map_cyc_between(k, i, j)) {
             m->cells[i] = m->cells[j];
             i = j;
         }
@@ -157,7 +145,7 @@ static void putstr_nogrow(ctl_mapstr *m, const char *key, uint64_t h, void *val)
 }
 
 int ctl_mapstr_put(ctl_mapstr *m, const char *key, void *val) {
-    size_t cap = grown_cap(m->cap, m->n + 1);
+    size_t cap = pie_map_grown_cap(m->cap, m->n + 1);
     if (cap != m->cap) {
         ctl_mapstr_cell *cells = calloc(cap, sizeof *cells);
         if (cells == NULL) return -1;
@@ -186,7 +174,7 @@ void *ctl_mapstr_del(ctl_mapstr *m, const char *key) {
     void *val = m->cells[i].val;
     for (size_t j = (i + 1) & mask; m->cells[j].key != NULL; j = (j + 1) & mask) {
         size_t k = m->cells[j].hash & mask;
-        if (cyc_between(k, i, j)) {
+        if (pie_map_cyc_between(k, i, j)) {
             m->cells[i] = m->cells[j];
             i = j;
         }

@@ -25,27 +25,6 @@
  * extra ones and the terminating NULL. */
 #define LC_ENV_MAX 16
 
-/* The lifecycle reports healthy before its Session has told it which models the cluster
- * serves (a launch before that fails with UNAVAILABLE, which clients retry): wait for the list
- * so that a test's first launch does not race the worker's registration. */
-static void wait_for_a_model(e2e_cluster *c) {
-    int64_t deadline = pie_test_now_ms() + START_MS;
-    for (;;) {
-        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
-        rpc_call_opts o = {.timeout_ms = 5000, .wait_for_ready = true};
-        ProtobufCMessage *r = NULL;
-        pie_status st;
-        size_t n = 0;
-        if (rpc_unary(c->ch, "/pie.v1.Lifecycle/ListModels", &req.base,
-                      &pie__v1__list_models_response__descriptor, &r, &o, &st) == PIE_OK)
-            n = ((Pie__V1__ListModelsResponse *)r)->n_models;
-        rpc_msg_free(r);
-        if (n > 0) return;
-        cr_assert(pie_test_now_ms() < deadline, "the lifecycle never learned a model");
-        pie_test_sleep_ms(20);
-    }
-}
-
 void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
     pie_status st;
     *c = (e2e_cluster){0};
@@ -80,7 +59,8 @@ void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
     cr_assert(c->lc, "%s", st.msg);
     c->ch = rpc_channel_create(pie_proc_addr(c->lc), NULL, &st);
     cr_assert(c->ch, "%s", st.msg);
-    wait_for_a_model(c);
+    /* its first launch must not race the worker's registration */
+    cr_assert_gt(pie_test_wait_models(c->ch, START_MS), 0, "the lifecycle never learned a model");
 }
 
 void e2e_cluster_start(e2e_cluster *c) { e2e_cluster_start_env(c, NULL); }
@@ -92,7 +72,8 @@ static void stop_one(pie_proc *p) {
     char *tail = pie_proc_log_tail(p, 4000);
     cr_expect_eq(rc, 0, "%s exited with %d: %s\nlog:\n%s", pie_proc_name(p), rc, st.msg,
                  tail ? tail : "");
-    cr_expect_eq(pie_proc_log_count(p, "AddressSanitizer") + pie_proc_log_count(p, "runtime error:") +
+    cr_expect_eq(pie_proc_log_count(p, "AddressSanitizer") +
+                     pie_proc_log_count(p, "runtime error:") +
                      pie_proc_log_count(p, "LeakSanitizer"),
                  0, "%s reported a sanitizer error:\n%s", pie_proc_name(p), tail ? tail : "");
     free(tail);
@@ -203,7 +184,8 @@ static void take_response(e2e_run *r, const Pie__V1__AttachResponse *a) {
         r->exit_code = a->exit_status->exit_code;
         if (a->exit_status->status) {
             r->status_code = a->exit_status->status->code;
-            r->status_msg = strdup(a->exit_status->status->message ? a->exit_status->status->message : "");
+            r->status_msg =
+                strdup(a->exit_status->status->message ? a->exit_status->status->message : "");
         }
         break;
     default: break;
@@ -299,8 +281,8 @@ e2e_ref *e2e_ref_open(void) {
                   .n_threads = 1};
     pie_status st;
     cr_assert_eq(eng_open(&o, &r->e, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(tok_load(PIE_MODELS_DIR "/" E2E_MODEL "/tokenizer.json", &r->t, &st), PIE_OK,
-                 "%s", st.msg);
+    cr_assert_eq(tok_load(PIE_MODELS_DIR "/" E2E_MODEL "/tokenizer.json", &r->t, &st), PIE_OK, "%s",
+                 st.msg);
     r->info = eng_get_info(r->e);
     cr_assert_eq(mdl_config_load(PIE_MODELS_DIR "/" E2E_MODEL, &r->cfg, &st), PIE_OK, "%s", st.msg);
     return r;
@@ -327,7 +309,8 @@ size_t e2e_ref_encode(e2e_ref *r, const char *text, uint32_t *out, size_t cap) {
 size_t e2e_ref_prompt(e2e_ref *r, const char *const *parts, size_t n_parts, uint32_t *out) {
     size_t n = 0;
     if (r->info->bos_token_id >= 0) out[n++] = (uint32_t)r->info->bos_token_id;
-    for (size_t i = 0; i < n_parts; i++) n += e2e_ref_encode(r, parts[i], out + n, E2E_MAX_TOKENS / 2 - n);
+    for (size_t i = 0; i < n_parts; i++)
+        n += e2e_ref_encode(r, parts[i], out + n, E2E_MAX_TOKENS / 2 - n);
     return n;
 }
 

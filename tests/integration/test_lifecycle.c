@@ -57,8 +57,6 @@ static pie_proc *start(const char *bin, const char *const *env) {
     return p;
 }
 
-static void wait_models(cluster *c);
-
 /* extra: more lifecycle environment entries (NULL-terminated) or NULL. with_worker: start a
  * worker (launches need a model). */
 static void cluster_start(cluster *c, const char *const *extra, bool with_worker) {
@@ -89,7 +87,9 @@ static void cluster_start(cluster *c, const char *const *extra, bool with_worker
     rpc_channel_opts co = {.max_recv_bytes = -1, .max_send_bytes = -1};
     c->ch = rpc_channel_create(pie_proc_addr(c->lc), &co, &st);
     cr_assert(c->ch, "%s", st.msg);
-    if (with_worker) wait_models(c);
+    if (with_worker)
+        cr_assert_gt(pie_test_wait_models(c->ch, WAIT_MS), 0,
+                     "the lifecycle never learned a model");
 }
 
 static void stop_ok(pie_proc *p) {
@@ -142,23 +142,6 @@ static pie_code unary(cluster *c, const char *method, const ProtobufCMessage *re
     else
         rpc_msg_free(r);
     return rc;
-}
-
-static void wait_models(cluster *c) {
-    int64_t deadline = pie_test_now_ms() + WAIT_MS;
-    for (;;) {
-        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
-        ProtobufCMessage *r = NULL;
-        pie_status st;
-        size_t n = 0;
-        if (unary(c, "ListModels", &req.base, &pie__v1__list_models_response__descriptor, &r,
-                  &st) == PIE_OK)
-            n = ((Pie__V1__ListModelsResponse *)r)->n_models;
-        rpc_msg_free(r);
-        if (n > 0) return;
-        cr_assert(pie_test_now_ms() < deadline, "the lifecycle never learned a model");
-        pie_test_sleep_ms(50);
-    }
 }
 
 static uint8_t *read_fixture(const char *name, size_t *len) {

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "pie/v1/lifecycle.pb-c.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -27,4 +29,21 @@ int64_t pie_test_now_ms(void) {
 void pie_test_sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+size_t pie_test_wait_models(rpc_channel *ch, int64_t timeout_ms) {
+    int64_t deadline = pie_test_now_ms() + timeout_ms;
+    for (;;) {
+        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
+        rpc_call_opts o = {.timeout_ms = 5000, .wait_for_ready = true};
+        ProtobufCMessage *r = NULL;
+        pie_status st;
+        size_t n = 0;
+        if (rpc_unary(ch, "/pie.v1.Lifecycle/ListModels", &req.base,
+                      &pie__v1__list_models_response__descriptor, &r, &o, &st) == PIE_OK)
+            n = ((Pie__V1__ListModelsResponse *)r)->n_models;
+        rpc_msg_free(r);
+        if (n > 0 || pie_test_now_ms() >= deadline) return n;
+        pie_test_sleep_ms(20);
+    }
 }
