@@ -27,8 +27,6 @@ typedef enum krn_simd { KRN_SIMD_SCALAR = 0, KRN_SIMD_AVX2 = 1, KRN_SIMD_AVX512 
 /* The path every kernel takes now: the best the CPU supports, or what PIE_KRN_SIMD /
  * krn_cpu_set_simd asked for. */
 krn_simd krn_simd_level(void);
-/* Whether the CPU supports AVX-512 BF16 (vdpbf16ps); only meaningful at KRN_SIMD_AVX512. */
-int krn_simd_has_bf16(void);
 
 /* ---- AMX (krn_amx.c) ----------------------------------------------------------------------- */
 

@@ -18,7 +18,6 @@
 static pthread_once_t g_simd_once = PTHREAD_ONCE_INIT;
 static atomic_int g_simd_best;  /* what the CPU supports */
 static atomic_int g_simd_level; /* what kernels use */
-static atomic_int g_simd_bf16;  /* AVX-512 BF16 present */
 
 static krn_simd probe_cpu(void) {
 #if KRN_X86
@@ -48,12 +47,7 @@ static int parse_level(const char *s, krn_simd *out) {
 
 static void simd_init(void) {
     krn_simd best = probe_cpu();
-    int bf16 = 0;
-#if KRN_X86
-    bf16 = best == KRN_SIMD_AVX512 && __builtin_cpu_supports("avx512bf16");
-#endif
     atomic_store(&g_simd_best, (int)best);
-    atomic_store(&g_simd_bf16, bf16);
     krn_simd level = best;
     const char *env = getenv("PIE_KRN_SIMD");
     if (env && *env) {
@@ -78,11 +72,6 @@ static void simd_init(void) {
 krn_simd krn_simd_level(void) {
     pthread_once(&g_simd_once, simd_init);
     return (krn_simd)atomic_load_explicit(&g_simd_level, memory_order_relaxed);
-}
-
-int krn_simd_has_bf16(void) {
-    pthread_once(&g_simd_once, simd_init);
-    return atomic_load_explicit(&g_simd_bf16, memory_order_relaxed);
 }
 
 const char *krn_cpu_simd_name(void) {

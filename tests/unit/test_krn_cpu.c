@@ -2,8 +2,17 @@
  *
  * Owns: references written here in double precision (linear, RMSNorm, SiLU, RoPE and its
  * Llama-3 frequencies, softmax, top-k by full sort, paged attention by one softmax per row)
- * and the checks that every SIMD path (scalar, avx2, avx512 where the CPU has them), every
- * weight dtype and pools of 1..4 threads agree with them on odd sizes. */
+ * and the checks that every SIMD path, every weight dtype and pools of 1..4 threads agree with
+ * them on odd sizes.
+ *
+ * SIMD paths: "scalar", "avx2", "avx512" (AMX off) and "amx" (avx512 with bf16 weights on
+ * AMX tiles). CTest runs this binary once per path with PIE_TEST_SIMD=<path>
+ * (tests/CMakeLists.txt): the path-dependent checks then run on that path only, and a path the
+ * CPU lacks exits 77, which CTest reports as Skipped — so the summary says which paths this
+ * machine could not test. Without PIE_TEST_SIMD (run by hand) every path the CPU has runs.
+ * The kernels have no AVX-512 BF16 (vdpbf16ps) path: with x split into two bf16 parts for
+ * f32 accuracy it does as many instructions per product as f32 FMA (kernels/cpu/README.md);
+ * main() reports whether the CPU has it. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -15,8 +24,11 @@
 #include "krn_cpu.h"
 #include "krn_cpu_impl.h" /* pool internals: worker index, scratch */
 
-static const char *const SIMD_PATHS[] = {"scalar", "avx2", "avx512"};
-#define N_SIMD 3
+static const char *const SIMD_PATHS[] = {"scalar", "avx2", "avx512", "amx"};
+#define N_SIMD 4
+
+/* Exit status CTest reads as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt). */
+#define TEST_SKIP_RC 77
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -93,12 +105,31 @@ static const char *dtype_name(krn_dtype wt) {
     return wt == KRN_F32 ? "f32" : wt == KRN_BF16 ? "bf16" : "f16";
 }
 
-static int use_simd(const char *name) {
-    if (krn_cpu_set_simd(name) != 0) {
-        cr_log_warn("SIMD path %s is not supported by this CPU; skipped", name);
+/* Forces SIMD path `name` (one of SIMD_PATHS); -1 when the CPU lacks it. */
+static int force_simd(const char *name) {
+    if (strcmp(name, "amx") == 0)
+        return krn_cpu_set_simd("avx512") == 0 && krn_cpu_set_amx(1) == 0 ? 0 : -1;
+    if (krn_cpu_set_simd(name) != 0) return -1;
+    /* AMX may still be available on the CPU: "avx512" means the AVX-512 kernels alone. */
+    return krn_cpu_set_amx(0);
+}
+
+/* The path PIE_TEST_SIMD selects, or NULL for "every path the CPU has". */
+static const char *selected_path(void) {
+    const char *p = getenv("PIE_TEST_SIMD");
+    return p && *p ? p : NULL;
+}
+
+/* Whether the path-dependent checks run on SIMD_PATHS[s] in this process; if so, forces it. */
+static int use_simd(int s) {
+    const char *only = selected_path();
+    if (only && strcmp(only, SIMD_PATHS[s]) != 0) return 0;
+    if (force_simd(SIMD_PATHS[s]) != 0) {
+        cr_assert_null(only, "PIE_TEST_SIMD=%s but the CPU lacks it (main checks first)", only);
+        cr_log_info("SIMD path %s is not supported by this CPU; skipped", SIMD_PATHS[s]);
         return 0;
     }
-    cr_assert_str_eq(krn_cpu_simd_name(), name);
+    cr_assert_str_eq(krn_cpu_simd_name(), strcmp(SIMD_PATHS[s], "amx") ? SIMD_PATHS[s] : "avx512");
     return 1;
 }
 
@@ -263,7 +294,7 @@ Test(krn_linear, matches_reference_for_every_dtype_path_and_odd_shape) {
     krn_pool *pools[3] = {NULL, krn_pool_create(2), krn_pool_create(3)};
     cr_assert(pools[1] && pools[2]);
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         for (int wt = 0; wt < 3; wt++)
             for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                 for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
@@ -277,14 +308,17 @@ Test(krn_linear, matches_reference_for_every_dtype_path_and_odd_shape) {
 
 Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
     rng r = {42};
-    for (int threads = 1; threads <= 4; threads++) {
-        krn_pool *p = krn_pool_create(threads);
-        cr_assert_not_null(p);
-        check_linear(p, &r, KRN_BF16, 1, 300, 700, krn_cpu_simd_name());
-        check_linear(p, &r, KRN_BF16, 40, 4100, 100, krn_cpu_simd_name());
-        check_linear(p, &r, KRN_F16, 12, 520, 300, krn_cpu_simd_name());
-        check_linear(p, &r, KRN_F32, 3, 257, 301, krn_cpu_simd_name());
-        krn_pool_destroy(p);
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        for (int threads = 1; threads <= 4; threads++) {
+            krn_pool *p = krn_pool_create(threads);
+            cr_assert_not_null(p);
+            check_linear(p, &r, KRN_BF16, 1, 300, 700, SIMD_PATHS[s]);
+            check_linear(p, &r, KRN_BF16, 40, 4100, 100, SIMD_PATHS[s]);
+            check_linear(p, &r, KRN_F16, 12, 520, 300, SIMD_PATHS[s]);
+            check_linear(p, &r, KRN_F32, 3, 257, 301, SIMD_PATHS[s]);
+            krn_pool_destroy(p);
+        }
     }
 }
 
@@ -295,10 +329,9 @@ Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
  * parts, 1 and 2^-10) gives exactly 32 + 2^-5 for 32 such products with w = 1, where the
  * exact path gives 32 + 2^-5 + 2^-15. */
 Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
-    if (krn_cpu_set_simd("avx512") != 0 || krn_cpu_set_amx(1) != 0) {
-        cr_log_warn("no AMX on this CPU/kernel; the AMX path is not tested here");
-        return;
-    }
+    const char *only = selected_path();
+    if (only && strcmp(only, "amx") != 0) cr_skip_test("runs in the amx registration only");
+    if (force_simd("amx") != 0) cr_skip_test("no AMX on this CPU/kernel");
     cr_assert(krn_cpu_amx_active());
     static const int ns[] = {8, 9, 16, 17, 31, 32, 33, 48, 70};
     static const int ins[] = {32, 64, 96, 2048};
@@ -347,7 +380,7 @@ Test(krn_vec, rmsnorm_matches_reference_in_place_and_not) {
     static const int ds[] = {1, 7, 16, 64, 65, 1030, 2500};
     rng r = {7};
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         for (int wt = 0; wt < 3; wt++)
             for (size_t di = 0; di < sizeof ds / sizeof *ds; di++) {
                 int d = ds[di], n = 3;
@@ -382,7 +415,7 @@ Test(krn_vec, add_and_silu_mul_match_reference) {
     static const size_t ns[] = {0, 1, 7, 15, 16, 17, 100, 1001};
     rng r = {9};
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
             size_t n = ns[a];
             float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *x0 = xmalloc(n * 4);
@@ -412,7 +445,7 @@ Test(krn_vec, add_and_silu_mul_match_reference) {
 Test(krn_vec, silu_mul_of_extreme_gates_is_finite) {
     float g[4] = {-200.0f, -88.0f, 88.0f, 200.0f}, u[4] = {1, 1, 1, 1};
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         float x[4];
         memcpy(x, g, sizeof x);
         krn_cpu_silu_mul(x, u, 4);
@@ -428,7 +461,7 @@ Test(krn_vec, embed_gathers_rows_of_every_dtype_exactly) {
     int vocab = 37, d = 67;
     uint32_t tokens[6] = {0, 36, 5, 5, 17, 1};
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         for (int wt = 0; wt < 3; wt++) {
             double *ref = xmalloc((size_t)vocab * (size_t)d * sizeof(double));
             void *table = make_weights(&r, (krn_dtype)wt, (size_t)vocab * (size_t)d, ref);
@@ -453,7 +486,7 @@ Test(krn_vec, f16_conversion_is_exact_for_every_bit_pattern) {
     uint32_t tok = 0;
     float *out = xmalloc(65536 * 4);
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         krn_cpu_embed(table, KRN_F16, 65536, &tok, 1, out);
         for (uint32_t i = 0; i < 65536; i++) {
             int exp = (i >> 10) & 31;
@@ -545,7 +578,7 @@ Test(krn_dist, softmax_matches_reference_with_temperature_and_large_logits) {
     static const float temps[] = {1.0f, 0.7f, 2.5f};
     rng r = {17};
     for (int s = 0; s < N_SIMD; s++) {
-        if (!use_simd(SIMD_PATHS[s])) continue;
+        if (!use_simd(s)) continue;
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
             for (size_t t = 0; t < 3; t++) {
                 int n = ns[a];
@@ -786,7 +819,7 @@ static void attn_run_and_check(const attn_case *cases, int n_items, int page_siz
     float scale = 1.0f / sqrtf((float)hd);
     char what[160];
     for (int si = 0; si < N_SIMD; si++) {
-        if (!use_simd(SIMD_PATHS[si])) continue;
+        if (!use_simd(si)) continue;
         for (int threads = 0; threads <= 4; threads++) {
             krn_pool *p = threads ? krn_pool_create(threads) : NULL;
             cr_assert(threads == 0 || p);
@@ -868,4 +901,48 @@ Test(krn_attention, tail_tokens_follow_the_pages) {
                       {.n_q = 1, .n_ctx = 300, .n_tail = 1, .q_offset = 300}};
     attn_run_and_check(c, 3, 8, 2, 48, 8, 0, 10);
     attn_run_and_check(c, 3, 8, 2, 48, 8, 128, 11);
+}
+
+/* ---- main: one SIMD path per CTest registration ------------------------------------------- */
+
+static int cpu_has_path(const char *name) {
+    for (int s = 0; s < N_SIMD; s++)
+        if (strcmp(name, SIMD_PATHS[s]) == 0) return force_simd(name) == 0;
+    return -1; /* not a path name */
+}
+
+/* Lists the paths this CPU has, so the log of every registration says what was testable. */
+static void print_cpu_paths(void) {
+    printf("krn_cpu: SIMD paths on this CPU:");
+    for (int s = 0; s < N_SIMD; s++)
+        printf(" %s=%s", SIMD_PATHS[s], force_simd(SIMD_PATHS[s]) == 0 ? "yes" : "no");
+#if KRN_X86
+    __builtin_cpu_init();
+    printf(" (avx512bf16=%s: no kernel path uses it)",
+           __builtin_cpu_supports("avx512bf16") ? "yes" : "no");
+#endif
+    printf("\n");
+    fflush(stdout);
+}
+
+int main(int argc, char *argv[]) {
+    print_cpu_paths();
+    const char *only = selected_path();
+    if (only) {
+        int has = cpu_has_path(only);
+        if (has < 0) {
+            fprintf(stderr, "PIE_TEST_SIMD=%s is not one of scalar, avx2, avx512, amx\n", only);
+            return 2;
+        }
+        if (!has) {
+            printf("skipped: this CPU (or kernel) has no %s path\n", only);
+            return TEST_SKIP_RC;
+        }
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    /* criterion_handle_args: 1 run, 0 exit gracefully (--help), -1 bad arguments */
+    int args = criterion_handle_args(argc, argv, true);
+    int ok = args == 1 ? criterion_run_all_tests(tests) : args == 0;
+    criterion_finalize(tests);
+    return ok ? 0 : 1;
 }
