@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/test.sh — installs what is missing, builds, and runs every test twice: once in the
 # release build (build/) and once under AddressSanitizer + UndefinedBehaviorSanitizer
-# (build-asan/). Ends with one summary line "tests: N passed, N failed".
+# (build-asan/). Ends with the skipped tests, named, and one summary line
+# "tests: N passed, N failed, N skipped".
 # Usage: tools/test.sh [ctest args...]   e.g. tools/test.sh -R rpc
 set -uo pipefail
 
@@ -13,7 +14,10 @@ bash tools/setup.sh || { echo "test: setup failed"; exit 1; }
 
 total_pass=0
 total_fail=0
+total_skip=0
 status=0
+skip_log=$(mktemp)
+trap 'rm -f "$skip_log"' EXIT
 
 run_suite() { # name build_dir cmake_args...
   local name=$1 dir=$2
@@ -35,11 +39,17 @@ run_suite() { # name build_dir cmake_args...
   local line
   line=$(echo "$out" | grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' | tail -1)
   if [ -n "$line" ]; then
-    local failed all
+    local failed all skipped
     failed=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/')
     all=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/')
-    total_pass=$((total_pass + all - failed))
+    # CTest counts a skipped test (SKIP_RETURN_CODE, SKIP_REGULAR_EXPRESSION) as passed; its
+    # "did not run" list names them.
+    skipped=$(echo "$out" | grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' || true)
+    echo "$out" | grep -E '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' |
+      sed -E "s/^[[:space:]]*[0-9]+ - (.*) \(Skipped\)$/skipped ($name): \1/" >>"$skip_log"
+    total_pass=$((total_pass + all - failed - skipped))
     total_fail=$((total_fail + failed))
+    total_skip=$((total_skip + skipped))
   else
     total_fail=$((total_fail + 1))
   fi
@@ -54,5 +64,7 @@ UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   run_suite "asan+ubsan" build-asan -DPIE_ASAN=ON -DPIE_UBSAN=ON -DPIE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 run_suite "release" build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-echo "tests: $total_pass passed, $total_fail failed"
+# Every skip, named, before the summary: a skip is a check this machine did not make.
+cat "$skip_log"
+echo "tests: $total_pass passed, $total_fail failed, $total_skip skipped"
 exit $status

@@ -287,7 +287,7 @@ PY
 
   runtime-deps)
     bin=$1
-    command -v dpkg >/dev/null || { echo "skipped: no dpkg (not a Debian-family host)"; exit 0; }
+    command -v dpkg >/dev/null || { echo "skipped: no dpkg (not a Debian-family host)"; exit 77; }
     for svc in controller lifecycle worker; do
       pkgs=$(sh "$root/deploy/docker/runtime-deps.sh" "$bin/pie-$svc" "$bin/piectl")
       # Every service links gRPC, protobuf-c and libyaml: their packages must be found.

@@ -23,6 +23,7 @@ import torch
 
 sys.dont_write_bytecode = True  # keep the source tree clean when run by hand
 import ref_llama  # noqa: E402
+from pie_require import require  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("PIE_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
@@ -122,9 +123,9 @@ class BundledModel(unittest.TestCase):
                     f"corpus after {n} characters; the corpus goes on {want[:len(text)]!r}")
 
     def test_engine_greedy_equals_reference(self):
-        if not os.access(PROBE, os.X_OK):
-            self.skipTest(f"pie-engine-probe not found at {PROBE!r} (PIE_BIN_DIR): the build "
-                          f"makes it; a skip here means the build is incomplete")
+        require(self, os.access(PROBE, os.X_OK),
+                f"pie-engine-probe not found at {PROBE!r} (PIE_BIN_DIR): the build makes it; a "
+                f"skip here means the build is incomplete")
         ops, n_pages = [], (64 + STEPS + PAGE_SIZE - 1) // PAGE_SIZE
         for k, (prompt, _) in enumerate(PROMPTS):
             ids = self.ref[prompt][0]

@@ -20,9 +20,9 @@ result:
   refuses the same operation, and later operations (compared as above) show that nothing
   changed and the engine still works.
 
-Engine tests skip only when the probe binary or a model is missing; the build makes both
-(target pie-engine-probe, models generated into <build>/models), so a skip in CI means the
-build is incomplete. ReferenceSelfCheck runs without the build: it checks the reference's
+Engine tests skip only when the probe binary or a model is missing (and fail instead under
+CI=true); the build makes both (target pie-engine-probe, models generated into <build>/models),
+so a skip means the build is incomplete, and CTest lists it as Skipped (run_test.py). ReferenceSelfCheck runs without the build: it checks the reference's
 parser, RoPE scaling and its paged model against its own dense forward."""
 
 import json
@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 import ref_llama
+from pie_require import require
 from ref_llama import InvalidArgument, LlamaConfig, LlamaModel, PagedReference, runs_from_rows
 
 BIN_DIR = os.environ.get("PIE_BIN_DIR", "")
@@ -58,14 +59,13 @@ def model_dir(name):
 
 
 def require_probe_and_model(test, name):
-    """Skips (loudly) when the build did not produce the probe or the model."""
-    if not os.access(PROBE, os.X_OK):
-        test.skipTest(f"pie-engine-probe not found at {PROBE!r} (PIE_BIN_DIR): the build makes "
-                      f"it; a skip here means the build is incomplete")
-    if not os.path.exists(os.path.join(model_dir(name), "config.json")):
-        test.skipTest(f"model {name!r} not found in {MODELS_DIR!r} (PIE_MODELS_DIR): the build "
-                      f"generates it with tools/tinymodel; a skip here means the build is "
-                      f"incomplete")
+    """Skips loudly (fails under CI=true) when the build did not produce the probe or model."""
+    require(test, os.access(PROBE, os.X_OK),
+            f"pie-engine-probe not found at {PROBE!r} (PIE_BIN_DIR): the build makes it; a "
+            f"skip here means the build is incomplete")
+    require(test, os.path.exists(os.path.join(model_dir(name), "config.json")),
+            f"model {name!r} not found in {MODELS_DIR!r} (PIE_MODELS_DIR): the build generates "
+            f"it with tools/tinymodel; a skip here means the build is incomplete")
 
 
 def load_model(name):
