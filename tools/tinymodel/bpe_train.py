@@ -84,8 +84,9 @@ def _is_n(c):
 
 
 def _is_s(c):
-    # PCRE2's \s with UCP: the ASCII spaces, NEL, U+180E and the Unicode separators (Z).
-    return c in "\t\n\v\f\r \x85\u180e" or unicodedata.category(c) in ("Zs", "Zl", "Zp")
+    # Unicode's White_Space, as pie_tok spells \s out (services/common/tok/tok_regex.c): the ASCII
+    # spaces, NEL and the separators (Z). Not U+180E, which PCRE2's own \s would add.
+    return c in "\t\n\v\f\r \x85" or unicodedata.category(c) in ("Zs", "Zl", "Zp")
 
 
 def _run(text, i, pred):

@@ -154,6 +154,18 @@ static inline const tok_merge_slot *tok_merge_find(const tok *t, uint32_t left, 
     }
 }
 
+/* Compiles a pre-tokenizer pattern (a literal string when `literal`) with PCRE2_UTF,
+ * PCRE2_MATCH_INVALID_UTF and, for a regex, PCRE2_UCP, after tok_regex_translate; JIT-compiled
+ * where possible. NULL on error, with PCRE2's error code in *err and the offset in the pattern
+ * as written in *err_off. (tok_regex.c) */
+pcre2_code *tok_regex_compile(const char *pattern, size_t n, bool literal, int *err,
+                              size_t *err_off);
+
+/* The pattern with `\s` (and `\S` outside character classes) spelled as Unicode's White_Space
+ * set, which PCRE2's `\s` is not (it adds U+180E); malloc'd and NUL-terminated, length in
+ * *out_len; NULL when out of memory. (tok_regex.c) */
+char *tok_regex_translate(const char *pattern, size_t n, size_t *out_len);
+
 /* Length of the UTF-8 sequence starting at p[0] if it is valid and complete within n bytes;
  * 0 otherwise. */
 size_t tok_utf8_valid_len(const uint8_t *p, size_t n);

@@ -3,7 +3,7 @@
  * Owns: the JSON schema this tokenizer accepts (model BPE with vocab and merges in both forms,
  * ignore_merges, unk_token; added_tokens; normalizer null or NFC; pre_tokenizer Split /
  * ByteLevel / Sequence of them; decoder ByteLevel), building the lookup tables of tok_int.h,
- * compiling the pre-tokenizer regexes with PCRE2, and the byte-level mapping.
+ * compiling the pre-tokenizer regexes (tok_regex.c), and the byte-level mapping.
  * Does not own: what the tables are used for (tok_encode.c, tok_decode.c).
  *
  * Every error names the file (or the name given to tok_load_json), the JSON field and what was
@@ -540,21 +540,17 @@ static pie_code load_normalizer(tok_builder *b, const json_t *n) {
 
 static pie_code compile_regex(tok_builder *b, const char *field, const char *pattern, size_t n,
                               bool literal, pcre2_code **out) {
-    int err;
-    PCRE2_SIZE erroff;
-    /* PCRE2_LITERAL refuses PCRE2_UCP (a literal has no classes for it to change). */
-    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, n, opts, &err, &erroff, NULL);
+    int err = 0;
+    size_t erroff = 0;
+    pcre2_code *re = tok_regex_compile(pattern, n, literal, &err, &erroff);
     if (re == NULL) {
+        if (err == PCRE2_ERROR_NOMEMORY) return oom(b, field);
         PCRE2_UCHAR msg[160];
         if (pcre2_get_error_message(err, msg, sizeof msg) < 0) strcpy((char *)msg, "?");
         return pie_status_set(b->st, PIE_INVALID_ARGUMENT,
                               "tok: %s: %s: the regex does not compile: %s at offset %zu", b->name,
-                              field, (const char *)msg, (size_t)erroff);
+                              field, (const char *)msg, erroff);
     }
-    /* Without JIT (e.g. where executable memory is forbidden) the interpreter runs the same
-     * pattern, only slower, so a JIT failure is not an error. */
-    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     *out = re;
     return PIE_OK;
 }
