@@ -1,8 +1,9 @@
 /* text_completion.c — completes a prompt: the smallest useful inferlet.
  *
  * Arguments: --prompt TEXT (absent: the first client message is the prompt), --max-tokens N
- * (default 32), --temperature T (default 0 = greedy), --top-p P, --top-k K, --seed S (0 = WASI
- * random), --stop STRING (one stop string), --ignore-eos (the model's stop tokens do not stop).
+ * (default 32), --temperature T (default 0 = greedy), --top-p P, --top-k K (the host is asked
+ * for exactly K candidates: at most the model's max_top_k), --seed S (0 = WASI random), --stop
+ * STRING (one stop string), --ignore-eos (the model's stop tokens do not stop).
  * Output: the completion streams to stdout as it is decided; at the end it is sent as one
  * message, then a second message "reason=<why> tokens=<n>". */
 #include <stdio.h>
@@ -28,9 +29,11 @@ int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)pie_arg_int(argc, argv, "seed", 0);
     pie_sampler s = pie_sampler_greedy();
     if (temperature > 0) {
-        s = pie_sampler_temperature(temperature, seed);
-        s.top_p = (float)pie_arg_float(argc, argv, "top-p", 1);
-        s.top_k = (uint32_t)pie_arg_int(argc, argv, "top-k", 0);
+        uint32_t top_k = (uint32_t)pie_arg_int(argc, argv, "top-k", 0);
+        float top_p = (float)pie_arg_float(argc, argv, "top-p", 1);
+        s = top_k ? pie_sampler_top_k(top_k, temperature, seed)
+                  : pie_sampler_top_p(top_p, temperature, seed);
+        s.top_p = top_p;
     }
     const char *stop_string = pie_arg_str(argc, argv, "stop", NULL);
     pie_stop stop = {

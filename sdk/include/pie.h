@@ -206,7 +206,7 @@ void pie_dists_free(pie_dists *ds);
 
 /* ==== random numbers ========================================================================== */
 
-/* A deterministic PRNG (splitmix64-seeded xoshiro128**-like); seed 0 = from WASI random. */
+/* A deterministic PRNG (xorshift128+, seeded through splitmix64); seed 0 = from WASI random. */
 typedef struct pie_rng {
     uint64_t s[2];
 } pie_rng;
@@ -217,9 +217,13 @@ double pie_rng_uniform(pie_rng *r); /* [0, 1) */
 
 /* ==== samplers ================================================================================
  * A sampler picks the next token from a distribution. The built-in ones (pie_sample_default)
- * read temperature / top_k / top_p; a custom one sets .sample. .filter, when set, runs first
- * on every distribution: it may set probabilities to 0 or reweight them (constrained decoding,
- * watermarking); history is the context's token history up to the token being chosen. */
+ * read temperature / top_k / top_p: the candidates with probability > 0, most likely first
+ * (equal ones in payload order), cut to the top_k first, re-tempered (softmax(logits / T) over
+ * them), cut to the smallest prefix whose tempered mass reaches top_p, renormalised and drawn
+ * from; temperature <= 0 takes the argmax instead. A custom sampler sets .sample. .filter,
+ * when set, runs first on every distribution: it may set probabilities to 0 or reweight them
+ * (constrained decoding, watermarking); history is the context's token history up to the token
+ * being chosen. */
 
 typedef struct pie_sampler pie_sampler;
 typedef void (*pie_dist_filter_fn)(void *state, const uint32_t *history, size_t n_history,

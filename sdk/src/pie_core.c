@@ -1,5 +1,5 @@
 /* pie_core.c — the SDK's foundations: fatal errors, checked allocation, growable buffers, id
- * pools, futures and the PRNG.
+ * pools and futures.
  *
  * Owns: the id pools of every object kind (global: an inferlet is one single-threaded
  * instance, and ids are private to that instance, so one pool per kind is exactly the id space
@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h> /* getentropy (WASI random_get) */
 
 #include "pie_int.h"
 
@@ -168,32 +167,3 @@ void pie_future_discard(uint32_t f) {
     pie_check(pie_future_drop(f), "future_drop");
     pie_id_put(PIE_ID_FUTURE, f);
 }
-
-/* ==== random numbers ========================================================================== */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-void pie_rng_seed(pie_rng *r, uint64_t seed) {
-    if (seed == 0 && getentropy(&seed, sizeof seed) != 0) pie_fatal("getentropy failed");
-    r->s[0] = splitmix64(&seed);
-    r->s[1] = splitmix64(&seed);
-    if (!r->s[0] && !r->s[1]) r->s[1] = 1;
-}
-
-/* xorshift128+ */
-uint64_t pie_rng_next(pie_rng *r) {
-    uint64_t a = r->s[0], b = r->s[1];
-    r->s[0] = b;
-    a ^= a << 23;
-    a ^= a >> 17;
-    a ^= b ^ (b >> 26);
-    r->s[1] = a;
-    return a + b;
-}
-
-double pie_rng_uniform(pie_rng *r) { return (double)(pie_rng_next(r) >> 11) * 0x1.0p-53; }

@@ -28,6 +28,23 @@ void pie_page_untrack(uint32_t id);
 void pie_ctx_push_token(pie_ctx *c, uint32_t t); /* append one pending token */
 uint32_t pie_ctx_page_size(const pie_ctx *c);
 
+/* ---- sampling (pie_sample.c) ---------------------------------------------------------------- */
+/* A candidate a sampler may draw: its index in the distribution and its probability of being
+ * drawn. */
+typedef struct pie_cand {
+    uint32_t i; /* index into d->ids / d->probs */
+    double p;   /* over the kept candidates these sum to 1 */
+} pie_cand;
+/* A prefix whose mass is within this of top_p reaches it: probabilities and top_p are floats,
+ * so a prefix meant to hold exactly top_p may come out a rounding error short. */
+#define PIE_TOP_P_SLACK 1e-6
+/* The candidates s (temperature > 0) draws from d, most likely first: d's entries with
+ * probability > 0 ordered by probability descending (equal ones by index), cut to the top_k
+ * first, tempered (p^(1/T) renormalised: softmax(logits / T) over them), then cut to the
+ * smallest prefix whose tempered mass reaches top_p. c has room for d->k entries; returns how
+ * many it filled (0: no entry has probability > 0). */
+uint32_t pie_sample_keep(const pie_sampler *s, const pie_dist *d, pie_cand *c);
+
 /* ---- output (pie_gen.c) --------------------------------------------------------------------- */
 /* Starts o for model m if it was not started. */
 void pie_output_start(pie_output *o, const pie_model *m);

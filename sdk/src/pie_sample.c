@@ -1,13 +1,48 @@
-/* pie_sample.c — samplers over top-k distributions and stop conditions.
+/* pie_sample.c — the seeded PRNG, samplers over top-k distributions, and stop conditions.
  *
- * Owns: greedy / temperature / top-k / top-p sampling, the filter hook, stop-token checks.
+ * Owns: the PRNG (pie_rng), greedy / temperature / top-k / top-p sampling (pie_sample_keep says
+ * which candidates a sampler may draw and with what probability; pie_sample_default draws), the
+ * filter hook, stop-token checks.
  * Does not own: where distributions come from (pie_res.c, pie_ctx.c), stop strings in text
- * (pie_gen.c). */
+ * (pie_gen.c).
+ * Nothing here calls the host: tests/unit/test_pie_sample.c compiles this file natively. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h> /* getentropy (WASI random_get) */
 
 #include "pie_int.h"
+
+/* ==== random numbers ========================================================================== */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void pie_rng_seed(pie_rng *r, uint64_t seed) {
+    if (seed == 0 && getentropy(&seed, sizeof seed) != 0) pie_fatal("getentropy failed");
+    r->s[0] = splitmix64(&seed);
+    r->s[1] = splitmix64(&seed);
+    if (!r->s[0] && !r->s[1]) r->s[1] = 1;
+}
+
+/* xorshift128+ */
+uint64_t pie_rng_next(pie_rng *r) {
+    uint64_t a = r->s[0], b = r->s[1];
+    r->s[0] = b;
+    a ^= a << 23;
+    a ^= a >> 17;
+    a ^= b ^ (b >> 26);
+    r->s[1] = a;
+    return a + b;
+}
+
+double pie_rng_uniform(pie_rng *r) { return (double)(pie_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ==== samplers ================================================================================ */
 
 pie_sampler pie_sampler_greedy(void) {
     return (pie_sampler){.sample = pie_sample_default, .temperature = 0, .dist_k = 1};
@@ -32,56 +67,73 @@ pie_sampler pie_sampler_top_p(float p, float temperature, uint64_t seed) {
     return s;
 }
 
+static _Noreturn void no_candidate(const pie_dist *d) {
+    pie_fatal("sample: every one of the %u candidates has probability 0", d->k);
+}
+
 uint32_t pie_dist_argmax(const pie_dist *d) {
+    if (d->k == 0) no_candidate(d);
     uint32_t best = 0;
     for (uint32_t i = 1; i < d->k; i++)
         if (d->probs[i] > d->probs[best]) best = i;
     return d->ids[best];
 }
 
-/* Candidate indices ordered by probability, descending; ties keep the payload order. */
-typedef struct cand {
-    float p;
-    uint32_t i;
-} cand;
-
+/* Most likely first; equal probabilities keep the payload order. */
 static int cand_cmp(const void *a, const void *b) {
-    const cand *x = a, *y = b;
+    const pie_cand *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
-uint32_t pie_sample_default(pie_sampler *s, const pie_dist *d) {
-    if (s->temperature <= 0) return pie_dist_argmax(d);
-    cand *c = pie_xmalloc((size_t)d->k * sizeof *c);
+/* Scales c[0..n)'s weights to sum 1. */
+static void normalise(pie_cand *c, uint32_t n) {
+    double total = 0;
+    for (uint32_t i = 0; i < n; i++) total += c[i].p;
+    for (uint32_t i = 0; i < n; i++) c[i].p /= total;
+}
+
+uint32_t pie_sample_keep(const pie_sampler *s, const pie_dist *d, pie_cand *c) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < d->k; i++)
-        if (d->probs[i] > 0) c[n++] = (cand){d->probs[i], i};
+        if (d->probs[i] > 0) c[n++] = (pie_cand){.i = i, .p = d->probs[i]};
+    if (n == 0) return 0;
     qsort(c, n, sizeof *c, cand_cmp);
     if (s->top_k && s->top_k < n) n = s->top_k;
     /* Re-temper: the host's probabilities are softmax(logits) at temperature 1 over the whole
      * vocabulary, so p^(1/T), renormalised over the kept candidates, is softmax(logits / T)
-     * restricted to them. */
-    double total = 0;
+     * restricted to them. Taken relative to the most likely candidate, (p / p_max)^(1/T), in
+     * double: the first weight is 1, so no temperature can underflow them all to 0. */
+    double top = c[0].p;
     for (uint32_t i = 0; i < n; i++) {
-        double w = s->temperature == 1.0f ? c[i].p : pow(c[i].p, 1.0 / s->temperature);
-        c[i].p = (float)w;
-        total += w;
+        double r = c[i].p / top;
+        c[i].p = s->temperature == 1.0f ? r : exp(log(r) / s->temperature);
     }
-    if (s->top_p > 0 && s->top_p < 1) { /* smallest prefix with mass >= top_p */
+    normalise(c, n);
+    if (s->top_p > 0 && s->top_p < 1) {
         double acc = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            acc += c[i].p / total;
-            if (acc >= s->top_p) {
+        for (uint32_t i = 0; i + 1 < n; i++) {
+            acc += c[i].p;
+            if (acc >= (double)s->top_p - PIE_TOP_P_SLACK) {
                 n = i + 1;
                 break;
             }
         }
-        total = 0;
-        for (uint32_t i = 0; i < n; i++) total += c[i].p;
+        normalise(c, n);
     }
-    double u = pie_rng_uniform(&s->rng) * total, acc = 0;
-    uint32_t pick = c[n - 1].i;
+    return n;
+}
+
+uint32_t pie_sample_default(pie_sampler *s, const pie_dist *d) {
+    if (!(s->temperature > 0)) return pie_dist_argmax(d); /* NaN too */
+    pie_cand *c = pie_xmalloc((size_t)d->k * sizeof *c);
+    uint32_t n = pie_sample_keep(s, d, c);
+    if (n == 0) {
+        free(c);
+        no_candidate(d);
+    }
+    double u = pie_rng_uniform(&s->rng), acc = 0;
+    uint32_t pick = c[n - 1].i; /* u at or above the rounded sum of the weights */
     for (uint32_t i = 0; i < n; i++) {
         acc += c[i].p;
         if (u < acc) {
@@ -97,7 +149,7 @@ uint32_t pie_sample(pie_sampler *s, const uint32_t *history, size_t n_history, p
     if (s->filter) s->filter(s->filter_state, history, n_history, d);
     bool any = false;
     for (uint32_t i = 0; i < d->k && !any; i++) any = d->probs[i] > 0;
-    if (!any) pie_fatal("sample: every one of the %u candidates has probability 0", d->k);
+    if (!any) no_candidate(d);
     return (s->sample ? s->sample : pie_sample_default)(s, d);
 }
 

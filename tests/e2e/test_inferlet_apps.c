@@ -376,20 +376,21 @@ Test(e2e_apps, tree_of_thought_follows_its_selection_rule_and_is_deterministic) 
             unique = j == i || !strstr(parse_node(r1.msgs[j]).text, t.text);
         if (unique) pick = t.id;
     }
-    if (pick) {
-        char answer[256];
-        snprintf(answer, sizeof answer, "%s", parse_node(r1.msgs[pick - 1]).text);
-        tot_args hit = deep;
-        hit.answer = answer;
-        check_tree(&c, ref, prog, prompt, hit, &r4);
-        tot_node again = parse_node(r4.msgs[pick - 1]), child = parse_node(r4.msgs[deep.branch]);
-        cr_expect_eq(again.hit, 1, "node %u should hit \"%s\"", again.id, answer);
-        cr_expect_eq(child.parent, pick, "the hit node %u was not expanded (node %u's parent is %u)",
-                     pick, child.id, child.parent);
-        e2e_run_free(&r4);
-    } else {
-        cr_log_warn("tree_of_thought: first-level texts overlap; the hit case is not exercised");
-    }
+    cr_assert(pick,
+              "tree_of_thought: the text of every first-level node other than the expanded "
+              "one (%u) is empty or inside another's: no answer hits it alone, so the hit "
+              "case cannot be built from this prompt (choose another)",
+              expanded);
+    char answer[256];
+    snprintf(answer, sizeof answer, "%s", parse_node(r1.msgs[pick - 1]).text);
+    tot_args hit = deep;
+    hit.answer = answer;
+    check_tree(&c, ref, prog, prompt, hit, &r4);
+    tot_node again = parse_node(r4.msgs[pick - 1]), child = parse_node(r4.msgs[deep.branch]);
+    cr_expect_eq(again.hit, 1, "node %u should hit \"%s\"", again.id, answer);
+    cr_expect_eq(child.parent, pick, "the hit node %u was not expanded (node %u's parent is %u)",
+                 pick, child.id, child.parent);
+    e2e_run_free(&r4);
     e2e_run_free(&r1);
     e2e_run_free(&r2);
     e2e_run_free(&r3);

@@ -4,7 +4,8 @@
  * engine's own computation in this process (eng.h on the same model, the same tokenizer).
  *
  * Covers: greedy text completion equals the engine's greedy decoding (prompt as argument and
- * as a client message, stop at eos, stop string); parallel generation: every fork of a shared
+ * as a client message, stop at eos, stop string), and so does sampling that keeps one candidate
+ * (top-k 1, a tiny top-p) at any temperature; parallel generation: every fork of a shared
  * prefix equals single-context greedy decoding of its own prompt; prefix caching: a second
  * instance imports the first one's exported prefix and produces the no-cache output; beam
  * search: width 1 is greedy, wider beams come sorted by a score that equals the engine's
@@ -112,6 +113,22 @@ Test(e2e, text_completion_greedy_equals_the_engine) {
         e2e_run_free(&r);
     }
     free(full);
+
+    /* 4. samplers that keep a single candidate draw the greedy text at any temperature and
+     * seed: top-k 1 (pie_sampler_top_k), and a top-p the most likely token alone reaches
+     * (pie_sampler_top_p) */
+    const char *one_k[] = {"--prompt", prompt, "--max-tokens", "24", "--ignore-eos",
+                           "--temperature", "1.7", "--top-k", "1", "--seed", "5", NULL};
+    const char *tiny_p[] = {"--prompt", prompt, "--max-tokens", "24", "--ignore-eos",
+                            "--temperature", "0.9", "--top-p", "0.000001", "--seed", "6", NULL};
+    const char *const *sampled[] = {one_k, tiny_p};
+    const char *names[] = {"text_completion --top-k 1", "text_completion --top-p 0.000001"};
+    for (int i = 0; i < 2; i++) {
+        e2e_run_program(&e.c, prog, sampled[i], NULL, &r);
+        e2e_assert_success(&r, names[i]);
+        expect_text(ref, &r, 0, want, nw, names[i]);
+        e2e_run_free(&r);
+    }
     env_stop(&e);
 }
 
