@@ -9,7 +9,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 debs=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git curl
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler grpc-proto protobuf-compiler
   protobuf-compiler-grpc
   libyaml-dev
