@@ -11,6 +11,9 @@
 #   run.sh configs-load NAME BIN_DIR      rendered service configs load in the real binaries
 #   run.sh schema-rejects                 values.schema.json rejects wrong types, clearly
 #   run.sh template-rejects               impossible shapes fail with a message
+#   run.sh backend BIN_DIR                GPU worker pods run backend cuda, others cpu/null
+#   run.sh wiring BIN_DIR                 ports, probes, addresses and Secrets line up
+#   run.sh wiring-selftest BIN_DIR        the wiring check reports every flaw of broken/wiring.yaml
 #   run.sh schema-current BIN_DIR         values.schema.json config sections match the binaries
 #   run.sh validator-selftest             the validator reports every flaw of broken/manifests.yaml
 #   run.sh dockerfile-lint                dockerfile-utils + dockerfilelint + project rules
@@ -31,7 +34,7 @@ chart="$root/helm/pie"
 release=pie namespace=pie kube_version=1.30.0
 # Worker keys the chart passes as PIE_* variables ahead of the work that defines them
 # (docs/deploy.md, "Forwarded keys"); the current binaries ignore unknown variables.
-forwarded="PIE_MODEL_PATH PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_SIZE PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
+forwarded="PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_SIZE PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
 
 die() { echo "deploy-test: $*" >&2; exit 1; }
 need_tools() {
@@ -62,6 +65,24 @@ render() { # NAME
     $(values_args "$1") | sed -E 's/^(  token: )"[A-Za-z0-9+\/=]{64}"$/\1"R0VORVJBVEVELUFULUlOU1RBTEw=" # random at install; normalized by tests\/deploy\/run.sh/'
 }
 tmpdir() { mktemp -d "${TMPDIR:-/tmp}/pie-deploy-test.XXXXXX"; }
+# Other shapes of the chart than the golden ones, one --set argument a line (variants, wiring).
+variants() {
+  cat <<'VARIANTS'
+auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
+auth.token=fixed-token,auth.secretKey=bearer,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false
+lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
+lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer
+worker.model.existingClaim=models,worker.replicas=4
+worker.leaderWorkerSet.enabled=true
+worker.leaderWorkerSet.enabled=true,worker.replicas=3,worker.config.backend=cpu
+worker.config.backend=cpu,worker.config.engine.threads=8,worker.resources.requests.cpu=8
+controller.port=6000,controller.metricsPort=6001,lifecycle.port=6002,lifecycle.metricsPort=6003,lifecycle.service.port=443,worker.port=6004,worker.metricsPort=6005,worker.tensorParallel.port=6006,clusterDomain=k8s.example.internal
+fullnameOverride=a-rather-long-release-name-for-pie-c-tests,worker.replicas=100
+image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36
+VARIANTS
+}
+# The values files rendered by name (golden, validate, configs-load, wiring).
+named_values() { echo default; (cd "$chart/ci" && ls -- *-values.yaml | sed 's/-values\.yaml$//'); echo large-numbers; }
 
 cmd=${1:-}
 shift || true
@@ -101,27 +122,78 @@ case "$cmd" in
 
   variants)
     need_tools
-    # Other shapes of the chart than the two golden ones, each rendered and validated offline.
+    # Other shapes of the chart than the golden ones, each rendered and validated offline.
     t=$(tmpdir); trap 'rm -rf "$t"' EXIT
     i=0
     while IFS= read -r set; do
-      [ -n "$set" ] || continue
       i=$((i + 1))
       echo "variant $i: --set $set"
       "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
         --set "$set" >"$t/variant-$i.yaml"
-    done <<'VARIANTS'
-auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
-auth.token=fixed-token,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false
-lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
-lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer
-worker.model.existingClaim=models,worker.tensorParallel.size=8,worker.replicas=4
-worker.leaderWorkerSet.enabled=true,worker.tensorParallel.size=4
-worker.leaderWorkerSet.enabled=true,worker.tensorParallel.size=32,worker.tensorParallel.nodes=4,worker.replicas=3
-fullnameOverride=a-rather-long-release-name-for-pie-c-tests,worker.replicas=100
-image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36
-VARIANTS
+    done < <(variants)
     node "$here/validate-manifests.js" --deps "$deps" "$t"/variant-*.yaml
+    ;;
+
+  backend)
+    need_tools
+    # Each case: the backend every worker pod must run (pie-worker --print-config on the rendered
+    # ConfigMap, with the pod's PIE_* variables), the GPUs it must request, the helm arguments.
+    bin=$(cd "$1" && pwd)
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    rc=0 i=0
+    while read -r want gpus args; do
+      i=$((i + 1))
+      # shellcheck disable=SC2086
+      "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
+        $args >"$t/case-$i.yaml" || { echo "FAIL: $args does not render"; rc=1; continue; }
+      echo "case $i: ${args:-(default values)} -> backend $want, $gpus GPU(s) per worker pod"
+      node "$here/check-wiring.js" --deps "$deps" --bin "$bin" --expect-backend "$want" \
+        --expect-gpus "$gpus" "$t/case-$i.yaml" || rc=1
+    done <<CASES
+cuda 1
+cuda 1 --set worker.config.backend=cuda
+cpu 0 --set worker.config.backend=cpu
+null 0 --set-string worker.config.backend=null
+cuda 1 --set worker.leaderWorkerSet.enabled=true
+cpu 0 --set worker.leaderWorkerSet.enabled=true,worker.config.backend=cpu
+cuda 1 -f $here/values-large-numbers.yaml
+CASES
+    exit $rc
+    ;;
+
+  wiring)
+    need_tools
+    # Every named values file and every variant: ports, probes, addresses and Secrets line up
+    # (tests/deploy/check-wiring.js), as the binaries of BIN_DIR read the rendered configs.
+    bin=$(cd "$1" && pwd)
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    rc=0
+    for name in $(named_values); do
+      render "$name" >"$t/$name.yaml"
+      # shellcheck disable=SC2046
+      node "$here/check-wiring.js" --deps "$deps" --bin "$bin" $(external_secrets "$name") "$t/$name.yaml" || rc=1
+    done
+    i=0
+    while IFS= read -r set; do
+      i=$((i + 1))
+      "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
+        --set "$set" >"$t/variant-$i.yaml"
+      echo "variant $i: --set $set"
+      node "$here/check-wiring.js" --deps "$deps" --bin "$bin" "$t/variant-$i.yaml" || rc=1
+    done < <(variants)
+    exit $rc
+    ;;
+
+  wiring-selftest)
+    need_tools
+    out=$(node "$here/check-wiring.js" --deps "$deps" --bin "$(cd "$1" && pwd)" "$here/broken/wiring.yaml" || true)
+    rc=0
+    while IFS= read -r want; do
+      [ -n "$want" ] || continue
+      if grep -qF -- "$want" <<<"$out"; then echo "caught: $want"; else echo "MISSED: $want"; rc=1; fi
+    done <"$here/broken/wiring.expected"
+    [ $rc = 0 ] || { echo "check-wiring output:"; echo "$out"; }
+    exit $rc
     ;;
 
   configs-load)
@@ -206,6 +278,7 @@ PY
     check worker.memory.policy=fast '- worker.memory.policy: worker.memory.policy must be one of the following: "gpu", "swap", "offload", "auto"'
     check worker.config.server.max_message=4MB/s '- worker.config.server.max_message: Does not match pattern'
     check worker.tensorParallel.size=0 '- worker.tensorParallel.size: Must be greater than or equal to 1'
+    check worker.config.backend=tpu '- worker.config.backend: worker.config.backend must be one of the following: "cpu", "cuda", "null"'
     check workers.replicas=2 '- (root): Additional property workers is not allowed'
     # Self-contained: every $ref points into the schema itself (Helm must not fetch anything).
     if grep -nE '"\$ref": *"[^#]' "$chart/values.schema.json"; then
@@ -230,10 +303,16 @@ PY
       fi
       echo "ok: $* -> $want"
     }
-    check 'a tensor-parallel group that spans nodes needs worker.leaderWorkerSet.enabled=true' \
-      --set worker.tensorParallel.size=16,worker.tensorParallel.nodes=2
-    check 'worker.tensorParallel.size (12) must be a multiple of worker.tensorParallel.nodes (5)' \
-      --set worker.tensorParallel.size=12,worker.tensorParallel.nodes=5,worker.leaderWorkerSet.enabled=true
+    # Tensor parallelism is not implemented: no group of several GPUs or nodes may render.
+    tp='tensor parallelism is not implemented yet (a pie-worker is one process on one GPU and cannot join a group)'
+    check "worker.tensorParallel.size is 4 and worker.tensorParallel.nodes is 1: $tp" \
+      --set worker.tensorParallel.size=4
+    check "worker.tensorParallel.size is 8 and worker.tensorParallel.nodes is 1: $tp" \
+      --set worker.tensorParallel.size=8,worker.leaderWorkerSet.enabled=true
+    check "worker.tensorParallel.size is 1 and worker.tensorParallel.nodes is 2: $tp" \
+      --set worker.tensorParallel.nodes=2,worker.leaderWorkerSet.enabled=true
+    check "worker.tensorParallel.size is 16 and worker.tensorParallel.nodes is 2: $tp" \
+      -f "$here/values-tp-multinode.yaml"
     check 'lifecycle.podDisruptionBudget.minAvailable (2) must be below the lifecycle replica count (2)' \
       --set lifecycle.podDisruptionBudget.minAvailable=2
     check 'chart requires kubeVersion: >=1.27.0-0 which is incompatible with Kubernetes v1.26.0' \
@@ -299,7 +378,7 @@ PY
     ;;
 
   *)
-    sed -n '2,24p' "$0" >&2
+    sed -n '2,27p' "$0" >&2
     exit 2
     ;;
 esac

@@ -191,24 +191,38 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* GPUs per worker pod, after checking the tensor-parallel shape. */}}
-{{- define "pie.worker.gpusPerPod" -}}
+{{/* Refuses worker groups of more than one GPU: tensor parallelism (one worker process per
+GPU, NCCL between them) does not exist yet, so such a group could never form. */}}
+{{- define "pie.worker.checkTensorParallel" -}}
 {{- $size := int .Values.worker.tensorParallel.size -}}
 {{- $nodes := int .Values.worker.tensorParallel.nodes -}}
-{{- if ne (mod $size $nodes) 0 -}}
-{{- fail (printf "worker.tensorParallel.size (%d) must be a multiple of worker.tensorParallel.nodes (%d): every node of a group holds the same number of GPUs" $size $nodes) -}}
+{{- if or (gt $size 1) (gt $nodes 1) -}}
+{{- fail (printf "worker.tensorParallel.size is %d and worker.tensorParallel.nodes is %d: tensor parallelism is not implemented yet (a pie-worker is one process on one GPU and cannot join a group), so groups of several GPUs or nodes cannot form; set worker.tensorParallel.size=1 and worker.tensorParallel.nodes=1, and scale out with worker.replicas (docs/deploy.md, Status)" $size $nodes) -}}
 {{- end -}}
-{{- div $size $nodes -}}
 {{- end -}}
 
-{{/* Whether the workers are a LeaderWorkerSet. */}}
-{{- define "pie.worker.lws" -}}
-{{- if gt (int .Values.worker.tensorParallel.nodes) 1 -}}
-{{- if not .Values.worker.leaderWorkerSet.enabled -}}
-{{- fail (printf "worker.tensorParallel.nodes is %d: a tensor-parallel group that spans nodes needs worker.leaderWorkerSet.enabled=true (the LeaderWorkerSet API, leaderworkerset.x-k8s.io/v1, must be installed); a group on one node is one pod with tensorParallel.size GPUs (nodes: 1)" (int .Values.worker.tensorParallel.nodes)) -}}
+{{/* The worker's compute backend (its `backend` key): worker.config.backend when set, else
+cuda. The chart always writes it: the binary's own default, cpu, would leave the GPU a worker
+pod requests idle. */}}
+{{- define "pie.worker.backend" -}}
+{{- default "cuda" .Values.worker.config.backend -}}
 {{- end -}}
-true
-{{- else if .Values.worker.leaderWorkerSet.enabled -}}
+
+{{/* GPUs per worker pod: one per rank with backend cuda (one rank today), none otherwise. */}}
+{{- define "pie.worker.gpusPerPod" -}}
+{{- include "pie.worker.checkTensorParallel" . -}}
+{{- if eq (include "pie.worker.backend" .) "cuda" -}}
+{{- div (int .Values.worker.tensorParallel.size) (int .Values.worker.tensorParallel.nodes) -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the workers are a LeaderWorkerSet (groups of one pod until tensor parallelism
+exists). */}}
+{{- define "pie.worker.lws" -}}
+{{- include "pie.worker.checkTensorParallel" . -}}
+{{- if .Values.worker.leaderWorkerSet.enabled -}}
 true
 {{- end -}}
 {{- end -}}

@@ -12,8 +12,10 @@ Pod template of a worker: include "pie.worker.podTemplate" (dict "ctx" $ "role" 
 {{- $resources := deepCopy (default (dict) $w.resources) -}}
 {{- $limits := default (dict) $resources.limits -}}
 {{- $requests := default (dict) $resources.requests -}}
+{{- if gt $gpus 0 -}}
 {{- $_ := set $limits $w.gpuResource $gpus -}}
 {{- $_ := set $requests $w.gpuResource $gpus -}}
+{{- end -}}
 {{- $_ := set $resources "limits" $limits -}}
 {{- $_ := set $resources "requests" $requests -}}
 metadata:
@@ -65,10 +67,8 @@ spec:
         # CUDA's JIT cache; the root filesystem is read-only.
         - name: CUDA_CACHE_PATH
           value: /tmp/cuda-cache
-        # Forwarded keys (docs/deploy.md): read by the worker once the model-runtime, memory-tier
-        # and tensor-parallel work define them; ignored before.
-        - name: PIE_MODEL_PATH
-          value: {{ $w.model.path | quote }}
+        # Forwarded keys (docs/deploy.md): read by the worker once the memory-tier and
+        # tensor-parallel work define them; ignored before.
         - name: PIE_MEMORY_POLICY
           value: {{ $w.memory.policy | quote }}
         - name: PIE_MEMORY_HOST_POOL
