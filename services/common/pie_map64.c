@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pie_map.h"
+
 static uint64_t h64(uint64_t x) { /* splitmix64 finaliser */
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -13,66 +15,39 @@ static uint64_t h64(uint64_t x) { /* splitmix64 finaliser */
     return x ^ (x >> 31);
 }
 
-void *pie_map64_get(const pie_map64 *m, uint64_t key) {
-    if (m->n == 0 || key == 0) return NULL;
-    size_t mask = m->cap - 1;
-    for (size_t i = h64(key) & mask;; i = (i + 1) & mask) {
-        if (m->cells[i].key == 0) return NULL;
-        if (m->cells[i].key == key) return m->cells[i].val;
-    }
+static bool cell_used(const void *c) { return ((const pie_map64_cell *)c)->key != 0; }
+static size_t cell_hash(const void *c) { return (size_t)h64(((const pie_map64_cell *)c)->key); }
+static void cell_clear(void *c) { *(pie_map64_cell *)c = (pie_map64_cell){0}; }
+static const pie_map_kind kind = {sizeof(pie_map64_cell), cell_used, cell_hash, cell_clear};
+
+/* The cell holding key, or the free cell where it would go (the table is never full). */
+static size_t find(const pie_map64 *m, uint64_t key) {
+    size_t mask = m->cap - 1, i = h64(key) & mask;
+    while (m->cells[i].key != 0 && m->cells[i].key != key) i = (i + 1) & mask;
+    return i;
 }
 
-static void put64_nogrow(pie_map64 *m, uint64_t key, void *val) {
-    size_t mask = m->cap - 1;
-    for (size_t i = h64(key) & mask;; i = (i + 1) & mask) {
-        if (m->cells[i].key == 0) {
-            m->cells[i].key = key;
-            m->cells[i].val = val;
-            m->n++;
-            return;
-        }
-        if (m->cells[i].key == key) {
-            m->cells[i].val = val;
-            return;
-        }
-    }
+void *pie_map64_get(const pie_map64 *m, uint64_t key) {
+    if (m->n == 0 || key == 0) return NULL;
+    return m->cells[find(m, key)].val; /* a free cell's val is NULL */
 }
 
 int pie_map64_put(pie_map64 *m, uint64_t key, void *val) {
-    size_t cap = pie_map_grown_cap(m->cap, m->n + 1);
-    if (cap != m->cap) {
-        pie_map64_cell *cells = calloc(cap, sizeof *cells);
-        if (cells == NULL) return -1;
-        pie_map64 old = *m;
-        m->cells = cells;
-        m->cap = cap;
-        m->n = 0;
-        for (size_t i = 0; i < old.cap; i++)
-            if (old.cells[i].key) put64_nogrow(m, old.cells[i].key, old.cells[i].val);
-        free(old.cells);
-    }
-    put64_nogrow(m, key, val);
+    pie_map64_cell *cells = pie_map_reserve(&kind, m->cells, &m->cap, m->n + 1);
+    if (cells == NULL) return -1;
+    m->cells = cells;
+    pie_map64_cell *c = &cells[find(m, key)];
+    if (c->key == 0) m->n++;
+    *c = (pie_map64_cell){.key = key, .val = val};
     return 0;
 }
 
 void *pie_map64_del(pie_map64 *m, uint64_t key) {
     if (m->n == 0 || key == 0) return NULL;
-    size_t mask = m->cap - 1;
-    size_t i = h64(key) & mask;
-    for (;; i = (i + 1) & mask) {
-        if (m->cells[i].key == 0) return NULL;
-        if (m->cells[i].key == key) break;
-    }
+    size_t i = find(m, key);
     void *val = m->cells[i].val;
-    for (size_t j = (i + 1) & mask; m->cells[j].key != 0; j = (j + 1) & mask) {
-        size_t k = h64(m->cells[j].key) & mask;
-        if (pie_map_cyc_between(k, i, j)) {
-            m->cells[i] = m->cells[j];
-            i = j;
-        }
-    }
-    m->cells[i].key = 0;
-    m->cells[i].val = NULL;
+    if (m->cells[i].key == 0) return NULL;
+    pie_map_remove_at(&kind, m->cells, m->cap, i);
     m->n--;
     return val;
 }

@@ -72,12 +72,6 @@ void ctl_arena_free(ctl_arena *a) {
     memset(a, 0, sizeof *a);
 }
 
-size_t ctl_arena_bytes(const ctl_arena *a) {
-    size_t b = 0;
-    for (const ctl_arena_chunk *c = a->chunks; c; c = c->next) b += sizeof *c + c->size;
-    return b;
-}
-
 /* ---- slab ---------------------------------------------------------------------------------- */
 
 void ctl_slab_init(ctl_slab *s, size_t size, size_t per_block) {
@@ -132,8 +126,6 @@ void ctl_slab_free(ctl_slab *s) {
     s->size = size;
     s->per_block = per;
 }
-
-size_t ctl_slab_bytes(const ctl_slab *s) { return s->n_blocks * s->per_block * s->size; }
 
 /* ---- vectors ------------------------------------------------------------------------------- */
 

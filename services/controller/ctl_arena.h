@@ -31,7 +31,6 @@ char *ctl_arena_strdup(ctl_arena *a, const char *s);
 /* Forgets every allocation; keeps the chunks. */
 void ctl_arena_reset(ctl_arena *a);
 void ctl_arena_free(ctl_arena *a);
-size_t ctl_arena_bytes(const ctl_arena *a);
 
 typedef struct ctl_slab {
     size_t size;      /* object size, rounded up to pointer alignment */
@@ -52,7 +51,6 @@ void ctl_slab_put(ctl_slab *s, void *p); /* NULL is fine */
 void ctl_slab_free(ctl_slab *s);
 /* Calls fn on every object in the free list (to free buffers they keep), then ctl_slab_free. */
 void ctl_slab_free_each(ctl_slab *s, void (*fn)(void *obj));
-size_t ctl_slab_bytes(const ctl_slab *s);
 
 typedef struct ctl_vec32 {
     uint32_t *v;

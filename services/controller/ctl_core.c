@@ -1121,20 +1121,3 @@ done:
     ctl_arena_free(&a);
     fn(arg, NULL);
 }
-
-size_t ctl_core_bytes(const ctl_core *c) {
-    size_t b = sizeof *c + c->insts.cap * sizeof(pie_map64_cell);
-    b += ctl_slab_bytes(&c->s_calls) + ctl_slab_bytes(&c->s_msgs) + ctl_slab_bytes(&c->s_batches) +
-         ctl_slab_bytes(&c->s_queues) + ctl_slab_bytes(&c->s_places);
-    for (uint32_t i = 0; i < c->insts.cap; i++) {
-        const ctl_inst *inst = c->insts.cells[i].key ? c->insts.cells[i].val : NULL;
-        if (inst == NULL) continue;
-        b += sizeof *inst + ctl_map32_bytes(&inst->qids) + inst->cap_qv * sizeof(void *) +
-             inst->cap_all * sizeof(void *);
-        for (const ctl_place *p = inst->places; p; p = p->inst_next)
-            b += ctl_map32_bytes(&p->vs.kv) + ctl_map32_bytes(&p->vs.emb);
-    }
-    for (const ctl_worker *w = c->workers; w; w = w->next)
-        b += sizeof *w + ctl_pool_bytes(&w->pool);
-    return b;
-}

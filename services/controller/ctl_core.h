@@ -113,7 +113,4 @@ void ctl_core_end_worker_links(ctl_core *c, const char *why);
 void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterStatusResponse *r),
                      void *arg);
 
-/* Memory the core holds for its bookkeeping, bytes (bench). */
-size_t ctl_core_bytes(const ctl_core *c);
-
 #endif

@@ -15,15 +15,17 @@
  * slot bookkeeping itself (ctl_vspace.c).
  *
  * Every error names the call, the field or id and the value (docs/wire-contracts.md
- * "Errors"). */
+ * "Errors"). The rules every layer checks (counts, ranges, page lengths, masks) are
+ * pie_check.h's; this file adds what needs the controller's state: ids → slots, page layout,
+ * read-only pages, conflicts within a batch. */
 #include "ctl_core_int.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pie_check.h"
 #include "pie_log.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -157,7 +159,7 @@ static pie_code do_alloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__ApiC
         (uint32_t)(kv ? api->alloc_kv_pages->n_kv_page_ids : api->alloc_embeds->n_embed_ids);
     ctl_inst *inst = q->inst;
     if (ctl_ids_check(op, kv ? "kv_page_ids" : "embed_ids", kv ? "kv page" : "embedding", ids, n,
-                      CTL_MAX_IDS, st) != PIE_OK ||
+                      PIE_MAX_IDS, st) != PIE_OK ||
         unbound_everywhere(c, q, kv, op, ids, n, st) != PIE_OK ||
         quota(op, kv ? "KV pages" : "embeddings", kv ? inst->lim_kv : inst->lim_emb,
               kv ? inst->n_kv : inst->n_emb, n, st) != PIE_OK)
@@ -193,7 +195,7 @@ static pie_code do_dealloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__Ap
     uint32_t n =
         (uint32_t)(kv ? api->dealloc_kv_pages->n_kv_page_ids : api->dealloc_embeds->n_embed_ids);
     if (ctl_ids_check(op, kv ? "kv_page_ids" : "embed_ids", kv ? "kv page" : "embedding", ids, n,
-                      CTL_MAX_IDS, st) != PIE_OK ||
+                      PIE_MAX_IDS, st) != PIE_OK ||
         all_bound(c, q, kv, op, ids, n, NULL, st) != PIE_OK)
         return st->code;
     ctl_place *pl = q->place;
@@ -211,7 +213,7 @@ static pie_code do_export(ctl_core *c, ctl_queue *q, const Pie__V1__ApiCall *api
     const char *op = "export_kv_pages";
     const Pie__V1__ExportKvPages *e = api->export_kv_pages;
     uint32_t n = (uint32_t)e->n_kv_page_ids;
-    if (ctl_ids_check(op, "kv_page_ids", "kv page", e->kv_page_ids, n, CTL_MAX_IDS, st) != PIE_OK ||
+    if (ctl_ids_check(op, "kv_page_ids", "kv page", e->kv_page_ids, n, PIE_MAX_IDS, st) != PIE_OK ||
         ctl_name_check(op, "name", e->name, st) != PIE_OK)
         return st->code;
     uint32_t *slots = malloc(n * sizeof *slots);
@@ -261,7 +263,7 @@ static pie_code do_import(ctl_core *c, ctl_queue *q, ctl_call *call, pie_status 
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "%s: %u kv_page_ids for export \"%s\" of %u pages", op, n, im->name,
                               e->n);
-    if (ctl_ids_check(op, "kv_page_ids", "kv page", im->kv_page_ids, n, CTL_MAX_IDS, st) !=
+    if (ctl_ids_check(op, "kv_page_ids", "kv page", im->kv_page_ids, n, PIE_MAX_IDS, st) !=
             PIE_OK ||
         unbound_everywhere(c, q, true, op, im->kv_page_ids, e->n, st) != PIE_OK ||
         quota(op, "KV pages", q->inst->lim_kv, q->inst->n_kv, e->n, st) != PIE_OK)
@@ -434,26 +436,19 @@ static pie_code check_embed(const ctl_core *c, const ctl_queue *q, const Pie__V1
     const Pie__V1__EmbedText *e = api->embed_text;
     const Pie__V1__ModelInfo *m = ctl_model_info(c, q->model);
     size_t n = e->n_embed_ids;
-    if (n == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: embed_ids is empty", op);
+    if (pie_check_count(PIE_AT(op), "embed_ids", n, pie_check_limit(m->max_forward_tokens), st) !=
+        PIE_OK)
+        return st->code;
     if (e->n_token_ids != n || e->n_positions != n)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "%s: embed_ids, token_ids and positions must have equal lengths, got "
                               "%zu, %zu and %zu",
                               op, n, e->n_token_ids, e->n_positions);
-    if (m->max_forward_tokens && n > m->max_forward_tokens)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: %zu tokens exceed the model's max_forward_tokens %u", op, n,
-                              m->max_forward_tokens);
-    for (size_t i = 0; i < n; i++) {
-        if (m->vocab_size && e->token_ids[i] >= m->vocab_size)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "%s: token_ids[%zu] = %u is not below vocab_size %u", op, i,
-                                  e->token_ids[i], m->vocab_size);
-        if (m->max_context_tokens && e->positions[i] >= m->max_context_tokens)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "%s: positions[%zu] = %u is not below max_context_tokens %u", op,
-                                  i, e->positions[i], m->max_context_tokens);
-    }
+    if (pie_check_below(PIE_AT(op), "token_ids", e->token_ids, n, pie_check_limit(m->vocab_size),
+                        st) != PIE_OK ||
+        pie_check_below(PIE_AT(op), "positions", e->positions, n,
+                        pie_check_limit(m->max_context_tokens), st) != PIE_OK)
+        return st->code;
     if (ctl_ids_check(op, "embed_ids", "embedding", e->embed_ids, (uint32_t)n, UINT32_MAX, st) !=
         PIE_OK)
         return st->code;
@@ -464,40 +459,6 @@ static pie_code check_embed(const ctl_core *c, const ctl_queue *q, const Pie__V1
         if (map_id(c, q, false, op, e->embed_ids[i], &slot, st) != PIE_OK) return st->code;
         if (s) s->emb_slots.v[s->emb_slots.n + i] = slot;
     }
-    return PIE_OK;
-}
-
-static pie_code check_mask(uint32_t C, uint32_t N, const Pie__V1__AttentionMask *mask,
-                           pie_status *st) {
-    const char *op = "forward";
-    size_t idx = 0, R = mask->n_runs;
-    for (uint32_t i = 0; i < N; i++) {
-        uint64_t row = (uint64_t)C + i + 1, covered = 0;
-        bool visible = true, last_visible = true;
-        while (covered < row) {
-            if (idx >= R)
-                return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                      "%s: mask runs end in row %u after %llu of its %llu tokens",
-                                      op, i, (unsigned long long)covered, (unsigned long long)row);
-            uint64_t len = mask->runs[idx++];
-            if (covered + len > row)
-                return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                      "%s: mask run %zu (length %llu) crosses the end of row %u "
-                                      "(%llu tokens)",
-                                      op, idx - 1, (unsigned long long)len, i,
-                                      (unsigned long long)row);
-            covered += len;
-            last_visible = visible;
-            visible = !visible;
-        }
-        if (!last_visible)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "%s: mask row %u hides its own token (the row's last)", op, i);
-    }
-    if (idx < R)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: mask has %zu runs left after its last row (row %u)", op, R - idx,
-                              N ? N - 1 : 0);
     return PIE_OK;
 }
 
@@ -516,21 +477,17 @@ static pie_code check_forward(const ctl_core *c, const ctl_queue *q, const Pie__
     size_t N = f->n_input_embed_ids, Cp = f->n_kv_page_ids, O = f->n_output_kv_page_ids,
            M = f->n_output_embed_ids;
     uint32_t last = f->kv_page_last_len;
-    if (N == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: input_embed_ids is empty", op);
-    if (m->max_forward_tokens && N > m->max_forward_tokens)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: %zu input tokens exceed the model's max_forward_tokens %u", op,
-                              N, m->max_forward_tokens);
-    if (Cp == 0 && last != 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: kv_page_last_len is %u but kv_page_ids is empty", op, last);
-    if (Cp > 0 && (last == 0 || last > P))
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: kv_page_last_len %u is out of range [1, %u]", op, last, P);
-    if (M > N)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: %zu output_embed_ids for %zu input tokens (at most one each)",
-                              op, M, N);
+    const pie_check_fwd shape = {.in = "input_embed_ids",
+                                 .out = "output_embed_ids",
+                                 .pages = "kv_page_ids",
+                                 .last = "kv_page_last_len",
+                                 .n_in = N,
+                                 .n_out = M,
+                                 .n_pages = Cp,
+                                 .last_len = last};
+    if (pie_check_forward(PIE_AT(op), &shape, P, pie_check_limit(m->max_forward_tokens), st) !=
+        PIE_OK)
+        return st->code;
     if (Cp && ctl_ids_check(op, "kv_page_ids", "kv page", f->kv_page_ids, (uint32_t)Cp, UINT32_MAX,
                             st) != PIE_OK)
         return st->code;
@@ -570,7 +527,9 @@ static pie_code check_forward(const ctl_core *c, const ctl_queue *q, const Pie__
                 "but there are %zu input tokens",
                 op, O, (unsigned long long)min, (unsigned long long)cap, N);
     }
-    if (f->mask && check_mask((uint32_t)C, (uint32_t)N, f->mask, st) != PIE_OK) return st->code;
+    if (f->mask && pie_check_mask(PIE_AT(op), f->mask->runs, f->mask->n_runs, (uint32_t)C,
+                                  (uint32_t)N, st) != PIE_OK)
+        return st->code;
 
     /* Ids → slots (and the item). */
     size_t n_seq = Cp + (O ? (cont ? O - 1 : O) : 0);
@@ -624,10 +583,7 @@ static pie_code check_mask_page(const ctl_core *c, const ctl_queue *q, const Pie
     const char *op = "mask_kv_page";
     const Pie__V1__MaskKvPage *mk = api->mask_kv_page;
     uint32_t P = ctl_model_info(c, q->model)->kv_page_size;
-    if (mk->n_masked != P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: masked has %zu entries, kv_page_size is %u", op, mk->n_masked,
-                              P);
+    if (pie_check_page_len(PIE_AT(op), "masked", mk->n_masked, P, st) != PIE_OK) return st->code;
     uint32_t slot;
     if (map_id(c, q, true, op, mk->kv_page_id, &slot, st) != PIE_OK ||
         writable(q->place, op, mk->kv_page_id, slot, st) != PIE_OK)
@@ -649,30 +605,9 @@ static pie_code check_copy(const ctl_core *c, const ctl_queue *q, const Pie__V1_
     const char *op = "copy_kv_page";
     const Pie__V1__CopyKvPage *cp = api->copy_kv_page;
     uint32_t P = ctl_model_info(c, q->model)->kv_page_size;
-    if (cp->src_offset >= P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: src_offset %u is out of range [0, %u]",
-                              op, cp->src_offset, P - 1);
-    if (cp->dst_offset >= P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: dst_offset %u is out of range [0, %u]",
-                              op, cp->dst_offset, P - 1);
-    if (cp->token_count == 0 || cp->token_count > P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: token_count %u is out of range [1, %u]", op, cp->token_count, P);
-    if (cp->src_offset + cp->token_count > P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: src_offset %u + token_count %u exceeds kv_page_size %u", op,
-                              cp->src_offset, cp->token_count, P);
-    if (cp->dst_offset + cp->token_count > P)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: dst_offset %u + token_count %u exceeds kv_page_size %u", op,
-                              cp->dst_offset, cp->token_count, P);
-    if (cp->src_kv_page_id == cp->dst_kv_page_id &&
-        cp->src_offset < cp->dst_offset + cp->token_count &&
-        cp->dst_offset < cp->src_offset + cp->token_count)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: source [%u, %u) and destination [%u, %u) overlap in kv page %u",
-                              op, cp->src_offset, cp->src_offset + cp->token_count, cp->dst_offset,
-                              cp->dst_offset + cp->token_count, cp->src_kv_page_id);
+    if (pie_check_copy(PIE_AT(op), cp->src_kv_page_id, cp->dst_kv_page_id, cp->src_offset,
+                       cp->dst_offset, cp->token_count, P, st) != PIE_OK)
+        return st->code;
     uint32_t src, dst;
     if (map_id(c, q, true, op, cp->src_kv_page_id, &src, st) != PIE_OK ||
         map_id(c, q, true, op, cp->dst_kv_page_id, &dst, st) != PIE_OK ||
@@ -703,19 +638,13 @@ static pie_code check_dist(const ctl_core *c, const ctl_queue *q, const Pie__V1_
     const Pie__V1__NextDist *d = api->next_dist;
     const Pie__V1__ModelInfo *m = ctl_model_info(c, q->model);
     size_t n = d->n_embed_ids;
-    if (n == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: embed_ids is empty", op);
-    if (m->max_forward_tokens && n > m->max_forward_tokens)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: %zu embed_ids exceed the model's max_forward_tokens %u", op, n,
-                              m->max_forward_tokens);
     uint32_t k = dist_k(m, d);
-    if (m->max_top_k && k > m->max_top_k)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: top_k %u exceeds the model's max_top_k %u", op, k, m->max_top_k);
     float t = d->temperature;
-    if (isnan(t) || isinf(t) || t < 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: temperature %g is not a finite number >= 0", op, (double)t);
+    if (pie_check_count(PIE_AT(op), "embed_ids", n, pie_check_limit(m->max_forward_tokens), st) !=
+            PIE_OK ||
+        pie_check_range(PIE_AT(op), "top_k", k, 0, pie_check_limit(m->max_top_k), st) != PIE_OK ||
+        pie_check_temperature(PIE_AT(op), t, true, st) != PIE_OK)
+        return st->code;
     if (t == 0) t = 1.0f;
     for (size_t i = 0; i < n; i++) {
         uint32_t slot;

@@ -1,10 +1,10 @@
 /* ctl_map.h — the controller's hash maps.
  *
- * Owns: two open-addressing tables (linear probing, deletion by backward shift, so no tombstones
- * and no rehash storms under churn): u32 → u32 (an instance's virtual ids → physical slots, queue
- * ids → queue index) and string → pointer (export names, topics). Capacities are powers of two
- * kept at most 3/4 full; tables grow and never shrink until freed. Does not own what the keys
- * mean. The u64 → pointer map (instance ids) is pie_map64 in services/common.
+ * Owns: two tables and their lookups: u32 → u32 (an instance's virtual ids → physical slots,
+ * queue ids → queue index) and string → pointer (export names, topics). The table discipline
+ * (linear probing, growth, deletion by backward shift, at most 3/4 full) is pie_map.h's, shared
+ * with the u64 → pointer map (instance ids), pie_map64 in services/common. Does not own what
+ * the keys mean.
  *
  * A zeroed struct is an empty map. Functions that can fail return -1 when out of memory and
  * leave the map unchanged. */
@@ -28,7 +28,7 @@ typedef struct ctl_map32_cell {
 
 typedef struct ctl_map32 {
     ctl_map32_cell *cells; /* [cap] */
-    uint32_t cap;          /* 0 or a power of two */
+    size_t cap;            /* 0 or a power of two */
     uint32_t n;            /* entries */
 } ctl_map32;
 
@@ -40,8 +40,6 @@ int ctl_map32_put(ctl_map32 *m, uint32_t key, uint32_t val);
 /* Removes key; *old (may be NULL) gets its value. False if absent. */
 bool ctl_map32_del(ctl_map32 *m, uint32_t key, uint32_t *old);
 void ctl_map32_free(ctl_map32 *m);
-/* Bytes held by the table (for memory accounting). */
-size_t ctl_map32_bytes(const ctl_map32 *m);
 
 /* ---- string → pointer (keys are borrowed: they must live as long as their entry) ------------ */
 

@@ -182,13 +182,6 @@ void ctl_pool_changes_clear(ctl_pool *p) {
     c->free_kv.n = c->alloc_emb.n = c->free_emb.n = 0;
 }
 
-size_t ctl_pool_bytes(const ctl_pool *p) {
-    return (size_t)p->kv_max * (2 * sizeof(uint32_t) + 1) +
-           (size_t)p->emb_max * (sizeof(uint32_t) + 1) +
-           (size_t)p->ch.cap_alloc_kv * sizeof(ctl_kv_alloc) +
-           ((size_t)p->ch.free_kv.cap + p->ch.alloc_emb.cap + p->ch.free_emb.cap) * 4;
-}
-
 /* ---- id lists ------------------------------------------------------------------------------ */
 
 static int cmp_u32(const void *a, const void *b) {
@@ -217,10 +210,7 @@ static int64_t first_duplicate(const uint32_t *ids, uint32_t n) {
 
 pie_code ctl_ids_check(const char *op, const char *field, const char *what, const uint32_t *ids,
                        uint32_t n, uint32_t max, pie_status *st) {
-    if (n == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is empty", op, field);
-    if (n > max)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "%s: %s has %u ids, more than the %u allowed", op, field, n, max);
+    if (pie_check_count(PIE_AT(op), field, n, max, st) != PIE_OK) return st->code;
     int64_t dup = first_duplicate(ids, n);
     if (dup >= 0)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s %u is listed twice in %s", op, what,
@@ -238,10 +228,10 @@ void ctl_vspace_init(ctl_vspace *v, ctl_pool *pool, uint64_t owner) {
 
 void ctl_vspace_release(ctl_vspace *v) {
     if (v->pool) {
-        for (uint32_t i = 0; i < v->kv.cap; i++)
+        for (size_t i = 0; i < v->kv.cap; i++)
             if (v->kv.cells[i].val != CTL_MAP32_EMPTY)
                 ctl_pool_kv_unref(v->pool, v->kv.cells[i].val);
-        for (uint32_t i = 0; i < v->emb.cap; i++)
+        for (size_t i = 0; i < v->emb.cap; i++)
             if (v->emb.cells[i].val != CTL_MAP32_EMPTY) emb_release(v->pool, v->emb.cells[i].val);
     }
     ctl_map32_free(&v->kv);
@@ -345,12 +335,7 @@ pie_code ctl_vspace_kv_slots(const ctl_vspace *v, const char *op, const uint32_t
 /* ---- exports ------------------------------------------------------------------------------- */
 
 pie_code ctl_name_check(const char *op, const char *field, const char *name, pie_status *st) {
-    size_t len = name ? strlen(name) : 0;
-    if (len == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is empty", op, field);
-    if (len > CTL_MAX_NAME_BYTES)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is %zu bytes, more than %u", op,
-                              field, len, CTL_MAX_NAME_BYTES);
-    return PIE_OK;
+    return pie_check_name(PIE_AT(op), field, name ? strlen(name) : 0, st);
 }
 
 static void export_free(ctl_export *e) {

@@ -26,10 +26,10 @@
 
 #include "ctl_arena.h"
 #include "ctl_map.h"
+#include "pie_check.h"
 #include "pie_status.h"
 
-#define CTL_MAX_IDS        4096 /* ids per alloc / dealloc / export call (wire contract) */
-#define CTL_MAX_NAME_BYTES 256  /* export names and topics */
+/* Ids per call and name lengths: PIE_MAX_IDS and PIE_MAX_NAME_BYTES (pie_check.h). */
 
 /* One KV allocation the worker has not been told about. */
 typedef struct ctl_kv_alloc {
@@ -84,8 +84,6 @@ void ctl_pool_changes_sent(ctl_pool *p, uint32_t free_kv, uint32_t free_emb, uin
                            uint32_t alloc_emb);
 /* Entries waiting in `ch`. */
 uint64_t ctl_pool_changes_count(const ctl_pool *p);
-/* Bytes of bookkeeping held (memory accounting). */
-size_t ctl_pool_bytes(const ctl_pool *p);
 
 /* One instance's objects of one model, on one pool. */
 typedef struct ctl_vspace {

@@ -9,6 +9,7 @@
 
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie_log.h"
+#include "pie_sha256.h"
 
 #define LC_API_N_OWN       8 /* methods defined here */
 #define LC_API_MAX_METHODS 16
@@ -139,8 +140,8 @@ static void *upload_finish_thread(void *arg) {
     char id[65];
     bool already = false;
     if (u->expected_sha256[0]) {
-        lc_wasm_sha256_hex(u->buf, u->size, id);
-        if (strcmp(id, u->expected_sha256) != 0)
+        if (pie_sha256_hex(u->buf, u->size, id, &st) == PIE_OK &&
+            strcmp(id, u->expected_sha256) != 0)
             pie_status_set(&st, PIE_INVALID_ARGUMENT,
                            "metadata.expected_sha256: %s, but the bytes received hash to %s",
                            u->expected_sha256, id);

@@ -1,6 +1,6 @@
 /* lc_host.c — the `pie` host API: host and instance lifetime, futures, and what comes back from
  * the controller (CallResults, InstanceTerminated, TopicDelivery, a lost Session).
- * See lc_host.h; the calls themselves are in lc_host_gpu.c and lc_host_local.c, the shared
+ * See lc_host.h; the calls themselves are in lc_host_ctl.c and lc_host_local.c, the shared
  * layouts in lc_host_int.h.
  *
  * Threads. An instance's pie functions run on its own thread and are the only ones to stage
@@ -333,9 +333,9 @@ uint32_t Z_pieZ_future_wait_any(struct Z_pie_instance_t *pie, uint32_t ids, uint
     lc_host_inst *hi = pie->host;
     atomic_fetch_add(&hi->api_calls, 1);
     lc_host_scratch_reset(hi);
-    if (n == 0 || n > LC_MAX_IDS)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                            "future_wait_any: n is %u, must be 1..%u", n, LC_MAX_IDS);
+    if (n == 0 || n > PIE_MAX_IDS)
+        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "future_wait_any: n is %u, must be 1..%u", n,
+                            PIE_MAX_IDS);
     uint32_t *v = lc_host_u32s(hi, inst, "future_wait_any", ids, n);
     if (v == NULL) return lc_host_fail(hi, PIE_RESOURCE_EXHAUSTED, "out of memory");
     lc_host_inst_flush(hi);
@@ -460,8 +460,8 @@ static void inst_terminate(lc_host_inst *hi, pie_code code, const char *msg) {
 
 static void on_delivery(lc_host *h, const Pie__V1__TopicDelivery *d) {
     uint32_t tl = (uint32_t)strlen(d->topic);
-    uint8_t hdr[4 + LC_MAX_NAME];
-    if (tl > LC_MAX_NAME) return;
+    uint8_t hdr[4 + PIE_MAX_NAME_BYTES];
+    if (tl > PIE_MAX_NAME_BYTES) return;
     memcpy(hdr, &tl, 4);
     memcpy(hdr + 4, d->topic, tl);
     for (size_t i = 0; i < d->n_instance_ids; i++) {

@@ -1,15 +1,15 @@
-/* lc_host_gpu.c — the `pie` calls that go to the controller as pie.v1.ApiCall: queues, KV pages,
+/* lc_host_ctl.c — the `pie` calls that go to the controller as pie.v1.ApiCall: queues, KV pages,
  * embeddings, exports, embed_text, forward, next_dist, broadcast/subscribe; and applying their
  * CallResults (futures, deferred queue errors, usage counters).
  *
- * Every call checks its arguments locally first (ids, counts, lengths against the queue's model,
- * known queues), so most mistakes come back at once as -code with last_error set; what only the
+ * Every call checks its arguments locally first (the shared rules of pie_check.h against the
+ * queue's model, plus what only this layer knows: its queues, futures and linear memory), so
+ * most mistakes come back at once as -code with last_error set; what only the
  * controller can know (an id that is not allocated, a quota) comes back later: in the call's
  * future, or for calls without a result as the deferred error of its queue, delivered by the
  * next synchronize. Calls are packed on the instance's thread into its staging buffer and leave
  * the process when the instance next waits (lc_host_inst_flush), so the calls of a decode step
  * travel in one SessionUp. Does not own: futures' storage and waiting (lc_host.c). */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,12 +113,41 @@ static void usage_apply(lc_host_inst *hi, uint32_t op, uint32_t count, int sign)
 
 /* ---- staging a call --------------------------------------------------------------------------- */
 
-uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, Pie__V1__ApiCall *c,
+/* An ApiCall of kind op whose message is msg (the Pie__V1__<Op> of that kind). */
+static void api_call_set(Pie__V1__ApiCall *c, uint32_t op, void *msg) {
+    c->op_case = (Pie__V1__ApiCall__OpCase)op;
+    switch (op) {
+    case OP(CREATE_QUEUE): c->create_queue = msg; break;
+    case OP(DESTROY_QUEUE): c->destroy_queue = msg; break;
+    case OP(SET_PRIORITY): c->set_priority = msg; break;
+    case OP(SYNCHRONIZE): c->synchronize = msg; break;
+    case OP(ALLOC_KV_PAGES): c->alloc_kv_pages = msg; break;
+    case OP(DEALLOC_KV_PAGES): c->dealloc_kv_pages = msg; break;
+    case OP(ALLOC_EMBEDS): c->alloc_embeds = msg; break;
+    case OP(DEALLOC_EMBEDS): c->dealloc_embeds = msg; break;
+    case OP(COPY_KV_PAGE): c->copy_kv_page = msg; break;
+    case OP(MASK_KV_PAGE): c->mask_kv_page = msg; break;
+    case OP(EXPORT_KV_PAGES): c->export_kv_pages = msg; break;
+    case OP(UNEXPORT_KV_PAGES): c->unexport_kv_pages = msg; break;
+    case OP(IMPORT_KV_PAGES): c->import_kv_pages = msg; break;
+    case OP(LIST_EXPORTS): c->list_exports = msg; break;
+    case OP(EMBED_TEXT): c->embed_text = msg; break;
+    case OP(FORWARD): c->forward = msg; break;
+    case OP(NEXT_DIST): c->next_dist = msg; break;
+    case OP(BROADCAST): c->broadcast = msg; break;
+    case OP(SUBSCRIBE): c->subscribe = msg; break;
+    case OP(UNSUBSCRIBE): c->unsubscribe = msg; break;
+    default: c->op_case = PIE__V1__API_CALL__OP__NOT_SET; break;
+    }
+}
+
+uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, uint32_t op, void *msg,
                       uint32_t fid, uint32_t count) {
+    Pie__V1__ApiCall call = PIE__V1__API_CALL__INIT, *c = &call;
+    api_call_set(c, op, msg);
     c->instance_id = hi->id;
     c->queue_id = q;
     c->call_id = hi->next_call + 1;
-    uint32_t op = (uint32_t)c->op_case;
     if (fid) {
         pthread_mutex_lock(&hi->mu);
         bool busy = pie_map64_get(&hi->futures, fid) != NULL;
@@ -350,12 +379,9 @@ static uint32_t queue_check(lc_host_inst *hi, const char *fn, uint32_t q, pie_ab
     return 0;
 }
 
-static uint32_t check_count(lc_host_inst *hi, const char *fn, const char *what, uint32_t n,
-                            uint32_t max) {
-    if (n == 0 || n > max)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: %s is %u, must be 1..%u", fn, what, n,
-                            max);
-    return 0;
+/* The outcome of a shared check (pie_check.h): 0, or -code with its message as last_error. */
+static uint32_t checked(lc_host_inst *hi, pie_code c, const pie_status *st) {
+    return c == PIE_OK ? 0 : lc_host_fail(hi, st->code, "%s", st->msg);
 }
 
 static uint32_t check_fid(lc_host_inst *hi, const char *fn, uint32_t f) {
@@ -367,10 +393,11 @@ static uint32_t oom(lc_host_inst *hi, const char *fn) {
     return lc_host_fail(hi, PIE_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
 }
 
-/* A name (export, topic) of 1..256 bytes copied into scratch as a C string. */
+/* A name (export, topic) of 1..PIE_MAX_NAME_BYTES bytes copied into scratch as a C string. */
 static char *name_arg(lc_host_inst *hi, lc_wasm_instance *inst, const char *fn, const char *what,
                       uint32_t p, uint32_t len, uint32_t *rc) {
-    *rc = check_count(hi, fn, what, len, LC_MAX_NAME);
+    pie_status st;
+    *rc = checked(hi, pie_check_name(PIE_AT(fn), what, len, &st), &st);
     if (*rc) return NULL;
     const char *s = lc_host_mem(inst, fn, p, len);
     char *c = lc_host_scratch(hi, (size_t)len + 1);
@@ -385,6 +412,17 @@ static char *name_arg(lc_host_inst *hi, lc_wasm_instance *inst, const char *fn, 
         return NULL;
     }
     return c;
+}
+
+/* An id list argument (ids, n) of 1..PIE_MAX_IDS ids copied into scratch; NULL with *rc set. */
+static uint32_t *ids_arg(lc_host_inst *hi, lc_wasm_instance *inst, const char *fn, uint32_t ids,
+                         uint32_t n, uint32_t *rc) {
+    pie_status st;
+    *rc = checked(hi, pie_check_count(PIE_AT(fn), "ids", n, PIE_MAX_IDS, &st), &st);
+    if (*rc) return NULL;
+    uint32_t *v = lc_host_u32s(hi, inst, fn, ids, n);
+    if (v == NULL) *rc = oom(hi, fn);
+    return v;
 }
 
 /* ---- queues ----------------------------------------------------------------------------------- */
@@ -415,10 +453,7 @@ uint32_t Z_pieZ_create_queue(Zpi *pie, uint32_t q, uint32_t model, uint32_t mode
     if (exists) return lc_host_fail(hi, PIE_ALREADY_EXISTS, "%s: queue %u already exists", fn, q);
     Pie__V1__CreateQueue m = PIE__V1__CREATE_QUEUE__INIT;
     m.model = resolved;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(CREATE_QUEUE);
-    c.create_queue = &m;
-    rc = lc_host_call(hi, fn, q, &c, 0, 1);
+    rc = lc_host_call(hi, fn, q, OP(CREATE_QUEUE), &m, 0, 1);
     if (rc) {
         pthread_mutex_lock(&hi->mu);
         lq->live = false;
@@ -434,10 +469,7 @@ uint32_t Z_pieZ_destroy_queue(Zpi *pie, uint32_t q) {
     uint32_t rc = queue_check(hi, "destroy_queue", q, &m);
     if (rc) return rc;
     Pie__V1__DestroyQueue d = PIE__V1__DESTROY_QUEUE__INIT;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(DESTROY_QUEUE);
-    c.destroy_queue = &d;
-    rc = lc_host_call(hi, "destroy_queue", q, &c, 0, 1);
+    rc = lc_host_call(hi, "destroy_queue", q, OP(DESTROY_QUEUE), &d, 0, 1);
     if (rc == 0) {
         pthread_mutex_lock(&hi->mu);
         queue_get(hi, q)->live = false; /* later calls naming it fail here, at once */
@@ -458,10 +490,7 @@ uint32_t Z_pieZ_set_queue_priority(Zpi *pie, uint32_t q, uint32_t priority) {
                             priority);
     Pie__V1__SetQueuePriority p = PIE__V1__SET_QUEUE_PRIORITY__INIT;
     p.priority = (Pie__V1__QueuePriority)priority;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(SET_PRIORITY);
-    c.set_priority = &p;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(SET_PRIORITY), &p, 0, 0);
 }
 
 uint32_t Z_pieZ_synchronize(Zpi *pie, uint32_t q, uint32_t f) {
@@ -471,10 +500,7 @@ uint32_t Z_pieZ_synchronize(Zpi *pie, uint32_t q, uint32_t f) {
     uint32_t rc = queue_check(hi, "synchronize", q, &m);
     if (rc || (rc = check_fid(hi, "synchronize", f))) return rc;
     Pie__V1__Synchronize s = PIE__V1__SYNCHRONIZE__INIT;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(SYNCHRONIZE);
-    c.synchronize = &s;
-    return lc_host_call(hi, "synchronize", q, &c, f, 0);
+    return lc_host_call(hi, "synchronize", q, OP(SYNCHRONIZE), &s, f, 0);
 }
 
 /* ---- KV pages and embeddings ------------------------------------------------------------------ */
@@ -486,22 +512,20 @@ static uint32_t id_list_call(Zpi *pie, const char *fn, uint32_t op, uint32_t q, 
     lc_host_inst *hi = pie->host;
     pie_abi_model_info m;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc || (rc = check_count(hi, fn, "n", n, LC_MAX_IDS))) return rc;
-    uint32_t *v = lc_host_u32s(hi, inst, fn, ids, n);
-    if (v == NULL) return oom(hi, fn);
+    uint32_t *v = rc ? NULL : ids_arg(hi, inst, fn, ids, n, &rc);
+    if (v == NULL) return rc;
     Pie__V1__AllocKvPages ak = PIE__V1__ALLOC_KV_PAGES__INIT;
     Pie__V1__DeallocKvPages dk = PIE__V1__DEALLOC_KV_PAGES__INIT;
     Pie__V1__AllocEmbeds ae = PIE__V1__ALLOC_EMBEDS__INIT;
     Pie__V1__DeallocEmbeds de = PIE__V1__DEALLOC_EMBEDS__INIT;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = (Pie__V1__ApiCall__OpCase)op;
+    void *msg;
     switch (op) {
-    case OP(ALLOC_KV_PAGES): ak.kv_page_ids = v, ak.n_kv_page_ids = n, c.alloc_kv_pages = &ak; break;
-    case OP(DEALLOC_KV_PAGES): dk.kv_page_ids = v, dk.n_kv_page_ids = n, c.dealloc_kv_pages = &dk; break;
-    case OP(ALLOC_EMBEDS): ae.embed_ids = v, ae.n_embed_ids = n, c.alloc_embeds = &ae; break;
-    default: de.embed_ids = v, de.n_embed_ids = n, c.dealloc_embeds = &de; break;
+    case OP(ALLOC_KV_PAGES): ak.kv_page_ids = v, ak.n_kv_page_ids = n, msg = &ak; break;
+    case OP(DEALLOC_KV_PAGES): dk.kv_page_ids = v, dk.n_kv_page_ids = n, msg = &dk; break;
+    case OP(ALLOC_EMBEDS): ae.embed_ids = v, ae.n_embed_ids = n, msg = &ae; break;
+    default: de.embed_ids = v, de.n_embed_ids = n, msg = &de; break;
     }
-    return lc_host_call(hi, fn, q, &c, 0, n);
+    return lc_host_call(hi, fn, q, op, msg, 0, n);
 }
 
 uint32_t Z_pieZ_alloc_kv_pages(Zpi *pie, uint32_t q, uint32_t ids, uint32_t n) {
@@ -523,25 +547,20 @@ uint32_t Z_pieZ_copy_kv_page(Zpi *pie, uint32_t q, uint32_t src, uint32_t dst,
     lc_host_inst *hi = pie->host;
     const char *fn = "copy_kv_page";
     pie_abi_model_info m;
+    pie_status st;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc) return rc;
-    uint32_t ps = m.kv_page_size;
-    if (token_count == 0 || token_count > ps || src_offset >= ps || dst_offset >= ps ||
-        src_offset + token_count > ps || dst_offset + token_count > ps)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                            "%s: %u tokens from offset %u to offset %u do not fit pages of %u "
-                            "tokens",
-                            fn, token_count, src_offset, dst_offset, ps);
+    if (rc || (rc = checked(hi,
+                            pie_check_copy(PIE_AT(fn), src, dst, src_offset, dst_offset,
+                                           token_count, m.kv_page_size, &st),
+                            &st)))
+        return rc;
     Pie__V1__CopyKvPage cp = PIE__V1__COPY_KV_PAGE__INIT;
     cp.src_kv_page_id = src;
     cp.dst_kv_page_id = dst;
     cp.src_offset = src_offset;
     cp.dst_offset = dst_offset;
     cp.token_count = token_count;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(COPY_KV_PAGE);
-    c.copy_kv_page = &cp;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(COPY_KV_PAGE), &cp, 0, 0);
 }
 
 uint32_t Z_pieZ_mask_kv_page(Zpi *pie, uint32_t q, uint32_t page, uint32_t masked, uint32_t n) {
@@ -549,11 +568,11 @@ uint32_t Z_pieZ_mask_kv_page(Zpi *pie, uint32_t q, uint32_t page, uint32_t maske
     lc_host_inst *hi = pie->host;
     const char *fn = "mask_kv_page";
     pie_abi_model_info m;
+    pie_status st;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc) return rc;
-    if (n != m.kv_page_size)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: n is %u, must equal kv_page_size %u",
-                            fn, n, m.kv_page_size);
+    if (rc ||
+        (rc = checked(hi, pie_check_page_len(PIE_AT(fn), "masked", n, m.kv_page_size, &st), &st)))
+        return rc;
     const uint8_t *src = lc_host_mem(inst, fn, masked, n);
     protobuf_c_boolean *b = lc_host_scratch(hi, (size_t)n * sizeof *b);
     if (b == NULL) return oom(hi, fn);
@@ -562,10 +581,7 @@ uint32_t Z_pieZ_mask_kv_page(Zpi *pie, uint32_t q, uint32_t page, uint32_t maske
     mk.kv_page_id = page;
     mk.masked = b;
     mk.n_masked = n;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(MASK_KV_PAGE);
-    c.mask_kv_page = &mk;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(MASK_KV_PAGE), &mk, 0, 0);
 }
 
 uint32_t Z_pieZ_export_kv_pages(Zpi *pie, uint32_t q, uint32_t ids, uint32_t n, uint32_t name,
@@ -575,20 +591,15 @@ uint32_t Z_pieZ_export_kv_pages(Zpi *pie, uint32_t q, uint32_t ids, uint32_t n, 
     const char *fn = "export_kv_pages";
     pie_abi_model_info m;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc || (rc = check_count(hi, fn, "n", n, LC_MAX_IDS))) return rc;
-    char *nm = name_arg(hi, inst, fn, "name length", name, name_len, &rc);
+    uint32_t *v = rc ? NULL : ids_arg(hi, inst, fn, ids, n, &rc);
+    char *nm = v ? name_arg(hi, inst, fn, "name", name, name_len, &rc) : NULL;
     if (nm == NULL) return rc;
-    uint32_t *v = lc_host_u32s(hi, inst, fn, ids, n);
-    if (v == NULL) return oom(hi, fn);
     Pie__V1__ExportKvPages e = PIE__V1__EXPORT_KV_PAGES__INIT;
     e.kv_page_ids = v;
     e.n_kv_page_ids = n;
     e.name = nm;
     e.persistent = persistent != 0;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(EXPORT_KV_PAGES);
-    c.export_kv_pages = &e;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(EXPORT_KV_PAGES), &e, 0, 0);
 }
 
 uint32_t Z_pieZ_unexport_kv_pages(Zpi *pie, uint32_t q, uint32_t name, uint32_t name_len) {
@@ -598,14 +609,11 @@ uint32_t Z_pieZ_unexport_kv_pages(Zpi *pie, uint32_t q, uint32_t name, uint32_t 
     pie_abi_model_info m;
     uint32_t rc = queue_check(hi, fn, q, &m);
     if (rc) return rc;
-    char *nm = name_arg(hi, inst, fn, "name length", name, name_len, &rc);
+    char *nm = name_arg(hi, inst, fn, "name", name, name_len, &rc);
     if (nm == NULL) return rc;
     Pie__V1__UnexportKvPages u = PIE__V1__UNEXPORT_KV_PAGES__INIT;
     u.name = nm;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(UNEXPORT_KV_PAGES);
-    c.unexport_kv_pages = &u;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(UNEXPORT_KV_PAGES), &u, 0, 0);
 }
 
 uint32_t Z_pieZ_import_kv_pages(Zpi *pie, uint32_t q, uint32_t ids, uint32_t n, uint32_t name,
@@ -615,20 +623,15 @@ uint32_t Z_pieZ_import_kv_pages(Zpi *pie, uint32_t q, uint32_t ids, uint32_t n, 
     const char *fn = "import_kv_pages";
     pie_abi_model_info m;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc || (rc = check_count(hi, fn, "n", n, LC_MAX_IDS)) || (rc = check_fid(hi, fn, f)))
-        return rc;
-    char *nm = name_arg(hi, inst, fn, "name length", name, name_len, &rc);
+    if (rc || (rc = check_fid(hi, fn, f))) return rc;
+    uint32_t *v = ids_arg(hi, inst, fn, ids, n, &rc);
+    char *nm = v ? name_arg(hi, inst, fn, "name", name, name_len, &rc) : NULL;
     if (nm == NULL) return rc;
-    uint32_t *v = lc_host_u32s(hi, inst, fn, ids, n);
-    if (v == NULL) return oom(hi, fn);
     Pie__V1__ImportKvPages im = PIE__V1__IMPORT_KV_PAGES__INIT;
     im.kv_page_ids = v;
     im.n_kv_page_ids = n;
     im.name = nm;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(IMPORT_KV_PAGES);
-    c.import_kv_pages = &im;
-    return lc_host_call(hi, fn, q, &c, f, n);
+    return lc_host_call(hi, fn, q, OP(IMPORT_KV_PAGES), &im, f, n);
 }
 
 /* Calls that take no queue (queue 0 on the wire). */
@@ -644,10 +647,7 @@ uint32_t Z_pieZ_list_exports(Zpi *pie, uint32_t f) {
     uint32_t rc = noqueue_check(hi, "list_exports");
     if (rc || (rc = check_fid(hi, "list_exports", f))) return rc;
     Pie__V1__ListExports l = PIE__V1__LIST_EXPORTS__INIT;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(LIST_EXPORTS);
-    c.list_exports = &l;
-    return lc_host_call(hi, "list_exports", 0, &c, f, 0);
+    return lc_host_call(hi, "list_exports", 0, OP(LIST_EXPORTS), &l, f, 0);
 }
 
 /* ---- embed, forward, distributions ------------------------------------------------------------ */
@@ -658,58 +658,58 @@ uint32_t Z_pieZ_embed_text(Zpi *pie, uint32_t q, uint32_t embeds, uint32_t token
     lc_host_inst *hi = pie->host;
     const char *fn = "embed_text";
     pie_abi_model_info m;
+    pie_status st;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc || (rc = check_count(hi, fn, "n", n, m.max_forward_tokens))) return rc;
+    if (rc || (rc = checked(hi,
+                            pie_check_count(PIE_AT(fn), "embeds", n,
+                                            pie_check_limit(m.max_forward_tokens), &st),
+                            &st)))
+        return rc;
     uint32_t *e = lc_host_u32s(hi, inst, fn, embeds, n);
     uint32_t *t = lc_host_u32s(hi, inst, fn, tokens, n);
     uint32_t *p = lc_host_u32s(hi, inst, fn, positions, n);
     if (!e || !t || !p) return oom(hi, fn);
-    for (uint32_t i = 0; i < n; i++) {
-        if (t[i] >= m.vocab_size)
-            return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                                "%s: token %u (index %u) is not below vocab_size %u", fn, t[i], i,
-                                m.vocab_size);
-        if (p[i] >= m.max_context_tokens)
-            return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                                "%s: position %u (index %u) is not below max_context_tokens %u",
-                                fn, p[i], i, m.max_context_tokens);
-    }
+    if ((rc = checked(
+             hi, pie_check_below(PIE_AT(fn), "tokens", t, n, pie_check_limit(m.vocab_size), &st),
+             &st)) ||
+        (rc = checked(hi,
+                      pie_check_below(PIE_AT(fn), "positions", p, n,
+                                      pie_check_limit(m.max_context_tokens), &st),
+                      &st)))
+        return rc;
     Pie__V1__EmbedText et = PIE__V1__EMBED_TEXT__INIT;
     et.embed_ids = e, et.n_embed_ids = n;
     et.token_ids = t, et.n_token_ids = n;
     et.positions = p, et.n_positions = n;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(EMBED_TEXT);
-    c.embed_text = &et;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(EMBED_TEXT), &et, 0, 0);
 }
 
-/* The pie_abi_forward descriptor's counts, checked against the queue's model. */
+/* The pie_abi_forward descriptor's counts, checked against the queue's model: the shared rules,
+ * then bounds on what this layer copies out of linear memory (the controller checks the page
+ * layout and the mask against the ids). */
 static uint32_t forward_check(lc_host_inst *hi, const pie_abi_forward *d,
                               const pie_abi_model_info *m) {
     const char *fn = "forward";
     uint32_t max_pages = m->max_context_tokens / (m->kv_page_size ? m->kv_page_size : 1) + 2;
-    uint32_t rc = check_count(hi, fn, "n_inputs", d->n_inputs, m->max_forward_tokens);
-    if (rc) return rc;
-    if (d->n_kv_pages > max_pages)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: n_kv_pages %u exceeds %u", fn,
-                            d->n_kv_pages, max_pages);
-    if (d->n_kv_pages == 0 ? d->kv_page_last_len != 0
-                           : (d->kv_page_last_len == 0 || d->kv_page_last_len > m->kv_page_size))
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                            "%s: kv_page_last_len %u with %u context pages of %u tokens", fn,
-                            d->kv_page_last_len, d->n_kv_pages, m->kv_page_size);
-    if (d->n_outputs > d->n_inputs)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: n_outputs %u exceeds n_inputs %u", fn,
-                            d->n_outputs, d->n_inputs);
-    if (d->n_output_kv_pages > d->n_inputs)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                            "%s: n_output_kv_pages %u exceeds n_inputs %u (each takes a token)",
-                            fn, d->n_output_kv_pages, d->n_inputs);
-    if (d->n_mask_runs > (1u << 24))
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: n_mask_runs %u exceeds %u", fn,
-                            d->n_mask_runs, 1u << 24);
-    return 0;
+    const pie_check_fwd f = {.in = "input_embed_ids",
+                             .out = "output_embed_ids",
+                             .pages = "kv_page_ids",
+                             .last = "kv_page_last_len",
+                             .n_in = d->n_inputs,
+                             .n_out = d->n_outputs,
+                             .n_pages = d->n_kv_pages,
+                             .last_len = d->kv_page_last_len};
+    pie_status st;
+    pie_code c = pie_check_range(PIE_AT(fn), "n_kv_pages", d->n_kv_pages, 0, max_pages, &st);
+    if (c == PIE_OK)
+        c = pie_check_forward(PIE_AT(fn), &f, m->kv_page_size,
+                              pie_check_limit(m->max_forward_tokens), &st);
+    if (c == PIE_OK)
+        c = pie_check_range(PIE_AT(fn), "n_output_kv_pages", d->n_output_kv_pages, 0, d->n_inputs,
+                            &st);
+    if (c == PIE_OK)
+        c = pie_check_range(PIE_AT(fn), "n_mask_runs", d->n_mask_runs, 0, 1u << 24, &st);
+    return checked(hi, c, &st);
 }
 
 uint32_t Z_pieZ_forward(Zpi *pie, uint32_t q, uint32_t desc) {
@@ -741,10 +741,7 @@ uint32_t Z_pieZ_forward(Zpi *pie, uint32_t q, uint32_t desc) {
     }
     if (!fw.kv_page_ids || !fw.input_embed_ids || !fw.output_kv_page_ids || !fw.output_embed_ids)
         return oom(hi, fn);
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(FORWARD);
-    c.forward = &fw;
-    return lc_host_call(hi, fn, q, &c, 0, 0);
+    return lc_host_call(hi, fn, q, OP(FORWARD), &fw, 0, 0);
 }
 
 uint32_t Z_pieZ_next_dist(Zpi *pie, uint32_t q, uint32_t embeds, uint32_t n, uint32_t top_k,
@@ -754,16 +751,14 @@ uint32_t Z_pieZ_next_dist(Zpi *pie, uint32_t q, uint32_t embeds, uint32_t n, uin
     const char *fn = "next_dist";
     pie_abi_model_info m;
     uint32_t rc = queue_check(hi, fn, q, &m);
-    if (rc || (rc = check_count(hi, fn, "n", n, m.max_forward_tokens)) ||
-        (rc = check_fid(hi, fn, f)))
-        return rc;
-    if (top_k > m.max_top_k)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: top_k %u exceeds max_top_k %u", fn,
-                            top_k, m.max_top_k);
-    if (!isfinite(temperature) || temperature < 0)
-        return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
-                            "%s: temperature %g is not a finite number >= 0", fn,
-                            (double)temperature);
+    if (rc) return rc;
+    pie_status st;
+    pie_code ok =
+        pie_check_count(PIE_AT(fn), "embeds", n, pie_check_limit(m.max_forward_tokens), &st);
+    if (ok == PIE_OK)
+        ok = pie_check_range(PIE_AT(fn), "top_k", top_k, 0, pie_check_limit(m.max_top_k), &st);
+    if (ok == PIE_OK) ok = pie_check_temperature(PIE_AT(fn), temperature, true, &st);
+    if ((rc = checked(hi, ok, &st)) || (rc = check_fid(hi, fn, f))) return rc;
     uint32_t *e = lc_host_u32s(hi, inst, fn, embeds, n);
     if (e == NULL) return oom(hi, fn);
     Pie__V1__NextDist nd = PIE__V1__NEXT_DIST__INIT;
@@ -771,10 +766,7 @@ uint32_t Z_pieZ_next_dist(Zpi *pie, uint32_t q, uint32_t embeds, uint32_t n, uin
     nd.n_embed_ids = n;
     nd.top_k = top_k;
     nd.temperature = temperature;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(NEXT_DIST);
-    c.next_dist = &nd;
-    return lc_host_call(hi, fn, q, &c, f, n);
+    return lc_host_call(hi, fn, q, OP(NEXT_DIST), &nd, f, n);
 }
 
 /* ---- messaging between inferlets -------------------------------------------------------------- */
@@ -786,7 +778,7 @@ uint32_t Z_pieZ_broadcast(Zpi *pie, uint32_t topic, uint32_t topic_len, uint32_t
     const char *fn = "broadcast";
     uint32_t rc = noqueue_check(hi, fn);
     if (rc) return rc;
-    char *t = name_arg(hi, inst, fn, "topic length", topic, topic_len, &rc);
+    char *t = name_arg(hi, inst, fn, "topic", topic, topic_len, &rc);
     if (t == NULL) return rc;
     if (len > hi->limits.message_bytes)
         return lc_host_fail(hi, PIE_INVALID_ARGUMENT,
@@ -797,10 +789,7 @@ uint32_t Z_pieZ_broadcast(Zpi *pie, uint32_t topic, uint32_t topic_len, uint32_t
     b.topic = t;
     b.message.data = lc_host_mem(inst, fn, msg, len);
     b.message.len = len;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    c.op_case = OP(BROADCAST);
-    c.broadcast = &b;
-    return lc_host_call(hi, fn, 0, &c, 0, 0);
+    return lc_host_call(hi, fn, 0, OP(BROADCAST), &b, 0, 0);
 }
 
 static uint32_t topic_call(Zpi *pie, const char *fn, bool sub, uint32_t topic,
@@ -809,21 +798,13 @@ static uint32_t topic_call(Zpi *pie, const char *fn, bool sub, uint32_t topic,
     lc_host_inst *hi = pie->host;
     uint32_t rc = noqueue_check(hi, fn);
     if (rc) return rc;
-    char *t = name_arg(hi, inst, fn, "topic length", topic, topic_len, &rc);
+    char *t = name_arg(hi, inst, fn, "topic", topic, topic_len, &rc);
     if (t == NULL) return rc;
     Pie__V1__Subscribe s = PIE__V1__SUBSCRIBE__INIT;
     Pie__V1__Unsubscribe u = PIE__V1__UNSUBSCRIBE__INIT;
-    Pie__V1__ApiCall c = PIE__V1__API_CALL__INIT;
-    if (sub) {
-        s.topic = t;
-        c.op_case = OP(SUBSCRIBE);
-        c.subscribe = &s;
-    } else {
-        u.topic = t;
-        c.op_case = OP(UNSUBSCRIBE);
-        c.unsubscribe = &u;
-    }
-    return lc_host_call(hi, fn, 0, &c, 0, 0);
+    s.topic = u.topic = t;
+    return lc_host_call(hi, fn, 0, sub ? OP(SUBSCRIBE) : OP(UNSUBSCRIBE), sub ? (void *)&s : &u, 0,
+                        0);
 }
 
 uint32_t Z_pieZ_subscribe(Zpi *pie, uint32_t topic, uint32_t topic_len) {

@@ -3,7 +3,7 @@
  * Owns: the host and per-instance state layouts (their id maps are pie_map64, services/common),
  * and the helpers every `pie` function shares (argument checks, errors, staging calls, waits).
  * lc_host.c: host + instance lifetime, futures, results and events from the controller, the
- * function table. lc_host_gpu.c: the calls that go to the controller. lc_host_local.c: the calls
+ * function table. lc_host_ctl.c: the calls that go to the controller. lc_host_local.c: the calls
  * answered in-process (runtime, models, tokenizer, messaging, HTTP). */
 #ifndef LC_HOST_INT_H
 #define LC_HOST_INT_H
@@ -17,6 +17,7 @@
 #include "lc_http.h"
 #include "lc_tokreg.h"
 #include "pie_abi.h"
+#include "pie_check.h"
 #include "pie_map64.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -153,8 +154,7 @@ struct lc_host_inst {
 
 /* ---- shared helpers (lc_host.c) ---------------------------------------------------------------
  */
-#define LC_MAX_IDS  4096u /* ids per alloc/dealloc/export/import call (controller.proto) */
-#define LC_MAX_NAME 256u  /* export names, topics */
+/* Ids per call and name lengths: PIE_MAX_IDS and PIE_MAX_NAME_BYTES (pie_check.h). */
 /* Host memory an instance can make the lifecycle hold, whatever it does: armed futures, and calls
  * without a result that are remembered until a later result on the same queue shows they
  * succeeded (to report their errors through synchronize). Beyond these a call fails with
@@ -199,10 +199,12 @@ uint32_t lc_host_inbox_arm(lc_host_inst *hi, lc_inbox *b, uint32_t fid, uint8_t 
 void lc_host_inst_ref(lc_host_inst *hi);
 void lc_host_inst_unref(lc_host_inst *hi);
 
-/* lc_host_gpu.c: the ApiCall plumbing. */
-/* Stages call c (instance_id, call_id set here). fid != 0: arms fid with LC_FUT_CALL and
- * records op for the result. Returns 0 or -code. */
-uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, Pie__V1__ApiCall *c,
+/* lc_host_ctl.c: the ApiCall plumbing. */
+/* Stages an ApiCall of kind op (a PIE__V1__API_CALL__OP_* value) on queue q whose message is msg
+ * (the Pie__V1__<Op> of that kind). fid != 0: arms fid with LC_FUT_CALL and records op for the
+ * result. count: the pages, embeddings or queues it holds, for the usage counters. Returns 0 or
+ * -code. */
+uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, uint32_t op, void *msg,
                       uint32_t fid, uint32_t count);
 /* Applies a CallResult (link thread, under hi->mu). */
 void lc_host_call_result(lc_host_inst *hi, const Pie__V1__CallResult *r);

@@ -4,7 +4,7 @@
  *
  * None of these leave the process except HTTP, which runs on lc_http's threads and resolves a
  * future. Does not own: futures and inboxes (lc_host.c), the calls to the controller
- * (lc_host_gpu.c). */
+ * (lc_host_ctl.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

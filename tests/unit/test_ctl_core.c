@@ -290,66 +290,57 @@ static void send_up(world *W, int replica, ub *b) {
 #define U32(...) ((uint32_t[]){__VA_ARGS__})
 #define N32(...) (sizeof((uint32_t[]){__VA_ARGS__}) / sizeof(uint32_t))
 
+/* A zeroed message of descriptor d in static storage that the next 1023 calls do not reuse (a
+ * SessionUp built from these is copied by send_up long before). */
+static void *msg_new(const ProtobufCMessageDescriptor *d) {
+    static _Alignas(max_align_t) unsigned char ring[1024][256];
+    static unsigned k;
+    cr_assert_leq(d->sizeof_message, sizeof ring[0], "%s does not fit the ring", d->name);
+    void *m = ring[k++ % 1024];
+    protobuf_c_message_init(d, m);
+    return m;
+}
+
 static Pie__V1__CreateQueue *mk_create(const char *model) {
-    static Pie__V1__CreateQueue m[64];
-    static int k;
-    Pie__V1__CreateQueue *x = &m[k++ % 64];
-    pie__v1__create_queue__init(x);
+    Pie__V1__CreateQueue *x = msg_new(&pie__v1__create_queue__descriptor);
     x->model = (char *)(model ? model : "");
     return x;
 }
 
 static Pie__V1__AllocKvPages *mk_alloc_kv(uint32_t *ids, size_t n) {
-    static Pie__V1__AllocKvPages m[64];
-    static int k;
-    Pie__V1__AllocKvPages *x = &m[k++ % 64];
-    pie__v1__alloc_kv_pages__init(x);
+    Pie__V1__AllocKvPages *x = msg_new(&pie__v1__alloc_kv_pages__descriptor);
     x->kv_page_ids = ids;
     x->n_kv_page_ids = n;
     return x;
 }
 
 static Pie__V1__AllocEmbeds *mk_alloc_emb(uint32_t *ids, size_t n) {
-    static Pie__V1__AllocEmbeds m[64];
-    static int k;
-    Pie__V1__AllocEmbeds *x = &m[k++ % 64];
-    pie__v1__alloc_embeds__init(x);
+    Pie__V1__AllocEmbeds *x = msg_new(&pie__v1__alloc_embeds__descriptor);
     x->embed_ids = ids;
     x->n_embed_ids = n;
     return x;
 }
 
 static Pie__V1__DeallocKvPages *mk_dealloc_kv(uint32_t *ids, size_t n) {
-    static Pie__V1__DeallocKvPages m[16];
-    static int k;
-    Pie__V1__DeallocKvPages *x = &m[k++ % 16];
-    pie__v1__dealloc_kv_pages__init(x);
+    Pie__V1__DeallocKvPages *x = msg_new(&pie__v1__dealloc_kv_pages__descriptor);
     x->kv_page_ids = ids;
     x->n_kv_page_ids = n;
     return x;
 }
 
 static Pie__V1__EmbedText *mk_embed(uint32_t *ids, uint32_t *toks, uint32_t *pos, size_t n) {
-    static Pie__V1__EmbedText m[64];
-    static int k;
-    Pie__V1__EmbedText *x = &m[k++ % 64];
-    pie__v1__embed_text__init(x);
+    Pie__V1__EmbedText *x = msg_new(&pie__v1__embed_text__descriptor);
     x->embed_ids = ids;
-    x->n_embed_ids = n;
     x->token_ids = toks;
-    x->n_token_ids = n;
     x->positions = pos;
-    x->n_positions = n;
+    x->n_embed_ids = x->n_token_ids = x->n_positions = n;
     return x;
 }
 
 static Pie__V1__Forward *mk_forward(uint32_t *kv, size_t nkv, uint32_t last, uint32_t *in,
                                     size_t nin, uint32_t *okv, size_t nokv, uint32_t *oemb,
                                     size_t noemb) {
-    static Pie__V1__Forward m[64];
-    static int k;
-    Pie__V1__Forward *x = &m[k++ % 64];
-    pie__v1__forward__init(x);
+    Pie__V1__Forward *x = msg_new(&pie__v1__forward__descriptor);
     x->kv_page_ids = kv;
     x->n_kv_page_ids = nkv;
     x->kv_page_last_len = last;
@@ -362,42 +353,35 @@ static Pie__V1__Forward *mk_forward(uint32_t *kv, size_t nkv, uint32_t last, uin
     return x;
 }
 
-static Pie__V1__NextDist *mk_dist(uint32_t *ids, size_t n, uint32_t k_, float t) {
-    static Pie__V1__NextDist m[64];
-    static int k;
-    Pie__V1__NextDist *x = &m[k++ % 64];
-    pie__v1__next_dist__init(x);
+static Pie__V1__NextDist *mk_dist(uint32_t *ids, size_t n, uint32_t k, float t) {
+    Pie__V1__NextDist *x = msg_new(&pie__v1__next_dist__descriptor);
     x->embed_ids = ids;
     x->n_embed_ids = n;
-    x->top_k = k_;
+    x->top_k = k;
     x->temperature = t;
     return x;
 }
 
+/* The message of a call without fields: synchronize, destroy_queue or list_exports. */
 static void *mk_empty(int op) {
-    static Pie__V1__Synchronize sy[16];
-    static Pie__V1__DestroyQueue dq[16];
-    static Pie__V1__ListExports le[16];
-    static int k;
-    k++;
-    if (op == OP(SYNCHRONIZE)) {
-        pie__v1__synchronize__init(&sy[k % 16]);
-        return &sy[k % 16];
-    }
-    if (op == OP(DESTROY_QUEUE)) {
-        pie__v1__destroy_queue__init(&dq[k % 16]);
-        return &dq[k % 16];
-    }
-    pie__v1__list_exports__init(&le[k % 16]);
-    return &le[k % 16];
+    return msg_new(op == OP(SYNCHRONIZE)     ? &pie__v1__synchronize__descriptor
+                   : op == OP(DESTROY_QUEUE) ? &pie__v1__destroy_queue__descriptor
+                                             : &pie__v1__list_exports__descriptor);
+}
+
+static Pie__V1__CopyKvPage *cp(uint32_t src, uint32_t dst, uint32_t so, uint32_t doff, uint32_t n) {
+    Pie__V1__CopyKvPage *x = msg_new(&pie__v1__copy_kv_page__descriptor);
+    x->src_kv_page_id = src;
+    x->dst_kv_page_id = dst;
+    x->src_offset = so;
+    x->dst_offset = doff;
+    x->token_count = n;
+    return x;
 }
 
 static Pie__V1__ExportKvPages *mk_export(uint32_t *ids, size_t n, const char *name,
                                          bool persistent) {
-    static Pie__V1__ExportKvPages m[16];
-    static int k;
-    Pie__V1__ExportKvPages *x = &m[k++ % 16];
-    pie__v1__export_kv_pages__init(x);
+    Pie__V1__ExportKvPages *x = msg_new(&pie__v1__export_kv_pages__descriptor);
     x->kv_page_ids = ids;
     x->n_kv_page_ids = n;
     x->name = (char *)name;
@@ -406,10 +390,7 @@ static Pie__V1__ExportKvPages *mk_export(uint32_t *ids, size_t n, const char *na
 }
 
 static Pie__V1__ImportKvPages *mk_import(uint32_t *ids, size_t n, const char *name) {
-    static Pie__V1__ImportKvPages m[16];
-    static int k;
-    Pie__V1__ImportKvPages *x = &m[k++ % 16];
-    pie__v1__import_kv_pages__init(x);
+    Pie__V1__ImportKvPages *x = msg_new(&pie__v1__import_kv_pages__descriptor);
     x->kv_page_ids = ids;
     x->n_kv_page_ids = n;
     x->name = (char *)name;
@@ -417,10 +398,7 @@ static Pie__V1__ImportKvPages *mk_import(uint32_t *ids, size_t n, const char *na
 }
 
 static Pie__V1__UnexportKvPages *mk_unexport(const char *name) {
-    static Pie__V1__UnexportKvPages m[16];
-    static int k;
-    Pie__V1__UnexportKvPages *x = &m[k++ % 16];
-    pie__v1__unexport_kv_pages__init(x);
+    Pie__V1__UnexportKvPages *x = msg_new(&pie__v1__unexport_kv_pages__descriptor);
     x->name = (char *)name;
     return x;
 }
@@ -673,6 +651,21 @@ static uint64_t std_instance(world *W, int r, uint64_t n, uint32_t npages, uint3
     return id;
 }
 
+/* Adds a decode step of inst on queue 1 to b: token 1 at position 0 embedded into e_in,
+ * forwarded without context into KV page `page` and embedding e_out, then next_dist of e_out.
+ * Returns the next_dist's call id. */
+static uint64_t ub_decode(world *W, ub *b, uint64_t inst, uint32_t e_in, uint32_t page,
+                          uint32_t e_out) {
+    /* e_in, page, e_out, token 1, position 0: they outlive this call (b points at them) */
+    static uint32_t ids[64][5];
+    static unsigned k;
+    uint32_t *v = ids[k++ % 64];
+    v[0] = e_in, v[1] = page, v[2] = e_out, v[3] = 1, v[4] = 0;
+    ub_call(W, b, inst, 1, OP(EMBED_TEXT), mk_embed(&v[0], &v[3], &v[4], 1));
+    ub_call(W, b, inst, 1, OP(FORWARD), mk_forward(NULL, 0, 0, &v[0], 1, &v[1], 1, &v[2], 1));
+    return ub_call(W, b, inst, 1, OP(NEXT_DIST), mk_dist(&v[2], 1, 0, 0));
+}
+
 /* Sends one call for inst on queue q; returns its call id. */
 static uint64_t one(world *W, int r, uint64_t inst, uint32_t q, int op, void *msg) {
     ub b;
@@ -682,6 +675,16 @@ static uint64_t one(world *W, int r, uint64_t inst, uint32_t q, int op, void *ms
     return cid;
 }
 
+/* A world with one worker group serving model "m" and one lifecycle replica (cfg NULL: the
+ * base configuration). */
+static world *world_std(const ctl_core_config *cfg) {
+    ctl_core_config base = base_cfg();
+    world *W = world_new(cfg ? cfg : &base);
+    add_worker(W, "m");
+    add_replica(W);
+    return W;
+}
+
 static void quiet(void) { pie_log_set_level(PIE_LOG_OFF); }
 
 TestSuite(ctl_core, .init = quiet);
@@ -689,10 +692,7 @@ TestSuite(ctl_core, .init = quiet);
 /* ---- tests ----------------------------------------------------------------------------------- */
 
 Test(ctl_core, welcome_and_served_models_arrive_in_the_first_message) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     add_replica(W);
     cr_assert_eq(W->rl[0].n, 1);
     Pie__V1__SessionDown *d = (Pie__V1__SessionDown *)W->rl[0].msgs[0];
@@ -707,10 +707,7 @@ Test(ctl_core, welcome_and_served_models_arrive_in_the_first_message) {
 }
 
 Test(ctl_core, a_decode_step_travels_as_one_step_and_its_distribution_comes_back) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     ub b;
     ub_init(&b);
     uint64_t id = inst_id(0, 1);
@@ -762,10 +759,7 @@ Test(ctl_core, a_decode_step_travels_as_one_step_and_its_distribution_comes_back
 }
 
 Test(ctl_core, results_of_a_queue_arrive_in_issue_order_and_synchronize_waits) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t id = std_instance(W, 0, 1, 1, 2);
     ub b;
     ub_init(&b);
@@ -792,10 +786,7 @@ Test(ctl_core, results_of_a_queue_arrive_in_issue_order_and_synchronize_waits) {
 }
 
 Test(ctl_core, synchronize_of_an_idle_queue_completes_at_once) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t id = std_instance(W, 0, 1, 0, 0);
     uint64_t s = one(W, 0, id, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
     Pie__V1__CallResult *r = result_of(W, 0, s);
@@ -806,349 +797,175 @@ Test(ctl_core, synchronize_of_an_idle_queue_completes_at_once) {
 
 /* ---- invalid calls --------------------------------------------------------------------------- */
 
+/* A message of type Pie__V1__<T> with the given fields, as a compound literal (static storage
+ * at file scope). MSG0: one without fields. */
+#define MSG(T, t, ...) \
+    (&(Pie__V1__##T){.base = PROTOBUF_C_MESSAGE_INIT(&pie__v1__##t##__descriptor), __VA_ARGS__})
+#define MSG0(T, t) (&(Pie__V1__##T){.base = PROTOBUF_C_MESSAGE_INIT(&pie__v1__##t##__descriptor)})
+/* A repeated field: its values and its count. */
+#define IDS(f, ...) .f = U32(__VA_ARGS__), .n_##f = N32(__VA_ARGS__)
+/* A forward over one context page holding 2 tokens (C = 2) with 2 inputs, masked by runs. */
+#define FWD_MASKED(...)                                                                           \
+    MSG(Forward, forward, IDS(kv_page_ids, 0), .kv_page_last_len = 2, IDS(input_embed_ids, 0, 1), \
+        .mask = MSG(AttentionMask, attention_mask, IDS(runs, __VA_ARGS__)))
+
+static uint32_t zeros[4097]; /* ids for the counts over a limit (the count is checked first) */
+static char long_topic[258]; /* 257 bytes, filled by the test */
+static protobuf_c_boolean bits[PAGE];
+
 typedef struct bad_case {
     int op;
     uint32_t queue;
-    void *(*mk)(void);
+    void *msg; /* the op's message */
     pie_code code;
-    const char *msg;
+    const char *err; /* NULL: the UNIMPLEMENTED message, built in the test */
 } bad_case;
 
-static void *b_create0(void) { return mk_create(NULL); }
-static void *b_create_unknown(void) { return mk_create("nope"); }
-static void *b_alloc_dup(void) {
-    static uint32_t v1[] = {5, 5};
-    return mk_alloc_kv(v1, 2);
-}
-static void *b_alloc_bound(void) {
-    static uint32_t v2[] = {0};
-    return mk_alloc_kv(v2, 1);
-}
-static void *b_alloc_empty(void) { return mk_alloc_kv(NULL, 0); }
-static void *b_alloc_many(void) {
-    static uint32_t ids[4097];
-    for (uint32_t i = 0; i < 4097; i++) ids[i] = 100 + i;
-    return mk_alloc_kv(ids, 4097);
-}
-static void *b_dealloc_unknown(void) {
-    static uint32_t v3[] = {0, 17};
-    return mk_dealloc_kv(v3, 2);
-}
-static void *b_embed_lengths(void) {
-    static uint32_t v4[] = {0, 1};
-    static uint32_t v5[] = {1, 2};
-    static uint32_t v6[] = {0, 1};
-    Pie__V1__EmbedText *e = mk_embed(v4, v5, v6, 2);
-    e->n_positions = 1;
-    return e;
-}
-static void *b_embed_token(void) {
-    static uint32_t v7[] = {0, 1};
-    static uint32_t v8[] = {1, 100};
-    static uint32_t v9[] = {0, 1};
-    return mk_embed(v7, v8, v9, 2);
-}
-static void *b_embed_pos(void) {
-    static uint32_t v10[] = {0};
-    static uint32_t v11[] = {1};
-    static uint32_t v12[] = {1024};
-    return mk_embed(v10, v11, v12, 1);
-}
-static void *b_embed_unknown(void) {
-    static uint32_t v13[] = {0, 12};
-    static uint32_t v14[] = {1, 2};
-    static uint32_t v15[] = {0, 1};
-    return mk_embed(v13, v14, v15, 2);
-}
-static void *b_embed_twice(void) {
-    static uint32_t v16[] = {1, 1};
-    static uint32_t v17[] = {1, 2};
-    static uint32_t v18[] = {0, 1};
-    return mk_embed(v16, v17, v18, 2);
-}
-static void *b_fwd_empty(void) { return mk_forward(NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0); }
-static void *b_fwd_lastlen_nopages(void) {
-    static uint32_t v19[] = {0};
-    return mk_forward(NULL, 0, 2, v19, 1, NULL, 0, NULL, 0);
-}
-static void *b_fwd_lastlen_big(void) {
-    static uint32_t v20[] = {0};
-    static uint32_t v21[] = {0};
-    return mk_forward(v20, 1, 5, v21, 1, NULL, 0, NULL, 0);
-}
-static void *b_fwd_outs(void) {
-    static uint32_t v22[] = {0};
-    static uint32_t v23[] = {0, 1};
-    return mk_forward(NULL, 0, 0, v22, 1, NULL, 0, v23, 2);
-}
-static void *b_fwd_page_unknown(void) {
-    static uint32_t v24[] = {0, 9};
-    static uint32_t v25[] = {0};
-    return mk_forward(v24, 2, 1, v25, 1, NULL, 0, NULL, 0);
-}
-static void *b_fwd_fill(void) {
-    static uint32_t v26[] = {0};
-    static uint32_t v27[] = {0, 1};
-    return mk_forward(NULL, 0, 0, v26, 1, v27, 2, NULL, 0);
-}
-static void *b_fwd_notlast(void) {
-    static uint32_t v28[] = {0};
-    static uint32_t v29[] = {0};
-    static uint32_t v30[] = {1};
-    return mk_forward(v28, 1, 2, v29, 1, v30, 1, NULL, 0);
-}
-static void *b_fwd_full(void) {
-    static uint32_t v31[] = {0};
-    static uint32_t v32[] = {0};
-    static uint32_t v33[] = {0};
-    return mk_forward(v31, 1, 4, v32, 1, v33, 1, NULL, 0);
-}
-static void *b_fwd_ctx_out(void) {
-    static uint32_t v34[] = {0, 1};
-    static uint32_t v35[] = {0};
-    static uint32_t v36[] = {2, 0};
-    return mk_forward(v34, 2, 4, v35, 1, v36, 2, NULL, 0);
-}
-static void *b_fwd_too_long(void) {
-    static uint32_t in[65];
-    for (int i = 0; i < 65; i++) in[i] = 0;
-    return mk_forward(NULL, 0, 0, in, 65, NULL, 0, NULL, 0);
-}
-static void *b_fwd_oversize(void) {
-    static uint32_t in[40];
-    for (int i = 0; i < 40; i++) in[i] = 0;
-    return mk_forward(NULL, 0, 0, in, 40, NULL, 0, NULL, 0);
-}
-static Pie__V1__AttentionMask masks[4];
-static void *fwd_masked(int which, uint32_t *runs, size_t n) {
-    pie__v1__attention_mask__init(&masks[which]);
-    masks[which].runs = runs;
-    masks[which].n_runs = n;
-    static uint32_t ctx[] = {0}, in[] = {0, 1};
-    Pie__V1__Forward *f = mk_forward(ctx, 1, 2, in, 2, NULL, 0, NULL, 0); /* C=2, N=2 */
-    f->mask = &masks[which];
-    return f;
-}
-static void *b_mask_cross(void) {
-    static uint32_t v37[] = {2, 2};
-    return fwd_masked(0, v37, 2);
-}
-static void *b_mask_hide_self(void) {
-    static uint32_t v38[] = {2, 1, 1, 3};
-    return fwd_masked(1, v38, 4);
-}
-static void *b_mask_left(void) {
-    static uint32_t v39[] = {3, 4, 1};
-    return fwd_masked(2, v39, 3);
-}
-static void *b_mask_short(void) {
-    static uint32_t v40[] = {3};
-    return fwd_masked(3, v40, 1);
-}
-static void *b_dist_k(void) {
-    static uint32_t v41[] = {0};
-    return mk_dist(v41, 1, 9, 0);
-}
-static void *b_dist_temp(void) {
-    static uint32_t v42[] = {0};
-    return mk_dist(v42, 1, 1, -1.0f);
-}
-static void *b_dist_nan(void) {
-    static uint32_t v43[] = {0};
-    return mk_dist(v43, 1, 1, NAN);
-}
-static void *b_dist_unknown(void) {
-    static uint32_t v44[] = {4};
-    return mk_dist(v44, 1, 1, 0);
-}
-static void *b_dist_oversize(void) {
-    static uint32_t v45[] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-    return mk_dist(v45, 9, 1, 0);
-}
-static void *b_maskpage_len(void) {
-    static Pie__V1__MaskKvPage m;
-    static protobuf_c_boolean bits[3];
-    pie__v1__mask_kv_page__init(&m);
-    m.kv_page_id = 0;
-    m.masked = bits;
-    m.n_masked = 3;
-    return &m;
-}
-static void *b_maskpage_unknown(void) {
-    static Pie__V1__MaskKvPage m;
-    static protobuf_c_boolean bits[PAGE];
-    pie__v1__mask_kv_page__init(&m);
-    m.kv_page_id = 33;
-    m.masked = bits;
-    m.n_masked = PAGE;
-    return &m;
-}
-static Pie__V1__CopyKvPage *cp(uint32_t src, uint32_t dst, uint32_t so, uint32_t doff, uint32_t n) {
-    static Pie__V1__CopyKvPage m[8];
-    static int k;
-    Pie__V1__CopyKvPage *x = &m[k++ % 8];
-    pie__v1__copy_kv_page__init(x);
-    x->src_kv_page_id = src;
-    x->dst_kv_page_id = dst;
-    x->src_offset = so;
-    x->dst_offset = doff;
-    x->token_count = n;
-    return x;
-}
-static void *b_copy_off(void) { return cp(0, 1, 4, 0, 1); }
-static void *b_copy_count(void) { return cp(0, 1, 0, 0, 0); }
-static void *b_copy_end(void) { return cp(0, 1, 2, 0, 3); }
-static void *b_copy_overlap(void) { return cp(0, 0, 0, 1, 2); }
-static void *b_copy_dst(void) { return cp(0, 8, 0, 0, 1); }
-static void *b_export_noname(void) {
-    static uint32_t v46[] = {0};
-    return mk_export(v46, 1, "", false);
-}
-static void *b_export_unknown(void) {
-    static uint32_t v47[] = {0, 3};
-    return mk_export(v47, 2, "x", false);
-}
-static void *b_unexport_unknown(void) { return mk_unexport("none"); }
-static void *b_import_unknown(void) {
-    static uint32_t v48[] = {40};
-    return mk_import(v48, 1, "none");
-}
-static void *b_sync(void) { return mk_empty(OP(SYNCHRONIZE)); }
-static void *b_noop(void) { return NULL; }
-static void *b_prio(void) {
-    static Pie__V1__SetQueuePriority p;
-    pie__v1__set_queue_priority__init(&p);
-    p.priority = 7;
-    return &p;
-}
-static void *b_topic_empty(void) {
-    static Pie__V1__Broadcast m;
-    pie__v1__broadcast__init(&m);
-    m.topic = "";
-    return &m;
-}
-static void *b_topic_long(void) {
-    static Pie__V1__Subscribe m;
-    static char t[258];
-    memset(t, 't', 257);
-    pie__v1__subscribe__init(&m);
-    m.topic = t;
-    return &m;
-}
-
+/* The instance holds pages 0, 1 and embeddings 0, 1; the model has pages of PAGE = 4 tokens,
+ * vocab_size 100, max_context_tokens 1024, max_forward_tokens 64, max_top_k 8; the worker
+ * takes 32 tokens and 8 items per batch. */
 static const bad_case bad_cases[] = {
-    {OP(CREATE_QUEUE), 0, b_create0, PIE_INVALID_ARGUMENT, "create_queue: queue id 0 is reserved"},
-    {OP(CREATE_QUEUE), 1, b_create0, PIE_ALREADY_EXISTS, "create_queue: queue 1 already exists"},
-    {OP(CREATE_QUEUE), 2, b_create_unknown, PIE_NOT_FOUND,
+    {OP(CREATE_QUEUE), 0, MSG(CreateQueue, create_queue, .model = ""), PIE_INVALID_ARGUMENT,
+     "create_queue: queue id 0 is reserved"},
+    {OP(CREATE_QUEUE), 1, MSG(CreateQueue, create_queue, .model = ""), PIE_ALREADY_EXISTS,
+     "create_queue: queue 1 already exists"},
+    {OP(CREATE_QUEUE), 2, MSG(CreateQueue, create_queue, .model = "nope"), PIE_NOT_FOUND,
      "create_queue: model \"nope\" is not served"},
-    {OP(SYNCHRONIZE), 9, b_sync, PIE_NOT_FOUND,
+    {OP(SYNCHRONIZE), 9, MSG0(Synchronize, synchronize), PIE_NOT_FOUND,
      "synchronize: queue 9 is not found in this instance"},
-    {OP(SET_PRIORITY), 1, b_prio, PIE_INVALID_ARGUMENT,
-     "set_priority: priority 7 is not a QueuePriority"},
-    {OP(ALLOC_KV_PAGES), 1, b_alloc_dup, PIE_INVALID_ARGUMENT,
-     "alloc_kv_pages: kv page 5 is listed twice in kv_page_ids"},
-    {OP(ALLOC_KV_PAGES), 1, b_alloc_bound, PIE_INVALID_ARGUMENT,
-     "alloc_kv_pages: kv page 0 is already allocated in this instance"},
-    {OP(ALLOC_KV_PAGES), 1, b_alloc_empty, PIE_INVALID_ARGUMENT,
+    {OP(SET_PRIORITY), 1, MSG(SetQueuePriority, set_queue_priority, .priority = 7),
+     PIE_INVALID_ARGUMENT, "set_priority: priority 7 is not a QueuePriority"},
+    {OP(ALLOC_KV_PAGES), 1, MSG(AllocKvPages, alloc_kv_pages, IDS(kv_page_ids, 5, 5)),
+     PIE_INVALID_ARGUMENT, "alloc_kv_pages: kv page 5 is listed twice in kv_page_ids"},
+    {OP(ALLOC_KV_PAGES), 1, MSG(AllocKvPages, alloc_kv_pages, IDS(kv_page_ids, 0)),
+     PIE_INVALID_ARGUMENT, "alloc_kv_pages: kv page 0 is already allocated in this instance"},
+    {OP(ALLOC_KV_PAGES), 1, MSG0(AllocKvPages, alloc_kv_pages), PIE_INVALID_ARGUMENT,
      "alloc_kv_pages: kv_page_ids is empty"},
-    {OP(ALLOC_KV_PAGES), 1, b_alloc_many, PIE_INVALID_ARGUMENT,
-     "alloc_kv_pages: kv_page_ids has 4097 ids, more than the 4096 allowed"},
-    {OP(DEALLOC_KV_PAGES), 1, b_dealloc_unknown, PIE_INVALID_ARGUMENT,
-     "dealloc_kv_pages: kv page 17 is not allocated in this instance"},
-    {OP(EMBED_TEXT), 1, b_embed_lengths, PIE_INVALID_ARGUMENT,
+    {OP(ALLOC_KV_PAGES), 1,
+     MSG(AllocKvPages, alloc_kv_pages, .kv_page_ids = zeros, .n_kv_page_ids = 4097),
+     PIE_INVALID_ARGUMENT,
+     "alloc_kv_pages: kv_page_ids has 4097 entries, more than the 4096 allowed"},
+    {OP(DEALLOC_KV_PAGES), 1, MSG(DeallocKvPages, dealloc_kv_pages, IDS(kv_page_ids, 0, 17)),
+     PIE_INVALID_ARGUMENT, "dealloc_kv_pages: kv page 17 is not allocated in this instance"},
+    {OP(EMBED_TEXT), 1,
+     MSG(EmbedText, embed_text, IDS(embed_ids, 0, 1), IDS(token_ids, 1, 2), IDS(positions, 0)),
+     PIE_INVALID_ARGUMENT,
      "embed_text: embed_ids, token_ids and positions must have equal lengths, got 2, 2 and 1"},
-    {OP(EMBED_TEXT), 1, b_embed_token, PIE_INVALID_ARGUMENT,
-     "embed_text: token_ids[1] = 100 is not below vocab_size 100"},
-    {OP(EMBED_TEXT), 1, b_embed_pos, PIE_INVALID_ARGUMENT,
-     "embed_text: positions[0] = 1024 is not below max_context_tokens 1024"},
-    {OP(EMBED_TEXT), 1, b_embed_unknown, PIE_INVALID_ARGUMENT,
-     "embed_text: embedding 12 is not allocated in this instance"},
-    {OP(EMBED_TEXT), 1, b_embed_twice, PIE_INVALID_ARGUMENT,
-     "embed_text: embedding 1 is listed twice in embed_ids"},
-    {OP(FORWARD), 1, b_fwd_empty, PIE_INVALID_ARGUMENT, "forward: input_embed_ids is empty"},
-    {OP(FORWARD), 1, b_fwd_too_long, PIE_INVALID_ARGUMENT,
-     "forward: 65 input tokens exceed the model's max_forward_tokens 64"},
-    {OP(FORWARD), 1, b_fwd_oversize, PIE_INVALID_ARGUMENT,
-     "forward: 40 input tokens exceed the worker's max_batch_tokens 32"},
-    {OP(FORWARD), 1, b_fwd_lastlen_nopages, PIE_INVALID_ARGUMENT,
-     "forward: kv_page_last_len is 2 but kv_page_ids is empty"},
-    {OP(FORWARD), 1, b_fwd_lastlen_big, PIE_INVALID_ARGUMENT,
-     "forward: kv_page_last_len 5 is out of range [1, 4]"},
-    {OP(FORWARD), 1, b_fwd_outs, PIE_INVALID_ARGUMENT,
-     "forward: 2 output_embed_ids for 1 input tokens (at most one each)"},
-    {OP(FORWARD), 1, b_fwd_page_unknown, PIE_INVALID_ARGUMENT,
-     "forward: kv page 9 is not allocated in this instance"},
-    {OP(FORWARD), 1, b_fwd_fill, PIE_INVALID_ARGUMENT,
+    {OP(EMBED_TEXT), 1,
+     MSG(EmbedText, embed_text, IDS(embed_ids, 0, 1), IDS(token_ids, 1, 100), IDS(positions, 0, 1)),
+     PIE_INVALID_ARGUMENT, "embed_text: token_ids[1] = 100 is out of range [0, 100)"},
+    {OP(EMBED_TEXT), 1,
+     MSG(EmbedText, embed_text, IDS(embed_ids, 0), IDS(token_ids, 1), IDS(positions, 1024)),
+     PIE_INVALID_ARGUMENT, "embed_text: positions[0] = 1024 is out of range [0, 1024)"},
+    {OP(EMBED_TEXT), 1,
+     MSG(EmbedText, embed_text, IDS(embed_ids, 0, 12), IDS(token_ids, 1, 2), IDS(positions, 0, 1)),
+     PIE_INVALID_ARGUMENT, "embed_text: embedding 12 is not allocated in this instance"},
+    {OP(EMBED_TEXT), 1,
+     MSG(EmbedText, embed_text, IDS(embed_ids, 1, 1), IDS(token_ids, 1, 2), IDS(positions, 0, 1)),
+     PIE_INVALID_ARGUMENT, "embed_text: embedding 1 is listed twice in embed_ids"},
+    {OP(FORWARD), 1, MSG0(Forward, forward), PIE_INVALID_ARGUMENT,
+     "forward: input_embed_ids is empty"},
+    {OP(FORWARD), 1, MSG(Forward, forward, .input_embed_ids = zeros, .n_input_embed_ids = 65),
+     PIE_INVALID_ARGUMENT, "forward: input_embed_ids has 65 entries, more than the 64 allowed"},
+    {OP(FORWARD), 1, MSG(Forward, forward, .input_embed_ids = zeros, .n_input_embed_ids = 40),
+     PIE_INVALID_ARGUMENT, "forward: 40 input tokens exceed the worker's max_batch_tokens 32"},
+    {OP(FORWARD), 1, MSG(Forward, forward, .kv_page_last_len = 2, IDS(input_embed_ids, 0)),
+     PIE_INVALID_ARGUMENT, "forward: kv_page_last_len 2 must be 0 when kv_page_ids is empty"},
+    {OP(FORWARD), 1,
+     MSG(Forward, forward, IDS(kv_page_ids, 0), .kv_page_last_len = 5, IDS(input_embed_ids, 0)),
+     PIE_INVALID_ARGUMENT, "forward: kv_page_last_len 5 is out of range [1, 4]"},
+    {OP(FORWARD), 1, MSG(Forward, forward, IDS(input_embed_ids, 0), IDS(output_embed_ids, 0, 1)),
+     PIE_INVALID_ARGUMENT,
+     "forward: output_embed_ids has 2 entries, more than the 1 of input_embed_ids"},
+    {OP(FORWARD), 1,
+     MSG(Forward, forward, IDS(kv_page_ids, 0, 9), .kv_page_last_len = 1, IDS(input_embed_ids, 0)),
+     PIE_INVALID_ARGUMENT, "forward: kv page 9 is not allocated in this instance"},
+    {OP(FORWARD), 1, MSG(Forward, forward, IDS(input_embed_ids, 0), IDS(output_kv_page_ids, 0, 1)),
+     PIE_INVALID_ARGUMENT,
      "forward: output_kv_page_ids (2 pages) take 5 to 8 tokens here, but there are 1 input tokens"},
-    {OP(FORWARD), 1, b_fwd_notlast, PIE_INVALID_ARGUMENT,
+    {OP(FORWARD), 1,
+     MSG(Forward, forward, IDS(kv_page_ids, 0), .kv_page_last_len = 2, IDS(input_embed_ids, 0),
+         IDS(output_kv_page_ids, 1)),
+     PIE_INVALID_ARGUMENT,
      "forward: output_kv_page_ids[0] (kv page 1) is not the last context page (kv page 0), which "
      "holds 2 of 4 tokens: append to it"},
-    {OP(FORWARD), 1, b_fwd_full, PIE_INVALID_ARGUMENT,
+    {OP(FORWARD), 1,
+     MSG(Forward, forward, IDS(kv_page_ids, 0), .kv_page_last_len = 4, IDS(input_embed_ids, 0),
+         IDS(output_kv_page_ids, 0)),
+     PIE_INVALID_ARGUMENT,
      "forward: the last context page (kv page 0) is full: output_kv_page_ids[0] must be a new "
      "page"},
-    {OP(FORWARD), 1, b_fwd_ctx_out, PIE_INVALID_ARGUMENT,
+    {OP(FORWARD), 1,
+     MSG(Forward, forward, IDS(kv_page_ids, 0, 1), .kv_page_last_len = 4, IDS(input_embed_ids, 0),
+         IDS(output_kv_page_ids, 2, 0)),
+     PIE_INVALID_ARGUMENT,
      "forward: output kv page 0 is also a context page (only the last context page may be "
      "output_kv_page_ids[0])"},
-    {OP(FORWARD), 1, b_mask_cross, PIE_INVALID_ARGUMENT,
+    {OP(FORWARD), 1, FWD_MASKED(2, 2), PIE_INVALID_ARGUMENT,
      "forward: mask run 1 (length 2) crosses the end of row 0 (3 tokens)"},
-    {OP(FORWARD), 1, b_mask_hide_self, PIE_INVALID_ARGUMENT,
-     "forward: mask row 0 hides its own token (the row's last)"},
-    {OP(FORWARD), 1, b_mask_left, PIE_INVALID_ARGUMENT,
-     "forward: mask has 1 runs left after its last row (row 1)"},
-    {OP(FORWARD), 1, b_mask_short, PIE_INVALID_ARGUMENT,
-     "forward: mask runs end in row 1 after 0 of its 4 tokens"},
-    {OP(NEXT_DIST), 1, b_dist_k, PIE_INVALID_ARGUMENT,
-     "next_dist: top_k 9 exceeds the model's max_top_k 8"},
-    {OP(NEXT_DIST), 1, b_dist_temp, PIE_INVALID_ARGUMENT,
-     "next_dist: temperature -1 is not a finite number >= 0"},
-    {OP(NEXT_DIST), 1, b_dist_nan, PIE_INVALID_ARGUMENT,
-     "next_dist: temperature nan is not a finite number >= 0"},
-    {OP(NEXT_DIST), 1, b_dist_unknown, PIE_INVALID_ARGUMENT,
-     "next_dist: embedding 4 is not allocated in this instance"},
-    {OP(NEXT_DIST), 1, b_dist_oversize, PIE_INVALID_ARGUMENT,
-     "next_dist: 9 embed_ids exceed the worker's max_batch_items 8"},
-    {OP(MASK_KV_PAGE), 1, b_maskpage_len, PIE_INVALID_ARGUMENT,
-     "mask_kv_page: masked has 3 entries, kv_page_size is 4"},
-    {OP(MASK_KV_PAGE), 1, b_maskpage_unknown, PIE_INVALID_ARGUMENT,
-     "mask_kv_page: kv page 33 is not allocated in this instance"},
-    {OP(COPY_KV_PAGE), 1, b_copy_off, PIE_INVALID_ARGUMENT,
-     "copy_kv_page: src_offset 4 is out of range [0, 3]"},
-    {OP(COPY_KV_PAGE), 1, b_copy_count, PIE_INVALID_ARGUMENT,
+    {OP(FORWARD), 1, FWD_MASKED(2, 1, 1, 3), PIE_INVALID_ARGUMENT,
+     "forward: mask row 0 hides its own token (the last of its 3)"},
+    {OP(FORWARD), 1, FWD_MASKED(3, 4, 1), PIE_INVALID_ARGUMENT,
+     "forward: mask has 1 runs left over after row 1"},
+    {OP(FORWARD), 1, FWD_MASKED(3), PIE_INVALID_ARGUMENT,
+     "forward: mask runs end in row 1 (0 of its 4 tokens covered)"},
+    {OP(NEXT_DIST), 1, MSG(NextDist, next_dist, IDS(embed_ids, 0), .top_k = 9),
+     PIE_INVALID_ARGUMENT, "next_dist: top_k 9 is out of range [0, 8]"},
+    {OP(NEXT_DIST), 1, MSG(NextDist, next_dist, IDS(embed_ids, 0), .top_k = 1, .temperature = -1),
+     PIE_INVALID_ARGUMENT, "next_dist: temperature -1 is not a finite number >= 0"},
+    {OP(NEXT_DIST), 1, MSG(NextDist, next_dist, IDS(embed_ids, 0), .top_k = 1, .temperature = NAN),
+     PIE_INVALID_ARGUMENT, "next_dist: temperature nan is not a finite number >= 0"},
+    {OP(NEXT_DIST), 1, MSG(NextDist, next_dist, IDS(embed_ids, 4), .top_k = 1),
+     PIE_INVALID_ARGUMENT, "next_dist: embedding 4 is not allocated in this instance"},
+    {OP(NEXT_DIST), 1, MSG(NextDist, next_dist, .embed_ids = zeros, .n_embed_ids = 9, .top_k = 1),
+     PIE_INVALID_ARGUMENT, "next_dist: 9 embed_ids exceed the worker's max_batch_items 8"},
+    {OP(MASK_KV_PAGE), 1, MSG(MaskKvPage, mask_kv_page, .masked = bits, .n_masked = 3),
+     PIE_INVALID_ARGUMENT, "mask_kv_page: masked has 3 entries, must have kv_page_size 4"},
+    {OP(MASK_KV_PAGE), 1,
+     MSG(MaskKvPage, mask_kv_page, .kv_page_id = 33, .masked = bits, .n_masked = PAGE),
+     PIE_INVALID_ARGUMENT, "mask_kv_page: kv page 33 is not allocated in this instance"},
+#define COPY(src, dst, so, doff, n)                                                               \
+    MSG(CopyKvPage, copy_kv_page, .src_kv_page_id = src, .dst_kv_page_id = dst, .src_offset = so, \
+        .dst_offset = doff, .token_count = n)
+    {OP(COPY_KV_PAGE), 1, COPY(0, 1, 4, 0, 1), PIE_INVALID_ARGUMENT,
+     "copy_kv_page: src_offset 4 + token_count 1 exceeds kv_page_size 4"},
+    {OP(COPY_KV_PAGE), 1, COPY(0, 1, 0, 0, 0), PIE_INVALID_ARGUMENT,
      "copy_kv_page: token_count 0 is out of range [1, 4]"},
-    {OP(COPY_KV_PAGE), 1, b_copy_end, PIE_INVALID_ARGUMENT,
+    {OP(COPY_KV_PAGE), 1, COPY(0, 1, 2, 0, 3), PIE_INVALID_ARGUMENT,
      "copy_kv_page: src_offset 2 + token_count 3 exceeds kv_page_size 4"},
-    {OP(COPY_KV_PAGE), 1, b_copy_overlap, PIE_INVALID_ARGUMENT,
+    {OP(COPY_KV_PAGE), 1, COPY(0, 0, 0, 1, 2), PIE_INVALID_ARGUMENT,
      "copy_kv_page: source [0, 2) and destination [1, 3) overlap in kv page 0"},
-    {OP(COPY_KV_PAGE), 1, b_copy_dst, PIE_INVALID_ARGUMENT,
+    {OP(COPY_KV_PAGE), 1, COPY(0, 8, 0, 0, 1), PIE_INVALID_ARGUMENT,
      "copy_kv_page: kv page 8 is not allocated in this instance"},
-    {OP(EXPORT_KV_PAGES), 1, b_export_noname, PIE_INVALID_ARGUMENT,
-     "export_kv_pages: name is empty"},
-    {OP(EXPORT_KV_PAGES), 1, b_export_unknown, PIE_INVALID_ARGUMENT,
+    {OP(EXPORT_KV_PAGES), 1, MSG(ExportKvPages, export_kv_pages, IDS(kv_page_ids, 0), .name = ""),
+     PIE_INVALID_ARGUMENT, "export_kv_pages: name is empty"},
+    {OP(EXPORT_KV_PAGES), 1,
+     MSG(ExportKvPages, export_kv_pages, IDS(kv_page_ids, 0, 3), .name = "x"), PIE_INVALID_ARGUMENT,
      "export_kv_pages: kv page 3 is not allocated in this instance"},
-    {OP(UNEXPORT_KV_PAGES), 1, b_unexport_unknown, PIE_NOT_FOUND,
-     "unexport_kv_pages: export \"none\" is not found"},
-    {OP(IMPORT_KV_PAGES), 1, b_import_unknown, PIE_NOT_FOUND,
+    {OP(UNEXPORT_KV_PAGES), 1, MSG(UnexportKvPages, unexport_kv_pages, .name = "none"),
+     PIE_NOT_FOUND, "unexport_kv_pages: export \"none\" is not found"},
+    {OP(IMPORT_KV_PAGES), 1,
+     MSG(ImportKvPages, import_kv_pages, IDS(kv_page_ids, 40), .name = "none"), PIE_NOT_FOUND,
      "import_kv_pages: export \"none\" is not found"},
-    {OP(BROADCAST), 0, b_topic_empty, PIE_INVALID_ARGUMENT, "broadcast: topic is empty"},
-    {OP(SUBSCRIBE), 0, b_topic_long, PIE_INVALID_ARGUMENT,
+    {OP(BROADCAST), 0, MSG(Broadcast, broadcast, .topic = ""), PIE_INVALID_ARGUMENT,
+     "broadcast: topic is empty"},
+    {OP(SUBSCRIBE), 0, MSG(Subscribe, subscribe, .topic = long_topic), PIE_INVALID_ARGUMENT,
      "subscribe: topic is 257 bytes, more than 256"},
-    {0, 1, b_noop, PIE_UNIMPLEMENTED, NULL /* message built below */},
+    {0, 1, NULL, PIE_UNIMPLEMENTED, NULL},
 };
 
 Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t id = std_instance(W, 0, 1, 2, 2); /* pages 0, 1; embeddings 0, 1 */
     uint64_t other = std_instance(W, 0, 2, 1, 1);
     serve_all(W);
+    memset(long_topic, 't', 257);
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
         const bad_case *c = &bad_cases[i];
-        uint64_t cid = one(W, 0, id, c->queue, c->op, c->mk());
+        uint64_t cid = one(W, 0, id, c->queue, c->op, c->msg);
         serve_all(W);
         char noop[96];
-        const char *msg = c->msg;
+        const char *msg = c->err;
         if (msg == NULL) {
             snprintf(noop, sizeof noop,
                      "call %llu: no op set, or an op this controller does not know",
@@ -1160,12 +977,8 @@ Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
     /* Nothing else was affected: both instances still run a decode step. */
     ub b;
     ub_init(&b);
-    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
-    ub_call(W, &b, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
-    uint64_t d1 = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
-    ub_call(W, &b, other, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
-    ub_call(W, &b, other, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
-    uint64_t d2 = ub_call(W, &b, other, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    uint64_t d1 = ub_decode(W, &b, id, 0, 0, 0);
+    uint64_t d2 = ub_decode(W, &b, other, 0, 0, 0);
     send_up(W, 0, &b);
     serve_all(W);
     cr_assert_eq(result_of(W, 0, d1)->code, 0);
@@ -1175,10 +988,7 @@ Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
 }
 
 Test(ctl_core, writes_to_shared_pages_fail_as_read_only) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t id = std_instance(W, 0, 1, 2, 1);
     one(W, 0, id, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "shared", false));
     uint64_t f =
@@ -1218,10 +1028,7 @@ Test(ctl_core, an_id_of_another_model_is_named_as_such) {
 }
 
 Test(ctl_core, quotas_from_instance_begin_are_enforced) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     ub b;
     ub_init(&b);
     uint64_t id = inst_id(0, 1);
@@ -1246,10 +1053,7 @@ Test(ctl_core, quotas_from_instance_begin_are_enforced) {
 }
 
 Test(ctl_core, export_import_share_pages_and_status_shows_the_references) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t a = std_instance(W, 0, 1, 2, 0);
     one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0, 1), 2, "prefix", false));
     uint64_t b = std_instance(W, 0, 2, 0, 1);
@@ -1316,10 +1120,7 @@ Test(ctl_core, export_import_share_pages_and_status_shows_the_references) {
 }
 
 Test(ctl_core, persistent_exports_outlive_their_exporter_until_anyone_unexports) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t a = std_instance(W, 0, 1, 1, 0);
     one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "keep", true));
     one(W, 0, a, 1, OP(EXPORT_KV_PAGES), mk_export(U32(0), 1, "mine", false));
@@ -1351,10 +1152,7 @@ Test(ctl_core, persistent_exports_outlive_their_exporter_until_anyone_unexports)
 }
 
 Test(ctl_core, an_ended_instance_releases_everything_and_its_pending_calls_vanish) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t a = std_instance(W, 0, 1, 4, 4);
     serve_all(W);
     /* A step in flight, then more calls queued behind it, then the end in the same message. */
@@ -1386,10 +1184,7 @@ Test(ctl_core, an_ended_instance_releases_everything_and_its_pending_calls_vanis
 }
 
 Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go_on) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t a = std_instance(W, 0, 1, 8, 1);
     uint64_t b = std_instance(W, 0, 2, 4, 1);
     uint64_t c = std_instance(W, 0, 3, 4, 1); /* the pool (16) is full */
@@ -1406,9 +1201,7 @@ Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go
     /* b goes on. */
     ub u;
     ub_init(&u);
-    ub_call(W, &u, b, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
-    ub_call(W, &u, b, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(0), 1));
-    uint64_t d = ub_call(W, &u, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    uint64_t d = ub_decode(W, &u, b, 0, 0, 0);
     send_up(W, 0, &u);
     serve_all(W);
     cr_assert_eq(result_of(W, 0, d)->code, 0);
@@ -1422,26 +1215,35 @@ Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go
 }
 
 Test(ctl_core, contention_policy_fail_call_fails_the_allocation_instead) {
-    ctl_core_config cfg = base_cfg();
-    cfg.contention = CTL_CONTENTION_FAIL_CALL;
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 8, 0);
-    uint64_t b = std_instance(W, 0, 2, 8, 0);
-    uint64_t more = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20), 1));
-    expect_error(W, 0, more, PIE_RESOURCE_EXHAUSTED,
-                 "alloc_kv_pages: 1 KV pages requested, worker g1 has 0 free (contention.policy "
-                 "fail_call)");
-    cr_assert_null(terminated(W, 0, b));
-    world_free(W);
+    static const struct {
+        uint32_t pages, embeds; /* each of the two instances holds these: the pool is full */
+        bool kv;                /* the third allocation asks for a KV page, else an embedding */
+        const char *err;
+    } k[] = {
+        {8, 0, true,
+         "alloc_kv_pages: 1 KV pages requested, worker g1 has 0 free (contention.policy "
+         "fail_call)"},
+        {1, 32, false,
+         "alloc_embeds: 1 embedding slots requested, worker g1 has 0 free (contention.policy "
+         "fail_call)"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        ctl_core_config cfg = base_cfg();
+        cfg.contention = CTL_CONTENTION_FAIL_CALL;
+        world *W = world_std(&cfg);
+        uint64_t a = std_instance(W, 0, 1, k[i].pages, k[i].embeds);
+        uint64_t b = std_instance(W, 0, 2, k[i].pages, k[i].embeds);
+        serve_all(W);
+        uint64_t more = k[i].kv ? one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20), 1))
+                                : one(W, 0, a, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(40), 1));
+        expect_error(W, 0, more, PIE_RESOURCE_EXHAUSTED, k[i].err);
+        cr_assert_null(terminated(W, 0, b));
+        world_free(W);
+    }
 }
 
 Test(ctl_core, embedding_exhaustion_terminates_the_newest_later_instance_holding_embeddings) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     /* EMB_SLOTS (64) embedding slots: a 24, b 20, c 20 (full); c holds no KV pages, d (newer
      * still) holds pages but no embeddings: only holders of embeddings are victims. */
     uint64_t a = std_instance(W, 0, 1, 2, 24);
@@ -1467,9 +1269,7 @@ Test(ctl_core, embedding_exhaustion_terminates_the_newest_later_instance_holding
     /* a's new embeddings work: a decode step over them. */
     ub u;
     ub_init(&u);
-    ub_call(W, &u, a, 1, OP(EMBED_TEXT), mk_embed(U32(40), U32(1), U32(0), 1));
-    ub_call(W, &u, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(40), 1, U32(0), 1, U32(41), 1));
-    uint64_t dist = ub_call(W, &u, a, 1, OP(NEXT_DIST), mk_dist(U32(41), 1, 0, 0));
+    uint64_t dist = ub_decode(W, &u, a, 40, 0, 41);
     send_up(W, 0, &u);
     serve_all(W);
     cr_assert_eq(result_of(W, 0, dist)->code, 0, "%s", result_of(W, 0, dist)->message);
@@ -1485,29 +1285,10 @@ Test(ctl_core, embedding_exhaustion_terminates_the_newest_later_instance_holding
     world_free(W);
 }
 
-Test(ctl_core, embedding_exhaustion_fails_the_call_under_fail_call) {
-    ctl_core_config cfg = base_cfg();
-    cfg.contention = CTL_CONTENTION_FAIL_CALL;
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 1, 32);
-    uint64_t b = std_instance(W, 0, 2, 1, 32);
-    serve_all(W);
-    uint64_t more = one(W, 0, a, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(40), 1));
-    expect_error(W, 0, more, PIE_RESOURCE_EXHAUSTED,
-                 "alloc_embeds: 1 embedding slots requested, worker g1 has 0 free "
-                 "(contention.policy fail_call)");
-    cr_assert_null(terminated(W, 0, b));
-    world_free(W);
-}
-
 Test(ctl_core, steps_and_result_messages_are_cut_to_fit_max_message) {
     ctl_core_config cfg = base_cfg();
     cfg.max_message_bytes = 2048; /* every message sent is checked against it (check_size) */
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(&cfg);
     enum { N = 16 };
     uint64_t inst[N], dist[N];
     for (int i = 0; i < N; i++) inst[i] = std_instance(W, 0, (uint64_t)i + 1, 1, 4);
@@ -1547,9 +1328,7 @@ Test(ctl_core, steps_and_result_messages_are_cut_to_fit_max_message) {
 Test(ctl_core, a_call_that_can_never_fit_in_max_message_fails_with_the_sizes) {
     ctl_core_config cfg = base_cfg();
     cfg.max_message_bytes = 1024;
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(&cfg);
     uint64_t a = std_instance(W, 0, 1, 1, 8);
     serve_all(W);
     /* 8 distributions of top_k 8: up to 8 x (24 + 72) = 768 bytes of results, more than a
@@ -1651,10 +1430,7 @@ Test(ctl_core, an_import_places_the_instance_where_the_export_lives) {
 }
 
 Test(ctl_core, broadcast_reaches_subscribers_once_per_replica) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     add_replica(W);
     uint64_t a = std_instance(W, 0, 1, 0, 0), b = std_instance(W, 0, 2, 0, 0);
     uint64_t c = std_instance(W, 1, 1, 0, 0);
@@ -1764,10 +1540,7 @@ Test(ctl_core, a_split_prefill_batches_vertically_but_overlapping_writes_do_not)
 }
 
 Test(ctl_core, worker_failures_fail_the_calls_of_the_batch_or_the_item) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     uint64_t a = std_instance(W, 0, 1, 1, 2), b = std_instance(W, 0, 2, 1, 2);
     serve_all(W);
     W->wk[0].fail_kind = PIE__V1__BATCH__KIND_NEXT_DIST;
@@ -1795,10 +1568,7 @@ Test(ctl_core, worker_failures_fail_the_calls_of_the_batch_or_the_item) {
 }
 
 Test(ctl_core, protocol_violations_end_the_stream) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     ub b;
     ub_init(&b);
     ub_begin(&b, inst_id(0, 1), "m", 0, 0, 0);
@@ -1866,10 +1636,7 @@ Test(ctl_core, a_registration_that_disagrees_on_the_model_is_refused) {
 }
 
 Test(ctl_core, destroy_queue_retires_it_and_later_calls_name_it_unknown) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     ub b;
     ub_init(&b);
     uint64_t id = inst_id(0, 1);
@@ -1886,10 +1653,7 @@ Test(ctl_core, destroy_queue_retires_it_and_later_calls_name_it_unknown) {
 }
 
 Test(ctl_core, calls_of_unknown_instances_are_dropped_silently) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     int before = W->rl[0].n;
     one(W, 0, inst_id(0, 99), 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
     cr_assert_eq(W->rl[0].n, before, "nothing sent");
@@ -1899,9 +1663,7 @@ Test(ctl_core, calls_of_unknown_instances_are_dropped_silently) {
 Test(ctl_core, k_only_holds_a_lone_call_until_k_timeout_then_tick_fires_it) {
     ctl_core_config cfg = base_cfg();
     cfg.sched.strategy = CTL_STRATEGY_K_ONLY; /* k = 2, k_timeout 5 ms */
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(&cfg);
     uint64_t a = std_instance(W, 0, 1, 0, 1);
     serve_all(W); /* slot changes alone go out at once */
     uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
@@ -2015,10 +1777,7 @@ Test(ctl_core, a_silent_worker_is_ended_after_three_heartbeats) {
 }
 
 Test(ctl_core, many_instances_churn_without_leaking_slots) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_worker(W, "m");
-    add_replica(W);
+    world *W = world_std(NULL);
     for (uint64_t round = 0; round < 50; round++) {
         uint64_t a = std_instance(W, 0, 100 + round, 3, 2);
         ub b;

@@ -69,7 +69,7 @@ Test(ctl_vspace, id_lists_must_be_non_empty_bounded_and_distinct) {
     cr_assert_str_eq(st.msg, "alloc_embeds: embedding 3 is listed twice in embed_ids");
     cr_assert_eq(ctl_ids_check("alloc_kv_pages", "kv_page_ids", "kv page", ids, 3, 2, &st),
                  PIE_INVALID_ARGUMENT);
-    cr_assert_str_eq(st.msg, "alloc_kv_pages: kv_page_ids has 3 ids, more than the 2 allowed");
+    cr_assert_str_eq(st.msg, "alloc_kv_pages: kv_page_ids has 3 entries, more than the 2 allowed");
     /* Long lists take the sorting path. */
     uint32_t many[100];
     for (uint32_t i = 0; i < 100; i++) many[i] = i * 7;

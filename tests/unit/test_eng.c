@@ -250,11 +250,11 @@ Test(eng, forward_refuses_bad_pages_and_counts) {
     it = seq_item(p0, 7, false, s, 1, NULL, 0), it.kv_last_page_len = 0;
     expect_fwd(e, &it, 1, "forward: item 0: kv_last_page_len 0 is out of range [1, 16]");
     it = seq_item(p0, 7, false, s, 0, NULL, 0);
-    expect_fwd(e, &it, 1, "forward: item 0: n_in is 0 (an item needs at least one input)");
+    expect_fwd(e, &it, 1, "forward: item 0: in_slots is empty");
     it = seq_item(p0, 7, false, NULL, 1, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: in_slots is NULL");
     it = seq_item(p0, 7, false, s, 1, s, 2);
-    expect_fwd(e, &it, 1, "forward: item 0: n_out 2 exceeds n_in 1");
+    expect_fwd(e, &it, 1, "forward: item 0: out_slots has 2 entries, more than the 1 of in_slots");
     it = seq_item(p0, 7, false, s, 1, NULL, 1);
     expect_fwd(e, &it, 1, "forward: item 0: out_slots is NULL");
     uint32_t zeros[64] = {0};
@@ -376,11 +376,15 @@ Test(eng, page_copy_mask_dist_and_slot_handlers_refuse_bad_items) {
     } cases[] = {
         {{8, 1, 0, 0, 1}, "copy_pages: item 1: src 8 is out of range [0, 8)"},
         {{0, 9, 0, 0, 1}, "copy_pages: item 1: dst 9 is out of range [0, 8)"},
-        {{0, 1, 0, 0, 0}, "copy_pages: item 1: count is 0"},
-        {{0, 1, 10, 0, 7}, "copy_pages: item 1: src_off 10 + count 7 exceeds kv_page_size 16"},
-        {{0, 1, 0, 12, 5}, "copy_pages: item 1: dst_off 12 + count 5 exceeds kv_page_size 16"},
-        {{2, 2, 0, 2, 4}, "copy_pages: item 1: ranges [0, 4) and [2, 6) of page 2 overlap"},
-        {{2, 2, 6, 3, 4}, "copy_pages: item 1: ranges [6, 10) and [3, 7) of page 2 overlap"},
+        {{0, 1, 0, 0, 0}, "copy_pages: item 1: token_count 0 is out of range [1, 16]"},
+        {{0, 1, 10, 0, 7},
+         "copy_pages: item 1: src_offset 10 + token_count 7 exceeds kv_page_size 16"},
+        {{0, 1, 0, 12, 5},
+         "copy_pages: item 1: dst_offset 12 + token_count 5 exceeds kv_page_size 16"},
+        {{2, 2, 0, 2, 4},
+         "copy_pages: item 1: source [0, 4) and destination [2, 6) overlap in kv page 2"},
+        {{2, 2, 6, 3, 4},
+         "copy_pages: item 1: source [6, 10) and destination [3, 7) overlap in kv page 2"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         c[1] = cases[i].bad;
@@ -400,10 +404,11 @@ Test(eng, page_copy_mask_dist_and_slot_handlers_refuse_bad_items) {
         {{32, 4, 1.0f, ids, probs}, "next_dist: item 1: slot 32 is out of range [0, 32)"},
         {{0, 0, 1.0f, ids, probs}, "next_dist: item 1: top_k 0 is out of range [1, 512]"},
         {{0, 513, 1.0f, ids, probs}, "next_dist: item 1: top_k 513 is out of range [1, 512]"},
-        {{0, 4, 0.0f, ids, probs}, "next_dist: item 1: temperature 0 must be finite and > 0"},
-        {{0, 4, -1.0f, ids, probs}, "next_dist: item 1: temperature -1 must be finite and > 0"},
-        {{0, 4, INFINITY, ids, probs}, "next_dist: item 1: temperature inf must be finite and > 0"},
-        {{0, 4, NAN, ids, probs}, "next_dist: item 1: temperature nan must be finite and > 0"},
+        {{0, 4, 0.0f, ids, probs}, "next_dist: item 1: temperature 0 is not a finite number > 0"},
+        {{0, 4, -1.0f, ids, probs}, "next_dist: item 1: temperature -1 is not a finite number > 0"},
+        {{0, 4, INFINITY, ids, probs},
+         "next_dist: item 1: temperature inf is not a finite number > 0"},
+        {{0, 4, NAN, ids, probs}, "next_dist: item 1: temperature nan is not a finite number > 0"},
         {{0, 4, 1.0f, NULL, probs}, "next_dist: item 1: ids and probs must not be NULL"},
     };
     for (size_t i = 0; i < sizeof dcases / sizeof dcases[0]; i++) {

@@ -1,5 +1,6 @@
 /* test_rpc_calls.c — the four call kinds, metadata, deadlines, unknown methods, message size
- * limits, bearer-token auth and the buffer conversion of services/common/rpc. */
+ * limits, bearer-token auth, the buffer conversion and the channel arguments of
+ * services/common/rpc. */
 #include <criterion/criterion.h>
 
 #include "rpc_internal.h"
@@ -52,24 +53,33 @@ Test(rpc_calls, unary_error_status_carries_code_and_message) {
     cr_assert_str_eq(st.msg, "error requested");
 }
 
-Test(rpc_calls, unary_answered_later_from_another_thread) {
-    pie_status st;
-    char out[64];
-    cr_assert_eq(unary(CH, "later", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
-    cr_assert_str_eq(out, "later-done");
+/* A "later" call on ch: the handler returns without answering, the reply comes from another
+ * thread only after the client is known to be waiting for it. */
+static void assert_later_reply(rpc_channel *ch) {
+    int calls = atomic_load(&T->n_call);
+    tunary u = {.ch = ch, .text = "later"};
+    cr_assert_eq(tunary_start(&u), 0);
+    cr_assert(TWAIT(atomic_load(&T->n_call) == calls + 1, THANG_MS), "the handler got the call");
+    cr_assert(!atomic_load(&u.done), "the call ended before it was answered: %s",
+              pie_code_name(u.rc));
+    tsrv_release(T);
+    pthread_join(u.th, NULL);
+    cr_assert_eq(u.rc, PIE_OK, "%s", u.out);
+    cr_assert_str_eq(u.out, "later-done");
 }
 
+Test(rpc_calls, unary_answered_later_from_another_thread) { assert_later_reply(CH); }
+
 Test(rpc_calls, spinning_client_gets_fast_and_slow_replies) {
-    /* spin_us only changes how the caller waits: a reply inside the spin (echo) and one long
-     * after it ("later": 50 ms, past the 200 us spin) both arrive intact. */
+    /* spin_us only changes how the caller waits: a reply inside the spin (echo) and one after
+     * the caller had to wait ("later", sent once the handler has returned) both arrive intact. */
     rpc_channel *spin = tchan(T->port, &(rpc_channel_opts){.spin_us = 200});
     cr_assert(spin);
     pie_status st;
     char out[64];
     cr_assert_eq(unary(spin, "fast", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
     cr_assert_str_eq(out, "fast");
-    cr_assert_eq(unary(spin, "later", 5000, out, sizeof out, &st), PIE_OK, "%s", st.msg);
-    cr_assert_str_eq(out, "later-done");
+    assert_later_reply(spin);
     cr_assert_eq(unary(spin, "error", 5000, NULL, 0, &st), PIE_INVALID_ARGUMENT);
     rpc_channel_destroy(spin);
 }
@@ -153,21 +163,23 @@ Test(rpc_calls, bidi_echoes_and_carries_metadata_both_ways) {
     cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
     cr_assert_str_eq(rpc_stream_trailing_metadata(s, "x-count"), "50");
     rpc_stream_destroy(s);
-    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 2000));
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, THANG_MS));
     cr_assert_eq(atomic_load(&T->n_half), 1);
     cr_assert_eq(atomic_load(&T->n_cancel), 0);
 }
 
 Test(rpc_calls, deadline_exceeded_reaches_client_and_handler) {
+    /* The outcome is the status, not how long it took. The deadline is long enough for the
+     * call to reach its handler first on a loaded machine (the handler records what it saw). */
     pie_status st;
-    int64_t t0 = rpc_now_ns();
-    cr_assert_eq(unary(CH, "sleep", 200, NULL, 0, &st), PIE_DEADLINE_EXCEEDED, "%s", st.msg);
-    double ms = (double)(rpc_now_ns() - t0) / 1e6;
-    cr_assert(ms >= 150 && ms < 3000, "took %.1f ms", ms);
+    cr_assert_eq(unary(CH, "sleep", 1000, NULL, 0, &st), PIE_DEADLINE_EXCEEDED, "%s", st.msg);
+    cr_assert(TWAIT(atomic_load(&T->n_call) == 1, THANG_MS), "the handler got the call");
+    /* The handler sees the client's deadline, not none. gRPC's grpc-timeout header may round
+     * it up (by 10 ms at one second), hence the bound of twice the timeout. */
     long rem = atomic_load(&T->last_remaining_ms);
-    cr_assert(rem > 0 && rem <= 200, "handler saw %ld ms left", rem);
-    cr_assert(TWAIT(atomic_load(&T->n_cancel) == 1, 3000), "handler's on_cancel ran");
-    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, 3000));
+    cr_assert(rem > 0 && rem <= 2000, "handler saw %ld ms left of a 1000 ms deadline", rem);
+    cr_assert(TWAIT(atomic_load(&T->n_cancel) == 1, THANG_MS), "handler's on_cancel ran");
+    cr_assert(TWAIT(atomic_load(&T->n_done) == 1, THANG_MS));
 }
 
 Test(rpc_calls, no_deadline_is_reported_as_none) {
@@ -176,18 +188,17 @@ Test(rpc_calls, no_deadline_is_reported_as_none) {
     cr_assert_eq(atomic_load(&T->last_remaining_ms), (long)INT64_MAX);
 }
 
-Test(rpc_calls, unknown_method_is_unimplemented_within_100ms) {
+Test(rpc_calls, unknown_method_is_unimplemented_not_left_to_the_deadline) {
+    /* Without the server's catch-all an unknown method hangs until the client's deadline and
+     * ends DEADLINE_EXCEEDED: the status code tells the two apart, no clock needed. */
     pie_status st;
     rpc_health_status hs;
     cr_assert_eq(rpc_health_check(CH, "", 5000, &hs, &st), PIE_OK, "%s", st.msg); /* connect */
     tmsg req = tmsg_of("x");
     ProtobufCMessage *resp = NULL;
-    rpc_call_opts o = {.timeout_ms = 5000};
-    int64_t t0 = rpc_now_ns();
+    rpc_call_opts o = {.timeout_ms = THANG_MS};
     pie_code rc = rpc_unary(CH, "/test.Echo/Nope", &req.base, TMSG_DESC, &resp, &o, &st);
-    double ms = (double)(rpc_now_ns() - t0) / 1e6;
     cr_assert_eq(rc, PIE_UNIMPLEMENTED, "%s: %s", pie_code_name(rc), st.msg);
-    cr_assert(ms < 100, "took %.1f ms", ms);
     cr_assert(strstr(st.msg, "/test.Echo/Nope"), "message: %s", st.msg);
     /* Also for a whole unknown service, and as a stream. */
     rpc_stream *s = rpc_stream_open(CH, "/nope.Svc/Talk", TMSG_DESC, NULL, &st);
@@ -347,4 +358,32 @@ Test(rpc_buffers, pack_respects_the_limit) {
     cr_assert_eq(rpc__pack(&m.base, 5, &bb, &st), PIE_RESOURCE_EXHAUSTED);
     cr_assert_null(bb);
     cr_assert(strstr(st.msg, "grpc.health.v1.HealthCheckRequest"), "%s", st.msg);
+}
+
+TestSuite(rpc_channel, .fini = leak_check);
+
+/* The integer value of channel argument key in a, or -1 when a lacks it. */
+static int channel_arg(const rpc_args *a, const char *key) {
+    for (size_t i = 0; i < a->ca.num_args; i++)
+        if (strcmp(a->ca.args[i].key, key) == 0) {
+            cr_assert_eq(a->ca.args[i].type, GRPC_ARG_INTEGER, "%s is not an integer", key);
+            return a->ca.args[i].value.integer;
+        }
+    return -1;
+}
+
+Test(rpc_channel, reconnect_backoff_becomes_grpc_channel_arguments) {
+    /* How often gRPC redials is its own business, observable only in wall time; what we own
+     * is handing it the configured backoff, checked here exactly. */
+    rpc_args a;
+    rpc__channel_args(&(rpc_channel_opts){.reconnect_initial_ms = 50, .reconnect_max_ms = 200}, &a);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS), 50);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), 50);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), 200);
+    /* unset: gRPC's defaults */
+    rpc__channel_args(&(rpc_channel_opts){0}, &a);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS), -1);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), -1);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), -1);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), 1);
 }

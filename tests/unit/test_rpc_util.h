@@ -3,7 +3,8 @@
  * Payloads are grpc.health.v1.HealthCheckRequest messages: their `service` string is the text.
  * Methods of "/test.Echo/":
  *   Unary   (unary)          echoes; text commands: "sleep" never answers (deadline tests),
- *                            "later" answers from another thread after 50 ms, "error" finishes
+ *                            "later" answers "later-done" from another thread once the test
+ *                            calls tsrv_release (tsrv_stop releases too), "error" finishes
  *                            INVALID_ARGUMENT, "meta" answers with the x-token request metadata,
  *                            "big:N" answers with N bytes
  *   Collect (client stream)  joins every text with ',' and answers at half-close
@@ -45,9 +46,15 @@ typedef struct tsrv {
     atomic_int n_call, n_msg, n_half, n_cancel, n_done, n_late_cancelled, flood_accepted;
     atomic_long last_remaining_ms;
     pthread_mutex_t mu;
+    pthread_cond_t released_cv; /* signalled when released becomes true */
+    bool released;              /* "later" calls may answer (under mu) */
     pthread_t threads[256];
     int n_threads;
 } tsrv;
+
+/* Hang guard for TWAIT in the RPC tests: far above any real wait on a loaded machine, reached
+ * only when something is stuck. Tests assert outcomes, never how long something took. */
+#define THANG_MS 30000
 
 typedef struct tchat {
     int count;
@@ -86,13 +93,24 @@ static inline void tsrv_spawn(tsrv *t, void *(*fn)(void *), void *arg) {
 /* --- Unary --- */
 
 typedef struct tlater {
+    tsrv *t;
     rpc_call *call;
     char text[64];
 } tlater;
 
+/* Lets every "later" call answer, now and from now on. */
+static inline void tsrv_release(tsrv *t) {
+    pthread_mutex_lock(&t->mu);
+    t->released = true;
+    pthread_cond_broadcast(&t->released_cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
 static inline void *tlater_main(void *arg) {
     tlater *l = arg;
-    tsleep_ms(50);
+    pthread_mutex_lock(&l->t->mu);
+    while (!l->t->released) pthread_cond_wait(&l->t->released_cv, &l->t->mu);
+    pthread_mutex_unlock(&l->t->mu);
     tmsg r = tmsg_of(l->text);
     (void)rpc_call_reply(l->call, &r.base);
     rpc_call_unref(l->call);
@@ -102,8 +120,9 @@ static inline void *tlater_main(void *arg) {
 
 static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user) {
     tsrv *t = user;
-    atomic_fetch_add(&t->n_call, 1);
+    /* before n_call: a test that saw n_call change reads this call's value */
     atomic_store(&t->last_remaining_ms, (long)rpc_call_remaining_ms(call));
+    atomic_fetch_add(&t->n_call, 1);
     const char *text = tmsg_text(req);
     if (strcmp(text, "sleep") == 0)
         return false; /* never answered: the client's deadline ends it */
@@ -118,6 +137,7 @@ static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user) {
             return false;
         }
         rpc_call_ref(call);
+        l->t = t;
         l->call = call;
         snprintf(l->text, sizeof l->text, "later-done");
         tsrv_spawn(t, tlater_main, l);
@@ -341,6 +361,12 @@ static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st) {
     tsrv *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     pthread_mutex_init(&t->mu, NULL);
+    if (pthread_cond_init(&t->released_cv, NULL) != 0) {
+        pie_status_set(st, PIE_INTERNAL, "tsrv_start: pthread_cond_init failed");
+        pthread_mutex_destroy(&t->mu);
+        free(t);
+        return NULL;
+    }
     rpc_server_opts o = {0};
     if (opts) o = *opts;
     if (!o.addr) o.addr = "127.0.0.1:0";
@@ -350,6 +376,7 @@ static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st) {
     if (!t->srv || rpc_server_add_methods(t->srv, m, 4, st) != PIE_OK ||
         rpc_server_start(t->srv, st) != PIE_OK) {
         rpc_server_destroy(t->srv);
+        pthread_cond_destroy(&t->released_cv);
         pthread_mutex_destroy(&t->mu);
         free(t);
         return NULL;
@@ -358,15 +385,17 @@ static inline tsrv *tsrv_start(const rpc_server_opts *opts, pie_status *st) {
     return t;
 }
 
-/* Graceful stop with grace_ms, joins helper threads, frees. */
+/* Releases "later" calls, graceful stop with grace_ms, joins helper threads, frees. */
 static inline void tsrv_stop(tsrv *t, int64_t grace_ms) {
     if (!t) return;
+    tsrv_release(t);
     rpc_server_shutdown(t->srv, grace_ms);
     pthread_mutex_lock(&t->mu);
     int n = t->n_threads;
     pthread_mutex_unlock(&t->mu);
     for (int i = 0; i < n; i++) pthread_join(t->threads[i], NULL);
     rpc_server_destroy(t->srv);
+    pthread_cond_destroy(&t->released_cv);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -375,6 +404,60 @@ static inline rpc_channel *tchan(int port, const rpc_channel_opts *o) {
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", port);
     return rpc_channel_create(target, o, NULL);
+}
+
+/* --- calls from a thread of their own, so a test can act while they are in flight --- */
+
+typedef struct tunary {
+    rpc_channel *ch;
+    const char *text;
+    int64_t timeout_ms; /* 0: THANG_MS */
+    pie_code rc;
+    char out[PIE_STATUS_MSG_MAX]; /* the reply's text, or the status message */
+    atomic_bool done;
+    pthread_t th;
+} tunary;
+
+static inline void *tunary_main(void *arg) {
+    tunary *u = arg;
+    tmsg req = tmsg_of(u->text);
+    ProtobufCMessage *resp = NULL;
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = u->timeout_ms ? u->timeout_ms : THANG_MS};
+    u->rc = rpc_unary(u->ch, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, &st);
+    snprintf(u->out, sizeof u->out, "%s", resp ? tmsg_text(resp) : st.msg);
+    rpc_msg_free(resp);
+    atomic_store(&u->done, true);
+    return NULL;
+}
+
+/* Starts the call on its own thread; 0 or an errno. */
+static inline int tunary_start(tunary *u) {
+    atomic_init(&u->done, false);
+    return pthread_create(&u->th, NULL, tunary_main, u);
+}
+
+typedef struct tshutdown {
+    rpc_server *srv;
+    int64_t grace_ms;
+    atomic_bool done;
+    pthread_t th;
+} tshutdown;
+
+static inline void *tshutdown_main(void *arg) {
+    tshutdown *s = arg;
+    rpc_server_shutdown(s->srv, s->grace_ms);
+    atomic_store(&s->done, true);
+    return NULL;
+}
+
+/* rpc_server_shutdown on its own thread (the test watches it and what it does to calls); 0 or
+ * an errno. */
+static inline int tshutdown_start(tshutdown *s, rpc_server *srv, int64_t grace_ms) {
+    s->srv = srv;
+    s->grace_ms = grace_ms;
+    atomic_init(&s->done, false);
+    return pthread_create(&s->th, NULL, tshutdown_main, s);
 }
 
 #endif

@@ -311,6 +311,11 @@ typedef struct rpc_link_opts {
      * or an attempt that never connected (e.g. UNAVAILABLE while the server is down). A reopen
      * follows after the backoff. Not called for the attempt rpc_link_stop ends. Optional. */
     void (*on_disconnect)(rpc_link *link, const pie_status *st, void *user);
+    /* The link waits delay_ms before reopening; attempt counts the failed attempts since the
+     * backoff last restarted (0 for the first). Called after on_disconnect, before the wait.
+     * Optional: for logs and metrics, and so tests can check the backoff schedule exactly
+     * instead of counting attempts per second of wall time. */
+    void (*on_backoff)(rpc_link *link, unsigned attempt, int64_t delay_ms, void *user);
     void *user;
 } rpc_link_opts;
 

@@ -77,6 +77,29 @@ struct rpc_stream {
 /* ---------------------------------------------------------------------------------------------
  * Channels */
 
+void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a) {
+    rpc__args_init(a);
+    rpc__args_add_int(a, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, rpc__max_bytes(opts->max_recv_bytes));
+    rpc__args_add_int(a, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, rpc__max_bytes(opts->max_send_bytes));
+    /* Each rpc_channel gets its own connection, as its user expects. */
+    rpc__args_add_int(a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    rpc__args_add_int(a, GRPC_ARG_ENABLE_RETRIES, opts->transparent_retries ? 1 : 0);
+    if (opts->keepalive_time_ms > 0) {
+        rpc__args_add_int(a, GRPC_ARG_KEEPALIVE_TIME_MS, opts->keepalive_time_ms);
+        rpc__args_add_int(a, GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                          opts->keepalive_timeout_ms > 0 ? opts->keepalive_timeout_ms : 20000);
+        rpc__args_add_int(a, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+                          opts->keepalive_without_calls ? 1 : 0);
+        rpc__args_add_int(a, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    }
+    if (opts->reconnect_initial_ms > 0) {
+        rpc__args_add_int(a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
+        rpc__args_add_int(a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
+    }
+    if (opts->reconnect_max_ms > 0)
+        rpc__args_add_int(a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, opts->reconnect_max_ms);
+}
+
 rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts, pie_status *st) {
     static const rpc_channel_opts zero;
     if (!opts) opts = &zero;
@@ -112,27 +135,7 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
         }
     }
     rpc_args a;
-    rpc__args_init(&a);
-    rpc__args_add_int(&a, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-                      rpc__max_bytes(opts->max_recv_bytes));
-    rpc__args_add_int(&a, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, ch->max_send);
-    /* Each rpc_channel gets its own connection, as its user expects. */
-    rpc__args_add_int(&a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    rpc__args_add_int(&a, GRPC_ARG_ENABLE_RETRIES, opts->transparent_retries ? 1 : 0);
-    if (opts->keepalive_time_ms > 0) {
-        rpc__args_add_int(&a, GRPC_ARG_KEEPALIVE_TIME_MS, opts->keepalive_time_ms);
-        rpc__args_add_int(&a, GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                          opts->keepalive_timeout_ms > 0 ? opts->keepalive_timeout_ms : 20000);
-        rpc__args_add_int(&a, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
-                          opts->keepalive_without_calls ? 1 : 0);
-        rpc__args_add_int(&a, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    }
-    if (opts->reconnect_initial_ms > 0) {
-        rpc__args_add_int(&a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
-        rpc__args_add_int(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
-    }
-    if (opts->reconnect_max_ms > 0)
-        rpc__args_add_int(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, opts->reconnect_max_ms);
+    rpc__channel_args(opts, &a);
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     ch->gc = grpc_channel_create(target, creds, &a.ca);
     grpc_channel_credentials_release(creds);

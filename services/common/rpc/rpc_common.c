@@ -120,12 +120,6 @@ gpr_timespec rpc__deadline_from_ms(int64_t timeout_ms) {
                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
 }
 
-gpr_timespec rpc__deadline_from_ns(int64_t deadline_ns) {
-    if (deadline_ns == RPC_DEADLINE_NONE) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    int64_t left = deadline_ns - rpc_now_ns();
-    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_nanos(left, GPR_TIMESPAN));
-}
-
 int64_t rpc__ns_from_deadline(gpr_timespec deadline) {
     if (gpr_time_cmp(deadline, gpr_inf_future(deadline.clock_type)) == 0) return RPC_DEADLINE_NONE;
     /* gRPC's monotonic clock has its own epoch: go through "time left". */
@@ -174,13 +168,4 @@ int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
     size_t n = alen < blen ? alen : blen;
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
     return diff == 0;
-}
-
-char *rpc__slice_strdup(grpc_slice s) {
-    size_t n = GRPC_SLICE_LENGTH(s);
-    char *p = malloc(n + 1);
-    if (!p) return NULL;
-    memcpy(p, GRPC_SLICE_START_PTR(s), n);
-    p[n] = '\0';
-    return p;
 }

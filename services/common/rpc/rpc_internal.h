@@ -43,7 +43,6 @@ int rpc__md_legal(const char *key, const char *value);
 
 /* gpr deadline ↔ our monotonic nanoseconds. */
 gpr_timespec rpc__deadline_from_ms(int64_t timeout_ms); /* ≤0 → infinite */
-gpr_timespec rpc__deadline_from_ns(int64_t deadline_ns);
 int64_t rpc__ns_from_deadline(gpr_timespec deadline);   /* infinite → RPC_DEADLINE_NONE */
 
 /* Text for a grpc_call_error, for log lines. */
@@ -57,12 +56,12 @@ typedef struct rpc_args {
 } rpc_args;
 void rpc__args_init(rpc_args *a);
 void rpc__args_add_int(rpc_args *a, const char *key, int value);
+/* The arguments rpc_channel_create gives gRPC for opts (message limits, keepalive, reconnect
+ * backoff); a function of its own so a unit test can read them. */
+void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a);
 
 /* Constant-time string equality (auth tokens). */
 int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen);
-
-/* grpc_slice content → NUL-terminated copy (malloc); NULL when out of memory. */
-char *rpc__slice_strdup(grpc_slice s);
 
 /* Health service (rpc_health.c), owned by a server. */
 typedef struct rpc_health rpc_health;

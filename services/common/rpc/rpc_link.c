@@ -1,7 +1,8 @@
 /* rpc_link.c — a long-lived bidi stream that reopens itself.
  *
  * Owns: the link thread (open → wait until the server accepts → on_connect → receive loop →
- * on_disconnect → backoff with jitter → reopen), rpc_link_send from any thread, and stopping.
+ * on_disconnect → on_backoff → backoff with jitter → reopen), rpc_link_send from any thread,
+ * and stopping.
  * Lifecycle replicas and worker groups hold one link each to the controller; on_connect is
  * where they (re-)register. Built on rpc_stream (rpc_client.c). */
 #include <errno.h>
@@ -107,6 +108,7 @@ static void *link_main(void *arg) {
         if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
         if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
         int64_t delay = link_delay_ms(l, attempt);
+        if (l->o.on_backoff) l->o.on_backoff(l, attempt, delay, l->o.user);
         if (attempt < 64) attempt++;
         pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
                       pie_code_name(st.code), (long long)delay);

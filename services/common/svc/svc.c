@@ -280,11 +280,9 @@ void svc_set_health_ready(svc *s, const char *service, bool ready) {
         pie_log_info("svc.health.ready", "service=%s ready=%s", service, ready ? "true" : "false");
 }
 
-rpc_server *svc_server(svc *s) { return s->server; }
 pie_metrics *svc_metrics(svc *s) { return s->metrics; }
 int svc_port(const svc *s) { return rpc_server_port(s->server); }
 int svc_metrics_port(const svc *s) { return s->httpd ? (int)pie_httpd_port(s->httpd) : 0; }
-const char *svc_token(const svc *s) { return s->token; }
 
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st) {
@@ -311,7 +309,10 @@ pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_
         *ch = NULL;
         return st ? st->code : PIE_INTERNAL;
     }
-    pie_log_info("svc.dialling", "controller=%s path=%s", dc->address, lo->path);
+    pie_log_info("svc.dialling",
+                 "controller=%s path=%s reconnect_initial_ms=%lld reconnect_max_ms=%lld",
+                 dc->address, lo->path, (long long)dc->reconnect_initial_ms,
+                 (long long)dc->reconnect_max_ms);
     return PIE_OK;
 }
 

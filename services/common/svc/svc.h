@@ -151,11 +151,9 @@ void svc_add_health(svc *s, const char *service);
  * Thread-safe. */
 void svc_set_health_ready(svc *s, const char *service, bool ready);
 
-rpc_server *svc_server(svc *s);
 pie_metrics *svc_metrics(svc *s);
-int svc_port(const svc *s);          /* bound gRPC port */
-int svc_metrics_port(const svc *s);  /* bound metrics port, 0 if off */
-const char *svc_token(const svc *s); /* effective bearer token ("" if none) */
+int svc_port(const svc *s);         /* bound gRPC port */
+int svc_metrics_port(const svc *s); /* bound metrics port, 0 if off */
 
 /* Dials the controller: a channel with this service's token and message size, and a
  * reconnecting link on it (lo gives the method, response type and callbacks; the backoff comes

@@ -100,10 +100,6 @@ int lc_wasm_module_tier(lc_wasm_module *m);
  * disabled (PIE_FAILED_PRECONDITION), or timeout_ms passed (PIE_DEADLINE_EXCEEDED). */
 pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_status *st);
 
-/* SHA-256 of len bytes into out (32 bytes), and the same as lower-case hex (65 bytes with NUL). */
-void lc_wasm_sha256(const void *data, size_t len, uint8_t out[32]);
-void lc_wasm_sha256_hex(const void *data, size_t len, char out[65]);
-
 /* Writes len bytes to path through a unique temporary name in the same directory and rename(2),
  * so readers (other threads, other replicas sharing the directory) see the whole file or none.
  * No fsync: the cache and the program store are rebuildable. PIE_INTERNAL naming the file. */

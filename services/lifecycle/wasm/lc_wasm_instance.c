@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "lc_wasm_int.h"
+#include "pie_sha256.h"
 
 #define LC_WASM_REPEAT_NS (5 * 1000 * 1000) /* interrupt signal repeat while not yet taken */
 #define LC_WASM_ALTSTACK  (64u << 10)
@@ -279,7 +280,10 @@ pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wa
         return st->code;
     }
     char id[65];
-    lc_wasm_sha256_hex(wasm, len, id);
+    if (pie_sha256_hex(wasm, len, id, st) != PIE_OK) {
+        lc_wasm_info_free(&info);
+        return st->code;
+    }
 
     pthread_mutex_lock(&rt->mu);
     lc_wasm_module *m = rt->modules;

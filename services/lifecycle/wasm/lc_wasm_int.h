@@ -5,7 +5,7 @@
  * files of this folder call across. Which file owns what: lc_wasm_parse.c (binary checks, import
  * check), lc_wasm_compile.c (cache directory, wasm2c/tcc/cc, dlopen, tier 1), lc_wasm_rt.c (the
  * wasm-rt.h interface, signals, frames), lc_wasm_instance.c (runtime, modules, instances),
- * lc_wasm_wasi.c (WASI preview1), lc_wasm_sha256.c. */
+ * lc_wasm_wasi.c (WASI preview1). Content ids are SHA-256 from services/common/pie_sha256.h. */
 #ifndef LC_WASM_INT_H
 #define LC_WASM_INT_H
 

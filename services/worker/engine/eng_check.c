@@ -1,17 +1,19 @@
 /* eng_check.c — the engine's argument validation, shared by its cpu and cuda backends.
  *
- * Owns: the functions of eng_check.h. Forward's checks use marks instead of clearing tables:
+ * Owns: the functions of eng_check.h: the rules every layer checks (pie_check.h) applied to
+ * the engine's items, plus the engine's own (physical ranges, NULL pointers, conflicts within
+ * a batch, capacities). Forward's checks use marks instead of clearing tables:
  * each check takes a fresh generation number and stamps the ids it sees with it, so "seen in
  * this check" is one compare; the marks are reset only when the 32-bit counter would wrap.
- * Does not own: the mask-run format (eng_mask.c), the messages' list (eng_cpu.c's header). */
+ * Does not own: the shared rules and their messages (services/common/pie_check.c). */
 #include "eng_check.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "eng_mask.h"
+#include "pie_check.h"
 
 #define ENG_CHECK_MAX_PAGE_SIZE 65536u
 #define ENG_CHECK_MAX_BATCH     (1u << 20)
@@ -25,18 +27,13 @@ pie_code eng_check_opts(const eng_opts *o, eng_check_dims *d, pie_status *st) {
     d->pages = o->kv_pages ? o->kv_pages : 256;
     d->slots = o->embed_slots ? o->embed_slots : 1024;
     d->batch_tokens = o->max_batch_tokens ? o->max_batch_tokens : 4096;
-    if (d->page_size > ENG_CHECK_MAX_PAGE_SIZE)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: kv_page_size %u is out of range [1, %u]", d->page_size,
-                              ENG_CHECK_MAX_PAGE_SIZE);
-    if (d->batch_tokens > ENG_CHECK_MAX_BATCH)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: max_batch_tokens %u is out of range [1, %u]",
-                              d->batch_tokens, ENG_CHECK_MAX_BATCH);
-    if (d->slots > ENG_CHECK_MAX_SLOTS)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: embed_slots %u is out of range [1, %u]", d->slots,
-                              ENG_CHECK_MAX_SLOTS);
+    const pie_check_at at = PIE_AT("eng_open");
+    if (pie_check_range(at, "kv_page_size", d->page_size, 1, ENG_CHECK_MAX_PAGE_SIZE, st) !=
+            PIE_OK ||
+        pie_check_range(at, "max_batch_tokens", d->batch_tokens, 1, ENG_CHECK_MAX_BATCH, st) !=
+            PIE_OK ||
+        pie_check_range(at, "embed_slots", d->slots, 1, ENG_CHECK_MAX_SLOTS, st) != PIE_OK)
+        return st->code;
     if ((uint64_t)d->pages * d->page_size > ENG_CHECK_MAX_KV_TOKENS)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: kv_pages %u x kv_page_size %u exceeds 2^30 tokens",
@@ -140,32 +137,30 @@ pie_code eng_check_embed(const eng_info *in, const uint32_t *slots, const uint32
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "embed_text: slots, tokens and positions must not be NULL");
     for (uint32_t i = 0; i < n; i++) {
-        if (slots[i] >= in->embed_slots)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: slot %u is out of range [0, %u)", i,
-                                  slots[i], in->embed_slots);
-        if (tokens[i] >= in->vocab_size)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: token %u is out of range [0, %u)", i,
-                                  tokens[i], in->vocab_size);
-        if (positions[i] >= in->max_position)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "embed_text: item %u: position %u is out of range [0, %u)", i,
-                                  positions[i], in->max_position);
+        const pie_check_at at = PIE_AT_ITEM("embed_text", i);
+        if (pie_check_lt(at, "slot", slots[i], in->embed_slots, st) != PIE_OK ||
+            pie_check_lt(at, "token", tokens[i], in->vocab_size, st) != PIE_OK ||
+            pie_check_lt(at, "position", positions[i], in->max_position, st) != PIE_OK)
+            return st->code;
     }
     return PIE_OK;
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-static pie_code eng_check_slots(const eng_info *in, const uint32_t *slots, uint32_t n,
-                                const char *field, uint32_t item, pie_status *st) {
-    for (uint32_t j = 0; j < n; j++)
-        if (slots[j] >= in->embed_slots)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: %s[%u] = %u is out of range [0, %u)", item,
-                                  field, j, slots[j], in->embed_slots);
-    return PIE_OK;
+/* The shared rules on the item's counts (pie_check_forward). */
+static pie_code eng_check_shape(const eng_check_state *c, const eng_forward_item *it, uint32_t i,
+                                pie_status *st) {
+    const pie_check_fwd f = {.in = "in_slots",
+                             .out = "out_slots",
+                             .pages = "kv_pages",
+                             .last = "kv_last_page_len",
+                             .n_in = it->n_in,
+                             .n_out = it->n_out,
+                             .n_pages = it->n_kv_pages,
+                             .last_len = it->kv_last_page_len};
+    /* no per-item bound on inputs: eng_check_io bounds the batch's total */
+    return pie_check_forward(PIE_AT_ITEM("forward", i), &f, c->info->kv_page_size, UINT64_MAX, st);
 }
 
 /* Pages: in range, none twice. Sets *tokens to the tokens the page list holds. */
@@ -174,13 +169,12 @@ static pie_code eng_check_pages(eng_check_state *c, const eng_forward_item *it, 
     const eng_info *in = c->info;
     if (it->n_kv_pages > 0 && !it->kv_pages)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: kv_pages is NULL", i);
+    if (pie_check_below(PIE_AT_ITEM("forward", i), "kv_pages", it->kv_pages, it->n_kv_pages,
+                        in->kv_pages, st) != PIE_OK)
+        return st->code;
     uint32_t gen = eng_check_next_gen(c);
     for (uint32_t j = 0; j < it->n_kv_pages; j++) {
         uint32_t p = it->kv_pages[j];
-        if (p >= in->kv_pages)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: kv_pages[%u] = %u is out of range [0, %u)", i,
-                                  j, p, in->kv_pages);
         if (c->page_mark[p].gen == gen)
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "forward: item %u: kv page %u appears twice (kv_pages[%u] and "
@@ -188,20 +182,10 @@ static pie_code eng_check_pages(eng_check_state *c, const eng_forward_item *it, 
                                   i, p, c->page_mark[p].who, j);
         c->page_mark[p] = (eng_check_mark){gen, j};
     }
-    if (it->n_kv_pages == 0) {
-        if (it->kv_last_page_len != 0)
-            return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                                  "forward: item %u: kv_last_page_len %u must be 0 when kv_pages "
-                                  "is empty",
-                                  i, it->kv_last_page_len);
-        *tokens = 0;
-        return PIE_OK;
-    }
-    if (it->kv_last_page_len < 1 || it->kv_last_page_len > in->kv_page_size)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: kv_last_page_len %u is out of range [1, %u]", i,
-                              it->kv_last_page_len, in->kv_page_size);
-    *tokens = (uint64_t)(it->n_kv_pages - 1) * in->kv_page_size + it->kv_last_page_len;
+    /* eng_check_shape made kv_last_page_len consistent with the pages */
+    *tokens = it->n_kv_pages == 0
+                  ? 0
+                  : (uint64_t)(it->n_kv_pages - 1) * in->kv_page_size + it->kv_last_page_len;
     return PIE_OK;
 }
 
@@ -210,14 +194,8 @@ static pie_code eng_check_pages(eng_check_state *c, const eng_forward_item *it, 
 static pie_code eng_check_io(eng_check_state *c, const eng_forward_item *it, uint32_t i,
                              uint32_t gen, uint64_t *total, pie_status *st) {
     const eng_info *in = c->info;
-    if (it->n_in == 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: n_in is 0 (an item needs at least one input)", i);
     if (!it->in_slots)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: in_slots is NULL", i);
-    if (it->n_out > it->n_in)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "forward: item %u: n_out %u exceeds n_in %u", i, it->n_out, it->n_in);
     if (it->n_out > 0 && !it->out_slots)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "forward: item %u: out_slots is NULL", i);
     *total += it->n_in;
@@ -226,9 +204,10 @@ static pie_code eng_check_io(eng_check_state *c, const eng_forward_item *it, uin
                               "forward: item %u: the batch reaches %llu input tokens, more than "
                               "max_batch_tokens %u",
                               i, (unsigned long long)*total, in->max_batch_tokens);
-    pie_code rc = eng_check_slots(in, it->in_slots, it->n_in, "in_slots", i, st);
-    if (rc == PIE_OK) rc = eng_check_slots(in, it->out_slots, it->n_out, "out_slots", i, st);
-    if (rc != PIE_OK) return rc;
+    const pie_check_at at = PIE_AT_ITEM("forward", i);
+    if (pie_check_below(at, "in_slots", it->in_slots, it->n_in, in->embed_slots, st) != PIE_OK ||
+        pie_check_below(at, "out_slots", it->out_slots, it->n_out, in->embed_slots, st) != PIE_OK)
+        return st->code;
     for (uint32_t j = 0; j < it->n_out; j++) {
         eng_check_mark *mk = &c->slot_mark[it->out_slots[j]];
         if (mk->gen == gen)
@@ -272,9 +251,8 @@ static pie_code eng_check_mask(const eng_forward_item *it, uint32_t i, uint32_t 
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "forward: item %u: mask_runs is NULL with n_mask_runs %u", i,
                               it->n_mask_runs);
-    char prefix[48];
-    snprintf(prefix, sizeof prefix, "forward: item %u", i);
-    return eng_mask_check(it->mask_runs, it->n_mask_runs, ctx, it->n_in, prefix, st);
+    return pie_check_mask(PIE_AT_ITEM("forward", i), it->mask_runs, it->n_mask_runs, ctx, it->n_in,
+                          st);
 }
 
 /* The batch's page lists and mask runs so far (through item i) within the caps. */
@@ -323,7 +301,8 @@ pie_code eng_check_forward(eng_check_state *c, const eng_forward_item *items, ui
         const eng_forward_item *it = &items[i];
         uint64_t seq = 0;
         uint32_t first = (uint32_t)rows;
-        pie_code rc = eng_check_pages(c, it, i, &seq, st);
+        pie_code rc = eng_check_shape(c, it, i, st);
+        if (rc == PIE_OK) rc = eng_check_pages(c, it, i, &seq, st);
         if (rc == PIE_OK) rc = eng_check_io(c, it, i, gen, &rows, st);
         if (rc == PIE_OK && it->append_kv) rc = eng_check_writes(c, it, i, gen, seq, st);
         if (rc != PIE_OK) return rc;
@@ -352,41 +331,17 @@ pie_code eng_check_forward(eng_check_state *c, const eng_forward_item *items, ui
 pie_code eng_check_mask_page(const eng_info *in, uint32_t page, const bool *masked,
                              pie_status *st) {
     if (!masked) return pie_status_set(st, PIE_INVALID_ARGUMENT, "mask_page: masked is NULL");
-    if (page >= in->kv_pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "mask_page: page %u is out of range [0, %u)", page, in->kv_pages);
-    return PIE_OK;
+    return pie_check_lt(PIE_AT("mask_page"), "page", page, in->kv_pages, st);
 }
 
 static pie_code eng_check_copy_item(const eng_info *in, const eng_copy_item *c, uint32_t i,
                                     pie_status *st) {
-    uint32_t pages = in->kv_pages, ps = in->kv_page_size;
-    if (c->src >= pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: src %u is out of range [0, %u)", i, c->src,
-                              pages);
-    if (c->dst >= pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: dst %u is out of range [0, %u)", i, c->dst,
-                              pages);
-    if (c->count == 0)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "copy_pages: item %u: count is 0", i);
-    if ((uint64_t)c->src_off + c->count > ps)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: src_off %u + count %u exceeds kv_page_size %u",
-                              i, c->src_off, c->count, ps);
-    if ((uint64_t)c->dst_off + c->count > ps)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: dst_off %u + count %u exceeds kv_page_size %u",
-                              i, c->dst_off, c->count, ps);
-    if (c->src == c->dst && c->src_off < c->dst_off + c->count &&
-        c->dst_off < c->src_off + c->count)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "copy_pages: item %u: ranges [%u, %u) and [%u, %u) of page %u "
-                              "overlap",
-                              i, c->src_off, c->src_off + c->count, c->dst_off,
-                              c->dst_off + c->count, c->src);
-    return PIE_OK;
+    const pie_check_at at = PIE_AT_ITEM("copy_pages", i);
+    if (pie_check_lt(at, "src", c->src, in->kv_pages, st) != PIE_OK ||
+        pie_check_lt(at, "dst", c->dst, in->kv_pages, st) != PIE_OK)
+        return st->code;
+    return pie_check_copy(at, c->src, c->dst, c->src_off, c->dst_off, c->count, in->kv_page_size,
+                          st);
 }
 
 pie_code eng_check_copy(const eng_info *in, const eng_copy_item *items, uint32_t n,
@@ -402,18 +357,11 @@ pie_code eng_check_copy(const eng_info *in, const eng_copy_item *items, uint32_t
 
 static pie_code eng_check_dist_item(const eng_info *in, const eng_dist_item *it, uint32_t i,
                                     uint32_t top_k_max, pie_status *st) {
-    if (it->slot >= in->embed_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: slot %u is out of range [0, %u)", i, it->slot,
-                              in->embed_slots);
-    if (it->top_k < 1 || it->top_k > top_k_max)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: top_k %u is out of range [1, %u]", i, it->top_k,
-                              top_k_max);
-    if (!(it->temperature > 0.0f) || !isfinite(it->temperature))
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "next_dist: item %u: temperature %g must be finite and > 0", i,
-                              (double)it->temperature);
+    const pie_check_at at = PIE_AT_ITEM("next_dist", i);
+    if (pie_check_lt(at, "slot", it->slot, in->embed_slots, st) != PIE_OK ||
+        pie_check_range(at, "top_k", it->top_k, 1, top_k_max, st) != PIE_OK ||
+        pie_check_temperature(at, it->temperature, false, st) != PIE_OK)
+        return st->code;
     if (!it->ids || !it->probs)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "next_dist: item %u: ids and probs must not be NULL", i);
@@ -434,9 +382,7 @@ pie_code eng_check_dist(const eng_info *in, const eng_dist_item *items, uint32_t
 
 pie_code eng_check_slot_out(const eng_info *in, const char *handler, uint32_t slot, const void *out,
                             const char *out_name, pie_status *st) {
-    if (slot >= in->embed_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: slot %u is out of range [0, %u)",
-                              handler, slot, in->embed_slots);
+    if (pie_check_lt(PIE_AT(handler), "slot", slot, in->embed_slots, st) != PIE_OK) return st->code;
     if (!out) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is NULL", handler, out_name);
     return PIE_OK;
 }

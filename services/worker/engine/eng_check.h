@@ -7,10 +7,12 @@
  * copy_pages, next_dist, logits and slot_position; the validation marks that find repeated
  * pages, outputs and written positions in O(1) per id without clearing anything between
  * calls (a fresh generation number per check), allocated once at open.
- * Does not own: the mask-run format (eng_mask.c), anything a backend does after validation,
- * a backend's own capacities beyond the two totals eng_check_set_caps names (cuda).
+ * Does not own: the rules every layer shares and their messages (services/common/pie_check.h:
+ * ranges, forward's counts, masks, copies, temperatures), anything a backend does after
+ * validation, a backend's own capacities beyond the two totals eng_check_set_caps names (cuda).
  *
- * Errors the caller can cause (all PIE_INVALID_ARGUMENT unless noted; <i> = item index):
+ * Errors the caller can cause (all PIE_INVALID_ARGUMENT unless noted; <i> = item index). The
+ * shared rules' messages are pie_check.h's, under the prefix "<handler>: item <i>: ":
  *   eng_open: "eng_open: opts, out and opts->model_dir must not be NULL" (each backend's),
  *     "eng_open: kv_page_size N is out of range [1, 65536]",
  *     "eng_open: max_batch_tokens N is out of range [1, 1048576]",
@@ -20,35 +22,35 @@
  *     "eng_open: cannot allocate the page masks and marks of N pages" (RESOURCE_EXHAUSTED);
  *     the backends add their own (eng_cpu.c, eng_cuda.h) and mdl_open's (model/mdl.h).
  *   embed_text: "embed_text: slots, tokens and positions must not be NULL",
- *     "embed_text: item <i>: slot N is out of range [0, S)",
- *     "embed_text: item <i>: token N is out of range [0, V)",
- *     "embed_text: item <i>: position N is out of range [0, P)".
+ *     "embed_text: item <i>: slot N is out of range [0, S)" (and token [0, V), position [0, P)).
  *   forward: "forward: items is NULL", "forward: item <i>: kv_pages is NULL",
- *     "forward: item <i>: kv_pages[j] = N is out of range [0, K)",
- *     "forward: item <i>: kv page N appears twice (kv_pages[a] and kv_pages[b])",
+ *     pie_check_forward's under the names in_slots, out_slots, kv_pages, kv_last_page_len
+ *     ("forward: item <i>: in_slots is empty",
  *     "forward: item <i>: kv_last_page_len N must be 0 when kv_pages is empty",
  *     "forward: item <i>: kv_last_page_len N is out of range [1, P]",
- *     "forward: item <i>: n_in is 0 (an item needs at least one input)",
+ *     "forward: item <i>: out_slots has N entries, more than the M of in_slots"),
+ *     "forward: item <i>: kv_pages[j] = N is out of range [0, K)",
+ *     "forward: item <i>: kv page N appears twice (kv_pages[a] and kv_pages[b])",
  *     "forward: item <i>: in_slots is NULL", "forward: item <i>: out_slots is NULL",
- *     "forward: item <i>: n_out N exceeds n_in M",
  *     "forward: item <i>: the batch reaches N input tokens, more than max_batch_tokens M",
  *     "forward: item <i>: in_slots[j] = N is out of range [0, S)" (and out_slots),
  *     "forward: item <i>: out_slots[j] = N is also an output of item <k>",
  *     "forward: item <i>: append_kv with n_in N but kv_pages hold only M tokens",
  *     "forward: item <i>: input j writes kv page N offset M, as does item <k>",
  *     "forward: item <i>: in_slots[j] = N is an output of item <k>",
- *     "forward: item <i>: mask_runs is NULL with n_mask_runs N", and eng_mask_check's messages
- *     prefixed "forward: item <i>"; with caps set (cuda), RESOURCE_EXHAUSTED "forward: item <i>:
- *     the batch lists N kv pages in all, more than this cuda engine's M" and "forward: item
- *     <i>: the batch's attention masks have N runs in all, more than this cuda engine's M".
+ *     "forward: item <i>: mask_runs is NULL with n_mask_runs N", and pie_check_mask's
+ *     messages; with caps set (cuda), RESOURCE_EXHAUSTED "forward: item <i>: the batch lists N
+ *     kv pages in all, more than this cuda engine's M" and "forward: item <i>: the batch's
+ *     attention masks have N runs in all, more than this cuda engine's M".
  *   mask_page: "mask_page: masked is NULL", "mask_page: page N is out of range [0, K)".
  *   copy_pages: "copy_pages: items is NULL", "copy_pages: item <i>: src N is out of range
- *     [0, K)" (and dst), "copy_pages: item <i>: count is 0",
- *     "copy_pages: item <i>: src_off N + count M exceeds kv_page_size P" (and dst_off),
- *     "copy_pages: item <i>: ranges [a, b) and [c, d) of page N overlap".
+ *     [0, K)" (and dst), then pie_check_copy's ("copy_pages: item <i>: token_count 0 is out of
+ *     range [1, P]", "copy_pages: item <i>: src_offset N + token_count M exceeds kv_page_size
+ *     P" (and dst_offset), "copy_pages: item <i>: source [a, b) and destination [c, d) overlap
+ *     in kv page N").
  *   next_dist: "next_dist: items is NULL", "next_dist: item <i>: slot N is out of range [0, S)",
  *     "next_dist: item <i>: top_k N is out of range [1, V]" (V: the backend's top_k_max),
- *     "next_dist: item <i>: temperature X must be finite and > 0",
+ *     "next_dist: item <i>: temperature X is not a finite number > 0",
  *     "next_dist: item <i>: ids and probs must not be NULL".
  *   logits / slot_position: "logits: slot N is out of range [0, S)", "logits: logits is NULL",
  *     "slot_position: slot N is out of range [0, S)", "slot_position: pos is NULL". */
@@ -114,7 +116,7 @@ size_t eng_check_bytes(const eng_check_state *c);
 void eng_check_set_caps(eng_check_state *c, const char *backend, uint64_t page_cap,
                         uint64_t runs_cap);
 
-/* The handlers' checks: PIE_OK or PIE_INVALID_ARGUMENT with eng_cpu.c's message. n == 0 is
+/* The handlers' checks: PIE_OK or PIE_INVALID_ARGUMENT with a message listed above. n == 0 is
  * valid whatever the pointers. */
 pie_code eng_check_embed(const eng_info *in, const uint32_t *slots, const uint32_t *tokens,
                          const uint32_t *positions, uint32_t n, pie_status *st);

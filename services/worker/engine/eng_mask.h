@@ -1,7 +1,8 @@
-/* eng_mask.h — pie.v1.AttentionMask run lists: validation and row decoding; the host copy of
- * the per-token page masks (engine-internal).
+/* eng_mask.h — pie.v1.AttentionMask run lists: row decoding; the host copy of the per-token
+ * page masks (engine-internal).
  *
- * Owns: the one reading of the run-length mask format of proto/pie/v1/common.proto. Row i of an
+ * Owns: decoding the run-length mask format of proto/pie/v1/common.proto (validated before by
+ * pie_check_mask, services/common/pie_check.h, whose rules every layer shares). Row i of an
  * item with C context tokens covers the first C + i + 1 tokens of its sequence; a row's runs
  * alternate visible, masked, ... starting visible; a row ends exactly when its runs sum to its
  * length (so a zero-length run after that belongs to the next row). Invalid: a run crossing the
@@ -19,11 +20,6 @@
 
 #include "eng.h"
 #include "pie_status.h"
-
-/* Checks that runs[n_runs] describe exactly n_rows rows over ctx context tokens. On error the
- * message starts with `prefix` (e.g. "forward: item 2") and names the run or row. */
-pie_code eng_mask_check(const uint32_t *runs, uint32_t n_runs, uint32_t ctx, uint32_t n_rows,
-                        const char *prefix, pie_status *st);
 
 /* Decodes the row of `len` tokens that starts at runs[*cursor] (a checked mask) into
  * out[0, len) as 1 = visible / 0 = masked, and zeroes out[len, cols); advances *cursor past
