@@ -3,19 +3,20 @@
  * (pie-controller, a pie-worker, pie-lifecycle) over the public API. Results:
  * bench/results/lifecycle.md.
  *
- *   bench_lifecycle [--quick] [--no-tier1] [--cold-only]
+ *   bench_lifecycle [--quick] [--no-tier1] [--cold-only | --calls-only]
  *   bench_lifecycle --serving [--model NAME] [--reps N] [--instances N] [--worker-credits N]
  *                             [--controller-env PIE_NAME=VALUE]... [--lifecycle-bin PATH]
  *                                    (release build: build-perf/bench/bench_lifecycle)
  * --no-tier1 keeps the background cc -O2 from competing with the cold launches measured
- * (2 cores); --cold-only measures nothing else.
+ * (2 cores); --cold-only measures nothing else, --calls-only only the host and GPU calls.
  *
  * Default mode, worker with the null backend: warm launch (Run of a stored trivial program →
  * started → exit observed, p50/p90); cold launch (upload of a never-seen ~200 KB module —
  * tests/wasm/big.c with a fresh custom section, so translate + tier-0 compile run — then Run to
  * exit); 512 concurrent launches until all are RUNNING; an in-process host call
  * (pie.model_count, timed inside the inferlet); an awaited GPU call (synchronize: lifecycle →
- * controller → worker → back, timed inside the inferlet); lifecycle RSS with 1,000 idle
+ * controller → worker → back, timed inside the inferlet) and an awaited next_dist (the same
+ * path, with a distribution back); lifecycle RSS with 1,000 idle
  * instances; lifecycle RSS over 10,000 launches.
  *
  * --serving, worker with the CPU backend on a generated test model of the build (default
@@ -346,6 +347,9 @@ static void bench_calls(const char *id) {
     const char *g[] = {"bench-gpu", "3000", NULL};
     run(id, g, out, sizeof out);
     printf("awaited GPU call (synchronize, null backend, timed in the inferlet): %s", out);
+    const char *d[] = {"bench-dist", "3000", NULL};
+    run(id, d, out, sizeof out);
+    printf("awaited next_dist (top_k 1, null backend, timed in the inferlet): %s", out);
 }
 
 /* Waits until no instance is starting or running (exited ones vanish: retention is 0). */
@@ -724,7 +728,7 @@ static void cluster_stop(void) {
     pie_proc_destroy(g_ctl);
 }
 
-static void main_lifecycle(bool quick, bool tier1, bool cold_only) {
+static void main_lifecycle(bool quick, bool tier1, bool cold_only, bool calls_only) {
     size_t len;
     uint8_t *echo = read_file(PIE_WASM_FIXTURES "/lc_echo.wasm", &len);
     char id[65];
@@ -733,6 +737,10 @@ static void main_lifecycle(bool quick, bool tier1, bool cold_only) {
     printf("bench_lifecycle: controller + worker (null backend) + lifecycle, release build, "
            "tier 1 %s\n",
            tier1 ? "on" : "off");
+    if (calls_only) {
+        bench_calls(id);
+        return;
+    }
     if (!cold_only) bench_warm(id, quick ? 50 : 500);
     bench_cold(quick ? 3 : 15, tier1);
     if (!cold_only) {
@@ -758,7 +766,7 @@ static void main_serving(const char *model, int reps, int only_n) {
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, tier1 = true, cold_only = false, serving = false;
+    bool quick = false, tier1 = true, cold_only = false, calls_only = false, serving = false;
     const char *model = "small-f32";
     int reps = 0, only_n = 0, n_ctl_env = 0;
     for (int i = 1; i < argc; i++) {
@@ -768,6 +776,8 @@ int main(int argc, char **argv) {
             tier1 = false;
         else if (strcmp(argv[i], "--cold-only") == 0)
             cold_only = true;
+        else if (strcmp(argv[i], "--calls-only") == 0)
+            calls_only = true;
         else if (strcmp(argv[i], "--serving") == 0)
             serving = true;
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -783,7 +793,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--lifecycle-bin") == 0 && i + 1 < argc)
             g_lc_bin = argv[++i];
         else
-            DIE("unknown option %s (--quick, --no-tier1, --cold-only, --serving [--model NAME] "
+            DIE("unknown option %s (--quick, --no-tier1, --cold-only, --calls-only, --serving "
+                "[--model NAME] "
                 "[--reps N] [--instances N] [--worker-credits N] [--controller-env NAME=VALUE], "
                 "--lifecycle-bin PATH)",
                 argv[i]);
@@ -797,7 +808,7 @@ int main(int argc, char **argv) {
     if (serving)
         main_serving(model, reps, only_n);
     else
-        main_lifecycle(quick, tier1, cold_only);
+        main_lifecycle(quick, tier1, cold_only, calls_only);
     cluster_stop();
     char cmd[4300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -2,13 +2,16 @@
  * pie-workers (tiny-f32 from PIE_MODELS_DIR) on loopback, driven over the Session stream by this
  * test acting as a lifecycle replica with several instances.
  *
- * Covers: greedy generation through controller and worker equals the engine's own output
- * (several instances batched together); export / import shares pages (reference counts in
- * ClusterStatus); contention terminates the newest instance while the others finish; a worker
- * killed mid-run fails only its instances; a worker that joins takes new placements; invalid
- * calls get their precise errors over the wire and nothing else is affected; on SIGTERM the
- * controller drains its workers (the step in flight finishes and its results arrive) and the
- * workers, left idle, link to the next controller.
+ * Covers: greedy generation through controller and worker gives, at every step, the top-k
+ * distribution of a fresh forward of the whole context (tests/support/pie_testref.h; several
+ * instances batched together; tiny-f32's greedy tokens alone repeat the last token whatever
+ * came before, so the distributions are what can see a lost prefix or a wrong position);
+ * export / import shares pages (reference counts in ClusterStatus, the importer's distribution
+ * is the exporter's context's); contention terminates the newest instance while the others
+ * finish; a worker killed mid-run fails only its instances; a worker that joins takes new
+ * placements; invalid calls get their precise errors over the wire and nothing else is
+ * affected; on SIGTERM the controller drains its workers (the step in flight finishes and its
+ * results arrive) and the workers, left idle, link to the next controller.
  *
  * Everything waits with deadlines; sanitizer builds are slow, so the deadlines are generous. */
 #include <criterion/criterion.h>
@@ -19,9 +22,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "eng.h"
 #include "pie/v1/controller.pb-c.h"
 #include "pie_proc.h"
+#include "pie_testref.h"
 #include "pie_testutil.h"
 #include "rpc.h"
 
@@ -30,6 +33,7 @@
 #define WAIT_MS       30000
 #define MODEL         "tiny-f32"
 #define PAGE          16
+#define DIST_K        8 /* candidates of every next_dist of a generation */
 #define ENV_RECONNECT "PIE_CONTROLLER_RECONNECT_INITIAL=50ms", "PIE_CONTROLLER_RECONNECT_MAX=200ms"
 
 TestSuite(controller, .fini = pie_test_leak_check, .timeout = 240);
@@ -396,6 +400,7 @@ typedef struct gen {
     uint32_t prompt[64];
     size_t n_prompt;
     uint32_t out[64];
+    pie_testref_dist dists[64]; /* dists[i]: the distribution out[i] was taken from */
     size_t n_out;
     uint32_t page_base; /* first page id of this generation's context */
     size_t reserve;     /* tokens beyond the prompt its pages have room for (0: 40) */
@@ -426,7 +431,7 @@ static void gen_prefill(sess *S, ub *b, gen *g) {
     size_t nctx, nout;
     append_shape(g->page_base, 0, g->n_prompt, ctx, &nctx, &last, out, &nout);
     c_forward(S, b, g->inst, ctx, nctx, last, 0, g->n_prompt, out, nout, (int64_t)g->n_prompt - 1);
-    g->pending = c_dist(S, b, g->inst, (uint32_t)g->n_prompt - 1, 1);
+    g->pending = c_dist(S, b, g->inst, (uint32_t)g->n_prompt - 1, DIST_K);
 }
 
 /* Adds one decode step of g: the last token generated, at its position. */
@@ -438,18 +443,30 @@ static void gen_decode(sess *S, ub *b, gen *g) {
     size_t nctx, nout;
     append_shape(g->page_base, pos, 1, ctx, &nctx, &last, out, &nout);
     c_forward(S, b, g->inst, ctx, nctx, last, 0, 1, out, nout, 0);
-    g->pending = c_dist(S, b, g->inst, 0, 1);
+    g->pending = c_dist(S, b, g->inst, 0, DIST_K);
 }
 
-/* Takes g's pending distribution: the argmax token. */
+/* *out ← the one distribution of a successful next_dist result r of DIST_K candidates. */
+static void dist_of(const Pie__V1__CallResult *r, pie_testref_dist *out) {
+    cr_assert_eq(r->code, 0, "next_dist: %s %s", pie_code_name((int)r->code), r->message);
+    cr_assert_eq(r->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_DISTRIBUTIONS);
+    cr_assert_eq(r->distributions->n_dists, 1);
+    const Pie__V1__Distribution *d = r->distributions->dists[0];
+    cr_assert_eq(d->n_token_ids, DIST_K);
+    cr_assert_eq(d->n_probs, DIST_K);
+    out->k = DIST_K;
+    memcpy(out->ids, d->token_ids, DIST_K * sizeof *out->ids);
+    memcpy(out->probs, d->probs, DIST_K * sizeof *out->probs);
+}
+
+/* Takes g's pending distribution: its argmax is the next token. */
 static void gen_take(sess *S, gen *g) {
     Pie__V1__CallResult *r = wait_result(S, g->pending);
     cr_assert_eq(r->code, 0, "instance %llu next_dist: %s %s", (unsigned long long)g->inst,
                  pie_code_name((int)r->code), r->message);
-    cr_assert_eq(r->payload_case, PIE__V1__CALL_RESULT__PAYLOAD_DISTRIBUTIONS);
-    cr_assert_eq(r->distributions->n_dists, 1);
-    cr_assert_geq(r->distributions->dists[0]->n_token_ids, 1);
-    g->out[g->n_out++] = r->distributions->dists[0]->token_ids[0];
+    dist_of(r, &g->dists[g->n_out]);
+    g->out[g->n_out] = g->dists[g->n_out].ids[0];
+    g->n_out++;
 }
 
 /* Runs gens in lock-step (one SessionUp per step for all of them) for n_new tokens. */
@@ -472,51 +489,11 @@ static void gen_run(sess *S, gen *gens, size_t n, size_t n_new, bool begin) {
     }
 }
 
-/* The same greedy generation directly on the engine, in this process. */
-static void engine_greedy(const uint32_t *prompt, size_t n_prompt, size_t n_new, uint32_t *out) {
-    eng_opts o = {.model_dir = PIE_MODELS_DIR "/" MODEL,
-                  .kv_page_size = PAGE,
-                  .kv_pages = 16,
-                  .embed_slots = 128,
-                  .max_batch_tokens = 256,
-                  .n_threads = 1};
-    eng *e = NULL;
-    pie_status st;
-    cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "%s", st.msg);
-    uint32_t slots[64], pos[64], pages[16];
-    for (uint32_t i = 0; i < 64; i++) slots[i] = i;
-    for (uint32_t i = 0; i < 16; i++) pages[i] = i;
-    uint32_t toks[64];
-    memcpy(toks, prompt, n_prompt * sizeof *toks);
-    size_t n_in = n_prompt, at = 0;
-    for (size_t step = 0; step < n_new; step++) {
-        for (size_t i = 0; i < n_in; i++) pos[i] = (uint32_t)(at + i);
-        cr_assert_eq(eng_embed_text(e, slots, toks, pos, (uint32_t)n_in, &st), PIE_OK, "%s",
-                     st.msg);
-        size_t total = at + n_in;
-        uint32_t out_slot = (uint32_t)n_in - 1;
-        eng_forward_item it = {
-            .kv_pages = pages,
-            .n_kv_pages = (uint32_t)((total + PAGE - 1) / PAGE),
-            .kv_last_page_len = (uint32_t)((total - 1) % PAGE + 1),
-            .append_kv = true,
-            .in_slots = slots,
-            .n_in = (uint32_t)n_in,
-            .out_slots = &out_slot,
-            .n_out = 1,
-        };
-        cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
-        uint32_t id;
-        float p;
-        eng_dist_item d = {
-            .slot = out_slot, .top_k = 1, .temperature = 1.0f, .ids = &id, .probs = &p};
-        cr_assert_eq(eng_next_dist(e, &d, 1, &st), PIE_OK, "%s", st.msg);
-        out[step] = id;
-        toks[0] = id;
-        at = total;
-        n_in = 1;
-    }
-    eng_close(e);
+/* Asserts that every distribution g received is the one of a fresh forward of its context. */
+static void expect_reference(const char *label, const gen *g) {
+    pie_testref *r = pie_testref_open(PIE_MODELS_DIR "/" MODEL);
+    pie_testref_expect_gen(r, label, g->prompt, g->n_prompt, g->out, g->dists, g->n_out);
+    pie_testref_close(r);
 }
 
 static void fill_prompt(gen *g, size_t n, uint32_t seed) {
@@ -527,7 +504,7 @@ static void fill_prompt(gen *g, size_t n, uint32_t seed) {
 /* ---- tests -------------------------------------------------------------------------------------
  */
 
-Test(controller, greedy_generation_through_controller_and_worker_equals_the_engine) {
+Test(controller, greedy_generation_through_controller_and_worker_has_the_reference_distributions) {
     pie_proc *ctl = start_controller();
     pie_proc *w = start_worker(ctl, "w1", 256);
     rpc_channel *ch = channel_to(ctl);
@@ -541,13 +518,11 @@ Test(controller, greedy_generation_through_controller_and_worker_equals_the_engi
     fill_prompt(&g[2], 30, 3);
     const size_t n_new = 12;
     gen_run(S, g, 3, n_new, true);
+    const char *labels[3] = {"instance 0 (5-token prompt)", "instance 1 (16-token prompt)",
+                             "instance 2 (30-token prompt)"};
     for (size_t i = 0; i < 3; i++) {
-        uint32_t want[64];
-        engine_greedy(g[i].prompt, g[i].n_prompt, n_new, want);
-        for (size_t k = 0; k < n_new; k++)
-            cr_assert_eq(g[i].out[k], want[k],
-                         "instance %zu token %zu: %u through the controller, %u from the engine", i,
-                         k, g[i].out[k], want[k]);
+        cr_assert_eq(g[i].n_out, n_new);
+        expect_reference(labels[i], &g[i]);
     }
     sess_close(S);
     rpc_channel_destroy(ch);
@@ -594,7 +569,7 @@ Test(controller, export_and_import_share_pages_with_visible_reference_counts) {
     c_embed(S, b, bi, 0, &tok, 32, 1);
     uint32_t ctx[] = {100, 101}, out[] = {102};
     c_forward(S, b, bi, ctx, 2, PAGE, 0, 1, out, 1, 0);
-    uint64_t bd = c_dist(S, b, bi, 0, 1);
+    uint64_t bd = c_dist(S, b, bi, 0, DIST_K);
     /* Writing into an imported page is refused: it is shared. */
     uint32_t outbad[] = {101};
     uint64_t bad = c_forward(S, b, bi, ctx, 1, PAGE, 0, 1, outbad, 1, -1);
@@ -602,9 +577,8 @@ Test(controller, export_and_import_share_pages_with_visible_reference_counts) {
     Pie__V1__CallResult *r = wait_result(S, imc);
     cr_assert_eq(r->code, 0, "%s", r->message);
     cr_assert_eq(r->imported->n_kv_page_ids, 2);
-    r = wait_result(S, bd);
-    cr_assert_eq(r->code, 0, "%s", r->message);
-    uint32_t b_next = r->distributions->dists[0]->token_ids[0];
+    pie_testref_dist b_dist;
+    dist_of(wait_result(S, bd), &b_dist);
     r = wait_result(S, bad);
     cr_assert_eq(r->code, PIE_FAILED_PRECONDITION);
     cr_assert_str_eq(r->message, "forward: kv page 101 is read-only: it is shared (3 references: "
@@ -614,7 +588,18 @@ Test(controller, export_and_import_share_pages_with_visible_reference_counts) {
     gen_decode(S, b, &a);
     ub_send(S, b);
     gen_take(S, &a);
-    cr_assert_eq(a.out[1], b_next, "the importer sees the exporter's K/V");
+    expect_reference("A, the exporter", &a);
+    /* B's distribution is the one after A's 32 prompt tokens and A's first token. */
+    uint32_t b_ctx[33];
+    memcpy(b_ctx, a.prompt, 32 * sizeof *b_ctx);
+    b_ctx[32] = a.out[0];
+    pie_testref *ref = pie_testref_open(PIE_MODELS_DIR "/" MODEL);
+    pie_testref_dist want;
+    pie_testref_next(ref, b_ctx, 33, DIST_K, &want);
+    pie_testref_close(ref);
+    char why[256];
+    cr_assert(pie_testref_same(&b_dist, &want, PIE_TESTREF_TOL, why, sizeof why),
+              "the importer does not see the exporter's K/V: %s", why);
     /* The references: A 3 pages, export 2, B 2 imported + 1 own → 8 refs over 4 slots. */
     Pie__V1__ClusterStatusResponse *s = cluster_status(ch);
     const Pie__V1__WorkerStatus *ws = worker_of(s, "w1");
@@ -681,9 +666,8 @@ Test(controller, contention_terminates_the_newest_instance_and_the_others_finish
     }
     cr_assert_null(find_terminated(S, g[0].inst));
     cr_assert_null(find_terminated(S, g[1].inst));
-    uint32_t want[64];
-    engine_greedy(g[1].prompt, g[1].n_prompt, 10, want);
-    for (size_t k = 0; k < 10; k++) cr_assert_eq(g[1].out[k], want[k], "B token %zu", k);
+    expect_reference("A", &g[0]);
+    expect_reference("B", &g[1]);
     sess_close(S);
     rpc_channel_destroy(ch);
     stop_ok(w);
@@ -731,9 +715,7 @@ Test(controller, a_worker_killed_mid_run_fails_only_its_instances_and_a_new_work
         gen_take(S, &g[1]);
     }
     cr_assert_null(find_terminated(S, g[1].inst));
-    uint32_t want[64];
-    engine_greedy(g[1].prompt, g[1].n_prompt, g[1].n_out, want);
-    for (size_t k = 0; k < g[1].n_out; k++) cr_assert_eq(g[1].out[k], want[k], "B token %zu", k);
+    expect_reference("B, moved to w2", &g[1]);
     sess_close(S);
     rpc_channel_destroy(ch);
     stop_ok(w2);
@@ -784,12 +766,11 @@ Test(controller, invalid_calls_get_precise_errors_and_nothing_else_is_affected) 
         {e6, PIE_NOT_FOUND, "synchronize: queue 9 is not found in this instance"},
     };
     snprintf(want[1].msg, sizeof want[1].msg,
-             "next_dist: top_k %u exceeds the model's max_top_k %u", m->max_top_k + 1,
-             m->max_top_k);
+             "next_dist: top_k %u is out of range [0, %u]", m->max_top_k + 1, m->max_top_k);
     snprintf(want[2].msg, sizeof want[2].msg,
-             "mask_kv_page: masked has 3 entries, kv_page_size is %u", PAGE);
+             "mask_kv_page: masked has 3 entries, must have kv_page_size %u", PAGE);
     snprintf(want[3].msg, sizeof want[3].msg,
-             "embed_text: token_ids[0] = %u is not below vocab_size %u", m->vocab_size,
+             "embed_text: token_ids[0] = %u is out of range [0, %u)", m->vocab_size,
              m->vocab_size);
     snprintf(want[4].msg, sizeof want[4].msg,
              "forward: kv_page_last_len %u is out of range [1, %u]", PAGE + 1, PAGE);
@@ -806,9 +787,7 @@ Test(controller, invalid_calls_get_precise_errors_and_nothing_else_is_affected) 
         ub_send(S, b);
         gen_take(S, &g);
     }
-    uint32_t expect[64];
-    engine_greedy(g.prompt, g.n_prompt, g.n_out, expect);
-    for (size_t k = 0; k < g.n_out; k++) cr_assert_eq(g.out[k], expect[k], "token %zu", k);
+    expect_reference("the instance after the invalid calls", &g);
     sess_close(S);
     rpc_channel_destroy(ch);
     stop_ok(w);
@@ -882,12 +861,8 @@ Test(controller, on_sigterm_the_controller_drains_workers_and_they_link_to_the_n
     cr_assert_eq(pie_proc_signal(w, SIGCONT, &st), PIE_OK, "%s", st.msg);
     gen_take(S, &g[0]);
     gen_take(S, &g[1]);
-    for (int i = 0; i < 2; i++) {
-        uint32_t want[4];
-        engine_greedy(g[i].prompt, g[i].n_prompt, 2, want);
-        cr_assert_eq(g[i].out[0], want[0], "instance %d token 0", i);
-        cr_assert_eq(g[i].out[1], want[1], "instance %d token 1 (the drained step)", i);
-    }
+    expect_reference("instance 0 (step 1 is the drained one)", &g[0]);
+    expect_reference("instance 1 (step 1 is the drained one)", &g[1]);
     cr_assert(pie_proc_wait_log(w, "event=wrk.link.drain shutdown=0 reason=\"controller shutting "
                                    "down\"",
                                 1, WAIT_MS),
@@ -914,6 +889,7 @@ Test(controller, on_sigterm_the_controller_drains_workers_and_they_link_to_the_n
     fill_prompt(&g2, 12, 3);
     gen_run(S2, &g2, 1, 2, true);
     cr_assert_eq(g2.out[1], g[0].out[1], "the worker computes the same tokens after the drain");
+    expect_reference("after the drain", &g2);
     sess_close(S2);
     rpc_channel_destroy(ch2);
     stop_ok(w);

@@ -2,17 +2,18 @@
  * (tests/wasm/lc_host_abi.c, raw ABI) run in this process on lc_wasm, with an lc_session and an
  * lc_host connected to a real pie-controller and a real CPU pie-worker (tiny-f32) on loopback.
  *
- * Covers: greedy generation through embed_text/forward/next_dist equals the engine's own greedy
- * output; tokenize/detokenize/token_bytes round trip against the tokenizer loaded here; futures
+ * Covers: greedy generation through embed_text/forward/next_dist gives, at every step, the
+ * top-k distribution of a fresh forward of the whole context (tests/support/pie_testref.h:
+ * tiny-f32's greedy tokens repeat the last token whatever came before, its probabilities do
+ * not); tokenize/detokenize/token_bytes round trip against the tokenizer loaded here; futures
  * (poll, wait with timeout, wait_any, result with a short buffer then retry, drop, end of
  * input); a deferred error delivered by synchronize exactly once; invalid arguments return the
  * right code and message; an out-of-bounds pointer traps naming the function; an oversize send
  * is refused; HTTP to an allowed URL (a local test server) and a refused one; broadcast and
  * subscribe between two instances; an instance terminated for contention reaches
- * cb->terminated, and so does every instance when the Session is lost. The awaited next_dist
- * round trip and in-process call times are printed (not asserted). */
+ * cb->terminated, and so does every instance when the Session is lost. The times of these calls
+ * are measured by bench/lifecycle/bench_lifecycle.c, not here. */
 #include <criterion/criterion.h>
-#include <criterion/logging.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,13 +27,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "eng.h"
 #include "lc_host.h"
 #include "lc_session.h"
 #include "lc_wasm.h"
 #include "pie_abi.h"
 #include "pie_log.h"
 #include "pie_proc.h"
+#include "pie_testref.h"
 #include "pie_testutil.h"
 #include "svc.h"
 #include "tok.h"
@@ -41,7 +42,6 @@
 #define STOP_MS  20000
 #define WAIT_MS  60000
 #define MODEL    "tiny-f32"
-#define PAGE     16
 
 TestSuite(lc_host, .fini = pie_test_leak_check, .timeout = 300);
 
@@ -59,14 +59,13 @@ typedef struct cluster {
     uint64_t next_id;
 } cluster;
 
-static pie_proc *start_worker(const pie_proc *ctl, unsigned kv_pages, const char *backend) {
-    static char ctl_env[96], pages_env[64], backend_env[64];
+static pie_proc *start_worker(const pie_proc *ctl, unsigned kv_pages) {
+    static char ctl_env[96], pages_env[64];
     pie_proc_env_controller(ctl, ctl_env, sizeof ctl_env);
     snprintf(pages_env, sizeof pages_env, "PIE_POOL_KV_PAGES=%u", kv_pages);
-    snprintf(backend_env, sizeof backend_env, "PIE_BACKEND=%s", backend);
     const char *env[] = {ctl_env,
                          pages_env,
-                         backend_env,
+                         "PIE_BACKEND=cpu",
                          "PIE_WORKER_GROUP_ID=w1",
                          "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" MODEL,
                          "PIE_ENGINE_THREADS=1",
@@ -92,13 +91,12 @@ static void *read_file(const char *path, size_t *len) {
     return b;
 }
 
-static void cluster_start(cluster *c, unsigned kv_pages, const char *http_allow,
-                          const char *backend) {
+static void cluster_start(cluster *c, unsigned kv_pages, const char *http_allow) {
     memset(c, 0, sizeof *c);
     pie_status st;
     c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
     cr_assert(c->ctl, "%s", st.msg);
-    c->wrk = start_worker(c->ctl, kv_pages, backend);
+    c->wrk = start_worker(c->ctl, kv_pages);
     c->svc_cfg = (svc_config){.listen = "127.0.0.1:0",
                      .threads = 1,
                      .max_message_bytes = 64u << 20,
@@ -338,47 +336,29 @@ static void join_exited_0(run *r) {
     cr_assert_eq(o.exit_code, 0, "%s", o.message);
 }
 
-/* ---- the engine's own greedy output -------------------------------------------------------------- */
+/* ---- the inferlet's distributions ----------------------------------------------------------- */
 
-static void engine_greedy(const uint32_t *prompt, size_t n_prompt, size_t n_new, uint32_t *out) {
-    eng_opts o = {.model_dir = PIE_MODELS_DIR "/" MODEL,
-                  .kv_page_size = PAGE,
-                  .kv_pages = 16,
-                  .embed_slots = 128,
-                  .max_batch_tokens = 256,
-                  .n_threads = 1};
-    eng *e = NULL;
-    pie_status st;
-    cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "%s", st.msg);
-    uint32_t slots[64], pos[64], pages[16], toks[64];
-    for (uint32_t i = 0; i < 64; i++) slots[i] = i;
-    for (uint32_t i = 0; i < 16; i++) pages[i] = i;
-    memcpy(toks, prompt, n_prompt * sizeof *toks);
-    size_t n_in = n_prompt, at = 0;
-    for (size_t step = 0; step < n_new; step++) {
-        for (size_t i = 0; i < n_in; i++) pos[i] = (uint32_t)(at + i);
-        cr_assert_eq(eng_embed_text(e, slots, toks, pos, (uint32_t)n_in, &st), PIE_OK, "%s", st.msg);
-        size_t total = at + n_in;
-        uint32_t out_slot = (uint32_t)n_in - 1;
-        eng_forward_item it = {.kv_pages = pages,
-                               .n_kv_pages = (uint32_t)((total + PAGE - 1) / PAGE),
-                               .kv_last_page_len = (uint32_t)((total - 1) % PAGE + 1),
-                               .append_kv = true,
-                               .in_slots = slots,
-                               .n_in = (uint32_t)n_in,
-                               .out_slots = &out_slot,
-                               .n_out = 1};
-        cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_OK, "%s", st.msg);
-        uint32_t id;
-        float p;
-        eng_dist_item d = {.slot = out_slot, .top_k = 1, .temperature = 1.0f, .ids = &id, .probs = &p};
-        cr_assert_eq(eng_next_dist(e, &d, 1, &st), PIE_OK, "%s", st.msg);
-        out[step] = id;
-        toks[0] = id;
-        at = total;
-        n_in = 1;
+/* Parses "id:p,id:p,...;id:p,..." (lc_host_abi's "dists=") into out[0..); returns the steps. */
+static size_t parse_dists(const char *s, pie_testref_dist *out, size_t cap) {
+    size_t n = 0;
+    while (*s) {
+        cr_assert_lt(n, cap, "more than %zu distributions", cap);
+        pie_testref_dist *d = &out[n++];
+        d->k = 0;
+        for (;;) {
+            char *end;
+            cr_assert_lt(d->k, PIE_TESTREF_MAX_K, "distribution %zu is too long", n - 1);
+            d->ids[d->k] = (uint32_t)strtoul(s, &end, 10);
+            cr_assert_eq(*end, ':', "distribution %zu: \"%s\"", n - 1, s);
+            d->probs[d->k++] = strtof(end + 1, &end);
+            s = end;
+            if (*s != ',') break;
+            s++;
+        }
+        cr_assert(*s == ';' || *s == '\0', "distribution %zu: \"%s\"", n - 1, s);
+        if (*s == ';') s++;
     }
-    eng_close(e);
+    return n;
 }
 
 /* ---- a tiny HTTP server ---------------------------------------------------------------------------- */
@@ -450,31 +430,40 @@ static void httpd_stop(httpd *h) {
 
 /* ---- tests ------------------------------------------------------------------------------------------ */
 
-Test(lc_host, greedy_generation_through_the_abi_equals_the_engine) {
+Test(lc_host, greedy_generation_through_the_abi_has_the_reference_distributions) {
     cluster c;
-    cluster_start(&c, 256, "", "cpu");
+    cluster_start(&c, 256, "");
     const uint32_t prompt[] = {17, 300, 41, 7, 99, 250, 3, 12, 480, 77, 5, 6, 150, 200, 33, 44, 8, 9};
     const size_t n_prompt = sizeof prompt / sizeof prompt[0], n_new = 12;
     char csv[256] = "", nnew[8];
     for (size_t i = 0; i < n_prompt; i++)
         snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "%s%u", i ? "," : "", prompt[i]);
     snprintf(nnew, sizeof nnew, "%zu", n_new);
-    run *r = run_start(&c, 0, "greedy", nnew, csv);
+    run *r = run_start(&c, 1 << 16, "greedy", nnew, csv);
     const char *got = val(r, "tokens");
-    uint32_t want[64];
-    engine_greedy(prompt, n_prompt, n_new, want);
-    char expect_s[512] = "";
+    uint32_t gen[64];
+    size_t n_gen = 0;
+    for (const char *p = got; *p; n_gen++) {
+        char *end;
+        cr_assert_lt(n_gen, 64);
+        gen[n_gen] = (uint32_t)strtoul(p, &end, 10);
+        p = *end == ',' ? end + 1 : end;
+    }
+    cr_assert_eq(n_gen, n_new, "tokens=%s", got);
+    pie_testref_dist dists[64];
+    cr_assert_eq(parse_dists(val(r, "dists"), dists, 64), n_new);
     for (size_t i = 0; i < n_new; i++)
-        snprintf(expect_s + strlen(expect_s), sizeof expect_s - strlen(expect_s), "%s%u",
-                 i ? "," : "", want[i]);
-    cr_assert_str_eq(got, expect_s, "through the host API: %s, from the engine: %s", got, expect_s);
+        cr_assert_eq(gen[i], dists[i].ids[0], "token %zu is not its distribution's most likely", i);
+    pie_testref *ref = pie_testref_open(PIE_MODELS_DIR "/" MODEL);
+    pie_testref_expect_gen(ref, "through the host API", prompt, n_prompt, gen, dists, n_new);
+    pie_testref_close(ref);
     join_exited_0(r);
     cluster_stop(&c);
 }
 
 Test(lc_host, tokenize_and_detokenize_round_trip_in_process) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     const char *text = "Hello world, tokenizers split text.";
     run *r = run_start(&c, 0, "tokenize", text, NULL);
     tok *t;
@@ -504,7 +493,7 @@ Test(lc_host, tokenize_and_detokenize_round_trip_in_process) {
 
 Test(lc_host, futures_poll_wait_wait_any_short_buffers_and_drop) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *r = run_start(&c, 0, "futures", NULL, NULL);
     expect(r, "receive", 0, NULL);
     expect(r, "poll_pending", 0, NULL);
@@ -538,7 +527,7 @@ Test(lc_host, futures_poll_wait_wait_any_short_buffers_and_drop) {
 
 Test(lc_host, deferred_error_is_delivered_once_by_synchronize) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *r = run_start(&c, 0, "deferred", NULL, NULL);
     expect(r, "dealloc", 0, NULL);
     expect(r, "sync_call", 0, NULL);
@@ -550,18 +539,18 @@ Test(lc_host, deferred_error_is_delivered_once_by_synchronize) {
 
 Test(lc_host, invalid_arguments_return_codes_and_messages) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *r = run_start(&c, 0, "invalid", NULL, NULL);
     expect(r, "queue0", PIE_ABI_E_INVALID_ARGUMENT, "create_queue: queue id 0 is reserved");
     expect(r, "unknown_model", PIE_ABI_E_NOT_FOUND, "model \"no-such-model\" is not served");
     expect(r, "no_queue", PIE_ABI_E_NOT_FOUND, "alloc_kv_pages: queue 9 does not exist");
     expect(r, "dup_queue", PIE_ABI_E_ALREADY_EXISTS, "queue 1 already exists");
-    expect(r, "n0", PIE_ABI_E_INVALID_ARGUMENT, "alloc_kv_pages: n is 0, must be 1..4096");
+    expect(r, "n0", PIE_ABI_E_INVALID_ARGUMENT, "alloc_kv_pages: ids is empty");
     expect(r, "nan", PIE_ABI_E_INVALID_ARGUMENT, "next_dist: temperature nan");
     expect(r, "negative_temp", PIE_ABI_E_INVALID_ARGUMENT, "temperature -1");
     expect(r, "future0", PIE_ABI_E_INVALID_ARGUMENT, "future id 0 is reserved");
     expect(r, "poll_unknown", PIE_ABI_E_NOT_FOUND, "future 77 is not armed");
-    expect(r, "topk", PIE_ABI_E_INVALID_ARGUMENT, "top_k 1000000 exceeds max_top_k");
+    expect(r, "topk", PIE_ABI_E_INVALID_ARGUMENT, "top_k 1000000 is out of range [0, ");
     expect(r, "model_info_unknown", PIE_ABI_E_NOT_FOUND, "model \"zz\"");
     join_exited_0(r);
     cluster_stop(&c);
@@ -569,7 +558,7 @@ Test(lc_host, invalid_arguments_return_codes_and_messages) {
 
 Test(lc_host, out_of_bounds_pointer_traps_naming_the_function_and_oversize_send_is_refused) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *r = run_start(&c, 0, "oob", NULL, NULL);
     lc_wasm_outcome o = run_join(r);
     cr_assert_eq(o.end, LC_WASM_TRAPPED, "%s", o.message);
@@ -591,7 +580,7 @@ Test(lc_host, http_allowed_refused_and_capped) {
     snprintf(big, sizeof big, "http://127.0.0.1:%d/big", h.port);
     snprintf(other, sizeof other, "http://127.0.0.1:%d/okay", h.port);
     cluster c;
-    cluster_start(&c, 64, allow, "cpu");
+    cluster_start(&c, 64, allow);
     run *r = run_start(&c, 0, "http", ok, NULL);
     cr_assert_str_eq(val(r, "http"), "0|200|hello from http");
     join_exited_0(r);
@@ -610,7 +599,7 @@ Test(lc_host, http_allowed_refused_and_capped) {
 
 Test(lc_host, broadcast_reaches_a_subscriber) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *s = run_start(&c, 0, "sub", "news", NULL);
     val(s, "subscribed");
     run *p = run_start(&c, 0, "pub", "news", "hello subscribers");
@@ -639,7 +628,7 @@ static void run_wait_done(run *r) {
 
 Test(lc_host, contention_termination_reaches_the_instance_manager) {
     cluster c;
-    cluster_start(&c, 6, "", "cpu");
+    cluster_start(&c, 6, "");
     run *a = run_start(&c, 0, "hold", "2", "4"); /* older: 2 pages now, 4 more later */
     expect(a, "held", 0, NULL);
     run *b = run_start(&c, 0, "hold", "4", "0"); /* newer: the other 4 of 6 pages */
@@ -659,7 +648,7 @@ Test(lc_host, contention_termination_reaches_the_instance_manager) {
 
 Test(lc_host, a_lost_session_terminates_every_instance_with_unavailable) {
     cluster c;
-    cluster_start(&c, 64, "", "cpu");
+    cluster_start(&c, 64, "");
     run *a = run_start(&c, 0, "futures", NULL, NULL);
     run *b = run_start(&c, 0, "hold", "1", "0");
     val(a, "ready");
@@ -679,20 +668,5 @@ Test(lc_host, a_lost_session_terminates_every_instance_with_unavailable) {
     cr_assert_str_eq(b->term_msg, "controller session lost");
     cr_assert_eq(run_join(a).end, LC_WASM_INTERRUPTED);
     cr_assert_eq(run_join(b).end, LC_WASM_INTERRUPTED);
-    cluster_stop(&c);
-}
-
-Test(lc_host, call_latencies_are_reported) {
-    cluster c;
-    cluster_start(&c, 64, "", "null");
-    run *r = run_start(&c, 0, "rtt", "2000", NULL);
-    cr_log_info("awaited next_dist round trip (null backend): p50 %s ns", val(r, "rtt_p50_ns"));
-    fprintf(stderr, "lc_host: awaited next_dist round trip (null backend): p50 %s ns\n",
-            val(r, "rtt_p50_ns"));
-    join_exited_0(r);
-    r = run_start(&c, 0, "local", "20000", NULL);
-    fprintf(stderr, "lc_host: in-process calls, ns each (model_info|tokenize \"hello\"): %s\n",
-            val(r, "local_ns"));
-    join_exited_0(r);
     cluster_stop(&c);
 }

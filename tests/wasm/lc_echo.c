@@ -8,6 +8,8 @@
  *   bench-host N times N pie.model_count calls (answered in-process) and prints ns per call
  *   bench-gpu N  creates a queue and times N awaited synchronize round trips (lifecycle →
  *                controller → worker → back), printing the median and mean in ns
+ *   bench-dist N forwards one token, then times N awaited next_dist round trips on its output
+ *                embedding (top_k 1), printing the median and mean in ns
  *   abuse KIND   misuses the API the way a hostile inferlet would, KIND = alloc-storm (KV pages
  *                until refused), foreign-ids (frees and forwards ids it never allocated),
  *                oversize (sends a message above its quota), bad-url (fetches a URL outside the
@@ -81,19 +83,56 @@ static int bench_host(long n) {
     return 0;
 }
 
+/* Synchronizes queue 1: the first deferred error of its calls, as a negative code, or 0. */
+static int32_t sync_queue(void) {
+    int32_t rc = pie_synchronize(1, F_GPU);
+    return rc < 0 ? rc : pie_future_result(F_GPU, 0, 0);
+}
+
+#define MAX_TIMES 100000
+static int64_t times[MAX_TIMES];
+
+/* Prints "<name>_p50_ns=... mean_ns=..." of times[0..n). */
+static void print_times(const char *name, long n) {
+    int64_t total = 0;
+    for (long i = 0; i < n; i++) total += times[i];
+    qsort(times, (size_t)n, sizeof times[0], cmp64);
+    printf("%s_p50_ns=%lld mean_ns=%lld\n", name, (long long)times[n / 2], (long long)(total / n));
+}
+
 static int bench_gpu(long n) {
     if (pie_create_queue(1, "", 0) < 0) return 5;
-    static int64_t t[100000];
-    if (n > 100000) n = 100000;
-    int64_t total = 0;
+    if (n > MAX_TIMES) n = MAX_TIMES;
     for (long i = 0; i < n; i++) {
         int64_t t0 = now_ns();
         if (pie_synchronize(1, F_GPU) < 0 || pie_future_result(F_GPU, 0, 0) < 0) return 6;
-        t[i] = now_ns() - t0;
-        total += t[i];
+        times[i] = now_ns() - t0;
     }
-    qsort(t, (size_t)n, sizeof t[0], cmp64);
-    printf("gpu_roundtrip_p50_ns=%lld mean_ns=%lld\n", (long long)t[n / 2], (long long)(total / n));
+    print_times("gpu_roundtrip", n);
+    return 0;
+}
+
+static int bench_dist(long n) {
+    uint32_t page = 0, emb[2] = {0, 1}, tok = 1, pos = 0, in = 0, out = 1;
+    if (pie_create_queue(1, "", 0) < 0 || pie_alloc_kv_pages(1, &page, 1) < 0 ||
+        pie_alloc_embeds(1, emb, 2) < 0 || pie_embed_text(1, &in, &tok, &pos, 1) < 0)
+        return 5;
+    pie_abi_forward d = {.input_embed_ids = (uint32_t)(uintptr_t)&in,
+                         .n_inputs = 1,
+                         .output_kv_page_ids = (uint32_t)(uintptr_t)&page,
+                         .n_output_kv_pages = 1,
+                         .output_embed_ids = (uint32_t)(uintptr_t)&out,
+                         .n_outputs = 1};
+    if (pie_forward(1, &d) < 0 || sync_queue() < 0) return 6;
+    if (n > MAX_TIMES) n = MAX_TIMES;
+    for (long i = 0; i < n; i++) {
+        int64_t t0 = now_ns();
+        if (pie_next_dist(1, &out, 1, 1, 0.0f, F_GPU) < 0 ||
+            pie_future_result(F_GPU, buf, sizeof buf) < 0)
+            return 7;
+        times[i] = now_ns() - t0;
+    }
+    print_times("next_dist_roundtrip", n);
     return 0;
 }
 
@@ -104,12 +143,6 @@ static int refused(int32_t rc) {
     msg[n < 0 ? 0 : n > (int32_t)sizeof msg - 1 ? (int32_t)sizeof msg - 1 : n] = 0;
     fprintf(stderr, "refused (%d): %s\n", (int)rc, msg);
     return 1;
-}
-
-/* Synchronizes queue 1: the first deferred error of its calls, as a negative code, or 0. */
-static int32_t sync_queue(void) {
-    int32_t rc = pie_synchronize(1, F_GPU);
-    return rc < 0 ? rc : pie_future_result(F_GPU, 0, 0);
 }
 
 static int alloc_storm(void) {
@@ -169,6 +202,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "wait") == 0) return next_message() < -11 ? 1 : 0;
     if (strcmp(mode, "bench-host") == 0) return bench_host(n > 0 ? n : 100000);
     if (strcmp(mode, "bench-gpu") == 0) return bench_gpu(n > 0 ? n : 1000);
+    if (strcmp(mode, "bench-dist") == 0) return bench_dist(n > 0 ? n : 1000);
     if (strcmp(mode, "abuse") == 0) return abuse(argc > 2 ? argv[2] : "");
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;

@@ -2,6 +2,7 @@
  * `pie` ABI (sdk/include/pie_abi.h) in the scenario argv[1] names, and reports what it saw to the
  * client with pie_send, one message per observation ("name=value"), so the test asserts them:
  *   greedy N t1,t2,...   greedy generation of N tokens after the prompt; sends "tokens=a,b,..."
+ *                        and "dists=id:p,id:p,...;..." (each step's top-8 distribution, in order)
  *   tokenize TEXT        sends "ids=..." and "text=<detokenized>"
  *   futures              receive futures: poll, wait with timeout, wait_any, short buffers, drop
  *   deferred             dealloc of a page that is not allocated, then synchronize
@@ -13,14 +14,12 @@
  *   pub TOPIC MSG        broadcasts MSG every 20 ms until a client message arrives
  *   hold N M             allocates N KV pages, sends "held=<code>", waits for a message, then
  *                        allocates M more (if M > 0), sends "more=<code>" and waits again
- *   rtt N                times N awaited next_dist round trips, sends "rtt_p50_ns=..."
- *   local N              times N model_info and N tokenize calls, sends "local_ns=<each>|<each>" */
+ */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "pie_abi.h"
 
@@ -44,20 +43,16 @@ static const char *last_error(void) {
 
 static void report(const char *name, int32_t rc) { say("%s=%d|%s", name, rc, rc < 0 ? last_error() : ""); }
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 #define Q 1u
 
 /* ---- generation --------------------------------------------------------------------------- */
 
-static uint32_t dist[4096];
+#define DIST_K 8
 
-/* Runs forward over toks[0..n) at positions at.., appending to pages, and returns the argmax of
- * the last token's next-token distribution (or -code). */
+static uint32_t dist[4096]; /* next_dist's payload: u32 k, k ids, k f32 probabilities */
+
+/* Runs forward over toks[0..n) at positions at.., appending to pages, leaves the last token's
+ * top-DIST_K next-token distribution in dist and returns its argmax (or -code). */
 static int64_t step(const uint32_t *pages, uint32_t ps, uint32_t at, const uint32_t *toks,
                     uint32_t n) {
     uint32_t emb[64], pos[64], outp[8], out_emb = 100;
@@ -75,10 +70,10 @@ static int64_t step(const uint32_t *pages, uint32_t ps, uint32_t at, const uint3
     };
     int32_t rc = pie_forward(Q, &d);
     if (rc < 0) return rc;
-    if ((rc = pie_next_dist(Q, &out_emb, 1, 1, 0.0f, 7)) < 0) return rc;
+    if ((rc = pie_next_dist(Q, &out_emb, 1, DIST_K, 0.0f, 7)) < 0) return rc;
     rc = pie_future_result(7, dist, sizeof dist);
     if (rc < 0) return rc;
-    return dist[1]; /* u32 k, then ids */
+    return dist[0] == DIST_K ? (int64_t)dist[1] : -1000; /* the most likely id comes first */
 }
 
 static int greedy(int n_new, const char *csv) {
@@ -93,10 +88,12 @@ static int greedy(int n_new, const char *csv) {
     for (uint32_t i = 0; i < 16; i++) pages[i] = i;
     for (uint32_t i = 0; i < 101; i++) emb[i] = i;
     if (pie_alloc_kv_pages(Q, pages, 16) < 0 || pie_alloc_embeds(Q, emb, 101) < 0) return 3;
-    char *w = out;
+    static char dists[1 << 15];
+    char *w = out, *dw = dists;
     w += sprintf(w, "tokens=");
+    dw += sprintf(dw, "dists=");
     uint32_t at = 0;
-    for (int k = 0; k < n_new; k++) {
+    for (int k = 0; k < n_new && k < 64; k++) {
         int64_t t = step(pages, ps, at, toks, n);
         if (t < 0) {
             say("error=%lld|%s", (long long)t, last_error());
@@ -106,50 +103,14 @@ static int greedy(int n_new, const char *csv) {
         toks[0] = (uint32_t)t;
         n = 1;
         w += sprintf(w, "%s%u", k ? "," : "", (uint32_t)t);
+        for (int i = 0; i < DIST_K; i++) {
+            float p;
+            memcpy(&p, &dist[1 + DIST_K + i], sizeof p);
+            dw += sprintf(dw, "%s%u:%.9g", i ? "," : k ? ";" : "", dist[1 + i], (double)p);
+        }
     }
     pie_send(out, (uint32_t)(w - out));
-    return 0;
-}
-
-/* Times n awaited next_dist calls on one computed embedding. */
-static int rtt(int n) {
-    if (n > 4096) n = 4096;
-    if (pie_create_queue(Q, "", 0) < 0) return 2;
-    uint32_t pages[1] = {0}, emb[101];
-    for (uint32_t i = 0; i < 101; i++) emb[i] = i;
-    if (pie_alloc_kv_pages(Q, pages, 1) < 0 || pie_alloc_embeds(Q, emb, 101) < 0) return 3;
-    uint32_t tok = 1;
-    pie_abi_model_info mi;
-    pie_model_info("", 0, &mi);
-    if (step(pages, mi.kv_page_size, 0, &tok, 1) < 0) return 4;
-    static int64_t t[4096];
-    uint32_t out_emb = 100;
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        pie_next_dist(Q, &out_emb, 1, 1, 0.0f, 7);
-        if (pie_future_result(7, dist, sizeof dist) < 0) return 5;
-        t[i] = now_ns() - t0;
-    }
-    for (int i = 1; i < n; i++) /* insertion sort: n is small */
-        for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
-            int64_t x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    say("rtt_p50_ns=%lld", (long long)t[n / 2]);
-    return 0;
-}
-
-/* Times n in-process calls of two kinds: model_info and a one-word tokenize. */
-static int local(int n) {
-    pie_abi_model_info mi;
-    uint32_t ids[8];
-    int64_t t0 = now_ns();
-    for (int i = 0; i < n; i++) pie_model_info("", 0, &mi);
-    int64_t t1 = now_ns();
-    for (int i = 0; i < n; i++) pie_tokenize("", 0, "hello", 5, 0, ids, 8);
-    int64_t t2 = now_ns();
-    say("local_ns=%lld|%lld", (long long)((t1 - t0) / n), (long long)((t2 - t1) / n));
+    pie_send(dists, (uint32_t)(dw - dists));
     return 0;
 }
 
@@ -318,8 +279,6 @@ int main(int argc, char **argv) {
     const char *a = argc > 2 ? argv[2] : "";
     const char *b = argc > 3 ? argv[3] : "";
     if (!strcmp(s, "greedy")) return greedy(atoi(a), b);
-    if (!strcmp(s, "rtt")) return rtt(atoi(a));
-    if (!strcmp(s, "local")) return local(atoi(a) > 0 ? atoi(a) : 1);
     if (!strcmp(s, "tokenize")) return tokenize(a);
     if (!strcmp(s, "futures")) return futures();
     if (!strcmp(s, "deferred")) return deferred();
