@@ -1,16 +1,26 @@
 /* bench_cuda.c — speed of the cuda backend (services/worker/engine/eng_cuda*.c) on one model.
  *
  * Measures, in one run on the model directory given on the command line:
- *   bandwidth   device-to-device cudaMemcpy of --bw-mib MiB (best of 10): 2 x bytes / time,
- *               since a copy reads and writes every byte; GB/s
+ *   bandwidth   the device's read bandwidth: a kernel that reads --bw-mib MiB once with 16-byte
+ *               loads, best of 10 (krn_cuda_read_bandwidth); GB/s. A copy's read+write rate is
+ *               not what a decode step does.
  *   decode b=1  one token per step (forward + next_dist top-k 256) over a --context token
- *               context, median and best of --steps, ms/token; against the HBM floor
- *               weight bytes (as stored on the device: bf16) / bandwidth, and against the
- *               stricter floor of the bytes a step reads (the embedding table is not read
- *               when lm_head is separate)
+ *               context, median and best of --steps, ms/token; against the floor: the bytes a
+ *               step actually reads / the read bandwidth. Those bytes are every layer's weights
+ *               (norms, q|k|v, o, gate|up, down), the final norm and the LM head (V x d: tied
+ *               or not, the LM head reads the whole matrix), one embedding row, and the
+ *               context's K and V in every layer — not the embedding table (a step gathers
+ *               one row of it).
  *   decode b=B  --batch sequences of --context tokens (prefilled once, copied with copy_pages),
  *               one token each per step: tokens/s
  *   prefill     one forward of --prefill tokens into fresh pages (output of the last), tokens/s
+ *   clearing    eng_cuda_clear_pages of 1, 16 and 256 pages (what the worker does to every page
+ *               a SlotBatch allocates: cudaMemsetAsync on the engine's stream per layer and run
+ *               of consecutive pages), ascending ids and every other id (no runs), and
+ *               eng_cuda_clear_embeds of 256 slots: median of --steps, against decode b=1
+ * and for prefill and both decodes the kernels of the last forward (a graph's kernel nodes when
+ * replayed, else the launches; next_dist adds 4 launches, not graphed) and the graph coverage
+ * (decode steps replayed from a graph / decode steps).
  * Graph replay is on unless --no-graphs (or PIE_CUDA_GRAPHS=0).
  *
  * Usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64] [--prefill 2048] [--steps 32]
@@ -26,6 +36,7 @@
 #include <time.h>
 
 #include "eng_cuda.h"
+#include "krn_cuda_device.h"
 #include "mdl.h"
 
 typedef struct bench_opts {
@@ -50,38 +61,34 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Best device-to-device copy bandwidth (read + write bytes per second). */
-static double copy_bandwidth(size_t bytes) {
-    void *a = NULL, *b = NULL;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
-        fprintf(stderr, "bench_cuda: cannot allocate 2 x %zu bytes for the bandwidth test\n",
-                bytes);
+/* The device's read bandwidth (bytes per second). */
+static double read_bandwidth(size_t bytes) {
+    double bw = 0;
+    char why[256];
+    if (krn_cuda_read_bandwidth(bytes, 10, &bw, why, sizeof why) != 0) {
+        fprintf(stderr, "bench_cuda: the read-bandwidth probe failed: %s\n", why);
         exit(1);
     }
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess ||
-        cudaMemset(a, 1, bytes) != cudaSuccess) {
-        fprintf(stderr, "bench_cuda: cuda events / memset failed\n");
-        exit(1);
-    }
-    double best = 0;
-    for (int i = 0; i < 11; i++) {
-        float ms = 0;
-        if (cudaEventRecord(e0, 0) != cudaSuccess ||
-            cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess ||
-            cudaEventRecord(e1, 0) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-            fprintf(stderr, "bench_cuda: the bandwidth copy failed\n");
-            exit(1);
-        }
-        double bw = 2.0 * (double)bytes / (ms * 1e-3);
-        if (i > 0 && bw > best) best = bw; /* the first copy warms up */
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return best;
+    return bw;
+}
+
+/* Bytes one decode step of one sequence reads at a context of ctx tokens (bf16 on the device):
+ * *weights the layers, final norm, LM head and one embedding row; *kv the context's K and V. */
+static void step_bytes(const mdl_config *c, uint32_t ctx, double *weights, double *kv) {
+    double d = c->hidden_size, qd = (double)c->n_heads * c->head_dim,
+           kvd = (double)c->n_kv_heads * c->head_dim, ffn = c->intermediate_size;
+    double layer = 2 * d + (qd + 2 * kvd) * d + d * qd + 2 * ffn * d + ffn * d;
+    *weights = 2.0 * (layer * c->n_layers + d + (double)c->vocab_size * d + d);
+    *kv = 2.0 * 2.0 * kvd * ctx * c->n_layers;
+}
+
+/* Kernels and graph coverage of a phase: stats before it (a) and after (b). */
+static void print_graphs(const char *phase, const eng_cuda_stats *a, const eng_cuda_stats *b) {
+    uint64_t dec = b->decode_steps - a->decode_steps, rep = b->graph_steps - a->graph_steps;
+    printf("| %s: kernels of the last forward; graph coverage | %u kernels | %llu of %llu decode "
+           "steps replayed | %.0f%% |\n",
+           phase, b->last_step_kernels, (unsigned long long)rep, (unsigned long long)dec,
+           dec ? 100.0 * (double)rep / (double)dec : 0.0);
 }
 
 static uint32_t *seq_pages(uint32_t seq, uint32_t per) {
@@ -188,6 +195,46 @@ static double median(double *v, uint32_t n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* The clearing rows: n pages with ids step apart (1: one run; 2: no two consecutive), and
+ * embedding slots; median of `reps` (t holds at least reps), against the decode step dec_s. */
+static void bench_clearing(eng_cuda *e, uint32_t reps, double *t, double dec_s) {
+    const eng_info *in = eng_cuda_get_info(e);
+    size_t page_bytes = (size_t)in->n_layers * 2 * in->kv_page_size * in->n_kv_heads *
+                        in->head_dim * 2; /* bf16 K/V */
+    uint32_t *ids = malloc(sizeof *ids * 512);
+    if (!ids) die("clear ids", NULL);
+    pie_status st;
+    static const uint32_t counts[] = {1, 16, 256};
+    for (uint32_t stride = 1; stride <= 2; stride++)
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            uint32_t n = counts[c];
+            if ((uint64_t)n * stride > in->kv_pages) break;
+            for (uint32_t i = 0; i < n; i++) ids[i] = i * stride;
+            for (uint32_t r = 0; r < reps; r++) {
+                double t0 = now_s();
+                if (eng_cuda_clear_pages(e, ids, n, &st) != PIE_OK) die("clear_pages", &st);
+                t[r] = now_s() - t0;
+            }
+            double m = median(t, reps);
+            printf("| clear_pages n=%u %s (%.2f MiB), median of %u | %.1f us (%.2f us/page) | "
+                   "decode b=1 %.3f ms | %.1f%% |\n",
+                   n, stride == 1 ? "consecutive" : "every other id", n * page_bytes / 1048576.0,
+                   reps, m * 1e6, m * 1e6 / n, dec_s * 1e3, 100 * m / dec_s);
+        }
+    uint32_t n = in->embed_slots < 256 ? in->embed_slots : 256;
+    for (uint32_t i = 0; i < n; i++) ids[i] = i;
+    for (uint32_t r = 0; r < reps; r++) {
+        double t0 = now_s();
+        if (eng_cuda_clear_embeds(e, ids, n, &st) != PIE_OK) die("clear_embeds", &st);
+        t[r] = now_s() - t0;
+    }
+    double m = median(t, reps);
+    printf("| clear_embeds n=%u consecutive, median of %u | %.1f us | decode b=1 %.3f ms | "
+           "%.1f%% |\n",
+           n, reps, m * 1e6, dec_s * 1e3, 100 * m / dec_s);
+    free(ids);
+}
+
 int main(int argc, char **argv) {
     bench_opts o;
     parse(argc, argv, &o);
@@ -210,22 +257,22 @@ int main(int argc, char **argv) {
     if (eng_cuda_open(&eo, &e, &st) != PIE_OK) die("open", &st);
     eng_cuda_set_graphs(e, o.graphs);
     const eng_info *in = eng_cuda_get_info(e);
-    size_t dev_weights = in->weight_bytes / (strcmp(in->dtype, "f32") == 0 ? 2 : 1);
-    size_t embed_bytes = (size_t)in->vocab_size * in->hidden_size * 2;
-    /* untied: the embedding table is in weight_bytes but a decode step reads only its rows */
-    size_t read_bytes = dev_weights - (cfg.tie_word_embeddings ? 0 : embed_bytes);
-    printf("model %s: %s, %u layers, hidden %u, ffn %u, heads %u/%u, vocab %u; device %s; "
+    double w_bytes, kv_bytes;
+    step_bytes(&cfg, o.context, &w_bytes, &kv_bytes);
+    printf("model %s: %s, %u layers, hidden %u, ffn %u, heads %u/%u, vocab %u%s; device %s; "
            "graphs %s\n",
            o.model, in->dtype, in->n_layers, in->hidden_size, in->intermediate_size, in->n_heads,
-           in->n_kv_heads, in->vocab_size, eng_cuda_device_name(e), o.graphs ? "on" : "off");
-    printf("weights on the device %.1f MiB (read per decode step %.1f MiB); KV pool %.1f MiB "
-           "(%u pages of %u)\n\n",
-           dev_weights / 1048576.0, read_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0,
+           in->n_kv_heads, in->vocab_size, cfg.tie_word_embeddings ? " (tied)" : "",
+           eng_cuda_device_name(e), o.graphs ? "on" : "off");
+    printf("read per decode step of one sequence at %u tokens: weights %.1f MiB (layers, final "
+           "norm, LM head, one embedding row) + K/V %.1f MiB; KV pool %.1f MiB (%u pages of "
+           "%u)\n\n",
+           o.context, w_bytes / 1048576.0, kv_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0,
            in->kv_pages, in->kv_page_size);
-    double bw = copy_bandwidth((size_t)o.bw_mib << 20);
+    double bw = read_bandwidth((size_t)o.bw_mib << 20);
     printf("| measurement | value | reference | ratio |\n| --- | --- | --- | --- |\n");
-    printf("| device-to-device copy bandwidth (%u MiB, best of 10) | %.1f GB/s | | |\n", o.bw_mib,
-           bw / 1e9);
+    printf("| device read bandwidth (%u MiB, best of 10) | %.1f GB/s | | |\n", o.bw_mib, bw / 1e9);
+    eng_cuda_stats s0, s1;
 
     uint32_t **sp = malloc(sizeof *sp * (o.batch + 1));
     if (!sp) return 1;
@@ -239,9 +286,12 @@ int main(int argc, char **argv) {
 
     /* prefill (a warm-up run first: cuBLAS picks its kernels) */
     (void)prefill(e, pre, o.prefill, 0);
+    eng_cuda_get_stats(e, &s0);
     double tp = prefill(e, pre, o.prefill, 0);
+    eng_cuda_get_stats(e, &s1);
     printf("| prefill %u tokens | %.0f tok/s (%.1f ms) | transformers: bench_transformers.py | |\n",
            o.prefill, o.prefill / tp, tp * 1e3);
+    print_graphs("prefill", &s0, &s1);
 
     /* context for every sequence: prefill one, copy it to the others */
     (void)prefill(e, sp[0], o.context, 0);
@@ -253,18 +303,22 @@ int main(int argc, char **argv) {
         }
 
     /* decode b=1 on sequence 1 (its context is a copy); step 0 warms up / captures */
+    eng_cuda_get_stats(e, &s0);
     for (uint32_t s = 0; s <= o.steps; s++) {
         double dt = decode_step(e, 1, &sp[1], o.context + s, max_t, ids, probs);
         if (s > 0) t[s - 1] = dt;
     }
+    eng_cuda_get_stats(e, &s1);
     double med1 = median(t, o.steps), best1 = t[0];
-    double floor_all = (double)dev_weights / bw, floor_read = (double)read_bytes / bw;
+    double floor_s = (w_bytes + kv_bytes) / bw;
     printf("| decode b=1 @%u ctx (forward + next_dist), median (best) of %u | %.3f (%.3f) "
-           "ms/token | floor %.3f ms (weights / bw); %.3f ms (bytes read / bw) | %.2fx; %.2fx |\n",
-           o.context, o.steps, med1 * 1e3, best1 * 1e3, floor_all * 1e3, floor_read * 1e3,
-           med1 / floor_all, med1 / floor_read);
+           "ms/token | floor %.3f ms (%.1f MiB read / %.0f GB/s) | %.2fx |\n",
+           o.context, o.steps, med1 * 1e3, best1 * 1e3, floor_s * 1e3,
+           (w_bytes + kv_bytes) / 1048576.0, bw / 1e9, med1 / floor_s);
+    print_graphs("decode b=1", &s0, &s1);
 
     /* decode b=B: sequences 1..B; each step rewrites the same next position of each */
+    eng_cuda_get_stats(e, &s0);
     for (uint32_t s = 0; s <= o.steps; s++) {
         double dt = decode_step(e, o.batch, &sp[1], o.context + s, max_t, ids, probs);
         if (s > 0) t[s - 1] = dt;
@@ -273,10 +327,12 @@ int main(int argc, char **argv) {
     printf("| decode b=%u @%u ctx, median (best) of %u | %.0f (%.0f) tok/s | transformers: "
            "bench_transformers.py | |\n",
            o.batch, o.context, o.steps, o.batch / medb, o.batch / t[0]);
-    uint64_t replays;
-    uint32_t graphs;
-    eng_cuda_graph_stats(e, &replays, &graphs);
-    printf("\ngraph replays %llu, graphs captured %u\n", (unsigned long long)replays, graphs);
+    eng_cuda_get_stats(e, &s1);
+    print_graphs("decode b=B", &s0, &s1);
+    bench_clearing(e, o.steps, t, med1); /* after the decodes: it zeroes their pages */
+    printf("\ngraphs captured %u, capture failures %u%s%s; next_dist: 4 launches per call of up "
+           "to 64 slots, not graphed\n",
+           s1.graphs, s1.capture_failures, s1.capture_error[0] ? ": " : "", s1.capture_error);
 
     for (uint32_t b = 0; b <= o.batch; b++) free(sp[b]);
     free(sp), free(pre), free(ids), free(probs), free(t);

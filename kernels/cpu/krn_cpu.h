@@ -133,7 +133,10 @@ void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_it
 
 /* ---- distributions ----------------------------------------------------------------------- */
 
-/* x[n] = softmax(x / temperature), numerically stable. */
+/* x[n] = softmax(x / temperature), numerically stable. NaN logits are left out of the max and
+ * the sum and stay NaN; when the largest number is infinite, temperature is not > 0 or its
+ * inverse overflows, the first largest number gets 1 and the other numbers 0. The same on every
+ * SIMD path and on the cuda backend (krn_cuda_topk; tests/kcheck/kcheck.h). */
 void krn_cpu_softmax(float *x, int n, float temperature);
 
 /* The k largest of x[n] in descending order (ties: lower index first): ids[k], vals[k].

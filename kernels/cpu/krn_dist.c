@@ -1,7 +1,10 @@
 /* krn_dist.c — turning logits into a distribution and picking its largest entries.
  *
  * Owns: softmax with temperature (max-subtracted, vector exp) and top-k by a bounded min-heap
- * (O(n log k); ties keep the lower index first; NaN ranks below every number).
+ * (O(n log k); ties keep the lower index first; NaN ranks below every number). Edges, the same
+ * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
+ * and the sum and keeps a NaN probability; an infinite largest logit, a temperature that is not
+ * > 0 or whose inverse overflows put all mass on the first largest number.
  * Does not own: sampling policy (the engine decides what to do with the distribution). */
 #include "krn_cpu_impl.h"
 
@@ -12,10 +15,12 @@
 
 /* ---- softmax ----------------------------------------------------------------------------- */
 
-/* x[i] = exp((x[i] - max) * inv_t); returns the sum. */
+/* x[i] = exp((x[i] - max) * inv_t) for every number (NaN stays NaN); returns the sum of the
+ * numbers. */
 static float exp_sum_scalar(float *x, int n, float max, float inv_t) {
     double sum = 0.0; /* a vocabulary of 128k terms summed in f32 one by one loses 1e-4 */
     for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) continue;
         x[i] = expf((x[i] - max) * inv_t);
         sum += x[i];
     }
@@ -36,9 +41,10 @@ KRN_TARGET_AVX2 static float exp_sum_avx2(float *x, int n, float max, float inv_
         __m256 acc = _mm256_setzero_ps();
         int end = n - i > 512 ? i + 512 : n;
         for (; i + 8 <= end; i += 8) {
-            __m256 e = krn_exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm), vt));
-            _mm256_storeu_ps(x + i, e);
-            acc = _mm256_add_ps(acc, e);
+            __m256 v = _mm256_loadu_ps(x + i), nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+            __m256 e = krn_exp256(_mm256_mul_ps(_mm256_sub_ps(v, vm), vt));
+            _mm256_storeu_ps(x + i, _mm256_blendv_ps(e, v, nan)); /* NaN stays NaN */
+            acc = _mm256_add_ps(acc, _mm256_andnot_ps(nan, e));
         }
         float lanes[8];
         _mm256_storeu_ps(lanes, acc);
@@ -57,9 +63,10 @@ KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float 
         for (; i < end; i += 16) {
             __mmask16 m = end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1u);
             __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+            __mmask16 num = (__mmask16)(m & ~_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
             __m512 e = krn_exp512(_mm512_mul_ps(_mm512_sub_ps(v, vm), vt));
-            e = _mm512_maskz_mov_ps(m, e);
-            _mm512_mask_storeu_ps(x + i, m, e);
+            e = _mm512_maskz_mov_ps(num, e);
+            _mm512_mask_storeu_ps(x + i, num, e); /* NaN stays NaN */
             acc = _mm512_add_ps(acc, e);
         }
         sum += _mm512_reduce_add_ps(acc);
@@ -69,17 +76,17 @@ KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float 
 #endif
 
 void krn_cpu_softmax(float *x, int n, float temperature) {
-    if (n <= 0) return;
-    int arg = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[arg]) arg = i;
-    float max = x[arg];
-    if (!(temperature > 0.0f) || isinf(max)) {
+    int arg = -1; /* the first largest number */
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (arg < 0 || x[i] > x[arg])) arg = i;
+    if (arg < 0) return; /* nothing but NaN (or n <= 0): every probability is NaN already */
+    float max = x[arg], inv_t = 1.0f / temperature;
+    if (!(temperature > 0.0f) || isinf(max) || isinf(inv_t)) {
         /* the limit T → 0 (or an infinite logit): all mass on the first maximum */
-        for (int i = 0; i < n; i++) x[i] = i == arg ? 1.0f : 0.0f;
+        for (int i = 0; i < n; i++)
+            if (!isnan(x[i])) x[i] = i == arg ? 1.0f : 0.0f;
         return;
     }
-    float inv_t = 1.0f / temperature;
     float sum;
     switch (krn_simd_level()) {
 #if KRN_X86

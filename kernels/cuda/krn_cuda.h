@@ -40,9 +40,16 @@ typedef uint16_t krn_bf16; /* bf16 bits: the high half of an f32 */
 #define KRN_CUDA_TOPK_MAX      1024
 #define KRN_CUDA_TC_QVECS      64 /* query vectors per block of the tensor-core attention */
 
-/* Sets per-kernel attributes (the attention kernels' dynamic shared memory). Call once per
- * process and device before the first launch; head_dim is checked against the limits. */
+/* Sets per-kernel attributes (the attention kernels' dynamic shared memory, up to what the
+ * current device allows). Call once per process and device before the first launch; fails
+ * with cudaErrorInvalidValue when head_dim is beyond the limits or the CUDA-core attention's
+ * shared memory at head_dim does not fit the device (krn_cuda_attn_smem says by how much). */
 cudaError_t krn_cuda_init(int head_dim);
+
+/* Shared memory per block the CUDA-core attention needs at head_dim (dynamic + static bytes)
+ * and the most the current device grants a block (its opt-in limit: 64 KiB on T4, 96 KiB on
+ * V100, 99 KiB on L4 and other sm_86/89 parts, 163 KiB on A100, 227 KiB on H100/H200). */
+cudaError_t krn_cuda_attn_smem(int head_dim, size_t *need, size_t *limit);
 
 /* ---- rows ------------------------------------------------------------------------------ */
 
@@ -101,11 +108,17 @@ cudaError_t krn_cuda_gemv(const krn_bf16 *x, int n, int in, const krn_bf16 *w, i
  * query row q_row + r, sits at sequence index q_seq + r and sees keys t <= q_seq + r; with an
  * explicit mask (mask_row >= 0) row r's visibility is the run list starting at
  * runs[row_runs[mask_row + r]] instead. Keys t < pm_ctx are also hidden where their page's
- * mask byte is set. n_q == 0 marks a padding tile. */
+ * mask byte is set. n_q == 0 marks a padding tile.
+ * Split-KV (krn_cuda_attention only): a launch has args.n_splits blocks per (tile, KV head);
+ * the tile uses the first n_split of them (0 or 1: not split, block 0 writes the output), each
+ * over kv_chunk keys (a multiple of 32), writing an unnormalised partial at partial rows
+ * part_row .. part_row + n_q - 1 (< args.split_rows), which the merge combines. The split count
+ * is data, not launch shape, so a captured graph serves every split count. */
 typedef struct krn_cuda_attn_tile {
     int32_t q_row, o_row, n_q, q_seq;
     int32_t n_ctx, pages, tail_row, n_tail;
-    int32_t pm_ctx, mask_row, kv_chunk, pad;
+    int32_t pm_ctx, mask_row, kv_chunk, n_split;
+    int32_t part_row, pad;
 } krn_cuda_attn_tile;
 
 typedef struct krn_cuda_attn_args {
@@ -123,10 +136,10 @@ typedef struct krn_cuda_attn_args {
     int n_heads, n_kv_heads, hd;
     float scale;
     krn_bf16 *out;   /* [o_rows, n_heads * hd] */
-    int n_splits;    /* 1: no split; else partials + merge (tile.kv_chunk keys each) */
+    int n_splits;    /* blocks per (tile, KV head), 1..KRN_CUDA_MAX_SPLITS; > 1: a merge runs */
     float *part_acc; /* [n_splits][split_rows][n_heads][hd] */
     float *part_ml;  /* [n_splits][split_rows][n_heads][2] (max, sum) */
-    int split_rows;  /* o_row < split_rows for every tile when n_splits > 1 */
+    int split_rows;  /* partial rows: part_row + n_q <= split_rows for every split tile */
 } krn_cuda_attn_args;
 
 /* Rows of one tile for this model: KRN_CUDA_ATTN_QVECS / group (at least 1). */
@@ -136,8 +149,9 @@ cudaError_t krn_cuda_attention(const krn_cuda_attn_args *a, cudaStream_t stream)
 
 /* The tensor-core variant for prefill-shaped tiles (krn_cuda_attn_tc.cu): same tiles and
  * arguments, tiles of up to krn_cuda_attn_tc_rows rows, no split (n_splits must be 1).
- * krn_cuda_attn_tc_fits: the current device (sm_80+) and the shape (head_dim 16, 32, 64 or
- * 128, group <= KRN_CUDA_TC_QVECS) allow it. */
+ * krn_cuda_attn_tc_fits: the current device (sm_80+, enough shared memory for the head_dim's
+ * kernel: 72 KiB at 64, 112 KiB at 128) and the shape (head_dim 16, 32, 64 or 128,
+ * group <= KRN_CUDA_TC_QVECS) allow it. */
 int krn_cuda_attn_tc_rows(int n_heads, int n_kv_heads);
 int krn_cuda_attn_tc_fits(int head_dim, int n_heads, int n_kv_heads);
 cudaError_t krn_cuda_attn_tc_init(void);
@@ -153,12 +167,22 @@ cudaError_t krn_cuda_page_copy(krn_bf16 *kv, size_t layer_elems, int n_layers, i
 
 /* ---- distributions --------------------------------------------------------------------- */
 
-/* For each row r < n of logits [n, vocab]: softmax(logits / temp[r]) over the whole row and
- * its top k[r] (<= KRN_CUDA_TOPK_MAX) ids and probabilities in descending order (ties: lower
- * id first) into ids / probs [n, KRN_CUDA_TOPK_MAX]. No full sort: a radix select finds the
- * k-th largest logit, then only the candidates are sorted. */
-cudaError_t krn_cuda_topk(const float *logits, int n, int vocab, const float *temp,
-                          const int32_t *k, uint32_t *ids, float *probs, cudaStream_t stream);
+/* For each row r < n of logits [n, vocab]: softmax(logits / temp[r]) over the whole row,
+ * written over the row (the logits are consumed), and its top k[r] (<= KRN_CUDA_TOPK_MAX) ids
+ * and probabilities in descending probability (equal probabilities, underflowed zeros
+ * included: lower id first; NaN after every number) into ids / probs [n, KRN_CUDA_TOPK_MAX].
+ * Edges as krn_cpu_softmax: NaN logits are left out of the max and the sum and stay NaN; an
+ * infinite largest logit, temp not > 0 or 1 / temp overflowing put all mass on the first
+ * largest number. No full sort: a radix select over the probabilities finds the k-th, then
+ * only the candidates are sorted. */
+cudaError_t krn_cuda_topk(float *logits, int n, int vocab, const float *temp, const int32_t *k,
+                          uint32_t *ids, float *probs, cudaStream_t stream);
+
+/* ---- test hook --------------------------------------------------------------------------- */
+
+/* Launches a kernel that traps: the device fault a test needs (the CUDA context is lost for
+ * the process). The engine launches it only when PIE_CUDA_FAULT_AFTER asks (docs/cuda.md). */
+cudaError_t krn_cuda_trap(cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -5,9 +5,13 @@
  * KV head: all query heads of the group share every key and value it loads (GQA), and for a
  * prefill the rows of the tile share them too. Keys stream through shared memory in tiles of
  * ATT_KT; each lane scores one key, the softmax is online (running max and sum per query), and
- * each lane accumulates head_dim / 32 output dimensions. With n_splits > 1 (decode over long
- * contexts: too few tiles to fill the GPU) blockIdx.z takes one chunk of the keys and writes
- * an unnormalised partial; merge_kernel combines them (flash-decoding).
+ * each lane accumulates head_dim / 32 output dimensions. Split-KV (decode over long contexts:
+ * too few tiles to fill the GPU): the grid has n_splits blocks per (tile, KV head) in z, and a
+ * tile with n_split > 1 uses the first n_split of them, each over one chunk of its keys, writing
+ * an unnormalised partial; merge_kernel combines them (flash-decoding). Blocks beyond a tile's
+ * n_split return at once, so the split count of each tile is table data and one launch shape
+ * (a captured graph) serves every split count. Shared memory: q and one K/V tile in f32, sized
+ * by head_dim (96 KiB at 256, 48 KiB at 128), checked against the device by krn_cuda_init.
  * Visibility of key t for tile row r: t <= q_seq + r (causality, or the length of an explicit
  * mask row, which covers exactly that many tokens), the explicit mask's runs when there is one,
  * and the page mask for t < pm_ctx. Does not own: which rows form a tile (the engine). */
@@ -32,9 +36,16 @@ extern "C" int krn_cuda_attn_tile_rows(int n_heads, int n_kv_heads) {
     return rows > 0 ? rows : 1;
 }
 
+/* How many of the launch's split blocks tile t uses (1: not split). */
+__device__ __forceinline__ int attn_tile_splits(const krn_cuda_attn_args &a,
+                                                const krn_cuda_attn_tile &t) {
+    return a.n_splits > 1 && t.n_split > 1 ? min(t.n_split, a.n_splits) : 1;
+}
+
 __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_args a) {
     const krn_cuda_attn_tile t = a.tiles[blockIdx.x];
-    if (t.n_q <= 0) return;
+    const int n_split = attn_tile_splits(a, t);
+    if (t.n_q <= 0 || (int)blockIdx.z >= n_split) return; /* the whole block: no barrier */
     extern __shared__ float smem[];
     __shared__ uint32_t vis[KRN_CUDA_ATTN_QVECS];
     __shared__ krn_run_state rs[KRN_CUDA_ATTN_QVECS];
@@ -50,7 +61,7 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
     }
     int key_lim = min(t.n_ctx + t.n_tail, t.q_seq + t.n_q);
     int kbeg = 0, kend = key_lim;
-    if (a.n_splits > 1) {
+    if (n_split > 1) {
         kbeg = (int)blockIdx.z * t.kv_chunk;
         kend = min(kbeg + t.kv_chunk, key_lim);
     }
@@ -136,7 +147,7 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
         int m = warp + qi * ATT_WARPS;
         if (m >= nqv) break;
         int r = m / g, h = kvh * g + m % g;
-        if (a.n_splits == 1) {
+        if (n_split == 1) {
             float inv = sum[qi] > 0.0f ? 1.0f / sum[qi] : 0.0f; /* nothing visible: zeros */
             krn_bf16 *o = a.out + (size_t)(t.o_row + r) * qd + (size_t)h * hd;
 #pragma unroll
@@ -145,7 +156,7 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
                 if (d < hd) o[d] = krn_f32_to_bf16(acc[qi][di] * inv);
             }
         } else {
-            size_t at = ((size_t)blockIdx.z * a.split_rows + t.o_row + r) * a.n_heads + h;
+            size_t at = ((size_t)blockIdx.z * a.split_rows + t.part_row + r) * a.n_heads + h;
             float *pa = a.part_acc + at * hd;
 #pragma unroll
             for (int di = 0; di < ATT_DL; di++) {
@@ -160,25 +171,28 @@ __global__ static void __launch_bounds__(ATT_THREADS) attn_kernel(krn_cuda_attn_
     }
 }
 
-/* blockIdx.x = tile, blockIdx.y = head; combines the n_splits partials of each tile row. */
+/* blockIdx.x = tile, blockIdx.y = head; combines the n_split partials of each row of a split
+ * tile (an unsplit tile's output is already written). */
 __global__ static void merge_kernel(krn_cuda_attn_args a) {
     const krn_cuda_attn_tile t = a.tiles[blockIdx.x];
+    const int n_split = attn_tile_splits(a, t);
+    if (t.n_q <= 0 || n_split == 1) return;
     int h = blockIdx.y, hd = a.hd, qd = a.n_heads * hd;
     for (int r = 0; r < t.n_q; r++) {
-        size_t row = (size_t)(t.o_row + r);
+        size_t part = (size_t)(t.part_row + r), row = (size_t)(t.o_row + r);
         float m = -INFINITY;
-        for (int s = 0; s < a.n_splits; s++)
-            m = fmaxf(m, a.part_ml[((s * (size_t)a.split_rows + row) * a.n_heads + h) * 2]);
+        for (int s = 0; s < n_split; s++)
+            m = fmaxf(m, a.part_ml[((s * (size_t)a.split_rows + part) * a.n_heads + h) * 2]);
         float l = 0.0f;
-        for (int s = 0; s < a.n_splits; s++) {
-            const float *ml = a.part_ml + ((s * (size_t)a.split_rows + row) * a.n_heads + h) * 2;
+        for (int s = 0; s < n_split; s++) {
+            const float *ml = a.part_ml + ((s * (size_t)a.split_rows + part) * a.n_heads + h) * 2;
             if (ml[0] != -INFINITY) l += ml[1] * expf(ml[0] - m);
         }
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float o = 0.0f;
-            for (int s = 0; s < a.n_splits; s++) {
-                size_t at = (s * (size_t)a.split_rows + row) * a.n_heads + h;
+            for (int s = 0; s < n_split; s++) {
+                size_t at = (s * (size_t)a.split_rows + part) * a.n_heads + h;
                 float ms = a.part_ml[at * 2];
                 if (ms != -INFINITY) o += a.part_acc[at * hd + d] * expf(ms - m);
             }
@@ -187,12 +201,31 @@ __global__ static void merge_kernel(krn_cuda_attn_args a) {
     }
 }
 
-/* The attribute is set for the largest head_dim, so engines of different models can share a
- * process (a launch needs at most that). */
+extern "C" cudaError_t krn_cuda_attn_smem(int head_dim, size_t *need, size_t *limit) {
+    int dev = 0, optin = 0;
+    cudaFuncAttributes fa;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (err == cudaSuccess) err = cudaFuncGetAttributes(&fa, attn_kernel);
+    if (err != cudaSuccess) return err;
+    *need = attn_smem_bytes(head_dim) + fa.sharedSizeBytes;
+    *limit = (size_t)optin;
+    return cudaSuccess;
+}
+
+/* The dynamic-shared-memory attribute is set to all the device grants, so engines of models
+ * with different head_dims can share a process (each launch asks for what its head_dim needs,
+ * which krn_cuda_init has checked to fit). */
 extern "C" cudaError_t krn_cuda_init(int head_dim) {
     if (head_dim <= 0 || head_dim > KRN_CUDA_MAX_HEAD_DIM) return cudaErrorInvalidValue;
-    cudaError_t err = cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)attn_smem_bytes(KRN_CUDA_MAX_HEAD_DIM));
+    size_t need = 0, limit = 0;
+    cudaError_t err = krn_cuda_attn_smem(head_dim, &need, &limit);
+    if (err != cudaSuccess) return err;
+    if (need > limit) return cudaErrorInvalidValue;
+    size_t stat = need - attn_smem_bytes(head_dim);
+    err = cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               (int)(limit - stat));
     if (err != cudaSuccess) return err;
     int dev = 0, major = 0;
     err = cudaGetDevice(&dev);

@@ -165,26 +165,51 @@ extern "C" int krn_cuda_attn_tc_rows(int n_heads, int n_kv_heads) {
     return rows > 0 ? rows : 1;
 }
 
+/* Shared memory of the kernel for head_dim (0: no such kernel). */
+static size_t tc_smem_bytes(int head_dim) {
+    switch (head_dim) {
+    case 16: return sizeof(tc_smem<16>);
+    case 32: return sizeof(tc_smem<32>);
+    case 64: return sizeof(tc_smem<64>);   /* 72 KiB */
+    case 128: return sizeof(tc_smem<128>); /* 112 KiB: not on 99 KiB parts (L4, sm_86/89) */
+    default: return 0;
+    }
+}
+
+/* The current device's compute capability major and per-block shared-memory opt-in limit. */
+static cudaError_t tc_device(int *major, size_t *limit) {
+    int dev = 0, optin = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    *limit = (size_t)optin;
+    return err;
+}
+
 extern "C" int krn_cuda_attn_tc_fits(int head_dim, int n_heads, int n_kv_heads) {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        return 0;
-    bool hd_ok = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
-    return major >= 8 && hd_ok && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+    int major = 0;
+    size_t limit = 0, need = tc_smem_bytes(head_dim);
+    if (tc_device(&major, &limit) != cudaSuccess) return 0;
+    return major >= 8 && need > 0 && need <= limit && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
            n_heads / n_kv_heads <= TC_Q;
 }
 
-template <int HD> static cudaError_t tc_attr(void) {
+template <int HD> static cudaError_t tc_attr(size_t limit) {
+    if (sizeof(tc_smem<HD>) > limit) return cudaSuccess; /* not used here: tc_fits says no */
     return cudaFuncSetAttribute(tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)sizeof(tc_smem<HD>));
 }
 
 extern "C" cudaError_t krn_cuda_attn_tc_init(void) {
-    cudaError_t err = tc_attr<16>();
-    if (err == cudaSuccess) err = tc_attr<32>();
-    if (err == cudaSuccess) err = tc_attr<64>();
-    if (err == cudaSuccess) err = tc_attr<128>();
+    int major = 0;
+    size_t limit = 0;
+    cudaError_t err = tc_device(&major, &limit);
+    if (err == cudaSuccess) err = tc_attr<16>(limit);
+    if (err == cudaSuccess) err = tc_attr<32>(limit);
+    if (err == cudaSuccess) err = tc_attr<64>(limit);
+    if (err == cudaSuccess) err = tc_attr<128>(limit);
     return err;
 }
 

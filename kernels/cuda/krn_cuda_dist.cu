@@ -1,10 +1,15 @@
 /* krn_cuda_dist.cu — next-token distributions: softmax over the vocabulary and its top k.
  *
- * Owns: krn_cuda_topk. One block per row. The softmax's max and sum are block reductions; the
- * k-th largest logit is found by a radix select over the logits' order-preserving 32-bit keys
- * (four 8-bit passes with a 256-bin histogram), so nothing is sorted but the k candidates:
- * those above the threshold, plus the lowest-id ones equal to it (ties: lower id first, as the
- * CPU backend). The candidates (k <= 1024) are sorted with a bitonic sort in shared memory. */
+ * Owns: krn_cuda_topk. One block per row. The softmax's max (of the numbers: NaN is left out),
+ * the first index holding it and the sum are block reductions; the probabilities are written
+ * over the logits. The k-th largest probability is found by a radix select over 32-bit keys
+ * that order the probabilities (NaN below every number: key 0), four 8-bit passes with a
+ * 256-bin histogram, so nothing is sorted but the k candidates: those above the threshold,
+ * plus the lowest-id ones equal to it (equal probabilities — underflowed zeros too — go to the
+ * lower id, as on the CPU backend). The candidates (k <= 1024) are sorted with a bitonic sort
+ * in shared memory. Ranking the probabilities rather than the logits is what makes ties of
+ * different logits (zeros) fall in id order; the edges (+inf, NaN, temperatures whose inverse
+ * overflows) are krn_cpu_softmax's, checked by tests/kcheck's reference. */
 #include <math.h>
 
 #include "krn_cuda.h"
@@ -12,10 +17,10 @@
 
 #define TOPK_THREADS 1024
 
-/* Larger float → larger key (negative floats have their order reversed). */
-__device__ __forceinline__ uint32_t order_key(float f) {
-    uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+/* Larger probability → larger key; NaN → 0, below every number. p >= 0 (never -0: every
+ * probability is a product of non-negative numbers or an assigned +0 / 1). */
+__device__ __forceinline__ uint32_t order_key(float p) {
+    return isnan(p) ? 0u : (__float_as_uint(p) | 0x80000000u);
 }
 
 /* (key desc, id asc): true when a comes before b. */
@@ -46,27 +51,57 @@ __device__ static uint32_t block_exclusive_scan(uint32_t v, uint32_t *warp_tot) 
     return warp_tot[warp] + inc - v;
 }
 
+/* The smallest value over the block (blockDim.x == TOPK_THREADS); every thread gets it. */
+__device__ static int block_min_int(int v, int *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[lane];
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 __global__ static void __launch_bounds__(TOPK_THREADS)
-    topk_kernel(const float *logits, int vocab, const float *temp, const int32_t *kk, uint32_t *ids,
+    topk_kernel(float *logits, int vocab, const float *temp, const int32_t *kk, uint32_t *ids,
                 float *probs) {
     __shared__ float red[32];
+    __shared__ int red_i[32];
     __shared__ uint32_t hist[256];
     __shared__ uint32_t cand_key[KRN_CUDA_TOPK_MAX], cand_id[KRN_CUDA_TOPK_MAX];
     __shared__ uint32_t sel[3]; /* prefix, remaining, greater-count cursor */
     __shared__ uint32_t warp_tot[32];
     const int tid = threadIdx.x;
-    const float *x = logits + (size_t)blockIdx.x * vocab;
+    float *x = logits + (size_t)blockIdx.x * vocab;
     const int k = kk[blockIdx.x];
-    const float inv_t = 1.0f / temp[blockIdx.x];
+    const float t = temp[blockIdx.x], inv_t = 1.0f / t;
 
+    /* the largest number (fmaxf drops NaN) and the first index holding it */
     float m = -INFINITY;
     for (int i = tid; i < vocab; i += TOPK_THREADS) m = fmaxf(m, x[i]);
     m = krn_block_max(m, red);
+    int arg = vocab;
+    for (int i = tid; i < vocab && arg == vocab; i += TOPK_THREADS)
+        if (x[i] == m) arg = i;
+    arg = block_min_int(arg, red_i); /* vocab: every logit NaN */
+    const bool one_hot = !(t > 0.0f) || isinf(m) || isinf(inv_t);
     float s = 0.0f;
-    for (int i = tid; i < vocab; i += TOPK_THREADS) s += expf((x[i] - m) * inv_t);
-    s = krn_block_sum(s, red);
+    if (!one_hot) {
+        for (int i = tid; i < vocab; i += TOPK_THREADS)
+            if (!isnan(x[i])) s += expf((x[i] - m) * inv_t);
+        s = krn_block_sum(s, red);
+    }
+    /* the probabilities, over the logits: each thread rewrites only elements it alone reads */
+    const float inv_s = one_hot ? 0.0f : 1.0f / s;
+    for (int i = tid; i < vocab; i += TOPK_THREADS) {
+        float v = x[i];
+        if (isnan(v)) continue;
+        x[i] = one_hot ? (i == arg ? 1.0f : 0.0f) : expf((v - m) * inv_t) * inv_s;
+    }
+    __syncthreads(); /* the passes below read every element */
 
-    /* radix select: the key of the k-th largest logit */
+    /* radix select: the key of the k-th largest probability */
     uint32_t prefix = 0, mask = 0;
     if (tid == 0) sel[1] = (uint32_t)k;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -140,15 +175,14 @@ __global__ static void __launch_bounds__(TOPK_THREADS)
             __syncthreads();
         }
     }
-    float inv_s = 1.0f / s;
     for (int i = tid; i < k; i += TOPK_THREADS) {
         uint32_t id = cand_id[i];
         ids[(size_t)blockIdx.x * KRN_CUDA_TOPK_MAX + i] = id;
-        probs[(size_t)blockIdx.x * KRN_CUDA_TOPK_MAX + i] = expf((x[id] - m) * inv_t) * inv_s;
+        probs[(size_t)blockIdx.x * KRN_CUDA_TOPK_MAX + i] = x[id];
     }
 }
 
-extern "C" cudaError_t krn_cuda_topk(const float *logits, int n, int vocab, const float *temp,
+extern "C" cudaError_t krn_cuda_topk(float *logits, int n, int vocab, const float *temp,
                                      const int32_t *k, uint32_t *ids, float *probs,
                                      cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;

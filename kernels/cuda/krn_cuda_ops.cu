@@ -210,3 +210,12 @@ extern "C" cudaError_t krn_cuda_page_copy(krn_bf16 *kv, size_t layer_elems, int 
         kv, layer_elems, page_size, n_layers > 0 ? kvd : 0, page_mask, src, dst, count);
     return cudaGetLastError();
 }
+
+/* ---- test hook --------------------------------------------------------------------------- */
+
+__global__ static void trap_kernel(void) { __trap(); }
+
+extern "C" cudaError_t krn_cuda_trap(cudaStream_t stream) {
+    trap_kernel<<<1, 1, 0, stream>>>();
+    return cudaGetLastError();
+}

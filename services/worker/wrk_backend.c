@@ -2,9 +2,13 @@
 #include "wrk_backend.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "pie_log.h"
 
 #ifdef PIE_WITH_CUDA
 #include "eng_cuda.h"
@@ -35,6 +39,14 @@ static pie_code engine_next_dist(void *ctx, eng_dist_item *items, uint32_t n, pi
     return eng_next_dist(ctx, items, n, st);
 }
 
+static pie_code engine_clear_pages(void *ctx, const uint32_t *pages, uint32_t n, pie_status *st) {
+    return eng_clear_pages(ctx, pages, n, st);
+}
+
+static pie_code engine_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st) {
+    return eng_clear_embeds(ctx, slots, n, st);
+}
+
 void wrk_backend_engine(wrk_backend *b, eng *e) {
     *b = (wrk_backend){
         .name = "cpu",
@@ -44,6 +56,8 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .mask_page = engine_mask_page,
         .copy_pages = engine_copy_pages,
         .next_dist = engine_next_dist,
+        .clear_pages = engine_clear_pages,
+        .clear_embeds = engine_clear_embeds,
     };
 }
 
@@ -95,6 +109,11 @@ static pie_code null_next_dist(void *ctx, eng_dist_item *items, uint32_t n, pie_
     return PIE_OK;
 }
 
+static pie_code null_clear(void *ctx, const uint32_t *ids, uint32_t n, pie_status *st) {
+    (void)ctx, (void)ids, (void)n, (void)st;
+    return PIE_OK;
+}
+
 void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost) {
     *b = (wrk_backend){
         .name = "null",
@@ -104,6 +123,8 @@ void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost) {
         .mask_page = null_mask_page,
         .copy_pages = null_copy_pages,
         .next_dist = null_next_dist,
+        .clear_pages = null_clear,
+        .clear_embeds = null_clear,
     };
 }
 
@@ -132,11 +153,35 @@ static pie_code cuda_next_dist(void *ctx, eng_dist_item *items, uint32_t n, pie_
     return eng_cuda_next_dist(ctx, items, n, st);
 }
 
+static pie_code cuda_clear_pages(void *ctx, const uint32_t *pages, uint32_t n, pie_status *st) {
+    return eng_cuda_clear_pages(ctx, pages, n, st);
+}
+
+static pie_code cuda_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st) {
+    return eng_cuda_clear_embeds(ctx, slots, n, st);
+}
+
 static void cuda_close(void *ctx) { eng_cuda_close(ctx); }
+
+/* The engine's device-fault hook (eng_cuda_on_fault): runs once, in the handler that met the
+ * fault, whose batch then fails with the same message. The process cannot use the GPU again:
+ * leave the cluster (SIGTERM: main's orderly stop) and exit 1 (main, wrk_backend_fault). */
+static void cuda_fault(const char *why, void *arg) {
+    (void)arg;
+    pie_log_error("wrk.device_fault",
+                  "backend=cuda error=\"%s\" action=\"the CUDA context is lost: leaving the "
+                  "cluster, exit 1\"",
+                  why);
+    if (kill(getpid(), SIGTERM) != 0)
+        pie_log_error("wrk.device_fault", "kill: %s", strerror(errno));
+}
+
+bool wrk_backend_fault(char *why, size_t cap) { return eng_cuda_fault(why, cap); }
 
 pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_info **info,
                                char *device, size_t device_len, pie_status *st) {
     eng_cuda *e = NULL;
+    eng_cuda_on_fault(cuda_fault, NULL);
     pie_code rc = eng_cuda_open(opts, &e, st);
     if (rc != PIE_OK) {
         /* eng_open's prefix names the function; the worker's log names the backend */
@@ -156,6 +201,8 @@ pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_i
         .mask_page = cuda_mask_page,
         .copy_pages = cuda_copy_pages,
         .next_dist = cuda_next_dist,
+        .clear_pages = cuda_clear_pages,
+        .clear_embeds = cuda_clear_embeds,
         .close = cuda_close,
     };
     *info = eng_cuda_get_info(e);
@@ -169,6 +216,11 @@ pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_i
     return pie_status_set(st, PIE_UNIMPLEMENTED,
                           "backend cuda: not built into this worker (nvcc was not found at build "
                           "time)");
+}
+
+bool wrk_backend_fault(char *why, size_t cap) {
+    (void)why, (void)cap;
+    return false;
 }
 #endif
 

@@ -3,7 +3,8 @@
  * signatures.
  *
  * Owns: the null backend (every handler succeeds at once, or after an emulated device time for
- * forward batches; next_dist returns token ids 0..k-1 with a fixed descending distribution), the
+ * forward batches; next_dist returns token ids 0..k-1 with a fixed descending distribution; it
+ * holds no storage, so clearing is nothing), the
  * adapters that call the engines, and opening the cuda engine (wrk_backend_open_cuda: present in
  * every build; without nvcc at build time it says so). Does not own: validation against capacities
  * and slot liveness (wrk_exec.c checks that before any backend call), the engines themselves
@@ -27,6 +28,10 @@ typedef struct wrk_backend {
     pie_code (*mask_page)(void *ctx, uint32_t page, const bool *masked, pie_status *st);
     pie_code (*copy_pages)(void *ctx, const eng_copy_item *items, uint32_t n, pie_status *st);
     pie_code (*next_dist)(void *ctx, eng_dist_item *items, uint32_t n, pie_status *st);
+    /* What a fresh allocation holds: zeroed K/V and an all-visible mask / a zeroed embedding
+     * (eng_clear_pages, eng_clear_embeds). */
+    pie_code (*clear_pages)(void *ctx, const uint32_t *pages, uint32_t n, pie_status *st);
+    pie_code (*clear_embeds)(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st);
     void (*close)(void *ctx); /* releases ctx when the backend owns it (cuda); NULL otherwise */
 } wrk_backend;
 
@@ -54,5 +59,12 @@ pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_i
 
 /* Releases what the backend owns (b->close), then clears *b. */
 void wrk_backend_release(wrk_backend *b);
+
+/* Whether the cuda backend met a device fault (eng_cuda_fault): the CUDA context of the process
+ * is lost and every later call would fail. When it happens the worker logs wrk.device_fault
+ * with the reason (the batch that met it fails with the same message) and stops as if by
+ * SIGTERM, leaving the cluster; main then exits 1 saying why. why ← the fault. Always false in
+ * a build without CUDA. */
+bool wrk_backend_fault(char *why, size_t cap);
 
 #endif

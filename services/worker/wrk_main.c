@@ -4,7 +4,9 @@
  * backend, only a description for null) and the start/stop order: serve Info and health
  * (NOT_SERVING) at once, load, then link to the controller and report SERVING. A failed load
  * leaves the process up, NOT_SERVING, with Info state FAILED and the error (worker.proto), and
- * it exits 1 on SIGTERM. Registration, batches and Info are in wrk_node.c / wrk_exec.c. */
+ * it exits 1 on SIGTERM. A device fault of the cuda backend (wrk_backend_fault) stops the
+ * worker as SIGTERM does, and it exits 1 saying why. Registration, batches and Info are in
+ * wrk_node.c / wrk_exec.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,7 +268,14 @@ int main(int argc, char **argv) {
     int sig = svc_wait_for_signal();
     pie_log_info("wrk.signal", "signal=%d", sig);
     svc_set_serving(s, false);
-    status = 0;
+    char fault[PIE_STATUS_MSG_MAX];
+    if (wrk_backend_fault(fault, sizeof fault)) { /* the stop was the device fault's */
+        pie_log_error("wrk.exit", "status=1 reason=\"device fault: %s\"", fault);
+        fprintf(stderr, "pie-worker: exiting after a device fault: %s\n", fault);
+        status = 1;
+    } else {
+        status = 0;
+    }
 done:
     svc_drain(s);           /* server first: no callback runs after it */
     wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */

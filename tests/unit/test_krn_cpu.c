@@ -609,6 +609,69 @@ Test(krn_dist, softmax_with_zero_temperature_is_one_hot_on_the_first_max) {
     cr_assert_arr_eq(x, want, sizeof x);
 }
 
+/* The edges (the cuda backend's top-k is held to the same, tests/kcheck): NaN is left out of
+ * the max and the sum and stays NaN; +inf, or 1/T overflowing, is the T → 0 limit. 33 values
+ * reach the vector loops and their tails. */
+Test(krn_dist, softmax_leaves_nan_out_and_puts_all_mass_on_the_first_infinity) {
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        float x[33];
+        for (int i = 0; i < 33; i++) x[i] = (float)(i % 5);
+        x[0] = x[17] = x[32] = NAN;
+        krn_cpu_softmax(x, 33, 1.0f);
+        double sum = 0, z = 0;
+        for (int i = 1; i < 32; i++) z += i == 17 ? 0 : exp((i % 5) - 4.0);
+        for (int i = 0; i < 33; i++) {
+            if (i == 0 || i == 17 || i == 32) {
+                cr_assert(isnan(x[i]), "%s: p[%d] = %g, want NaN", SIMD_PATHS[s], i, x[i]);
+                continue;
+            }
+            double want = exp((i % 5) - 4.0) / z;
+            cr_assert(fabs(x[i] - want) <= 1e-6 * want, "%s: p[%d] = %.9g, want %.9g",
+                      SIMD_PATHS[s], i, x[i], want);
+            sum += x[i];
+        }
+        cr_assert(fabs(sum - 1) < 1e-5, "%s: the numbers sum to %g", SIMD_PATHS[s], sum);
+
+        float y[33];
+        for (int i = 0; i < 33; i++) y[i] = (float)i;
+        y[9] = y[20] = INFINITY, y[3] = NAN;
+        krn_cpu_softmax(y, 33, 1.0f);
+        for (int i = 0; i < 33; i++)
+            if (i == 3)
+                cr_assert(isnan(y[i]), "%s: NaN stays NaN", SIMD_PATHS[s]);
+            else
+                cr_assert_eq(y[i], i == 9 ? 1.0f : 0.0f, "%s: +inf: p[%d] = %g", SIMD_PATHS[s], i,
+                             y[i]);
+        for (int i = 0; i < 33; i++) y[i] = i == 30 || i == 31 ? 2.0f : 1.0f;
+        krn_cpu_softmax(y, 33, 1e-40f); /* 1 / T overflows */
+        for (int i = 0; i < 33; i++)
+            cr_assert_eq(y[i], i == 30 ? 1.0f : 0.0f, "%s: tiny T: p[%d] = %g", SIMD_PATHS[s], i,
+                         y[i]);
+        for (int i = 0; i < 33; i++) y[i] = NAN;
+        krn_cpu_softmax(y, 33, 1.0f);
+        for (int i = 0; i < 33; i++) cr_assert(isnan(y[i]), "%s: all NaN stays NaN", SIMD_PATHS[s]);
+    }
+}
+
+Test(krn_dist, underflowed_probabilities_rank_by_id_not_by_logit) {
+    float x[40];
+    for (int i = 0; i < 40; i++) x[i] = i % 2 ? -300.0f : -200.0f;
+    x[3] = 5.0f;
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        float p[40];
+        memcpy(p, x, sizeof p);
+        krn_cpu_softmax(p, 40, 1.0f);
+        uint32_t ids[6];
+        float vals[6];
+        krn_cpu_topk(p, 40, 6, ids, vals);
+        uint32_t want[6] = {3, 0, 1, 2, 4, 5};
+        cr_assert_arr_eq(ids, want, sizeof ids, "%s: zeros must follow in id order", SIMD_PATHS[s]);
+        cr_assert_eq(vals[1], 0.0f, "%s: e^-205 underflows to 0", SIMD_PATHS[s]);
+    }
+}
+
 static int cmp_desc(const void *a, const void *b, void *varg) {
     const float *x = varg;
     uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;

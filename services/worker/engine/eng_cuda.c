@@ -1,5 +1,6 @@
 /* eng_cuda.c — the cuda backend's engine object: open/close, the device pool, weight upload,
- * and the handlers other than forward (embed, page mask and copy, distributions, logits).
+ * and the handlers other than forward (embed, page mask and copy, clearing freshly allocated
+ * pages and embedding slots, distributions, logits).
  *
  * Owns: the one device allocation made at open and its carving (weights as bf16 with q|k|v and
  * gate|up fused into one matrix each, the layer-major KV pool, page masks, embedding slots,
@@ -12,6 +13,7 @@
  * checks and messages as the cpu backend). Device failures are PIE_INTERNAL "cuda: <call>
  * failed at <file>:<line>: <reason>". */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +24,71 @@
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
+/* The first device fault of the process. Global because a CUDA context is per process: a fault
+ * met by one engine has killed them all. Set once (ec_fault_state 0 → 1 → 2), read after. */
+static _Atomic int ec_fault_state;
+static char ec_fault_msg[PIE_STATUS_MSG_MAX];
+static void (*ec_fault_hook)(const char *why, void *arg);
+static void *ec_fault_hook_arg;
+
+/* driver_types.h says of each: the process must be terminated and relaunched (an uncorrectable
+ * ECC error: the data is lost). */
+bool eng_cuda_error_is_fault(int cuda_error) {
+    switch ((cudaError_t)cuda_error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorExternalDevice: return true;
+    default: return false;
+    }
+}
+
+bool eng_cuda_fault(char *why, size_t cap) {
+    if (atomic_load(&ec_fault_state) != 2) return false;
+    if (why && cap) snprintf(why, cap, "%s", ec_fault_msg);
+    return true;
+}
+
+void eng_cuda_on_fault(void (*hook)(const char *why, void *arg), void *arg) {
+    ec_fault_hook = hook;
+    ec_fault_hook_arg = arg;
+}
+
+/* Records msg as the process's device fault (the first one wins) and calls the hook. */
+static void ec_note_fault(const char *msg) {
+    int expect = 0;
+    if (!atomic_compare_exchange_strong(&ec_fault_state, &expect, 1)) return;
+    snprintf(ec_fault_msg, sizeof ec_fault_msg, "%s", msg);
+    atomic_store(&ec_fault_state, 2);
+    if (ec_fault_hook) ec_fault_hook(ec_fault_msg, ec_fault_hook_arg);
+}
+
 pie_code ec_cuda_fail(pie_status *st, cudaError_t err, const char *call, const char *file,
                       int line) {
     const char *base = strrchr(file, '/');
-    return pie_status_set(st, PIE_INTERNAL, "cuda: %s failed at %s:%d: %s", call,
-                          base ? base + 1 : file, line, cudaGetErrorString(err));
+    bool fault = eng_cuda_error_is_fault((int)err);
+    pie_status_set(st, PIE_INTERNAL, "cuda: %s%s failed at %s:%d: %s%s",
+                   fault ? "device fault: " : "", call, base ? base + 1 : file, line,
+                   cudaGetErrorString(err),
+                   fault ? " (the CUDA context is lost; the worker must restart)" : "");
+    if (fault) ec_note_fault(st->msg);
+    return PIE_INTERNAL;
 }
 
 pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, const char *file,
                         int line) {
+    /* cuBLAS says EXECUTION_FAILED (or worse) for a dead context: the runtime says why */
+    cudaError_t err = cudaPeekAtLastError();
+    if (eng_cuda_error_is_fault((int)err)) return ec_cuda_fail(st, err, call, file, line);
     const char *base = strrchr(file, '/');
     return pie_status_set(st, PIE_INTERNAL, "cuda: %s failed at %s:%d: cublas status %d", call,
                           base ? base + 1 : file, line, (int)s);
@@ -230,6 +288,13 @@ static pie_code ec_open_device(eng_cuda *e, pie_status *st) {
     EC_CUBLAS(st, cublasSetStream(e->cublas, e->stream));
     EC_CUBLAS(st, cublasSetMathMode(e->cublas, CUBLAS_DEFAULT_MATH));
     const mdl_config *c = &e->m->cfg;
+    size_t need = 0, limit = 0;
+    EC_CUDA(st, krn_cuda_attn_smem((int)c->head_dim, &need, &limit));
+    if (need > limit)
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: backend cuda: head_dim %u needs %zu bytes of shared "
+                              "memory per block for attention; %s allows %zu",
+                              c->head_dim, need, e->device, limit);
     EC_CUDA(st, krn_cuda_init((int)c->head_dim));
     if (krn_cuda_attn_tc_fits((int)c->head_dim, (int)c->n_heads, (int)c->n_kv_heads))
         e->tc_rows = (uint32_t)krn_cuda_attn_tc_rows((int)c->n_heads, (int)c->n_kv_heads);
@@ -281,6 +346,9 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
     if (!e) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
     const char *g = getenv("PIE_CUDA_GRAPHS");
     e->graphs_on = !(g && strcmp(g, "0") == 0);
+    /* a test hook: the n-th forward call ends with a trapping kernel (a device fault) */
+    const char *f = getenv("PIE_CUDA_FAULT_AFTER");
+    e->fault_after = f ? strtoull(f, NULL, 10) : 0;
     rc = mdl_open(opts->model_dir, &e->m, st);
     if (rc == PIE_OK) rc = ec_check_model(e, opts->model_dir, st);
     if (rc != PIE_OK) goto fail;
@@ -342,10 +410,7 @@ void eng_cuda_close(eng_cuda *e) {
 const eng_info *eng_cuda_get_info(const eng_cuda *e) { return &e->info; }
 const char *eng_cuda_device_name(const eng_cuda *e) { return e->device; }
 
-void eng_cuda_graph_stats(const eng_cuda *e, uint64_t *replays, uint32_t *graphs) {
-    if (replays) *replays = e->graph_replays;
-    if (graphs) *graphs = e->n_graphs;
-}
+void eng_cuda_get_stats(const eng_cuda *e, eng_cuda_stats *out) { *out = e->stats; }
 
 void eng_cuda_set_graphs(eng_cuda *e, bool on) { e->graphs_on = on; }
 
@@ -411,6 +476,59 @@ pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n
                                        e->stream));
         eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
     }
+    EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    return PIE_OK;
+}
+
+/* The next run of consecutive ids at ids[*i] (ascending or descending): its lowest id and
+ * length; *i moves past it. Allocations usually come in runs (fresh slots ascend, reused ones
+ * come off a stack), so a run is cleared with one memset per layer. */
+static uint32_t ec_next_run(const uint32_t *ids, uint32_t n, uint32_t *i, uint32_t *len) {
+    uint32_t lo = ids[*i], hi = ids[*i], k = *i + 1;
+    while (k < n && (ids[k] == hi + 1 || ids[k] + 1 == lo)) {
+        if (ids[k] == hi + 1)
+            hi++;
+        else
+            lo--;
+        k++;
+    }
+    *len = hi - lo + 1;
+    *i = k;
+    return lo;
+}
+
+pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pie_status *st) {
+    pie_code rc = eng_check_clear(&e->info, true, pages, n, st);
+    if (rc != PIE_OK || n == 0) return rc;
+    uint32_t ps = e->info.kv_page_size;
+    size_t page_elems = (size_t)2 * ps * e->kvd; /* one page of one layer: K then V */
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    for (uint32_t i = 0; i < n;) {
+        uint32_t len, lo = ec_next_run(pages, n, &i, &len);
+        for (uint32_t l = 0; l < e->info.n_layers; l++)
+            EC_CUDA(st, cudaMemsetAsync(e->kv + l * e->kv_layer_elems + lo * page_elems, 0,
+                                        len * page_elems * sizeof(krn_bf16), e->stream));
+        EC_CUDA(st,
+                cudaMemsetAsync(e->d_page_mask + (size_t)lo * ps, 0, (size_t)len * ps, e->stream));
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
+        e->page_n_masked[pages[i]] = 0;
+    }
+    EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    return PIE_OK;
+}
+
+pie_code eng_cuda_clear_embeds(eng_cuda *e, const uint32_t *slots, uint32_t n, pie_status *st) {
+    pie_code rc = eng_check_clear(&e->info, false, slots, n, st);
+    if (rc != PIE_OK || n == 0) return rc;
+    size_t d = e->info.hidden_size;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    for (uint32_t i = 0; i < n;) {
+        uint32_t len, lo = ec_next_run(slots, n, &i, &len);
+        EC_CUDA(st, cudaMemsetAsync(e->emb + lo * d, 0, len * d * sizeof(float), e->stream));
+    }
+    for (uint32_t i = 0; i < n; i++) e->emb_pos[slots[i]] = 0;
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
     return PIE_OK;
 }

@@ -20,6 +20,8 @@
 #ifndef ENG_CUDA_H
 #define ENG_CUDA_H
 
+#include <stddef.h>
+
 #include "eng.h"
 
 typedef struct eng_cuda eng_cuda;
@@ -39,16 +41,44 @@ pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t 
 pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st);
 pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_status *st);
 pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st);
+pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pie_status *st);
+pie_code eng_cuda_clear_embeds(eng_cuda *e, const uint32_t *slots, uint32_t n, pie_status *st);
 pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st);
 pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st);
 pie_code eng_cuda_slot_position(eng_cuda *e, uint32_t slot, uint32_t *pos, pie_status *st);
 
-/* Decode steps replayed from captured CUDA graphs (counted since open), and graphs captured.
- * For tests and benchmarks. */
-void eng_cuda_graph_stats(const eng_cuda *e, uint64_t *replays, uint32_t *graphs);
+/* What the forward pass has run since open (tests, bench_cuda). A decode step (every item one
+ * input and one output, at most 128 items) is padded to a power-of-two bucket and replayed
+ * from that bucket's graph, captured on first use; a bucket whose capture failed runs direct
+ * launches from then on (the step still succeeds). */
+typedef struct eng_cuda_stats {
+    uint64_t forward_steps;     /* forward calls that ran on the device */
+    uint64_t decode_steps;      /* of which decode-shaped, with graphs on */
+    uint64_t graph_steps;       /* of which replayed from a graph (coverage: / decode_steps) */
+    uint32_t graphs;            /* graphs captured: at most one per bucket, 8 buckets */
+    uint32_t capture_failures;  /* buckets whose capture failed */
+    uint32_t last_step_kernels; /* kernels of the last forward: its graph's kernel nodes when
+                                   replayed, else the launches made (a cuBLAS call as 1) */
+    char capture_error[256];    /* why the first capture failed; "" if none did */
+} eng_cuda_stats;
+void eng_cuda_get_stats(const eng_cuda *e, eng_cuda_stats *out);
+
+/* A device fault (an illegal address, a kernel trap, an uncorrectable ECC error, ...) leaves the
+ * process's CUDA context unusable: every later call fails. The first one is recorded for the
+ * whole process, since the context is per process: eng_cuda_fault copies its description (the
+ * failing call, where, the driver's reason) into why and returns true once one happened, and
+ * the hook set by eng_cuda_on_fault (the worker's: log, leave the cluster, exit 1) is called
+ * once, from the handler that met it. Errors that leave the context usable (a refused launch
+ * configuration, a failed stream capture, out of memory) are not faults. */
+bool eng_cuda_fault(char *why, size_t cap);
+void eng_cuda_on_fault(void (*hook)(const char *why, void *arg), void *arg);
+
+/* Whether a CUDA runtime error code (cudaError_t) is such a fault. */
+bool eng_cuda_error_is_fault(int cuda_error);
 
 /* Enables or disables graph capture/replay (default on; PIE_CUDA_GRAPHS=0 in the environment
- * at open turns it off). Benchmarks compare both. */
+ * at open turns it off). Benchmarks compare both; replayed and direct steps give bitwise equal
+ * results. */
 void eng_cuda_set_graphs(eng_cuda *e, bool on);
 
 #endif

@@ -7,12 +7,19 @@
  * appended row's K/V goes to, output rows and slots, attention tiles for all rows and for the
  * output rows, page lists, mask runs and each masked row's first run — and uploads them in one
  * copy, (3) runs the layers: every kernel reads its per-batch values from those tables, so the
- * same launches serve any batch of the same shape. A decode step (every item one input and one
- * output, at most EC_GRAPH_MAX_T items) is padded to a power-of-two bucket and replayed from a
- * graph captured the first time that (bucket, split) shape is seen; padding rows read slot 0,
- * store nothing, write no slot, and their tiles are empty.
+ * same launches serve any batch of the same shape. Attention tiles are cut per item: items with
+ * at least 16 rows run on the tensor-core kernel, the others on the CUDA-core kernel, whose
+ * tiles each carry their own split-KV count (so a long decode item in a batch with a prefill
+ * still splits). A decode step (every item one input and one output, at most EC_GRAPH_MAX_T
+ * items) is padded to a power-of-two bucket and replayed from the bucket's graph, captured on
+ * first use; the launch grid of a bucket is fixed (split blocks included) and split counts are
+ * read from the tiles, so 8 graphs cover every decode step. Padding rows read slot 0, store
+ * nothing, write no slot, and their tiles are empty. A bucket whose capture fails launches
+ * directly from then on (a device fault is reported instead).
  * Does not own: the pool and other handlers (eng_cuda.c), the kernels (kernels/cuda), the
  * run-length mask format (eng_mask.c), validation (eng_check.c). */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "eng_cuda_impl.h"
@@ -23,6 +30,7 @@
 pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
                    uint32_t out, float *y, pie_status *st) {
     if (rows == 0 || out == 0) return PIE_OK;
+    e->step_launches++;
     if (krn_cuda_gemv_fits(x, w, (int)rows, (int)in)) {
         EC_CUDA(st, krn_cuda_gemv(x, (int)rows, (int)in, w, (int)out, y, (int)out, e->stream));
         return PIE_OK;
@@ -75,38 +83,84 @@ static uint32_t ec_item_tiles(const eng_forward_item *it, const eng_check_plan *
             /* an explicit mask's rows start at row_runs[first] */
             .mask_row = it->mask_runs ? (int32_t)(p->first + r) : -1,
             .kv_chunk = 0,
+            .n_split = 1,
+            .part_row = 0,
         };
     }
     return n;
 }
 
-/* Split count for a tile list (same for every tile; chunks per tile). */
-static uint32_t ec_splits(const eng_cuda *e, krn_cuda_attn_tile *t, uint32_t n_tiles,
-                          uint32_t rows) {
-    uint32_t max_keys = 0;
-    for (uint32_t i = 0; i < n_tiles; i++) {
-        uint32_t lim = (uint32_t)(t[i].n_ctx + t[i].n_tail);
-        uint32_t causal = (uint32_t)(t[i].q_seq + t[i].n_q);
-        if (causal < lim) lim = causal;
-        if (t[i].n_q > 0 && lim > max_keys) max_keys = lim;
-    }
+/* Whether an item's `rows` rows of a tile list go to the tensor-core kernel. */
+static bool ec_use_tc(const eng_cuda *e, bool graph, uint32_t rows) {
+    return !graph && e->tc_rows > 0 && rows >= 16;
+}
+
+static uint32_t ec_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+/* Split blocks per tile for a CUDA-core launch of n_tiles tiles: enough (tile, KV head, split)
+ * blocks for two per SM, at most KRN_CUDA_MAX_SPLITS. */
+static uint32_t ec_split_cap(const eng_cuda *e, uint32_t n_tiles) {
     uint64_t units = (uint64_t)n_tiles * e->info.n_kv_heads, target = 2ull * (uint64_t)e->n_sms;
-    uint32_t s = 1;
-    if (rows <= e->split_rows && units < target && max_keys >= 512) {
-        uint64_t want = (target + units - 1) / units;
-        uint64_t most = max_keys / 256;
-        if (want > most) want = most;
-        if (want > KRN_CUDA_MAX_SPLITS) want = KRN_CUDA_MAX_SPLITS;
-        while (s * 2 <= want) s *= 2; /* powers of two: fewer graph shapes */
-    }
-    for (uint32_t i = 0; i < n_tiles; i++) {
+    if (units == 0 || units >= target) return 1;
+    uint64_t want = (target + units - 1) / units;
+    return want > KRN_CUDA_MAX_SPLITS ? KRN_CUDA_MAX_SPLITS : (uint32_t)want;
+}
+
+/* Each tile's split-KV: a tile over at least 512 keys takes up to cap splits of at least 256
+ * keys (chunks a multiple of 32) while partial rows last; the others are not split. Returns the
+ * most splits a tile took. */
+static uint32_t ec_split_tiles(const eng_cuda *e, krn_cuda_attn_tile *t, uint32_t n, uint32_t cap) {
+    uint32_t part_rows = 0, most = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        t[i].n_split = 1, t[i].kv_chunk = 0, t[i].part_row = 0;
+        if (t[i].n_q <= 0 || cap <= 1) continue;
         uint32_t lim = (uint32_t)(t[i].n_ctx + t[i].n_tail),
                  causal = (uint32_t)(t[i].q_seq + t[i].n_q);
         if (causal < lim) lim = causal;
-        uint32_t chunk = (lim + s - 1) / s;
-        t[i].kv_chunk = (int32_t)((chunk + 31) / 32 * 32);
+        if (lim < 512 || part_rows + (uint32_t)t[i].n_q > e->split_rows) continue;
+        uint32_t s = lim / 256 < cap ? lim / 256 : cap;
+        uint32_t chunk = ec_ceil_div(ec_ceil_div(lim, s), 32) * 32;
+        s = ec_ceil_div(lim, chunk);
+        if (s <= 1) continue;
+        t[i].n_split = (int32_t)s;
+        t[i].kv_chunk = (int32_t)chunk;
+        t[i].part_row = (int32_t)part_rows;
+        part_rows += (uint32_t)t[i].n_q;
+        if (s > most) most = s;
     }
-    return s;
+    return most;
+}
+
+/* One tile region of the tables (R tiles at int32 offset `at`): CUDA-core tiles from the front,
+ * tensor-core tiles at the back. */
+typedef struct ec_region {
+    krn_cuda_attn_tile *tiles;
+    size_t at;
+    uint32_t n_cc, n_tc, tc_cap;
+} ec_region;
+
+static void ec_region_add(const eng_cuda *e, ec_region *g, bool graph, const eng_forward_item *it,
+                          const eng_check_plan *p, uint32_t from, uint32_t o_base, uint32_t R) {
+    uint32_t rows = it->n_in - from;
+    if (ec_use_tc(e, graph, rows))
+        g->n_tc +=
+            ec_item_tiles(it, p, from, o_base, e->tc_rows, g->tiles + R - g->tc_cap + g->n_tc);
+    else
+        g->n_cc += ec_item_tiles(it, p, from, o_base, e->tile_rows, g->tiles + g->n_cc);
+}
+
+/* The launches of a region: graph mode pads the CUDA-core list to R empty tiles and fixes the
+ * split blocks by R, so the launch shape depends on the bucket alone. */
+static void ec_region_close(const eng_cuda *e, ec_region *g, bool graph, uint32_t R, ec_tiles *cc,
+                            ec_tiles *tc) {
+    size_t tw = sizeof(krn_cuda_attn_tile) / sizeof(int32_t);
+    krn_cuda_attn_tile empty = {.n_q = 0, .mask_row = -1};
+    uint32_t n_cc = graph ? R : g->n_cc;
+    for (uint32_t k = g->n_cc; k < n_cc; k++) g->tiles[k] = empty;
+    uint32_t cap = ec_split_cap(e, n_cc);
+    uint32_t most = ec_split_tiles(e, g->tiles, n_cc, cap);
+    *cc = (ec_tiles){.at = g->at, .n = n_cc, .splits = graph ? cap : most};
+    *tc = (ec_tiles){.at = g->at + (size_t)(R - g->tc_cap) * tw, .n = g->n_tc, .splits = 1};
 }
 
 /* Fills the host tables for rows R >= T (R > T pads a graph bucket). */
@@ -116,18 +170,15 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
     uint32_t ps = in->kv_page_size;
     ec_meta_layout L = ec_layout(e, R);
     int32_t *M = e->h_meta;
-    krn_cuda_attn_tile *ta = (krn_cuda_attn_tile *)(M + L.tiles_all);
-    krn_cuda_attn_tile *to = (krn_cuda_attn_tile *)(M + L.tiles_out);
-    uint32_t n_out = 0, n_ta = 0, n_to = 0, runs_at = 0, most_in = 0, most_out = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (items[i].n_in > most_in) most_in = items[i].n_in;
-        if (items[i].n_out > most_out) most_out = items[i].n_out;
+    ec_region all = {.tiles = (krn_cuda_attn_tile *)(M + L.tiles_all), .at = L.tiles_all};
+    ec_region out = {.tiles = (krn_cuda_attn_tile *)(M + L.tiles_out), .at = L.tiles_out};
+    for (uint32_t i = 0; i < n; i++) { /* tensor-core tiles go at the back: count them first */
+        if (ec_use_tc(e, graph, items[i].n_in))
+            all.tc_cap += ec_ceil_div(items[i].n_in, e->tc_rows);
+        if (items[i].n_out > 0 && ec_use_tc(e, graph, items[i].n_out))
+            out.tc_cap += ec_ceil_div(items[i].n_out, e->tc_rows);
     }
-    /* prefill-shaped lists (an item with at least 16 rows) go to the tensor-core kernel */
-    run->tc_all = !graph && e->tc_rows > 0 && most_in >= 16;
-    run->tc_out = !graph && e->tc_rows > 0 && most_out >= 16;
-    uint32_t rows_all = run->tc_all ? e->tc_rows : e->tile_rows;
-    uint32_t rows_out = run->tc_out ? e->tc_rows : e->tile_rows;
+    uint32_t n_out = 0, runs_at = 0;
     for (uint32_t i = 0; i < n; i++) {
         const eng_forward_item *it = &items[i];
         const eng_check_plan *p = &e->chk.plan[i];
@@ -153,9 +204,8 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
             memcpy(M + L.runs + runs_at, it->mask_runs, it->n_mask_runs * sizeof(uint32_t));
             runs_at += it->n_mask_runs;
         }
-        n_ta += ec_item_tiles(it, p, 0, p->first, rows_all, ta + n_ta);
-        if (it->n_out > 0)
-            n_to += ec_item_tiles(it, p, it->n_in - it->n_out, n_out, rows_out, to + n_to);
+        ec_region_add(e, &all, graph, it, p, 0, p->first, R);
+        if (it->n_out > 0) ec_region_add(e, &out, graph, it, p, it->n_in - it->n_out, n_out, R);
         for (uint32_t j = 0; j < it->n_out; j++) {
             M[L.out_row + n_out] = (int32_t)(p->first + it->n_in - it->n_out + j);
             M[L.out_slot + n_out] = (int32_t)it->out_slots[j];
@@ -172,15 +222,8 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
         M[L.out_row + r] = (int32_t)r;
         M[L.out_slot + r] = -1;
     }
-    krn_cuda_attn_tile empty = {.n_q = 0, .mask_row = -1};
-    uint32_t tiles_cap = graph ? R : n_ta;
-    for (uint32_t k = n_ta; k < tiles_cap; k++) ta[k] = empty;
-    uint32_t out_cap = graph ? R : n_to;
-    for (uint32_t k = n_to; k < out_cap; k++) to[k] = empty;
-    run->tiles_all = tiles_cap;
-    run->tiles_out = out_cap;
-    run->splits_all = run->tc_all ? 1 : ec_splits(e, ta, tiles_cap, R);
-    run->splits_out = run->tc_out ? 1 : ec_splits(e, to, out_cap, graph ? R : n_out);
+    ec_region_close(e, &all, graph, R, &run->all_cc, &run->all_tc);
+    ec_region_close(e, &out, graph, R, &run->out_cc, &run->out_tc);
     run->n_out = n_out;
     run->lay = L;
 }
@@ -200,12 +243,12 @@ static pie_code ec_upload_tables(eng_cuda *e, const ec_run *run, uint64_t n_page
 /* ---- the layers on the device ------------------------------------------------------------ */
 
 static krn_cuda_attn_args ec_attn_args(const eng_cuda *e, uint32_t layer, const ec_run *run,
-                                       bool outputs) {
+                                       const ec_tiles *tl) {
     const mdl_config *c = &e->m->cfg;
     const ec_meta_layout *L = &run->lay;
     return (krn_cuda_attn_args){
-        .tiles = (const krn_cuda_attn_tile *)(e->d_meta + (outputs ? L->tiles_out : L->tiles_all)),
-        .n_tiles = (int)(outputs ? run->tiles_out : run->tiles_all),
+        .tiles = (const krn_cuda_attn_tile *)(e->d_meta + tl->at),
+        .n_tiles = (int)tl->n,
         .q = e->qkv,
         .q_stride = (int)e->qkvd,
         .kv = e->kv + (size_t)layer * e->kv_layer_elems,
@@ -221,11 +264,30 @@ static krn_cuda_attn_args ec_attn_args(const eng_cuda *e, uint32_t layer, const 
         .hd = (int)c->head_dim,
         .scale = e->attn_scale,
         .out = e->att,
-        .n_splits = (int)(outputs ? run->splits_out : run->splits_all),
+        .n_splits = (int)tl->splits,
         .part_acc = e->part_acc,
         .part_ml = e->part_ml,
         .split_rows = (int)e->split_rows,
     };
+}
+
+/* Attention of one layer: the CUDA-core list (with its merge when it splits), then the
+ * tensor-core list; they write disjoint rows of att. */
+static pie_code ec_attention(eng_cuda *e, uint32_t layer, const ec_run *run, bool outputs,
+                             pie_status *st) {
+    const ec_tiles *cc = outputs ? &run->out_cc : &run->all_cc;
+    const ec_tiles *tc = outputs ? &run->out_tc : &run->all_tc;
+    if (cc->n > 0) {
+        krn_cuda_attn_args a = ec_attn_args(e, layer, run, cc);
+        EC_CUDA(st, krn_cuda_attention(&a, e->stream));
+        e->step_launches += cc->splits > 1 ? 2 : 1;
+    }
+    if (tc->n > 0) {
+        krn_cuda_attn_args a = ec_attn_args(e, layer, run, tc);
+        EC_CUDA(st, krn_cuda_attention_tc(&a, e->stream));
+        e->step_launches++;
+    }
+    return PIE_OK;
 }
 
 /* o-proj, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. */
@@ -239,6 +301,7 @@ static pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t
     rc = ec_linear(e, e->xn, rows, d, L->w_gate_up, 2 * e->ffn, e->gu, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, krn_cuda_silu_mul(e->gu, (int)rows, (int)e->ffn, e->h, e->stream));
+    e->step_launches += 2;
     return ec_linear(e, e->h, rows, e->ffn, L->w_down, d, e->tmp, st);
 }
 
@@ -252,6 +315,7 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
     uint32_t R = run->rows;
     float *x = e->x;
     EC_CUDA(st, krn_cuda_gather_rows(x, e->emb, M + L->in_slot, (int)R, d, e->stream));
+    e->step_launches++;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const ec_layer *Ly = &e->layers[l];
         bool last = l + 1 == c->n_layers;
@@ -265,14 +329,15 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
         EC_CUDA(st,
                 krn_cuda_kv_append(e->kv + (size_t)l * e->kv_layer_elems, (int)e->info.kv_page_size,
                                    (int)e->kvd, e->kb, e->vb, M + L->kv_dst, (int)R, e->stream));
+        e->step_launches += 3;
         if (last && run->n_out == 0) return PIE_OK; /* K/V stored; nothing else is read */
-        krn_cuda_attn_args a = ec_attn_args(e, l, run, last);
-        EC_CUDA(st, (last ? run->tc_out : run->tc_all) ? krn_cuda_attention_tc(&a, e->stream)
-                                                       : krn_cuda_attention(&a, e->stream));
+        rc = ec_attention(e, l, run, last, st);
+        if (rc != PIE_OK) return rc;
         uint32_t rows = R;
         if (last) { /* only the output rows go on */
             EC_CUDA(st, krn_cuda_gather_rows(e->x2, x, M + L->out_row, (int)run->out_rows, d,
                                              e->stream));
+            e->step_launches++;
             x = e->x2;
             rows = run->out_rows;
         }
@@ -284,6 +349,7 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
     if (c->n_layers == 0) {              /* degenerate model: the outputs are the normed inputs */
         EC_CUDA(st, krn_cuda_gather_rows(e->x2, e->x, M + L->out_row, (int)run->out_rows, d,
                                          e->stream));
+        e->step_launches++;
         x = e->x2;
         y = e->x;
     }
@@ -291,14 +357,18 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
                                      c->rms_eps, NULL, y, e->stream));
     EC_CUDA(st,
             krn_cuda_scatter_rows(e->emb, y, M + L->out_slot, (int)run->out_rows, d, e->stream));
+    e->step_launches += 2;
     return PIE_OK;
 }
 
 /* ---- graphs ------------------------------------------------------------------------------ */
 
 void ec_graphs_free(eng_cuda *e) {
-    for (uint32_t i = 0; i < e->n_graphs; i++) (void)cudaGraphExecDestroy(e->graphs[i].exec);
-    e->n_graphs = 0;
+    for (uint32_t i = 0; i < EC_GRAPHS; i++) {
+        if (e->graphs[i].exec) (void)cudaGraphExecDestroy(e->graphs[i].exec);
+        e->graphs[i] = (ec_graph){0};
+    }
+    e->stats.graphs = 0;
 }
 
 static uint32_t ec_bucket(uint32_t n) {
@@ -307,57 +377,83 @@ static uint32_t ec_bucket(uint32_t n) {
     return b;
 }
 
-/* A decode step: every item one input and one output, few enough items. */
-static bool ec_graph_eligible(const eng_cuda *e, const eng_forward_item *items, uint32_t n) {
-    if (!e->graphs_on || n > EC_GRAPH_MAX_T || ec_bucket(n) > e->info.max_batch_tokens ||
-        e->info.n_layers == 0)
+static uint32_t ec_log2(uint32_t b) {
+    uint32_t l = 0;
+    while ((1u << l) < b) l++;
+    return l;
+}
+
+/* A decode step: every item one input and one output, few enough items for a bucket. */
+static bool ec_decode_shaped(const eng_cuda *e, const eng_forward_item *items, uint32_t n) {
+    if (n > EC_GRAPH_MAX_T || ec_bucket(n) > e->info.max_batch_tokens || e->info.n_layers == 0)
         return false;
     for (uint32_t i = 0; i < n; i++)
         if (items[i].n_in != 1 || items[i].n_out != 1) return false;
     return true;
 }
 
-/* Captures ec_run_layers for run's shape; returns NULL exec on failure (st set). */
-static pie_code ec_capture(eng_cuda *e, const ec_run *run, cudaGraphExec_t *exec, pie_status *st) {
-    cudaGraph_t g = NULL;
-    *exec = NULL;
-    EC_CUDA(st, cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-    pie_code rc = ec_run_layers(e, run, st);
-    cudaError_t err = cudaStreamEndCapture(e->stream, &g);
-    if (rc != PIE_OK) {
-        if (g) (void)cudaGraphDestroy(g);
-        return rc;
-    }
-    if (err != cudaSuccess)
-        return ec_cuda_fail(st, err, "cudaStreamEndCapture", __FILE__, __LINE__);
-    err = cudaGraphInstantiate(exec, g, 0);
-    (void)cudaGraphDestroy(g);
-    if (err != cudaSuccess) {
-        *exec = NULL;
-        return ec_cuda_fail(st, err, "cudaGraphInstantiate", __FILE__, __LINE__);
-    }
-    return PIE_OK;
+/* Kernel nodes of a captured graph (cuBLAS may add several per call). Capture path only: the
+ * node list is allocated here. */
+static uint32_t ec_graph_kernels(cudaGraph_t g) {
+    size_t n = 0;
+    uint32_t kernels = 0;
+    if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess || n == 0) return 0;
+    cudaGraphNode_t *nodes = malloc(n * sizeof *nodes);
+    if (nodes && cudaGraphGetNodes(g, nodes, &n) == cudaSuccess)
+        for (size_t i = 0; i < n; i++) {
+            enum cudaGraphNodeType t;
+            if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel)
+                kernels++;
+        }
+    free(nodes);
+    return kernels;
 }
 
-/* Runs the uploaded step from the graph of its shape (captured on first use). Falls back to
- * launching directly when the cache is full. */
-static pie_code ec_run_graph(eng_cuda *e, const ec_run *run, pie_status *st) {
-    for (uint32_t i = 0; i < e->n_graphs; i++) {
-        ec_graph *g = &e->graphs[i];
-        if (g->rows == run->rows && g->splits == (run->splits_all << 8 | run->splits_out)) {
-            EC_CUDA(st, cudaGraphLaunch(g->exec, e->stream));
-            e->graph_replays++;
-            return PIE_OK;
+/* Captures ec_run_layers for run's bucket into *out; on failure out->exec stays NULL, st says
+ * why and the stream is no longer capturing. */
+static pie_code ec_capture(eng_cuda *e, const ec_run *run, ec_graph *out, pie_status *st) {
+    cudaGraph_t g = NULL;
+    EC_CUDA(st, cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+    pie_code rc = ec_run_layers(e, run, st);
+    cudaError_t err = cudaStreamEndCapture(e->stream, &g); /* ends it whatever happened */
+    if (rc == PIE_OK && err != cudaSuccess)
+        rc = ec_cuda_fail(st, err, "cudaStreamEndCapture", __FILE__, __LINE__);
+    if (rc == PIE_OK) {
+        err = cudaGraphInstantiate(&out->exec, g, 0);
+        if (err != cudaSuccess) {
+            out->exec = NULL;
+            rc = ec_cuda_fail(st, err, "cudaGraphInstantiate", __FILE__, __LINE__);
         }
     }
-    if (e->n_graphs == EC_GRAPHS) return ec_run_layers(e, run, st);
-    cudaGraphExec_t exec;
-    pie_code rc = ec_capture(e, run, &exec, st);
-    if (rc != PIE_OK) return rc;
-    e->graphs[e->n_graphs++] = (ec_graph){
-        .rows = run->rows, .splits = run->splits_all << 8 | run->splits_out, .exec = exec};
-    EC_CUDA(st, cudaGraphLaunch(exec, e->stream));
-    e->graph_replays++;
+    if (rc == PIE_OK) out->kernels = ec_graph_kernels(g);
+    if (g) (void)cudaGraphDestroy(g);
+    return rc;
+}
+
+/* Runs the uploaded step from its bucket's graph, capturing it on first use. When the capture
+ * fails (a cuBLAS or driver limit, not a device fault), the bucket launches directly from then
+ * on and the step still runs; the first reason is kept in the stats. */
+static pie_code ec_run_graph(eng_cuda *e, const ec_run *run, pie_status *st) {
+    ec_graph *g = &e->graphs[ec_log2(run->rows)];
+    if (!g->exec && !g->failed) {
+        pie_code rc = ec_capture(e, run, g, st);
+        if (rc != PIE_OK) {
+            if (eng_cuda_fault(NULL, 0)) return rc; /* the context is gone: report it */
+            (void)cudaGetLastError();               /* a capture error is not sticky */
+            g->failed = true;
+            e->stats.capture_failures++;
+            if (!e->stats.capture_error[0])
+                snprintf(e->stats.capture_error, sizeof e->stats.capture_error, "bucket %u: %.230s",
+                         run->rows, st->msg);
+            e->step_launches = 0;
+        } else {
+            e->stats.graphs++;
+        }
+    }
+    if (!g->exec) return ec_run_layers(e, run, st);
+    EC_CUDA(st, cudaGraphLaunch(g->exec, e->stream));
+    e->stats.graph_steps++;
+    e->step_launches = g->kernels;
     return PIE_OK;
 }
 
@@ -370,8 +466,9 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     if (rc != PIE_OK) return rc;
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
-    bool graph = ec_graph_eligible(e, items, n);
+    bool decode = ec_decode_shaped(e, items, n), graph = decode && e->graphs_on;
     ec_run run = {0};
+    e->step_launches = 0;
     run.rows = graph ? ec_bucket(T) : T;
     uint64_t n_pages = 0, n_runs = 0, n_out = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -383,11 +480,16 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     ec_fill_tables(e, items, n, T, run.rows, graph, &run);
     rc = ec_upload_tables(e, &run, n_pages, n_runs, st);
     if (rc == PIE_OK) rc = graph ? ec_run_graph(e, &run, st) : ec_run_layers(e, &run, st);
+    if (rc == PIE_OK && e->fault_after && ++e->forward_calls == e->fault_after)
+        EC_CUDA(st, krn_cuda_trap(e->stream)); /* PIE_CUDA_FAULT_AFTER: the fault comes next */
     if (rc != PIE_OK) {
         (void)cudaStreamSynchronize(e->stream);
         return rc;
     }
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    e->stats.forward_steps++;
+    e->stats.decode_steps += decode;
+    e->stats.last_step_kernels = e->step_launches;
     /* an output inherits its input's position (from the table: slots may be rewritten here) */
     const int32_t *M = e->h_meta;
     for (uint32_t r = 0; r < run.n_out; r++)

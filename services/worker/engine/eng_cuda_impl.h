@@ -17,13 +17,15 @@
 
 #define EC_ALIGN       256u /* every carved device buffer */
 #define EC_DIST_ROWS   64u  /* slots per lm_head call in next_dist */
-#define EC_SPLIT_ROWS  256u /* attention calls of at most this many rows may split KV */
+#define EC_SPLIT_ROWS  256u /* rows of split-KV partials: split tiles share these */
 #define EC_GRAPH_MAX_T 128u /* decode batches up to this many items replay graphs */
-#define EC_GRAPHS      32u  /* graph cache entries */
+#define EC_GRAPHS      8u   /* one graph per bucket 1, 2, 4, ..., EC_GRAPH_MAX_T */
+_Static_assert(1u << (EC_GRAPHS - 1) == EC_GRAPH_MAX_T, "a graph for every bucket");
 #define EC_CUBLAS_WS   (32u << 20)
 #define EC_STAGE_BYTES (64u << 20) /* pinned staging for weight upload */
 
-/* cudaError_t / cublasStatus_t → pie_status (PIE_INTERNAL) naming the call and where. */
+/* cudaError_t / cublasStatus_t → pie_status (PIE_INTERNAL) naming the call and where; a device
+ * fault (eng_cuda_error_is_fault) is said so and recorded for the process (eng_cuda_fault). */
 pie_code ec_cuda_fail(pie_status *st, cudaError_t err, const char *call, const char *file,
                       int line);
 pie_code ec_cublas_fail(pie_status *st, cublasStatus_t s, const char *call, const char *file,
@@ -53,19 +55,31 @@ typedef struct ec_layer {
     const krn_bf16 *attn_norm, *wqkv, *wo, *ffn_norm, *w_gate_up, *w_down;
 } ec_layer;
 
+/* The graph of one bucket (graphs[log2(bucket)]): everything else a decode step's launches
+ * depend on is table data, split counts included. */
 typedef struct ec_graph {
-    uint32_t rows, splits; /* key: bucket and split count */
     cudaGraphExec_t exec;
+    uint32_t kernels; /* kernel nodes */
+    bool failed;      /* capture failed: this bucket launches directly */
 } ec_graph;
 
-/* What one forward call runs: counts that fix kernel launch shapes. */
+/* One attention launch: a list of tiles in the tables and the kernel that runs it. */
+typedef struct ec_tiles {
+    size_t at;       /* int32 offset of its first tile in the tables */
+    uint32_t n;      /* tiles (0: nothing to launch) */
+    uint32_t splits; /* split blocks per tile in the launch (CUDA-core list; 1 for tensor cores) */
+} ec_tiles;
+
+/* What one forward call runs: counts that fix kernel launch shapes. Attention tiles are cut
+ * per item: an item with at least 16 rows in a list goes to the tensor-core kernel (where the
+ * device and head_dim allow), the others to the CUDA-core kernel with per-tile split-KV. */
 typedef struct ec_run {
-    uint32_t rows;     /* R: batch rows (bucket size in graph mode) */
-    uint32_t out_rows; /* rows of the last layer's tail (n_out, or the bucket) */
-    uint32_t n_out;    /* real outputs (0: the last layer stops after storing K/V) */
-    uint32_t tiles_all, tiles_out;
-    uint32_t splits_all, splits_out;
-    bool tc_all, tc_out; /* the tensor-core kernel runs that tile list */
+    uint32_t rows;           /* R: batch rows (bucket size in graph mode) */
+    uint32_t out_rows;       /* rows of the last layer's tail (n_out, or the bucket) */
+    uint32_t n_out;          /* real outputs (0: the last layer stops after storing K/V) */
+    ec_tiles all_cc, all_tc; /* attention of every row (layers before the last) */
+    ec_tiles out_cc, out_tc; /* attention of the output rows (the last layer) */
+    uint32_t launches;       /* kernel launches enqueued (a cuBLAS call as 1) */
     ec_meta_layout lay;
 } ec_run;
 
@@ -126,11 +140,14 @@ struct eng_cuda {
 
     bool graphs_on;
     ec_graph graphs[EC_GRAPHS];
-    uint32_t n_graphs;
-    uint64_t graph_replays;
+    eng_cuda_stats stats;
+    uint32_t step_launches; /* kernel launches of the forward under way (cuBLAS calls as 1) */
+    uint64_t fault_after;   /* PIE_CUDA_FAULT_AFTER: forward call that traps (0: none) */
+    uint64_t forward_calls;
 };
 
-/* eng_cuda_fwd.c: a y = x · W^T through the GEMV or cuBLAS (y row stride = out). */
+/* eng_cuda_fwd.c: a y = x · W^T through the GEMV or cuBLAS (y row stride = out); counts one
+ * launch in step_launches. */
 pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
                    uint32_t out, float *y, pie_status *st);
 
