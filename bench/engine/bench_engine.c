@@ -13,6 +13,10 @@
  *               prefilled once and copied to the other sequences' pages with copy_pages)
  *   memory      VmRSS / VmHWM from /proc/self/status against the engine's own accounting
  *               (weights mapped + KV pool + embedding slots + scratch)
+ *   clearing    eng_clear_pages of 1, 16 and 256 pages (what the worker does to every page a
+ *               SlotBatch allocates, so no instance reads another's data) and eng_clear_embeds
+ *               of 1 and 256 slots, on pages and slots already in use: median time, per page,
+ *               zeroed bytes per second, and against the median b=1 decode step
  *
  * Usage: bench_engine MODEL_DIR [--threads N] [--context 512] [--batch 32] [--prefill 512]
  *                    [--steps 8] [--bw-mib 2048] [--skip-prefill]
@@ -313,6 +317,50 @@ static void replicate_context(eng *e, const uint32_t *pages, uint32_t per, uint3
     free(c);
 }
 
+/* Median seconds of `reps` calls clearing ids[0..n) (pages, or embedding slots). */
+static double clear_time(eng *e, bool pages, const uint32_t *ids, uint32_t n, uint32_t reps) {
+    double t[64];
+    if (reps > 64) reps = 64;
+    pie_status st = {0};
+    for (uint32_t r = 0; r < reps; r++) {
+        double t0 = now_s();
+        pie_code rc = pages ? eng_clear_pages(e, ids, n, &st) : eng_clear_embeds(e, ids, n, &st);
+        if (rc != PIE_OK) die(pages ? "clear_pages" : "clear_embeds", &st);
+        t[r] = now_s() - t0;
+    }
+    return median(t, reps);
+}
+
+/* The clearing rows: pages (and slots) 0.. of the pools, all written by the runs before. */
+static void bench_clearing(eng *e, const uint32_t *pages, uint32_t n_pages, uint32_t n_slots,
+                           double decode_s, uint32_t reps) {
+    const eng_info *in = eng_get_info(e);
+    size_t page_bytes =
+        (size_t)in->n_layers * 2 * in->kv_page_size * in->n_kv_heads * in->head_dim * sizeof(float);
+    static const uint32_t counts[] = {1, 16, 256};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        uint32_t n = counts[i] < n_pages ? counts[i] : n_pages;
+        double t = clear_time(e, true, pages, n, reps);
+        printf("| clear_pages n=%u (%.2f MiB of K/V), median of %u | %.1f us (%.1f us/page, "
+               "%.1f GB/s) | decode b=1 step %.2f ms | %.2f%% |\n",
+               n, n * page_bytes / 1048576.0, reps, t * 1e6, t * 1e6 / n, n * page_bytes / t * 1e-9,
+               decode_s * 1e3, 100 * t / decode_s);
+        if (n == n_pages) break;
+    }
+    uint32_t *slots = malloc(n_slots * sizeof *slots);
+    if (!slots) die("slots", NULL);
+    for (uint32_t i = 0; i < n_slots; i++) slots[i] = i;
+    static const uint32_t scounts[] = {1, 256};
+    for (size_t i = 0; i < sizeof scounts / sizeof scounts[0]; i++) {
+        uint32_t n = scounts[i] < n_slots ? scounts[i] : n_slots;
+        double t = clear_time(e, false, slots, n, reps);
+        printf("| clear_embeds n=%u, median of %u | %.2f us (%.2f us/slot) | decode b=1 step "
+               "%.2f ms | %.2f%% |\n",
+               n, reps, t * 1e6, t * 1e6 / n, decode_s * 1e3, 100 * t / decode_s);
+    }
+    free(slots);
+}
+
 static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.context = 512, .batch = 32, .prefill = 512, .steps = 8, .bw_mib = 2048};
     for (int i = 1; i < argc; i++) {
@@ -428,7 +476,8 @@ int main(int argc, char **argv) {
         bw_best = b > bw_best ? b : bw_best;
     }
     bw_close(bw);
-    double tps1 = 1.0 / median(t1, o.steps), tpsB = o.batch / median(tB, o.steps);
+    double med1 = median(t1, o.steps);
+    double tps1 = 1.0 / med1, tpsB = o.batch / median(tB, o.steps);
     double btps1 = 1.0 / best1, btpsB = o.batch / bestB;
     double bound_tps = bw_best / (double)in->weight_bytes;
     size_t rss = proc_status_bytes("VmRSS:");
@@ -455,6 +504,7 @@ int main(int argc, char **argv) {
            "weights+KV+embeddings+scratch %.1f MiB | %.0f%% (%.0f%%) |\n",
            rss / 1048576.0, hwm / 1048576.0, accounted / 1048576.0, 100.0 * rss / accounted,
            100.0 * hwm / accounted);
+    bench_clearing(e, pages, per * o.batch, max_batch, med1, o.steps < 3 ? 3 : o.steps);
     free(t1);
     free(tB);
     decode_bufs_free(&d1);

@@ -82,6 +82,20 @@ static pie_code writable(const ctl_place *pl, const char *op, uint32_t id, uint3
                           op, id, refs);
 }
 
+/* An embedding (bound on q's placement to slot) is read only once its holder wrote it: what
+ * a slot held before is never visible (the worker zeroes it on allocation), and reading what
+ * was never written is the program's bug, reported at the call. */
+static pie_code written(const ctl_queue *q, const char *op, const char *what, uint32_t id,
+                        uint32_t slot, pie_status *st) {
+    if (ctl_pool_emb_written(&q->place->w->pool, slot)) return PIE_OK;
+    return pie_status_set(st, PIE_FAILED_PRECONDITION, "%s: %s %u was never written", op, what, id);
+}
+
+/* Marks the embedding slots a call taken into a batch writes. */
+static void mark_written(ctl_queue *q, const uint32_t *slots, size_t n) {
+    for (size_t i = 0; i < n; i++) ctl_pool_emb_set_written(&q->place->w->pool, slots[i]);
+}
+
 /* The instance's placement for q's model, creating it on w (or the least loaded group). */
 static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char *op,
                             pie_status *st) {
@@ -554,7 +568,9 @@ static pie_code check_forward(const ctl_core *c, const ctl_queue *q, const Pie__
         if (kv && !(cont && j == 0)) kv[Cp + j - (cont ? 1 : 0)] = slot;
     }
     for (size_t j = 0; j < N; j++) {
-        if (map_id(c, q, false, op, f->input_embed_ids[j], &slot, st) != PIE_OK) return st->code;
+        if (map_id(c, q, false, op, f->input_embed_ids[j], &slot, st) != PIE_OK ||
+            written(q, op, "input embedding", f->input_embed_ids[j], slot, st) != PIE_OK)
+            return st->code;
         if (in) in[j] = slot;
     }
     for (size_t j = 0; j < M; j++) {
@@ -648,7 +664,9 @@ static pie_code check_dist(const ctl_core *c, const ctl_queue *q, const Pie__V1_
     if (t == 0) t = 1.0f;
     for (size_t i = 0; i < n; i++) {
         uint32_t slot;
-        if (map_id(c, q, false, op, d->embed_ids[i], &slot, st) != PIE_OK) return st->code;
+        if (map_id(c, q, false, op, d->embed_ids[i], &slot, st) != PIE_OK ||
+            written(q, op, "embedding", d->embed_ids[i], slot, st) != PIE_OK)
+            return st->code;
         if (s) {
             Pie__V1__NextDistItem *it = ctl_arena_alloc(&s->arena, sizeof *it);
             if (it == NULL || ctl_vecp_push(&s->items, it) != 0) return oom_st(op, st);
@@ -859,6 +877,7 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
         if (conf_add(s, q->inst, s->emb_slots.n, n) == NULL ||
             ctl_vecp_push(&s->emb_calls, call) != 0)
             return CTL_ADMIT_FULL;
+        mark_written(q, mine, n);
         s->emb_slots.n += n;
         s->n_tokens += n;
         return admit_take(c, q, n);
@@ -882,6 +901,7 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
         if (conf_add(s, q->inst, (uint32_t)s->items.n, 1) == NULL ||
             ctl_vecp_push(&s->items, fi) != 0)
             return CTL_ADMIT_FULL;
+        mark_written(q, fi->output_embed_slots, fi->n_output_embed_slots);
         s->n_tokens += n;
         return admit_take(c, q, 1);
     }

@@ -17,7 +17,9 @@ pie_code ctl_pool_init(ctl_pool *p, uint32_t kv_max, uint32_t kv_effective, uint
     p->kv_pending = calloc(kv_max ? kv_max : 1, 1);
     p->emb_free = malloc((emb_slots ? emb_slots : 1) * sizeof *p->emb_free);
     p->emb_pending = calloc(emb_slots ? emb_slots : 1, 1);
-    if (!p->kv_refs || !p->kv_free || !p->kv_pending || !p->emb_free || !p->emb_pending) {
+    p->emb_written = calloc(emb_slots ? emb_slots : 1, 1);
+    if (!p->kv_refs || !p->kv_free || !p->kv_pending || !p->emb_free || !p->emb_pending ||
+        !p->emb_written) {
         ctl_pool_destroy(p);
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "controller: out of memory for a pool of %u KV slots", kv_max);
@@ -31,6 +33,7 @@ void ctl_pool_destroy(ctl_pool *p) {
     free(p->kv_pending);
     free(p->emb_free);
     free(p->emb_pending);
+    free(p->emb_written);
     free(p->ch.alloc_kv);
     ctl_vec32_free(&p->ch.free_kv);
     ctl_vec32_free(&p->ch.alloc_emb);
@@ -117,6 +120,7 @@ static uint32_t emb_take(ctl_pool *p) {
     uint32_t s = p->emb_nfree ? p->emb_free[--p->emb_nfree] : p->emb_next++;
     p->emb_used++;
     p->emb_pending[s] = 2;
+    p->emb_written[s] = 0;
     p->ch.alloc_emb.v[p->ch.alloc_emb.n++] = s;
     return s;
 }

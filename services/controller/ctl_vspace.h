@@ -13,7 +13,8 @@
  * and ctl_exec.c decide before calling here), the wire format.
  *
  * Sharing rule (docs/wire-contracts.md): a KV slot referenced more than once (by an export, or
- * by several holders) is read-only for everyone. An embedding belongs to exactly one holder.
+ * by several holders) is read-only for everyone. An embedding belongs to exactly one holder,
+ * and may be read only once its holder wrote it (the pool tracks that per slot).
  *
  * Errors name the operation, the field and the value, e.g.
  * "dealloc_kv_pages: kv page 17 is not allocated in this instance". Functions that change
@@ -59,6 +60,9 @@ typedef struct ctl_pool {
     uint32_t *emb_free;
     uint32_t emb_nfree, emb_next;
     uint8_t *emb_pending; /* [emb_max]: 1 = live; 2 = live and its alloc waits in `ch` */
+    /* [emb_max]: 1 once a call that writes the live slot (embed_text, a forward's output) was
+     * taken into a batch; 0 from its allocation until then: reading it is refused. */
+    uint8_t *emb_written;
     ctl_slot_changes ch;
 } ctl_pool;
 
@@ -71,6 +75,12 @@ uint32_t ctl_pool_emb_available(const ctl_pool *p);
 uint32_t ctl_pool_kv_refs(const ctl_pool *p, uint32_t slot);
 static inline bool ctl_pool_kv_writable(const ctl_pool *p, uint32_t slot) {
     return p->kv_refs[slot] == 1;
+}
+static inline bool ctl_pool_emb_written(const ctl_pool *p, uint32_t slot) {
+    return p->emb_written[slot] != 0;
+}
+static inline void ctl_pool_emb_set_written(ctl_pool *p, uint32_t slot) {
+    p->emb_written[slot] = 1;
 }
 /* Adds / drops one reference of a live KV slot; the last drop frees it (a slot change). */
 void ctl_pool_kv_ref(ctl_pool *p, uint32_t slot);

@@ -93,11 +93,16 @@ static uint64_t pick(uint64_t req, uint64_t def, uint64_t max) {
     return max && v > max ? max : v;
 }
 
+/* The most linear memory the runtime gives an instance (lc_wasm.h): a request or a configured
+ * maximum above it (such as the default 4GiB) gets this. */
+#define LC_INST_MAX_MEMORY_BYTES ((uint64_t)LC_WASM_MAX_MEMORY_PAGES * 65536u)
+
 static lc_limits effective_limits(const lc_inst_config *c, const Pie__V1__ResourceLimits *r) {
     Pie__V1__ResourceLimits zero = PIE__V1__RESOURCE_LIMITS__INIT;
     if (r == NULL) r = &zero;
+    uint64_t memory = pick(r->memory_bytes, c->defaults.memory_bytes, c->maxima.memory_bytes);
     lc_limits l = {
-        .memory_bytes = pick(r->memory_bytes, c->defaults.memory_bytes, c->maxima.memory_bytes),
+        .memory_bytes = memory < LC_INST_MAX_MEMORY_BYTES ? memory : LC_INST_MAX_MEMORY_BYTES,
         .kv_pages = (uint32_t)pick(r->kv_pages, c->defaults.kv_pages, c->maxima.kv_pages),
         .embeddings = (uint32_t)pick(r->embeddings, c->defaults.embeddings, c->maxima.embeddings),
         .queues = (uint32_t)pick(r->queues, c->defaults.queues, c->maxima.queues),
@@ -314,8 +319,24 @@ static pie_code exit_status_of(lc_inst *in, const lc_wasm_outcome *o, char *msg,
     return code;
 }
 
-/* Records how the instance ended, tells the attached client. Called once, by its thread. */
-static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_code) {
+/* Logs how the instance ended at info level: one line per instance, `lc.inst.trapped` when its
+ * code trapped (the reason is the trap), else `lc.inst.exited`. Tenants do not exist yet: every
+ * instance is the "anonymous" tenant's. */
+static void log_exit(const lc_inst *in, pie_code code, const char *msg, int exit_code,
+                     bool trapped) {
+    char reason[PIE_STATUS_MSG_MAX + 8], name[2 * LC_PROGRAM_NAME_MAX + 8];
+    pie_log_info(trapped ? "lc.inst.trapped" : "lc.inst.exited",
+                 "instance=%016llx program=%s name=%s tenant=anonymous status=%s exit_code=%d "
+                 "reason=%s",
+                 (unsigned long long)in->id, in->program_id,
+                 pie_log_quote(name, sizeof name, in->program_name), pie_code_name(code), exit_code,
+                 pie_log_quote(reason, sizeof reason, msg));
+}
+
+/* Records how the instance ended, logs it, tells the attached client. Called once, by its
+ * thread. */
+static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_code, bool trapped) {
+    log_exit(in, code, msg, exit_code, trapped); /* before the client can see the exit */
     pthread_mutex_lock(&in->mu);
     in->exit_status = code;
     snprintf(in->exit_msg, sizeof in->exit_msg, "%s", msg);
@@ -326,8 +347,6 @@ static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_cod
     in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
     finish_attached(in);
     pthread_mutex_unlock(&in->mu);
-    pie_log_debug("lc.inst.exited", "instance=%016llx status=%s exit_code=%d message=\"%s\"",
-                  (unsigned long long)in->id, pie_code_name(code), exit_code, msg);
 }
 
 /* ---- the instance thread ------------------------------------------------------------------ */
@@ -341,7 +360,9 @@ static pie_code create_wasm(lc_inst *in, lc_wasm_instance **w, pie_status *st) {
     lc_wasm_instance_opts o = {
         .argv = (const char *const *)in->argv,
         .argc = in->argc,
-        .limits = {.max_memory_pages = pages > 65536 ? 65536 : (pages ? (uint32_t)pages : 1),
+        .limits = {.max_memory_pages = pages > LC_WASM_MAX_MEMORY_PAGES
+                                           ? LC_WASM_MAX_MEMORY_PAGES
+                                           : (pages ? (uint32_t)pages : 1),
                    .cpu_ms = (uint64_t)in->limits.cpu_ms,
                    .wall_ms = wall},
         .output = on_wasm_output,
@@ -386,7 +407,7 @@ static void run_instance(lc_inst *in) {
     pthread_mutex_unlock(&in->mu);
     lc_host_inst_free(hi);
     lc_wasm_instance_free(w);
-    set_exited(in, code, st.msg, code == PIE_OK ? out.exit_code : 0);
+    set_exited(in, code, st.msg, code == PIE_OK ? out.exit_code : 0, out.end == LC_WASM_TRAPPED);
 }
 
 static void *inst_thread(void *arg) {

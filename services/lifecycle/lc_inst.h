@@ -5,8 +5,10 @@
  * and reports how it ended, instance ids ((replica index << 48) | random 48 bits), effective
  * quotas (request → server defaults → server maxima), each instance's output buffer (messages
  * from send(), stdout, stderr; a per-instance cap with the oldest output dropped first while no
- * client is attached), the one attached client call, client messages and end of input, and the
- * mapping of lc_wasm outcomes onto InstanceExit statuses (lifecycle.proto).
+ * client is attached), the one attached client call, client messages and end of input, the
+ * mapping of lc_wasm outcomes onto InstanceExit statuses (lifecycle.proto), and the info log
+ * line of every instance's end (lc.inst.exited / lc.inst.trapped: instance, program, tenant,
+ * status, reason).
  * Does not own: the RPC methods (lc_api.c), program storage (lc_program.c), the `pie` host API
  * (lc_host.c, driven here through lc_host_inst_*), the Wasm runtime (wasm/). */
 #ifndef LC_INST_H

@@ -78,7 +78,6 @@ struct wrk_exec {
     uint8_t *kv_live;  /* [kv_pages] 1 = allocated by a SlotBatch */
     uint8_t *emb_live; /* [embed_slots] */
     bool *mask_buf;    /* [kv_page_size] */
-    bool *zero_mask;   /* [kv_page_size] all false: a freshly allocated page */
     /* per step: pointers into these stay valid until the step's results are emitted */
     wrk_buf results, result_ptrs; /* Pie__V1__BatchResult, * */
     wrk_buf items, item_ptrs;     /* Pie__V1__ItemResult, * */
@@ -211,9 +210,10 @@ static bool item_checked(wrk_exec *x, wrk_batch *b, size_t i, pie_code c, const 
 
 /* ---- the kinds ----------------------------------------------------------------------------- */
 
-/* Frees first, then allocations; any bad id fails the batch and changes nothing. Allocated KV
- * slots get an all-visible mask (pie.v1.SlotBatch: "a new KV slot has ... an all-visible
- * mask"), so a reused page never inherits the masks of its previous owner. */
+/* Frees first, then allocations; any bad id fails the batch and changes nothing. Every
+ * allocated slot is cleared (pie.v1.SlotBatch: a new KV slot has zeroed K/V and an all-visible
+ * mask, a new embedding slot a zeroed state): a reused slot never shows its previous owner's
+ * data, whoever that was (another instance, or anyone before a link loss). */
 static void run_slots(wrk_exec *x, wrk_batch *b, const Pie__V1__SlotBatch *s) {
     const wrk_exec_limits *lim = &x->o.lim;
     if (s->n_alloc_kv_owners != 0 && s->n_alloc_kv_owners != s->n_alloc_kv_slots) {
@@ -261,19 +261,22 @@ static void run_slots(wrk_exec *x, wrk_batch *b, const Pie__V1__SlotBatch *s) {
         }
         x->emb_live[v] = 1;
     }
+    pie_status st;
+    if (x->o.backend.clear_pages(x->o.backend.ctx, s->alloc_kv_slots, (uint32_t)ak, &st) !=
+            PIE_OK ||
+        x->o.backend.clear_embeds(x->o.backend.ctx, s->alloc_embed_slots, (uint32_t)ae, &st) !=
+            PIE_OK) {
+        batch_fail(x, b, PIE_INTERNAL, "slots: clearing the allocated slots: %s", st.msg);
+        /* Fail closed: the frees stay applied and the allocations are undone, so no later
+         * batch can read what the slots held. */
+        atomic_fetch_sub(&x->kv_live_count, (unsigned)fk);
+        fk = fe = 0;
+        goto undo;
+    }
     if (ak >= fk)
         atomic_fetch_add(&x->kv_live_count, (unsigned)(ak - fk));
     else
         atomic_fetch_sub(&x->kv_live_count, (unsigned)(fk - ak));
-    for (size_t i = 0; i < s->n_alloc_kv_slots; i++) {
-        pie_status st;
-        if (x->o.backend.mask_page(x->o.backend.ctx, s->alloc_kv_slots[i], x->zero_mask, &st) !=
-            PIE_OK) {
-            batch_fail(x, b, PIE_INTERNAL, "slots: clearing the mask of kv slot %u: %s",
-                       s->alloc_kv_slots[i], st.msg);
-            return;
-        }
-    }
     atomic_fetch_add(&x->n_items, s->n_alloc_kv_slots + s->n_free_kv_slots +
                                       s->n_alloc_embed_slots + s->n_free_embed_slots);
     return;
@@ -709,7 +712,6 @@ static void exec_free(wrk_exec *x) {
     free(x->kv_live);
     free(x->emb_live);
     free(x->mask_buf);
-    free(x->zero_mask);
     wrk_buf *bufs[] = {&x->results, &x->result_ptrs, &x->items,      &x->item_ptrs,
                        &x->dists,   &x->dist_ids,    &x->dist_probs, &x->batch_msgs,
                        &x->owned,   &x->map,         &x->emb_slots,  &x->emb_toks,
@@ -731,8 +733,7 @@ wrk_exec *wrk_exec_start(const wrk_exec_opts *opts, pie_status *st) {
     x->kv_live = calloc(lim->kv_pages ? lim->kv_pages : 1, 1);
     x->emb_live = calloc(lim->embed_slots ? lim->embed_slots : 1, 1);
     x->mask_buf = calloc(lim->kv_page_size ? lim->kv_page_size : 1, sizeof(bool));
-    x->zero_mask = calloc(lim->kv_page_size ? lim->kv_page_size : 1, sizeof(bool));
-    if (!x->q || !x->kv_live || !x->emb_live || !x->mask_buf || !x->zero_mask) {
+    if (!x->q || !x->kv_live || !x->emb_live || !x->mask_buf) {
         exec_free(x);
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                        "executor: out of memory for %u kv and %u embedding slot flags",

@@ -8,7 +8,8 @@
  *
  * Covered: the registration's ModelInfo and capacities, credits (the configured grant after
  * `registered`, one back with the results of every step, results of a step in one message),
- * prompt distributions and greedy generation equal to the engine, mask/copy/slot batches,
+ * prompt distributions and greedy generation equal to the engine, mask/copy/slot batches, a
+ * reallocated page and embedding slot reading exactly as never-written ones (zeroed),
  * per-item and per-batch errors with the worker serving on, the stats heartbeat, re-registration
  * after the link drops (all slots free, engine kept), Drain with shutdown, the null backend, and
  * start-up failures (bad model.path or backend cuda without a device: NOT_SERVING with Info
@@ -559,12 +560,10 @@ static void assert_dist_equal(const direct_dist *want, const Pie__V1__Distributi
     }
 }
 
-/* What a SlotBatch allocating KV pages does to the engine: an all-visible mask on each. */
+/* What a SlotBatch allocating KV pages does to the engine: zeroed K/V, an all-visible mask. */
 static void alloc_pages(eng *e, const uint32_t *pages, size_t n) {
-    static const bool clear[PAGE] = {false};
     pie_status st;
-    for (size_t i = 0; i < n; i++)
-        cr_assert_eq(eng_mask_page(e, pages[i], clear, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_clear_pages(e, pages, (uint32_t)n, &st), PIE_OK, "%s", st.msg);
 }
 
 /* A deterministic prompt below the special tokens (507..511 in tiny-f32). */
@@ -869,8 +868,8 @@ Test(worker_link, copy_mask_and_slot_batches_match_the_engine_and_a_reused_page_
     rpc_msg_free(&up->base);
 
     /* Free page 2 and allocate it again in one SlotBatch (frees first), then copy only tokens
-     * 0..2 over it: token 3 keeps its K/V, and is visible again only if the allocation cleared
-     * the mask. */
+     * 0..2 over it: token 3 is zeroed by the allocation, and visible again only if the
+     * allocation cleared the mask. */
     a.used = 0;
     cp.count = 3;
     Pie__V1__Batch *c[5] = {
@@ -896,6 +895,67 @@ Test(worker_link, copy_mask_and_slot_batches_match_the_engine_and_a_reused_page_
     cr_assert(memcmp(p_masked, clear_dist->probs, sizeof p_masked) != 0,
               "hiding token 3 did not change the distribution: the test proves nothing");
     rpc_msg_free(&up->base);
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, a_reallocated_page_and_embedding_slot_hold_nothing_of_their_previous_use) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, NULL);
+    link_up(&f, w, 1);
+    eng *e = open_engine();
+    prompt_step(&f, w, e); /* page 0 holds prompt tokens 0..15, slot PROMPT the output state */
+
+    /* Page 0 and slot PROMPT freed and allocated again (another owner, for the controller);
+     * next_dist on the slot before anything wrote it, then token 42 at position 16 over page 0
+     * as a full context, its state into the slot. */
+    static arena a;
+    a.used = 0;
+    uint32_t page = 0, slot = PROMPT, in = PROMPT + 1, tokv = 42, posv = PAGE, k = 8;
+    float t = 1.0f;
+    eng_forward_item it = {.kv_pages = &page,
+                           .n_kv_pages = 1,
+                           .kv_last_page_len = PAGE,
+                           .append_kv = false,
+                           .in_slots = &in,
+                           .n_in = 1,
+                           .out_slots = &slot,
+                           .n_out = 1};
+    Pie__V1__Batch *b[5] = {
+        b_slots(&a, 31,
+                (slots_spec){.free_kv = &page,
+                             .n_free_kv = 1,
+                             .alloc_kv = &page,
+                             .n_alloc_kv = 1,
+                             .free_emb = &slot,
+                             .n_free_emb = 1,
+                             .alloc_emb = &slot,
+                             .n_alloc_emb = 1}),
+        b_next_dist(&a, 32, &slot, &k, &t, 1),
+        b_embed(&a, 33, &in, &tokv, &posv, 1),
+        b_forward(&a, 34, &it, 1),
+        b_next_dist(&a, 35, &slot, &k, &t, 1),
+    };
+    send_step(&f, b, 5);
+    Pie__V1__WorkerUp *up = expect_results(&f, w, b, 5);
+    for (int i = 0; i < 5; i++) assert_batch_ok(up->results[i], i == 1 || i == 4 ? 1 : 0);
+
+    /* What storage nobody ever wrote gives: a fresh engine's (its pools start zeroed). */
+    eng *fresh = open_engine();
+    static direct_dist want;
+    engine_dists(fresh, &slot, &k, &t, 1, &want);
+    assert_dist_equal(&want, up->results[1]->items[0]->distribution,
+                      "next_dist of a reallocated embedding slot");
+    pie_status st;
+    cr_assert_eq(eng_embed_text(fresh, &in, &tokv, &posv, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(fresh, &it, 1, &st), PIE_OK, "%s", st.msg);
+    engine_dists(fresh, &slot, &k, &t, 1, &want);
+    assert_dist_equal(&want, up->results[4]->items[0]->distribution,
+                      "a forward over a reallocated page");
+    rpc_msg_free(&up->base);
+    eng_close(fresh);
     eng_close(e);
     stop_worker(w, 0);
     fc_stop(&f);

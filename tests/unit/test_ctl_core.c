@@ -328,6 +328,13 @@ static Pie__V1__DeallocKvPages *mk_dealloc_kv(uint32_t *ids, size_t n) {
     return x;
 }
 
+static Pie__V1__DeallocEmbeds *mk_dealloc_emb(uint32_t *ids, size_t n) {
+    Pie__V1__DeallocEmbeds *x = msg_new(&pie__v1__dealloc_embeds__descriptor);
+    x->embed_ids = ids;
+    x->n_embed_ids = n;
+    return x;
+}
+
 static Pie__V1__EmbedText *mk_embed(uint32_t *ids, uint32_t *toks, uint32_t *pos, size_t n) {
     Pie__V1__EmbedText *x = msg_new(&pie__v1__embed_text__descriptor);
     x->embed_ids = ids;
@@ -636,19 +643,33 @@ static const Pie__V1__WorkerStatus *worker_status(const Pie__V1__ClusterStatusRe
     return NULL;
 }
 
-/* A standard instance on replica r: queue 1, kv pages 0..npages-1, embeddings 0..nemb-1. */
-static uint64_t std_instance(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb) {
+/* An instance on replica r: queue 1, kv pages 0..npages-1, embeddings 0..nemb-1; written:
+ * one embed_text writes every embedding (token 1, positions 0..nemb-1), as a program must
+ * before it reads them. */
+static uint64_t instance_ex(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb,
+                            bool written) {
     ub b;
     ub_init(&b);
     uint64_t id = inst_id(r, n);
     ub_begin(&b, id, "m", 0, 0, 0);
     ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
-    static uint32_t ids[64];
-    for (uint32_t i = 0; i < 64; i++) ids[i] = i;
+    static uint32_t ids[64], ones[64];
+    for (uint32_t i = 0; i < 64; i++) ids[i] = i, ones[i] = 1;
     if (npages) ub_call(W, &b, id, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(ids, npages));
     if (nemb) ub_call(W, &b, id, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(ids, nemb));
+    if (nemb && written) ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(ids, ones, ids, nemb));
     send_up(W, r, &b);
     return id;
+}
+
+/* A standard instance: its embeddings allocated, not written. */
+static uint64_t std_instance(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb) {
+    return instance_ex(W, r, n, npages, nemb, false);
+}
+
+/* A standard instance whose embeddings were written (they may be read). */
+static uint64_t written_instance(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb) {
+    return instance_ex(W, r, n, npages, nemb, true);
 }
 
 /* Adds a decode step of inst on queue 1 to b: token 1 at position 0 embedded into e_in,
@@ -956,8 +977,8 @@ static const bad_case bad_cases[] = {
 
 Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
     world *W = world_std(NULL);
-    uint64_t id = std_instance(W, 0, 1, 2, 2); /* pages 0, 1; embeddings 0, 1 */
-    uint64_t other = std_instance(W, 0, 2, 1, 1);
+    uint64_t id = written_instance(W, 0, 1, 2, 2); /* pages 0, 1; embeddings 0, 1 */
+    uint64_t other = written_instance(W, 0, 2, 1, 1);
     serve_all(W);
     memset(long_topic, 't', 257);
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
@@ -984,6 +1005,52 @@ Test(ctl_core, every_kind_of_invalid_call_fails_alone_with_its_precise_error) {
     cr_assert_eq(result_of(W, 0, d1)->code, 0);
     cr_assert_eq(result_of(W, 0, d2)->code, 0);
     cr_assert_null(terminated(W, 0, id));
+    world_free(W);
+}
+
+Test(ctl_core, reading_an_embedding_never_written_fails_at_the_call) {
+    world *W = world_std(NULL);
+    uint64_t id = std_instance(W, 0, 1, 1, 3); /* page 0; embeddings 0, 1, 2, none written */
+    serve_all(W);
+    uint64_t d = one(W, 0, id, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    uint64_t f =
+        one(W, 0, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(1), 1, U32(0), 1, U32(2), 1));
+    serve_all(W);
+    expect_error(W, 0, d, PIE_FAILED_PRECONDITION, "next_dist: embedding 0 was never written");
+    expect_error(W, 0, f, PIE_FAILED_PRECONDITION, "forward: input embedding 1 was never written");
+
+    /* embed_text writes its embeddings, a forward its outputs: both may then be read, also
+     * by calls sent in the same message. */
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    uint64_t d0 = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    ub_call(W, &b, id, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(2), 1));
+    uint64_t d2 = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(2), 1, 0, 0));
+    send_up(W, 0, &b);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d0)->code, 0, "%s", result_of(W, 0, d0)->message);
+    cr_assert_eq(result_of(W, 0, d2)->code, 0, "%s", result_of(W, 0, d2)->message);
+
+    /* Freed and allocated again, an embedding is unwritten again (whatever slot it gets). */
+    ub_init(&b);
+    ub_call(W, &b, id, 1, OP(DEALLOC_EMBEDS), mk_dealloc_emb(U32(0, 2), 2));
+    ub_call(W, &b, id, 1, OP(ALLOC_EMBEDS), mk_alloc_emb(U32(0, 2), 2));
+    uint64_t again = ub_call(W, &b, id, 1, OP(NEXT_DIST), mk_dist(U32(2), 1, 0, 0));
+    send_up(W, 0, &b);
+    serve_all(W);
+    expect_error(W, 0, again, PIE_FAILED_PRECONDITION, "next_dist: embedding 2 was never written");
+
+    /* Another instance that gets this one's slots after it ended finds them unwritten. */
+    ub_init(&b);
+    ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(U32(0, 1, 2), U32(1, 1, 1), U32(0, 1, 2), 3));
+    ub_end(&b, id);
+    send_up(W, 0, &b);
+    serve_all(W);
+    uint64_t next = std_instance(W, 0, 2, 0, 3);
+    uint64_t dn = one(W, 0, next, 1, OP(NEXT_DIST), mk_dist(U32(0, 1, 2), 3, 0, 0));
+    serve_all(W);
+    expect_error(W, 0, dn, PIE_FAILED_PRECONDITION, "next_dist: embedding 0 was never written");
     world_free(W);
 }
 
@@ -1329,7 +1396,7 @@ Test(ctl_core, a_call_that_can_never_fit_in_max_message_fails_with_the_sizes) {
     ctl_core_config cfg = base_cfg();
     cfg.max_message_bytes = 1024;
     world *W = world_std(&cfg);
-    uint64_t a = std_instance(W, 0, 1, 1, 8);
+    uint64_t a = written_instance(W, 0, 1, 1, 8);
     serve_all(W);
     /* 8 distributions of top_k 8: up to 8 x (24 + 72) = 768 bytes of results, more than a
      * 1 KiB message holds next to its framing. */
@@ -1491,7 +1558,7 @@ Test(ctl_core, high_priority_queues_lead_their_batch) {
     world *W = world_new(&cfg);
     add_worker_n(W, "m", 0, 0); /* no credit yet: calls accumulate */
     add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 1, 1), b = std_instance(W, 0, 2, 1, 1);
+    uint64_t a = written_instance(W, 0, 1, 1, 1), b = written_instance(W, 0, 2, 1, 1);
     static Pie__V1__SetQueuePriority hi;
     pie__v1__set_queue_priority__init(&hi);
     hi.priority = PIE__V1__QUEUE_PRIORITY__QUEUE_PRIORITY_HIGH;
@@ -1504,8 +1571,8 @@ Test(ctl_core, high_priority_queues_lead_their_batch) {
     ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
     cr_assert_eq(W->wk[0].link.n, 2);
     Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
-    cr_assert_eq(d->n_batches, 2, "slots + one forward batch");
-    Pie__V1__ForwardBatch *fb = d->batches[1]->forward;
+    cr_assert_eq(d->n_batches, 3, "slots + one embed_text batch + one forward batch");
+    Pie__V1__ForwardBatch *fb = d->batches[2]->forward;
     cr_assert_eq(fb->n_items, 2);
     cr_assert_eq(fb->items[0]->owner, b, "the high-priority queue's call comes first");
     cr_assert_eq(fb->items[1]->owner, a);
@@ -1517,7 +1584,7 @@ Test(ctl_core, a_split_prefill_batches_vertically_but_overlapping_writes_do_not)
     world *W = world_new(&cfg);
     add_worker_n(W, "m", 0, 0);
     add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 2, 4);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
     ub b;
     ub_init(&b);
     /* Tokens 0-1 into page 0, then tokens 2-3 appended to page 0: one batch. */
@@ -1530,18 +1597,18 @@ Test(ctl_core, a_split_prefill_batches_vertically_but_overlapping_writes_do_not)
     up.credits = 1;
     ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
     Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
-    cr_assert_eq(d->n_batches, 3, "slots, forward x2, forward x1");
-    cr_assert_eq(d->batches[1]->forward->n_items, 2);
-    const Pie__V1__ForwardItem *second = d->batches[1]->forward->items[1];
+    cr_assert_eq(d->n_batches, 4, "slots, embed_text, forward x2, forward x1");
+    cr_assert_eq(d->batches[2]->forward->n_items, 2);
+    const Pie__V1__ForwardItem *second = d->batches[2]->forward->items[1];
     cr_assert_eq(second->n_kv_slots, 1);
     cr_assert_eq(second->kv_last_page_len, 4);
-    cr_assert_eq(d->batches[2]->forward->n_items, 1);
+    cr_assert_eq(d->batches[3]->forward->n_items, 1);
     world_free(W);
 }
 
 Test(ctl_core, worker_failures_fail_the_calls_of_the_batch_or_the_item) {
     world *W = world_std(NULL);
-    uint64_t a = std_instance(W, 0, 1, 1, 2), b = std_instance(W, 0, 2, 1, 2);
+    uint64_t a = written_instance(W, 0, 1, 1, 2), b = written_instance(W, 0, 2, 1, 2);
     serve_all(W);
     W->wk[0].fail_kind = PIE__V1__BATCH__KIND_NEXT_DIST;
     W->wk[0].fail_item = 1; /* b's distribution */
@@ -1664,8 +1731,11 @@ Test(ctl_core, k_only_holds_a_lone_call_until_k_timeout_then_tick_fires_it) {
     ctl_core_config cfg = base_cfg();
     cfg.sched.strategy = CTL_STRATEGY_K_ONLY; /* k = 2, k_timeout 5 ms */
     world *W = world_std(&cfg);
-    uint64_t a = std_instance(W, 0, 1, 0, 1);
-    serve_all(W); /* slot changes alone go out at once */
+    uint64_t a = written_instance(W, 0, 1, 0, 1);
+    serve_all(W); /* slot changes alone go out at once; the lone embed_text waits k_timeout */
+    W->now += 5000000;
+    ctl_core_tick(W->core, W->now);
+    serve_all(W);
     uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
     int sent = W->wk[0].link.n;
     int64_t wake = ctl_core_next_wake(W->core);
@@ -1684,10 +1754,11 @@ Test(ctl_core, work_conserving_forms_the_next_step_near_the_end_of_the_running_o
     world *W = world_new(&cfg);
     add_worker_n(W, "m", 0, 4);
     add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
-             c = std_instance(W, 0, 3, 0, 1);
-    W->wk[0].exec_us = 2000; /* every batch takes 2 ms on this worker */
+    W->wk[0].exec_us = 1000; /* the first steps hold two batches (slots, embed_text): 2 ms */
+    uint64_t a = written_instance(W, 0, 1, 0, 1), b = written_instance(W, 0, 2, 0, 1),
+             c = written_instance(W, 0, 3, 0, 1);
     serve_all(W);            /* (the slot steps: 2 ms each, so the average is 2 ms) */
+    W->wk[0].exec_us = 2000; /* from now on every batch takes 2 ms on this worker */
     int sent = W->wk[0].link.n;
     one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
     cr_assert_eq(W->wk[0].link.n, sent + 1, "an idle worker gets a step at once");
@@ -1715,10 +1786,11 @@ Test(ctl_core, work_conserving_times_a_queued_step_from_when_it_started_not_when
     world *W = world_new(&cfg);
     add_worker_n(W, "m", 0, 4);
     add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
-             c = std_instance(W, 0, 3, 0, 1);
-    W->wk[0].exec_us = 2000; /* every batch takes 2 ms on this worker */
+    W->wk[0].exec_us = 1000; /* the first steps hold two batches (slots, embed_text): 2 ms */
+    uint64_t a = written_instance(W, 0, 1, 0, 1), b = written_instance(W, 0, 2, 0, 1),
+             c = written_instance(W, 0, 3, 0, 1);
     serve_all(W);
+    W->wk[0].exec_us = 2000; /* from now on every batch takes 2 ms on this worker */
     int sent = W->wk[0].link.n;
     one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0)); /* a runs from t = 0 */
     one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
@@ -1744,16 +1816,21 @@ Test(ctl_core, eager_sends_each_call_in_its_own_batch) {
     world *W = world_new(&cfg);
     add_worker_n(W, "m", 0, 0);
     add_replica(W);
-    uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1);
+    uint64_t a = written_instance(W, 0, 1, 0, 1), b = written_instance(W, 0, 2, 0, 1);
     one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
     one(W, 0, b, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.credits = 1;
     ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
     Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)W->wk[0].link.msgs[1];
-    cr_assert_eq(d->n_batches, 3, "slots + two single-call next_dist batches");
-    cr_assert_eq(d->batches[1]->next_dist->n_items, 1);
-    cr_assert_eq(d->batches[2]->next_dist->n_items, 1);
+    cr_assert_eq(d->n_batches, 5, "slots + two single-call embed_text and next_dist batches each");
+    for (size_t i = 1; i < 5; i++) {
+        const Pie__V1__Batch *bt = d->batches[i];
+        cr_assert_eq(bt->kind_case == PIE__V1__BATCH__KIND_NEXT_DIST
+                         ? bt->next_dist->n_items
+                         : bt->embed_text->n_embed_slots,
+                     1, "batch %zu holds one call", i);
+    }
     world_free(W);
 }
 
@@ -1815,8 +1892,8 @@ Test(ctl_core, work_conserving_keeps_one_step_queued_behind_the_running_one_othe
         world *W = world_new(&cfg);
         add_worker_n(W, "m", 0, 4); /* the worker accepts 4 steps at once */
         add_replica(W);
-        uint64_t a = std_instance(W, 0, 1, 0, 1), b = std_instance(W, 0, 2, 0, 1),
-                 c = std_instance(W, 0, 3, 0, 1);
+        uint64_t a = written_instance(W, 0, 1, 0, 1), b = written_instance(W, 0, 2, 0, 1),
+                 c = written_instance(W, 0, 3, 0, 1);
         serve_all(W); /* the slot changes are answered: the worker is idle */
         int before = W->wk[0].link.n;
         one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));

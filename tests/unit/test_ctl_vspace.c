@@ -136,6 +136,29 @@ Test(ctl_vspace, a_slot_allocated_and_freed_before_the_worker_heard_of_it_is_nev
     ctl_pool_destroy(&p);
 }
 
+Test(ctl_vspace, an_embedding_slot_is_unwritten_from_each_allocation_until_marked) {
+    ctl_pool p = pool_of(1, 1); /* one slot: every allocation gets it again */
+    ctl_vspace a, b;
+    ctl_vspace_init(&a, &p, 1);
+    ctl_vspace_init(&b, &p, 2);
+    pie_status st;
+    uint32_t slot;
+    cr_assert_eq(ctl_vspace_alloc_emb(&a, "a", (uint32_t[]){7}, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert(ctl_vspace_emb(&a, 7, &slot));
+    cr_assert(!ctl_pool_emb_written(&p, slot), "a fresh embedding is unwritten");
+    ctl_pool_emb_set_written(&p, slot);
+    cr_assert(ctl_pool_emb_written(&p, slot));
+    cr_assert_eq(ctl_vspace_dealloc_emb(&a, "a", (uint32_t[]){7}, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(ctl_vspace_alloc_emb(&b, "b", (uint32_t[]){7}, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t again;
+    cr_assert(ctl_vspace_emb(&b, 7, &again));
+    cr_assert_eq(again, slot, "the pool has one slot");
+    cr_assert(!ctl_pool_emb_written(&p, again), "another holder's write does not carry over");
+    ctl_vspace_release(&a);
+    ctl_vspace_release(&b);
+    ctl_pool_destroy(&p);
+}
+
 Test(ctl_vspace, a_full_pool_refuses_and_names_the_counts) {
     ctl_pool p = pool_of(2, 1);
     ctl_vspace v;

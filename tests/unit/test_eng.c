@@ -462,6 +462,55 @@ static void prefill_decode_chunked(const char *model) {
     eng_close(e);
 }
 
+Test(eng, clear_handlers_refuse_bad_ids) {
+    eng *e = open_model("tiny-f32", 8, 32, 64);
+    pie_status st = {0};
+    expect(eng_clear_pages(e, NULL, 1, &st), PIE_INVALID_ARGUMENT, &st,
+           "clear_pages: pages is NULL");
+    expect(eng_clear_pages(e, (uint32_t[]){0, 8}, 2, &st), PIE_INVALID_ARGUMENT, &st,
+           "clear_pages: item 1: page 8 is out of range [0, 8)");
+    expect(eng_clear_embeds(e, NULL, 1, &st), PIE_INVALID_ARGUMENT, &st,
+           "clear_embeds: slots is NULL");
+    expect(eng_clear_embeds(e, (uint32_t[]){32}, 1, &st), PIE_INVALID_ARGUMENT, &st,
+           "clear_embeds: item 0: slot 32 is out of range [0, 32)");
+    cr_assert_eq(eng_clear_pages(e, NULL, 0, &st), PIE_OK, "n 0 does nothing");
+    cr_assert_eq(eng_clear_embeds(e, NULL, 0, &st), PIE_OK, "n 0 does nothing");
+    eng_close(e);
+}
+
+/* What a page or slot held before it was cleared is gone: it reads exactly as one nobody ever
+ * wrote (a fresh engine's, whose pools start zeroed). */
+Test(eng, cleared_pages_and_slots_read_as_never_written) {
+    /* 160 pages: clearing them all (1.25 MiB of K/V in tiny-f32) splits over the threads; two
+     * pages are cleared by the caller alone. */
+    eng *e = open_model("tiny-f32", 160, 64, 64), *fresh = open_model("tiny-f32", 160, 64, 64);
+    uint32_t p[] = {0, 1}, p_rev[] = {1, 0}, all[160], slots[21], x = 30, o = 40, pos = 7;
+    bool m[PAGE] = {0};
+    m[3] = true;
+    pie_status st = {0};
+    for (int round = 0; round < 2; round++) {
+        prefill(e, p, 2, 20, 0, 20); /* pages 0 and 1, slots 0..19, output slot 20 */
+        cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK, "%s", st.msg);
+        if (round == 0)
+            cr_assert_eq(eng_clear_pages(e, p_rev, 2, &st), PIE_OK, "%s", st.msg);
+        else
+            cr_assert_eq(eng_clear_pages(e, range(all, 0, 160), 160, &st), PIE_OK, "%s", st.msg);
+        cr_assert_eq(eng_clear_embeds(e, range(slots, 0, 21), 21, &st), PIE_OK, "%s", st.msg);
+        for (int k = 0; k < 2; k++) { /* token 20 over the 20-token context the pages "hold" */
+            eng *m2 = k ? fresh : e;
+            embed_seq(m2, x, 2, 20, 1);
+            eng_forward_item rd = seq_item(p, 20, false, &x, 1, &o, 1);
+            forward_ok(m2, &rd, 1);
+        }
+        assert_same(e, o, fresh, o, round ? "pages cleared with the pool" : "pages cleared");
+        assert_same(e, 20, fresh, 20, "a cleared embedding slot");
+        cr_assert_eq(eng_slot_position(e, 20, &pos, &st), PIE_OK, "%s", st.msg);
+        cr_assert_eq(pos, 0, "a cleared slot's position is %u, not 0", pos);
+    }
+    eng_close(e);
+    eng_close(fresh);
+}
+
 Test(eng, prefill_then_decode_and_chunked_prefill_equal_one_shot_tiny) {
     prefill_decode_chunked("tiny-f32");
 }

@@ -498,8 +498,8 @@ static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
         goto started;
     }
     if (m->kind == RPC_UNARY || m->kind == RPC_SERVER_STREAM) {
-        if (!c->payload) {
-            call_finish_internal(c, PIE_INTERNAL, "request message missing");
+        if (!c->payload) { /* the client half-closed without sending one */
+            call_finish_internal(c, PIE_INVALID_ARGUMENT, "request message missing");
             goto started;
         }
         ProtobufCMessage *req = rpc__unpack(m->request, c->payload);
@@ -508,7 +508,7 @@ static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
         if (!req) {
             char msg[256];
             snprintf(msg, sizeof msg, "cannot parse request as %s", m->request->name);
-            call_finish_internal(c, PIE_INTERNAL, msg);
+            call_finish_internal(c, PIE_INVALID_ARGUMENT, msg); /* the client's bytes */
             goto started;
         }
         c->handler_visible = true;
@@ -569,7 +569,7 @@ static void on_recv(rpc_call *c, bool ok) {
         if (!msg) {
             char text[256];
             snprintf(text, sizeof text, "cannot parse request as %s", m->request->name);
-            rpc_call_cancel(c, PIE_INTERNAL, text);
+            rpc_call_cancel(c, PIE_INVALID_ARGUMENT, text);
         } else {
             if (!m->on_message || !m->on_message(c, msg, m->user)) rpc_msg_free(msg);
             pthread_mutex_lock(&c->mu);

@@ -111,11 +111,16 @@ pie_code lc_wasm_write_file(const char *path, const void *data, size_t len, pie_
  * thread, in the order written. */
 typedef void (*lc_wasm_output_fn)(void *ctx, int fd, const char *data, size_t len);
 
+/* The largest linear memory an instance may have: 65,535 pages of 64 KiB, 64 KiB short of the
+ * 4 GiB a wasm32 memory could address (wasm_rt_memory_t.size is a uint32_t). */
+#define LC_WASM_MAX_MEMORY_PAGES 65535u
+
 typedef struct lc_wasm_limits {
-    uint32_t max_memory_pages; /* linear memory cap in 64 KiB pages; 0 = 16384 (1 GiB) */
-    uint32_t max_table_elems;  /* funcref/externref table cap; 0 = 65536 */
-    uint64_t cpu_ms;           /* CPU time of the instance's thread; 0 = unlimited */
-    uint64_t wall_ms;          /* wall time of run; 0 = unlimited (see lc_wasm_wall_deadline_ns) */
+    /* linear memory cap in 64 KiB pages, at most LC_WASM_MAX_MEMORY_PAGES; 0 = 16384 (1 GiB) */
+    uint32_t max_memory_pages;
+    uint32_t max_table_elems; /* funcref/externref table cap; 0 = 65536 */
+    uint64_t cpu_ms;          /* CPU time of the instance's thread; 0 = unlimited */
+    uint64_t wall_ms;         /* wall time of run; 0 = unlimited (see lc_wasm_wall_deadline_ns) */
 } lc_wasm_limits;
 
 typedef struct lc_wasm_instance_opts {

@@ -22,7 +22,7 @@
 
 #define LC_WASM_PAGE_BYTES    65536u
 #define LC_WASM_RESERVE_BYTES (8ull << 30) /* a 32-bit index + a 32-bit offset never leaves it */
-#define LC_WASM_MAX_PAGES     65535u       /* wasm_rt_memory_t.size is a uint32_t */
+#define LC_WASM_MAX_PAGES     LC_WASM_MAX_MEMORY_PAGES /* lc_wasm.h */
 #define LC_WASM_MAX_MEMORIES  4
 #define LC_WASM_MIN_GUARD     (64u << 10)  /* run refuses threads with a smaller stack guard */
 #define LC_WASM_HOST_HEADROOM (128u << 10) /* native stack a host call needs to be entered */

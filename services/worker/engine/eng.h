@@ -98,8 +98,18 @@ typedef struct eng_copy_item {
 } eng_copy_item;
 pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_status *st);
 
+/* What a freshly allocated slot holds, so that nothing of a previous owner can be read:
+ * eng_clear_pages zeroes the K/V of pages[i] in every layer and makes its mask all visible;
+ * eng_clear_embeds zeroes the hidden state and the position of slots[i]. The worker calls them
+ * for every slot a SlotBatch allocates. Ids may repeat; n == 0 does nothing. */
+pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *st);
+pie_code eng_clear_embeds(eng *e, const uint32_t *slots, uint32_t n, pie_status *st);
+
 /* LM head over slot's hidden state → softmax(logits / temperature) → the top_k token ids and
- * probabilities (descending; probabilities of the full softmax, not renormalised). */
+ * probabilities (descending; probabilities of the full softmax, not renormalised). Equal
+ * probabilities (underflowed zeros too) go to the lower id; a NaN logit gets a NaN probability,
+ * ranked last, and is left out of the softmax; an infinite largest logit puts all mass on the
+ * first one (both backends: krn_cpu_softmax, tests/kcheck). */
 typedef struct eng_dist_item {
     uint32_t slot;
     uint32_t top_k;      /* 1..vocab */

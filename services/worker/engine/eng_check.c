@@ -386,3 +386,18 @@ pie_code eng_check_slot_out(const eng_info *in, const char *handler, uint32_t sl
     if (!out) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is NULL", handler, out_name);
     return PIE_OK;
 }
+
+pie_code eng_check_clear(const eng_info *in, bool pages, const uint32_t *ids, uint32_t n,
+                         pie_status *st) {
+    const char *handler = pages ? "clear_pages" : "clear_embeds";
+    if (n == 0) return PIE_OK;
+    if (!ids)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %s is NULL", handler,
+                              pages ? "pages" : "slots");
+    uint32_t limit = pages ? in->kv_pages : in->embed_slots;
+    for (uint32_t i = 0; i < n; i++)
+        if (pie_check_lt(PIE_AT_ITEM(handler, i), pages ? "page" : "slot", ids[i], limit, st) !=
+            PIE_OK)
+            return st->code;
+    return PIE_OK;
+}

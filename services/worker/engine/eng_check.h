@@ -53,7 +53,10 @@
  *     "next_dist: item <i>: temperature X is not a finite number > 0",
  *     "next_dist: item <i>: ids and probs must not be NULL".
  *   logits / slot_position: "logits: slot N is out of range [0, S)", "logits: logits is NULL",
- *     "slot_position: slot N is out of range [0, S)", "slot_position: pos is NULL". */
+ *     "slot_position: slot N is out of range [0, S)", "slot_position: pos is NULL".
+ *   clear_pages / clear_embeds: "clear_pages: pages is NULL", "clear_pages: item <i>: page N is
+ *     out of range [0, K)", "clear_embeds: slots is NULL", "clear_embeds: item <i>: slot N is
+ *     out of range [0, S)". */
 #ifndef ENG_CHECK_H
 #define ENG_CHECK_H
 
@@ -132,6 +135,11 @@ pie_code eng_check_copy(const eng_info *in, const eng_copy_item *items, uint32_t
 /* top_k_max: the largest top_k the backend serves (at most the vocabulary). */
 pie_code eng_check_dist(const eng_info *in, const eng_dist_item *items, uint32_t n,
                         uint32_t top_k_max, pie_status *st);
+
+/* clear_pages (pages, against kv_pages) or clear_embeds (!pages, against embed_slots): every id
+ * in range. */
+pie_code eng_check_clear(const eng_info *in, bool pages, const uint32_t *ids, uint32_t n,
+                         pie_status *st);
 
 /* logits / slot_position: slot in range, then out (named out_name) not NULL; the messages
  * start with handler. */

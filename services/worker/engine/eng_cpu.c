@@ -27,9 +27,10 @@
 #include "krn_cpu.h"
 #include "mdl.h"
 
-#define ENG_DIST_ROWS      64u        /* slots per lm_head call in next_dist */
-#define ENG_MASK_MIN_BYTES (2u << 20) /* dense attention-mask scratch, at least */
-#define ENG_ALIGN          64u
+#define ENG_DIST_ROWS        64u        /* slots per lm_head call in next_dist */
+#define ENG_MASK_MIN_BYTES   (2u << 20) /* dense attention-mask scratch, at least */
+#define ENG_ALIGN            64u
+#define ENG_CLEAR_POOL_BYTES (1u << 20) /* clear_pages splits over the threads from this size */
 
 /* A region from mmap: zeroed, page aligned, committed on first touch. */
 typedef struct eng_region {
@@ -508,6 +509,49 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
                    bytes);
         }
         eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
+    }
+    return PIE_OK;
+}
+
+/* Zeroing the K/V of the pages of one clear_pages call: one task per layer. */
+typedef struct eng_clear_job {
+    eng *e;
+    const uint32_t *pages;
+    uint32_t n;
+} eng_clear_job;
+
+static void eng_clear_task(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const eng_clear_job *job = arg;
+    const krn_kv_layer *kv = &job->e->kv[task];
+    size_t bytes = (size_t)2 * job->e->info.kv_page_size * job->e->kvd * sizeof(float);
+    for (uint32_t i = 0; i < job->n; i++) memset(krn_kv_k(kv, job->pages[i], 0), 0, bytes);
+}
+
+pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *st) {
+    pie_code rc = eng_check_clear(&e->info, true, pages, n, st);
+    if (rc != PIE_OK || n == 0) return rc;
+    uint32_t ps = e->info.kv_page_size;
+    eng_clear_job job = {e, pages, n};
+    /* A page of one layer is one block [2][page_size][kvd] (K then V). Below ENG_CLEAR_POOL_BYTES
+     * in all, waking the pool costs more than the stores. */
+    size_t total = (size_t)n * e->info.n_layers * 2 * ps * e->kvd * sizeof(float);
+    krn_pool_run(total >= ENG_CLEAR_POOL_BYTES ? e->pool : NULL, eng_clear_task, &job,
+                 (int)e->info.n_layers);
+    for (uint32_t i = 0; i < n; i++) {
+        memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
+        e->page_n_masked[pages[i]] = 0;
+    }
+    return PIE_OK;
+}
+
+pie_code eng_clear_embeds(eng *e, const uint32_t *slots, uint32_t n, pie_status *st) {
+    pie_code rc = eng_check_clear(&e->info, false, slots, n, st);
+    if (rc != PIE_OK) return rc;
+    size_t d = e->info.hidden_size;
+    for (uint32_t i = 0; i < n; i++) {
+        memset(e->emb + (size_t)slots[i] * d, 0, d * sizeof(float));
+        e->emb_pos[slots[i]] = 0;
     }
     return PIE_OK;
 }
