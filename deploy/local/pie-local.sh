@@ -9,7 +9,8 @@
 # Does not own: building the binaries (tools/run.sh, CMake) or what a --exec command checks.
 #
 # Run directory: <name>.log per process, pids/<name>.pid, cluster.env (the PIE_LOCAL_* variables
-# below, for `source` in another shell), cache/ (programs and native code, shared by replicas).
+# below, for `source` in another shell), cache-<i>/ (lifecycle replica i's programs, native code
+# and fetched tokenizers: replicas share nothing on disk, as pods with an emptyDir each).
 # Names: controller, worker-<i>, lifecycle-<i>.
 #
 # Ports (base B, default 50050): lifecycle replica i at B+1+10i, controller at B+2, worker i at
@@ -118,10 +119,10 @@ for ((i = 0; i < workers; i++)); do
   wrk_addrs+=("127.0.0.1:$((base + 3 + 10 * i))")
 done
 for ((i = 0; i < lifecycles; i++)); do
-  # Replicas share one program store and native-code cache (content-addressed, written
-  # atomically); the tokenizer of the model comes from the model directory itself.
+  # Each replica has a cache of its own and no model files, as in Kubernetes: the tokenizer
+  # and programs uploaded to another replica come through the controller.
   start "lifecycle-$i" $((base + 1 + 10 * i)) PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
-    PIE_REPLICA_ID="lifecycle-$i" PIE_RUNTIME_CACHE_DIR="$rundir/cache" PIE_TOKENIZER_PATH="$model"
+    PIE_REPLICA_ID="lifecycle-$i" PIE_RUNTIME_CACHE_DIR="$rundir/cache-$i"
   lc_addrs+=("127.0.0.1:$((base + 1 + 10 * i))")
 done
 
@@ -147,8 +148,8 @@ for _ in $(seq $((wait_s * 10))); do
   sleep 0.1
 done
 [ $linked = 1 ] || { echo "pie-local: the controller did not see $workers worker(s) and $lifecycles replica(s) within $wait_s s" >&2; ok=1; }
-# Each replica is ready (pie.v1.Lifecycle SERVING) once its Session knows the model: launches
-# before that fail with UNAVAILABLE.
+# Each replica is ready (pie.v1.Lifecycle SERVING) once its Session knows the model and it has
+# fetched the model's tokenizer: launches before that fail with UNAVAILABLE.
 lc_args=()
 for a in "${lc_addrs[@]}"; do lc_args+=(--addr "$a"); done
 "$bin/piectl" --wait $((wait_s * 1000)) --service pie.v1.Lifecycle "${lc_args[@]}" health || ok=1

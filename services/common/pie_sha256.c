@@ -17,3 +17,10 @@ pie_code pie_sha256_hex(const void *data, size_t len, char hex[65], pie_status *
     hex[64] = '\0';
     return PIE_OK;
 }
+
+bool pie_sha256_is_hex(const char *s) {
+    if (s == NULL) return false;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return s[64] == '\0';
+}

@@ -6,6 +6,7 @@
 #ifndef PIE_SHA256_H
 #define PIE_SHA256_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "pie_status.h"
@@ -13,5 +14,9 @@
 /* Lowercase hex SHA-256 of len bytes into hex[65] (NUL-terminated). PIE_INTERNAL only if
  * OpenSSL fails (hex is then ""). */
 pie_code pie_sha256_hex(const void *data, size_t len, char hex[65], pie_status *st);
+
+/* Whether s is a SHA-256 as these hex strings are written: exactly 64 lowercase hex digits.
+ * NULL is not. */
+bool pie_sha256_is_hex(const char *s);
 
 #endif

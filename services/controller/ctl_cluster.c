@@ -2,29 +2,40 @@
 #include "ctl_cluster.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "ctl_registry.h"
 #include "pie/v1/controller.pb-c.h"
 #include "pie_log.h"
+#include "pie_sha256.h"
+
+#define CTL_CHUNK_MAX        (1u << 20) /* GetTokenizer / GetProgram / PutProgram chunks */
+#define CTL_PROGRAM_NAME_MAX 256        /* PutProgramHeader.name, as ProgramMetadata.name */
 
 struct ctl_cluster {
-    pthread_mutex_t mu; /* serialises every call into core */
-    pthread_cond_t cv;  /* wakes the timer thread (CLOCK_MONOTONIC) */
+    pthread_mutex_t mu;    /* serialises every call into core; also guards puts */
+    pthread_cond_t cv;     /* wakes the timer thread (CLOCK_MONOTONIC) */
+    pthread_cond_t put_cv; /* puts reached 0 */
     pthread_t timer;
     bool timer_started, stop;
     int64_t timer_due; /* what the timer thread sleeps until; 0: no deadline */
+    size_t puts;       /* PutProgram threads still running */
     ctl_core *core;
-    rpc_method methods[3];
+    ctl_registry *reg;
+    uint64_t program_max_bytes;
+    rpc_method methods[7];
 };
 
 /* Per-stream state (rpc_call data). */
 typedef struct ctl_stream {
-    ctl_replica *r; /* Session, once joined */
-    ctl_worker *w;  /* WorkerLink, once registered */
+    ctl_replica *r;   /* Session, once joined */
+    ctl_worker *w;    /* WorkerLink, once registered */
+    char tok_sha[65]; /* WorkerLink: the tokenizer it added to the registry, or "" */
 } ctl_stream;
 
 /* ---- sink: the core's output ------------------------------------------------------------------
@@ -145,35 +156,91 @@ static void session_on_done(rpc_call *call, void *user) {
     free(s);
 }
 
+/* Takes a registration's tokenizer.json out of the message (the core keeps the message for the
+ * link's lifetime; the registry keeps one copy per hash) after checking that it hashes to the
+ * announced tokenizer_sha256. *bytes stays NULL when the registration carries none. Runs
+ * before the core's mutex is taken: hashing a tokenizer of several MiB takes milliseconds. */
+static pie_code take_tokenizer(Pie__V1__WorkerRegistration *reg, char sha[65], uint8_t **bytes,
+                               size_t *len, pie_status *st) {
+    *bytes = NULL;
+    *len = 0;
+    if (reg->tokenizer_json.len == 0) return PIE_OK;
+    const char *want =
+        reg->model && reg->model->tokenizer && reg->model->tokenizer->tokenizer_sha256
+            ? reg->model->tokenizer->tokenizer_sha256
+            : "";
+    if (!pie_sha256_is_hex(want))
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "WorkerRegistration.tokenizer_json: %zu bytes, but "
+                              "model.tokenizer.tokenizer_sha256 \"%.80s\" is not a SHA-256",
+                              reg->tokenizer_json.len, want);
+    if (pie_sha256_hex(reg->tokenizer_json.data, reg->tokenizer_json.len, sha, st) != PIE_OK)
+        return st->code;
+    if (strcmp(sha, want) != 0)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "WorkerRegistration.tokenizer_json: its %zu bytes hash to %s, not "
+                              "to model.tokenizer.tokenizer_sha256 %s",
+                              reg->tokenizer_json.len, sha, want);
+    /* protobuf-c unpacked the message with the default allocator (malloc): the buffer is ours
+     * to take, and free_unpacked skips a NULL one. */
+    *bytes = reg->tokenizer_json.data;
+    *len = reg->tokenizer_json.len;
+    reg->tokenizer_json.data = NULL;
+    reg->tokenizer_json.len = 0;
+    return PIE_OK;
+}
+
+/* The first WorkerUp of a link (mu not held): its tokenizer, then the core's join. */
+static bool worker_register(ctl_cluster *c, rpc_call *call, ctl_stream *s, Pie__V1__WorkerUp *up,
+                            int64_t now) {
+    pie_status st;
+    char sha[65] = "";
+    uint8_t *tok = NULL;
+    size_t tok_len = 0;
+    if (up->registration == NULL) {
+        pie_status_set(&st, PIE_FAILED_PRECONDITION,
+                       "WorkerLink: the first WorkerUp must carry a registration");
+    } else if (take_tokenizer(up->registration, sha, &tok, &tok_len, &st) == PIE_OK) {
+        /* Into the registry first: replicas that hear of the model from the join can fetch
+         * its tokenizer at once. */
+        bool added =
+            tok == NULL || ctl_registry_tokenizer_add(c->reg, sha, tok, tok_len, &st) == PIE_OK;
+        if (tok != NULL && !added)
+            pie_log_error("ctl.registry.tokenizer_failed", "sha256=%.16s error=\"%s\"", sha,
+                          st.msg);
+        pthread_mutex_lock(&c->mu);
+        s->w = ctl_core_worker_join(c->core, call, up, now, &st);
+        kick_timer(c);
+        pthread_mutex_unlock(&c->mu);
+        if (tok != NULL && added) {
+            if (s->w)
+                snprintf(s->tok_sha, sizeof s->tok_sha, "%s", sha);
+            else
+                ctl_registry_tokenizer_release(c->reg, sha);
+        }
+    }
+    if (s->w == NULL) {
+        pie_log_warn("ctl.worker.refused", "group=%s code=%s error=\"%s\"",
+                     up->registration ? up->registration->group_id : "", pie_code_name(st.code),
+                     st.msg);
+        rpc_call_cancel(call, st.code, st.msg);
+        return false;
+    }
+    return true; /* the core keeps up */
+}
+
 static bool worker_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
     ctl_cluster *c = user;
     ctl_stream *s = rpc_call_get_data(call);
     Pie__V1__WorkerUp *up = (Pie__V1__WorkerUp *)msg;
     if (s == NULL) return false;
     int64_t now = rpc_now_ns();
-    bool kept = true;
+    if (s->w == NULL) return worker_register(c, call, s, up, now);
     pthread_mutex_lock(&c->mu);
-    if (s->w == NULL) {
-        if (up->registration == NULL) {
-            rpc_call_cancel(call, PIE_FAILED_PRECONDITION,
-                            "WorkerLink: the first WorkerUp must carry a registration");
-            kept = false;
-        } else {
-            pie_status st;
-            s->w = ctl_core_worker_join(c->core, call, up, now, &st);
-            if (s->w == NULL) {
-                pie_log_warn("ctl.worker.refused", "group=%s code=%s error=\"%s\"",
-                             up->registration->group_id, pie_code_name(st.code), st.msg);
-                rpc_call_cancel(call, st.code, st.msg);
-                kept = false;
-            }
-        }
-    } else {
-        ctl_core_worker_up(c->core, s->w, up, now);
-    }
+    ctl_core_worker_up(c->core, s->w, up, now);
     kick_timer(c);
     pthread_mutex_unlock(&c->mu);
-    return kept;
+    return true; /* the core takes it */
 }
 
 static void worker_on_done(rpc_call *call, void *user) {
@@ -189,6 +256,7 @@ static void worker_on_done(rpc_call *call, void *user) {
         kick_timer(c);
         pthread_mutex_unlock(&c->mu);
     }
+    if (s->tok_sha[0]) ctl_registry_tokenizer_release(c->reg, s->tok_sha);
     rpc_call_set_data(call, NULL);
     free(s);
 }
@@ -212,9 +280,252 @@ static bool status_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     return false;
 }
 
+/* ---- cluster storage ----------------------------------------------------------------------- */
+
+static bool check_sha(rpc_call *call, const char *field, const char *v) {
+    if (pie_sha256_is_hex(v)) return true;
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s: \"%.80s\" is not 64 lowercase hex digits (a SHA-256)", field,
+             v ? v : "");
+    rpc_call_finish(call, PIE_INVALID_ARGUMENT, msg);
+    return false;
+}
+
+static bool get_tokenizer_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    ctl_cluster *c = user;
+    const Pie__V1__GetTokenizerRequest *r = (const Pie__V1__GetTokenizerRequest *)req;
+    if (!check_sha(call, "tokenizer_sha256", r->tokenizer_sha256)) return false;
+    size_t max = r->max_bytes == 0 || r->max_bytes > CTL_CHUNK_MAX ? CTL_CHUNK_MAX : r->max_bytes;
+    pie_status st;
+    ctl_registry_chunk ch;
+    if (ctl_registry_tokenizer_read(c->reg, r->tokenizer_sha256, r->offset, max, &ch, &st) !=
+        PIE_OK) {
+        rpc_call_finish_status(call, &st);
+        return false;
+    }
+    Pie__V1__GetTokenizerResponse resp = PIE__V1__GET_TOKENIZER_RESPONSE__INIT;
+    resp.size_bytes = ch.size;
+    resp.data.data = ch.data;
+    resp.data.len = ch.len;
+    rpc_call_reply(call, &resp.base); /* packs now */
+    ctl_registry_chunk_free(&ch);
+    return false;
+}
+
+static bool get_program_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    ctl_cluster *c = user;
+    const Pie__V1__GetProgramRequest *r = (const Pie__V1__GetProgramRequest *)req;
+    if (!check_sha(call, "program_id", r->program_id)) return false;
+    size_t max = r->max_bytes > CTL_CHUNK_MAX ? CTL_CHUNK_MAX : r->max_bytes;
+    pie_status st;
+    ctl_registry_chunk ch;
+    if (ctl_registry_program_read(c->reg, r->program_id, r->offset, max, &ch, &st) != PIE_OK) {
+        rpc_call_finish_status(call, &st);
+        return false;
+    }
+    Pie__V1__GetProgramResponse resp = PIE__V1__GET_PROGRAM_RESPONSE__INIT;
+    resp.size_bytes = ch.size;
+    resp.name = ch.name ? ch.name : "";
+    resp.data.data = ch.data;
+    resp.data.len = ch.len;
+    rpc_call_reply(call, &resp.base);
+    ctl_registry_chunk_free(&ch);
+    return false;
+}
+
+static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    ctl_cluster *c = user;
+    const Pie__V1__DropProgramRequest *r = (const Pie__V1__DropProgramRequest *)req;
+    if (!check_sha(call, "program_id", r->program_id)) return false;
+    bool was = ctl_registry_program_drop(c->reg, r->program_id);
+    pthread_mutex_lock(&c->mu);
+    ctl_core_program_dropped(c->core, r->program_id, rpc_now_ns());
+    kick_timer(c);
+    pthread_mutex_unlock(&c->mu);
+    pie_log_info("ctl.registry.program_dropped", "program=%s was_stored=%d", r->program_id, was);
+    Pie__V1__DropProgramResponse resp = PIE__V1__DROP_PROGRAM_RESPONSE__INIT;
+    resp.was_stored = was;
+    rpc_call_reply(call, &resp.base);
+    return false;
+}
+
+/* One PutProgram stream: the header, then the bytes as they arrive. */
+typedef struct ctl_put {
+    ctl_cluster *c;
+    rpc_call *call;
+    bool have_header, failed;
+    char id[65];
+    char name[CTL_PROGRAM_NAME_MAX + 1];
+    uint8_t *buf;
+    uint64_t size, got;
+} ctl_put;
+
+static void put_fail(ctl_put *p, pie_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void put_fail(ctl_put *p, pie_code code, const char *fmt, ...) {
+    char msg[PIE_STATUS_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    p->failed = true;
+    rpc_call_finish(p->call, code, msg);
+}
+
+static void put_header(ctl_put *p, const Pie__V1__PutProgramHeader *h) {
+    uint64_t max = p->c->program_max_bytes;
+    size_t name_len = h->name ? strlen(h->name) : 0;
+    if (!pie_sha256_is_hex(h->program_id))
+        put_fail(p, PIE_INVALID_ARGUMENT,
+                 "header.program_id: \"%.80s\" is not 64 lowercase hex digits (a SHA-256)",
+                 h->program_id ? h->program_id : "");
+    else if (h->size_bytes == 0)
+        put_fail(p, PIE_INVALID_ARGUMENT, "header.size_bytes: 0, want at least 1");
+    else if (h->size_bytes > max)
+        put_fail(p, PIE_RESOURCE_EXHAUSTED,
+                 "header.size_bytes: %llu is above the controller's programs.max_size of %llu",
+                 (unsigned long long)h->size_bytes, (unsigned long long)max);
+    else if (h->size_bytes > ctl_registry_program_bytes_max(p->c->reg))
+        put_fail(p, PIE_RESOURCE_EXHAUSTED,
+                 "header.size_bytes: %llu is above the controller's program registry size "
+                 "(programs.registry_size = %llu bytes)",
+                 (unsigned long long)h->size_bytes,
+                 (unsigned long long)ctl_registry_program_bytes_max(p->c->reg));
+    else if (name_len > CTL_PROGRAM_NAME_MAX)
+        put_fail(p, PIE_INVALID_ARGUMENT, "header.name: %zu bytes, want at most %d", name_len,
+                 CTL_PROGRAM_NAME_MAX);
+    else if ((p->buf = malloc(h->size_bytes)) == NULL)
+        put_fail(p, PIE_RESOURCE_EXHAUSTED, "header.size_bytes: cannot allocate %llu",
+                 (unsigned long long)h->size_bytes);
+    if (p->failed) return;
+    p->have_header = true;
+    p->size = h->size_bytes;
+    snprintf(p->id, sizeof p->id, "%s", h->program_id);
+    snprintf(p->name, sizeof p->name, "%s", h->name ? h->name : "");
+}
+
+static bool put_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    (void)req;
+    ctl_put *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "controller: out of memory");
+        return false;
+    }
+    p->c = user;
+    p->call = call;
+    rpc_call_set_data(call, p);
+    return false;
+}
+
+static bool put_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
+    (void)user;
+    ctl_put *p = rpc_call_get_data(call);
+    const Pie__V1__PutProgramRequest *r = (const Pie__V1__PutProgramRequest *)msg;
+    if (p == NULL || p->failed) return false;
+    if (!p->have_header) {
+        if (r->part_case != PIE__V1__PUT_PROGRAM_REQUEST__PART_HEADER)
+            put_fail(p, PIE_INVALID_ARGUMENT, "the first message must carry the header");
+        else
+            put_header(p, r->header);
+    } else if (r->part_case != PIE__V1__PUT_PROGRAM_REQUEST__PART_CHUNK) {
+        put_fail(p, PIE_INVALID_ARGUMENT, "header: only the first message carries it");
+    } else if (r->chunk.len == 0 || r->chunk.len > CTL_CHUNK_MAX) {
+        put_fail(p, PIE_INVALID_ARGUMENT, "chunk: %zu bytes, want 1..%u", r->chunk.len,
+                 CTL_CHUNK_MAX);
+    } else if (p->got + r->chunk.len > p->size) {
+        put_fail(p, PIE_INVALID_ARGUMENT,
+                 "chunk: the chunks add up to more than header.size_bytes (%llu)",
+                 (unsigned long long)p->size);
+    } else {
+        memcpy(p->buf + p->got, r->chunk.data, r->chunk.len);
+        p->got += r->chunk.len;
+    }
+    return false;
+}
+
+/* Hashing a program of up to programs.max_size takes too long for a completion-queue thread:
+ * the last part of a put runs on a thread of its own. */
+static void *put_finish_thread(void *arg) {
+    ctl_put *p = arg;
+    ctl_cluster *c = p->c;
+    pie_status st;
+    pie_status_ok(&st);
+    char sha[65];
+    bool already = false;
+    if (pie_sha256_hex(p->buf, p->size, sha, &st) == PIE_OK && strcmp(sha, p->id) != 0)
+        pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                       "header.program_id: %s, but the bytes received hash to %s", p->id, sha);
+    if (st.code == PIE_OK) {
+        ctl_registry_program_put(c->reg, p->id, p->name, p->buf, p->size, &already, &st);
+        p->buf = NULL; /* taken */
+    }
+    if (st.code == PIE_OK) {
+        Pie__V1__PutProgramResponse r = PIE__V1__PUT_PROGRAM_RESPONSE__INIT;
+        r.already_stored = already;
+        rpc_call_reply(p->call, &r.base);
+    } else {
+        pie_log_warn("ctl.registry.put_refused", "program=%s code=%s error=\"%s\"", p->id,
+                     pie_code_name(st.code), st.msg);
+        rpc_call_finish_status(p->call, &st);
+    }
+    rpc_call_unref(p->call);
+    free(p->buf);
+    free(p);
+    pthread_mutex_lock(&c->mu);
+    if (--c->puts == 0) pthread_cond_broadcast(&c->put_cv);
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void put_on_half_close(rpc_call *call, void *user) {
+    ctl_cluster *c = user;
+    ctl_put *p = rpc_call_get_data(call);
+    if (p == NULL || p->failed) return;
+    if (!p->have_header) {
+        put_fail(p, PIE_INVALID_ARGUMENT, "no header: the stream was empty");
+        return;
+    }
+    if (p->got != p->size) {
+        put_fail(p, PIE_INVALID_ARGUMENT, "chunk: received %llu bytes, header.size_bytes says %llu",
+                 (unsigned long long)p->got, (unsigned long long)p->size);
+        return;
+    }
+    rpc_call_set_data(call, NULL); /* the thread owns p now */
+    rpc_call_ref(call);
+    pthread_mutex_lock(&c->mu);
+    c->puts++;
+    pthread_mutex_unlock(&c->mu);
+    pthread_t t;
+    pthread_attr_t attr;
+    int err = pthread_attr_init(&attr);
+    if (err == 0) {
+        err = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (err == 0) err = pthread_create(&t, &attr, put_finish_thread, p);
+        pthread_attr_destroy(&attr);
+    }
+    if (err != 0) {
+        rpc_call_set_data(call, p);
+        put_fail(p, PIE_RESOURCE_EXHAUSTED, "PutProgram: cannot start a thread: %s", strerror(err));
+        rpc_call_unref(call);
+        pthread_mutex_lock(&c->mu);
+        if (--c->puts == 0) pthread_cond_broadcast(&c->put_cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+static void put_on_done(rpc_call *call, void *user) {
+    (void)user;
+    ctl_put *p = rpc_call_get_data(call);
+    if (p == NULL) return;
+    free(p->buf);
+    free(p);
+    rpc_call_set_data(call, NULL);
+}
+
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
-ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics, pie_status *st) {
+ctl_cluster *ctl_cluster_create(const ctl_cluster_config *cfg, pie_metrics *metrics,
+                                pie_status *st) {
     ctl_cluster *c = calloc(1, sizeof *c);
     if (c == NULL) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller: out of memory");
@@ -228,7 +539,9 @@ ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics
                 pthread_cond_init(&c->cv, &ca) == 0;
         pthread_condattr_destroy(&ca);
     }
-    if (!mu_ok || !cv_ok) {
+    bool put_ok = cv_ok && pthread_cond_init(&c->put_cv, NULL) == 0;
+    if (!mu_ok || !cv_ok || !put_ok) {
+        if (cv_ok) pthread_cond_destroy(&c->cv);
         if (mu_ok) pthread_mutex_destroy(&c->mu);
         free(c);
         pie_status_set(st, PIE_INTERNAL,
@@ -236,8 +549,12 @@ ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics
         return NULL;
     }
     ctl_sink sink = {.to_replica = sink_replica, .to_worker = sink_worker, .end_link = sink_end};
-    c->core = ctl_core_create(cfg, &sink, metrics, st);
+    c->program_max_bytes = cfg->program_max_bytes;
+    c->reg = ctl_registry_create(cfg->registry_bytes, metrics, st);
+    c->core = c->reg ? ctl_core_create(&cfg->core, &sink, metrics, st) : NULL;
     if (c->core == NULL) {
+        ctl_registry_destroy(c->reg);
+        pthread_cond_destroy(&c->put_cv);
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
         free(c);
@@ -279,6 +596,41 @@ ctl_cluster *ctl_cluster_create(const ctl_core_config *cfg, pie_metrics *metrics
         .on_call = status_on_call,
         .user = c,
     };
+    c->methods[3] = (rpc_method){
+        .path = "/pie.v1.Controller/GetTokenizer",
+        .kind = RPC_UNARY,
+        .request = &pie__v1__get_tokenizer_request__descriptor,
+        .response = &pie__v1__get_tokenizer_response__descriptor,
+        .on_call = get_tokenizer_on_call,
+        .user = c,
+    };
+    c->methods[4] = (rpc_method){
+        .path = "/pie.v1.Controller/PutProgram",
+        .kind = RPC_CLIENT_STREAM,
+        .request = &pie__v1__put_program_request__descriptor,
+        .response = &pie__v1__put_program_response__descriptor,
+        .on_call = put_on_call,
+        .on_message = put_on_message,
+        .on_half_close = put_on_half_close,
+        .on_done = put_on_done,
+        .user = c,
+    };
+    c->methods[5] = (rpc_method){
+        .path = "/pie.v1.Controller/GetProgram",
+        .kind = RPC_UNARY,
+        .request = &pie__v1__get_program_request__descriptor,
+        .response = &pie__v1__get_program_response__descriptor,
+        .on_call = get_program_on_call,
+        .user = c,
+    };
+    c->methods[6] = (rpc_method){
+        .path = "/pie.v1.Controller/DropProgram",
+        .kind = RPC_UNARY,
+        .request = &pie__v1__drop_program_request__descriptor,
+        .response = &pie__v1__drop_program_response__descriptor,
+        .on_call = drop_program_on_call,
+        .user = c,
+    };
     return c;
 }
 
@@ -309,6 +661,9 @@ const rpc_method *ctl_cluster_methods(ctl_cluster *c, size_t *n) {
 
 void ctl_cluster_destroy(ctl_cluster *c) {
     if (c == NULL) return;
+    pthread_mutex_lock(&c->mu);
+    while (c->puts > 0) pthread_cond_wait(&c->put_cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
     if (c->timer_started) {
         pthread_mutex_lock(&c->mu);
         c->stop = true;
@@ -317,6 +672,8 @@ void ctl_cluster_destroy(ctl_cluster *c) {
         pthread_join(c->timer, NULL);
     }
     ctl_core_destroy(c->core);
+    ctl_registry_destroy(c->reg);
+    pthread_cond_destroy(&c->put_cv);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -85,6 +85,12 @@ void ctl_core_worker_up(ctl_core *c, ctl_worker *w, Pie__V1__WorkerUp *up, int64
 /* The link ended (status: why): instances placed on it are terminated, replicas are told. */
 void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, int64_t now_ns);
 
+/* ---- cluster storage ------------------------------------------------------------------------ */
+
+/* A program was dropped from the registry (Controller.DropProgram): every replica gets a
+ * SessionEvent program_dropped naming it. */
+void ctl_core_program_dropped(ctl_core *c, const char *program_id, int64_t now_ns);
+
 /* ---- time ----------------------------------------------------------------------------------- */
 
 /* Fires what is due at now_ns (t_only / k_only batches, heartbeat checks). Returns the next

@@ -18,6 +18,8 @@ typedef struct ctl_config {
     uint32_t max_step_batches; /* scheduler.max_step_batches */
     int contention;            /* contention.policy: ctl_contention */
     int64_t heartbeat_ms;      /* worker.heartbeat */
+    uint64_t registry_bytes;   /* programs.registry_size */
+    uint64_t program_max;      /* programs.max_size */
 } ctl_config;
 
 static const pie_config_field ctl_fields[] = {
@@ -48,6 +50,14 @@ static const pie_config_field ctl_fields[] = {
     {"worker.heartbeat", PIE_CFG_DURATION, PIE_CONFIG_AT(ctl_config, heartbeat_ms), .def = "1s",
      .min = "10ms", .max = "1m",
      .doc = "stats interval asked of workers; a worker silent for 3 intervals is dropped"},
+    {"programs.registry_size", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, registry_bytes),
+     .def = "256MiB", .min = "1KiB", .max = "64GiB",
+     .doc = "memory for the program registry lifecycle replicas share (uploaded programs, "
+            "fetched by replicas that lack them); least recently used programs are evicted "
+            "beyond it"},
+    {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, program_max), .def = "64MiB",
+     .min = "1KiB", .max = "1GiB",
+     .doc = "largest program the registry accepts (keep it >= the lifecycles' programs.max_size)"},
 };
 static const pie_config_schema ctl_schema = PIE_CONFIG_SCHEMA(ctl_config, ctl_fields);
 
@@ -69,18 +79,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-controller: %s\n", st.msg);
         goto done;
     }
-    ctl_core_config cc = {
-        .sched =
+    ctl_cluster_config cc = {
+        .core =
             {
-                .strategy = (ctl_strategy)cfg.strategy,
-                .k = cfg.k,
-                .t_ns = (int64_t)cfg.t_us * 1000,
-                .k_timeout_ns = cfg.k_timeout_ms * 1000000,
-                .max_step_batches = cfg.max_step_batches,
+                .sched =
+                    {
+                        .strategy = (ctl_strategy)cfg.strategy,
+                        .k = cfg.k,
+                        .t_ns = (int64_t)cfg.t_us * 1000,
+                        .k_timeout_ns = cfg.k_timeout_ms * 1000000,
+                        .max_step_batches = cfg.max_step_batches,
+                    },
+                .contention = (ctl_contention)cfg.contention,
+                .heartbeat_ms = (uint32_t)cfg.heartbeat_ms,
+                .max_message_bytes = cfg.svc.max_message_bytes,
             },
-        .contention = (ctl_contention)cfg.contention,
-        .heartbeat_ms = (uint32_t)cfg.heartbeat_ms,
-        .max_message_bytes = cfg.svc.max_message_bytes,
+        .registry_bytes = cfg.registry_bytes,
+        .program_max_bytes = cfg.program_max,
     };
     cluster = ctl_cluster_create(&cc, svc_metrics(s), &st);
     if (cluster == NULL) {
@@ -94,9 +109,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-controller: %s\n", st.msg);
         goto done;
     }
-    pie_log_info("ctl.config", "strategy=%s k=%u t_us=%llu contention=%s heartbeat_ms=%lld",
+    pie_log_info("ctl.config",
+                 "strategy=%s k=%u t_us=%llu contention=%s heartbeat_ms=%lld "
+                 "registry_bytes=%llu",
                  ctl_strategy_names[cfg.strategy], cfg.k, (unsigned long long)cfg.t_us,
-                 ctl_contention_names[cfg.contention], (long long)cfg.heartbeat_ms);
+                 ctl_contention_names[cfg.contention], (long long)cfg.heartbeat_ms,
+                 (unsigned long long)cfg.registry_bytes);
     svc_add_health(s, "pie.v1.Controller");
     svc_set_serving(s, true);
     int sig = svc_wait_for_signal();

@@ -19,12 +19,49 @@ struct lc_api {
     lc_program_store *programs;
     lc_inst_mgr *insts;
     lc_session *session;
+    lc_store *store; /* the controller's registry; NULL or disabled: programs stay local */
     rpc_method methods[LC_API_MAX_METHODS];
     size_t n_methods;
-    pthread_mutex_t mu; /* guards uploads */
-    pthread_cond_t cv;  /* uploads reached 0 */
-    size_t uploads;     /* finishing threads still running */
+    pthread_mutex_t mu; /* guards jobs */
+    pthread_cond_t cv;  /* jobs reached 0 */
+    size_t jobs;        /* job threads still running (uploads, fetches, deletes) */
 };
+
+/* ---- jobs: what may block runs on a detached thread of its own ----------------------------- */
+
+static void job_done(lc_api *a) {
+    pthread_mutex_lock(&a->mu);
+    if (--a->jobs == 0) pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Starts fn(arg) on a detached thread counted in a->jobs (lc_api_destroy waits for them); fn
+ * ends with job_done. 0 or the pthread error (nothing started). */
+static int job_start(lc_api *a, void *(*fn)(void *), void *arg) {
+    pthread_mutex_lock(&a->mu);
+    a->jobs++;
+    pthread_mutex_unlock(&a->mu);
+    pthread_t t;
+    pthread_attr_t attr;
+    int err = pthread_attr_init(&attr);
+    if (err == 0) {
+        err = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (err == 0) err = pthread_create(&t, &attr, fn, arg);
+        pthread_attr_destroy(&attr);
+    }
+    if (err != 0) job_done(a);
+    return err;
+}
+
+static bool registry_on(const lc_api *a) { return lc_store_programs_enabled(a->store); }
+
+/* Whether a launch of id must first fetch the program from the registry: sharing is on, id is
+ * well-formed and this replica does not hold it. */
+static bool needs_fetch(lc_api *a, const char *id) {
+    pie_status st;
+    return registry_on(a) && pie_sha256_is_hex(id) &&
+           lc_program_lookup(a->programs, id, NULL, 0, &st) == PIE_NOT_FOUND;
+}
 
 /* ---- UploadProgram ------------------------------------------------------------------------ */
 
@@ -43,13 +80,6 @@ static void upload_fail(lc_upload *u, pie_code code, const char *msg) {
     rpc_call_finish(u->call, code, msg);
 }
 
-static bool is_hex64(const char *s) {
-    if (strlen(s) != 64) return false;
-    for (int i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
-    return true;
-}
-
 static void upload_meta(lc_upload *u, const Pie__V1__ProgramMetadata *md) {
     pie_status st;
     uint64_t max = lc_program_max_bytes(u->api->programs);
@@ -64,7 +94,8 @@ static void upload_meta(lc_upload *u, const Pie__V1__ProgramMetadata *md) {
                        "metadata.size_bytes: %llu is above this replica's program size limit "
                        "of %llu bytes",
                        (unsigned long long)md->size_bytes, (unsigned long long)max);
-    else if (md->expected_sha256 && md->expected_sha256[0] && !is_hex64(md->expected_sha256))
+    else if (md->expected_sha256 && md->expected_sha256[0] &&
+             !pie_sha256_is_hex(md->expected_sha256))
         pie_status_set(&st, PIE_INVALID_ARGUMENT,
                        "metadata.expected_sha256: \"%.80s\" is not 64 lowercase hex digits",
                        md->expected_sha256);
@@ -147,6 +178,14 @@ static void *upload_finish_thread(void *arg) {
                            u->expected_sha256, id);
     }
     if (st.code == PIE_OK) lc_program_put(a->programs, u->buf, u->size, u->name, id, &already, &st);
+    if (st.code == PIE_OK && registry_on(a)) {
+        /* Before answering, so that a launch on another replica right after finds it. The
+         * upload stands without it: the replica puts it again after its next (re)connect. */
+        pie_status pst;
+        if (lc_store_push_program(a->store, id, &pst) != PIE_OK)
+            pie_log_warn("lc.program.register_failed", "program=%s code=%s error=\"%s\"", id,
+                         pie_code_name(pst.code), pst.msg);
+    }
     if (st.code == PIE_OK) {
         Pie__V1__UploadProgramResponse r = PIE__V1__UPLOAD_PROGRAM_RESPONSE__INIT;
         r.program_id = id;
@@ -161,9 +200,7 @@ static void *upload_finish_thread(void *arg) {
     rpc_call_unref(u->call);
     free(u->buf);
     free(u);
-    pthread_mutex_lock(&a->mu);
-    if (--a->uploads == 0) pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
+    job_done(a);
     return NULL;
 }
 
@@ -184,25 +221,10 @@ static void upload_on_half_close(rpc_call *call, void *user) {
     }
     rpc_call_set_data(call, NULL); /* the thread owns u now */
     rpc_call_ref(call);
-    pthread_mutex_lock(&a->mu);
-    a->uploads++;
-    pthread_mutex_unlock(&a->mu);
-    pthread_t t;
-    pthread_attr_t attr;
-    int err = pthread_attr_init(&attr);
-    if (err == 0) {
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        err = pthread_create(&t, &attr, upload_finish_thread, u);
-        pthread_attr_destroy(&attr);
-    }
-    if (err != 0) {
+    if (job_start(a, upload_finish_thread, u) != 0) {
         rpc_call_set_data(call, u);
         upload_fail(u, PIE_RESOURCE_EXHAUSTED, "upload: cannot start a thread");
         rpc_call_unref(call);
-        pthread_mutex_lock(&a->mu);
-        a->uploads--;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
     }
 }
 
@@ -231,10 +253,68 @@ static bool list_programs_on_call(rpc_call *call, ProtobufCMessage *req, void *u
     return false;
 }
 
+typedef struct lc_delete_job {
+    lc_api *a;
+    rpc_call *call; /* a reference */
+    char id[65];
+} lc_delete_job;
+
+/* Deletes cluster-wide: here, then in the registry, which tells every replica. */
+static void *delete_thread(void *arg) {
+    lc_delete_job *j = arg;
+    lc_api *a = j->a;
+    pie_status st, rst;
+    pie_code local = lc_program_delete(a->programs, j->id, &st);
+    bool was = false;
+    pie_code remote = lc_store_drop_program(a->store, j->id, &was, &rst);
+    if (remote != PIE_OK)
+        pie_log_warn("lc.program.drop_failed", "program=%s code=%s error=\"%s\"", j->id,
+                     pie_code_name(remote), rst.msg);
+    if (local == PIE_OK || was) {
+        Pie__V1__DeleteProgramResponse resp = PIE__V1__DELETE_PROGRAM_RESPONSE__INIT;
+        rpc_call_reply(j->call, &resp.base);
+    } else if (local != PIE_NOT_FOUND) {
+        rpc_call_finish_status(j->call, &st);
+    } else if (remote == PIE_OK) {
+        pie_status_set(&st, PIE_NOT_FOUND,
+                       "program_id: %s is not stored on this replica nor in the controller's "
+                       "program registry",
+                       j->id);
+        rpc_call_finish_status(j->call, &st);
+    } else {
+        pie_status_set(&st, remote,
+                       "program_id: %s is not stored on this replica, and the controller's "
+                       "program registry could not be asked: %.300s",
+                       j->id, rst.msg);
+        rpc_call_finish_status(j->call, &st);
+    }
+    rpc_call_unref(j->call);
+    free(j);
+    job_done(a);
+    return NULL;
+}
+
 static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     lc_api *a = user;
     Pie__V1__DeleteProgramRequest *r = (Pie__V1__DeleteProgramRequest *)req;
     pie_status st;
+    if (registry_on(a) && pie_sha256_is_hex(r->program_id)) {
+        lc_delete_job *j = calloc(1, sizeof *j);
+        if (j == NULL) {
+            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
+            return false;
+        }
+        j->a = a;
+        j->call = call;
+        snprintf(j->id, sizeof j->id, "%s", r->program_id);
+        rpc_call_ref(call);
+        if (job_start(a, delete_thread, j) != 0) {
+            rpc_call_unref(call);
+            free(j);
+            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "delete: cannot start a thread");
+        }
+        return false;
+    }
     if (lc_program_delete(a->programs, r->program_id, &st) != PIE_OK) {
         rpc_call_finish_status(call, &st);
         return false;
@@ -246,14 +326,14 @@ static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *
 
 /* ---- instances ---------------------------------------------------------------------------- */
 
-static bool launch_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
-    lc_api *a = user;
+/* Launch once the program is here: the instance starts and the call gets its id. */
+static void launch_reply(lc_api *a, rpc_call *call, const Pie__V1__LaunchRequest *req) {
     pie_status st;
     lc_inst *in = NULL;
     lc_limits l;
-    if (lc_inst_launch(a->insts, (Pie__V1__LaunchRequest *)req, &in, &l, &st) != PIE_OK) {
+    if (lc_inst_launch(a->insts, req, &in, &l, &st) != PIE_OK) {
         rpc_call_finish_status(call, &st);
-        return false;
+        return;
     }
     Pie__V1__ResourceLimits pl;
     lc_limits_to_pb(&l, &pl);
@@ -262,6 +342,68 @@ static bool launch_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     r.limits = &pl;
     rpc_call_reply(call, &r.base);
     lc_inst_unref(in);
+}
+
+typedef struct lc_attach lc_attach;
+
+/* A Launch or Run whose program this replica lacks: fetched from the registry on a job thread,
+ * then launched there. */
+typedef struct lc_fetch_job {
+    lc_api *a;
+    rpc_call *call;              /* a reference */
+    Pie__V1__LaunchRequest *req; /* Launch: the kept request */
+    lc_attach *at;               /* Run: its state (a reference) */
+    char id[65];
+} lc_fetch_job;
+
+static void run_fetched(lc_api *a, rpc_call *call, lc_attach *at, const pie_status *fetched);
+
+static void *fetch_thread(void *arg) {
+    lc_fetch_job *j = arg;
+    lc_api *a = j->a;
+    pie_status st;
+    pie_status_ok(&st);
+    lc_store_fetch_program(a->store, j->id, &st);
+    if (j->at) {
+        run_fetched(a, j->call, j->at, &st);
+    } else {
+        if (st.code == PIE_OK)
+            launch_reply(a, j->call, j->req);
+        else
+            rpc_call_finish_status(j->call, &st);
+        rpc_msg_free(&j->req->base);
+    }
+    rpc_call_unref(j->call);
+    free(j);
+    job_done(a);
+    return NULL;
+}
+
+/* Starts the fetch of id for call; false (the call finished with the error) if it could not. */
+static bool fetch_start(lc_api *a, rpc_call *call, Pie__V1__LaunchRequest *req, lc_attach *at,
+                        const char *id) {
+    lc_fetch_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    *j = (lc_fetch_job){.a = a, .call = call, .req = req, .at = at};
+    snprintf(j->id, sizeof j->id, "%s", id);
+    rpc_call_ref(call);
+    if (job_start(a, fetch_thread, j) != 0) {
+        rpc_call_unref(call);
+        free(j);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "launch: cannot start a thread");
+        return false;
+    }
+    return true;
+}
+
+static bool launch_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    lc_api *a = user;
+    Pie__V1__LaunchRequest *r = (Pie__V1__LaunchRequest *)req;
+    if (needs_fetch(a, r->program_id)) return fetch_start(a, call, r, NULL, r->program_id);
+    launch_reply(a, call, r);
     return false;
 }
 
@@ -296,11 +438,32 @@ static bool list_instances_on_call(rpc_call *call, ProtobufCMessage *req, void *
 
 /* ---- Attach and Run ------------------------------------------------------------------------ */
 
-typedef struct lc_attach {
+/* The state of one Attach or Run call. Its callbacks run on the call's completion-queue thread;
+ * while a Run waits for its program (fetching), the fetch job runs too, so everything is
+ * under mu. The messages a Run client sends meanwhile are kept in order and replayed after
+ * the launch. */
+struct lc_attach {
+    pthread_mutex_t mu;
+    int refs;    /* the call's, and a fetch job's */
     lc_inst *in; /* a reference, once started */
     bool run;    /* Run (cancel terminates, half-close ends input) or Attach */
     bool over;   /* the call was ended by an error */
-} lc_attach;
+    bool fetching, cancelled, half_closed;
+    Pie__V1__RunRequest *launch; /* fetching: the kept first message */
+    ProtobufCMessage **backlog;  /* fetching: later messages, kept */
+    size_t n_backlog;
+};
+
+static void attach_release(lc_attach *at) { /* mu held; unlocks, frees at the last reference */
+    bool last = --at->refs == 0;
+    pthread_mutex_unlock(&at->mu);
+    if (!last) return;
+    for (size_t i = 0; i < at->n_backlog; i++) rpc_msg_free(at->backlog[i]);
+    free(at->backlog);
+    rpc_msg_free(at->launch ? &at->launch->base : NULL);
+    pthread_mutex_destroy(&at->mu);
+    free(at);
+}
 
 /* Ends the call with st. A Run's instance lives only as long as its call: it is terminated. */
 static void attach_fail(rpc_call *call, lc_attach *at, const pie_status *st) {
@@ -320,66 +483,98 @@ static bool attach_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
     (void)user;
     lc_attach *at = calloc(1, sizeof *at);
-    if (at == NULL) {
+    if (at == NULL || pthread_mutex_init(&at->mu, NULL) != 0) {
+        free(at);
         rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return false;
     }
+    at->refs = 1;
     at->run = strcmp(rpc_call_method(call), "/pie.v1.Lifecycle/Run") == 0;
     rpc_call_set_data(call, at);
     return false;
 }
 
-/* The first message: start (Attach) or launch (Run). */
-static void attach_start(lc_api *a, rpc_call *call, lc_attach *at, int msg_case,
-                         ProtobufCMessage *first) {
+/* Run: launches, sends `started`, attaches. */
+static void run_launch(lc_api *a, rpc_call *call, lc_attach *at,
+                       const Pie__V1__LaunchRequest *req) {
+    pie_status st;
+    lc_limits l;
+    if (lc_inst_launch(a->insts, req, &at->in, &l, &st) == PIE_OK) {
+        Pie__V1__ResourceLimits pl;
+        lc_limits_to_pb(&l, &pl);
+        Pie__V1__InstanceStarted s = PIE__V1__INSTANCE_STARTED__INIT;
+        s.instance_id = lc_inst_id(at->in);
+        s.limits = &pl;
+        Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
+        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STARTED;
+        r.started = &s;
+        rpc_call_send(call, &r.base);
+    }
+    if (at->in == NULL || lc_inst_attach(at->in, call, &st) != PIE_OK) attach_fail(call, at, &st);
+}
+
+/* The first message: start (Attach) or launch (Run). Returns true when it keeps msg (a Run
+ * whose program is being fetched). */
+static bool attach_start(lc_api *a, rpc_call *call, lc_attach *at, int msg_case,
+                         ProtobufCMessage *first, ProtobufCMessage *msg) {
     pie_status st;
     if (!at->run) {
         if (msg_case != PIE__V1__ATTACH_REQUEST__MSG_START) {
             pie_status_set(&st, PIE_INVALID_ARGUMENT, "the first message must be start");
             attach_fail(call, at, &st);
-            return;
+            return false;
         }
         at->in = lc_inst_find(a->insts, ((Pie__V1__AttachStart *)first)->instance_id, &st);
-    } else {
-        if (msg_case != PIE__V1__RUN_REQUEST__MSG_LAUNCH) {
-            pie_status_set(&st, PIE_INVALID_ARGUMENT, "the first message must be launch");
+        if (at->in == NULL || lc_inst_attach(at->in, call, &st) != PIE_OK)
             attach_fail(call, at, &st);
-            return;
-        }
-        lc_limits l;
-        if (lc_inst_launch(a->insts, (Pie__V1__LaunchRequest *)first, &at->in, &l, &st) == PIE_OK) {
-            Pie__V1__ResourceLimits pl;
-            lc_limits_to_pb(&l, &pl);
-            Pie__V1__InstanceStarted s = PIE__V1__INSTANCE_STARTED__INIT;
-            s.instance_id = lc_inst_id(at->in);
-            s.limits = &pl;
-            Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
-            r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STARTED;
-            r.started = &s;
-            rpc_call_send(call, &r.base);
-        }
+        return false;
     }
-    if (at->in == NULL || lc_inst_attach(at->in, call, &st) != PIE_OK) attach_fail(call, at, &st);
+    if (msg_case != PIE__V1__RUN_REQUEST__MSG_LAUNCH) {
+        pie_status_set(&st, PIE_INVALID_ARGUMENT, "the first message must be launch");
+        attach_fail(call, at, &st);
+        return false;
+    }
+    Pie__V1__LaunchRequest *req = (Pie__V1__LaunchRequest *)first;
+    if (needs_fetch(a, req->program_id)) {
+        at->fetching = true;
+        at->launch = (Pie__V1__RunRequest *)msg;
+        at->refs++; /* the job's */
+        if (fetch_start(a, call, NULL, at, req->program_id)) return true;
+        at->fetching = false; /* the call is finished */
+        at->launch = NULL;
+        at->refs--;
+        at->over = true;
+        return false;
+    }
+    run_launch(a, call, at, req);
+    return false;
 }
 
-/* A client message or end of input, after the first message. */
+/* A client message or end of input, after the first message; again_first: another launch (Run)
+ * or start (Attach), which the call cannot take twice. */
 static void attach_input(rpc_call *call, lc_attach *at, bool is_message,
-                         const ProtobufCBinaryData *msg, bool close_input) {
+                         const ProtobufCBinaryData *msg, bool close_input, bool again_first) {
     pie_status st;
     if (is_message) {
         if (lc_inst_message(at->in, msg->data, msg->len, &st) != PIE_OK) attach_fail(call, at, &st);
     } else if (close_input) {
         lc_inst_close_input(at->in);
+    } else if (again_first) {
+        pie_status_set(&st, PIE_FAILED_PRECONDITION,
+                       "%s: this call already %s instance %016llx; only its first message may "
+                       "be %s",
+                       at->run ? "launch" : "start", at->run ? "launched" : "is attached to",
+                       (unsigned long long)lc_inst_id(at->in), at->run ? "launch" : "start");
+        attach_fail(call, at, &st);
     } else {
-        pie_status_set(&st, PIE_INVALID_ARGUMENT, "%s: only the first message may be one",
-                       at->run ? "launch" : "start");
+        pie_status_set(&st, PIE_INVALID_ARGUMENT, "%s: the message sets none of its fields",
+                       at->run ? "RunRequest" : "AttachRequest");
         attach_fail(call, at, &st);
     }
 }
 
-static bool attach_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
-    lc_attach *at = rpc_call_get_data(call);
-    if (at == NULL || at->over) return false;
+/* One client message (mu held, not fetching, not over). Returns true when it keeps msg. */
+static bool attach_dispatch(lc_api *a, rpc_call *call, lc_attach *at, ProtobufCMessage *msg) {
     int c;
     ProtobufCMessage *first;
     bool is_message, close_input;
@@ -400,17 +595,13 @@ static bool attach_on_message(rpc_call *call, ProtobufCMessage *msg, void *user)
         close_input = c == PIE__V1__ATTACH_REQUEST__MSG_CLOSE_INPUT;
         bytes = is_message ? &r->message : NULL;
     }
-    if (at->in == NULL)
-        attach_start(user, call, at, c, first);
-    else
-        attach_input(call, at, is_message, bytes, close_input);
+    if (at->in == NULL) return attach_start(a, call, at, c, first, msg);
+    attach_input(call, at, is_message, bytes, close_input, first != NULL);
     return false;
 }
 
-static void attach_on_half_close(rpc_call *call, void *user) {
-    (void)user;
-    lc_attach *at = rpc_call_get_data(call);
-    if (at == NULL || at->over) return;
+/* End of client input (mu held, not fetching, not over). */
+static void attach_half_close(rpc_call *call, lc_attach *at) {
     if (at->in == NULL) {
         pie_status st;
         pie_status_set(&st, PIE_INVALID_ARGUMENT, "the stream ended before its first message");
@@ -425,24 +616,89 @@ static void attach_on_half_close(rpc_call *call, void *user) {
     }
 }
 
+/* The fetch job of a Run ended (its thread): launch, then what the client sent meanwhile. */
+static void run_fetched(lc_api *a, rpc_call *call, lc_attach *at, const pie_status *fetched) {
+    pthread_mutex_lock(&at->mu);
+    at->fetching = false;
+    if (!at->over && !at->cancelled) {
+        if (fetched->code != PIE_OK)
+            attach_fail(call, at, fetched);
+        else
+            run_launch(a, call, at, at->launch->launch);
+        for (size_t i = 0; i < at->n_backlog && !at->over; i++)
+            attach_dispatch(a, call, at, at->backlog[i]);
+        if (at->half_closed && !at->over) attach_half_close(call, at);
+    }
+    for (size_t i = 0; i < at->n_backlog; i++) rpc_msg_free(at->backlog[i]);
+    at->n_backlog = 0;
+    rpc_msg_free(&at->launch->base);
+    at->launch = NULL;
+    attach_release(at);
+}
+
+static bool attach_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
+    lc_attach *at = rpc_call_get_data(call);
+    if (at == NULL) return false;
+    bool kept = false;
+    pthread_mutex_lock(&at->mu);
+    if (at->over) {
+        /* ended by an error: nothing more is read */
+    } else if (at->fetching) {
+        ProtobufCMessage **v = realloc(at->backlog, (at->n_backlog + 1) * sizeof *v);
+        if (v == NULL) {
+            pie_status st;
+            pie_status_set(&st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+            attach_fail(call, at, &st);
+        } else {
+            at->backlog = v;
+            at->backlog[at->n_backlog++] = msg;
+            kept = true;
+        }
+    } else {
+        kept = attach_dispatch(user, call, at, msg);
+    }
+    pthread_mutex_unlock(&at->mu);
+    return kept;
+}
+
+static void attach_on_half_close(rpc_call *call, void *user) {
+    (void)user;
+    lc_attach *at = rpc_call_get_data(call);
+    if (at == NULL) return;
+    pthread_mutex_lock(&at->mu);
+    if (at->fetching)
+        at->half_closed = true;
+    else if (!at->over)
+        attach_half_close(call, at);
+    pthread_mutex_unlock(&at->mu);
+}
+
 static void attach_on_cancel(rpc_call *call, void *user) {
     (void)user;
     lc_attach *at = rpc_call_get_data(call);
-    if (at == NULL || at->in == NULL) return;
-    lc_inst_detach(at->in, call);
-    if (at->run) lc_inst_stop(at->in, PIE_CANCELLED, "terminated: the Run call was cancelled");
+    if (at == NULL) return;
+    pthread_mutex_lock(&at->mu);
+    at->cancelled = true;
+    if (at->in) {
+        lc_inst_detach(at->in, call);
+        if (at->run) lc_inst_stop(at->in, PIE_CANCELLED, "terminated: the Run call was cancelled");
+    }
+    pthread_mutex_unlock(&at->mu);
 }
 
 static void attach_on_done(rpc_call *call, void *user) {
     (void)user;
     lc_attach *at = rpc_call_get_data(call);
     if (at == NULL) return;
+    rpc_call_set_data(call, NULL);
+    pthread_mutex_lock(&at->mu);
+    at->cancelled = true; /* a fetch job that ends later launches nothing */
     if (at->in) {
         lc_inst_detach(at->in, call);
         lc_inst_unref(at->in);
+        at->in = NULL;
     }
-    free(at);
-    rpc_call_set_data(call, NULL);
+    attach_release(at);
 }
 
 /* ---- table -------------------------------------------------------------------------------- */
@@ -461,7 +717,7 @@ static void attach_on_done(rpc_call *call, void *user) {
     }
 
 lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session *session,
-                      pie_status *st) {
+                      lc_store *store, pie_status *st) {
     lc_api *a = calloc(1, sizeof *a);
     if (a == NULL || pthread_mutex_init(&a->mu, NULL) != 0) {
         free(a);
@@ -477,6 +733,7 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
     a->programs = programs;
     a->insts = insts;
     a->session = session;
+    a->store = store;
     rpc_method *m = a->methods;
     m[0] = (rpc_method){.path = "/pie.v1.Lifecycle/UploadProgram",
                         .kind = RPC_CLIENT_STREAM,
@@ -514,7 +771,7 @@ const rpc_method *lc_api_methods(lc_api *a, size_t *n) {
 void lc_api_destroy(lc_api *a) {
     if (a == NULL) return;
     pthread_mutex_lock(&a->mu);
-    while (a->uploads > 0) pthread_cond_wait(&a->cv, &a->mu);
+    while (a->jobs > 0) pthread_cond_wait(&a->cv, &a->mu);
     pthread_mutex_unlock(&a->mu);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);

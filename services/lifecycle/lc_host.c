@@ -575,7 +575,13 @@ lc_host *lc_host_create(const lc_host_config *cfg, lc_session *session, pie_metr
     }
     h->cfg.http_allow = h->http_allow;
     h->cfg.tokenizer_path = h->tokenizer_path;
-    h->tokreg = lc_tokreg_create(h->tokenizer_path, st);
+    if (cfg->tokreg) {
+        h->tokreg = cfg->tokreg;
+    } else {
+        lc_tokreg_config tc = {.path = h->tokenizer_path};
+        h->tokreg = lc_tokreg_create(&tc, st);
+        h->own_tokreg = true;
+    }
     lc_http_config hc = {.allow = h->http_allow,
                          .timeout_ms = cfg->http_timeout_ms,
                          .max_bytes = cfg->http_max_bytes};
@@ -595,7 +601,7 @@ lc_host *lc_host_create(const lc_host_config *cfg, lc_session *session, pie_metr
 void lc_host_destroy(lc_host *h) {
     if (h == NULL) return;
     lc_http_destroy(h->http); /* its callbacks release the instances they hold */
-    lc_tokreg_destroy(h->tokreg);
+    if (h->own_tokreg) lc_tokreg_destroy(h->tokreg);
     lc_host_models_free(h);
     pie_map64_free(&h->insts);
     pthread_mutex_destroy(&h->models_mu);

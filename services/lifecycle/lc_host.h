@@ -26,9 +26,13 @@ typedef struct lc_host lc_host;           /* one per process */
 typedef struct lc_host_inst lc_host_inst; /* one per instance */
 
 typedef struct lc_host_config {
-    const char *tokenizer_path; /* ':'-separated directories searched for a model's
-                                   tokenizer.json (each a model directory or a directory of
-                                   model directories), matched by TokenizerInfo.tokenizer_sha256 */
+    /* The tokenizers (not owned; must outlive the host). NULL: the host makes its own from
+     * tokenizer_path, with no cache and no fetching. */
+    struct lc_tokreg *tokreg;
+    const char *tokenizer_path; /* without tokreg: ':'-separated directories searched for a
+                                   model's tokenizer.json (each a model directory or a directory
+                                   of model directories), matched by
+                                   TokenizerInfo.tokenizer_sha256 */
     const char *http_allow;     /* ','-separated URL prefixes inferlets may fetch ("" = none) */
     uint64_t http_timeout_ms;   /* per request */
     uint64_t http_max_bytes;    /* response body cap */

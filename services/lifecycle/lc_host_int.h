@@ -41,6 +41,7 @@ struct lc_host {
     char *http_allow, *tokenizer_path; /* copies behind cfg's pointers */
     lc_session *session;
     lc_tokreg *tokreg;
+    bool own_tokreg; /* made from cfg.tokenizer_path (cfg.tokreg was NULL) */
     lc_http *http;
     pthread_mutex_t mu;        /* guards insts */
     pie_map64 insts;           /* instance id → lc_host_inst (a reference is taken by lookups) */

@@ -14,9 +14,14 @@
 #include "lc_inst.h"
 #include "lc_program.h"
 #include "lc_session.h"
+#include "lc_store.h"
+#include "lc_tokreg.h"
 #include "lc_wasm.h"
 #include "pie_log.h"
 #include "svc.h"
+
+#define LC_TOKENIZER_MAX_BYTES (512u << 20) /* as the worker's limit on tokenizer.json */
+#define LC_STORE_CALL_MS       30000        /* one call to the controller's storage */
 
 typedef struct lc_config {
     svc_config svc;
@@ -32,6 +37,8 @@ typedef struct lc_config {
     int64_t retention_ms;
     lc_limits defaults, maxima;
     char *tokenizer_path, *http_allow;
+    bool tokenizer_fetch; /* tokenizer.fetch */
+    bool registry;        /* programs.registry */
     int64_t http_timeout_ms;
     uint64_t http_max_bytes;
 } lc_config;
@@ -75,6 +82,9 @@ static const pie_config_field lc_fields[] = {
      .doc = "native stack of an instance thread (address space; only touched pages count)"},
     {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, max_program_bytes), .def = "64MiB",
      .min = "1KiB", .max = "1GiB", .doc = "largest program accepted by upload"},
+    {"programs.registry", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, registry), .def = "true",
+     .doc = "share programs through the controller's program registry: uploads are put there, "
+            "launches of ids this replica lacks fetch them, deletes are cluster-wide"},
     {"instances.output_buffer", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, output_buffer_bytes),
      .def = "1MiB", .min = "1KiB", .max = "1GiB",
      .doc = "output kept per instance while no client is attached (oldest dropped first)"},
@@ -85,8 +95,11 @@ static const pie_config_field lc_fields[] = {
     LC_LIMIT_FIELDS("max", maxima, "4GiB", "65536", "65536", "256", "4MiB", "24h", "168h",
                     "largest allowed:"),
     {"tokenizer.path", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tokenizer_path), .def = "",
-     .doc = "':'-separated directories searched for models' tokenizer.json (model dirs or "
-            "their parents)"},
+     .doc = "':'-separated directories searched first for models' tokenizer.json (model dirs "
+            "or their parents); optional: tokenizers are fetched from the controller"},
+    {"tokenizer.fetch", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tokenizer_fetch), .def = "true",
+     .doc = "fetch a tokenizer.json not found on tokenizer.path from the controller (checked "
+            "against its SHA-256, cached under runtime.cache_dir/tokenizers)"},
     {"http.allow", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, http_allow), .def = "",
      .doc = "','-separated URL prefixes inferlets may fetch (empty = none)"},
     {"http.timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, http_timeout_ms), .def = "10s",
@@ -102,6 +115,8 @@ typedef struct lc_parts {
     lc_session *session;
     lc_wasm_rt *rt;
     lc_program_store *programs;
+    lc_store *store;
+    lc_tokreg *tokreg;
     lc_host *host;
     lc_inst_mgr *insts;
     lc_api *api;
@@ -117,8 +132,35 @@ static pie_code make_dirs(const lc_config *cfg, char *native, size_t cap, pie_st
 }
 
 /* The health name of the public API: the readiness probe's. SERVING only while this replica
- * can launch (its Session is connected and knows a model); "" (liveness) stays SERVING. */
+ * can serve (its Session is connected, knows a model, and every served model's tokenizer is
+ * loaded); "" (liveness) stays SERVING. */
 #define LC_HEALTH_NAME "pie.v1.Lifecycle"
+
+/* The model gate of the Session: ready once every served model's tokenizer is loaded; a new
+ * model list starts loading (fetching) the tokenizers it names. */
+static bool gate_ready(void *ctx, const Pie__V1__ModelsChanged *mc) {
+    return lc_tokreg_models_ready(ctx, mc);
+}
+static void gate_changed(void *ctx, const Pie__V1__ModelsChanged *mc) {
+    lc_tokreg_want_models(ctx, mc);
+}
+static void tokenizer_loaded(void *ctx) { lc_session_update_ready(ctx); }
+
+/* Tokenizers: the path, the cache under the runtime cache dir, the controller. */
+static pie_code start_tokenizers(const lc_config *cfg, lc_parts *p, pie_status *st) {
+    char cache[4200];
+    snprintf(cache, sizeof cache, "%s/tokenizers", cfg->cache_dir);
+    lc_tokreg_config tc = {.path = cfg->tokenizer_path ? cfg->tokenizer_path : "",
+                           .cache_dir = cache,
+                           .fetch = cfg->tokenizer_fetch ? lc_store_fetch_tokenizer : NULL,
+                           .fetch_ctx = p->store,
+                           .loaded = tokenizer_loaded,
+                           .loaded_ctx = p->session};
+    if ((p->tokreg = lc_tokreg_create(&tc, st)) == NULL) return st->code;
+    lc_session_model_gate g = {.ctx = p->tokreg, .ready = gate_ready, .changed = gate_changed};
+    lc_session_set_model_gate(p->session, &g);
+    return PIE_OK;
+}
 
 static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     char native[4096];
@@ -139,7 +181,14 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
     if (p->programs == NULL) return st->code;
-    lc_host_config hc = {.tokenizer_path = cfg->tokenizer_path ? cfg->tokenizer_path : "",
+    lc_store_config stc = {.programs = cfg->registry,
+                           .max_program_bytes = cfg->max_program_bytes,
+                           .max_tokenizer_bytes = LC_TOKENIZER_MAX_BYTES,
+                           .call_timeout_ms = LC_STORE_CALL_MS};
+    p->store = lc_store_create(&stc, p->session, p->programs, svc_metrics(p->s), st);
+    if (p->store == NULL || start_tokenizers(cfg, p, st) != PIE_OK) return st->code;
+    lc_host_config hc = {.tokreg = p->tokreg,
+                         .tokenizer_path = cfg->tokenizer_path ? cfg->tokenizer_path : "",
                          .http_allow = cfg->http_allow ? cfg->http_allow : "",
                          .http_timeout_ms = (uint64_t)cfg->http_timeout_ms,
                          .http_max_bytes = cfg->http_max_bytes};
@@ -151,7 +200,8 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .thread_stack_bytes = cfg->stack_bytes};
     if ((p->insts = lc_inst_mgr_create(&ic, p->programs, p->host, p->session, st)) == NULL)
         return st->code;
-    if ((p->api = lc_api_create(p->programs, p->insts, p->session, st)) == NULL) return st->code;
+    if ((p->api = lc_api_create(p->programs, p->insts, p->session, p->store, st)) == NULL)
+        return st->code;
     size_t n_methods;
     const rpc_method *methods = lc_api_methods(p->api, &n_methods);
     if (svc_serve(p->s, methods, n_methods, st) != PIE_OK) return st->code;
@@ -166,9 +216,13 @@ static void lc_stop(lc_parts *p) {
     svc_drain(p->s);            /* server next: no callback runs after it */
     lc_api_destroy(p->api);     /* waits for uploads being validated */
     lc_inst_mgr_destroy(p->insts);
+    lc_store_stop(p->store);        /* no more calls on the Session's channel */
+    lc_tokreg_stop(p->tokreg);      /* no more fetches */
     lc_session_destroy(p->session); /* last InstanceEnds, stops the Session thread (the host's
                                        results sink), the controller forgets this replica */
     lc_host_destroy(p->host);
+    lc_tokreg_destroy(p->tokreg);
+    lc_store_destroy(p->store); /* after the Session: its thread calls the store's hooks */
     lc_program_store_destroy(p->programs);
     lc_wasm_rt_destroy(p->rt);
     svc_stop(p->s); /* last: threads stopped above may update its metrics */

@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pie_sha256.h"
+
 typedef struct lc_program_loaded {
     char id[65];
     lc_wasm_module *m; /* the store's reference */
@@ -26,15 +28,8 @@ struct lc_program_store {
     size_t n_loaded, cap_loaded;
 };
 
-static bool valid_id(const char *id) {
-    if (id == NULL || strlen(id) != 64) return false;
-    for (int i = 0; i < 64; i++)
-        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f'))) return false;
-    return true;
-}
-
 static pie_code check_id(const char *id, pie_status *st) {
-    if (valid_id(id)) return PIE_OK;
+    if (pie_sha256_is_hex(id)) return PIE_OK;
     return pie_status_set(st, PIE_INVALID_ARGUMENT,
                           "program_id: \"%.80s\" is not 64 lowercase hex digits (a SHA-256)",
                           id ? id : "");
@@ -208,6 +203,18 @@ static pie_code read_file(const char *path, uint8_t **out, size_t *len, pie_stat
     return PIE_OK;
 }
 
+pie_code lc_program_bytes(lc_program_store *ps, const char *id, uint8_t **bytes, size_t *len,
+                          char *name, size_t cap, pie_status *st) {
+    *bytes = NULL;
+    *len = 0;
+    if (check_id(id, st) != PIE_OK) return st->code;
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    if (read_file(path, bytes, len, st) != PIE_OK) return st->code;
+    if (!read_meta(ps, id, name, cap, NULL)) snprintf(name, cap, "%s", "");
+    return PIE_OK;
+}
+
 pie_code lc_program_instance(lc_program_store *ps, const char *id,
                              const lc_wasm_instance_opts *opts, lc_wasm_instance **out,
                              pie_status *st) {
@@ -299,7 +306,7 @@ pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size
         if (strlen(e->d_name) != 69 || strcmp(e->d_name + 64, ".wasm") != 0) continue;
         memcpy(id, e->d_name, 64);
         id[64] = '\0';
-        if (!valid_id(id)) continue;
+        if (!pie_sha256_is_hex(id)) continue;
         Pie__V1__ProgramInfo *pi = info_of(ps, id);
         if (pi == NULL) continue;
         if (cnt == cap) {

@@ -48,6 +48,11 @@ pie_code lc_program_instance(lc_program_store *ps, const char *id,
                              const lc_wasm_instance_opts *opts, lc_wasm_instance **out,
                              pie_status *st);
 
+/* The stored bytes of program id (*bytes malloc'd, the caller frees it) and its label (cap
+ * bytes; "" when it has none). NOT_FOUND when not stored here. */
+pie_code lc_program_bytes(lc_program_store *ps, const char *id, uint8_t **bytes, size_t *len,
+                          char *name, size_t cap, pie_status *st);
+
 /* Every stored program ordered by id; free with lc_program_list_free. */
 pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size_t *n,
                          pie_status *st);

@@ -29,6 +29,8 @@ struct lc_session {
     pie_gauge *g_connected, *g_models;
     pie_counter *c_up; /* SessionUp messages sent */
     lc_session_sink sink;
+    lc_session_store_hooks store;
+    lc_session_model_gate gate;
 
     /* Outbound: instance threads append packed parts to out; the sender thread swaps it out and
      * sends it as one SessionUp (split only above LC_SESSION_UP_MAX). */
@@ -74,15 +76,19 @@ static void session_on_connect(rpc_link *link, void *user) {
     pthread_mutex_unlock(&s->out_mu);
 }
 
-/* Publishes whether this replica can launch now: connected and knowing a model. */
+/* Publishes whether this replica can serve now: connected, knowing a model, and the gate
+ * agreeing (every model's tokenizer loaded). */
 static void update_ready(lc_session *s) {
     if (s->sv == NULL || s->cfg.ready_health == NULL) return;
     pthread_mutex_lock(&s->mu);
     bool ready =
         atomic_load(&s->replica_index) != 0 && s->models_changed && s->models_changed->n_models > 0;
+    if (ready && s->gate.ready) ready = s->gate.ready(s->gate.ctx, s->models_changed);
     pthread_mutex_unlock(&s->mu);
     svc_set_health_ready(s->sv, s->cfg.ready_health, ready);
 }
+
+void lc_session_update_ready(lc_session *s) { update_ready(s); }
 
 /* Keeps down (returns true) when it holds the newest model list. */
 static bool take_models(lc_session *s, Pie__V1__SessionDown *down) {
@@ -96,6 +102,7 @@ static bool take_models(lc_session *s, Pie__V1__SessionDown *down) {
     s->models = down;
     s->models_changed = mc;
     atomic_fetch_add(&s->models_gen, 1);
+    if (s->gate.changed) s->gate.changed(s->gate.ctx, mc);
     pthread_mutex_unlock(&s->mu);
     pie_gauge_set(s->g_models, (double)mc->n_models);
     pie_log_info("lc.session.models", "count=%zu", mc->n_models);
@@ -112,11 +119,16 @@ static bool session_on_message(rpc_link *link, ProtobufCMessage *msg, void *user
         pie_log_info("lc.session.welcome", "replica_index=%u controller_version=%s",
                      down->welcome->replica_index, down->welcome->version);
     }
-    for (size_t i = 0; i < down->n_events; i++)
-        if (down->events[i]->event_case == PIE__V1__SESSION_EVENT__EVENT_WORKER_LOST)
+    for (size_t i = 0; i < down->n_events; i++) {
+        const Pie__V1__SessionEvent *e = down->events[i];
+        if (e->event_case == PIE__V1__SESSION_EVENT__EVENT_WORKER_LOST)
             pie_log_warn("lc.session.worker_lost", "worker_index=%u group=%s",
-                         down->events[i]->worker_lost->worker_index,
-                         down->events[i]->worker_lost->group_id);
+                         e->worker_lost->worker_index, e->worker_lost->group_id);
+        else if (e->event_case == PIE__V1__SESSION_EVENT__EVENT_PROGRAM_DROPPED &&
+                 s->store.program_dropped && e->program_dropped->program_id)
+            s->store.program_dropped(s->store.ctx, e->program_dropped->program_id);
+    }
+    if (down->welcome && s->store.welcomed) s->store.welcomed(s->store.ctx);
     if ((down->n_results || down->n_events) && s->sink.on_down) s->sink.on_down(s->sink.ctx, down);
     bool kept = take_models(s, down);
     if (kept || down->welcome) update_ready(s);
@@ -328,6 +340,12 @@ static void *sender_main(void *arg) {
 }
 
 void lc_session_set_sink(lc_session *s, const lc_session_sink *sink) { s->sink = *sink; }
+
+void lc_session_set_store_hooks(lc_session *s, const lc_session_store_hooks *h) { s->store = *h; }
+
+void lc_session_set_model_gate(lc_session *s, const lc_session_model_gate *g) { s->gate = *g; }
+
+rpc_channel *lc_session_channel(lc_session *s) { return s->ch; }
 
 uint64_t lc_session_models_gen(lc_session *s) { return atomic_load(&s->models_gen); }
 

@@ -28,7 +28,8 @@ typedef struct lc_session_config {
     const char *replica_id; /* stable name of this replica (empty = hostname:port) */
     const char *advertise;  /* host:port clients use to reach this replica ("" = unknown) */
     /* A health name (registered with svc_add_health) that is ready only while the Session is
-     * connected and knows a model to launch on: the readiness probe's name. NULL: none. */
+     * connected, knows a model to launch on and the model gate (lc_session_set_model_gate)
+     * agrees: the readiness probe's name. NULL: none. */
     const char *ready_health;
 } lc_session_config;
 
@@ -97,6 +98,39 @@ void lc_session_stage_free(lc_session_stage *sg);
 /* The current connection (changes on every reconnect), or 0 while the Session is not open (no
  * hello sent). Instances remember the epoch they began in. */
 uint64_t lc_session_epoch(lc_session *s);
+
+/* ---- cluster storage --------------------------------------------------------------------------
+ */
+
+/* The channel to the controller (the Session's), for the cluster storage calls (lc_store.c);
+ * NULL before lc_session_start. Valid until lc_session_destroy. */
+rpc_channel *lc_session_channel(lc_session *s);
+
+/* What lc_store hears from the Session. Callbacks run on the Session's thread and must not
+ * block on the network. */
+typedef struct lc_session_store_hooks {
+    void *ctx;
+    void (*welcomed)(void *ctx); /* the controller accepted a (re)connect */
+    /* SessionEvent program_dropped: delete the local copy (quick disk work is fine). */
+    void (*program_dropped)(void *ctx, const char *program_id);
+} lc_session_store_hooks;
+/* Sets the hooks (copied); before lc_session_start. */
+void lc_session_set_store_hooks(lc_session *s, const lc_session_store_hooks *h);
+
+/* ---- readiness ------------------------------------------------------------------------------ */
+
+/* A further condition of readiness (cfg.ready_health) on the model list: `ready` says whether
+ * every model of mc can be served now (e.g. its tokenizer is loaded), `changed` hears of every
+ * new list. Both run under the Session's lock: they must not block or call the session. */
+typedef struct lc_session_model_gate {
+    void *ctx;
+    bool (*ready)(void *ctx, const Pie__V1__ModelsChanged *mc);
+    void (*changed)(void *ctx, const Pie__V1__ModelsChanged *mc);
+} lc_session_model_gate;
+/* Sets the gate (copied); before lc_session_start. */
+void lc_session_set_model_gate(lc_session *s, const lc_session_model_gate *g);
+/* Re-evaluates readiness (call when the gate's answer may have changed). Thread-safe. */
+void lc_session_update_ready(lc_session *s);
 
 /* ---- models --------------------------------------------------------------------------------- */
 

@@ -57,7 +57,7 @@ done:
     return rc;
 }
 
-/* tokenizer.json: SHA-256 of its bytes and the number of token ids it defines. */
+/* tokenizer.json: SHA-256 of its bytes, the number of token ids it defines, and the bytes. */
 static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     char path[1024];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -68,7 +68,12 @@ static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     if (rc != PIE_OK) return rc;
     rc = pie_sha256_hex(json, len, d->tokenizer_sha256, st);
     if (rc == PIE_OK) rc = tok_load_json(json, len, path, &t, st);
-    if (rc == PIE_OK) d->tokenizer_num_tokens = tok_vocab_size(t);
+    if (rc == PIE_OK) {
+        d->tokenizer_num_tokens = tok_vocab_size(t);
+        d->tokenizer_json = json; /* kept for the registration */
+        d->tokenizer_json_bytes = len;
+        json = NULL;
+    }
     tok_free(t);
     free(json);
     return rc;
@@ -248,8 +253,11 @@ pie_code wrk_desc_finish(wrk_desc *d, const char *name, const char *dir, const c
 void wrk_desc_free(wrk_desc *d) {
     free(d->description);
     free(d->chat_template);
+    free(d->tokenizer_json);
     d->description = NULL;
     d->chat_template = NULL;
+    d->tokenizer_json = NULL;
+    d->tokenizer_json_bytes = 0;
 }
 
 void wrk_desc_to_pb(const wrk_desc *d, wrk_desc_pb *pb) {

@@ -2,9 +2,10 @@
  * its WorkerCapacity, as sent in WorkerRegistration and answered by Worker/Info.
  *
  * Owns: reading the model directory's descriptive files (config.json through mdl_config_load,
- * tokenizer.json for its SHA-256 and token count, tokenizer_config.json for the chat template
- * and add_bos_token), the fixed description of the null backend, the limits derived from them
- * (max_top_k, default_top_k, max_forward_tokens) and the protobuf view of all of it.
+ * tokenizer.json for its SHA-256, token count and bytes — kept for the registration —,
+ * tokenizer_config.json for the chat template and add_bos_token), the fixed description of
+ * the null backend, the limits derived from them (max_top_k, default_top_k,
+ * max_forward_tokens) and the protobuf view of all of it.
  * Does not own: loading weights or pools (engine/), the link (wrk_node.c). */
 #ifndef WRK_DESC_H
 #define WRK_DESC_H
@@ -35,6 +36,10 @@ typedef struct wrk_desc {
     uint32_t stop_token_ids[MDL_MAX_EOS];
     size_t n_stop_token_ids;
     char *chat_template; /* "" when the model has none */
+    /* tokenizer.json as read (hashes to tokenizer_sha256), sent to the controller with the
+     * registration (WorkerRegistration.tokenizer_json); NULL for the null backend. */
+    char *tokenizer_json;
+    size_t tokenizer_json_bytes;
     /* WorkerCapacity */
     uint32_t kv_pages, embed_slots, max_batch_tokens, max_batch_items;
 } wrk_desc;

@@ -77,6 +77,27 @@ static Pie__V1__Backend backend_pb(const wrk_node *w) {
                : PIE__V1__BACKEND__BACKEND_CPU;
 }
 
+/* The registration carries the model's tokenizer.json so that lifecycle replicas can fetch it
+ * from the controller (controller.proto, WorkerRegistration.tokenizer_json) — unless the file
+ * would push the message over max_message_bytes: then it is left out, and replicas need the
+ * file on their tokenizer.path. */
+static void attach_tokenizer(wrk_node *w, Pie__V1__WorkerUp *up) {
+    const wrk_desc *d = w->ready.desc;
+    if (d->tokenizer_json == NULL || d->tokenizer_json_bytes == 0) return;
+    uint64_t max = w->cfg.max_message_bytes;
+    size_t rest = protobuf_c_message_get_packed_size(&up->base);
+    const size_t framing = 16; /* the field's tag and length, with room to spare */
+    if (max != 0 && rest + framing + d->tokenizer_json_bytes > max) {
+        pie_log_warn("wrk.link.tokenizer_not_sent",
+                     "bytes=%zu max_message=%llu: lifecycle replicas need tokenizer.json on "
+                     "their tokenizer.path",
+                     d->tokenizer_json_bytes, (unsigned long long)max);
+        return;
+    }
+    up->registration->tokenizer_json.data = (uint8_t *)d->tokenizer_json;
+    up->registration->tokenizer_json.len = d->tokenizer_json_bytes;
+}
+
 static void link_on_connect(rpc_link *link, void *user) {
     wrk_node *w = user;
     wrk_desc_pb pb;
@@ -93,6 +114,7 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.address = (char *)w->cfg.advertise;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.registration = &reg;
+    attach_tokenizer(w, &up);
     pie_status st;
     pthread_mutex_lock(&w->send_mu);
     bool closing = atomic_load(&w->closing);

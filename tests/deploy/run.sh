@@ -71,7 +71,7 @@ variants() {
 auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
 auth.token=fixed-token,auth.secretKey=bearer,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false
 lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
-lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer
+lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer,lifecycle.cacheClaim=pie-programs
 worker.model.existingClaim=models,worker.replicas=4
 worker.leaderWorkerSet.enabled=true
 worker.leaderWorkerSet.enabled=true,worker.replicas=3,worker.config.backend=cpu

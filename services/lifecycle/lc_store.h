@@ -1,0 +1,68 @@
+/* lc_store.h — this replica's side of the controller's cluster storage (controller.proto:
+ * GetTokenizer, PutProgram, GetProgram, DropProgram), so that a replica needs neither model
+ * files nor the uploads other replicas received (docs/deploy.md, "Programs and tokenizers
+ * across replicas").
+ *
+ * Owns: fetching a tokenizer.json by hash (for lc_tokreg, which checks and caches it),
+ * fetching a program this replica lacks into its program store (checked against its id before
+ * it is stored), putting an uploaded program into the registry, dropping one cluster-wide, the
+ * SessionEvent program_dropped (the local copy goes), and the re-put of every local program
+ * after each (re)connect of the Session — a restarted controller starts with an empty registry
+ * and learns the programs back from the replicas that hold them.
+ * Does not own: the Session and its channel (lc_session.c), the program store (lc_program.c),
+ * when to fetch (lc_api.c: a launch of an unknown id; lc_tokreg.c: a tokenizer not on the
+ * path). Every call here blocks on the network: never on a completion-queue thread. */
+#ifndef LC_STORE_H
+#define LC_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lc_program.h"
+#include "lc_session.h"
+#include "pie_metrics.h"
+#include "pie_status.h"
+
+typedef struct lc_store lc_store;
+
+typedef struct lc_store_config {
+    bool programs;                /* programs.registry: share programs through the controller */
+    uint64_t max_program_bytes;   /* largest program fetched (programs.max_size) */
+    uint64_t max_tokenizer_bytes; /* largest tokenizer.json fetched */
+    int64_t call_timeout_ms;      /* deadline of one call to the controller */
+} lc_store_config;
+
+/* Registers with the session for its (re)connects and program_dropped events; starts the
+ * re-put thread when cfg->programs. Before lc_session_start. */
+lc_store *lc_store_create(const lc_store_config *cfg, lc_session *session,
+                          lc_program_store *programs, pie_metrics *metrics, pie_status *st);
+/* Stops the re-put thread (waits for a re-put in progress): no call on the Session's channel
+ * after it. Before lc_session_destroy. Idempotent; NULL is fine. */
+void lc_store_stop(lc_store *s);
+/* After lc_session_destroy (its thread calls the hooks until then), before
+ * lc_program_store_destroy. NULL is fine. */
+void lc_store_destroy(lc_store *s);
+
+/* Whether programs are shared through the controller (lc_store_config.programs). */
+bool lc_store_programs_enabled(const lc_store *s);
+
+/* The tokenizer.json with this hash, from the controller: *bytes (malloc'd, the caller frees
+ * it) and *len, NOT yet checked against the hash (the caller does). UNAVAILABLE (Session not
+ * connected, controller unreachable), NOT_FOUND (no linked worker supplied it),
+ * RESOURCE_EXHAUSTED (larger than max_tokenizer_bytes). Signature of lc_tokreg_fetch_fn. */
+pie_code lc_store_fetch_tokenizer(void *store, const char *sha256, uint8_t **bytes, size_t *len,
+                                  pie_status *st);
+
+/* Fetches program id from the registry, checks that its bytes hash to id, and stores it in the
+ * program store (validating and compiling it, as an upload does). NOT_FOUND naming both
+ * places when the registry lacks it; DATA_LOSS when the bytes hash to another id. */
+pie_code lc_store_fetch_program(lc_store *s, const char *id, pie_status *st);
+
+/* Puts local program id into the registry unless it already holds it. */
+pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st);
+
+/* Drops id from the registry and so from every connected replica; *was: the registry held it. */
+pie_code lc_store_drop_program(lc_store *s, const char *id, bool *was, pie_status *st);
+
+#endif
