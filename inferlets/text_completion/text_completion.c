@@ -5,7 +5,9 @@
  * for exactly K candidates: at most the model's max_top_k), --seed S (0 = WASI random), --stop
  * STRING (one stop string), --ignore-eos (the model's stop tokens do not stop).
  * Output: the completion streams to stdout as it is decided; at the end it is sent as one
- * message, then a second message "reason=<why> tokens=<n>". */
+ * message, then a second message "reason=<why> tokens=<n>". A failed call (an exhausted KV or
+ * embedding quota, ...) ends it at that call: exit status 1, "pie: <call>: <error>" on stderr,
+ * no messages (the SDK's convention; see sdk/README.md). */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -198,7 +198,10 @@ typedef struct pie_dists {
 } pie_dists;
 
 /* Issues next_dist for embeds[0..n) on queue q (k 0 = model default; temperature 1) and
- * returns the future to pass to pie_dists_take. */
+ * returns the future to pass to pie_dists_take. A synchronize of q is armed just before it and
+ * taken first by pie_dists_take / pie_future_take[_try]: a deferred failure of an earlier call
+ * on q (a forward whose pages the quota refused, ...) is this future's failure. Take it with
+ * those or drop it with pie_future_discard, never with the raw pie_future_result. */
 uint32_t pie_next_dist_issue(uint32_t q, const uint32_t *embeds, size_t n, uint32_t top_k);
 /* Waits for f and parses its payload into *out (reusing its storage). */
 void pie_dists_take(uint32_t f, pie_dists *out);
@@ -336,7 +339,9 @@ void ctx_flush(pie_ctx *c);
 /* Low level: forwards the pending tokens (kept in KV) and returns, in outs[0..n_outputs), the
  * output embeddings of the last n_outputs of them (n_outputs <= pending,
  * <= max_forward_tokens; the embeddings stay owned by the context and are valid until its next
- * forward). */
+ * forward). The tokens go in chunks of at most max_forward_tokens and at most the input
+ * embeddings the instance's embedding quota lets the context hold (probed by allocating and
+ * synchronizing when the context needs more; see sdk/README.md). */
 void ctx_forward_pending(pie_ctx *c, uint32_t n_outputs, const uint32_t **outs);
 /* Removes the last n tokens from the history and their K/V (rollback of rejected drafts). The
  * hidden state is gone afterwards (the next step recomputes it). */

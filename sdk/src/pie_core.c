@@ -140,7 +140,31 @@ void pie_id_put(pie_id_kind kind, uint32_t id) {
 
 uint32_t pie_future_new(void) { return pie_id_get(PIE_ID_FUTURE); }
 
-int32_t pie_future_take_try(uint32_t f, pie_buf *out) {
+/* check_of[f]: the synchronize future armed just before f on f's queue (0 = none), indexed by
+ * future id (ids are dense: they come from the pool). Global for the same reason as the pools. */
+static uint32_t *pie_check_of;
+static size_t pie_check_cap;
+
+void pie_future_set_check(uint32_t f, uint32_t sync_f) {
+    if (f >= pie_check_cap) {
+        size_t cap = pie_check_cap ? pie_check_cap : 64;
+        while (cap <= f) cap *= 2;
+        pie_check_of = pie_xrealloc(pie_check_of, cap * sizeof *pie_check_of);
+        memset(pie_check_of + pie_check_cap, 0, (cap - pie_check_cap) * sizeof *pie_check_of);
+        pie_check_cap = cap;
+    }
+    pie_check_of[f] = sync_f;
+}
+
+/* Detaches and returns f's synchronize future (0 = none). */
+static uint32_t check_detach(uint32_t f) {
+    if (f >= pie_check_cap) return 0;
+    uint32_t s = pie_check_of[f];
+    pie_check_of[f] = 0;
+    return s;
+}
+
+static int32_t take_plain(uint32_t f, pie_buf *out) {
     pie_buf_reserve(out, 255);
     for (;;) {
         int32_t n = pie_future_result(f, out->data, (uint32_t)(out->cap - 1));
@@ -159,11 +183,45 @@ int32_t pie_future_take_try(uint32_t f, pie_buf *out) {
     }
 }
 
+/* Takes f's synchronize future first when it has one: a failure of an earlier call on the
+ * queue is f's failure (f is dropped, *from_check set). */
+static int32_t take_checked(uint32_t f, pie_buf *out, bool *from_check) {
+    *from_check = false;
+    uint32_t s = check_detach(f);
+    if (s) {
+        pie_buf b = {0};
+        int32_t rc = take_plain(s, &b);
+        pie_buf_free(&b);
+        if (rc < 0) {
+            *from_check = true;
+            if (pie_future_drop(f) < 0) pie_fatal("future_drop %u: %s", (unsigned)f, pie_error());
+            pie_id_put(PIE_ID_FUTURE, f);
+            pie_buf_clear(out);
+            return rc;
+        }
+    }
+    return take_plain(f, out);
+}
+
+int32_t pie_future_take_try(uint32_t f, pie_buf *out) {
+    bool from_check;
+    return take_checked(f, out, &from_check);
+}
+
 size_t pie_future_take(uint32_t f, pie_buf *out, const char *what) {
-    return (size_t)pie_check(pie_future_take_try(f, out), what);
+    bool from_check;
+    int32_t rc = take_checked(f, out, &from_check);
+    if (rc < 0 && from_check) {
+        /* Read the message before anything else can fail. */
+        pie_fatal("%s: a call issued before it on its queue failed: %s (code %d)", what,
+                  pie_error(), (int)-rc);
+    }
+    return (size_t)pie_check(rc, what);
 }
 
 void pie_future_discard(uint32_t f) {
+    uint32_t s = check_detach(f);
+    if (s) pie_future_discard(s);
     pie_check(pie_future_drop(f), "future_drop");
     pie_id_put(PIE_ID_FUTURE, f);
 }

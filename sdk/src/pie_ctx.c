@@ -132,18 +132,69 @@ static void pages_prepare(pie_ctx *c, size_t n) {
     }
 }
 
-static void embeds_reserve(pie_ctx *c, uint32_t **ids, uint32_t *have, uint32_t n) {
-    if (n <= *have) return;
-    *ids = pie_xrealloc(*ids, n * sizeof **ids);
-    pie_embeds_alloc(c->queue, *ids + *have, n - *have);
-    *have = n;
+/* The ABI binds at most this many ids per call; a fill's chunk uses at most as many inputs. */
+#define EMBEDS_PER_CALL 4096u
+
+/* Grows *ids (held *have) towards want embeddings. The instance's embedding quota is not known
+ * up front, so each growth is synchronized: when the quota refuses it, a smaller one is tried,
+ * down to least. Returns false when even least could not be allocated (message in
+ * pie_error()); any other failure is fatal. */
+static bool embeds_grow(pie_ctx *c, uint32_t **ids, uint32_t *have, uint32_t want, uint32_t least) {
+    if (*have >= want) return true;
+    *ids = pie_xrealloc(*ids, want * sizeof **ids);
+    uint32_t n = want;
+    while (n > *have) {
+        uint32_t k = n - *have, *fresh = *ids + *have;
+        for (uint32_t i = 0; i < k; i++) fresh[i] = pie_id_get(PIE_ID_EMBED);
+        if (pie_alloc_embeds(c->queue, fresh, k) < 0)
+            pie_fatal("alloc_embeds (queue %u, %u ids): %s", (unsigned)c->queue, (unsigned)k,
+                      pie_error());
+        int32_t rc = pie_queue_sync_try(c->queue);
+        if (rc >= 0) {
+            *have = n;
+            return true;
+        }
+        const char *msg = pie_error();
+        if (rc != PIE_ABI_E_RESOURCE_EXHAUSTED || strncmp(msg, "alloc_embeds:", 13) != 0)
+            pie_fatal("alloc_embeds (queue %u, %u ids) or a call before it failed: %s (code %d)",
+                      (unsigned)c->queue, (unsigned)k, msg, (int)-rc);
+        for (uint32_t i = 0; i < k; i++) pie_id_put(PIE_ID_EMBED, fresh[k - 1 - i]);
+        if (n <= least) return false;
+        n = *have + k / 2;
+        if (n < least) n = least;
+    }
+    return true; /* held more than the quota allowed adding: keep those */
+}
+
+/* Gives back input embeddings [keep, n_in_embeds) (room for outputs). */
+static void in_embeds_shrink(pie_ctx *c, uint32_t keep) {
+    pie_embeds_free(c->queue, c->in_embeds + keep, c->n_in_embeds - keep);
+    c->n_in_embeds = keep;
+}
+
+/* Makes sure the context holds n output embeddings, giving input ones back if the quota
+ * leaves no room otherwise. */
+static void out_embeds_reserve(pie_ctx *c, uint32_t n) {
+    while (!embeds_grow(c, &c->out_embeds, &c->n_out_embeds, n, n)) {
+        if (c->n_in_embeds == 0)
+            pie_fatal("alloc_embeds: %u output embeddings: %s", (unsigned)n, pie_error());
+        in_embeds_shrink(c, c->n_in_embeds / 2);
+    }
+}
+
+/* Makes sure the context holds between 1 and want input embeddings (as many as the quota
+ * allows) and returns how many of them a forward may use (<= want). */
+static uint32_t in_embeds_reserve(pie_ctx *c, uint32_t want) {
+    if (want > EMBEDS_PER_CALL) want = EMBEDS_PER_CALL;
+    if (!embeds_grow(c, &c->in_embeds, &c->n_in_embeds, want, 1))
+        pie_fatal("alloc_embeds: 1 input embedding: %s", pie_error());
+    return c->n_in_embeds < want ? c->n_in_embeds : want;
 }
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-/* Embeds toks[0..n) at positions pos0.. into the context's input embeddings. */
+/* Embeds toks[0..n) at positions pos0.. into the context's input embeddings (n of them held). */
 static void embed(pie_ctx *c, const uint32_t *toks, uint32_t n, uint32_t pos0) {
-    embeds_reserve(c, &c->in_embeds, &c->n_in_embeds, n);
     uint32_t *pos = pie_xmalloc(n * sizeof *pos);
     for (uint32_t i = 0; i < n; i++) pos[i] = pos0 + i;
     if (pie_embed_text(c->queue, c->in_embeds, toks, pos, n) < 0)
@@ -153,13 +204,12 @@ static void embed(pie_ctx *c, const uint32_t *toks, uint32_t n, uint32_t pos0) {
 }
 
 /* One forward of n inputs over a context of ctx_tokens tokens; stores the inputs' K/V after
- * them when store, and writes the last n_out outputs into out_embeds[0..n_out). */
+ * them when store, and writes the last n_out outputs into out_embeds[0..n_out) (held). */
 static void forward(pie_ctx *c, uint32_t ctx_tokens, uint32_t n, bool store, uint32_t n_out) {
     uint32_t ps = pie_ctx_page_size(c);
     uint32_t n_ctx_pages = (uint32_t)pages_for(c, ctx_tokens);
     uint32_t first_out = ctx_tokens / ps;
     uint32_t n_out_pages = store ? (uint32_t)pages_for(c, ctx_tokens + n) - first_out : 0;
-    embeds_reserve(c, &c->out_embeds, &c->n_out_embeds, n_out ? n_out : 1);
     pie_abi_forward d = {
         .kv_page_ids = PIE_ADDR(c->pages),
         .n_kv_pages = n_ctx_pages,
@@ -185,12 +235,24 @@ void ctx_forward_pending(pie_ctx *c, uint32_t n_outputs, const uint32_t **outs) 
         pie_fatal("ctx_forward_pending: %u tokens at position %u exceed the model's context of %u",
                   (unsigned)pending, (unsigned)c->next_pos,
                   (unsigned)c->model->info.max_context_tokens);
-    /* Chunks of at most mft tokens; the first takes the remainder so the outputs all fall in
+    if (pending == 0) {
+        c->has_out = false;
+        if (outs) *outs = c->out_embeds;
+        return;
+    }
+    /* Chunks of at most mft tokens and at most the input embeddings the instance's quota
+     * leaves (reused by every chunk); the first takes the remainder so the outputs all fall in
      * the last chunk. */
-    uint32_t n_chunks = (pending + mft - 1) / mft;
+    out_embeds_reserve(c, n_outputs ? n_outputs : 1);
+    uint32_t chunk = in_embeds_reserve(c, pending < mft ? pending : mft);
+    if (n_outputs > chunk)
+        pie_fatal("ctx_forward_pending: %u outputs need as many input embeddings, the instance's "
+                  "quota leaves %u",
+                  (unsigned)n_outputs, (unsigned)chunk);
+    uint32_t n_chunks = (pending + chunk - 1) / chunk;
     const uint32_t *toks = c->tokens + (c->n_tokens - pending);
     for (uint32_t k = 0; k < n_chunks; k++) {
-        uint32_t n = k == 0 ? pending - (n_chunks - 1) * mft : mft;
+        uint32_t n = k == 0 ? pending - (n_chunks - 1) * chunk : chunk;
         pages_prepare(c, n);
         embed(c, toks, n, c->next_pos);
         bool last = k + 1 == n_chunks;
@@ -209,6 +271,8 @@ void ctx_forward_pending(pie_ctx *c, uint32_t n_outputs, const uint32_t **outs) 
  * shared): the token attends to the kv_len - 1 tokens before it. */
 static void recompute_last(pie_ctx *c) {
     uint32_t t = c->tokens[c->n_tokens - 1];
+    out_embeds_reserve(c, 1);
+    in_embeds_reserve(c, 1);
     embed(c, &t, 1, c->next_pos - 1);
     forward(c, c->kv_len - 1, 1, false, 1);
     c->has_out = true;

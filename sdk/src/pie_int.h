@@ -12,6 +12,14 @@
 /* Linear-memory address of p, as the ABI's descriptors carry it (wasm32: pointers are 32-bit). */
 #define PIE_ADDR(p) ((uint32_t)(uintptr_t)(p))
 
+/* ---- checked futures (pie_core.c) ----------------------------------------------------------
+ * Calls without a result report a failure only through a later synchronize of their queue.
+ * A result that depends on them (next_dist after forward) is armed right after a synchronize
+ * of its queue; pie_future_take[_try] takes that synchronize first, so an earlier failure is
+ * the result's failure instead of a result computed from garbage; pie_future_discard drops
+ * both. */
+void pie_future_set_check(uint32_t f, uint32_t sync_f);
+
 /* ---- page table (pie_res.c) ----------------------------------------------------------------
  * Every KV page allocated through the SDK has an entry: holders (contexts referencing it) and
  * pinned (exported or imported: read-only for good). A page is writable when exactly one

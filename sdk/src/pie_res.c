@@ -126,10 +126,15 @@ void pie_embeds_free(uint32_t q, const uint32_t *ids, size_t n) {
 /* ==== distributions =========================================================================== */
 
 uint32_t pie_next_dist_issue(uint32_t q, const uint32_t *embeds, size_t n, uint32_t top_k) {
+    /* The distributions are only as good as the forwards before them: check those first. */
+    uint32_t s = pie_future_new();
+    if (pie_synchronize(q, s) < 0)
+        pie_fatal("synchronize (queue %u) before next_dist: %s", (unsigned)q, pie_error());
     uint32_t f = pie_future_new();
     if (pie_next_dist(q, embeds, (uint32_t)n, top_k, 1.0f, f) < 0)
         pie_fatal("next_dist (queue %u, %zu embeddings, top_k %u): %s", (unsigned)q, n,
                   (unsigned)top_k, pie_error());
+    pie_future_set_check(f, s);
     return f;
 }
 

@@ -5,8 +5,10 @@
  *
  * Covers: greedy text completion equals the engine's greedy decoding (prompt as argument and
  * as a client message, stop at eos, stop string), and so does sampling that keeps one candidate
- * (top-k 1, a tiny top-p) at any temperature; parallel generation: every fork of a shared
- * prefix equals single-context greedy decoding of its own prompt; prefix caching: a second
+ * (top-k 1, a tiny top-p) at any temperature, and so does a prompt longer than the instance's
+ * embedding limit (filled in chunks); with a one-page KV quota text completion stops at the
+ * failed allocation with its error instead of decoding garbage; parallel generation: every fork of
+ * a shared prefix equals single-context greedy decoding of its own prompt; prefix caching: a second
  * instance imports the first one's exported prefix and produces the no-cache output; beam
  * search: width 1 is greedy, wider beams come sorted by a score that equals the engine's
  * log-probability of their tokens; n-gram speculative decoding equals greedy decoding and
@@ -129,6 +131,62 @@ Test(e2e, text_completion_greedy_equals_the_engine) {
         expect_text(ref, &r, 0, want, nw, names[i]);
         e2e_run_free(&r);
     }
+    env_stop(&e);
+}
+
+/* A prompt longer than the instance's embedding limit: the fill runs in chunks of the
+ * embeddings the instance can still allocate, and the completion equals the engine's. */
+Test(e2e, text_completion_prompt_longer_than_the_embedding_limit_equals_the_engine) {
+    const char *lenv[] = {"PIE_LIMITS_DEFAULT_EMBEDDINGS=16", NULL};
+    env e;
+    e2e_cluster_start_env(&e.c, lenv);
+    e.ref = e2e_ref_open();
+    e.prog = e2e_upload(&e.c, "text_completion");
+    const char *prompt = "The quick brown fox jumps over the lazy dog. Once upon a time there "
+                         "was a little town by a river, and in the town lived an old baker who "
+                         "got up every morning before the sun to bake bread for everyone.";
+    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
+    size_t np = e2e_ref_prompt(e.ref, &prompt, 1, p);
+    cr_assert_gt(np, 2 * 16, "the prompt (%zu tokens) must be longer than the limit", np);
+    size_t nw = e2e_ref_greedy(e.ref, p, np, 12, true, want);
+    e2e_run r;
+    const char *args[] = {"--prompt", prompt, "--max-tokens", "12", "--ignore-eos", NULL};
+    e2e_run_program(&e.c, e.prog, args, NULL, &r);
+    e2e_assert_success(&r, "text_completion over the embedding limit");
+    expect_text(e.ref, &r, 0, want, nw, "text_completion with 16 embeddings");
+    e2e_run_free(&r);
+    env_stop(&e);
+}
+
+/* A KV quota of one page: generation fails when the sequence needs a second page, and the
+ * inferlet stops there with the failed call's error instead of decoding on from garbage. */
+Test(e2e, text_completion_stops_at_the_first_failed_call_with_its_error) {
+    const char *lenv[] = {"PIE_LIMITS_DEFAULT_KV_PAGES=1", NULL};
+    env e;
+    e2e_cluster_start_env(&e.c, lenv);
+    e.ref = e2e_ref_open();
+    e.prog = e2e_upload(&e.c, "text_completion");
+    const char *prompt = "Once upon a time";
+    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
+    size_t np = e2e_ref_prompt(e.ref, &prompt, 1, p);
+    cr_assert_lt(np, E2E_PAGE, "the prompt must fit the one page");
+    size_t nw = e2e_ref_greedy(e.ref, p, np, 40, true, want);
+    size_t full_len;
+    char *full = e2e_ref_text(e.ref, want, nw, &full_len);
+    e2e_run r;
+    const char *args[] = {"--prompt", prompt, "--max-tokens", "40", "--ignore-eos", NULL};
+    e2e_run_program(&e.c, e.prog, args, NULL, &r);
+    cr_expect(r.exit_code != 0 || r.status_code != 0, "40 tokens fit one page of %d?", E2E_PAGE);
+    cr_expect_eq(r.n_msgs, 0, "a failed run sent %zu messages (first: \"%s\")", r.n_msgs,
+                 r.n_msgs ? r.msgs[0] : "");
+    const char *err = r.err ? r.err : "";
+    cr_expect(strstr(err, "alloc_kv_pages") && strstr(err, "limit of 1"),
+              "stderr does not name the failed allocation: \"%s\"", err);
+    /* what was streamed before the failure is the engine's text, no garbage after it */
+    cr_expect(r.out_len <= full_len && memcmp(r.out ? r.out : "", full, r.out_len) == 0,
+              "stdout \"%s\" is not a prefix of the greedy text \"%s\"", r.out ? r.out : "", full);
+    free(full);
+    e2e_run_free(&r);
     env_stop(&e);
 }
 
