@@ -142,7 +142,7 @@ ok=0
 linked=0
 for _ in $(seq $((wait_s * 10))); do
   out=$("$bin/piectl" --addr "127.0.0.1:$ctl" status 2>&1 || true)
-  if echo "$out" | grep -q "^workers ($workers)" && echo "$out" | grep -q "^lifecycle replicas ($lifecycles)"; then
+  if grep -q "^workers ($workers)" <<<"$out" && grep -q "^lifecycle replicas ($lifecycles)" <<<"$out"; then
     linked=1; break
   fi
   sleep 0.1

@@ -126,8 +126,8 @@ echo "$lost: $(grep "instance ended" "$work/$lost.err")"
 only_worker0() {
   local s
   s=$(status)
-  echo "$s" | grep -q "^workers (1)" && echo "$s" | grep -qE "^ +#[0-9]+ +worker-0 " &&
-    echo "$s" | grep -q "^lifecycle replicas (2)"
+  grep -q "^workers (1)" <<<"$s" && grep -qE "^ +#[0-9]+ +worker-0 " <<<"$s" &&
+    grep -q "^lifecycle replicas (2)" <<<"$s"
 }
 poll "cluster status with worker-0 alone and both replicas" only_worker0
 ! ended $kept || fail "$kept (on worker-0) ended with $(rc_of $kept) when worker-1 died: $(cat "$work/$kept.err")"
@@ -151,7 +151,7 @@ after1=$(complete "${lc[1]}")
 [ "$after1" = "$before0" ] || fail "after the loss, ${lc[1]} produced"$'\n'"$after1"$'\n'"instead of"$'\n'"$before0"
 s=$(status)
 echo "$s"
-echo "$s" | grep -q "^workers (1)" || fail "status after the new launches lists other workers"
+grep -q "^workers (1)" <<<"$s" || fail "status after the new launches lists other workers"
 if [ "$(calls 0)" -le "$c0" ] || [ "$(calls 1)" -le "$c1" ]; then
   fail "both replicas should have sent calls to the controller (worker-0 is the only worker)"
 fi

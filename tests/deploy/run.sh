@@ -209,14 +209,20 @@ CASES
       if ! (cd "$t" && env -i PATH="$PATH" "$bin/pie-$svc" --config "$svc.yaml" --print-config >"$svc.effective" 2>"$svc.err"); then
         echo "FAIL: pie-$svc rejects the rendered $svc.yaml:"; cat "$t/$svc.err"; sed 's/^/    /' "$t/$svc.yaml"; rc=1; continue
       fi
-      known=$("$bin/pie-$svc" --help-config | sed -n 's/^| `[^`]*` | `\(PIE_[A-Z0-9_]*\)` |.*/\1/p')
+      # The binary's own key list; a failed or empty listing is its own failure, not a verdict
+      # on the rendered variables.
+      if ! "$bin/pie-$svc" --help-config >"$t/$svc.keys" 2>"$t/$svc.keys.err"; then
+        echo "FAIL: pie-$svc --help-config failed:"; cat "$t/$svc.keys.err"; rc=1; continue
+      fi
+      known=$(sed -n 's/^| `[^`]*` | `\(PIE_[A-Z0-9_]*\)` |.*/\1/p' "$t/$svc.keys")
+      [ -n "$known" ] || { echo "FAIL: pie-$svc --help-config listed no PIE_* keys:"; cat "$t/$svc.keys"; rc=1; continue; }
       for var in $(cat "$t/$svc.env" 2>/dev/null); do
-        if echo "$known" | grep -qx "$var"; then continue; fi
-        if [ "$svc" = worker ] && echo " $forwarded " | grep -q " $var "; then continue; fi
+        if grep -qx "$var" <<<"$known"; then continue; fi
+        if [ "$svc" = worker ] && grep -q " $var " <<<" $forwarded "; then continue; fi
         echo "FAIL: the $svc pods set $var, which is neither a key of pie-$svc (--help-config) nor a documented forwarded key"; rc=1
       done
       for var in $forwarded; do
-        if echo "$known" | grep -qx "$var"; then
+        if grep -qx "$var" <<<"$known"; then
           echo "note: $var is now a key of pie-$svc: render it into the ConfigMap and drop it from the forwarded list (helm/pie, tests/deploy/run.sh, docs/deploy.md)"
         fi
       done
@@ -371,7 +377,7 @@ PY
       pkgs=$(sh "$root/deploy/docker/runtime-deps.sh" "$bin/pie-$svc" "$bin/piectl")
       # Every service links gRPC, protobuf-c and libyaml: their packages must be found.
       for want in libgrpc29 libprotobuf-c1 libyaml-0-2; do
-        echo "$pkgs" | grep -qx "$want" || die "runtime-deps.sh: $want missing for pie-$svc: $(echo $pkgs)"
+        grep -qx "$want" <<<"$pkgs" || die "runtime-deps.sh: $want missing for pie-$svc: $(echo $pkgs)"
       done
       echo "ok: pie-$svc + piectl need $(echo $pkgs)"
     done
