@@ -7,7 +7,6 @@
 #include "pie_config.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +17,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "pie_file.h"
 #include "pie_metrics.h" /* pie_metrics_format_double: the one shortest-round-trip formatter */
 
 #define CFG_MAX_FILE_BYTES ((size_t)1 << 20) /* a config file is a page or two; 1 MiB is plenty */
@@ -960,65 +960,6 @@ pie_code pie_config_load_buffer(const pie_config_schema *schema, void *out, cons
                     st);
 }
 
-static pie_code cfg_errno_code(int e) {
-    if (e == ENOENT || e == ENOTDIR) return PIE_NOT_FOUND;
-    if (e == EACCES || e == EPERM) return PIE_PERMISSION_DENIED;
-    return PIE_INVALID_ARGUMENT;
-}
-
-/* The whole file into a malloc'd buffer of at most CFG_MAX_FILE_BYTES. */
-static pie_code cfg_read_file(const char *path, char **text, size_t *len, pie_status *st) {
-    char eb[128];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return pie_status_set(st, cfg_errno_code(e), "cannot open config '%s': %s", path,
-                              strerror_r(e, eb, sizeof eb));
-    }
-    pie_code rc = PIE_OK;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        rc = cfg_oom(st);
-        goto done;
-    }
-    for (;;) {
-        if (n == cap) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                rc = cfg_oom(st);
-                goto done;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int e = errno;
-            rc = pie_status_set(st, cfg_errno_code(e), "cannot read config '%s': %s", path,
-                                strerror_r(e, eb, sizeof eb));
-            goto done;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
-        if (n > CFG_MAX_FILE_BYTES) {
-            rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "config '%s' is larger than %zu bytes",
-                                path, CFG_MAX_FILE_BYTES);
-            goto done;
-        }
-    }
-done:
-    (void)close(fd); /* read-only: nothing to lose */
-    if (rc != PIE_OK) {
-        free(buf);
-        return rc;
-    }
-    *text = buf;
-    *len = n;
-    return PIE_OK;
-}
-
 pie_code pie_config_load(const pie_config_schema *schema, void *out, const char *path,
                          char *const *envp, pie_status *st) {
     if (!path) return cfg_load_text(schema, out, "<defaults>", NULL, 0, envp, st);
@@ -1026,7 +967,7 @@ pie_code pie_config_load(const pie_config_schema *schema, void *out, const char 
     if (rc != PIE_OK) return rc;
     char *text = NULL;
     size_t len = 0;
-    rc = cfg_read_file(path, &text, &len, st);
+    rc = pie_file_read(path, "config", CFG_MAX_FILE_BYTES, &text, &len, st);
     if (rc != PIE_OK) {
         cfg_clear(schema, out);
         return rc;

@@ -58,10 +58,11 @@
  *
  * ERRORS (st->msg, exactly; positions are 1-based line:column, <v> is the offending text with
  * \ ' and control bytes escaped (\\ \' \xNN), cut at 64 bytes with "..."):
- *   PIE_NOT_FOUND / PIE_PERMISSION_DENIED / PIE_INVALID_ARGUMENT (by errno):
- *     cannot open config '<file>': <strerror>
- *     cannot read config '<file>': <strerror>
+ *   reading the file: pie_file_read's messages and codes (pie_file.h) with the role "config":
+ *     cannot open config '<file>': <strerror>   (NOT_FOUND, PERMISSION_DENIED, ... by errno)
+ *     cannot read config '<file>': <strerror>   (INTERNAL)
  *   PIE_INVALID_ARGUMENT:
+ *     config '<file>' is not a regular file
  *     config '<file>' is larger than 1048576 bytes
  *     <file>:<l>:<c>: YAML syntax error: <libyaml problem>[ (<libyaml context> at <l>:<c>)]
  *     <file>:<l>:<c>: expected a single YAML document, found another

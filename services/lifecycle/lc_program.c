@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pie_file.h"
 #include "pie_sha256.h"
 
 typedef struct lc_program_loaded {
@@ -183,24 +185,13 @@ static pie_code instance_from_loaded(lc_program_store *ps, const char *id,
     return rc;
 }
 
-static pie_code read_file(const char *path, uint8_t **out, size_t *len, pie_status *st) {
-    FILE *f = fopen(path, "re");
-    struct stat sb;
-    if (f == NULL || fstat(fileno(f), &sb) != 0) {
-        if (f) fclose(f);
-        return pie_status_set(st, PIE_NOT_FOUND, "program store: cannot read %s: %s", path,
-                              strerror(errno));
-    }
-    uint8_t *buf = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1);
-    size_t n = buf ? fread(buf, 1, (size_t)sb.st_size, f) : 0;
-    fclose(f);
-    if (buf == NULL || n != (size_t)sb.st_size) {
-        free(buf);
-        return pie_status_set(st, PIE_INTERNAL, "program store: short read of %s", path);
-    }
-    *out = buf;
-    *len = n;
-    return PIE_OK;
+/* A stored program: no size cap here, the upload limit applied when it was stored (a lower
+ * limit configured since must not make stored programs unreadable). */
+static pie_code read_program(const char *path, uint8_t **out, size_t *len, pie_status *st) {
+    char *buf = NULL;
+    pie_code rc = pie_file_read(path, "program", SIZE_MAX, &buf, len, st);
+    *out = (uint8_t *)buf;
+    return rc;
 }
 
 pie_code lc_program_bytes(lc_program_store *ps, const char *id, uint8_t **bytes, size_t *len,
@@ -210,7 +201,7 @@ pie_code lc_program_bytes(lc_program_store *ps, const char *id, uint8_t **bytes,
     if (check_id(id, st) != PIE_OK) return st->code;
     char path[4200];
     path_of(ps, id, "wasm", path, sizeof path);
-    if (read_file(path, bytes, len, st) != PIE_OK) return st->code;
+    if (read_program(path, bytes, len, st) != PIE_OK) return st->code;
     if (!read_meta(ps, id, name, cap, NULL)) snprintf(name, cap, "%s", "");
     return PIE_OK;
 }
@@ -227,7 +218,7 @@ pie_code lc_program_instance(lc_program_store *ps, const char *id,
     path_of(ps, id, "wasm", path, sizeof path);
     uint8_t *wasm = NULL;
     size_t len = 0;
-    if (read_file(path, &wasm, &len, st) != PIE_OK) return st->code;
+    if (read_program(path, &wasm, &len, st) != PIE_OK) return st->code;
     lc_wasm_module *m = NULL;
     rc = lc_wasm_module_load(ps->rt, wasm, len, &m, st);
     free(wasm);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "lc_wasm.h"
+#include "pie_file.h"
 #include "pie_log.h"
 #include "pie_sha256.h"
 
@@ -66,29 +67,11 @@ static int64_t now_ns(void) {
 
 /* ---- files ----------------------------------------------------------------------------------- */
 
-/* A whole file into *buf (malloc'd), or false if it cannot be read or is too large. */
-static bool read_all(const char *path, char **buf, size_t *len) {
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return false;
-    bool ok = false;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= 0 &&
-        (uint64_t)sb.st_size <= TOKREG_FILE_MAX) {
-        size_t n = (size_t)sb.st_size;
-        char *b = malloc(n + 1);
-        if (b != NULL && fread(b, 1, n, f) == n) {
-            b[n] = '\0';
-            *buf = b;
-            *len = n;
-            ok = true;
-        } else {
-            free(b);
-        }
-    }
-    fclose(f);
-    return ok;
+/* A tokenizer file into *buf (malloc'd, NUL-terminated), or false if it cannot be read or is
+ * too large: such a file is skipped, so why is not reported. */
+static bool read_tokenizer(const char *path, char **buf, size_t *len) {
+    pie_status st;
+    return pie_file_read(path, "tokenizer", TOKREG_FILE_MAX, buf, len, &st) == PIE_OK;
 }
 
 /* Adds path to v if it is a readable file, hashed. */
@@ -97,7 +80,7 @@ static void add_file(tokreg_file **v, size_t *n, const char *path) {
         if (strcmp((*v)[i].path, path) == 0) return;
     char *buf;
     size_t len;
-    if (!read_all(path, &buf, &len)) return;
+    if (!read_tokenizer(path, &buf, &len)) return;
     tokreg_file f = {.path = strdup(path)};
     bool ok = f.path && pie_sha256_hex(buf, len, f.sha, NULL) == PIE_OK;
     free(buf);
@@ -157,7 +140,7 @@ static pie_code load_cached(lc_tokreg *r, const char *sha, tok **t, pie_status *
     snprintf(path, sizeof path, "%s/%s.json", r->cache_dir, sha);
     char *buf;
     size_t len;
-    if (!read_all(path, &buf, &len)) return PIE_NOT_FOUND;
+    if (!read_tokenizer(path, &buf, &len)) return PIE_NOT_FOUND;
     pie_code rc;
     if (pie_sha256_hex(buf, len, got, st) != PIE_OK || strcmp(got, sha) != 0) {
         pie_log_warn("lc.tokreg.cache_refused",

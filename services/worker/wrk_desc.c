@@ -1,13 +1,13 @@
 /* wrk_desc.c — see wrk_desc.h. */
 #include "wrk_desc.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "pie_file.h"
 #include "pie_sha256.h"
 #include "tok.h"
 
@@ -17,46 +17,6 @@
 static const char *const wrk_traits[] = {"allocate", "forward", "input_text", "tokenize",
                                          "output_text"};
 
-/* Reads a whole file into *buf (malloc'd, NUL-terminated) and *len. */
-static pie_code read_file(const char *path, char **buf, size_t *len, pie_status *st) {
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return pie_status_set(st, errno == ENOENT ? PIE_NOT_FOUND : PIE_PERMISSION_DENIED, "%s: %s",
-                              path, strerror(errno));
-    pie_code rc = PIE_OK;
-    char *b = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        rc = pie_status_set(st, PIE_INTERNAL, "%s: cannot seek: %s", path, strerror(errno));
-        goto done;
-    }
-    if ((unsigned long)n > WRK_TOKENIZER_MAX_BYTES) {
-        rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: %ld bytes is larger than %u", path, n,
-                            WRK_TOKENIZER_MAX_BYTES);
-        goto done;
-    }
-    b = malloc((size_t)n + 1);
-    if (b == NULL) {
-        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: out of memory for %ld bytes", path, n);
-        goto done;
-    }
-    if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        rc = pie_status_set(st, PIE_INTERNAL, "%s: short read", path);
-        goto done;
-    }
-    b[n] = '\0';
-    *buf = b;
-    *len = (size_t)n;
-    b = NULL;
-done:
-    free(b);
-    fclose(f);
-    return rc;
-}
-
 /* tokenizer.json: SHA-256 of its bytes, the number of token ids it defines, and the bytes. */
 static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     char path[1024];
@@ -64,7 +24,7 @@ static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     char *json = NULL;
     size_t len = 0;
     tok *t = NULL;
-    pie_code rc = read_file(path, &json, &len, st);
+    pie_code rc = pie_file_read(path, "tokenizer", WRK_TOKENIZER_MAX_BYTES, &json, &len, st);
     if (rc != PIE_OK) return rc;
     rc = pie_sha256_hex(json, len, d->tokenizer_sha256, st);
     if (rc == PIE_OK) rc = tok_load_json(json, len, path, &t, st);

@@ -462,7 +462,7 @@ Test(config, error_missing_unreadable_and_oversized_files) {
     cr_assert_eq(mkdir("adir", 0700), 0);
     rc = pie_config_load(&tschema, &c, "adir", NULL, &st);
     cr_assert_eq(rc, PIE_INVALID_ARGUMENT, "%s", pie_code_name(rc));
-    cr_assert_str_eq(st.msg, "cannot read config 'adir': Is a directory", "%s", st.msg);
+    cr_assert_str_eq(st.msg, "config 'adir' is not a regular file", "%s", st.msg);
 
     size_t big = (1u << 20) + 1;
     char *text = malloc(big + 1);

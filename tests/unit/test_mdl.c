@@ -367,18 +367,19 @@ Test(mdl, D4_not_a_directory) {
 /* ---- J: config.json as a file ---------------------------------------------------------------- */
 
 Test(mdl, J1_missing_config_json) {
-    OPEN_FAILS(PIE_NOT_FOUND, "%s/config.json: cannot open: No such file or directory", dir);
+    OPEN_FAILS(PIE_NOT_FOUND, "cannot open JSON file '%s/config.json': No such file or directory",
+               dir);
 }
 
 Test(mdl, J2_config_json_is_a_directory) {
     char path[128];
     path_of(path, sizeof path, "config.json");
     cr_assert_eq(mkdir(path, 0755), 0);
-    OPEN_FAILS(PIE_INVALID_ARGUMENT, "%s/config.json: not a regular file", dir);
+    OPEN_FAILS(PIE_INVALID_ARGUMENT, "JSON file '%s/config.json' is not a regular file", dir);
     /* a FIFO is refused without blocking on the open */
     cr_assert_eq(rmdir(path), 0);
     cr_assert_eq(mkfifo(path, 0644), 0);
-    OPEN_FAILS(PIE_INVALID_ARGUMENT, "%s/config.json: not a regular file", dir);
+    OPEN_FAILS(PIE_INVALID_ARGUMENT, "JSON file '%s/config.json' is not a regular file", dir);
 }
 
 Test(mdl, J3_config_json_too_large) {
@@ -388,10 +389,8 @@ Test(mdl, J3_config_json_too_large) {
     cr_assert_geq(fd, 0);
     cr_assert_eq(ftruncate(fd, (64 << 20) + 1), 0); /* sparse: costs no disk */
     cr_assert_eq(close(fd), 0);
-    OPEN_FAILS(
-        PIE_INVALID_ARGUMENT,
-        "%s/config.json: file is 67108865 bytes, more than the 64 MiB allowed for a JSON file",
-        dir);
+    OPEN_FAILS(PIE_INVALID_ARGUMENT, "JSON file '%s/config.json' is larger than 67108864 bytes",
+               dir);
 }
 
 Test(mdl, J4_config_json_bad_json_names_line_and_column) {

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_file.h"
 #include "piectl.h"
 
 #define LC_DEFAULT_ADDR  "127.0.0.1:50051"
@@ -49,35 +51,19 @@ static int parse_id(const char *s, uint64_t *out) {
 
 /* ---- upload -------------------------------------------------------------------------------- */
 
-static uint8_t *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    struct stat sb;
-    if (f == NULL || fstat(fileno(f), &sb) != 0) {
-        fprintf(stderr, "piectl: cannot read %s: %s\n", path, strerror(errno));
-        if (f) fclose(f);
-        return NULL;
-    }
-    uint8_t *b = malloc(sb.st_size ? (size_t)sb.st_size : 1);
-    size_t n = b ? fread(b, 1, (size_t)sb.st_size, f) : 0;
-    fclose(f);
-    if (b == NULL || n != (size_t)sb.st_size) {
-        fprintf(stderr, "piectl: cannot read %s\n", path);
-        free(b);
-        return NULL;
-    }
-    *len = n;
-    return b;
-}
-
 /* Uploads the file; id gets the program id. Returns 0 or 1. */
 static int upload_file(const piectl_opts *o, rpc_channel *ch, const char *path, const char *name,
                        char id[65]) {
     size_t len = 0;
-    uint8_t *data = read_all(path, &len);
-    if (data == NULL) return 1;
+    char *bytes = NULL;
+    pie_status st;
+    if (pie_file_read(path, "program", SIZE_MAX, &bytes, &len, &st) != PIE_OK) {
+        fprintf(stderr, "piectl: %s\n", st.msg);
+        return 1;
+    }
+    uint8_t *data = (uint8_t *)bytes;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    pie_status st;
     rpc_call_opts co = {.timeout_ms = o->timeout_ms + (int64_t)(len >> 10)}; /* +1 ms per KiB */
     rpc_stream *s = rpc_stream_open(ch, "/pie.v1.Lifecycle/UploadProgram",
                                     &pie__v1__upload_program_response__descriptor, &co, &st);

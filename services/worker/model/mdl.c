@@ -18,9 +18,9 @@
  *   D3 "<dir>: cannot open model directory: No such file or directory"         NOT_FOUND
  *   D4 "<dir>: not a directory"
  *  JSON files (config.json, model.safetensors.index.json)
- *   J1 "<cfg>: cannot open: No such file or directory"                          NOT_FOUND
- *   J2 "<cfg>: not a regular file"
- *   J3 "<cfg>: file is <n> bytes, more than the 64 MiB allowed for a JSON file"
+ *   J1 "cannot open JSON file '<cfg>': No such file or directory"               NOT_FOUND
+ *   J2 "JSON file '<cfg>' is not a regular file"
+ *   J3 "JSON file '<cfg>' is larger than 67108864 bytes"
  *   J4 "<cfg>: invalid JSON at line <l>, column <c>: <jansson's text>"
  *   J5 "<cfg>: expected a JSON object at the top level"
  *  config.json keys (<key> is dotted inside a block: rope_scaling.factor; eos_token_id[1])

@@ -20,10 +20,10 @@
 /* ---- JSON files (mdl_json.c) ------------------------------------------------------------- */
 
 /* Reads path (a regular file of at most MDL_JSON_MAX_BYTES) and parses it as a JSON object.
- * Errors: "<path>: cannot open: <strerror>" (NOT_FOUND when it does not exist),
+ * Errors: pie_file_read's with "JSON file" as the role ("cannot open JSON file '<path>': ..."),
  * "<path>: invalid JSON at line L, column C: <jansson's text>",
- * "<path>: expected a JSON object at the top level", and the size/read errors of mdl.c's
- * list. *out is a new reference on success. */
+ * "<path>: expected a JSON object at the top level" (mdl.c's list). *out is a new reference on
+ * success. */
 pie_code mdl_json_load_object(const char *path, json_t **out, pie_status *st);
 
 /* Writes a short rendering of v for messages: 0, -3, 64.0, "64", true, null, a list of 3

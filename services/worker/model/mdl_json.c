@@ -1,18 +1,16 @@
 /* mdl_json.c — reading the small JSON files of a model directory (config.json,
  * model.safetensors.index.json) and quoting JSON values in error messages.
  *
- * Owns: the bounded whole-file read, the jansson parse with line/column in the message, the
- * value printer, the path join, and the errno → pie_code mapping of every file operation of
- * this folder. Does not own: what the keys mean (mdl_config.c, mdl.c). */
+ * Owns: the jansson parse with line/column in the message, the value printer, the path join,
+ * and the errno → pie_code mapping of this folder's other file operations. Does not own: what
+ * the keys mean (mdl_config.c, mdl.c), the bounded whole-file read (pie_file.c). */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "mdl_internal.h"
+#include "pie_file.h"
 
 int mdl_path_join(char *buf, size_t n, const char *dir, const char *name) {
     int k = snprintf(buf, n, "%s/%s", dir, name);
@@ -27,53 +25,12 @@ pie_code mdl_errno_code(int err) {
 }
 
 pie_code mdl_json_load_object(const char *path, json_t **out, pie_status *st) {
-    pie_code rc = PIE_OK;
     char *buf = NULL;
+    size_t len = 0;
     json_t *root = NULL;
     *out = NULL;
-
-    /* O_NONBLOCK: a FIFO in place of the file must not block the open (it is then refused as
-     * not a regular file); regular files ignore the flag. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        return pie_status_set(st, mdl_errno_code(e), "%s: cannot open: %s", path, strerror(e));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        rc = pie_status_set(st, PIE_INTERNAL, "%s: cannot stat: %s", path, strerror(e));
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: not a regular file", path);
-        goto done;
-    }
-    if (sb.st_size > (off_t)MDL_JSON_MAX_BYTES) {
-        rc = pie_status_set(st, PIE_INVALID_ARGUMENT,
-                            "%s: file is %lld bytes, more than the %u MiB allowed for a JSON file",
-                            path, (long long)sb.st_size, MDL_JSON_MAX_BYTES >> 20);
-        goto done;
-    }
-    size_t cap = (size_t)sb.st_size;
-    buf = malloc(cap + 1);
-    if (buf == NULL) {
-        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: out of memory reading %zu bytes", path,
-                            cap);
-        goto done;
-    }
-    size_t len = 0;
-    while (len < cap) {
-        ssize_t k = read(fd, buf + len, cap - len);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) {
-            int e = errno;
-            rc = pie_status_set(st, PIE_INTERNAL, "%s: cannot read: %s", path, strerror(e));
-            goto done;
-        }
-        if (k == 0) break; /* the file shrank: parse what is there */
-        len += (size_t)k;
-    }
+    pie_code rc = pie_file_read(path, "JSON file", MDL_JSON_MAX_BYTES, &buf, &len, st);
+    if (rc != PIE_OK) return rc;
 
     json_error_t jerr;
     root = json_loadb(buf, len, 0, &jerr);
@@ -93,7 +50,6 @@ pie_code mdl_json_load_object(const char *path, json_t **out, pie_status *st) {
 done:
     json_decref(root);
     free(buf);
-    (void)close(fd); /* read-only: nothing to flush */
     return rc;
 }
 
