@@ -255,6 +255,17 @@ Test(rpc_calls, bearer_token_is_enforced) {
     cr_assert_eq(rpc_unary(none, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp,
                            &(rpc_call_opts){.timeout_ms = 5000, .md = md, .n_md = 1}, &st),
                  PIE_UNAUTHENTICATED);
+    /* two authorization headers are ambiguous (which one did a proxy check?): refused even
+     * when one of them is right */
+    rpc_md twice[] = {{"authorization", "Bearer s3cret"}, {"authorization", "Bearer s3cret"}};
+    cr_assert_eq(rpc_unary(none, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp,
+                           &(rpc_call_opts){.timeout_ms = 5000, .md = twice, .n_md = 2}, &st),
+                 PIE_UNAUTHENTICATED, "%s", st.msg);
+    cr_assert_str_eq(st.msg, "more than one authorization header");
+    rpc_md extra[] = {{"authorization", "Bearer other"}};
+    cr_assert_eq(rpc_unary(right, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp,
+                           &(rpc_call_opts){.timeout_ms = 5000, .md = extra, .n_md = 1}, &st),
+                 PIE_UNAUTHENTICATED, "%s", st.msg);
     /* streams too, and the handler never sees the call */
     rpc_stream *s = rpc_stream_open(wrong, "/test.Echo/Chat", TMSG_DESC, NULL, &st);
     cr_assert(s);

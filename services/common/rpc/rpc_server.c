@@ -465,16 +465,23 @@ static void call_finish_internal(rpc_call *c, pie_code code, const char *msg) {
 
 static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m);
 
-static bool call_auth_ok(const rpc_call *c) {
+/* NULL when the call may proceed, else why not. Exactly one authorization header counts: with
+ * several, which one a proxy in front checked is unknowable, so none is trusted. */
+static const char *call_auth_refusal(const rpc_call *c) {
     const rpc_server *srv = c->srv;
-    if (!srv->auth_expected || c->meth->m.no_auth) return true;
+    if (!srv->auth_expected || c->meth->m.no_auth) return NULL;
+    const grpc_metadata *auth = NULL;
     for (size_t i = 0; i < c->req_md.count; i++) {
         const grpc_metadata *e = &c->req_md.metadata[i];
         if (grpc_slice_str_cmp(e->key, "authorization") != 0) continue;
-        return rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(e->value),
-                              GRPC_SLICE_LENGTH(e->value), srv->auth_expected, srv->auth_len);
+        if (auth != NULL) return "more than one authorization header";
+        auth = e;
     }
-    return false;
+    if (auth == NULL || !rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(auth->value),
+                                        GRPC_SLICE_LENGTH(auth->value), srv->auth_expected,
+                                        srv->auth_len))
+        return "missing or invalid bearer token";
+    return NULL;
 }
 
 static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
@@ -489,8 +496,9 @@ static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
     const rpc_method *m = &c->meth->m;
     c->defer_send = true; /* no send batch until the handler's first callback returned */
 
-    if (!call_auth_ok(c)) {
-        call_finish_internal(c, PIE_UNAUTHENTICATED, "missing or invalid bearer token");
+    const char *refusal = call_auth_refusal(c);
+    if (refusal != NULL) {
+        call_finish_internal(c, PIE_UNAUTHENTICATED, refusal);
         goto started;
     }
     if (rpc__md_copy(&c->req_md, &c->md, &c->n_md) != 0) {
