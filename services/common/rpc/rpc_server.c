@@ -477,9 +477,9 @@ static const char *call_auth_refusal(const rpc_call *c) {
         if (auth != NULL) return "more than one authorization header";
         auth = e;
     }
-    if (auth == NULL || !rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(auth->value),
-                                        GRPC_SLICE_LENGTH(auth->value), srv->auth_expected,
-                                        srv->auth_len))
+    if (auth == NULL ||
+        !rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(auth->value),
+                        GRPC_SLICE_LENGTH(auth->value), srv->auth_expected, srv->auth_len))
         return "missing or invalid bearer token";
     return NULL;
 }
