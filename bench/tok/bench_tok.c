@@ -15,42 +15,20 @@
  *   --tokenizer: benchmark this tokenizer.json instead of training llama3 and gpt2 styles.
  *   --text: encode this file instead of the corpus. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "pie_file.h"
 #include "tok.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        fprintf(stderr, "bench_tok: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) buf = malloc((size_t)n + 1);
-    if (buf != NULL && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf == NULL) {
-        fprintf(stderr, "bench_tok: cannot read %s\n", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = (size_t)n;
-    return buf;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -251,8 +229,13 @@ int main(int argc, char **argv) {
     char corpus[4200];
     snprintf(corpus, sizeof corpus, "%s/tools/tinymodel/corpus.txt", source);
     size_t unit_len;
-    char *unit = read_file(text_path ? text_path : corpus, &unit_len);
-    if (unit == NULL) return 1;
+    char *unit = NULL;
+    pie_status rst;
+    if (pie_file_read(text_path ? text_path : corpus, "text", SIZE_MAX, &unit, &unit_len, &rst) !=
+        PIE_OK) {
+        fprintf(stderr, "bench_tok: %s\n", rst.msg);
+        return 1;
+    }
     if (unit_len == 0) {
         fprintf(stderr, "bench_tok: the text is empty\n");
         free(unit);

@@ -25,13 +25,7 @@
  * extra ones and the terminating NULL. */
 #define LC_ENV_MAX 16
 
-void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
-    pie_status st;
-    *c = (e2e_cluster){0};
-    c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
-    cr_assert(c->ctl, "%s", st.msg);
-    char ctl_env[96];
-    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+pie_proc *e2e_worker_start(const char *ctl_env) {
     const char *wenv[] = {ctl_env,
                           "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
                           "PIE_BACKEND=cpu",
@@ -40,8 +34,20 @@ void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
                           "PIE_POOL_EMBED_SLOTS=1024",
                           NULL};
     pie_proc_opts wo = {.env = wenv};
-    c->wrk = pie_proc_start("pie-worker", &wo, START_MS, &st);
-    cr_assert(c->wrk, "%s", st.msg);
+    pie_status st;
+    pie_proc *w = pie_proc_start("pie-worker", &wo, START_MS, &st);
+    cr_assert(w, "%s", st.msg);
+    return w;
+}
+
+void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env) {
+    pie_status st;
+    *c = (e2e_cluster){0};
+    c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
+    cr_assert(c->ctl, "%s", st.msg);
+    char ctl_env[96];
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+    c->wrk = e2e_worker_start(ctl_env);
     c->cache_dir = pie_proc_tmpdir(&st);
     cr_assert(c->cache_dir, "%s", st.msg);
     char cache_env[600];

@@ -37,6 +37,9 @@ void e2e_cluster_start(e2e_cluster *c);
  * appended to pie-lifecycle's environment; pie_proc strips the test's own PIE_* variables, so
  * settings must be passed here. At most 11. */
 void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env);
+/* A CPU worker serving E2E_MODEL that links to the controller named by ctl_env
+ * ("PIE_CONTROLLER_ADDRESS=host:port"); asserts on failure. */
+pie_proc *e2e_worker_start(const char *ctl_env);
 /* Stops all three (each must exit 0) and frees. */
 void e2e_cluster_stop(e2e_cluster *c);
 

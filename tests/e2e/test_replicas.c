@@ -61,17 +61,7 @@ static void world_start(world *w) {
     cr_assert_gt(w->ctl_port, 0);
     w->ctl = start_controller(w);
     snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", w->ctl_port);
-    const char *wenv[] = {w->ctl_env,
-                          "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
-                          "PIE_BACKEND=cpu",
-                          "PIE_ENGINE_THREADS=1",
-                          "PIE_POOL_KV_PAGES=512",
-                          "PIE_POOL_EMBED_SLOTS=1024",
-                          NULL};
-    pie_proc_opts wo = {.env = wenv};
-    pie_status st;
-    w->wrk = pie_proc_start("pie-worker", &wo, START_MS, &st);
-    cr_assert(w->wrk, "%s", st.msg);
+    w->wrk = e2e_worker_start(w->ctl_env);
 }
 
 static void stop_ok(pie_proc *p) {

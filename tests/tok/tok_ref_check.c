@@ -16,10 +16,12 @@
  *
  * Exit status: 0 when everything matched, 1 on a mismatch, 2 on bad usage or unreadable input. */
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pie_file.h"
 #include "tok.h"
 #include "tok_int.h"
 
@@ -255,30 +257,6 @@ static int check_known(const tok *t, const char *encoding) {
     return failures;
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        perror(path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) buf = malloc((size_t)n + 1);
-    if (buf != NULL && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf == NULL) {
-        fprintf(stderr, "tok_ref_check: cannot read %s\n", path);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = (size_t)n;
-    return buf;
-}
-
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -398,8 +376,9 @@ static int check(const char *encoding, const char *json_path, const char *cases_
         return 1;
     }
     size_t len = 0;
-    char *cases = read_file(cases_path, &len);
-    if (cases == NULL) {
+    char *cases = NULL;
+    if (pie_file_read(cases_path, "cases file", SIZE_MAX, &cases, &len, &st) != PIE_OK) {
+        fprintf(stderr, "tok_ref_check: %s\n", st.msg);
         tok_free(t);
         return 2;
     }
