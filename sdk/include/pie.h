@@ -254,6 +254,15 @@ uint32_t pie_sample_default(pie_sampler *s, const pie_dist *d);
 uint32_t pie_sample(pie_sampler *s, const uint32_t *history, size_t n_history, pie_dist *d);
 /* The candidate with the highest probability (lowest index among equals). */
 uint32_t pie_dist_argmax(const pie_dist *d);
+/* Writes to idx[0..) the indices of d's n most likely candidates (zero probabilities included),
+ * probability descending, equal ones by index; returns how many: min(n, d->k). */
+uint32_t pie_dist_top(const pie_dist *d, uint32_t n, uint32_t *idx);
+/* OpenAI's presence and frequency penalties on d's candidates: logit_i -= counts[id_i] *
+ * frequency + (counts[id_i] > 0) * presence, with logit_i = ln(probs[i]); the probabilities are
+ * then renormalised over the candidates (softmax of the penalised logits). counts[id] is how often
+ * id occurred (indexed by token id: it covers every id of d). Candidates with probability 0 stay
+ * 0; as with any filter, tokens outside the top-k are out of reach. */
+void pie_dist_penalize(pie_dist *d, const uint32_t *counts, float presence, float frequency);
 
 /* ==== stop conditions ========================================================================= */
 
@@ -292,6 +301,9 @@ typedef struct pie_output {
 } pie_output;
 
 void pie_output_free(pie_output *o);
+/* Bytes of decoded text not yet passed to on_text: held back because they may still become a stop
+ * string or are an incomplete UTF-8 character. 0 means the text so far is settled. */
+size_t pie_output_held(const pie_output *o);
 
 /* ==== Context ================================================================================
  * A sequence on one model: its command queue, its KV pages (in sequence order), the token
@@ -329,6 +341,10 @@ void ctx_free(pie_ctx *c);
 /* Tokenizes text (special tokens allowed) and forwards it (BOS first on an empty context when
  * the model has one and add_bos). */
 void ctx_fill(pie_ctx *c, const char *text);
+/* ctx_fill without the forward: tokenizes text[0..len) (special tokens allowed), appends the
+ * tokens as pending (BOS first under the same rule) and leaves them for the next flush, fill or
+ * generate. c->n_tokens afterwards counts the prompt, before anything runs on the host. */
+void ctx_append_text(pie_ctx *c, const char *text, size_t len);
 void ctx_fill_tokens(pie_ctx *c, const uint32_t *tokens, size_t n);
 /* Appends tokens to the history without forwarding (they are forwarded by the next fill,
  * generate or flush, batched with it). */

@@ -288,20 +288,31 @@ void ctx_flush(pie_ctx *c) {
     }
 }
 
-void ctx_fill_tokens(pie_ctx *c, const uint32_t *tokens, size_t n) {
+/* Appends tokens as pending, the model's BOS first on an empty context when add_bos (unless
+ * tokens already start with it). */
+static void append_prompt(pie_ctx *c, const uint32_t *tokens, size_t n) {
     if (c->n_tokens == 0 && c->add_bos) {
         uint32_t bos = c->model->info.bos_token_id;
         if (n == 0 || tokens[0] != bos) ctx_append_tokens(c, &bos, 1);
     }
     ctx_append_tokens(c, tokens, n);
+}
+
+void ctx_fill_tokens(pie_ctx *c, const uint32_t *tokens, size_t n) {
+    append_prompt(c, tokens, n);
     ctx_flush(c);
 }
 
-void ctx_fill(pie_ctx *c, const char *text) {
+void ctx_append_text(pie_ctx *c, const char *text, size_t len) {
     size_t n;
-    uint32_t *ids = pie_encode(c->model, text, strlen(text), true, &n);
-    ctx_fill_tokens(c, ids, n);
+    uint32_t *ids = pie_encode(c->model, text, len, true, &n);
+    append_prompt(c, ids, n);
     free(ids);
+}
+
+void ctx_fill(pie_ctx *c, const char *text) {
+    ctx_append_text(c, text, strlen(text));
+    ctx_flush(c);
 }
 
 void ctx_truncate(pie_ctx *c, size_t n) {

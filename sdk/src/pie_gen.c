@@ -24,6 +24,10 @@ void pie_output_free(pie_output *o) {
     *o = (pie_output){0};
 }
 
+size_t pie_output_held(const pie_output *o) {
+    return o->text.len - o->emitted + (o->started ? o->detok.pending.len : 0);
+}
+
 /* First occurrence of any stop string in text[from..len); SIZE_MAX when none. */
 static size_t find_stop_string(const pie_stop *stop, const pie_buf *text, size_t from) {
     size_t best = SIZE_MAX;

@@ -2,7 +2,8 @@
  *
  * Owns: the PRNG (pie_rng), greedy / temperature / top-k / top-p sampling (pie_sample_keep says
  * which candidates a sampler may draw and with what probability; pie_sample_default draws), the
- * filter hook, stop-token checks.
+ * filter hook, the most likely candidates of a distribution (pie_dist_top), presence and
+ * frequency penalties (pie_dist_penalize), stop-token checks.
  * Does not own: where distributions come from (pie_res.c, pie_ctx.c), stop strings in text
  * (pie_gen.c).
  * Nothing here calls the host: tests/unit/test_pie_sample.c compiles this file natively. */
@@ -77,6 +78,47 @@ uint32_t pie_dist_argmax(const pie_dist *d) {
     for (uint32_t i = 1; i < d->k; i++)
         if (d->probs[i] > d->probs[best]) best = i;
     return d->ids[best];
+}
+
+/* Whether candidate a comes before b: more likely, or equally likely and earlier in the payload. */
+static bool dist_precedes(const pie_dist *d, uint32_t a, uint32_t b) {
+    return d->probs[a] > d->probs[b] || (d->probs[a] == d->probs[b] && a < b);
+}
+
+uint32_t pie_dist_top(const pie_dist *d, uint32_t n, uint32_t *idx) {
+    if (n > d->k) n = d->k;
+    /* Selection: pass j takes the first candidate after pick j - 1 in that order (no storage). */
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t i = 0; i < d->k; i++)
+            if ((j == 0 || dist_precedes(d, idx[j - 1], i)) &&
+                (best == UINT32_MAX || dist_precedes(d, i, best)))
+                best = i;
+        idx[j] = best;
+    }
+    return n;
+}
+
+/* The penalised logit of candidate i (its probability must be > 0). */
+static double penalised_logit(const pie_dist *d, uint32_t i, const uint32_t *counts,
+                              float presence, float frequency) {
+    uint32_t n = counts[d->ids[i]];
+    return log((double)d->probs[i]) - (double)n * frequency - (n > 0 ? presence : 0.0f);
+}
+
+void pie_dist_penalize(pie_dist *d, const uint32_t *counts, float presence, float frequency) {
+    double top = -INFINITY, sum = 0;
+    for (uint32_t i = 0; i < d->k; i++)
+        if (d->probs[i] > 0) top = fmax(top, penalised_logit(d, i, counts, presence, frequency));
+    /* softmax relative to the largest penalised logit: its weight is 1, none can overflow */
+    for (uint32_t i = 0; i < d->k; i++) {
+        if (!(d->probs[i] > 0)) continue;
+        double w = exp(penalised_logit(d, i, counts, presence, frequency) - top);
+        d->probs[i] = (float)w;
+        sum += w;
+    }
+    if (!(sum > 0)) return; /* no candidate: nothing to renormalise */
+    for (uint32_t i = 0; i < d->k; i++) d->probs[i] = (float)(d->probs[i] / sum);
 }
 
 /* Most likely first; equal probabilities keep the payload order. */

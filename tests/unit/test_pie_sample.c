@@ -8,7 +8,9 @@
  * reaches p: exact boundaries, p = 1, tiny p, ties, combined with top-k); the pie_sampler_*
  * constructors; the filter hook; and draws: a chi-square goodness-of-fit test of N seeded draws
  * against the exact renormalised distribution, at significance 0.001 (deterministic: the seed
- * is fixed), with a check that the same test rejects the untempered distribution.
+ * is fixed), with a check that the same test rejects the untempered distribution; the n most
+ * likely candidates (pie_dist_top: ties by index, zeros last) and OpenAI's presence and frequency
+ * penalties (pie_dist_penalize) against their definition.
  *
  * The expected distributions are computed here from the specification (reference()), not with
  * the SDK's code. pie_sample.c calls three SDK functions that live in files which talk to the
@@ -501,4 +503,71 @@ Test(pie_sample, stop_tokens_are_the_models_unless_ignored_and_the_extra_ones) {
     cr_assert_not(pie_stop_is_token(&stop, NULL, 2));
     cr_assert(pie_stop_is_token(&stop, NULL, 7));
     cr_assert_str_eq(pie_stop_reason_name(PIE_STOP_STRING), "stop_string");
+}
+
+/* ---- logprobs and penalties (what the openai_chat inferlet builds on) ------------------------ */
+
+Test(pie_sample, top_lists_the_n_most_likely_equal_ones_by_index_zeros_last) {
+    const float probs[] = {0.1f, 0.3f, 0, 0.3f, 0.05f, 0.25f};
+    dist x;
+    dist_make(&x, probs, 6);
+    uint32_t idx[8];
+    const uint32_t want[] = {1, 3, 5, 0, 4, 2};
+    cr_assert_eq(pie_dist_top(&x.d, 8, idx), 6, "n above k gives all k");
+    for (uint32_t j = 0; j < 6; j++)
+        cr_assert_eq(idx[j], want[j], "rank %u is index %u, expected %u", j, idx[j], want[j]);
+    cr_assert_eq(pie_dist_top(&x.d, 2, idx), 2);
+    cr_assert(idx[0] == 1 && idx[1] == 3, "top 2: %u %u", idx[0], idx[1]);
+    cr_assert_eq(pie_dist_top(&x.d, 0, idx), 0);
+}
+
+/* The penalised distribution from the definition: softmax over the candidates of
+ * logit_i - count_i * frequency - (count_i > 0) * presence, logit_i = ln p_i. */
+static void penalised_reference(const float *probs, const uint32_t *counts, uint32_t k,
+                                double presence, double frequency, double *q) {
+    double l[MAXK], top = -INFINITY, sum = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t n = counts[100 + i];
+        l[i] = log((double)probs[i]) - n * frequency - (n > 0 ? presence : 0);
+        top = fmax(top, l[i]);
+    }
+    for (uint32_t i = 0; i < k; i++) sum += exp(l[i] - top);
+    for (uint32_t i = 0; i < k; i++) q[i] = exp(l[i] - top) / sum;
+}
+
+Test(pie_sample, penalties_follow_openais_definition_over_the_candidates) {
+    float probs[8];
+    softmax_f(LOGITS8, 8, probs);
+    uint32_t counts[100 + MAXK] = {0};
+    counts[100] = 3, counts[101] = 1, counts[105] = 2; /* ids 100 + i */
+    const double cases[][2] = {{0.5, 0.25}, {2, 0}, {0, 2}, {-1.5, -0.75}, {0, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        dist x;
+        dist_make(&x, probs, 8);
+        double q[8];
+        penalised_reference(probs, counts, 8, cases[c][0], cases[c][1], q);
+        pie_dist_penalize(&x.d, counts, (float)cases[c][0], (float)cases[c][1]);
+        for (uint32_t i = 0; i < 8; i++)
+            cr_assert(fabs(x.probs[i] - q[i]) <= 1e-6 * fmax(q[i], 1e-3),
+                      "presence %g frequency %g: candidate %u has %.9g, expected %.9g",
+                      cases[c][0], cases[c][1], i, x.probs[i], q[i]);
+    }
+}
+
+Test(pie_sample, penalties_keep_zeros_and_survive_extreme_counts) {
+    const float probs[] = {0.5f, 0, 0.3f, 0.2f};
+    uint32_t counts[100 + MAXK] = {0};
+    /* penalties of 200,000 in the logit: far past what exp can represent either way */
+    counts[100] = 100000, counts[102] = 100000;
+    dist x;
+    dist_make(&x, probs, 4);
+    pie_dist_penalize(&x.d, counts, 0, -2); /* rewarded: 0 and 2 share the mass 5:3 */
+    cr_assert_eq(x.probs[1], 0, "a zero probability stays 0");
+    cr_assert(fabsf(x.probs[0] - 0.625f) < 1e-6f && fabsf(x.probs[2] - 0.375f) < 1e-6f &&
+                  x.probs[3] == 0,
+              "rewarded: %g %g %g %g", x.probs[0], x.probs[1], x.probs[2], x.probs[3]);
+    dist_make(&x, probs, 4);
+    pie_dist_penalize(&x.d, counts, 0, 2);
+    cr_assert(fabsf(x.probs[3] - 1) < 1e-6f && x.probs[0] == 0 && x.probs[2] == 0,
+              "punished: %g %g %g %g", x.probs[0], x.probs[1], x.probs[2], x.probs[3]);
 }
