@@ -39,8 +39,19 @@ static pie_code load_tokenizer(wrk_desc *d, const char *dir, pie_status *st) {
     return rc;
 }
 
+/* tokenizer_config.json's "bos_token" / "eos_token": a string or an AddedToken object with
+ * "content". NULL when absent or of another shape; *oom on allocation failure. */
+static char *special_token_text(json_t *root, const char *key, bool *oom) {
+    json_t *v = json_object_get(root, key);
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    if (!json_is_string(v)) return NULL;
+    char *copy = strdup(json_string_value(v));
+    if (copy == NULL) *oom = true;
+    return copy;
+}
+
 /* tokenizer_config.json (optional): chat_template (a string, or the "default" entry of a list
- * of {name, template}) and add_bos_token. */
+ * of {name, template}), the bos/eos token texts and add_bos_token. */
 static pie_code load_tokenizer_config(wrk_desc *d, const char *dir, pie_status *st) {
     char path[1024];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
@@ -79,6 +90,13 @@ static pie_code load_tokenizer_config(wrk_desc *d, const char *dir, pie_status *
         }
         free(d->chat_template);
         d->chat_template = copy;
+    }
+    bool oom = false;
+    d->bos_token = special_token_text(root, "bos_token", &oom);
+    d->eos_token = special_token_text(root, "eos_token", &oom);
+    if (oom) {
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: out of memory", path);
+        goto done;
     }
     json_t *bos = json_object_get(root, "add_bos_token");
     if (json_is_boolean(bos)) d->has_bos_token = json_is_true(bos) && d->has_bos_token;
@@ -213,9 +231,12 @@ pie_code wrk_desc_finish(wrk_desc *d, const char *name, const char *dir, const c
 void wrk_desc_free(wrk_desc *d) {
     free(d->description);
     free(d->chat_template);
+    free(d->bos_token);
+    free(d->eos_token);
     free(d->tokenizer_json);
     d->description = NULL;
     d->chat_template = NULL;
+    d->bos_token = d->eos_token = NULL;
     d->tokenizer_json = NULL;
     d->tokenizer_json_bytes = 0;
 }
@@ -252,6 +273,8 @@ void wrk_desc_to_pb(const wrk_desc *d, wrk_desc_pb *pb) {
     m->head_dim = d->head_dim;
     m->tokenizer = t;
     m->chat_template = d->chat_template ? d->chat_template : "";
+    m->bos_token = d->bos_token ? d->bos_token : "";
+    m->eos_token = d->eos_token ? d->eos_token : "";
 
     Pie__V1__WorkerCapacity *c = &pb->capacity;
     pie__v1__worker_capacity__init(c);

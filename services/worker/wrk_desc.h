@@ -36,6 +36,7 @@ typedef struct wrk_desc {
     uint32_t stop_token_ids[MDL_MAX_EOS];
     size_t n_stop_token_ids;
     char *chat_template; /* "" when the model has none */
+    char *bos_token, *eos_token; /* tokenizer_config.json's texts; NULL when it names none */
     /* tokenizer.json as read (hashes to tokenizer_sha256), sent to the controller with the
      * registration (WorkerRegistration.tokenizer_json); NULL for the null backend. */
     char *tokenizer_json;

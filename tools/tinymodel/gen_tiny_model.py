@@ -388,11 +388,25 @@ def config_json(p, vocab, tied, dtype, rope_style, bos, eos):
     return cfg
 
 
+# Llama 3 Instruct's chat template (Jinja, as its tokenizer_config.json carries it), given to the
+# llama3-style tokenizers so that the gateway's chat path runs a real template in tests; the
+# gpt2-style models have none (the gateway then falls back to ChatML).
+LLAMA3_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}")
+
+
 def tokenizer_config(tok, style, max_position):
     specials = [t for t in tok.get("added_tokens", []) if t.get("special")]
     bos, eos_names = special_names(tok)
     eos = eos_names[0]
-    return {
+    extra = {"chat_template": LLAMA3_CHAT_TEMPLATE} if style == "llama3" else {}
+    return extra | {
         "added_tokens_decoder": {str(t["id"]): {k: t[k] for k in (
             "content", "lstrip", "normalized", "rstrip", "single_word", "special") if k in t}
             for t in specials},
