@@ -216,6 +216,12 @@ typedef struct rpc_channel_opts {
                                       ~10% of a unary call); a call that races a server's
                                       GOAWAY then fails with UNAVAILABLE instead of being
                                       re-sent. true: on. */
+    const char *service_config;    /* gRPC service config JSON (borrowed until the channel
+                                      exists), e.g. round-robin over every address the target
+                                      resolves to with client-side health checking:
+                                      {"loadBalancingConfig":[{"round_robin":{}}],
+                                       "healthCheckConfig":{"serviceName":"pie.v1.Lifecycle"}}
+                                      NULL → gRPC's default (pick_first). */
     int spin_us;                   /* rpc_unary: poll for the reply without sleeping for up to
                                       this long before blocking. Trades CPU for latency: it
                                       saves the wake-up of the caller's thread (~20-40 us on a

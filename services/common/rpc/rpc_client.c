@@ -98,6 +98,8 @@ void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a) {
     }
     if (opts->reconnect_max_ms > 0)
         rpc__args_add_int(a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, opts->reconnect_max_ms);
+    if (opts->service_config && opts->service_config[0])
+        rpc__args_add_string(a, GRPC_ARG_SERVICE_CONFIG, opts->service_config);
 }
 
 rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts, pie_status *st) {

@@ -163,6 +163,14 @@ void rpc__args_add_int(rpc_args *a, const char *key, int value) {
     g->value.integer = value;
 }
 
+void rpc__args_add_string(rpc_args *a, const char *key, const char *value) {
+    if (a->ca.num_args >= RPC_MAX_ARGS) return; /* callers add a fixed, smaller number */
+    grpc_arg *g = &a->arg[a->ca.num_args++];
+    g->type = GRPC_ARG_STRING;
+    g->key = (char *)key;     /* gRPC copies args; it never writes through key or value */
+    g->value.string = (char *)value;
+}
+
 int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
     unsigned char diff = (unsigned char)(alen != blen);
     size_t n = alen < blen ? alen : blen;

@@ -56,6 +56,7 @@ typedef struct rpc_args {
 } rpc_args;
 void rpc__args_init(rpc_args *a);
 void rpc__args_add_int(rpc_args *a, const char *key, int value);
+void rpc__args_add_string(rpc_args *a, const char *key, const char *value); /* value borrowed */
 /* The arguments rpc_channel_create gives gRPC for opts (message limits, keepalive, reconnect
  * backoff); a function of its own so a unit test can read them. */
 void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a);
