@@ -12,7 +12,7 @@
 #
 # Usage: bench/run.sh [--quick] [--build-dir DIR] [--no-build] [--models DIR] [--no-record]
 #                     [--dry-run] [--list] [BENCH...]
-#   BENCH       rpc tok kernels engine worker controller wasm lifecycle cuda (default: all but
+#   BENCH       rpc tok kernels engine worker controller wasm lifecycle gateway cuda (default: all but
 #               cuda; cuda needs an NVIDIA GPU and is run only when named)
 #   --quick     the short form of each benchmark (a smoke run: seconds to a minute each)
 #   --build-dir the build to use (default build-bench: Release, -DPIE_CUDA=OFF; build-bench-cuda
@@ -27,7 +27,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-all=(rpc tok kernels engine worker controller wasm lifecycle)
+all=(rpc tok kernels engine worker controller wasm lifecycle gateway)
 quick=0 build_dir="" do_build=1 models=/tmp/pie-bench-models record=1 dry=0 sel=()
 invocation="bench/run.sh${*:+ $*}"
 usage() { sed -n '/^# Usage:/,/^# shellcheck/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -92,6 +92,11 @@ cmds_lifecycle() {
   if [ $quick = 1 ]; then echo "$B/bench/bench_lifecycle --quick"
   else echo "$B/bench/bench_lifecycle"; echo "$B/bench/bench_lifecycle --serving"; fi
 }
+cmds_gateway() { # inside a local cluster (1 worker, 1 lifecycle replica, 1 gateway)
+  local cluster="bash deploy/local/pie-local.sh --bin $B/bin --base-port random --exec"
+  if [ $quick = 1 ]; then echo "$cluster $B/bench/bench_gateway --tokens 32 --rounds 5 --concurrency 32"
+  else echo "$cluster $B/bench/bench_gateway --tokens 64 --rounds 30 --concurrency 256 --load-tokens 16 --load-requests 2"; fi
+}
 cmds_cuda() {
   if [ $quick = 1 ]; then
     echo "$B/bench/bench_cuda $models/l1b --context 1024 --batch 64 --prefill 2048 --steps 8"
@@ -114,6 +119,7 @@ targets_of() {
     controller) echo bench_controller pie-controller pie-worker pie_test_models ;;
     wasm) echo bench_wasm ;;
     lifecycle) echo bench_lifecycle pie-controller pie-worker pie-lifecycle pie_test_models inferlet_text_completion ;;
+    gateway) echo bench_gateway pie-controller pie-worker pie-lifecycle pie-gateway piectl pie_test_models inferlet_openai_chat ;;
     cuda) echo bench_cuda ;;
   esac
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tools/run.sh — the quickstart: installs what is missing, builds what the quickstart needs
 # (release build in build/), starts a Pie-C cluster on loopback (controller, CPU worker and
-# lifecycle: deploy/local/pie-local.sh) serving the bundled model, runs the text_completion
-# inferlet through piectl on a prompt, prints the completion, and keeps the cluster running for
-# the user's own piectl commands until Ctrl-C.
+# lifecycle, OpenAI gateway: deploy/local/pie-local.sh) serving the bundled model, runs the
+# text_completion inferlet through piectl on a prompt, prints the completion, asks the same of
+# the OpenAI-compatible gateway with curl (and prints that curl line), and keeps the cluster
+# running for the user's own piectl and curl commands until Ctrl-C.
 #
 # Owns: the choice of model and prompt, the build of the quickstart's targets, the demo run.
 # Does not own: the cluster's processes (pie-local.sh), the inferlet (inferlets/text_completion).
@@ -36,6 +37,21 @@ demo() { # wasm prompt max_tokens
   fi
   echo "($reason)"
   echo
+  [ -n "${PIE_LOCAL_GATEWAYS:-}" ] || return 0
+  local gw=${PIE_LOCAL_GATEWAYS%% *} name body
+  local p=${prompt//\\/\\\\}
+  p=${p//\"/\\\"} # the prompt as a JSON string
+  name=$(basename "$PIE_LOCAL_MODEL")
+  body=$(printf '{"model":"%s","prompt":"%s","max_tokens":%s,"temperature":0}' "$name" "$p" "$max")
+  echo "quickstart: the same through the OpenAI-compatible gateway (docs/openai.md):"
+  echo "  curl $gw/v1/completions -H 'Content-Type: application/json' -d '$body'"
+  out=$(curl -fsS "$gw/v1/completions" -H 'Content-Type: application/json' -d "$body") ||
+    { echo "quickstart: the gateway request failed" >&2; return 1; }
+  echo "$out"
+  echo
+  echo "quickstart: chat, streamed:"
+  echo "  curl -N $gw/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"$name\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"stream\":true}'"
+  echo
 }
 if [ "${1:-}" = __demo ]; then
   shift
@@ -58,9 +74,10 @@ done
 
 bash tools/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-echo "quickstart: building the services, piectl, the text_completion inferlet and the test models"
+echo "quickstart: building the services, piectl, the inferlets and the test models"
 cmake --build build -j"$(nproc 2>/dev/null || echo 2)" --target pie-controller pie-worker \
-  pie-lifecycle piectl pie-engine-probe inferlet_text_completion pie_test_models >/dev/null
+  pie-lifecycle pie-gateway piectl pie-engine-probe inferlet_text_completion inferlet_openai_chat \
+  pie_test_models >/dev/null
 
 # The bundled model was trained on tools/tinymodel/corpus.txt (models/pie-tiny/README.md): it
 # continues the corpus's sentences. The generated test model is random: its output is noise.

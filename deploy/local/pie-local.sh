@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/local/pie-local.sh — runs a Pie-C cluster as processes on loopback: one controller,
-# N workers and M lifecycle replicas, each with its own log under the run directory. Waits
+# N workers, M lifecycle replicas and G OpenAI gateways, each with its own log under the run
+# directory. Waits
 # until every service reports SERVING and the controller sees every worker and replica, prints
 # the cluster status, then runs until Ctrl-C (or exits at once with --check, or runs a command
 # against the cluster with --exec) and stops everything with SIGTERM.
@@ -11,20 +12,23 @@
 # Run directory: <name>.log per process, pids/<name>.pid, cluster.env (the PIE_LOCAL_* variables
 # below, for `source` in another shell), cache-<i>/ (lifecycle replica i's programs, native code
 # and fetched tokenizers: replicas share nothing on disk, as pods with an emptyDir each).
-# Names: controller, worker-<i>, lifecycle-<i>.
+# Names: controller, worker-<i>, lifecycle-<i>, gateway-<i>.
 #
 # Ports (base B, default 50050): lifecycle replica i at B+1+10i, controller at B+2, worker i at
-# B+3+10i; each service's /metrics at its gRPC port + 10000.
+# B+3+10i, gateway i at B+4+10i (gRPC health) and B+5+10i (its OpenAI HTTP API); each service's
+# /metrics at its gRPC port + 10000.
 set -euo pipefail
 
-workers=1 lifecycles=1 base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
+workers=1 lifecycles=1 gateways=auto base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
 bin="$(cd "$(dirname "$0")/../.." && pwd)/build/bin"
 rundir="" model="" wait_s=60
 cmd=()
 usage() {
   cat <<USAGE
-usage: $0 [--workers N] [--lifecycles M] [--base-port B|random] [--bin DIR] [--run-dir DIR]
+usage: $0 [--workers N] [--lifecycles M] [--gateways G] [--base-port B|random] [--bin DIR] [--run-dir DIR]
           [--token TOKEN] [--model DIR] [--wait-s S] [--check | [--stay] --exec CMD [ARGS...]]
+  --gateways  OpenAI-compatible gateways (pie-gateway) in front of the lifecycle replicas
+            (default 1 when the build has pie-gateway and its openai_chat.wasm, else 0)
   --model   Hugging Face model directory every worker serves (default: the build's generated
             test model, BIN/../models/tiny-f32)
   --wait-s  how long to wait for the cluster to become healthy and linked (default 60)
@@ -35,7 +39,8 @@ usage: $0 [--workers N] [--lifecycles M] [--base-port B|random] [--bin DIR] [--r
   --stay    with --exec: when CMD succeeds, keep the cluster running until Ctrl-C
 Environment of CMD (also written to RUN_DIR/cluster.env):
   PIE_LOCAL_RUN_DIR, PIE_LOCAL_BIN, PIE_LOCAL_MODEL, PIE_LOCAL_CONTROLLER (host:port),
-  PIE_LOCAL_LIFECYCLES, PIE_LOCAL_WORKERS (space-separated host:port lists, index order)
+  PIE_LOCAL_LIFECYCLES, PIE_LOCAL_WORKERS (space-separated host:port lists, index order),
+  PIE_LOCAL_GATEWAYS (space-separated http://host:port base URLs of the gateways' APIs)
 Each process's pid is in RUN_DIR/pids/<name>.pid. A service stopped on purpose (a failover
 test) is taken out of the clean-stop check by removing its pid file.
 USAGE
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
     --lifecycles) lifecycles=$2; shift 2 ;;
+    --gateways) gateways=$2; shift 2 ;;
     --base-port) base=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --run-dir) rundir=$2; shift 2 ;;
@@ -64,6 +70,10 @@ bin=$(cd "$bin" && pwd)
 model=${model:-$bin/../models/tiny-f32}
 [ -f "$model/config.json" ] || { echo "pie-local: no model in $model (pass --model DIR, or build the test models)" >&2; exit 2; }
 model=$(cd "$model" && pwd)
+if [ "$gateways" = auto ]; then
+  gateways=0
+  [ -x "$bin/pie-gateway" ] && [ -f "$bin/../inferlets/openai_chat.wasm" ] && gateways=1
+fi
 rundir=${rundir:-$(mktemp -d /tmp/pie-local.XXXXXX)}
 mkdir -p "$rundir/pids"
 rundir=$(cd "$rundir" && pwd)
@@ -126,13 +136,22 @@ for ((i = 0; i < lifecycles; i++)); do
   lc_addrs+=("127.0.0.1:$((base + 1 + 10 * i))")
 done
 
+# Gateways spread requests round-robin over every replica (gRPC's ipv4: list target).
+gw_urls=()
+lc_target="ipv4:$(IFS=,; echo "${lc_addrs[*]}")"
+for ((i = 0; i < gateways; i++)); do
+  start "gateway-$i" $((base + 4 + 10 * i)) PIE_LIFECYCLE_ADDRESS="$lc_target" \
+    PIE_HTTP_LISTEN="127.0.0.1:$((base + 5 + 10 * i))"
+  gw_urls+=("http://127.0.0.1:$((base + 5 + 10 * i))")
+done
+
 export PIE_LOCAL_RUN_DIR="$rundir" PIE_LOCAL_BIN="$bin" PIE_LOCAL_MODEL="$model" \
   PIE_LOCAL_CONTROLLER="127.0.0.1:$ctl" PIE_LOCAL_LIFECYCLES="${lc_addrs[*]}" \
-  PIE_LOCAL_WORKERS="${wrk_addrs[*]}"
+  PIE_LOCAL_WORKERS="${wrk_addrs[*]}" PIE_LOCAL_GATEWAYS="${gw_urls[*]}"
 for v in PIE_LOCAL_RUN_DIR PIE_LOCAL_BIN PIE_LOCAL_MODEL PIE_LOCAL_CONTROLLER PIE_LOCAL_LIFECYCLES \
-  PIE_LOCAL_WORKERS; do printf '%s=%q\n' "$v" "${!v}"; done >"$rundir/cluster.env"
+  PIE_LOCAL_WORKERS PIE_LOCAL_GATEWAYS; do printf '%s=%q\n' "$v" "${!v}"; done >"$rundir/cluster.env"
 
-echo "pie-local: $workers worker(s), $lifecycles lifecycle replica(s), controller at 127.0.0.1:$ctl; logs in $rundir"
+echo "pie-local: $workers worker(s), $lifecycles lifecycle replica(s), $gateways gateway(s), controller at 127.0.0.1:$ctl; logs in $rundir"
 for i in "${!pids[@]}"; do echo "pie-local:   ${names[$i]} pid ${pids[$i]} at ${addrs[$i]}"; done
 health_args=()
 for a in "${addrs[@]}"; do health_args+=(--addr "$a"); done
@@ -153,6 +172,15 @@ done
 lc_args=()
 for a in "${lc_addrs[@]}"; do lc_args+=(--addr "$a"); done
 "$bin/piectl" --wait $((wait_s * 1000)) --service pie.v1.Lifecycle "${lc_args[@]}" health || ok=1
+# A gateway is ready once its /readyz sees a SERVING lifecycle replica through its channel.
+for u in "${gw_urls[@]}"; do
+  ready=0
+  for _ in $(seq $((wait_s * 10))); do
+    if curl -fsS -o /dev/null "$u/readyz" 2>/dev/null; then ready=1; break; fi
+    sleep 0.1
+  done
+  [ $ready = 1 ] || { echo "pie-local: gateway $u/readyz did not answer 200 within $wait_s s" >&2; ok=1; }
+done
 "$bin/piectl" --addr "127.0.0.1:$ctl" status || ok=1
 if [ $check = 1 ]; then
   stop_all || ok=1
@@ -171,7 +199,7 @@ if [ ${#cmd[@]} -gt 0 ]; then
     exit $st
   fi
 fi
-echo "pie-local: running; public API (pie.v1.Lifecycle) at ${lc_addrs[*]}. Ctrl-C stops."
+echo "pie-local: running; public API (pie.v1.Lifecycle) at ${lc_addrs[*]}${gw_urls[*]:+; OpenAI API at ${gw_urls[*]}}. Ctrl-C stops."
 # Until Ctrl-C (the trap stops the rest) or until every process has ended by itself; a service
 # that ends is reported and the others keep running (losing a worker fails only its instances).
 while [ ${#ended[@]} -lt ${#pids[@]} ]; do

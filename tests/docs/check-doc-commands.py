@@ -13,8 +13,9 @@ allowed); GitHub and other renderers do not show it.
     <!-- doc-test: skip (needs a GPU) -->    not run; the reason in parentheses is required
     <!-- doc-test: cluster -->               run while a local cluster is up on the default
                                              ports (lifecycle 127.0.0.1:50051, controller 50052,
-                                             worker 50053, metrics at +10000), as tools/run.sh
-                                             leaves one
+                                             worker 50053, gateway 50054 and its HTTP API
+                                             50055, metrics at +10000), as tools/run.sh leaves
+                                             one
     <!-- doc-test: file NAME -->             (a block in any language) written to NAME in the
                                              scratch directory, for the blocks after it
     <!-- doc-test: run -->                   the default for a shell block, may be spelled out
@@ -26,7 +27,8 @@ How a block runs: `bash -c 'set -eo pipefail; <block>'` with stdin from /dev/nul
 directory per run that mirrors the repository (a symbolic link for every top-level entry) with
 `build` pointing at the build under test, so `build/bin/piectl` is that build's piectl; blocks
 run in document order (README.md first, then docs/ by name) and see the files earlier blocks
-made. The cluster (pie-local.sh: one controller, one CPU worker, one lifecycle replica, the
+made. The cluster (pie-local.sh: one controller, one CPU worker, one lifecycle replica, one
+OpenAI gateway when the build has it, the
 bundled models/pie-tiny or else the build's tiny-f32, as the quickstart) is up for every block.
 
 Network: where `unshare -rn` works, everything runs in a private network namespace holding only
@@ -53,7 +55,7 @@ import tempfile
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 MARKER_RE = re.compile(r"^\s*<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
 FENCE_RE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)")
-DEFAULT_PORTS = (50051, 50052, 50053, 60051, 60052, 60053)
+DEFAULT_PORTS = (50051, 50052, 50053, 50054, 50055, 60051, 60052, 60053, 60054)
 
 
 class Block:
