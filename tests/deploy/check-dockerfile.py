@@ -4,7 +4,7 @@ packaged for Debian or npm; dockerfile-utils and dockerfilelint cover syntax and
 best practices, see tests/deploy/run.sh). Each rule is one item of the checklist in
 docs/deploy.md, "Container images".
 
-    check-dockerfile.py [--root REPO] [--targets controller,lifecycle,worker] DOCKERFILE
+    check-dockerfile.py [--root REPO] [--targets controller,lifecycle,worker,gateway] DOCKERFILE
 
 Exit 0 when every rule holds, 1 with one line per violation (FILE:LINE: message).
 """
@@ -86,6 +86,29 @@ def cmake_bin_targets(root):
     return execs & in_bin
 
 
+def inferlet_targets(root):
+    """Targets pie_add_inferlet (sdk/CMakeLists.txt) defines: inferlet_<name>, whose output is
+    <build>/inferlets/<name>.wasm."""
+    out = set()
+    path = os.path.join(root, "inferlets", "CMakeLists.txt")
+    if not os.path.exists(path):
+        return out
+    text = open(path, encoding="utf-8").read()
+    out.update(f"inferlet_{n}" for n in re.findall(r"pie_add_inferlet\(\s*([\w.-]+)", text))
+    for m in re.finditer(r"foreach\(\s*name\s+([^)]*)\)(.*?)endforeach", text, re.S):
+        if "pie_add_inferlet(${name}" in m.group(2):
+            out.update(f"inferlet_{n}" for n in m.group(1).split())
+    return out
+
+
+def config_value(root, svc, section, key):
+    """A scalar of deploy/config/<svc>.yaml (two-level layout, as --print-config writes it)."""
+    text = open(os.path.join(root, "deploy", "config", f"{svc}.yaml"), encoding="utf-8").read()
+    m = re.search(rf"^{section}:\n((?:(?:  .*|\s*)\n)+)", text + "\n", re.M)
+    v = re.search(rf"^  {key}:\s*\"?([^\"\n]*)\"?\s*$", m.group(1), re.M) if m else None
+    return v.group(1) if v else None
+
+
 def test_build_type(root):
     text = open(os.path.join(root, "tools", "test.sh"), encoding="utf-8").read()
     m = re.search(r'run_suite "release" \S+ .*-DCMAKE_BUILD_TYPE=(\w+)', text)
@@ -108,7 +131,7 @@ def apt_installs(run):
     return out
 
 
-def check_chart(values_path, stages, names, targets, err):
+def check_chart(root, values_path, stages, names, targets, err):
     """The chart runs the images as the user they declare, with their ENTRYPOINT's binary, on
     the ports they expose (values.yaml is read with patterns: its layout is the chart's own)."""
     text = open(values_path, encoding="utf-8").read()
@@ -128,16 +151,24 @@ def check_chart(values_path, stages, names, targets, err):
         for ins in st["instrs"]:
             if ins.keyword == "EXPOSE":
                 exposed.update(int(p.split("/")[0]) for p in ins.args.split())
-        for key in ("port", "metricsPort"):
+        for key in ("port", "grpcPort", "metricsPort"):
             m = re.search(rf"^  {key}: (\d+)", block.group(1), re.M) if block else None
             if m and int(m.group(1)) not in exposed:
                 err(st["line"], f"stage {svc}: the chart's {svc}.{key} {m.group(1)} is not EXPOSEd")
+        if svc == "gateway" and block:
+            # The chart's program.path must name the file the image carries.
+            m = re.search(r"^    program:\n(?:      #.*\n|      .*\n)*?      path: *\"?([^\"\n]*)\"?$", block.group(1), re.M)
+            want = config_value(root, "gateway", "program", "path")
+            if not m:
+                err(st["line"], "stage gateway: the chart's gateway.config.program.path is not set (the binary's default is next to it, not where the image puts the inferlet)")
+            elif want is not None and m.group(1) != want:
+                err(st["line"], f"stage gateway: the chart's gateway.config.program.path {m.group(1)} is not the image's {want} (deploy/config/gateway.yaml)")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=ROOT)
-    ap.add_argument("--targets", default="controller,lifecycle,worker")
+    ap.add_argument("--targets", default="controller,lifecycle,worker,gateway")
     ap.add_argument("--chart-values", help="helm/pie/values.yaml: check the images match the chart")
     ap.add_argument("dockerfile")
     a = ap.parse_args()
@@ -159,6 +190,7 @@ def main():
 
     debs_allowed = setup_debs(root) | BUILD_EXTRAS
     bin_targets = cmake_bin_targets(root)
+    wasm_targets = inferlet_targets(root)
     want_type = test_build_type(root)
     built = {}  # stage name -> set of cmake --target names
 
@@ -217,8 +249,8 @@ def main():
                             tgt.append(w)
                         built.setdefault(st["name"], set()).update(tgt)
                         for t in tgt:
-                            if t not in bin_targets:
-                                err(ins.line, f"cmake --target {t}: not an executable CMake builds into bin/")
+                            if t not in bin_targets and t not in wasm_targets:
+                                err(ins.line, f"cmake --target {t}: not an executable CMake builds into bin/ nor an inferlet (pie_add_inferlet)")
                 for m in re.finditer(r"cmake\s+-S\s.*?(?:&&|$)", args):
                     bt = re.search(r"-DCMAKE_BUILD_TYPE=(\w+)", m.group(0))
                     if want_type and (not bt or bt.group(1) != want_type):
@@ -277,6 +309,34 @@ def main():
         want_ports = config_ports(root, svc) if os.path.exists(os.path.join(root, "deploy", "config", f"{svc}.yaml")) else set()
         if want_ports - exposed:
             err(st["line"], f"stage {svc}: EXPOSE {sorted(exposed)} lacks the ports of deploy/config/{svc}.yaml {sorted(want_ports)}")
+        if svc == "gateway":
+            # The built-in inferlet must be where deploy/config/gateway.yaml's program.path says,
+            # copied from a stage that builds it (cmake --target inferlet_<name>).
+            want = config_value(root, "gateway", "program", "path") if os.path.exists(
+                os.path.join(root, "deploy", "config", "gateway.yaml")) else None
+            if not want:
+                err(st["line"], "stage gateway: deploy/config/gateway.yaml sets no program.path (the inferlet's place in the image)")
+            else:
+                found = False
+                for ins in st["instrs"]:
+                    if ins.keyword != "COPY":
+                        continue
+                    toks = [t for t in shlex.split(ins.args) if not t.startswith("--")]
+                    m = re.search(r"--from=(\S+)", ins.args)
+                    if len(toks) < 2:
+                        continue
+                    dest = toks[-1]
+                    for src in toks[:-1]:
+                        b = os.path.basename(src)
+                        at = dest + b if dest.endswith("/") else dest
+                        if at != want:
+                            continue
+                        found = True
+                        name = b[:-len(".wasm")] if b.endswith(".wasm") else b
+                        if not m or f"inferlet_{name}" not in built.get(m.group(1), set()):
+                            err(ins.line, f"stage gateway: copies {src}, which no earlier stage builds (cmake --target inferlet_{name})")
+                if not found:
+                    err(st["line"], f"stage gateway: nothing is copied to {want}, the program.path of deploy/config/gateway.yaml")
         if svc == "lifecycle":
             pkgs = set()
             for ins in st["instrs"]:
@@ -288,7 +348,7 @@ def main():
                 err(st["line"], f"stage lifecycle: lacks the Wasm toolchain packages {', '.join(sorted(missing))}")
 
     if a.chart_values:
-        check_chart(a.chart_values, stages, names, targets, err)
+        check_chart(root, a.chart_values, stages, names, targets, err)
 
     for e in errs:
         print(e)

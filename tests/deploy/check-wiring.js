@@ -5,7 +5,7 @@
 //   node check-wiring.js --deps DIR --bin BIN_DIR [--external-secret NAME]...
 //                        [--expect-backend B --expect-gpus N] RENDER.yaml
 //
-// For every service pod template (controller, lifecycle, worker; StatefulSet, Deployment and
+// For every service pod template (controller, lifecycle, worker, gateway; StatefulSet, Deployment and
 // LeaderWorkerSet alike) the ConfigMap key its `--config` path names is loaded by the real binary
 // (BIN_DIR/pie-<svc> --print-config), with the PIE_* variables the pod sets ($(VAR) references
 // expanded with stand-in pod names), so every check below is about the effective configuration
@@ -23,9 +23,15 @@
 //            replica.advertise, PIE_TP_LEADER and the addresses of the `helm test` pod name a
 //            rendered Service (or a pod's stable DNS name) in the release namespace and reach the
 //            gRPC port of the pods behind it; every address uses the same cluster domain.
+//  gateway   http.listen is the container's "http" port and the Service's "http" port reaches
+//            it; readiness is GET /readyz on that port (startup and liveness: gRPC "" on
+//            server.listen, or GET /healthz); lifecycle.address is dns:/// + the lifecycle's
+//            headless Service and reaches the lifecycle pods' gRPC port; the gateway test pod's
+//            GATEWAY_URL reaches http.listen and its MODEL is the workers' model.name.
 //  secrets   auth.token_file is a file of a mounted Secret volume, that Secret is rendered (or
 //            --external-secret) and holds the key, the file is readable by the pod's user, and
-//            every service and the test pod use the same Secret key (or auth is off everywhere).
+//            every service and the test pods use the same Secret key (or auth is off everywhere);
+//            the gateway holds no token (it forwards each client's key).
 // Exit status 1 with one line per problem, naming the object, the pod template and the value.
 'use strict';
 
@@ -55,7 +61,11 @@ if (!deps || !bin || files.length !== 1) {
 const req = Module.createRequire(path.join(path.resolve(deps), 'noop.js'));
 const yaml = req('js-yaml');
 
-const SERVICES = ['controller', 'lifecycle', 'worker'];
+const SERVICES = ['controller', 'lifecycle', 'worker', 'gateway'];
+// Components that dial the controller (controller.address).
+const DIALS_CONTROLLER = ['lifecycle', 'worker'];
+// The gateway's HTTP endpoints each probe may use (services/gateway/gw_http.h).
+const GATEWAY_HTTP_PROBES = { startupProbe: ['/healthz'], readinessProbe: ['/readyz'], livenessProbe: ['/healthz'] };
 // The health names the binaries register (svc_add_health in services/*/…_main.c).
 const READY_HEALTH = { controller: 'pie.v1.Controller', lifecycle: 'pie.v1.Lifecycle', worker: 'pie.v1.Worker' };
 // Stand-ins for the downward-API variables, so $(VAR) references expand as in a running pod.
@@ -192,7 +202,21 @@ for (const pod of svcPods) {
   else if (pod.ports.grpc !== grpc) errors.push(`${pod.id}: server.listen port ${grpc} is not the container port "grpc" (${pod.ports.grpc})`);
   if (metrics === null) errors.push(`${pod.id}: metrics.listen "${(pod.svc.cfg.metrics || {}).listen}" has no port (metrics off, but the pod declares a metrics port)`);
   else if (pod.ports.metrics !== metrics) errors.push(`${pod.id}: metrics.listen port ${metrics} is not the container port "metrics" (${pod.ports.metrics})`);
+  if (pod.component === 'gateway') {
+    const http = listenPort(pod, 'http');
+    if (http === null) errors.push(`${pod.id}: http.listen "${(pod.svc.cfg.http || {}).listen}" has no port`);
+    else if (pod.ports.http !== http) errors.push(`${pod.id}: http.listen port ${http} is not the container port "http" (${pod.ports.http})`);
+  }
   for (const probe of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
+    const hg = (c[probe] || {}).httpGet;
+    if (hg && pod.component === 'gateway') {
+      const port = typeof hg.port === 'number' ? hg.port : pod.ports[hg.port];
+      const http = listenPort(pod, 'http');
+      if (port !== http) errors.push(`${pod.id}: ${probe} GETs port ${hg.port} (${port}), but pie-gateway serves HTTP on ${http}`);
+      if (!GATEWAY_HTTP_PROBES[probe].includes(hg.path)) errors.push(`${pod.id}: ${probe} GETs ${hg.path}, pie-gateway answers it on ${GATEWAY_HTTP_PROBES[probe].join(' or ')}`);
+      continue;
+    }
+    if (pod.component === 'gateway' && probe === 'readinessProbe') { errors.push(`${pod.id}: readinessProbe is not GET /readyz (the gateway is ready while a lifecycle replica serves)`); continue; }
     const g = (c[probe] || {}).grpc;
     if (!g) { errors.push(`${pod.id}: ${probe} is not a gRPC probe`); continue; }
     if (g.port !== grpc) errors.push(`${pod.id}: ${probe} probes port ${g.port}, but pie-${pod.component} listens on ${grpc}`);
@@ -215,8 +239,8 @@ for (const s of docs.filter((d) => d.kind === 'Service')) {
     for (const pod of selected) {
       const got = targetOf(sp, pod);
       if (got === null) errors.push(`Service/${s.metadata.name} port ${sp.name} (${sp.port}): targetPort ${sp.targetPort} is not a port of ${pod.id}`);
-      else if (pod.svc && ['grpc', 'metrics'].includes(sp.name)) {
-        const want = listenPort(pod, sp.name === 'grpc' ? 'server' : 'metrics');
+      else if (pod.svc && ['grpc', 'metrics', 'http'].includes(sp.name)) {
+        const want = listenPort(pod, { grpc: 'server', metrics: 'metrics', http: 'http' }[sp.name]);
         if (got !== want) errors.push(`Service/${s.metadata.name} port ${sp.name} reaches ${got} in ${pod.id}, where pie-${pod.component} listens on ${want}`);
       }
     }
@@ -278,7 +302,16 @@ function checkAddress(where, addr, component, opts = {}) {
 for (const pod of svcPods) {
   const cfg = pod.svc.cfg;
   const podName = FIELD_STANDINS['metadata.name'];
-  if (pod.component !== 'controller') checkAddress(`${pod.id}: controller.address`, cfg.controller.address, 'controller');
+  if (DIALS_CONTROLLER.includes(pod.component)) checkAddress(`${pod.id}: controller.address`, cfg.controller.address, 'controller');
+  if (pod.component === 'gateway') {
+    // One gRPC channel over every lifecycle pod: the dns resolver on a headless Service.
+    const addr = String((cfg.lifecycle || {}).address);
+    const a = parseAddress(addr);
+    const s = a && byKind('Service', a.host.split('.')[0]);
+    if (!addr.startsWith('dns:///')) errors.push(`${pod.id}: lifecycle.address "${addr}" is not dns:///<lifecycle headless Service>:<port> (the gateway would not spread requests over the lifecycle pods)`);
+    else if (s && s.spec.clusterIP !== 'None') errors.push(`${pod.id}: lifecycle.address "${addr}": Service ${s.metadata.name} is not headless (its one virtual IP pins the gateway's channel to one lifecycle pod)`);
+    checkAddress(`${pod.id}: lifecycle.address`, addr, 'lifecycle');
+  }
   if (pod.component === 'worker') {
     const isLws = pod.owner.kind === 'LeaderWorkerSet';
     const peers = pods.filter((p) => p.owner === pod.owner);
@@ -320,6 +353,32 @@ for (const pod of pods.filter((p) => p.owner.kind === 'Pod')) {
     });
   }
 }
+// The gateway test pod: GATEWAY_URL reaches pie-gateway's HTTP port; MODEL is served.
+for (const pod of pods.filter((p) => p.owner.kind === 'Pod')) {
+  for (const c of pod.containers) {
+    const env = expandedEnv(c);
+    if (env.GATEWAY_URL === undefined) continue;
+    const where = `${pod.id} ${c.name}: GATEWAY_URL`;
+    const m = /^http:\/\/([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.([^:/]+):([0-9]+)$/.exec(env.GATEWAY_URL);
+    if (!m) { errors.push(`${where}: "${env.GATEWAY_URL}" is not http://<service>.<namespace>.svc.<cluster domain>:<port>`); continue; }
+    domains.add(m[3]);
+    const s = byKind('Service', m[1]);
+    const sp = s && (s.spec.ports || []).find((p) => p.port === Number(m[4]));
+    const behind = s ? pods.filter((p) => subset(s.spec.selector, p.labels)) : [];
+    if (!s) errors.push(`${where}: "${env.GATEWAY_URL}": no Service ${m[1]} is rendered`);
+    else if (!behind.length || behind.some((p) => p.component !== 'gateway')) errors.push(`${where}: "${env.GATEWAY_URL}": Service ${m[1]} does not select the gateway pods`);
+    else if (!sp) errors.push(`${where}: "${env.GATEWAY_URL}": Service ${m[1]} has no port ${m[4]}`);
+    else {
+      for (const p of behind) {
+        const got = targetOf(sp, p);
+        const want = p.svc ? listenPort(p, 'http') : p.ports.http;
+        if (got !== want) errors.push(`${where}: "${env.GATEWAY_URL}" reaches port ${got} of ${p.id}, where pie-gateway serves HTTP on ${want}`);
+      }
+    }
+    const models = new Set(svcPods.filter((p) => p.component === 'worker').map((p) => p.svc.cfg.model.name));
+    if (env.MODEL !== undefined && models.size && !models.has(env.MODEL)) errors.push(`${pod.id} ${c.name}: MODEL "${env.MODEL}" is not served by any worker (${[...models].join(', ')})`);
+  }
+}
 if (domains.size > 1) errors.push(`addresses use different cluster domains: ${[...domains].join(', ')}`);
 
 // ---- secrets ----------------------------------------------------------------------------------
@@ -348,6 +407,12 @@ const tokenSources = []; // [where, "secret/key" or "off"]
 for (const pod of svcPods) {
   const auth = pod.svc.cfg.auth || {};
   const where = `${pod.id}: auth.token_file`;
+  if (pod.component === 'gateway') {
+    // Least privilege: the gateway faces clients and forwards their keys; it needs no token.
+    if (auth.token_file || auth.token) errors.push(`${pod.id}: pie-gateway is given the cluster token (auth.${auth.token_file ? 'token_file' : 'token'}); it needs none: it forwards each client's key`);
+    if ((pod.spec.volumes || []).some((v) => v.secret)) errors.push(`${pod.id}: the gateway pod mounts a Secret; it needs none`);
+    continue;
+  }
   if (!auth.token_file) {
     tokenSources.push([pod.id, auth.token ? 'a literal auth.token' : 'off']);
     continue;

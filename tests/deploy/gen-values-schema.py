@@ -7,7 +7,7 @@ docs/configuration.md, so the chart accepts exactly the keys, types and ranges t
     tests/deploy/gen-values-schema.py --check BIN_DIR    exit 1 (with a diff) if the keys, types,
                                                          ranges or choices are out of date
 
-Only definitions.{controller,worker,lifecycle}Config are generated; the rest of the schema is
+Only definitions.{controller,worker,lifecycle,gateway}Config are generated; the rest of the schema is
 written by hand. Keys the chart sets itself (CHART_OWNED) are left out, so values cannot
 override them by accident.
 """
@@ -28,6 +28,8 @@ CHART_OWNED = {
     "lifecycle": COMMON_OWNED | {"controller.address", "replica.id", "replica.advertise"},
     "worker": COMMON_OWNED | {"controller.address", "worker.group_id", "worker.advertise",
                               "model.name", "model.path"},
+    # The gateway holds no token (auth.* stays unset: it forwards each client's key).
+    "gateway": COMMON_OWNED | {"http.listen", "lifecycle.address"},
 }
 
 SIZE_UNITS = "B|KiB|MiB|GiB|TiB|Ki|Mi|Gi|Ti|kB|KB|MB|GB|TB"
@@ -121,7 +123,7 @@ def main():
     with open(SCHEMA, encoding="utf-8") as f:
         current_text = f.read()
     schema = json.loads(current_text)
-    for svc in ("controller", "worker", "lifecycle"):
+    for svc in ("controller", "worker", "lifecycle", "gateway"):
         out = subprocess.run([os.path.join(bindir, f"pie-{svc}"), "--help-config"],
                              check=True, capture_output=True, text=True).stdout
         schema["definitions"][f"{svc}Config"] = config_schema(svc, parse_help(out, svc))

@@ -37,7 +37,7 @@ let configs = 0;
 for (const d of docs) {
   if (d.kind === 'ConfigMap') {
     for (const [key, text] of Object.entries(d.data || {})) {
-      const m = /^(controller|worker|lifecycle)\.yaml$/.exec(key);
+      const m = /^(controller|worker|lifecycle|gateway)\.yaml$/.exec(key);
       if (m) {
         fs.writeFileSync(path.join(outdir, key), text);
         configs++;

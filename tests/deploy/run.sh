@@ -69,7 +69,7 @@ tmpdir() { mktemp -d "${TMPDIR:-/tmp}/pie-deploy-test.XXXXXX"; }
 variants() {
   cat <<'VARIANTS'
 auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
-auth.token=fixed-token,auth.secretKey=bearer,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false
+auth.token=fixed-token,auth.secretKey=bearer,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false,gateway.enabled=false
 lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
 lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer,lifecycle.cacheClaim=pie-programs
 worker.model.existingClaim=models,worker.replicas=4
@@ -78,7 +78,10 @@ worker.leaderWorkerSet.enabled=true,worker.replicas=3,worker.config.backend=cpu
 worker.config.backend=cpu,worker.config.engine.threads=8,worker.resources.requests.cpu=8
 controller.port=6000,controller.metricsPort=6001,lifecycle.port=6002,lifecycle.metricsPort=6003,lifecycle.service.port=443,worker.port=6004,worker.metricsPort=6005,worker.tensorParallel.port=6006,clusterDomain=k8s.example.internal
 fullnameOverride=a-rather-long-release-name-for-pie-c-tests,worker.replicas=100
-image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36
+image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36,tests.gatewayImage=curlimages/curl:8.10.1
+gateway.autoscaling.enabled=false,gateway.replicas=3,gateway.podDisruptionBudget.enabled=false,gateway.service.type=LoadBalancer,gateway.service.loadBalancerSourceRanges[0]=10.0.0.0/8,gateway.config.http.max_connections=4096
+gateway.ingress.enabled=true,gateway.ingress.className=nginx,gateway.ingress.annotations.nginx\.ingress\.kubernetes\.io/proxy-buffering=off,gateway.ingress.tls[0].secretName=pie-tls,gateway.ingress.tls[0].hosts[0]=pie.example.com,gateway.port=8080,gateway.service.port=80,gateway.grpcPort=6010,gateway.metricsPort=6011,lifecycle.port=6002
+gateway.httpRoute.enabled=true,gateway.httpRoute.parentRefs[0].name=public,gateway.httpRoute.parentRefs[0].namespace=gateway-system,gateway.httpRoute.hostnames[0]=pie.example.com,gateway.autoscaling.targetMemoryUtilizationPercentage=80,auth.enabled=false
 VARIANTS
 }
 # The values files rendered by name (golden, validate, configs-load, wiring).
@@ -203,7 +206,7 @@ CASES
     render "$name" >"$t/render.yaml"
     node "$here/render-tools.js" --deps "$deps" configs "$t/render.yaml" "$t"
     rc=0
-    for svc in controller worker lifecycle; do
+    for svc in controller worker lifecycle gateway; do
       [ -f "$t/$svc.yaml" ] || { echo "FAIL: no ConfigMap with $svc.yaml"; rc=1; continue; }
       # The binary checks every key, type and range, exactly as in the pod.
       if ! (cd "$t" && env -i PATH="$PATH" "$bin/pie-$svc" --config "$svc.yaml" --print-config >"$svc.effective" 2>"$svc.err"); then
@@ -286,6 +289,11 @@ PY
     check worker.tensorParallel.size=0 '- worker.tensorParallel.size: Must be greater than or equal to 1'
     check worker.config.backend=tpu '- worker.config.backend: worker.config.backend must be one of the following: "cpu", "cuda", "null"'
     check workers.replicas=2 '- (root): Additional property workers is not allowed'
+    check gateway.config.http.listen=0.0.0.0:1 '- gateway.config.http: Additional property listen is not allowed'
+    check gateway.config.lifecycle.address=x:1 '- gateway.config.lifecycle: Additional property address is not allowed'
+    check gateway.config.http.max_connections=0 '- gateway.config.http.max_connections: Must be greater than or equal to 1'
+    check gateway.ingress.hosts[0].paths[0].path=v1 '- gateway.ingress.hosts.0.paths.0.path: Does not match pattern'
+    check gateway.enabled=yes '- gateway.enabled: Invalid type. Expected: boolean, given: string'
     # Self-contained: every $ref points into the schema itself (Helm must not fetch anything).
     if grep -nE '"\$ref": *"[^#]' "$chart/values.schema.json"; then
       echo "FAIL: values.schema.json refers outside itself"; rc=1
@@ -321,6 +329,12 @@ PY
       -f "$here/values-tp-multinode.yaml"
     check 'lifecycle.podDisruptionBudget.minAvailable (2) must be below the lifecycle replica count (2)' \
       --set lifecycle.podDisruptionBudget.minAvailable=2
+    check 'gateway.podDisruptionBudget.minAvailable (2) must be below the gateway replica count (2)' \
+      --set gateway.podDisruptionBudget.minAvailable=2
+    check 'gateway.enabled needs lifecycle.headlessService.enabled' \
+      --set lifecycle.headlessService.enabled=false
+    check 'gateway.httpRoute.enabled needs gateway.httpRoute.parentRefs' \
+      --set gateway.httpRoute.enabled=true
     check 'chart requires kubeVersion: >=1.27.0-0 which is incompatible with Kubernetes v1.26.0' \
       --kube-version 1.26.0
     exit $rc
@@ -373,10 +387,11 @@ PY
   runtime-deps)
     bin=$1
     command -v dpkg >/dev/null || { echo "skipped: no dpkg (not a Debian-family host)"; exit 77; }
-    for svc in controller lifecycle worker; do
+    for svc in controller lifecycle worker gateway; do
       pkgs=$(sh "$root/deploy/docker/runtime-deps.sh" "$bin/pie-$svc" "$bin/piectl")
       # Every service links gRPC, protobuf-c and libyaml: their packages must be found.
-      for want in libgrpc29 libprotobuf-c1 libyaml-0-2; do
+      # ... and the gateway its HTTP server, libmicrohttpd.
+      for want in libgrpc29 libprotobuf-c1 libyaml-0-2 $([ "$svc" = gateway ] && echo libmicrohttpd12); do
         grep -qx "$want" <<<"$pkgs" || die "runtime-deps.sh: $want missing for pie-$svc: $(echo $pkgs)"
       done
       echo "ok: pie-$svc + piectl need $(echo $pkgs)"

@@ -8,7 +8,8 @@
 //     package kubernetes-models (types, enums, required fields, formats); ServiceMonitor against
 //     @kubernetes-models/prometheus-operator; LeaderWorkerSet against our own JSON schema
 //     (schemas/leaderworkerset.x-k8s.io_v1.json, with ajv) with its pod templates checked as
-//     core/v1 PodTemplateSpec.
+//     core/v1 PodTemplateSpec; the Gateway API HTTPRoute against the schema of its CRD
+//     (schemas/httproute.gateway.networking.k8s.io_v1.json, gateway-api v1.3.0).
 //  2. Unknown fields. kubernetes-models' validators accept unknown properties (the API server
 //     drops or, with strict field validation, rejects them); a misspelt field is the commonest
 //     chart bug, so every object is also walked against the TypeScript declarations (.d.ts)
@@ -17,7 +18,8 @@
 //     DNS names and lengths, selectors that match their pod templates, Service target ports
 //     that exist, volume mounts of declared volumes, $(VAR) references to earlier variables,
 //     objects referenced by name that the render (or --external-secret) provides, recommended
-//     labels, native gRPC probes on numeric ports, non-root pods.
+//     labels, probes (native gRPC on the numeric grpc port, or HTTP GET on a declared port),
+//     Ingress and HTTPRoute backends that are rendered Services with that port, non-root pods.
 'use strict';
 
 const fs = require('fs');
@@ -44,7 +46,7 @@ const models = {};
 try {
   yaml = req('js-yaml');
   Ajv = req('ajv');
-  for (const gv of ['v1', 'apps/v1', 'autoscaling/v2', 'policy/v1']) {
+  for (const gv of ['v1', 'apps/v1', 'autoscaling/v2', 'policy/v1', 'networking.k8s.io/v1']) {
     models[gv] = { mod: req(`kubernetes-models/${gv}`), dts: path.join(nodeModules, 'kubernetes-models', gv) };
   }
   ({ ObjectMeta } = req('@kubernetes-models/apimachinery/apis/meta/v1/ObjectMeta'));
@@ -199,6 +201,9 @@ function unknownFields(value, t, where, out) {
 const ajv = new Ajv({ allErrors: true, strict: false });
 const lwsValidate = ajv.compile(JSON.parse(fs.readFileSync(
   path.join(__dirname, 'schemas', 'leaderworkerset.x-k8s.io_v1.json'), 'utf8')));
+const httpRouteValidate = ajv.compile(JSON.parse(fs.readFileSync(
+  path.join(__dirname, 'schemas', 'httproute.gateway.networking.k8s.io_v1.json'), 'utf8')));
+const ajvErrors = (v) => v.errors.map((e) => `${e.instancePath || '/'} ${e.message}${e.params && e.params.additionalProperty ? ` "${e.params.additionalProperty}"` : ''}`);
 
 function modelErrors(Model, obj) {
   try {
@@ -226,6 +231,12 @@ function validateSchema(doc) {
       errs.push(...modelErrors(v1.mod.PodTemplateSpec, lwt[which]).map((m) => `spec.leaderWorkerTemplate.${which}: ${m}`));
       unknownFields(lwt[which], { k: 'ref', file: path.join(v1.dts, 'PodTemplateSpec.d.ts') }, `spec.leaderWorkerTemplate.${which}`, errs);
     }
+    return errs;
+  }
+  if (gv === 'gateway.networking.k8s.io/v1' && kind === 'HTTPRoute') {
+    if (!httpRouteValidate(doc)) errs.push(...ajvErrors(httpRouteValidate));
+    errs.push(...modelErrors(ObjectMeta, doc.metadata || {}).map((m) => `metadata: ${m}`));
+    unknownFields(doc.metadata, { k: 'ref', file: path.join(nodeModules, '@kubernetes-models', 'apimachinery', 'apis', 'meta', 'v1', 'ObjectMeta.d.ts') }, 'metadata', errs);
     return errs;
   }
   const group = models[gv];
@@ -323,7 +334,15 @@ function checkPod(where, t, isTest, byKind, errs) {
     for (const probe of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
       const pr = c[probe];
       if (!pr) { errs.push(`${cp}: no ${probe}`); continue; }
-      if (!pr.grpc) { errs.push(`${cp}.${probe}: not a native gRPC probe`); continue; }
+      if (pr.httpGet) {
+        // HTTP probes (the gateway's /healthz, /readyz): a declared port, an absolute path.
+        const hp = pr.httpGet.port;
+        const declared = (c.ports || []).some((x) => (typeof hp === 'number' ? x.containerPort === hp : x.name === hp));
+        if (!declared) errs.push(`${cp}.${probe}.httpGet.port ${hp} is not a port of the container`);
+        if (!String(pr.httpGet.path || '').startsWith('/')) errs.push(`${cp}.${probe}.httpGet.path "${pr.httpGet.path}" is not an absolute path`);
+        continue;
+      }
+      if (!pr.grpc) { errs.push(`${cp}.${probe}: neither a native gRPC probe nor an HTTP GET`); continue; }
       if (!Number.isInteger(pr.grpc.port)) errs.push(`${cp}.${probe}.grpc.port must be a number`);
       if (!grpcPort || grpcPort.containerPort !== pr.grpc.port) errs.push(`${cp}.${probe}.grpc.port ${pr.grpc.port} is not the container's grpc port`);
     }
@@ -388,6 +407,23 @@ function semanticChecks(docs) {
           errs.push(`port ${port.name}: targetPort "${port.targetPort}" is not a named port of every selected pod`);
         }
       }
+    }
+    // An Ingress or HTTPRoute backend is a rendered Service with that port (by name or number).
+    const backend = (where, name, port) => {
+      const svc = byKind('Service', name);
+      if (!svc) { errs.push(`${where}: Service "${name}" is not rendered`); return; }
+      if (!(svc.spec.ports || []).some((p) => (typeof port === 'number' ? p.port === port : p.name === port))) errs.push(`${where}: Service ${name} has no port ${port}`);
+    };
+    if (d.kind === 'Ingress') {
+      (d.spec.rules || []).forEach((r, i) => ((r.http || {}).paths || []).forEach((p, j) => {
+        const s = (p.backend || {}).service;
+        if (s) backend(`spec.rules[${i}].http.paths[${j}].backend`, s.name, s.port.name !== undefined ? s.port.name : s.port.number);
+      }));
+    }
+    if (d.kind === 'HTTPRoute') {
+      (d.spec.rules || []).forEach((r, i) => (r.backendRefs || []).forEach((b, j) => {
+        if ((b.kind || 'Service') === 'Service' && !b.group) backend(`spec.rules[${i}].backendRefs[${j}]`, b.name, b.port);
+      }));
     }
     if (d.kind === 'PodDisruptionBudget' && !pods.some((p) => subset(sel, p.labels))) errs.push('spec.selector matches no rendered pod template');
     if (d.kind === 'HorizontalPodAutoscaler') {

@@ -76,6 +76,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "pie.controller.fullname" -}}{{ include "pie.fullname" . }}-controller{{- end -}}
 {{- define "pie.lifecycle.fullname" -}}{{ include "pie.fullname" . }}-lifecycle{{- end -}}
 {{- define "pie.worker.fullname" -}}{{ include "pie.fullname" . }}-worker{{- end -}}
+{{- define "pie.gateway.fullname" -}}{{ include "pie.fullname" . }}-gateway{{- end -}}
 
 {{/* Fully qualified DNS name of a Service in the release namespace. */}}
 {{- define "pie.svcFQDN" -}}
@@ -87,14 +88,27 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%d" (include "pie.svcFQDN" (dict "ctx" . "name" (include "pie.controller.fullname" .))) (int .Values.controller.port) -}}
 {{- end -}}
 
+{{/* The gRPC target the gateways dial (lifecycle.address): the lifecycle's headless Service
+through the dns resolver, so each gateway resolves every ready lifecycle pod and spreads its
+calls over them round-robin, with client-side health checks (a ClusterIP Service would pin
+each gateway to one pod: a gRPC client keeps one connection). */}}
+{{- define "pie.gateway.lifecycleAddress" -}}
+{{- if not .Values.lifecycle.headlessService.enabled -}}
+{{- fail "gateway.enabled needs lifecycle.headlessService.enabled: the gateway dials dns:///<lifecycle headless Service> to spread requests over every lifecycle pod (set gateway.enabled=false, or keep the headless Service)" -}}
+{{- end -}}
+{{- printf "dns:///%s:%d" (include "pie.svcFQDN" (dict "ctx" . "name" (printf "%s-headless" (include "pie.lifecycle.fullname" .)))) (int .Values.lifecycle.port) -}}
+{{- end -}}
+
 {{/* Where the auth token file is mounted. */}}
 {{- define "pie.tokenDir" -}}/var/run/secrets/pie{{- end -}}
 
 {{/* Rendered service configuration: the values' config merged with the keys the chart owns.
-include "pie.config" (dict "ctx" $ "svc" .Values.worker "extra" (dict ...)) */}}
+include "pie.config" (dict "ctx" $ "svc" .Values.worker "extra" (dict ...))
+"grpcPort" overrides svc.port for server.listen; "noAuth" true leaves auth.* out (the gateway
+holds no token: it forwards each client's). */}}
 {{- define "pie.config" -}}
-{{- $managed := dict "server" (dict "listen" (printf "0.0.0.0:%d" (int .svc.port))) "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .svc.metricsPort))) -}}
-{{- if .ctx.Values.auth.enabled -}}
+{{- $managed := dict "server" (dict "listen" (printf "0.0.0.0:%d" (int (default .svc.port .grpcPort)))) "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .svc.metricsPort))) -}}
+{{- if and .ctx.Values.auth.enabled (not .noAuth) -}}
 {{- $_ := set $managed "auth" (dict "token_file" (printf "%s/%s" (include "pie.tokenDir" .ctx) .ctx.Values.auth.secretKey)) -}}
 {{- end -}}
 {{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .svc.config)) $managed (default (dict) .extra) -}}
@@ -126,12 +140,25 @@ timeoutSeconds: {{ int .p.timeoutSeconds }}
 failureThreshold: {{ int .p.failureThreshold }}
 {{- end -}}
 
-{{/* Volumes and mounts every service pod has: its config, the token, a writable /tmp. */}}
+{{/* HTTP probe (the gateway's /healthz and /readyz on its named port "http").
+include "pie.httpProbe" (dict "path" "/readyz" "p" .Values.gateway.readinessProbe) */}}
+{{- define "pie.httpProbe" -}}
+httpGet:
+  path: {{ .path }}
+  port: http
+  scheme: HTTP
+periodSeconds: {{ int .p.periodSeconds }}
+timeoutSeconds: {{ int .p.timeoutSeconds }}
+failureThreshold: {{ int .p.failureThreshold }}
+{{- end -}}
+
+{{/* Volumes and mounts every service pod has: its config, the token, a writable /tmp.
+"noAuth" true: no token volume (the gateway). */}}
 {{- define "pie.commonVolumes" -}}
 - name: config
   configMap:
     name: {{ .configMap }}
-{{- if .ctx.Values.auth.enabled }}
+{{- if and .ctx.Values.auth.enabled (not .noAuth) }}
 - name: auth
   secret:
     secretName: {{ include "pie.authSecretName" .ctx }}
@@ -149,7 +176,7 @@ failureThreshold: {{ int .p.failureThreshold }}
 - name: config
   mountPath: /etc/pie
   readOnly: true
-{{- if .ctx.Values.auth.enabled }}
+{{- if and .ctx.Values.auth.enabled (not .noAuth) }}
 - name: auth
   mountPath: {{ include "pie.tokenDir" .ctx }}
   readOnly: true
