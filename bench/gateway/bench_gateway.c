@@ -98,14 +98,14 @@ static void run_direct(gw_lc *lc, const char *model, unsigned tokens, const char
 typedef struct http_target {
     struct sockaddr_storage addr;
     socklen_t addr_len;
-    char hostport[128];
+    char hostport[256];
 } http_target;
 
 static void parse_target(const char *url, http_target *t) {
     const char *hp = strstr(url, "://");
     hp = hp ? hp + 3 : url;
     snprintf(t->hostport, sizeof t->hostport, "%s", hp);
-    char host[128];
+    char host[256];
     snprintf(host, sizeof host, "%s", hp);
     char *colon = strrchr(host, ':');
     if (colon == NULL) die("gateway URL without a port");

@@ -358,8 +358,8 @@ int gj_write_number(gj_ctx *x, gj_buf *b, const gj_val *v, bool json) {
 /* ---- JSON ------------------------------------------------------------------------------------ */
 
 static int gj_json_u(gj_ctx *x, gj_buf *b, unsigned u) {
-    char e[8];
-    snprintf(e, sizeof e, "\\u%04x", u);
+    char e[16]; /* u < 0x10000 here: 6 bytes + NUL; room for the compiler's worst case */
+    snprintf(e, sizeof e, "\\u%04x", u & 0xFFFFu);
     return gj_buf_puts(x, b, e);
 }
 
