@@ -63,40 +63,6 @@ struct gw_gen {
     gw_phase phase;
 };
 
-/* An HTTP error for a failed lifecycle call or Run. */
-static void error_from_status(const pie_status *st, gw_error *e) {
-    switch (st->code) {
-    case PIE_UNAUTHENTICATED:
-        gw_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                     "Incorrect API key provided: %s", st->msg);
-        break;
-    case PIE_PERMISSION_DENIED:
-        gw_error_set(e, 403, "invalid_request_error", NULL, "permission_denied", "%s", st->msg);
-        break;
-    case PIE_NOT_FOUND:
-        gw_error_set(e, 404, "invalid_request_error", "model", "model_not_found", "%s", st->msg);
-        break;
-    case PIE_INVALID_ARGUMENT:
-    case PIE_OUT_OF_RANGE:
-    case PIE_FAILED_PRECONDITION:
-        gw_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", st->msg);
-        break;
-    case PIE_RESOURCE_EXHAUSTED:
-        gw_error_set(e, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", st->msg);
-        break;
-    case PIE_UNAVAILABLE:
-        gw_error_set(e, 503, "server_error", NULL, "service_unavailable",
-                     "no lifecycle replica could serve the request: %s", st->msg);
-        break;
-    case PIE_DEADLINE_EXCEEDED:
-        gw_error_set(e, 504, "server_error", NULL, "timeout", "%s", st->msg);
-        break;
-    default:
-        gw_error_set(e, 500, "server_error", NULL, NULL, "%s: %s", pie_code_name(st->code),
-                     st->msg);
-    }
-}
-
 /* The prompt of the request: the completions prompt, or the rendered chat. */
 static bool prepare_prompt(gw_gen *g, const gw_model *m, gw_error *e) {
     if (g->req.endpoint == GW_COMPLETIONS) return true;
@@ -135,7 +101,7 @@ static bool read_first(gw_gen *g, gw_error *e) {
     if (rr == GW_RUN_EXIT) {
         if (st.code == PIE_OK)
             pie_status_set(&st, PIE_INTERNAL, "the generation program ended without output");
-        error_from_status(&st, e);
+        gw_error_from_status(&st, e);
         return false;
     }
     gw_event ev;
@@ -156,7 +122,7 @@ static bool launch(gw_gen *g, const char *auth, gw_error *e) {
     gw_model m;
     pie_status st;
     if (gw_lc_model(g->env->lc, auth, g->req.model, &m, &st) != PIE_OK) {
-        error_from_status(&st, e);
+        gw_error_from_status(&st, e);
         return false;
     }
     bool ok = prepare_prompt(g, &m, e);
@@ -170,7 +136,7 @@ static bool launch(gw_gen *g, const char *auth, gw_error *e) {
                           strlen(g->req.prompt), &st);
     gw_args_free(args, n_args);
     if (g->run == NULL) {
-        error_from_status(&st, e);
+        gw_error_from_status(&st, e);
         return false;
     }
     return read_first(g, e);
@@ -214,7 +180,7 @@ static void note_token(gw_gen *g) {
 /* After the Run ended with st: every choice must have finished, else the end is an error. */
 static bool check_end(gw_gen *g, const pie_status *st, gw_error *e) {
     if (st->code != PIE_OK) {
-        error_from_status(st, e);
+        gw_error_from_status(st, e);
         return false;
     }
     if (g->res.finished != g->res.n)

@@ -97,9 +97,7 @@ static enum MHD_Result serve_models(gw_conn *k, const char *auth, const char *id
     pie_status st;
     gw_error e;
     if (gw_lc_models(k->h->env->lc, auth, &models, &n, &st) != PIE_OK) {
-        gw_error_set(&e, st.code == PIE_UNAUTHENTICATED ? 401 : 503,
-                     st.code == PIE_UNAUTHENTICATED ? "invalid_request_error" : "server_error",
-                     NULL, st.code == PIE_UNAUTHENTICATED ? "invalid_api_key" : NULL, "%s", st.msg);
+        gw_error_from_status(&st, &e);
         return reply_error(k->c, &e);
     }
     json_t *out = NULL;
@@ -221,10 +219,15 @@ static enum MHD_Result serve_completion(gw_conn *k, gw_endpoint ep, const char *
 /* ------------------------------------------------------------------------------------------
  * Routing */
 
-/* The Authorization header when it is a bearer key ("Bearer <key>"), else NULL. */
-static const char *bearer(struct MHD_Connection *c) {
+/* The Authorization header when it is a bearer key ("Bearer <key>"), else NULL; *bad when the
+ * key holds bytes a gRPC header cannot carry (outside printable ASCII). */
+static const char *bearer(struct MHD_Connection *c, bool *bad) {
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    return v != NULL && strncasecmp(v, "Bearer ", 7) == 0 ? v : NULL;
+    *bad = false;
+    if (v == NULL || strncasecmp(v, "Bearer ", 7) != 0) return NULL;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (*p < 0x20 || *p > 0x7E) *bad = true;
+    return v;
 }
 
 static enum MHD_Result not_found(struct MHD_Connection *c, const char *method, const char *url) {
@@ -258,7 +261,14 @@ static enum MHD_Result wrong_method(struct MHD_Connection *c, const char *method
 static enum MHD_Result route(gw_conn *k, const char *url, const char *method) {
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
-    const char *auth = bearer(k->c);
+    bool bad_key = false;
+    const char *auth = bearer(k->c, &bad_key);
+    if (bad_key && strncmp(url, "/v1/", 4) == 0) {
+        gw_error e;
+        gw_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                     "Incorrect API key provided: it must be printable ASCII.");
+        return reply_error(k->c, &e);
+    }
     if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
         if (!post) return wrong_method(k->c, method, "POST");
         return serve_completion(k, url[4] == 'c' && url[5] == 'h' ? GW_CHAT : GW_COMPLETIONS, auth);

@@ -43,6 +43,39 @@ fail:
     return NULL;
 }
 
+void gw_error_from_status(const pie_status *st, gw_error *e) {
+    switch (st->code) {
+    case PIE_UNAUTHENTICATED:
+        gw_error_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                     "Incorrect API key provided: %s", st->msg);
+        break;
+    case PIE_PERMISSION_DENIED:
+        gw_error_set(e, 403, "invalid_request_error", NULL, "permission_denied", "%s", st->msg);
+        break;
+    case PIE_NOT_FOUND:
+        gw_error_set(e, 404, "invalid_request_error", "model", "model_not_found", "%s", st->msg);
+        break;
+    case PIE_INVALID_ARGUMENT:
+    case PIE_OUT_OF_RANGE:
+    case PIE_FAILED_PRECONDITION:
+        gw_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", st->msg);
+        break;
+    case PIE_RESOURCE_EXHAUSTED:
+        gw_error_set(e, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", st->msg);
+        break;
+    case PIE_UNAVAILABLE:
+        gw_error_set(e, 503, "server_error", NULL, "service_unavailable",
+                     "no lifecycle replica could serve the request: %s", st->msg);
+        break;
+    case PIE_DEADLINE_EXCEEDED:
+        gw_error_set(e, 504, "server_error", NULL, "timeout", "%s", st->msg);
+        break;
+    default:
+        gw_error_set(e, 500, "server_error", NULL, NULL, "%s: %s", pie_code_name(st->code),
+                     st->msg);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------
  * UTF-8 */
 

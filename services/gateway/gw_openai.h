@@ -16,6 +16,8 @@
 
 #include <jansson.h>
 
+#include "pie_status.h"
+
 #define GW_MAX_STOP 4          /* OpenAI: up to 4 stop sequences */
 #define GW_MAX_N 16            /* choices per request (OpenAI allows 128; each is a KV fork) */
 #define GW_MAX_TOP_LOGPROBS 20 /* OpenAI's limit for chat; completions' logprobs up to the same */
@@ -31,6 +33,12 @@ typedef struct gw_error {
 /* Sets e and returns false, so validators can `return gw_error_set(...)`. */
 bool gw_error_set(gw_error *e, int http_status, const char *type, const char *param,
                   const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The HTTP error for a failed lifecycle call or Run: UNAUTHENTICATED 401 invalid_api_key,
+ * PERMISSION_DENIED 403, NOT_FOUND 404 model_not_found, INVALID_ARGUMENT / OUT_OF_RANGE /
+ * FAILED_PRECONDITION 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, DEADLINE_EXCEEDED 504,
+ * anything else 500; the message is the status's. */
+void gw_error_from_status(const pie_status *st, gw_error *e);
 
 /* {"error":{"message":..,"type":..,"param":..,"code":..}}, malloc'd. NULL if out of memory. */
 char *gw_error_json(const gw_error *e);

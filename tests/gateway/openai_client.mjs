@@ -214,6 +214,9 @@ check('errors: a missing or wrong key is 401', async () => {
   const r = await raw('POST', '/v1/completions', JSON.stringify({ model, prompt }),
     { authorization: '' });
   assert.equal(r.status, 401);
+  const odd = await raw('GET', '/v1/models', undefined, { authorization: 'Bearer caf\u00e9' });
+  assert.equal(odd.status, 401, 'a key a gRPC header cannot carry');
+  assert.equal(JSON.parse(odd.body).error.code, 'invalid_api_key');
 });
 
 check('errors: too many tokens is 400 context_length_exceeded', async () => {
