@@ -10,8 +10,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "pie_desc.h"
 #include "pie_httpd.h"
 #include "pie_log.h"
+#include "rpc_reflect.h"
 
 const char *const svc_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
@@ -22,6 +24,7 @@ struct svc {
     rpc_server *server;
     pie_metrics *metrics;
     pie_httpd *httpd;
+    rpc_reflect *reflect; /* server reflection; outlives the server */
     const svc_config *cfg; /* borrowed; outlives the svc */
     char token[512];
     /* Health: "" is `serving`; each name of health[] is serving && its ready flag. Set from the
@@ -215,6 +218,43 @@ fail:
     return NULL;
 }
 
+/* The services a server with these methods serves, for reflection's list_services: each
+ * method's service ("/pie.v1.Lifecycle/Run" → "pie.v1.Lifecycle"), health and reflection. */
+#define SVC_MAX_SERVICES 16
+static size_t served_services(const rpc_method *methods, size_t n, char names[][128]) {
+    static const char *const always[] = {"grpc.health.v1.Health",
+                                         "grpc.reflection.v1alpha.ServerReflection",
+                                         "grpc.reflection.v1.ServerReflection"};
+    size_t k = 0;
+    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
+        snprintf(names[k++], 128, "%s", always[i]);
+    for (size_t i = 0; i < n && k < SVC_MAX_SERVICES; i++) {
+        const char *p = methods[i].path + 1, *slash = strchr(p, '/');
+        if (methods[i].path[0] != '/' || slash == NULL || slash - p >= 128) continue;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(slash - p), p);
+        bool dup = false;
+        for (size_t j = 0; j < k && !dup; j++) dup = strcmp(names[j], name) == 0;
+        if (!dup) memcpy(names[k++], name, sizeof name);
+    }
+    return k;
+}
+
+/* gRPC server reflection over the compiled-in descriptor set (grpcurl works without .proto
+ * files): methods for the server, the index kept in s. */
+static pie_code add_reflection(svc *s, const rpc_method *methods, size_t n, pie_status *st) {
+    char names[SVC_MAX_SERVICES][128];
+    const char *ptrs[SVC_MAX_SERVICES];
+    size_t k = served_services(methods, n, names);
+    for (size_t i = 0; i < k; i++) ptrs[i] = names[i];
+    s->reflect = rpc_reflect_create(pie_proto_descriptor_set, pie_proto_descriptor_set_len, ptrs,
+                                    k, st);
+    if (s->reflect == NULL) return st ? st->code : PIE_INTERNAL;
+    rpc_method rm[2];
+    rpc_reflect_methods(s->reflect, rm);
+    return rpc_server_add_methods(s->server, rm, 2, st);
+}
+
 pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) {
     const svc_config *cfg = s->cfg;
     int max_msg =
@@ -230,6 +270,7 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) 
     s->server = rpc_server_create(&so, st);
     if (s->server == NULL) return st ? st->code : PIE_INTERNAL;
     if (n > 0 && rpc_server_add_methods(s->server, methods, n, st) != PIE_OK) return st->code;
+    if (add_reflection(s, methods, n, st) != PIE_OK) return st->code;
     if (rpc_server_start(s->server, st) != PIE_OK) return st->code;
     if (start_metrics(s, cfg, st) != PIE_OK) return st->code;
     pie_log_info("svc.started", "version=%s grpc_port=%d metrics_port=%d auth=%s", PIE_VERSION,
@@ -337,6 +378,7 @@ void svc_drain(svc *s) {
 void svc_stop(svc *s) {
     if (s == NULL) return;
     svc_drain(s);
+    rpc_reflect_destroy(s->reflect); /* after the server: no call uses it any more */
     pie_metrics_destroy(s->metrics);
     pie_log_info("svc.stopped", "%s", "");
     pthread_mutex_destroy(&s->health_mu);
