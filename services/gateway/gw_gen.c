@@ -93,11 +93,11 @@ static gw_run_result next_message(gw_gen *g, gw_client_alive_fn alive, void *arg
 }
 
 /* Reads the first message: prompt_tokens, or the inferlet's refusal. */
-static bool read_first(gw_gen *g, gw_error *e) {
+static bool read_first(gw_gen *g, gw_client_alive_fn alive, void *arg, gw_error *e) {
     char *msg = NULL;
     size_t len = 0;
     pie_status st;
-    gw_run_result rr = next_message(g, NULL, NULL, &msg, &len, &st);
+    gw_run_result rr = next_message(g, alive, arg, &msg, &len, &st);
     if (rr == GW_RUN_EXIT) {
         if (st.code == PIE_OK)
             pie_status_set(&st, PIE_INTERNAL, "the generation program ended without output");
@@ -118,7 +118,8 @@ static bool read_first(gw_gen *g, gw_error *e) {
     return false;
 }
 
-static bool launch(gw_gen *g, const char *auth, gw_error *e) {
+static bool launch(gw_gen *g, const char *auth, gw_client_alive_fn alive, void *arg,
+                   gw_error *e) {
     gw_model m;
     pie_status st;
     if (gw_lc_model(g->env->lc, auth, g->req.model, &m, &st) != PIE_OK) {
@@ -139,11 +140,12 @@ static bool launch(gw_gen *g, const char *auth, gw_error *e) {
         gw_error_from_status(&st, e);
         return false;
     }
-    return read_first(g, e);
+    return read_first(g, alive, arg, e);
 }
 
 gw_gen *gw_gen_start(const gw_gen_env *env, gw_endpoint endpoint, const char *auth,
-                     const char *body, size_t len, gw_error *e) {
+                     const char *body, size_t len, gw_client_alive_fn alive, void *arg,
+                     gw_error *e) {
     pie_counter_add(env->mx->requests[endpoint], 1);
     gw_gen *g = calloc(1, sizeof *g);
     if (g == NULL) {
@@ -157,7 +159,7 @@ gw_gen *gw_gen_start(const gw_gen_env *env, gw_endpoint endpoint, const char *au
     bool ok = gw_req_parse(endpoint, body, len, &g->req, e);
     if (ok && !gw_result_init(&g->res, &g->req))
         ok = gw_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (ok) ok = launch(g, auth, e);
+    if (ok) ok = launch(g, auth, alive, arg, e);
     if (!ok) {
         g->req.endpoint = endpoint;
         g->failed = true;

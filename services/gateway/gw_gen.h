@@ -42,11 +42,13 @@ typedef struct gw_gen gw_gen;
 /* Asks whether the client is still there (gw_http: a poll of the socket). */
 typedef bool (*gw_client_alive_fn)(void *arg);
 
-/* Validates body, renders, launches, and waits for the inferlet's first message. NULL with e
- * filled for any refusal (HTTP status in e->http_status). auth: the client's Authorization
- * header value or NULL. */
+/* Validates body, renders, launches, and waits for the inferlet's first message (asking
+ * alive(arg) meanwhile: a long prefill of a client that left is cancelled). NULL with e filled
+ * for any refusal (HTTP status in e->http_status). auth: the client's Authorization header
+ * value or NULL. */
 gw_gen *gw_gen_start(const gw_gen_env *env, gw_endpoint endpoint, const char *auth,
-                     const char *body, size_t len, gw_error *e);
+                     const char *body, size_t len, gw_client_alive_fn alive, void *arg,
+                     gw_error *e);
 
 bool gw_gen_streaming(const gw_gen *g);
 

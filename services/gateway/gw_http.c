@@ -208,7 +208,8 @@ static enum MHD_Result serve_completion(gw_conn *k, gw_endpoint ep, const char *
                      (unsigned long long)k->h->max_body);
         return reply_error(k->c, &e);
     }
-    gw_gen *g = gw_gen_start(k->h->env, ep, auth, k->body ? k->body : "", k->body_len, &e);
+    gw_gen *g = gw_gen_start(k->h->env, ep, auth, k->body ? k->body : "", k->body_len,
+                             client_alive, k->c, &e);
     if (g == NULL) return reply_error(k->c, &e);
     if (gw_gen_streaming(g)) return start_stream(k, g);
     char *body = gw_gen_collect(g, client_alive, k->c, &e);
