@@ -106,8 +106,11 @@ typedef struct pie_abi_forward {
 PIE_ABI_IMPORT(last_error) int32_t pie_last_error(P(char) buf, uint32_t cap);
 /* This instance's id (InstanceInfo.instance_id). Arguments are WASI argv (args_get). */
 PIE_ABI_IMPORT(instance_id) int64_t pie_instance_id(void);
-/* Sends a message to the attached client (buffered while none is attached).
- * INVALID_ARGUMENT above ResourceLimits.message_bytes. */
+/* Sends a message to the attached client (buffered while none is attached; the oldest buffered
+ * output is dropped beyond the replica's instances.output_buffer). Never dropped while a client
+ * is attached: blocks while that much output already waits for a slow client (until it reads,
+ * detaches, the instance is terminated or its wall_ms quota ends it); stdout/stderr writes
+ * share the stream and block alike. INVALID_ARGUMENT above ResourceLimits.message_bytes. */
 PIE_ABI_IMPORT(send) int32_t pie_send(P(const void) msg, uint32_t len);
 /* Arms future f with the next client message. Payload: the message bytes. Resolves with
  * OUT_OF_RANGE "input closed" once the client closed its input and every message was read. */

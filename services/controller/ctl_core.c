@@ -1002,6 +1002,19 @@ void ctl_core_drain_worker(ctl_core *c, ctl_worker *w) {
                  w->index, w->reg->group_id, w->steps_out, c->drain_reason);
 }
 
+void ctl_core_retire_worker(ctl_core *c, ctl_worker *w) {
+    if (w->draining) return;
+    w->draining = true;
+    Pie__V1__Drain dr = PIE__V1__DRAIN__INIT;
+    dr.shutdown = true;
+    dr.reason = "the worker is shutting down and no instance is placed on it any more";
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.drain = &dr;
+    c->sink.to_worker(c->sink.user, w->link, &down);
+    pie_log_info("ctl.worker.retired", "worker_index=%u group=%s steps_out=%u", w->index,
+                 w->reg->group_id, w->steps_out);
+}
+
 void ctl_core_drain(ctl_core *c, const char *reason, int64_t now_ns) {
     enter(c, now_ns);
     if (!c->draining) {
@@ -1093,8 +1106,8 @@ void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterSt
         s->tp_size = reg->tp_size;
         s->device = reg->device;
         s->address = reg->address;
-        s->state = w->draining ? PIE__V1__WORKER_STATE__WORKER_STATE_DRAINING
-                               : PIE__V1__WORKER_STATE__WORKER_STATE_READY;
+        s->state = w->draining || w->leaving ? PIE__V1__WORKER_STATE__WORKER_STATE_DRAINING
+                                             : PIE__V1__WORKER_STATE__WORKER_STATE_READY;
         s->connected_unix_ms = w->connected_unix_ms;
         s->capacity = cap;
         s->kv_pages_used = w->pool.kv_used;

@@ -147,6 +147,9 @@ void ctl_core_call_free(ctl_core *c, ctl_call *call);
 void ctl_core_terminate(ctl_core *c, ctl_inst *inst, pie_code code, const char *msg);
 /* Sends w Drain{shutdown = false, the core's drain reason} once; it gets no step after it. */
 void ctl_core_drain_worker(ctl_core *c, ctl_worker *w);
+/* A leaving worker (WorkerUp.draining) holds no instance any more: sends it
+ * Drain{shutdown = true} once, after which it gets no step and exits. */
+void ctl_core_retire_worker(ctl_core *c, ctl_worker *w);
 /* Adds a CallResult to the replica's outbox; returns it (payload to be set by the caller) or
  * NULL when out of memory. msg is copied. */
 Pie__V1__CallResult *ctl_core_result(ctl_core *c, ctl_replica *r, uint64_t instance_id,

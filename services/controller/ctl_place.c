@@ -186,7 +186,7 @@ oom:
 ctl_worker *ctl_place_choose(ctl_core *c, uint32_t model) {
     ctl_worker *best = NULL;
     for (ctl_worker *w = c->workers; w; w = w->next) {
-        if (w->model != model || w->draining) continue;
+        if (w->model != model || w->draining || w->leaving) continue;
         if (best == NULL) {
             best = w;
             continue;
@@ -241,6 +241,7 @@ void ctl_place_release(ctl_core *c, ctl_place *p) {
     if (p->w_next) p->w_next->w_prev = p->w_prev;
     w->n_places--;
     ctl_slab_put(&c->s_places, p);
+    if (w->leaving && w->n_places == 0) ctl_core_retire_worker(c, w);
 }
 
 /* Objects of one kind a placement holds. */
@@ -369,6 +370,12 @@ void ctl_core_worker_up(ctl_core *c, ctl_worker *w, Pie__V1__WorkerUp *up, int64
         }
         w->pool.kv_effective = eff;
     }
+    if (up->draining && !w->leaving) {
+        w->leaving = true;
+        pie_log_info("ctl.worker.leaving", "worker_index=%u group=%s instances=%u", w->index,
+                     w->reg->group_id, w->n_places);
+        if (w->n_places == 0) ctl_core_retire_worker(c, w);
+    }
     if (up->stats) {
         free_msg(w->stats_msg);
         w->stats_msg = up;
@@ -391,8 +398,15 @@ void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, in
     }
     const Pie__V1__WorkerRegistration *r = w->reg;
     char msg[PIE_STATUS_MSG_MAX + 600];
-    snprintf(msg, sizeof msg, "worker %s (%s) lost: %.400s", r->group_id, r->model->name,
-             why && why->msg[0] ? why->msg : "link ended");
+    if (w->leaving) /* it was draining: its server.shutdown_grace ran out */
+        snprintf(msg, sizeof msg,
+                 "worker %s (%s) shut down: the instance was still placed on it when the "
+                 "worker's drain time (server.shutdown_grace) ran out",
+                 r->group_id, r->model->name);
+    else
+        snprintf(msg, sizeof msg, "worker %s (%s) lost: %.400s", r->group_id, r->model->name,
+                 why && why->msg[0] ? why->msg : "link ended");
+    w->draining = true; /* its link is gone: nothing is sent to it (no Drain when it empties) */
     uint32_t n_terminated = 0;
     while (w->places) {
         ctl_core_terminate(c, w->places->inst, PIE_UNAVAILABLE, msg);

@@ -83,6 +83,9 @@ typedef struct ctl_worker {
     struct ctl_queue *settle; /* queues whose head became a controller call mid-batch */
     int64_t wake_ns;          /* its scheduler's next due time (0: none) */
     bool draining;            /* Drain sent: no more steps, no new placements */
+    /* WorkerUp.draining received (the worker got SIGTERM): no new placements; its instances
+     * keep their steps, and Drain{shutdown} follows once it holds none (ctl_core_retire_worker) */
+    bool leaving;
     /* work_conserving: how long a step takes on the worker (moving average of the exec_us of
      * its batches), while one step runs when the next one is to be formed (0: none), and when
      * the last step's results arrived (a step sent while another ran starts about then). */

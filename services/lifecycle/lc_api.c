@@ -331,7 +331,7 @@ static void launch_reply(lc_api *a, rpc_call *call, const Pie__V1__LaunchRequest
     pie_status st;
     lc_inst *in = NULL;
     lc_limits l;
-    if (lc_inst_launch(a->insts, req, &in, &l, &st) != PIE_OK) {
+    if (lc_inst_launch(a->insts, req, NULL, &in, &l, &st) != PIE_OK) {
         rpc_call_finish_status(call, &st);
         return;
     }
@@ -494,23 +494,12 @@ static bool attach_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     return false;
 }
 
-/* Run: launches, sends `started`, attaches. */
+/* Run: launches the instance attached to the call (`started` first, then all its output). */
 static void run_launch(lc_api *a, rpc_call *call, lc_attach *at,
                        const Pie__V1__LaunchRequest *req) {
     pie_status st;
     lc_limits l;
-    if (lc_inst_launch(a->insts, req, &at->in, &l, &st) == PIE_OK) {
-        Pie__V1__ResourceLimits pl;
-        lc_limits_to_pb(&l, &pl);
-        Pie__V1__InstanceStarted s = PIE__V1__INSTANCE_STARTED__INIT;
-        s.instance_id = lc_inst_id(at->in);
-        s.limits = &pl;
-        Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
-        r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STARTED;
-        r.started = &s;
-        rpc_call_send(call, &r.base);
-    }
-    if (at->in == NULL || lc_inst_attach(at->in, call, &st) != PIE_OK) attach_fail(call, at, &st);
+    if (lc_inst_launch(a->insts, req, call, &at->in, &l, &st) != PIE_OK) attach_fail(call, at, &st);
 }
 
 /* The first message: start (Attach) or launch (Run). Returns true when it keeps msg (a Run

@@ -2,8 +2,16 @@
  *
  * Locking: the manager's mutex guards the table and the live-thread count; each instance's
  * mutex guards its state, output buffer, attached call, stop request and host/wasm handles.
- * Order: manager, then instance. lc_host calls back into us (send, terminated) with no host
- * lock held, so calling lc_host_inst_* under an instance's mutex cannot deadlock. */
+ * Order: manager, then instance, then an rpc call's own lock (rpc_call_send). lc_host calls back
+ * into us (send, terminated) with no host lock held, so calling lc_host_inst_* under an
+ * instance's mutex cannot deadlock.
+ *
+ * Output (send, stdout, stderr) is written on the instance's thread. While a client is attached
+ * it goes to its call and is never dropped: when the call's queue is full (wait_for_room) the
+ * writer waits on the call, without any lock of ours, until the client reads, detaches, the
+ * instance is stopped (both end the wait through rpc_call_end_waits) or its wall deadline
+ * passes. Completion-queue threads never wait here. While detached, output goes to the buffer
+ * with oldest-first dropping. */
 #include "lc_inst.h"
 
 #include <errno.h>
@@ -19,10 +27,13 @@
 
 #define LC_INST_MAX_ARGS       1024
 #define LC_INST_MAX_ARGS_BYTES (64u << 10)
-/* An attached client that reads slower than the inferlet writes: the writer waits while more
- * than this many responses are queued on the call (backpressure instead of unbounded memory). */
+/* Back-pressure: while a client is attached, at most this many responses and
+ * instances.output_buffer bytes wait on its call; a writer that finds no room waits until the
+ * client has taken the queue down to LOW responses and a quarter of the buffer. */
 #define LC_INST_SEND_QUEUE_HIGH 256
 #define LC_INST_SEND_QUEUE_LOW  64
+/* Past its wall deadline a blocked writer polls this often for the watchdog's interrupt. */
+#define LC_INST_WALL_POLL_NS 5000000
 
 typedef enum lc_out_kind { LC_OUT_MESSAGE, LC_OUT_STDOUT, LC_OUT_STDERR } lc_out_kind;
 
@@ -219,36 +230,57 @@ static void buffer_output(lc_inst *in, lc_out_kind kind, const void *data, size_
     in->buffered_bytes += chunk_cost(len);
 }
 
-/* Waits (on the writer's thread, no lock held) while the attached client lags far behind. */
-static void wait_for_reader(lc_inst *in, rpc_call *call) {
-    if (rpc_call_send_queued(call) <= LC_INST_SEND_QUEUE_HIGH) return;
-    struct timespec ts = {0, 200 * 1000};
+/* The deadline of a writer's wait: its wall deadline, or a short poll once that has passed (the
+ * watchdog's interrupt is then due any moment); RPC_DEADLINE_NONE without a wall quota. */
+static int64_t writer_deadline(lc_wasm_instance *w) {
+    uint64_t wall = w ? lc_wasm_wall_deadline_ns(w) : UINT64_MAX;
+    if (wall >= (uint64_t)RPC_DEADLINE_NONE) return RPC_DEADLINE_NONE;
+    int64_t now = rpc_now_ns();
+    return (int64_t)wall > now ? (int64_t)wall : now + LC_INST_WALL_POLL_NS;
+}
+
+/* Back-pressure (instance thread; in->mu held on entry and return, released while waiting):
+ * waits until the attached call has room for len more output bytes — fewer than
+ * LC_INST_SEND_QUEUE_HIGH responses and at most output_buffer bytes queued with it; output
+ * longer than the buffer waits for an empty queue — or until no client is attached. Returns
+ * false when the output must not be written: the instance was stopped or its wall time is up
+ * (it ends at its next checkpoint). A call that takes no more messages (cancelled, finished)
+ * ends the wait too: the send then fails and the output is buffered as if detached. */
+static bool wait_for_room(lc_inst *in, size_t len) {
+    uint64_t cap = in->mgr->cfg.output_buffer_bytes;
+    size_t max_msgs = len <= cap ? LC_INST_SEND_QUEUE_HIGH - 1 : 0;
+    size_t max_bytes = len <= cap ? (size_t)(cap - len) : 0;
     for (;;) {
-        pthread_mutex_lock(&in->mu);
-        bool go_on = in->attached == call && !in->stop_requested;
+        rpc_call *call = in->attached;
+        if (call == NULL) return true;
+        pie_code rc = rpc_call_wait_room(call, max_msgs, max_bytes, 0);
+        if (rc != PIE_DEADLINE_EXCEEDED && rc != PIE_ABORTED) return true;
+        if (in->stop_requested || (in->winst && lc_wasm_interrupted(in->winst))) return false;
+        if (rc == PIE_ABORTED) return true; /* only stops and detaches end waits */
+        int64_t deadline = writer_deadline(in->winst);
+        rpc_call_ref(call);
         pthread_mutex_unlock(&in->mu);
-        if (!go_on || rpc_call_is_cancelled(call) ||
-            rpc_call_send_queued(call) <= LC_INST_SEND_QUEUE_LOW)
-            return;
-        nanosleep(&ts, NULL);
+        rpc_call_wait_room(call,
+                           max_msgs < LC_INST_SEND_QUEUE_LOW ? max_msgs : LC_INST_SEND_QUEUE_LOW,
+                           max_bytes < cap / 4 ? max_bytes : (size_t)(cap / 4), deadline);
+        pthread_mutex_lock(&in->mu);
+        rpc_call_unref(call);
     }
 }
 
+/* One chunk of output, on the instance's thread: to the attached client (waiting while it is
+ * slow: never dropped), else into the buffer. */
 static void output(lc_inst *in, lc_out_kind kind, const void *data, size_t len) {
     if (len == 0 && kind != LC_OUT_MESSAGE) return; /* an empty message is still a message */
-    rpc_call *call = NULL;
     pthread_mutex_lock(&in->mu);
-    if (in->attached && send_output(in->attached, kind, data, len) == PIE_OK) {
-        call = in->attached;
-        rpc_call_ref(call);
-    } else {
+    bool write = wait_for_room(in, len);
+    if (write && (in->attached == NULL || send_output(in->attached, kind, data, len) != PIE_OK))
         buffer_output(in, kind, data, len);
-    }
+    lc_wasm_instance *w = in->winst;
     pthread_mutex_unlock(&in->mu);
-    if (call) {
-        wait_for_reader(in, call);
-        rpc_call_unref(call);
-    }
+    /* Stopped or out of wall time while waiting: end here rather than write on. Output comes
+     * from inside a host call (send, fd_write) that holds nothing: it may unwind. */
+    if (!write && w) lc_wasm_host_checkpoint(w);
 }
 
 static void on_wasm_output(void *ctx, int fd, const char *data, size_t len) {
@@ -444,12 +476,38 @@ oom:
     return NULL;
 }
 
+void lc_inst_mgr_refuse_launches(lc_inst_mgr *m) {
+    pthread_mutex_lock(&m->mu);
+    m->stopping = true;
+    pthread_mutex_unlock(&m->mu);
+}
+
+size_t lc_inst_mgr_drain(lc_inst_mgr *m, int64_t grace_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* the condition variable's clock */
+    until.tv_sec += grace_ms / 1000;
+    until.tv_nsec += (grace_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&m->mu);
+    m->stopping = true; /* launches are refused from here on */
+    int err = 0;
+    while (m->live > 0 && err != ETIMEDOUT) err = pthread_cond_timedwait(&m->cv, &m->mu, &until);
+    size_t left = m->live;
+    pthread_mutex_unlock(&m->mu);
+    return left;
+}
+
 void lc_inst_mgr_stop(lc_inst_mgr *m) {
     if (m == NULL) return;
     pthread_mutex_lock(&m->mu);
     m->stopping = true;
     for (size_t i = 0; i < m->n; i++)
-        lc_inst_stop(m->table[i], PIE_UNAVAILABLE, "the lifecycle replica is shutting down");
+        lc_inst_stop(m->table[i], PIE_UNAVAILABLE,
+                     "lifecycle replica shutting down: the instance did not end within its "
+                     "drain time (server.shutdown_grace)");
     while (m->live > 0) pthread_cond_wait(&m->cv, &m->mu);
     pthread_mutex_unlock(&m->mu);
 }
@@ -597,8 +655,24 @@ static pie_code start_locked(lc_inst_mgr *m, lc_inst *in, pie_status *st) {
     return PIE_OK;
 }
 
-pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_inst **out,
-                        lc_limits *limits, pie_status *st) {
+/* Run: sends `started` on call and attaches it. Caller holds in->mu, taken before the instance's
+ * thread started, so its first output already finds the call attached. */
+static void attach_at_launch(lc_inst *in, rpc_call *call) {
+    Pie__V1__ResourceLimits pl;
+    lc_limits_to_pb(&in->limits, &pl);
+    Pie__V1__InstanceStarted s = PIE__V1__INSTANCE_STARTED__INIT;
+    s.instance_id = in->id;
+    s.limits = &pl;
+    Pie__V1__AttachResponse r = PIE__V1__ATTACH_RESPONSE__INIT;
+    r.msg_case = PIE__V1__ATTACH_RESPONSE__MSG_STARTED;
+    r.started = &s;
+    rpc_call_send(call, &r.base);
+    rpc_call_ref(call);
+    in->attached = call;
+}
+
+pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_call *run_call,
+                        lc_inst **out, lc_limits *limits, pie_status *st) {
     char name[LC_PROGRAM_NAME_MAX + 1], model[256];
     if (check_args(req, st) != PIE_OK ||
         lc_program_lookup(m->programs, req->program_id, name, sizeof name, st) != PIE_OK ||
@@ -614,7 +688,8 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_in
     pthread_mutex_lock(&m->mu);
     sweep(m);
     pie_code rc = m->stopping ? pie_status_set(st, PIE_UNAVAILABLE,
-                                               "launch: the lifecycle replica is shutting down")
+                                               "launch: this lifecycle replica is shutting down "
+                                               "(draining its instances); launch on another")
                               : new_id(m, &in->id, st);
     if (rc == PIE_OK) {
         Pie__V1__ResourceLimits pb;
@@ -622,7 +697,10 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_in
         lc_host_inst_cb cb = {.ctx = in, .send = on_host_send, .terminated = on_host_terminated};
         in->mgr = m;
         in->hi = lc_host_inst_begin(m->host, in->id, in->program_id, in->model, &pb, &cb, st);
+        pthread_mutex_lock(&in->mu); /* order: manager, then instance */
         rc = in->hi ? start_locked(m, in, st) : st->code;
+        if (rc == PIE_OK && run_call) attach_at_launch(in, run_call);
+        pthread_mutex_unlock(&in->mu);
         if (rc != PIE_OK && in->hi) {
             lc_host_inst_end(in->hi, rc, st->msg);
             lc_host_inst_free(in->hi);
@@ -672,7 +750,10 @@ pie_code lc_inst_attach(lc_inst *in, rpc_call *call, pie_status *st) {
 void lc_inst_detach(lc_inst *in, rpc_call *call) {
     pthread_mutex_lock(&in->mu);
     bool was = in->attached == call;
-    if (was) in->attached = NULL;
+    if (was) {
+        in->attached = NULL;
+        rpc_call_end_waits(call); /* a writer waiting for room buffers its output instead */
+    }
     pthread_mutex_unlock(&in->mu);
     if (was) rpc_call_unref(call);
 }
@@ -704,6 +785,7 @@ void lc_inst_stop(lc_inst *in, pie_code code, const char *msg) {
         snprintf(in->stop_msg, sizeof in->stop_msg, "%s", msg);
         if (in->winst) lc_wasm_instance_interrupt(in->winst);
         /* Not running yet: run_instance interrupts it as soon as it exists. */
+        if (in->attached) rpc_call_end_waits(in->attached); /* a writer waiting for room */
     }
     pthread_mutex_unlock(&in->mu);
 }

@@ -5,10 +5,12 @@
  * and reports how it ended, instance ids ((replica index << 48) | random 48 bits), effective
  * quotas (request → server defaults → server maxima), each instance's output buffer (messages
  * from send(), stdout, stderr; a per-instance cap with the oldest output dropped first while no
- * client is attached), the one attached client call, client messages and end of input, the
- * mapping of lc_wasm outcomes onto InstanceExit statuses (lifecycle.proto), and the info log
- * line of every instance's end (lc.inst.exited / lc.inst.trapped: instance, program, tenant,
- * status, reason).
+ * client is attached), the one attached client call (a Run's from its launch) with
+ * back-pressure (while attached, output is never dropped: the writer waits while the same cap
+ * of output or 256 responses wait for the client, at most until its wall deadline), client
+ * messages and end of input, the mapping of lc_wasm outcomes onto InstanceExit statuses
+ * (lifecycle.proto), and the info log line of every instance's end (lc.inst.exited /
+ * lc.inst.trapped: instance, program, tenant, status, reason).
  * Does not own: the RPC methods (lc_api.c), program storage (lc_program.c), the `pie` host API
  * (lc_host.c, driven here through lc_host_inst_*), the Wasm runtime (wasm/). */
 #ifndef LC_INST_H
@@ -46,26 +48,38 @@ typedef struct lc_inst_config {
 
 lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *programs,
                                 lc_host *host, lc_session *session, pie_status *st);
-/* Refuses new launches, terminates every running instance (status UNAVAILABLE, "the lifecycle
- * replica is shutting down"; attached clients get it) and waits for their threads. */
+/* Refuses new launches from now on (UNAVAILABLE "... shutting down (draining its instances)
+ * ..."); running instances go on. */
+void lc_inst_mgr_refuse_launches(lc_inst_mgr *m);
+/* The drain of SIGTERM: refuses new launches from now on (UNAVAILABLE "... shutting down
+ * (draining its instances) ...") and waits up to grace_ms for the running instances to end by
+ * themselves (attached clients get all their output and their own exit status). Returns how
+ * many still run; lc_inst_mgr_stop ends them. */
+size_t lc_inst_mgr_drain(lc_inst_mgr *m, int64_t grace_ms);
+/* Refuses new launches, terminates every running instance (status UNAVAILABLE "lifecycle
+ * replica shutting down: ... (server.shutdown_grace)"; attached clients get it) and waits for
+ * their threads. */
 void lc_inst_mgr_stop(lc_inst_mgr *m);
 /* After lc_inst_mgr_stop and after the RPC server is gone. NULL is fine. */
 void lc_inst_mgr_destroy(lc_inst_mgr *m);
 
 /* Starts an instance as LaunchRequest says; *out gets a reference (lc_inst_unref) and *limits
- * the effective quotas. Errors: NOT_FOUND (program, model), INVALID_ARGUMENT (args, model),
+ * the effective quotas. run_call (a Run call; NULL for Launch) is sent `started` (its id and
+ * quotas) and attached before the instance can write anything, so none of its output is
+ * buffered or dropped. Errors: NOT_FOUND (program, model), INVALID_ARGUMENT (args, model),
  * UNAVAILABLE (no controller session), RESOURCE_EXHAUSTED (no thread). */
-pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, lc_inst **out,
-                        lc_limits *limits, pie_status *st);
+pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_call *run_call,
+                        lc_inst **out, lc_limits *limits, pie_status *st);
 /* The instance with this id, with a reference; NOT_FOUND (naming the owning replica for an id
  * of another replica) otherwise. */
 lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, pie_status *st);
 void lc_inst_unref(lc_inst *in); /* NULL is fine */
 uint64_t lc_inst_id(const lc_inst *in);
 
-/* Attaches call (an Attach or Run call; the instance takes a reference): sends dropped_bytes
- * if output was dropped, the buffered output, then live output, and at exit exit_status and
- * finishes the call with OK. FAILED_PRECONDITION if another call is attached. */
+/* Attaches call (an Attach call; the instance takes a reference): sends dropped_bytes if output
+ * was dropped, the buffered output, then live output (none of it dropped: the instance's writes
+ * wait while the client is slow), and at exit exit_status and finishes the call with OK.
+ * FAILED_PRECONDITION if another call is attached. */
 pie_code lc_inst_attach(lc_inst *in, rpc_call *call, pie_status *st);
 /* Detaches call if it is the attached one; the instance keeps running. */
 void lc_inst_detach(lc_inst *in, rpc_call *call);

@@ -87,7 +87,8 @@ static const pie_config_field lc_fields[] = {
             "launches of ids this replica lacks fetch them, deletes are cluster-wide"},
     {"instances.output_buffer", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, output_buffer_bytes),
      .def = "1MiB", .min = "1KiB", .max = "1GiB",
-     .doc = "output kept per instance while no client is attached (oldest dropped first)"},
+     .doc = "output kept per instance: while no client is attached, the oldest is dropped "
+            "beyond it; while one is, the inferlet's writes wait beyond it"},
     {"instances.retention", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, retention_ms), .def = "60s",
      .max = "168h", .doc = "how long exited instances stay listed and attachable"},
     LC_LIMIT_FIELDS("default", defaults, "256MiB", "1024", "1024", "16", "1MiB", "10m", "1h",
@@ -211,9 +212,29 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     return PIE_OK;
 }
 
+/* At least this long for calls in flight after the instances' drain, so that the exit status
+ * of an instance ended at the grace reaches its client before the server cancels calls. */
+#define LC_CALLS_GRACE_MIN_MS 1000
+
+/* The drain of SIGTERM (docs/operators.md, "Shutdown"): readiness fails, launches are refused,
+ * running instances get up to server.shutdown_grace to end by themselves (their clients stay
+ * attached; Attach and the rest of the API still answer); the rest end UNAVAILABLE, and calls
+ * in flight get what is left of the grace (at least LC_CALLS_GRACE_MIN_MS). */
+static void lc_drain(const lc_config *cfg, lc_parts *p) {
+    int64_t grace_ms = cfg->svc.shutdown_grace_ms, t0 = rpc_now_ns();
+    lc_inst_mgr_refuse_launches(p->insts); /* before readiness says so */
+    svc_set_serving(p->s, false);
+    pie_log_info("lc.draining", "grace_ms=%lld", (long long)grace_ms);
+    size_t left = lc_inst_mgr_drain(p->insts, grace_ms);
+    pie_log_info("lc.drained", "instances_cut=%zu", left);
+    lc_inst_mgr_stop(p->insts);
+    int64_t rest_ms = grace_ms - (rpc_now_ns() - t0) / 1000000;
+    svc_drain_within(p->s, rest_ms > LC_CALLS_GRACE_MIN_MS ? rest_ms : LC_CALLS_GRACE_MIN_MS);
+}
+
 static void lc_stop(lc_parts *p) {
     lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
-    svc_drain(p->s);            /* server next: no callback runs after it */
+    svc_drain(p->s);            /* server next (no-op after lc_drain): no callback after it */
     lc_api_destroy(p->api);     /* waits for uploads being validated */
     lc_inst_mgr_destroy(p->insts);
     lc_store_stop(p->store);        /* no more calls on the Session's channel */
@@ -245,7 +266,7 @@ int main(int argc, char **argv) {
     } else {
         int sig = svc_wait_for_signal();
         pie_log_info("lc.signal", "signal=%d", sig);
-        svc_set_serving(p.s, false);
+        lc_drain(&cfg, &p);
         status = 0;
     }
     lc_stop(&p);

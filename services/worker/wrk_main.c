@@ -274,6 +274,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pie-worker: exiting after a device fault: %s\n", fault);
         status = 1;
     } else {
+        /* Drain: readiness fails, the controller places nothing new here, instances placed
+         * here get up to server.shutdown_grace to end; closing the link ends the rest. */
+        int64_t drain_t0 = rpc_now_ns();
+        bool released = wrk_node_drain(node, cfg.svc.shutdown_grace_ms);
+        pie_log_info("wrk.drained", "released=%s", released ? "true" : "false");
+        int64_t rest_ms = cfg.svc.shutdown_grace_ms - (rpc_now_ns() - drain_t0) / 1000000;
+        svc_drain_within(s, rest_ms > 0 ? rest_ms : 0); /* Info calls: nothing to wait for */
         status = 0;
     }
 done:

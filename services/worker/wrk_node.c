@@ -58,7 +58,20 @@ struct wrk_node {
     pthread_mutex_t beat_mu;
     pthread_cond_t beat_cv;
     bool beat_stop, beat_kick;
+
+    /* drain (wrk_node_drain); drain_done is guarded by beat_mu */
+    pthread_cond_t drain_cv; /* drain_done became true */
+    atomic_bool draining;    /* every registration from now on says WorkerUp.draining */
+    bool drain_done;         /* the controller released us (Drain{shutdown}) or the link ended */
 };
+
+/* The drain is over: wakes wrk_node_drain. */
+static void drain_finish(wrk_node *w) {
+    pthread_mutex_lock(&w->beat_mu);
+    w->drain_done = true;
+    pthread_cond_broadcast(&w->drain_cv);
+    pthread_mutex_unlock(&w->beat_mu);
+}
 
 static void stats_of(wrk_node *w, Pie__V1__WorkerStats *s) {
     pie__v1__worker_stats__init(s);
@@ -134,6 +147,7 @@ static void on_registered(wrk_node *w, const Pie__V1__WorkerRegistered *r) {
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.credits = w->cfg.credits;
     up.stats = &stats;
+    up.draining = atomic_load(&w->draining); /* a new controller must not place on us either */
     pie_status st;
     pthread_mutex_lock(&w->send_mu);
     w->worker_index = r->worker_index;
@@ -190,6 +204,7 @@ static void link_on_disconnect(rpc_link *link, const pie_status *st, void *user)
     pthread_mutex_unlock(&w->send_mu);
     wrk_exec_reset(w->exec); /* queued steps dropped; every slot free for the next link */
     pie_gauge_set(w->g_linked, 0);
+    if (atomic_load(&w->draining)) drain_finish(w); /* nothing is placed on us any more */
     if (was)
         pie_log_warn("wrk.link.lost", "worker_index=%u code=%s error=\"%s\"", was,
                      pie_code_name(st->code), st->msg);
@@ -272,7 +287,9 @@ static void exec_emit(void *user, uint64_t epoch, const Pie__V1__WorkerUp *up) {
 }
 
 /* Executor: a Drain, after the batches before it. With shutdown the process stops as if by
- * SIGTERM (svc_wait_for_signal in main takes it), leaving the cluster cleanly. */
+ * SIGTERM (svc_wait_for_signal in main takes it), leaving the cluster cleanly; while draining
+ * (wrk_node_drain) it ends the wait instead: the controller placed nothing new on us and the
+ * last instance placed on us has ended. */
 static void exec_drain(void *user, uint64_t epoch, const Pie__V1__Drain *d) {
     wrk_node *w = user;
     pthread_mutex_lock(&w->send_mu);
@@ -280,6 +297,9 @@ static void exec_drain(void *user, uint64_t epoch, const Pie__V1__Drain *d) {
     pthread_mutex_unlock(&w->send_mu);
     if (!current || !d->shutdown) return;
     pie_log_info("wrk.drain.shutdown", "reason=\"%s\"", d->reason);
+    bool was_draining = atomic_exchange(&w->draining, true);
+    drain_finish(w); /* main's drain, now or after the signal below, need not wait */
+    if (was_draining) return;
     if (kill(getpid(), SIGTERM) != 0)
         pie_log_error("wrk.drain.shutdown", "kill: %s", strerror(errno));
 }
@@ -396,6 +416,8 @@ wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_
     if (rc == 0) {
         rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* rpc_now_ns's clock */
         if (rc == 0) rc = pthread_cond_init(&w->beat_cv, &ca);
+        if (rc == 0 && (rc = pthread_cond_init(&w->drain_cv, &ca)) != 0)
+            pthread_cond_destroy(&w->beat_cv);
         pthread_condattr_destroy(&ca);
     }
     if (rc != 0) {
@@ -493,6 +515,27 @@ pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *d
     return PIE_OK;
 }
 
+bool wrk_node_drain(wrk_node *w, int64_t grace_ms) {
+    atomic_store(&w->draining, true);
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.draining = true;
+    pthread_mutex_lock(&w->send_mu);
+    bool linked = w->worker_index != 0 && w->cur_link != NULL;
+    if (linked) linked = rpc_link_send(w->cur_link, &up.base, NULL) == PIE_OK;
+    pthread_mutex_unlock(&w->send_mu);
+    if (!linked) return true; /* no controller places anything on us */
+    pie_log_info("wrk.draining", "grace_ms=%lld", (long long)grace_ms);
+    int64_t until = rpc_now_ns() + grace_ms * 1000000;
+    pthread_mutex_lock(&w->beat_mu);
+    while (!w->drain_done && rpc_now_ns() < until) {
+        struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+        (void)pthread_cond_timedwait(&w->drain_cv, &w->beat_mu, &ts);
+    }
+    bool done = w->drain_done;
+    pthread_mutex_unlock(&w->beat_mu);
+    return done;
+}
+
 void wrk_node_destroy(wrk_node *w) {
     if (w == NULL) return;
     pthread_mutex_lock(&w->send_mu);
@@ -511,6 +554,7 @@ void wrk_node_destroy(wrk_node *w) {
         if (rc != 0) pie_log_error("wrk.beat.stop", "pthread_join: %s", strerror(rc));
     }
     wrk_exec_stop(w->exec); /* after the link: nothing submits any more */
+    pthread_cond_destroy(&w->drain_cv);
     pthread_cond_destroy(&w->beat_cv);
     pthread_mutex_destroy(&w->beat_mu);
     pthread_mutex_destroy(&w->send_mu);

@@ -5,12 +5,14 @@
  * WorkerLink (re-sent on every reconnect), credits (the configured number after each
  * `registered`, one with the results of every step), the stats heartbeat thread, link epochs
  * (results of a step received on an earlier connection are never sent on a later one), splitting
- * results larger than server.max_message at batch boundaries, Drain,
+ * results larger than server.max_message at batch boundaries, Drain, the drain of SIGTERM
+ * (WorkerUp.draining, then waiting for the controller's release),
  * Info and TpJoin (refused: tp_size 1). Does not own: running batches (wrk_exec.c), what is
  * announced (wrk_desc.c), loading the model (wrk_main.c). */
 #ifndef WRK_NODE_H
 #define WRK_NODE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "pie_metrics.h"
@@ -53,6 +55,12 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
  * here, before the first registration. */
 pie_code wrk_node_link_start(wrk_node *w, const svc *s, const svc_dial_config *dial,
                              pie_status *st);
+
+/* The drain of SIGTERM: tells the controller WorkerUp.draining (no new placements; also on any
+ * later registration) and waits up to grace_ms until the controller releases the worker
+ * (Drain{shutdown} once no instance is placed on it) or the link ends. Returns false when the
+ * grace ran out first: closing the link then ends the instances still placed here. */
+bool wrk_node_drain(wrk_node *w, int64_t grace_ms);
 
 /* Stops the link (closing the stream so the controller sees the worker leave), the heartbeat
  * and the executor, and frees. Call after the server has shut down. NULL is fine. */

@@ -32,6 +32,9 @@
 //            --external-secret) and holds the key, the file is readable by the pod's user, and
 //            every service and the test pods use the same Secret key (or auth is off everywhere);
 //            the gateway holds no token (it forwards each client's key).
+//  drain     lifecycle and worker containers have a preStop hook ["sleep", N], and the pod's
+//            terminationGracePeriodSeconds >= N + server.shutdown_grace + 5 s, so that Kubernetes
+//            does not kill a pod whose instances are still finishing.
 // Exit status 1 with one line per problem, naming the object, the pod template and the value.
 'use strict';
 
@@ -64,6 +67,10 @@ const yaml = req('js-yaml');
 const SERVICES = ['controller', 'lifecycle', 'worker', 'gateway'];
 // Components that dial the controller (controller.address).
 const DIALS_CONTROLLER = ['lifecycle', 'worker'];
+// Components that drain on SIGTERM (running instances finish) and the seconds Kubernetes must
+// give them on top of preStop + server.shutdown_grace (the stop itself).
+const DRAINS = ['lifecycle', 'worker'];
+const DRAIN_MARGIN_S = 5;
 // The gateway's HTTP endpoints each probe may use (services/gateway/gw_http.h).
 const GATEWAY_HTTP_PROBES = { startupProbe: ['/healthz'], readinessProbe: ['/readyz'], livenessProbe: ['/healthz'] };
 // The health names the binaries register (svc_add_health in services/*/…_main.c).
@@ -380,6 +387,36 @@ for (const pod of pods.filter((p) => p.owner.kind === 'Pod')) {
   }
 }
 if (domains.size > 1) errors.push(`addresses use different cluster domains: ${[...domains].join(', ')}`);
+
+// ---- drain ------------------------------------------------------------------------------------
+
+// Seconds of a duration as the binaries print it ("30s", "1m30s", "500ms"); NaN if unreadable.
+function durationSeconds(d) {
+  const unit = { ms: 0.001, s: 1, m: 60, h: 3600 };
+  let total = 0, rest = String(d);
+  const re = /^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)/;
+  if (rest === '0') return 0;
+  while (rest.length) {
+    const m = re.exec(rest);
+    if (!m) return NaN;
+    total += Number(m[1]) * unit[m[2]];
+    rest = rest.slice(m[0].length);
+  }
+  return total;
+}
+
+for (const pod of svcPods.filter((p) => DRAINS.includes(p.component))) {
+  const c = pod.svc.container;
+  const pre = ((c.lifecycle || {}).preStop || {}).exec;
+  const cmd = (pre && pre.command) || [];
+  const sleep = cmd.length === 2 && cmd[0] === 'sleep' ? Number(cmd[1]) : NaN;
+  if (!pre) { errors.push(`${pod.id}: container ${c.name} has no preStop hook (exec sleep N)`); continue; }
+  if (!Number.isInteger(sleep)) { errors.push(`${pod.id}: preStop runs ${JSON.stringify(cmd)}, not ["sleep", "<seconds>"]`); continue; }
+  const grace = durationSeconds(pod.svc.cfg.server.shutdown_grace);
+  const term = pod.spec.terminationGracePeriodSeconds === undefined ? 30 : pod.spec.terminationGracePeriodSeconds;
+  if (!(term >= sleep + grace + DRAIN_MARGIN_S))
+    errors.push(`${pod.id}: terminationGracePeriodSeconds ${term} < preStop sleep ${sleep} + server.shutdown_grace ${pod.svc.cfg.server.shutdown_grace} + ${DRAIN_MARGIN_S}: the pod would be killed mid-drain`);
+}
 
 // ---- secrets ----------------------------------------------------------------------------------
 

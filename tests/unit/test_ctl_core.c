@@ -7,7 +7,8 @@
  * Covers: one decode step as one step, results in issue order per queue, synchronize,
  * every kind of invalid call and its exact error, quotas, export / import with reference counts,
  * release when an instance ends, contention (kill_newest and fail_call), placement across
- * worker groups and their loss, pub/sub, priorities inside a batch, vertical batching and
+ * worker groups and their loss, a leaving worker (WorkerUp.draining: no new placements,
+ * Drain{shutdown} after its last instance), pub/sub, priorities inside a batch, vertical batching and
  * conflicts, batch and item failures from the worker, protocol violations, k_only timing. */
 #include <criterion/criterion.h>
 
@@ -1409,6 +1410,58 @@ Test(ctl_core, a_call_that_can_never_fit_in_max_message_fails_with_the_sizes) {
     uint64_t d2 = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 8, 0));
     serve_all(W);
     cr_assert_eq(result_of(W, 0, d2)->code, 0);
+    world_free(W);
+}
+
+/* The Drain{shutdown} messages sent on worker i's link so far. */
+static int drains_sent(world *W, int i, bool *shutdown) {
+    int n = 0;
+    for (int k = 0; k < W->wk[i].link.n; k++) {
+        const Pie__V1__WorkerDown *d = (const Pie__V1__WorkerDown *)W->wk[i].link.msgs[k];
+        if (d->drain) n++, *shutdown = d->drain->shutdown;
+    }
+    return n;
+}
+
+Test(ctl_core,
+     a_leaving_worker_gets_no_new_placements_and_is_released_when_its_last_instance_ends) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker(W, "m");
+    add_worker(W, "m");
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 1, 2); /* g1 (both empty: the lower index) */
+    std_instance(W, 0, 2, 4, 0);              /* g2 (g1 holds a page) */
+    serve_all(W);
+    /* g1 got SIGTERM: WorkerUp.draining. */
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.draining = true;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    bool shutdown = false;
+    cr_assert_eq(drains_sent(W, 0, &shutdown), 0, "g1 was released while an instance is on it");
+    /* The next instance goes to g2, though g1 is the less loaded one (1 page against 4). */
+    std_instance(W, 0, 3, 1, 0);
+    serve_all(W);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->state, PIE__V1__WORKER_STATE__WORKER_STATE_DRAINING);
+    cr_assert_eq(worker_status(s, 1)->instances, 1);
+    cr_assert_eq(worker_status(s, 2)->instances, 2, "the new instance was not placed on g2");
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* The instance on g1 keeps working. */
+    ub b;
+    ub_init(&b);
+    uint64_t d = ub_decode(W, &b, a, 0, 0, 1);
+    send_up(W, 0, &b);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0, "%s", result_of(W, 0, d)->message);
+    /* Its end releases g1: Drain{shutdown: true}, once. */
+    ub e;
+    ub_init(&e);
+    ub_end(&e, a);
+    send_up(W, 0, &e);
+    cr_assert_eq(drains_sent(W, 0, &shutdown), 1, "g1 was not released after its last instance");
+    cr_assert(shutdown, "the release is Drain{shutdown: false}");
+    cr_assert_eq(drains_sent(W, 1, &shutdown), 0, "g2 was drained");
     world_free(W);
 }
 

@@ -183,6 +183,52 @@ Test(rpc_streams, send_wait_applies_backpressure_without_loss) {
     tsrv_stop(t, 1000);
 }
 
+/* Reads s to its end: every message must be a "room" message in order; returns the count. */
+static int read_room_messages(rpc_stream *s) {
+    int got = 0;
+    ProtobufCMessage *r = NULL;
+    while (rpc_stream_recv(s, &r, 10000) == RPC_RECV_MESSAGE) {
+        cr_assert_eq(strlen(tmsg_text(r)), (size_t)TROOM_MSG);
+        cr_assert_eq(atoi(tmsg_text(r)), got, "message %d is \"%.8s\"", got, tmsg_text(r));
+        rpc_msg_free(r);
+        got++;
+    }
+    pie_status st;
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    return got;
+}
+
+Test(rpc_streams, wait_room_holds_a_producer_to_its_byte_bound_until_its_deadline) {
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("room:100000:300");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    /* Not reading: flow control stops the transport, the producer waits, its deadline passes. */
+    cr_assert(TWAIT(atomic_load(&T->room_rc) != 0, THANG_MS), "the producer never waited");
+    cr_assert_eq(atomic_load(&T->room_rc), PIE_DEADLINE_EXCEEDED, "%s",
+                 pie_code_name((pie_code)atomic_load(&T->room_rc)));
+    /* 100 messages would be allowed: the byte bound let at most two wait, three after a send */
+    cr_assert_leq(atomic_load(&T->room_max_queued), 3);
+    cr_assert_eq(read_room_messages(s), atomic_load(&T->room_sent), "every sent message arrived");
+    rpc_stream_destroy(s);
+}
+
+Test(rpc_streams, end_waits_releases_a_producer_waiting_without_deadline) {
+    pie_status st;
+    rpc_stream *s = rpc_stream_open(CH, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("room:100000:-1");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    cr_assert(TWAIT(atomic_load(&T->room_call) != NULL, THANG_MS), "no Repeat call");
+    rpc_call_end_waits(atomic_load(&T->room_call));
+    cr_assert(TWAIT(atomic_load(&T->room_rc) != 0, THANG_MS), "end_waits did not release it");
+    cr_assert_eq(atomic_load(&T->room_rc), PIE_ABORTED, "%s",
+                 pie_code_name((pie_code)atomic_load(&T->room_rc)));
+    cr_assert_eq(read_room_messages(s), atomic_load(&T->room_sent), "every sent message arrived");
+    rpc_stream_destroy(s);
+}
+
 typedef struct recv_ctx {
     rpc_stream *s;
     int n;

@@ -11,7 +11,12 @@
  *   Repeat  (server stream)  "N" → a thread sends "0".."N-1" with rpc_call_send_wait then
  *                            finishes OK (a send refused with CANCELLED counts n_late_cancelled);
  *                            "flood:N" → a thread sends N-byte messages with rpc_call_send until
- *                            RESOURCE_EXHAUSTED, records how many were accepted, then finishes
+ *                            RESOURCE_EXHAUSTED, records how many were accepted, then finishes;
+ *                            "room:N:MS" → a thread keeps the call in room_call (a reference)
+ *                            and sends N 64 KiB messages, each after rpc_call_wait_room(call,
+ *                            100 messages, TROOM_BYTES, MS ms from now; -1: no deadline) until
+ *                            that refuses (room_rc), counting room_sent and the most messages
+ *                            queued after a send (room_max_queued), then finishes OK
  *   Chat    (bidi)           echoes each text (cancels the call if rpc_call_send refuses);
  *                            "abort" finishes ABORTED "told to abort",
  *                            "cancel" calls rpc_call_cancel(PERMISSION_DENIED, "told to cancel");
@@ -44,6 +49,8 @@ typedef struct tsrv {
     rpc_server *srv;
     int port;
     atomic_int n_call, n_msg, n_half, n_cancel, n_done, n_late_cancelled, flood_accepted;
+    atomic_int room_sent, room_rc, room_max_queued;
+    _Atomic(rpc_call *) room_call;
     atomic_long last_remaining_ms;
     pthread_mutex_t mu;
     pthread_cond_t released_cv; /* signalled when released becomes true */
@@ -214,11 +221,44 @@ typedef struct trepeat {
     rpc_call *call;
     int n;
     size_t flood_bytes;
+    bool room;
+    int room_ms;
 } trepeat;
+
+#define TROOM_MSG   65536
+#define TROOM_BYTES (3 * TROOM_MSG) /* two packed 64 KiB messages fit, three do not */
+
+static inline void trepeat_room(trepeat *r) {
+    char *buf = malloc(TROOM_MSG + 1);
+    if (buf == NULL) return;
+    memset(buf, 'r', TROOM_MSG);
+    buf[TROOM_MSG] = '\0';
+    rpc_call_ref(r->call);
+    atomic_store(&r->t->room_call, r->call);
+    for (int i = 0; i < r->n; i++) {
+        int64_t deadline =
+            r->room_ms < 0 ? RPC_DEADLINE_NONE : rpc_now_ns() + r->room_ms * 1000000ll;
+        pie_code rc = rpc_call_wait_room(r->call, 100, TROOM_BYTES, deadline);
+        if (rc != PIE_OK) {
+            atomic_store(&r->t->room_rc, (int)rc);
+            break;
+        }
+        snprintf(buf, 16, "%08d", i);
+        buf[8] = 'r';
+        tmsg m = tmsg_of(buf);
+        if (rpc_call_send(r->call, &m.base) != PIE_OK) break;
+        atomic_fetch_add(&r->t->room_sent, 1);
+        int q = (int)rpc_call_send_queued(r->call);
+        if (q > atomic_load(&r->t->room_max_queued)) atomic_store(&r->t->room_max_queued, q);
+    }
+    free(buf);
+}
 
 static inline void *trepeat_main(void *arg) {
     trepeat *r = arg;
-    if (r->flood_bytes) {
+    if (r->room) {
+        trepeat_room(r);
+    } else if (r->flood_bytes) {
         char *buf = malloc(r->flood_bytes + 1);
         if (buf) {
             memset(buf, 'f', r->flood_bytes);
@@ -260,10 +300,13 @@ static inline bool t_repeat(rpc_call *call, ProtobufCMessage *req, void *user) {
     r->t = t;
     r->call = call;
     const char *text = tmsg_text(req);
-    if (strncmp(text, "flood:", 6) == 0)
+    if (strncmp(text, "flood:", 6) == 0) {
         r->flood_bytes = (size_t)atol(text + 6);
-    else
+    } else if (sscanf(text, "room:%d:%d", &r->n, &r->room_ms) == 2) {
+        r->room = true;
+    } else {
         r->n = atoi(text);
+    }
     rpc_call_ref(call);
     tsrv_spawn(t, trepeat_main, r);
     return false;
@@ -394,6 +437,7 @@ static inline void tsrv_stop(tsrv *t, int64_t grace_ms) {
     int n = t->n_threads;
     pthread_mutex_unlock(&t->mu);
     for (int i = 0; i < n; i++) pthread_join(t->threads[i], NULL);
+    rpc_call_unref(atomic_load(&t->room_call));
     rpc_server_destroy(t->srv);
     pthread_cond_destroy(&t->released_cv);
     pthread_mutex_destroy(&t->mu);

@@ -185,6 +185,19 @@ failureThreshold: {{ int .p.failureThreshold }}
   mountPath: /tmp
 {{- end -}}
 
+{{/* The preStop hook of lifecycle and worker containers (argument: the component's values).
+Kubernetes runs it before SIGTERM: the pod leaves its Services' endpoints and clients' balancers
+while it still accepts work; SIGTERM then starts the drain (docs/operators.md, "Shutdown"), which
+takes up to server.shutdown_grace. terminationGracePeriodSeconds counts from the hook's start,
+so it must cover preStopSleepSeconds + server.shutdown_grace + a margin (tests/deploy/
+check-wiring.js checks it). */}}
+{{- define "pie.preStop" -}}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", "{{ int .preStopSleepSeconds }}"]
+{{- end -}}
+
 {{/* Pod-level fields shared by every component. enableServiceLinks is off: Kubernetes would
 otherwise inject variables such as PIE_CONTROLLER_PORT=tcp://... for the Services named
 pie-controller etc., inside the services' own PIE_* configuration namespace. */}}

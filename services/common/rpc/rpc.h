@@ -182,6 +182,20 @@ pie_code rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
  * behaves like rpc_call_send. */
 pie_code rpc_call_send_wait(rpc_call *call, const ProtobufCMessage *msg, int64_t timeout_ms);
 size_t rpc_call_send_queued(const rpc_call *call); /* messages waiting for the transport */
+/* Back-pressure for a producer that must not outrun a slow client (not on a completion-queue
+ * thread): waits until at most max_msgs messages of at most max_bytes packed bytes in all wait
+ * for the transport (as rpc_call_send_queued counts them: not the one in flight), the call can
+ * take no more messages, rpc_call_end_waits was called, or deadline_ns (rpc_now_ns clock;
+ * RPC_DEADLINE_NONE: none; 0: only checks) passed. PIE_OK when there is room, ABORTED after
+ * rpc_call_end_waits, DEADLINE_EXCEEDED, or what rpc_call_send would answer (CANCELLED,
+ * FAILED_PRECONDITION). On the call's own completion-queue thread it cannot wait: a full queue
+ * is RESOURCE_EXHAUSTED there. */
+pie_code rpc_call_wait_room(rpc_call *call, size_t max_msgs, size_t max_bytes,
+                            int64_t deadline_ns);
+/* Ends every rpc_call_wait_room on call, now and later, with ABORTED: its producer must stop
+ * waiting for this client (the producer was stopped, or no longer writes to this call). Any
+ * thread. */
+void rpc_call_end_waits(rpc_call *call);
 
 /* Unary / client-streaming answer: resp then status OK, in one batch. */
 pie_code rpc_call_reply(rpc_call *call, const ProtobufCMessage *resp);

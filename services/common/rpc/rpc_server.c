@@ -79,6 +79,7 @@ struct rpc_server {
 typedef struct rpc_sendq {
     grpc_byte_buffer **bb;
     size_t cap, head, len;
+    size_t bytes; /* packed bytes of the len messages */
 } rpc_sendq;
 
 struct rpc_call {
@@ -117,6 +118,7 @@ struct rpc_call {
     bool finish_requested, status_sent, cancel_requested;
     bool send_failed; /* a send batch failed: the call is broken */
     bool closed;      /* RECV_CLOSE came back: the call is over */
+    bool waits_ended; /* rpc_call_end_waits: rpc_call_wait_room answers ABORTED */
     unsigned n_msgs;  /* messages accepted by rpc_call_send / reply */
     grpc_metadata *init_md, *trail_md;
     size_t n_init_md, cap_init_md, n_trail_md, cap_trail_md;
@@ -174,6 +176,7 @@ static int sendq_push(rpc_sendq *q, grpc_byte_buffer *bb) {
     }
     q->bb[(q->head + q->len) % q->cap] = bb;
     q->len++;
+    q->bytes += grpc_byte_buffer_length(bb);
     return 0;
 }
 
@@ -182,6 +185,7 @@ static grpc_byte_buffer *sendq_pop(rpc_sendq *q) {
     grpc_byte_buffer *bb = q->bb[q->head];
     q->head = (q->head + 1) % q->cap;
     q->len--;
+    q->bytes -= grpc_byte_buffer_length(bb);
     return bb;
 }
 
@@ -1150,6 +1154,38 @@ size_t rpc_call_send_queued(const rpc_call *c) {
     size_t n = mc->q.len;
     pthread_mutex_unlock(&mc->mu);
     return n;
+}
+
+pie_code rpc_call_wait_room(rpc_call *c, size_t max_msgs, size_t max_bytes, int64_t deadline_ns) {
+    pthread_mutex_lock(&c->mu);
+    pie_code rc;
+    for (;;) {
+        rc = call_sendable_locked(c);
+        if (rc != PIE_OK) break;
+        if (c->waits_ended) {
+            rc = PIE_ABORTED;
+            break;
+        }
+        if (c->q.len <= max_msgs && c->q.bytes <= max_bytes) break; /* room */
+        if (tls_thread == c->th) { /* the thread that would drain the queue */
+            rc = PIE_RESOURCE_EXHAUSTED;
+            break;
+        }
+        if (deadline_ns != RPC_DEADLINE_NONE && rpc_now_ns() >= deadline_ns) {
+            rc = PIE_DEADLINE_EXCEEDED;
+            break;
+        }
+        cond_wait_until(&c->cv, &c->mu, deadline_ns); /* on_send, cancel, close, end_waits */
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void rpc_call_end_waits(rpc_call *c) {
+    pthread_mutex_lock(&c->mu);
+    c->waits_ended = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 pie_code rpc_call_reply(rpc_call *c, const ProtobufCMessage *resp) {

@@ -358,10 +358,14 @@ pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_
 }
 
 void svc_drain(svc *s) {
+    if (s != NULL) svc_drain_within(s, s->cfg->shutdown_grace_ms);
+}
+
+void svc_drain_within(svc *s, int64_t grace_ms) {
     if (s == NULL) return;
     if (s->server) {
-        pie_log_info("svc.stopping", "grace_ms=%lld", (long long)s->cfg->shutdown_grace_ms);
-        rpc_server_shutdown(s->server, s->cfg->shutdown_grace_ms);
+        pie_log_info("svc.stopping", "grace_ms=%lld", (long long)grace_ms);
+        rpc_server_shutdown(s->server, grace_ms);
         /* Service threads may still set health (svc_set_health_ready): under health_mu. */
         pthread_mutex_lock(&s->health_mu);
         rpc_server *srv = s->server;

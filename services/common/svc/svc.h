@@ -65,7 +65,8 @@ typedef struct svc_config {
          PIE_CONFIG_AT(T, svc.shutdown_grace_ms),                                                  \
          .def = "5s",                                                                              \
          .max = "10m",                                                                             \
-         .doc = "on SIGTERM, how long calls in flight may finish"},                                \
+         .doc = "on SIGTERM, how long work in flight may finish (calls; the instances of a "       \
+                "lifecycle replica or placed on a worker)"},                                       \
         {"auth.token",                                                                             \
          PIE_CFG_STRING,                                                                           \
          PIE_CONFIG_AT(T, svc.auth_token),                                                         \
@@ -105,7 +106,7 @@ typedef struct svc_dial_config {
          .doc = "first redial delay after the controller link fails (grows 1.6x, +-20% jitter)"}, \
     {                                                                                             \
         "controller.reconnect_max", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_max_ms),       \
-            .def = "5s", .min = "1ms", .max = "10m",                                              \
+            .def = "1s", .min = "1ms", .max = "10m",                                              \
             .doc = "longest redial delay of the controller link"                                  \
     } /* "debug", "info", "warn", "error", "off", NULL */
 
@@ -166,6 +167,9 @@ pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_
  * metrics registry stays valid, so threads that still update metrics (links to the
  * controller) can be stopped after it. Idempotent; NULL is fine. */
 void svc_drain(svc *s);
+/* svc_drain with grace_ms instead of server.shutdown_grace: for a service that spent part of
+ * its grace draining its own work first (the lifecycle's instances, a worker's placements). */
+void svc_drain_within(svc *s, int64_t grace_ms);
 
 /* svc_drain, then frees the metrics registry and s. Stop every thread that updates metrics
  * first. NULL is fine. */

@@ -103,6 +103,7 @@ spec:
         {{- include "pie.grpcProbe" (dict "port" $w.port "service" "pie.v1.Worker" "p" $w.readinessProbe) | nindent 8 }}
       livenessProbe:
         {{- include "pie.grpcProbe" (dict "port" $w.port "service" "" "p" $w.livenessProbe) | nindent 8 }}
+      {{- include "pie.preStop" $w | nindent 6 }}
       resources:
         {{- toYaml $resources | nindent 8 }}
       {{- with $.Values.securityContext }}
