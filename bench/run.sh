@@ -12,14 +12,16 @@
 #
 # Usage: bench/run.sh [--quick] [--build-dir DIR] [--no-build] [--models DIR] [--no-record]
 #                     [--dry-run] [--list] [BENCH...]
-#   BENCH       rpc tok kernels engine worker controller wasm lifecycle gateway cuda (default: all but
-#               cuda; cuda needs an NVIDIA GPU and is run only when named)
+#   BENCH       rpc tok kernels engine worker controller wasm lifecycle gateway cuda peers (default:
+#               all but cuda and peers, which run only when named: cuda needs an NVIDIA GPU, peers
+#               llama.cpp from bench/peers/setup.sh and an hour or more on 2 cores)
 #   --quick     the short form of each benchmark (a smoke run: seconds to a minute each)
 #   --build-dir the build to use (default build-bench: Release, -DPIE_CUDA=OFF; build-bench-cuda
 #               with -DPIE_CUDA=ON for cuda); configured and built (only the targets needed)
 #               unless --no-build
 #   --models    where generated benchmark models are kept (default /tmp/pie-bench-models):
-#               engine uses the llama-3.2-1b preset (2.5 GB in bf16), cuda also llama-3.1-8b
+#               engine uses the llama-3.2-1b preset (2.5 GB in bf16), cuda also llama-3.1-8b;
+#               peers makes its own there (bench/peers/run.sh: 1b and 8b, bf16 and f32, + GGUF)
 #   --no-record print the results, append nothing
 #   --dry-run   print the commands, run nothing
 # shellcheck disable=SC2317,SC2016,SC2086  # cmds_* are called by name; backticks are Markdown; $quick is 0 or 1
@@ -39,11 +41,11 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --no-record) record=0; shift ;;
     --dry-run) dry=1; shift ;;
-    --list) printf '%s\n' "${all[@]}" cuda; exit 0 ;;
+    --list) printf '%s\n' "${all[@]}" cuda peers; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "bench/run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
-    *) case " ${all[*]} cuda " in *" $1 "*) sel+=("$1") ;;
-         *) echo "bench/run.sh: unknown benchmark '$1' (known: ${all[*]} cuda)" >&2; exit 2 ;;
+    *) case " ${all[*]} cuda peers " in *" $1 "*) sel+=("$1") ;;
+         *) echo "bench/run.sh: unknown benchmark '$1' (known: ${all[*]} cuda peers)" >&2; exit 2 ;;
        esac; shift ;;
   esac
 done
@@ -108,6 +110,10 @@ cmds_cuda() {
     echo "/usr/bin/python3 bench/cuda/bench_transformers.py --model $models/l1b --context 1024 --batch 64 --prefill 2048"
   fi
 }
+cmds_peers() { # Pie-C against llama.cpp (bench/peers/README.md); it makes its own models and GGUF
+  if [ $quick = 1 ]; then echo "bench/peers/run.sh --build-dir $B --models $models --no-build --quick"
+  else echo "bench/peers/run.sh --build-dir $B --models $models --no-build"; fi
+}
 # Build targets and generated models each benchmark needs.
 targets_of() {
   case "$1" in
@@ -121,6 +127,7 @@ targets_of() {
     lifecycle) echo bench_lifecycle pie-controller pie-worker pie-lifecycle pie_test_models inferlet_text_completion ;;
     gateway) echo bench_gateway pie-controller pie-worker pie-lifecycle pie-gateway piectl pie_test_models inferlet_openai_chat ;;
     cuda) echo bench_cuda ;;
+    peers) echo bench_engine pie-engine-probe ;;
   esac
 }
 models_of() {

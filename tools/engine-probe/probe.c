@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "eng.h"
+#include "tok.h"
 
 /* ---- reading JSON fields ------------------------------------------------------------------- */
 
@@ -347,6 +348,36 @@ static pie_code op_greedy(eng *e, const json_t *op, json_t *res, pie_status *st)
     return rc;
 }
 
+/* Encodes `text` with the tokenizer.json at `tokenizer` (loaded for this op: the engine does not
+ * own a tokenizer); `allow_special` (optional, default false) as tok_encode's. */
+static pie_code op_tokenize(eng *e, const json_t *op, json_t *res, pie_status *st) {
+    (void)e;
+    const char *path = json_string_value(json_object_get(op, "tokenizer"));
+    const json_t *text = json_object_get(op, "text");
+    bool allow_special = false;
+    if (!path || !json_is_string(text))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tokenize: \"tokenizer\" (a path) and \"text\" must be strings");
+    if (json_object_get(op, "allow_special")) {
+        pie_code rc = get_bool("tokenize: ", op, "allow_special", &allow_special, st);
+        if (rc != PIE_OK) return rc;
+    }
+    tok *t = NULL;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    pie_code rc = tok_load(path, &t, st);
+    if (rc == PIE_OK)
+        rc = tok_encode(t, json_string_value(text), json_string_length(text), allow_special, &ids,
+                        &n, st);
+    json_t *a = rc == PIE_OK ? json_array() : NULL;
+    if (rc == PIE_OK && !put(res, "ids", a)) rc = oom(st);
+    for (size_t i = 0; rc == PIE_OK && i < n; i++)
+        if (!push(a, json_integer(ids[i]))) rc = oom(st);
+    free(ids);
+    tok_free(t);
+    return rc;
+}
+
 typedef pie_code (*op_fn)(eng *e, const json_t *op, json_t *res, pie_status *st);
 
 static const struct {
@@ -355,7 +386,7 @@ static const struct {
 } OPS[] = {
     {"embed", op_embed},           {"forward", op_forward}, {"mask_page", op_mask_page},
     {"copy_pages", op_copy_pages}, {"logits", op_logits},   {"next_dist", op_next_dist},
-    {"greedy", op_greedy},
+    {"greedy", op_greedy},         {"tokenize", op_tokenize},
 };
 
 /* One operation's result object: the op's fields, or {"error", "code"}. NULL: out of memory. */
