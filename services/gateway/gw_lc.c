@@ -334,11 +334,15 @@ gw_run *gw_run_start(gw_lc *lc, const char *auth, const char *model, char *const
         if (upload_program(lc, auth, &lst) == PIE_OK)
             r->s = open_run(lc, auth, model, args, n_args, &lst);
     }
-    if (r->s == NULL || send_prompt(r->s, prompt, prompt_len, &lst) != PIE_OK) {
+    if (r->s == NULL) {
         if (st) *st = lst;
         gw_run_free(r);
         return NULL;
     }
+    /* A failed send means the call has ended: what ended it (the instance's exit, the
+     * lifecycle's status) is what the stream says next, so reading goes on. */
+    if (send_prompt(r->s, prompt, prompt_len, &lst) != PIE_OK)
+        pie_log_warn("gw.prompt_not_sent", "error=\"%s\"", lst.msg);
     return r;
 }
 
