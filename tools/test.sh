@@ -64,6 +64,16 @@ UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
   run_suite "asan+ubsan" build-asan -DPIE_ASAN=ON -DPIE_UBSAN=ON -DPIE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 run_suite "release" build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
+# libFuzzer smoke (issue 11, item 9): every harness of tests/fuzz over its seed corpus plus a
+# few seconds of fuzzing (clang, ASan+UBSan, build-fuzz/); each harness counts as one test.
+echo "== fuzz smoke (build-fuzz)"
+fuzz_out=$(PIE_FUZZ_JOBS=$jobs bash tests/fuzz/run.sh --smoke 2>&1); fuzz_rc=$?
+echo "$fuzz_out"
+if [ $fuzz_rc -eq 77 ]; then total_skip=$((total_skip + 1)); echo "skipped (fuzz): tests/fuzz/run.sh --smoke: clang's libFuzzer not found" >>"$skip_log"
+else total_pass=$((total_pass + $(grep -c '^fuzz: .* ok ' <<<"$fuzz_out")))
+  total_fail=$((total_fail + $(grep -c '^fuzz: .* FAILED' <<<"$fuzz_out")))
+  [ $fuzz_rc -eq 0 ] || { status=1; grep -q '^fuzz: .* FAILED' <<<"$fuzz_out" || total_fail=$((total_fail + 1)); }; fi
+
 # Every skip, named, before the summary: a skip is a check this machine did not make.
 cat "$skip_log"
 echo "tests: $total_pass passed, $total_fail failed, $total_skip skipped"

@@ -65,6 +65,43 @@ static void cfg_show(char *buf, size_t n, const char *s, size_t len) {
     buf[o] = '\0';
 }
 
+/* The code point of the UTF-8 sequence at s[0..len) (RFC 3629: no overlongs, surrogates or
+ * values above U+10FFFF) in *cp; returns its length in bytes, or 0 if s does not start with one. */
+static size_t cfg_utf8_next(const unsigned char *s, size_t len, uint32_t *cp) {
+    uint32_t c = s[0], min;
+    size_t n;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if ((c & 0xe0) == 0xc0) {
+        n = 1, min = 0x80, c &= 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+        n = 2, min = 0x800, c &= 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+        n = 3, min = 0x10000, c &= 0x07;
+    } else {
+        return 0;
+    }
+    if (n >= len) return 0;
+    for (size_t i = 1; i <= n; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        c = c << 6 | (s[i] & 0x3fu);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
+    *cp = c;
+    return n + 1;
+}
+
+/* A YAML file can only hold UTF-8, so strings from defaults and the environment must be too
+ * (or --print-config would write YAML that does not load). */
+static bool cfg_utf8_valid(const char *s, size_t len) {
+    uint32_t cp;
+    for (size_t i = 0, k; i < len; i += k)
+        if ((k = cfg_utf8_next((const unsigned char *)s + i, len - i, &cp)) == 0) return false;
+    return true;
+}
+
 static size_t cfg_member_bits(size_t size) { return size * 8u; }
 
 static char *cfg_member(void *cfg, const pie_config_field *f) { return (char *)cfg + f->offset; }
@@ -400,6 +437,10 @@ static pie_code cfg_set_text(const pie_config_field *f, void *cfg, const char *s
             snprintf(err, errn, "string contains a NUL byte");
             return PIE_INVALID_ARGUMENT;
         }
+        if (!cfg_utf8_valid(s, len)) {
+            snprintf(err, errn, "string is not valid UTF-8");
+            return PIE_INVALID_ARGUMENT;
+        }
         char *copy = strndup(s, len);
         if (!copy) return PIE_RESOURCE_EXHAUSTED;
         cfg_set_string_ptr(cfg, f, copy);
@@ -408,6 +449,10 @@ static pie_code cfg_set_text(const pie_config_field *f, void *cfg, const char *s
     case PIE_CFG_STRLIST: {
         if (!list_text) {
             cfg_err_got_text(f, err, errn, s, len);
+            return PIE_INVALID_ARGUMENT;
+        }
+        if (!cfg_utf8_valid(s, len)) {
+            snprintf(err, errn, "string is not valid UTF-8");
             return PIE_INVALID_ARGUMENT;
         }
         pie_config_strlist fresh = {0};
@@ -979,13 +1024,28 @@ pie_code pie_config_load(const pie_config_schema *schema, void *out, const char 
 
 /* ---- printing ------------------------------------------------------------------------------- */
 
+/* A double-quoted YAML scalar that loads back to s: escapes for what YAML does not allow raw
+ * (C0 and C1 controls, DEL, the BOM, U+FFFE/U+FFFF) or would fold as a line break (NEL, LS,
+ * PS). A byte that is not UTF-8 (a member not set by the loader) becomes \xNN, i.e. U+00NN. */
 static void cfg_put_quoted(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t len = strlen(s);
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
-        else fputc(c, f);
+    for (size_t i = 0, k; i < len; i += k) {
+        uint32_t cp;
+        k = cfg_utf8_next(p + i, len - i, &cp);
+        if (k == 0) {
+            fprintf(f, "\\x%02x", p[i]);
+            k = 1;
+        } else if (cp == '"' || cp == '\\') {
+            fprintf(f, "\\%c", (char)cp);
+        } else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
+            fprintf(f, "\\x%02x", (unsigned)cp);
+        } else if (cp == 0x2028 || cp == 0x2029 || cp == 0xfeff || cp == 0xfffe || cp == 0xffff) {
+            fprintf(f, "\\u%04x", (unsigned)cp);
+        } else {
+            fwrite(p + i, 1, k, f);
+        }
     }
     fputc('"', f);
 }

@@ -28,7 +28,9 @@
  *
  * VALUE SYNTAX (the same for defaults, the file, the environment and min/max):
  *   STRING    any scalar, taken verbatim (YAML quoting rules apply in the file). NUL bytes are
- *             refused. A YAML null (`~`, `null`, empty) sets the member to NULL.
+ *             refused, and so is text that is not UTF-8 (a YAML file cannot hold it; in a
+ *             default or the environment it is an error too, so that the effective config can
+ *             always be printed). A YAML null (`~`, `null`, empty) sets the member to NULL.
  *   INT       optional sign and decimal digits: `-12`, `+7`, `0`. Member: int8..int64.
  *   UINT      decimal digits: `42`. Member: uint8..uint64 (or size_t).
  *   SIZE      bytes: decimal digits with an optional unit, no space: `4096`, `512B`, `64KiB`,
@@ -79,6 +81,7 @@
  *     environment <VAR>: expected <what>, got '<v>'
  *     environment <VAR>: <v> is out of range [<min>, <max>]
  *     environment <VAR>: '<v>' is not one of <c1>, <c2>, ...
+ *     environment <VAR>: string is not valid UTF-8
  *     missing required key '<path>' (set it in the config file or with <VAR>)
  *   where <what> is: integer | non-negative integer | number | true or false | string |
  *     size (integer with optional unit B, KiB, MiB, GiB, TiB, kB, MB, GB, TB) |

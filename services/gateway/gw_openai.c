@@ -656,7 +656,7 @@ static bool apply_error(json_t *msg, gw_event *ev, gw_error *e, gw_endpoint endp
     ev->kind = GW_EV_ERROR;
     gw_error_set(e, 400, "invalid_request_error",
                  stable == known[0] ? (endpoint == GW_CHAT ? "messages" : "prompt") : NULL,
-                 stable, "%s", text ? text : "the request cannot be served");
+                 stable, "%s", text && text[0] ? text : "the request cannot be served");
     return true;
 }
 

@@ -28,9 +28,11 @@ typedef struct wrk_buf {
     size_t cap; /* elements */
 } wrk_buf;
 
-/* Room for n elements of elt bytes; false when out of memory (the old contents stay). */
+/* Room for n elements of elt bytes; false when out of memory (the old contents stay). The
+ * buffer exists even for n = 0: cursors are added to p, and NULL + 0 is undefined behaviour
+ * (found by tests/fuzz/fuzz_wrk_exec: a first step whose next_dist items all fail). */
 static bool buf_reserve(wrk_buf *b, size_t n, size_t elt) {
-    if (n <= b->cap) return true;
+    if (n <= b->cap && b->p != NULL) return true;
     size_t cap = b->cap ? b->cap : 64;
     while (cap < n) {
         if (cap > SIZE_MAX / 2 / elt) return false;

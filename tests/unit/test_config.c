@@ -516,6 +516,26 @@ Test(config, error_environment) {
                "environment PIE_SERVER_TLS_ENABLED: expected true or false, got '1'");
 }
 
+/* Found by tests/fuzz/fuzz_config_yaml: a YAML file cannot carry bytes that are not UTF-8, so
+ * such a value from the environment could be loaded but not printed back (--print-config wrote
+ * YAML that libyaml refuses). Strings from the environment must be UTF-8 like the file's. */
+Test(config, error_environment_string_is_not_utf8) {
+    char *e1[] = {"PIE_SERVER_LISTEN=a\xa0" "b", NULL};
+    load_fails(NULL, e1, PIE_INVALID_ARGUMENT,
+               "environment PIE_SERVER_LISTEN: string is not valid UTF-8");
+    char *e2[] = {"PIE_RPC_PEERS=a, \xc3", NULL};
+    load_fails(NULL, e2, PIE_INVALID_ARGUMENT,
+               "environment PIE_RPC_PEERS: string is not valid UTF-8");
+    char *e3[] = {"PIE_SERVER_LISTEN=\xed\xa0\x80", NULL}; /* a surrogate: not UTF-8 either */
+    load_fails(NULL, e3, PIE_INVALID_ARGUMENT,
+               "environment PIE_SERVER_LISTEN: string is not valid UTF-8");
+    tcfg c;
+    char *ok[] = {"PIE_SERVER_LISTEN=gr\xc3\xbc\xc3\x9f \xf0\x9f\x8e\x89", NULL};
+    load_ok(&c, NULL, ok);
+    cr_assert_str_eq(c.listen, "gr\xc3\xbc\xc3\x9f \xf0\x9f\x8e\x89");
+    pie_config_free(&tschema, &c);
+}
+
 Test(config, file_errors_come_before_environment_errors) {
     char *env[] = {"PIE_SERVER_PORT=x", NULL};
     load_fails("server: {port: y}\n", env, PIE_INVALID_ARGUMENT,
@@ -715,6 +735,31 @@ Test(config, printed_config_loads_back_to_the_same_values) {
     cr_assert(b.ratio == a.ratio, "%.17g != %.17g", b.ratio, a.ratio);
     cr_assert_eq(b.small, a.small);
     cr_assert_eq(b.workers, a.workers);
+    pie_config_free(&tschema, &a);
+    pie_config_free(&tschema, &b);
+}
+
+/* Found by tests/fuzz/fuzz_config_yaml: characters YAML does not allow raw in a scalar (C1
+ * controls, the BOM) or folds as line breaks (NEL, LS, PS) must be printed as escapes. */
+Test(config, printed_unicode_controls_and_line_breaks_load_back) {
+    tcfg a, b;
+    load_ok(&a,
+            "server: {listen: \"a\\x85b\\u2028c\\u2029d\\x80e\\x9ff\\ufeffg\\u00a0h\\ud7ffi\\ufffd\"}\n"
+            "rpc: {peers: [\"\\x85\", \"\\u2028\"]}\n",
+            NULL);
+    cr_assert_str_eq(a.listen, "a\xc2\x85" "b\xe2\x80\xa8" "c\xe2\x80\xa9" "d\xc2\x80" "e\xc2\x9f"
+                               "f\xef\xbb\xbf" "g\xc2\xa0" "h\xed\x9f\xbf" "i\xef\xbf\xbd");
+    char *out = print_config(&a);
+    write_file("printed.yaml", out);
+    pie_status st;
+    b.untouched = 0;
+    cr_assert_eq(pie_config_load(&tschema, &b, "printed.yaml", NULL, &st), PIE_OK,
+                 "%s\n--- printed:\n%s", st.msg, out);
+    free(out);
+    cr_assert_str_eq(b.listen, a.listen);
+    cr_assert_eq(b.peers.n, 2);
+    cr_assert_str_eq(b.peers.items[0], a.peers.items[0]);
+    cr_assert_str_eq(b.peers.items[1], a.peers.items[1]);
     pie_config_free(&tschema, &a);
     pie_config_free(&tschema, &b);
 }

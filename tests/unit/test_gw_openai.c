@@ -227,6 +227,9 @@ Test(gw_openai, inferlet_refusal_becomes_a_400_with_its_code) {
     cr_assert_str_eq(e.code, "context_length_exceeded");
     cr_assert_str_eq(e.param, "messages");
     cr_assert_str_eq(e.message, "too long");
+    const char *blank = "{\"error\":{\"message\":\"\"}}"; /* found by fuzz_gw_openai */
+    cr_assert(gw_result_apply(&res, blank, strlen(blank), &ev, &e));
+    cr_assert_str_eq(e.message, "the request cannot be served", "an error always says something");
     gw_result_free(&res);
     gw_req_free(&r);
 }

@@ -99,9 +99,9 @@ uint32_t Z_wasi_snapshot_preview1Z_environ_sizes_get(wasi_t *w, uint32_t count, 
     return strings_sizes(inst, inst->n_env, inst->env_bytes, count, size);
 }
 
-uint32_t Z_wasi_snapshot_preview1Z_environ_get(wasi_t *w, uint32_t environ, uint32_t buf) {
+uint32_t Z_wasi_snapshot_preview1Z_environ_get(wasi_t *w, uint32_t env_ptrs, uint32_t buf) {
     lc_wasm_instance *inst = enter(w);
-    return strings_get(inst, inst->env_buf, inst->n_env, inst->env_bytes, environ, buf);
+    return strings_get(inst, inst->env_buf, inst->n_env, inst->env_bytes, env_ptrs, buf);
 }
 
 /* ---- clocks, random, scheduling, exit -------------------------------------------------------- */
