@@ -19,6 +19,7 @@
 
 #include "pie_file.h"
 #include "pie_metrics.h" /* pie_metrics_format_double: the one shortest-round-trip formatter */
+#include "pie_utf8.h"
 
 #define CFG_MAX_FILE_BYTES ((size_t)1 << 20) /* a config file is a page or two; 1 MiB is plenty */
 #define CFG_MAX_PATH 120                      /* longest field path in a schema */
@@ -65,40 +66,12 @@ static void cfg_show(char *buf, size_t n, const char *s, size_t len) {
     buf[o] = '\0';
 }
 
-/* The code point of the UTF-8 sequence at s[0..len) (RFC 3629: no overlongs, surrogates or
- * values above U+10FFFF) in *cp; returns its length in bytes, or 0 if s does not start with one. */
-static size_t cfg_utf8_next(const unsigned char *s, size_t len, uint32_t *cp) {
-    uint32_t c = s[0], min;
-    size_t n;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if ((c & 0xe0) == 0xc0) {
-        n = 1, min = 0x80, c &= 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        n = 2, min = 0x800, c &= 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        n = 3, min = 0x10000, c &= 0x07;
-    } else {
-        return 0;
-    }
-    if (n >= len) return 0;
-    for (size_t i = 1; i <= n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        c = c << 6 | (s[i] & 0x3fu);
-    }
-    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
-    *cp = c;
-    return n + 1;
-}
-
 /* A YAML file can only hold UTF-8, so strings from defaults and the environment must be too
  * (or --print-config would write YAML that does not load). */
 static bool cfg_utf8_valid(const char *s, size_t len) {
     uint32_t cp;
     for (size_t i = 0, k; i < len; i += k)
-        if ((k = cfg_utf8_next((const unsigned char *)s + i, len - i, &cp)) == 0) return false;
+        if ((k = pie_utf8_next((const unsigned char *)s + i, len - i, &cp)) == 0) return false;
     return true;
 }
 
@@ -1033,7 +1006,7 @@ static void cfg_put_quoted(FILE *f, const char *s) {
     fputc('"', f);
     for (size_t i = 0, k; i < len; i += k) {
         uint32_t cp;
-        k = cfg_utf8_next(p + i, len - i, &cp);
+        k = pie_utf8_next(p + i, len - i, &cp);
         if (k == 0) {
             fprintf(f, "\\x%02x", p[i]);
             k = 1;

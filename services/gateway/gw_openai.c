@@ -10,6 +10,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "pie_utf8.h"
+
 bool gw_error_set(gw_error *e, int http_status, const char *type, const char *param,
                   const char *code, const char *fmt, ...) {
     e->http_status = http_status;
@@ -79,33 +81,13 @@ void gw_error_from_status(const pie_status *st, gw_error *e) {
 /* ------------------------------------------------------------------------------------------
  * UTF-8 */
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if the bytes there are not one
- * (overlong forms, surrogates, code points above U+10FFFF and truncated sequences are not). */
-static size_t utf8_valid_len(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    size_t len;
-    uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
-    else return 0;
-    if (len > n) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
-}
-
 json_t *gw_json_text(const char *s, size_t len) {
     const unsigned char *u = (const unsigned char *)s;
     char *buf = malloc(len * 3 + 1); /* each invalid byte grows to 3 (U+FFFD) */
     if (buf == NULL) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        size_t k = utf8_valid_len(u + i, len - i);
+        size_t k = pie_utf8_next(u + i, len - i, NULL);
         if (k == 0) {
             memcpy(buf + o, "\xEF\xBF\xBD", 3);
             o += 3;

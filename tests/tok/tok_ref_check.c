@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "pie_file.h"
+#include "pie_utf8.h"
 #include "tok.h"
 #include "tok_int.h"
 
@@ -53,7 +54,7 @@ static size_t put_utf8(uint8_t *p, uint32_t cp) {
 }
 
 static uint32_t get_utf8(const uint8_t *p, size_t *used) {
-    size_t k = tok_utf8_valid_len(p, 4);
+    size_t k = pie_utf8_next(p, 4, NULL);
     *used = k;
     if (k == 1) return p[0];
     if (k == 2) return (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F);
@@ -153,7 +154,7 @@ done:
 static void print_text(const uint8_t *p, size_t n) {
     fputc('"', stdout);
     for (size_t i = 0; i < n;) {
-        size_t k = tok_utf8_valid_len(p + i, n - i);
+        size_t k = pie_utf8_next(p + i, n - i, NULL);
         if (k == 1 && p[i] >= 0x20 && p[i] < 0x7F && p[i] != '"' && p[i] != '\\') {
             fputc(p[i], stdout);
         } else if (k == 1) {

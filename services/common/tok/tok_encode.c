@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "pie_utf8.h"
 #include "tok_int.h"
 
 /* Pieces longer than this are not cached (they rarely repeat). */
@@ -339,7 +340,7 @@ static pie_code split_piece(tok_ws *w, size_t step, const pcre2_code *re, tok_sp
             last = pos = me;
         } else { /* empty match: skipped; step over one character (or one invalid byte) */
             last = ms;
-            size_t k = tok_utf8_valid_len(p + ms, n - ms);
+            size_t k = pie_utf8_next(p + ms, n - ms, NULL);
             pos = ms + (k ? k : 1);
         }
     }

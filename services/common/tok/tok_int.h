@@ -166,8 +166,5 @@ pcre2_code *tok_regex_compile(const char *pattern, size_t n, bool literal, int *
  * *out_len; NULL when out of memory. (tok_regex.c) */
 char *tok_regex_translate(const char *pattern, size_t n, size_t *out_len);
 
-/* Length of the UTF-8 sequence starting at p[0] if it is valid and complete within n bytes;
- * 0 otherwise. */
-size_t tok_utf8_valid_len(const uint8_t *p, size_t n);
 
 #endif

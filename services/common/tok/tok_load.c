@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "pie_utf8.h"
 #include "tok_int.h"
 
 /* The pre-tokenizer regex of GPT-2, built into HF's ByteLevel pre-tokenizer (use_regex). */
@@ -46,45 +47,16 @@ int tok_cp_to_byte(uint32_t cp) {
     return 173;
 }
 
-size_t tok_utf8_valid_len(const uint8_t *p, size_t n) {
-    if (n == 0) return 0;
-    uint8_t b = p[0];
-    if (b < 0x80) return 1;
-    size_t need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) {
-        need = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 3;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 4;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (n < need) return 0;
-    if (p[1] < lo || p[1] > hi) return 0;
-    for (size_t i = 2; i < need; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-    return need;
-}
-
 /* Decodes one code point of valid UTF-8 (jansson strings are valid UTF-8). */
 static uint32_t utf8_next(const uint8_t *p, size_t n, size_t *used) {
-    size_t k = tok_utf8_valid_len(p, n);
+    uint32_t cp;
+    size_t k = pie_utf8_next(p, n, &cp);
     if (k == 0) { /* cannot happen for jansson strings; treat the byte as Latin-1 */
         *used = 1;
         return p[0];
     }
     *used = k;
-    if (k == 1) return p[0];
-    if (k == 2) return (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F);
-    if (k == 3) return (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
-    return (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3F) << 12 |
-           (uint32_t)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+    return cp;
 }
 
 /* ---- the builder: the tok under construction plus where errors go ---- */
