@@ -134,8 +134,14 @@ static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m)
 
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
                         char id_out[65], bool *already, pie_status *st) {
+    return lc_program_put_cancel(ps, wasm, len, name, NULL, id_out, already, st);
+}
+
+pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+                               lc_wasm_cancel *cancel, char id_out[65], bool *already,
+                               pie_status *st) {
     lc_wasm_module *m = NULL;
-    if (lc_wasm_module_load(ps->rt, wasm, len, &m, st) != PIE_OK) return st->code;
+    if (lc_wasm_module_load_cancel(ps->rt, wasm, len, cancel, &m, st) != PIE_OK) return st->code;
     const char *id = lc_wasm_module_id(m);
     snprintf(id_out, 65, "%s", id);
     char path[4200];

@@ -35,6 +35,13 @@ uint64_t lc_program_max_bytes(const lc_program_store *ps);
  * a module that cannot run here. Slow the first time (compiles): not on an RPC thread. */
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
                         char id_out[65], bool *already, pie_status *st);
+/* lc_program_put that gives up (PIE_CANCELLED, the compile killed) when cancel fires: an
+ * upload whose client went away. INVALID_ARGUMENT for a module beyond the complexity limits
+ * (programs.max_*), RESOURCE_EXHAUSTED when the compile ran out of time or the compile queue
+ * is full, UNAVAILABLE during shutdown (lc_wasm.h). */
+pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+                               lc_wasm_cancel *cancel, char id_out[65], bool *already,
+                               pie_status *st);
 
 /* Whether program id is stored; copies its label to name (cap bytes) when name is not NULL.
  * NOT_FOUND otherwise (INVALID_ARGUMENT for an id that is not 64 lowercase hex digits). */

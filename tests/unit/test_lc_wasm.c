@@ -19,12 +19,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "lc_wasm.h"
 #include "pie_sha256.h"
+#include "pie_wasmgen.h"
 #include "wasm_test_host.h"
 
 /* ---- fixtures -------------------------------------------------------------------------------- */
@@ -512,8 +514,8 @@ Test(lc_wasm, corrupt_and_non_wasm_bytes_are_rejected_with_a_reason) {
     /* Valid wasm that wasm2c 1.0.32 cannot translate (it aborts). */
     b = fixture("simd");
     expect_rejected(rt, b.data, b.len,
-                    "unsupported wasm module: wasm2c (translate to C): wasm2c "
-                    "killed by signal 6; SIMD (-msimd128)");
+                    "unsupported wasm module: wasm2c (translate to C) aborted, SIGABRT (signal 6");
+    expect_rejected(rt, b.data, b.len, "; SIMD (-msimd128)");
     free(b.data);
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
     cr_expect_eq(s.tier0_compiles, 0u);
@@ -853,4 +855,280 @@ Test(lc_wasm, both_tiers_compute_integer_bit_operations_like_native_code) {
     }
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
+}
+
+/* ---- compile bombs (issue 11, hole 5) --------------------------------------------------------
+ * Modules beyond the complexity limits never reach wasm2c; a compile that runs too long, whose
+ * caller goes away or that is running at shutdown is killed; compiles beyond the cap queue and
+ * then fail; a crash of the translator says so. Slow or crashing tools are stand-ins: shell
+ * scripts given as lc_wasm_rt_opts.wasm2c that record their pid in <cache_dir>/pids. */
+
+static bytes gen(uint32_t n_funcs, uint32_t nest, uint32_t pad, uint32_t salt) {
+    pie_wasmgen_opts o = {.n_funcs = n_funcs, .nest = nest, .pad = pad, .salt = salt};
+    bytes b = {0};
+    b.data = pie_wasmgen(&o, &b.len);
+    cr_assert_not_null(b.data, "pie_wasmgen: out of memory");
+    return b;
+}
+
+static lc_wasm_rt *make_rt_opts(lc_wasm_rt_opts o) {
+    o.cache_dir = cache_dir;
+    o.host_fns = wasm_test_host_fns;
+    o.n_host_fns = wasm_test_host_n_fns;
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    return rt;
+}
+
+/* <cache_dir>/<name>: a shell script that appends its pid to <cache_dir>/pids, then runs body.
+ * Returns its path (the caller frees it). */
+static char *fake_tool(const char *name, const char *body) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", cache_dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    fprintf(f, "#!/bin/sh\necho $$ >> '%s/pids'\n%s\n", cache_dir, body);
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(chmod(path, 0700), 0);
+    return strdup(path);
+}
+
+/* The pids the fake tools recorded so far. */
+static size_t tool_pids(pid_t *out, size_t cap) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/pids", cache_dir);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    size_t n = 0;
+    long v;
+    while (n < cap && fscanf(f, "%ld", &v) == 1) out[n++] = (pid_t)v;
+    fclose(f);
+    return n;
+}
+
+static void wait_tool_pids(size_t n) {
+    pid_t p[16];
+    for (int i = 0; i < 2000 && tool_pids(p, 16) < n; i++) usleep(10000);
+    cr_assert_geq(tool_pids(p, 16), n, "fewer than %zu fake tools started in 20 s", n);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* No fake tool is still running (they were killed and reaped, not left behind). */
+static void expect_tools_gone(void) {
+    pid_t p[16];
+    size_t n = tool_pids(p, 16);
+    for (size_t i = 0; i < n; i++)
+        cr_expect(kill(p[i], 0) != 0 && errno == ESRCH, "tool process %ld is still running",
+                  (long)p[i]);
+}
+
+typedef struct bg_load {
+    lc_wasm_rt *rt;
+    bytes b;
+    lc_wasm_cancel cancel;
+    lc_wasm_module *m;
+    pie_code rc;
+    pie_status st;
+} bg_load;
+
+static void *bg_load_thread(void *arg) {
+    bg_load *l = arg;
+    l->rc = lc_wasm_module_load_cancel(l->rt, l->b.data, l->b.len, &l->cancel, &l->m, &l->st);
+    return NULL;
+}
+
+static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, bytes b) {
+    *l = (bg_load){.rt = rt, .b = b, .rc = PIE_UNKNOWN};
+    lc_wasm_cancel_init(&l->cancel);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, bg_load_thread, l), 0);
+    return t;
+}
+
+Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling) {
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){
+        .module_limits = {.max_functions = 100, .max_function_bytes = 4096, .max_nesting = 64}});
+    bytes b = gen(101, 0, 0, 1);
+    expect_rejected(rt, b.data, b.len,
+                    "module too complex to compile here: it defines 101 functions, more than "
+                    "the limit of 100 (programs.max_functions)");
+    free(b.data);
+    b = gen(1, 0, 5000, 2);
+    expect_rejected(rt, b.data, b.len,
+                    "function 0 has a body of 5005 bytes, more than the limit of 4096 "
+                    "(programs.max_function_size)");
+    free(b.data);
+    b = gen(1, 65, 0, 3);
+    expect_rejected(rt, b.data, b.len,
+                    "function 0 nests blocks more than 64 deep (the limit, programs.max_nesting)");
+    free(b.data);
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).translations, 0u, "a refused module reached wasm2c");
+
+    /* at every limit at once: compiles and runs */
+    b = gen(100, 64, 3800, 4);
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "%s", st.msg);
+    lc_wasm_instance *inst = NULL;
+    cr_assert_eq(lc_wasm_instance_create(m, NULL, &inst, &st), PIE_OK, "%s", st.msg);
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(out.end, LC_WASM_EXITED, "%s", out.message);
+    lc_wasm_instance_free(inst);
+    lc_wasm_module_release(m);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+
+    /* the defaults keep out the modules of the report: 50,000 functions (wasm2c busy for
+     * minutes) and 20,000 nested blocks (wasm2c crashed) */
+    rt = make_rt(false);
+    b = gen(50000, 0, 0, 5);
+    expect_rejected(rt, b.data, b.len, "it defines 50000 functions, more than the limit of 20000");
+    free(b.data);
+    b = gen(1, 20000, 0, 6);
+    expect_rejected(rt, b.data, b.len, "nests blocks more than 4096 deep");
+    free(b.data);
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).translations, 0u);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, a_translator_crash_is_reported_as_a_crash_not_as_simd) {
+    char *w2c = fake_tool("wasm2c", "kill -s SEGV $$");
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    bytes b = gen(1, 0, 0, 1);
+    expect_rejected(rt, b.data, b.len,
+                    "wasm2c (translate to C) crashed on this module, killed by SIGSEGV (signal "
+                    "11, Segmentation fault)");
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    lc_wasm_module_load(rt, b.data, b.len, &m, &st);
+    cr_expect_null(strstr(st.msg, "SIMD"), "a crash blamed on SIMD: %s", st.msg);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+    free(w2c);
+
+    /* The real wasm2c on a nesting beyond what its stack holds (limit raised), when the stack
+     * limit is one it can exhaust. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur > (64u << 20))
+        return;
+    rt = make_rt_opts((lc_wasm_rt_opts){.module_limits = {.max_nesting = 1000000}});
+    b = gen(1, 200000, 0, 2);
+    expect_rejected(rt, b.data, b.len, "wasm2c (translate to C) crashed on this module");
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm, a_compile_past_its_time_limit_is_killed_and_says_so) {
+    char *w2c = fake_tool("wasm2c", "exec sleep 60");
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .compile_timeout_ms = 300});
+    bytes b = gen(1, 0, 0, 1);
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    double t0 = now_s();
+    pie_code rc = lc_wasm_module_load(rt, b.data, b.len, &m, &st);
+    double took = now_s() - t0;
+    cr_expect_eq(rc, PIE_RESOURCE_EXHAUSTED, "%s: %s", pie_code_name(rc), st.msg);
+    cr_expect(strstr(st.msg, "tier-0 compile (tcc): gave up after 300 ms "
+                             "(runtime.compile_timeout) with wasm2c (translating to C) still "
+                             "running") != NULL,
+              "message: %s", st.msg);
+    cr_expect_lt(took, 20.0, "the load took %.1f s: the 60 s translation was not cut", took);
+    expect_tools_gone();
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+    free(w2c);
+}
+
+Test(lc_wasm, a_cancelled_load_kills_its_compile_and_a_waiter_compiles_for_itself) {
+    char *w2c = fake_tool("wasm2c", "exec sleep 60");
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    bytes b = gen(1, 0, 0, 1);
+    bg_load a, w;
+    pthread_t ta = bg_start(&a, rt, b);
+    wait_tool_pids(1);
+    pthread_t tw = bg_start(&w, rt, b); /* the same bytes: waits for a's compile */
+    usleep(100000);
+    double t0 = now_s();
+    lc_wasm_cancel_fire(&a.cancel);
+    pthread_join(ta, NULL);
+    cr_expect_eq(a.rc, PIE_CANCELLED, "%s: %s", pie_code_name(a.rc), a.st.msg);
+    cr_expect_lt(now_s() - t0, 10.0, "cancel took %.1f s", now_s() - t0);
+    wait_tool_pids(2); /* w's own compile */
+    lc_wasm_cancel_fire(&w.cancel);
+    pthread_join(tw, NULL);
+    cr_expect_eq(w.rc, PIE_CANCELLED, "%s: %s", pie_code_name(w.rc), w.st.msg);
+    expect_tools_gone();
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.compiles_running + s.compiles_queued, 0u);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+    free(w2c);
+}
+
+Test(lc_wasm, stopping_compiles_ends_those_running_and_refuses_new_ones) {
+    char *w2c = fake_tool("wasm2c", "exec sleep 60");
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    bytes b = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2);
+    bg_load a;
+    pthread_t ta = bg_start(&a, rt, b);
+    wait_tool_pids(1);
+    double t0 = now_s();
+    lc_wasm_rt_stop_compiles(rt);
+    pthread_join(ta, NULL);
+    cr_expect_lt(now_s() - t0, 10.0, "stopping took %.1f s", now_s() - t0);
+    cr_expect_eq(a.rc, PIE_UNAVAILABLE, "%s: %s", pie_code_name(a.rc), a.st.msg);
+    cr_expect(strstr(a.st.msg, "shutting down") != NULL, "message: %s", a.st.msg);
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    cr_expect_eq(lc_wasm_module_load(rt, b2.data, b2.len, &m, &st), PIE_UNAVAILABLE, "%s", st.msg);
+    expect_tools_gone();
+    free(b.data);
+    free(b2.data);
+    lc_wasm_rt_destroy(rt);
+    free(w2c);
+}
+
+Test(lc_wasm, compiles_beyond_the_cap_wait_in_the_queue_then_are_refused) {
+    char *w2c = fake_tool("wasm2c", "exec sleep 60");
+    lc_wasm_rt *rt =
+        make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .max_compiles = 1, .compile_queue = 1});
+    bytes b1 = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2), b3 = gen(1, 0, 0, 3);
+    bg_load a, q;
+    pthread_t ta = bg_start(&a, rt, b1);
+    wait_tool_pids(1);
+    pthread_t tq = bg_start(&q, rt, b2);
+    for (int i = 0; i < 2000 && lc_wasm_rt_stats_get(rt).compiles_queued < 1; i++) usleep(10000);
+    cr_assert_eq(lc_wasm_rt_stats_get(rt).compiles_queued, 1u, "the second load never queued");
+
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    pie_code rc = lc_wasm_module_load(rt, b3.data, b3.len, &m, &st);
+    cr_expect_eq(rc, PIE_RESOURCE_EXHAUSTED, "%s: %s", pie_code_name(rc), st.msg);
+    cr_expect(strstr(st.msg, "1 compiles running (the limit, runtime.max_compiles) and 1 "
+                             "waiting (the limit, runtime.compile_queue)") != NULL,
+              "message: %s", st.msg);
+    pid_t p[16];
+    cr_expect_eq(tool_pids(p, 16), 1u, "a compile beyond the cap started");
+
+    lc_wasm_cancel_fire(&a.cancel); /* the slot frees: the queued load compiles */
+    pthread_join(ta, NULL);
+    cr_expect_eq(a.rc, PIE_CANCELLED, "%s", a.st.msg);
+    wait_tool_pids(2);
+    lc_wasm_cancel_fire(&q.cancel);
+    pthread_join(tq, NULL);
+    cr_expect_eq(q.rc, PIE_CANCELLED, "%s", q.st.msg);
+    expect_tools_gone();
+    free(b1.data);
+    free(b2.data);
+    free(b3.data);
+    lc_wasm_rt_destroy(rt);
+    free(w2c);
 }

@@ -13,10 +13,12 @@
 #define LC_WASM_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pie_budget.h"
 #include "pie_status.h"
 
 typedef struct lc_wasm_rt lc_wasm_rt;             /* one runtime: cache, compiler thread */
@@ -55,6 +57,21 @@ typedef struct lc_wasm_host_fn {
 
 /* ---- runtime -------------------------------------------------------------------------------- */
 
+/* Limits on a module's complexity, checked by the parser before anything is compiled: wasm2c's
+ * time grows faster than linearly with the number of functions (10,000 empty ones: 1.3 s,
+ * 20,000: 9 s) and its native stack with the nesting of blocks (it crashes near 15,000 levels
+ * on an 8 MiB stack). A module beyond one is refused with INVALID_ARGUMENT naming the limit, its
+ * value and the lifecycle's config key. 0 = the default. */
+typedef struct lc_wasm_module_limits {
+    uint32_t max_functions;      /* functions the module defines; 0 = 20000 */
+    uint32_t max_function_bytes; /* bytes of one function body (locals and code); 0 = 1 MiB */
+    uint32_t max_nesting;        /* blocks, loops and ifs open at once in a body; 0 = 4096 */
+} lc_wasm_module_limits;
+#define LC_WASM_DEFAULT_MAX_FUNCTIONS      20000u
+#define LC_WASM_DEFAULT_MAX_FUNCTION_BYTES (1u << 20)
+#define LC_WASM_DEFAULT_MAX_NESTING        4096u
+#define LC_WASM_MAX_LOCALS                 50000u /* locals of one function (as V8), fixed */
+
 typedef struct lc_wasm_rt_opts {
     const char *cache_dir;           /* required; created (0700) if missing */
     const lc_wasm_host_fn *host_fns; /* the `pie` module; may be NULL when n_host_fns is 0 */
@@ -62,15 +79,27 @@ typedef struct lc_wasm_rt_opts {
     bool tier1;                    /* recompile with `cc -O2` in the background */
     const char *wasm2c, *tcc, *cc; /* programs; NULL = "wasm2c", "tcc", "cc" from PATH */
     int interrupt_signal;          /* real-time signal of the CPU/wall watchdog; 0 = SIGRTMIN+4 */
+    lc_wasm_module_limits module_limits;
+    /* Compiles. A tier-0 compile (wasm2c | tcc, what a load waits for) that runs longer than
+     * compile_timeout_ms is killed and the load fails RESOURCE_EXHAUSTED; a tier-1 compile
+     * longer than tier1_timeout_ms is killed and the module stays at tier 0. At most
+     * max_compiles tier-0 compiles run at once; up to compile_queue more loads wait for one
+     * to end, and a load beyond those fails RESOURCE_EXHAUSTED at once. */
+    uint64_t compile_timeout_ms; /* 0 = 60 s */
+    uint64_t tier1_timeout_ms;   /* 0 = 10 min */
+    uint32_t max_compiles;       /* 0 = 2 */
+    int32_t compile_queue;       /* 0 = 32; negative: no waiting */
 } lc_wasm_rt_opts;
 
 /* Counters since the runtime was created (tests and metrics). */
 typedef struct lc_wasm_rt_stats {
-    uint64_t translations;   /* wasm2c runs */
-    uint64_t tier0_compiles; /* tcc runs */
-    uint64_t tier1_compiles; /* cc -O2 runs that produced a library */
-    uint64_t disk_hits;      /* loads served from the cache directory without compiling */
-    uint64_t memory_hits;    /* loads served from modules already loaded in this runtime */
+    uint64_t translations;     /* wasm2c runs */
+    uint64_t tier0_compiles;   /* tcc runs */
+    uint64_t tier1_compiles;   /* cc -O2 runs that produced a library */
+    uint64_t disk_hits;        /* loads served from the cache directory without compiling */
+    uint64_t memory_hits;      /* loads served from modules already loaded in this runtime */
+    uint32_t compiles_running; /* tier-0 compiles in progress now */
+    uint32_t compiles_queued;  /* loads waiting now for one of them to end */
 } lc_wasm_rt_stats;
 
 /* Creates a runtime: installs the fault and interrupt signal handlers (process-wide, shared by
@@ -81,16 +110,38 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *opts, lc_wasm_rt **out, pie_st
  * instances and module references must have been released. NULL is a no-op. */
 void lc_wasm_rt_destroy(lc_wasm_rt *rt);
 lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt);
+/* Shutdown: kills every compile in progress (their loads fail UNAVAILABLE within ~50 ms) and
+ * fails every later load that would have to compile; loads of compiled modules still work.
+ * Thread-safe, idempotent; lc_wasm_rt_destroy is still needed. */
+void lc_wasm_rt_stop_compiles(lc_wasm_rt *rt);
 
 /* ---- modules -------------------------------------------------------------------------------- */
 
 /* Returns a reference to the module for these bytes: from this runtime's memory, else from the
  * cache directory, else validated, translated and compiled at tier 0 now (one compile for
  * concurrent loads of the same bytes, also across processes sharing the directory). Rejects
- * non-wasm and corrupt bytes, modules without a `_start` of type () -> (), and modules whose
- * imports the host does not provide (all such imports are listed in the message). */
+ * (INVALID_ARGUMENT) non-wasm and corrupt bytes, modules beyond the runtime's module_limits,
+ * modules without a `_start` of type () -> (), and modules whose imports the host does not
+ * provide (all such imports are listed in the message). A compile that passes
+ * compile_timeout_ms, or that finds max_compiles running and compile_queue waiting, fails
+ * RESOURCE_EXHAUSTED; after lc_wasm_rt_stop_compiles a load that must compile fails
+ * UNAVAILABLE. */
 pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wasm_module **out,
                              pie_status *st);
+
+/* A caller's way to give up on a load: lc_wasm_cancel_fire (any thread, any time, once or more)
+ * makes a load that was given this token stop within ~50 ms, killing its compile (the
+ * compiler's whole process group) or leaving the queue, with PIE_CANCELLED. A load of the same
+ * bytes by another caller that was waiting for that compile compiles again for itself. The
+ * token must outlive the load and every fire. */
+typedef struct lc_wasm_cancel {
+    atomic_bool fired;
+} lc_wasm_cancel;
+static inline void lc_wasm_cancel_init(lc_wasm_cancel *c) { atomic_init(&c->fired, false); }
+static inline void lc_wasm_cancel_fire(lc_wasm_cancel *c) { atomic_store(&c->fired, true); }
+/* lc_wasm_module_load that stops when cancel (may be NULL) fires. */
+pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len,
+                                    lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st);
 void lc_wasm_module_release(lc_wasm_module *m); /* NULL is a no-op */
 /* Lower-case hex SHA-256 of the module's bytes (64 characters): its content id. */
 const char *lc_wasm_module_id(const lc_wasm_module *m);
@@ -134,6 +185,11 @@ typedef struct lc_wasm_instance_opts {
     void *host;                       /* per-instance host context, see Z_pie_instance_t */
     void (*on_interrupt)(void *host); /* lc_wasm_instance_interrupt calls this, so that a host
                                          call blocked in a wait can wake up; may be NULL */
+    /* Shared by the instances of a replica (limits.replica_memory): linear memory is charged
+     * to it as allocated and grown and given back when the instance is freed; an initial memory
+     * that does not fit fails the instantiation, a memory.grow that does not fit returns -1.
+     * NULL: none. Must outlive the instance. */
+    pie_budget *budget;
 } lc_wasm_instance_opts;
 
 typedef enum lc_wasm_end {

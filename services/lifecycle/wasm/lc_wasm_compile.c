@@ -3,11 +3,12 @@
  * Owns: the cache directory <cache_dir>/<sha256>/ (module.wasm; wasm.h, the glue entry points
  * that wasm2c's code includes; t0.h, tcc's prelude; t0.so from wasm2c | tcc, t1.so from
  * wasm2c | cc -O2; and a `lock` file whose flock makes one process compile while others wait),
- * running the tools (posix_spawn, a pipe from wasm2c to the compiler, diagnostics captured for
- * messages), dlopen of a tier with its glue entry points and executable segment, and the tier-1
- * thread. Every file a reader may open is written under a temporary name and renamed into place,
- * so a crash or a concurrent reader never sees half a library. Does not own: which module is
- * loaded when (lc_wasm_instance.c). */
+ * running the tools (posix_spawn, each in a process group of its own; a pipe from wasm2c to the
+ * compiler; diagnostics captured for messages; killed on cancel, shutdown or the time limit),
+ * the tier-0 compile slots (concurrency cap and queue), dlopen of a tier with its glue entry
+ * points and executable segment, and the tier-1 thread. Every file a reader may open is written
+ * under a temporary name and renamed into place, so a crash or a concurrent reader never sees half
+ * a library. Does not own: which module is loaded when (lc_wasm_instance.c). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,11 +97,14 @@ static pie_code write_file(const char *dir, const char *file, const void *data, 
  */
 
 /* One spawned tool. Its diagnostics go to a memory file rather than a pipe, so that nobody has
- * to drain them while the tool runs (a pipeline has two tools and one waiting thread). */
+ * to drain them while the tool runs (a pipeline has two tools and one waiting thread). Each tool
+ * leads a process group of its own, so that killing the group also kills what it started (cc
+ * runs cc1, as and ld). */
 typedef struct lc_tool {
     const char *what; /* "tier-0 compile (tcc)": the start of every message about it */
     char *const *argv;
-    pid_t pid;  /* 0 when not started */
+    pid_t pid;  /* 0 when not started or reaped; while not reaped also its process group */
+    int pidfd;  /* readable once the tool exits; -1 when none (old kernels: polled instead) */
     int log_fd; /* memfd: stderr, and stdout unless that goes to a pipe; -1 when none */
     int status; /* waitpid status once reaped; -1 before (neither exited nor signalled) */
 } lc_tool;
@@ -108,12 +114,20 @@ static void tool_close(lc_tool *t) {
     t->log_fd = -1;
 }
 
-/* Starts t->argv[0] (looked up in PATH) in dir with stdin from in_fd (-1: /dev/null) and stdout
- * to out_fd (-1: the log). With track, the pid is published in rt->t1_child so that destroy can
- * kill it, and nothing is started once rt->stopping is set. */
-static pie_code tool_spawn(lc_wasm_rt *rt, lc_tool *t, const char *dir, int in_fd, int out_fd,
-                           bool track, pie_status *st) {
+static int pidfd_of(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+/* Starts t->argv[0] (looked up in PATH) in dir, in a new process group, with stdin from in_fd
+ * (-1: /dev/null) and stdout to out_fd (-1: the log). */
+static pie_code tool_spawn(lc_tool *t, const char *dir, int in_fd, int out_fd, pie_status *st) {
     t->pid = 0;
+    t->pidfd = -1;
     t->log_fd = memfd_create("lc_wasm_tool", MFD_CLOEXEC);
     if (t->log_fd < 0)
         return pie_status_set(st, PIE_INTERNAL, "%s: memfd_create: %s", t->what, strerror(errno));
@@ -133,28 +147,19 @@ static pie_code tool_spawn(lc_wasm_rt *rt, lc_tool *t, const char *dir, int in_f
         posix_spawn_file_actions_addchdir_np(&fa, dir) != 0 ||
         posix_spawnattr_setsigmask(&attr, &none) != 0 ||
         posix_spawnattr_setsigdefault(&attr, &all) != 0 ||
-        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF) != 0) {
+        posix_spawnattr_setpgroup(&attr, 0) != 0 ||
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                            POSIX_SPAWN_SETPGROUP) != 0) {
         rc = pie_status_set(st, PIE_INTERNAL, "%s: posix_spawn setup failed", t->what);
         goto done;
     }
-    int err;
-    if (track) {
-        pthread_mutex_lock(&rt->mu);
-        if (rt->stopping) {
-            pthread_mutex_unlock(&rt->mu);
-            rc = pie_status_set(st, PIE_CANCELLED, "%s: runtime is shutting down", t->what);
-            goto done;
-        }
-        err = posix_spawnp(&t->pid, t->argv[0], &fa, &attr, t->argv, environ);
-        if (err == 0) rt->t1_child = t->pid;
-        pthread_mutex_unlock(&rt->mu);
-    } else {
-        err = posix_spawnp(&t->pid, t->argv[0], &fa, &attr, t->argv, environ);
-    }
+    int err = posix_spawnp(&t->pid, t->argv[0], &fa, &attr, t->argv, environ);
     if (err != 0) {
         t->pid = 0;
         rc = pie_status_set(st, PIE_FAILED_PRECONDITION, "%s: cannot run %s: %s", t->what,
                             t->argv[0], strerror(err));
+    } else {
+        t->pidfd = pidfd_of(t->pid);
     }
 done:
     if (attr_ok) posix_spawnattr_destroy(&attr);
@@ -163,35 +168,105 @@ done:
     return rc;
 }
 
-/* Reaps t (if it was started) into t->status; clears rt->t1_child when it was tracked. */
-static void tool_wait(lc_wasm_rt *rt, lc_tool *t, bool track) {
-    if (t->pid == 0) return;
-    while (waitpid(t->pid, &t->status, 0) < 0 && errno == EINTR) {}
-    t->pid = 0;
-    if (track) {
-        pthread_mutex_lock(&rt->mu);
-        rt->t1_child = 0;
-        pthread_mutex_unlock(&rt->mu);
-    }
+/* Reaps t if it has ended; true once it is reaped (or was never started). */
+static bool tool_reaped(lc_tool *t) {
+    if (t->pid == 0) return true;
+    pid_t r;
+    while ((r = waitpid(t->pid, &t->status, WNOHANG)) < 0 && errno == EINTR) {}
+    if (r == 0) return false;
+    t->pid = 0; /* reaped (r == pid), or not our child any more (ECHILD): gone either way */
+    if (t->pidfd >= 0) close(t->pidfd);
+    t->pidfd = -1;
+    return true;
 }
 
 static bool tool_ok(const lc_tool *t) {
     return WIFEXITED(t->status) && WEXITSTATUS(t->status) == 0;
 }
 
-/* The status of a tool that did not exit 0, with the start of its output on one line:
- * INTERNAL when a signal killed it, INVALID_ARGUMENT when it exited non-zero. */
-static pie_code tool_error(const lc_tool *t, pie_status *st) {
-    char out[1024];
-    ssize_t n = t->log_fd >= 0 ? pread(t->log_fd, out, sizeof out - 1, 0) : 0;
-    size_t used = n > 0 ? (size_t)n : 0;
+/* Why a compile stops before its tools end. */
+enum { LC_STOP_NONE, LC_STOP_CANCEL, LC_STOP_SHUTDOWN, LC_STOP_TIMEOUT };
+
+/* Whether a compile (or a wait for one) must stop now: compiles stopped, cancel fired, or
+ * deadline_ns (CLOCK_MONOTONIC; 0: none) passed. */
+static int stop_reason(lc_wasm_rt *rt, lc_wasm_cancel *cancel, uint64_t deadline_ns) {
+    if (atomic_load(&rt->compiles_stopped)) return LC_STOP_SHUTDOWN;
+    if (cancel != NULL && atomic_load(&cancel->fired)) return LC_STOP_CANCEL;
+    if (deadline_ns != 0 && lc_wasm_now_ns(CLOCK_MONOTONIC) >= deadline_ns) return LC_STOP_TIMEOUT;
+    return LC_STOP_NONE;
+}
+
+/* The status of a load stopped by cancel or shutdown (not a timeout: the caller words that). */
+static pie_code stop_status(int why, pie_status *st) {
+    if (why == LC_STOP_CANCEL)
+        return pie_status_set(st, PIE_CANCELLED, "compile cancelled: the caller went away");
+    return pie_status_set(st, PIE_UNAVAILABLE,
+                          "compile stopped: the lifecycle is shutting down; try again");
+}
+
+/* Waits until every tool of a pipeline has ended and is reaped. When cancel fires, compiles are
+ * stopped or deadline_ns passes, kills every tool's process group (so the wait ends within
+ * LC_WASM_CANCEL_POLL_MS) and returns why; LC_STOP_NONE when the tools ended by themselves. */
+static int tools_wait(lc_wasm_rt *rt, lc_tool *const *tools, size_t n, lc_wasm_cancel *cancel,
+                      uint64_t deadline_ns) {
+    int why = LC_STOP_NONE;
+    for (;;) {
+        struct pollfd pf[2];
+        nfds_t np = 0;
+        bool running = false, polled = false;
+        for (size_t i = 0; i < n; i++) {
+            if (tool_reaped(tools[i])) continue;
+            running = true;
+            if (tools[i]->pidfd >= 0 && np < 2)
+                pf[np++] = (struct pollfd){.fd = tools[i]->pidfd, .events = POLLIN};
+            else
+                polled = true;
+        }
+        if (!running) return why;
+        if (why == LC_STOP_NONE && (why = stop_reason(rt, cancel, deadline_ns)) != LC_STOP_NONE)
+            for (size_t i = 0; i < n; i++)
+                if (tools[i]->pid > 0) kill(-tools[i]->pid, SIGKILL); /* not reaped: still ours */
+        int slice_ms = polled ? 5 : LC_WASM_CANCEL_POLL_MS;
+        if (why == LC_STOP_NONE && deadline_ns != 0) {
+            uint64_t now = lc_wasm_now_ns(CLOCK_MONOTONIC);
+            uint64_t left_ms = deadline_ns > now ? (deadline_ns - now) / 1000000u + 1 : 0;
+            if (left_ms < (uint64_t)slice_ms) slice_ms = (int)left_ms;
+        }
+        (void)poll(pf, np, slice_ms); /* EINTR or a timeout: look again */
+    }
+}
+
+/* "SIGSEGV (signal 11, Segmentation fault)" */
+static void signal_text(int sig, char *out, size_t n) {
+    const char *abbrev = sigabbrev_np(sig), *descr = sigdescr_np(sig);
+    if (abbrev)
+        snprintf(out, n, "SIG%s (signal %d, %s)", abbrev, sig, descr ? descr : "unknown");
+    else
+        snprintf(out, n, "signal %d", sig);
+}
+
+/* The first bytes of t's output on one line, into out (n bytes); returns its length. */
+static size_t tool_output(const lc_tool *t, char *out, size_t n) {
+    ssize_t got = t->log_fd >= 0 ? pread(t->log_fd, out, n - 1, 0) : 0;
+    size_t used = got > 0 ? (size_t)got : 0;
     out[used] = '\0';
     while (used > 0 && (out[used - 1] == '\n' || out[used - 1] == ' ')) out[--used] = '\0';
     for (char *c = out; *c; c++)
         if (*c == '\n') *c = ' ';
-    if (WIFSIGNALED(t->status))
-        return pie_status_set(st, PIE_INTERNAL, "%s: %s killed by signal %d%s%s", t->what,
-                              t->argv[0], WTERMSIG(t->status), used ? ": " : "", out);
+    return used;
+}
+
+/* The status of a tool that did not exit 0, with the start of its output on one line:
+ * INTERNAL when a signal killed it (it crashed), INVALID_ARGUMENT when it exited non-zero. */
+static pie_code tool_error(const lc_tool *t, pie_status *st) {
+    char out[1024];
+    size_t used = tool_output(t, out, sizeof out);
+    if (WIFSIGNALED(t->status)) {
+        char sig[96];
+        signal_text(WTERMSIG(t->status), sig, sizeof sig);
+        return pie_status_set(st, PIE_INTERNAL, "%s: %s crashed: killed by %s%s%s", t->what,
+                              t->argv[0], sig, used ? ": " : "", out);
+    }
     return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s failed: %s", t->what,
                           used ? out : "(no output)");
 }
@@ -264,7 +339,8 @@ static const char tcc_prelude[] =
 
 /* The status of a pipeline in which a tool failed. wasm2c's own failure is the module's fault
  * (it validates: INVALID_ARGUMENT with its reason; it aborts on features it cannot translate,
- * SIMD for one), unless the compiler died first and took wasm2c's pipe with it; a failing
+ * SIMD for one; it crashes on modules beyond what it can handle, which the parser's limits are
+ * there to keep out), unless the compiler died first and took wasm2c's pipe with it; a failing
  * compiler is ours (INTERNAL). */
 static pie_code pipeline_error(const lc_tool *w2c, const lc_tool *cc, pie_status *st) {
     bool broken_pipe = WIFSIGNALED(w2c->status) && WTERMSIG(w2c->status) == SIGPIPE;
@@ -272,39 +348,72 @@ static pie_code pipeline_error(const lc_tool *w2c, const lc_tool *cc, pie_status
         tool_error(cc, st);
         return st->code = PIE_INTERNAL;
     }
-    pie_code rc = tool_error(w2c, st);
-    char msg[PIE_STATUS_MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", st->msg);
-    if (rc == PIE_INVALID_ARGUMENT) {
-        const char *why = strstr(msg, "failed: ");
+    char out[1024], sig[96];
+    size_t used = tool_output(w2c, out, sizeof out);
+    if (!WIFSIGNALED(w2c->status))
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "invalid wasm module (wasm2c): %s",
-                              why ? why + 8 : msg);
-    }
+                              used ? out : "(no output)");
+    int signo = WTERMSIG(w2c->status);
+    signal_text(signo, sig, sizeof sig);
+    if (signo == SIGABRT)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "unsupported wasm module: %s aborted, %s%s%s; SIMD "
+                              "(-msimd128) and other post-MVP features that wasm2c 1.0.32 lacks "
+                              "do this",
+                              w2c->what, sig, used ? ": " : "", out);
     return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                          "unsupported wasm module: %s; SIMD (-msimd128) and other post-MVP "
-                          "features that wasm2c 1.0.32 lacks do this",
-                          msg);
+                          "%s crashed on this module, killed by %s%s%s; it cannot be "
+                          "compiled here (very deep nesting or very large functions do this)",
+                          w2c->what, sig, used ? ": " : "", out);
 }
 
 /* The pipe from wasm2c to the compiler: 1 MiB (Linux's default limit for F_SETPIPE_SZ) instead of
  * 64 KiB saves ~5 ms of the two tools' wake-ups on a 2 MB translation. */
 #define LC_WASM_PIPE_BYTES (1 << 20)
 
-/* wasm2c | compiler, both reaped; PIE_OK when both exited 0. Tier 1's compiler is tracked (see
- * tool_spawn); wasm2c then ends on its own, by a broken pipe if the compiler is killed. */
-static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const char *dir, bool track,
+/* "60 s" or "1500 ms" */
+static void duration_text(uint64_t ms, char *out, size_t n) {
+    if (ms % 1000 == 0)
+        snprintf(out, n, "%llu s", (unsigned long long)(ms / 1000));
+    else
+        snprintf(out, n, "%llu ms", (unsigned long long)ms);
+}
+
+/* wasm2c | compiler, both reaped; PIE_OK when both exited 0. Killed (both process groups) when
+ * cancel fires, compiles are stopped, or timeout_ms passes (then RESOURCE_EXHAUSTED naming
+ * timeout_key and the tool still running). */
+static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const char *dir,
+                             lc_wasm_cancel *cancel, uint64_t timeout_ms, const char *timeout_key,
                              pie_status *st) {
+    int stopped = stop_reason(rt, cancel, 0);
+    if (stopped != LC_STOP_NONE) return stop_status(stopped, st); /* nothing to start */
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0)
         return pie_status_set(st, PIE_INTERNAL, "pipe: %s", strerror(errno));
     (void)fcntl(p[1], F_SETPIPE_SZ, LC_WASM_PIPE_BYTES); /* best effort: 64 KiB works too */
-    pie_code rc = tool_spawn(rt, w2c, dir, -1, p[1], false, st);
+    uint64_t deadline_ns = lc_wasm_now_ns(CLOCK_MONOTONIC) + timeout_ms * 1000000u;
+    pie_code rc = tool_spawn(w2c, dir, -1, p[1], st);
     close(p[1]);
-    if (rc == PIE_OK) rc = tool_spawn(rt, cc, dir, p[0], -1, track, st);
+    if (rc == PIE_OK) rc = tool_spawn(cc, dir, p[0], -1, st);
     close(p[0]); /* with no compiler reading, wasm2c ends at its first write */
-    tool_wait(rt, w2c, false);
-    tool_wait(rt, cc, track);
-    if (rc == PIE_OK && (!tool_ok(w2c) || !tool_ok(cc))) rc = pipeline_error(w2c, cc, st);
+    lc_tool *const both[2] = {w2c, cc};
+    int why = tools_wait(rt, both, 2, cancel, deadline_ns);
+    /* the tool still running when the time was up: wasm2c if our SIGKILL ended it */
+    bool w2c_ran_out = WIFSIGNALED(w2c->status) && WTERMSIG(w2c->status) == SIGKILL;
+    if (rc == PIE_OK && why == LC_STOP_TIMEOUT) {
+        char d[32];
+        duration_text(timeout_ms, d, sizeof d);
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                            "%s: gave up after %s (%s) with %s still running: the module is too "
+                            "large or complex to compile here in time (fewer or smaller "
+                            "functions compile faster)",
+                            cc->what, d, timeout_key,
+                            w2c_ran_out ? "wasm2c (translating to C)" : "the C compiler");
+    } else if (rc == PIE_OK && why != LC_STOP_NONE) {
+        rc = stop_status(why, st);
+    } else if (rc == PIE_OK && (!tool_ok(w2c) || !tool_ok(cc))) {
+        rc = pipeline_error(w2c, cc, st);
+    }
     if (tool_ok(w2c)) atomic_fetch_add(&rt->translations, 1u);
     tool_close(w2c);
     tool_close(cc);
@@ -312,7 +421,7 @@ static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const ch
 }
 
 /* Translates module.wasm and compiles it into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1). */
-static pie_code compile(lc_wasm_module *m, int tier, pie_status *st) {
+static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, pie_status *st) {
     lc_wasm_rt *rt = m->rt;
     char final[PATH_MAX], tmp[PATH_MAX];
     if (path_join(final, m->dir, tier ? "t1.so" : "t0.so", st) != PIE_OK ||
@@ -325,12 +434,19 @@ static pie_code compile(lc_wasm_module *m, int tier, pie_status *st) {
                         "-include", "t0.h",    "-",     "-lm", NULL};
     char *cc_argv[] = {rt->cc, "-O2", "-shared", "-fPIC", "-w",  "-o",
                        tmp,    "-x",  "c",       "-",     "-lm", NULL};
-    lc_tool w2c = {.what = "wasm2c (translate to C)", .argv = w2c_argv, .log_fd = -1, .status = -1};
+    lc_tool w2c = {.what = "wasm2c (translate to C)",
+                   .argv = w2c_argv,
+                   .pidfd = -1,
+                   .log_fd = -1,
+                   .status = -1};
     lc_tool cc = {.what = tier ? "tier-1 compile (cc -O2)" : "tier-0 compile (tcc)",
                   .argv = tier ? cc_argv : tcc_argv,
+                  .pidfd = -1,
                   .log_fd = -1,
                   .status = -1};
-    pie_code rc = run_pipeline(rt, &w2c, &cc, m->dir, tier == 1, st);
+    pie_code rc = run_pipeline(rt, &w2c, &cc, m->dir, cancel,
+                               tier ? rt->tier1_timeout_ms : rt->compile_timeout_ms,
+                               tier ? "runtime.tier1_timeout" : "runtime.compile_timeout", st);
     if (rc == PIE_OK && rename(tmp, final) != 0)
         rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
     if (rc != PIE_OK) {
@@ -344,11 +460,66 @@ static pie_code compile(lc_wasm_module *m, int tier, pie_status *st) {
 /* Tier 0 from the bytes: module.wasm (which tier 1 translates again), the prelude, then the
  * pipeline. */
 static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t len,
-                                  pie_status *st) {
+                                  lc_wasm_cancel *cancel, pie_status *st) {
     if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK ||
         write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
         return st->code;
-    return compile(m, 0, st);
+    return compile(m, 0, cancel, st);
+}
+
+/* ---- the tier-0 compile slots ----------------------------------------------------------------
+ * At most rt->max_compiles tier-0 compiles at once, up to rt->compile_queue loads waiting for
+ * one (polling cancel and stop every LC_WASM_CANCEL_POLL_MS), RESOURCE_EXHAUSTED beyond. */
+
+static pie_code slot_acquire(lc_wasm_rt *rt, lc_wasm_cancel *cancel, pie_status *st) {
+    pthread_mutex_lock(&rt->mu);
+    if (rt->n_compiling >= rt->max_compiles && rt->n_queued >= rt->compile_queue) {
+        uint32_t running = rt->n_compiling, queued = rt->n_queued;
+        pthread_mutex_unlock(&rt->mu);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "too many programs being compiled: %u compiles running (the limit, "
+                              "runtime.max_compiles) and %u waiting (the limit, "
+                              "runtime.compile_queue); try again later",
+                              running, queued);
+    }
+    rt->n_queued++;
+    pie_code rc = PIE_OK;
+    while (rt->n_compiling >= rt->max_compiles) {
+        int why = stop_reason(rt, cancel, 0);
+        if (why != LC_STOP_NONE) {
+            rc = stop_status(why, st);
+            break;
+        }
+        uint64_t t = lc_wasm_now_ns(CLOCK_MONOTONIC) + LC_WASM_CANCEL_POLL_MS * 1000000u;
+        struct timespec ts = {(time_t)(t / 1000000000u), (long)(t % 1000000000u)};
+        pthread_cond_timedwait(&rt->slot_cv, &rt->mu, &ts);
+    }
+    rt->n_queued--;
+    if (rc == PIE_OK) rt->n_compiling++;
+    pthread_mutex_unlock(&rt->mu);
+    return rc;
+}
+
+static void slot_release(lc_wasm_rt *rt) {
+    pthread_mutex_lock(&rt->mu);
+    rt->n_compiling--;
+    pthread_cond_signal(&rt->slot_cv);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* flock(LOCK_EX) of the cache entry's lock file, given up when cancel fires or compiles stop
+ * (another process may be compiling this module for as long as its time limit). */
+static pie_code lock_entry(lc_wasm_rt *rt, int fd, const char *path, lc_wasm_cancel *cancel,
+                           pie_status *st) {
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EINTR) continue;
+        if (errno != EWOULDBLOCK)
+            return pie_status_set(st, PIE_INTERNAL, "flock %s: %s", path, strerror(errno));
+        int why = stop_reason(rt, cancel, 0);
+        if (why != LC_STOP_NONE) return stop_status(why, st);
+        (void)poll(NULL, 0, 10);
+    }
+    return PIE_OK;
 }
 
 /* ---- loading a tier ----------------------------------------------------------------------------
@@ -449,7 +620,8 @@ static bool try_cached(lc_wasm_module *m, int tier) {
     return false;
 }
 
-pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len, pie_status *st) {
+pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len,
+                              lc_wasm_cancel *cancel, pie_status *st) {
     lc_wasm_rt *rt = m->rt;
     if (mkdir(m->dir, 0700) != 0 && errno != EEXIST)
         return pie_status_set(st, PIE_INTERNAL, "mkdir %s: %s", m->dir, strerror(errno));
@@ -458,18 +630,16 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
     int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock < 0)
         return pie_status_set(st, PIE_INTERNAL, "open %s: %s", lock_path, strerror(errno));
-    while (flock(lock, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            int e = errno;
-            close(lock);
-            return pie_status_set(st, PIE_INTERNAL, "flock %s: %s", lock_path, strerror(e));
-        }
+    if (lock_entry(rt, lock, lock_path, cancel, st) != PIE_OK) {
+        close(lock);
+        return st->code;
     }
     pie_code rc = PIE_OK;
     if (try_cached(m, 1) || try_cached(m, 0)) {
         atomic_fetch_add(&rt->disk_hits, 1u);
-    } else {
-        rc = translate_compile(m, wasm, len, st);
+    } else if ((rc = slot_acquire(rt, cancel, st)) == PIE_OK) {
+        rc = translate_compile(m, wasm, len, cancel, st);
+        slot_release(rt);
         if (rc == PIE_OK) rc = code_open(m, 0, &m->code, st);
     }
     flock(lock, LOCK_UN);
@@ -487,7 +657,7 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
 static void tier1_build(lc_wasm_module *m) {
     pie_status st;
     lc_wasm_code *c = NULL;
-    pie_code rc = compile(m, 1, &st);
+    pie_code rc = compile(m, 1, NULL, &st);
     if (rc == PIE_OK) rc = code_open(m, 1, &c, &st);
     pthread_mutex_lock(&m->mu);
     if (rc == PIE_OK) {

@@ -139,8 +139,33 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
     if (o->n_host_fns) memcpy(rt->host_fns, o->host_fns, o->n_host_fns * sizeof *rt->host_fns);
     rt->n_host_fns = o->n_host_fns;
     rt->tier1 = o->tier1;
+    rt->limits = o->module_limits;
+    if (rt->limits.max_functions == 0) rt->limits.max_functions = LC_WASM_DEFAULT_MAX_FUNCTIONS;
+    if (rt->limits.max_function_bytes == 0)
+        rt->limits.max_function_bytes = LC_WASM_DEFAULT_MAX_FUNCTION_BYTES;
+    if (rt->limits.max_nesting == 0) rt->limits.max_nesting = LC_WASM_DEFAULT_MAX_NESTING;
+    rt->compile_timeout_ms = o->compile_timeout_ms ? o->compile_timeout_ms : 60000;
+    rt->tier1_timeout_ms = o->tier1_timeout_ms ? o->tier1_timeout_ms : 600000;
+    rt->max_compiles = o->max_compiles ? o->max_compiles : 2;
+    rt->compile_queue = o->compile_queue > 0    ? (uint32_t)o->compile_queue
+                        : o->compile_queue == 0 ? 32u
+                                                : 0u;
+    atomic_init(&rt->compiles_stopped, false);
     if (pthread_mutex_init(&rt->mu, NULL) != 0) goto oom;
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        pthread_mutex_destroy(&rt->mu);
+        goto oom;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int ce = pthread_cond_init(&rt->slot_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (ce != 0) {
+        pthread_mutex_destroy(&rt->mu);
+        goto oom;
+    }
     if (pthread_cond_init(&rt->t1_cv, NULL) != 0) {
+        pthread_cond_destroy(&rt->slot_cv);
         pthread_mutex_destroy(&rt->mu);
         goto oom;
     }
@@ -148,6 +173,7 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
         int e = pthread_create(&rt->t1_thread, NULL, lc_wasm_tier1_main, rt);
         if (e != 0) {
             pthread_cond_destroy(&rt->t1_cv);
+            pthread_cond_destroy(&rt->slot_cv);
             pthread_mutex_destroy(&rt->mu);
             pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "tier-1 thread: %s", strerror(e));
             goto fail;
@@ -182,11 +208,18 @@ void lc_wasm_module_release(lc_wasm_module *m) {
     if (left == 0) module_free(m);
 }
 
+void lc_wasm_rt_stop_compiles(lc_wasm_rt *rt) {
+    atomic_store(&rt->compiles_stopped, true); /* compiling threads kill their tools */
+    pthread_mutex_lock(&rt->mu);
+    pthread_cond_broadcast(&rt->slot_cv);
+    pthread_mutex_unlock(&rt->mu);
+}
+
 void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
     if (rt == NULL) return;
+    lc_wasm_rt_stop_compiles(rt); /* a tier-1 compile in progress ends within 50 ms */
     pthread_mutex_lock(&rt->mu);
     rt->stopping = true;
-    if (rt->t1_child > 0) kill(rt->t1_child, SIGKILL); /* our child, not yet reaped */
     pthread_cond_broadcast(&rt->t1_cv);
     pthread_mutex_unlock(&rt->mu);
     if (rt->t1_started) pthread_join(rt->t1_thread, NULL);
@@ -209,19 +242,25 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
         lc_wasm_module_release(m); /* the table's reference */
     }
     pthread_cond_destroy(&rt->t1_cv);
+    pthread_cond_destroy(&rt->slot_cv);
     pthread_mutex_destroy(&rt->mu);
     rt_free_fields(rt);
     lc_wasm_signals_release();
 }
 
 lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
-    return (lc_wasm_rt_stats){
+    lc_wasm_rt_stats s = {
         .translations = atomic_load(&rt->translations),
         .tier0_compiles = atomic_load(&rt->tier0_compiles),
         .tier1_compiles = atomic_load(&rt->tier1_compiles),
         .disk_hits = atomic_load(&rt->disk_hits),
         .memory_hits = atomic_load(&rt->memory_hits),
     };
+    pthread_mutex_lock(&rt->mu);
+    s.compiles_running = rt->n_compiling;
+    s.compiles_queued = rt->n_queued;
+    pthread_mutex_unlock(&rt->mu);
+    return s;
 }
 
 /* ---- modules -----------------------------------------------------------------------------------
@@ -268,13 +307,35 @@ static void table_remove(lc_wasm_rt *rt, lc_wasm_module *m) {
         }
 }
 
+/* Waits until m is no longer loading, or cancel fires (false). */
+static bool wait_loaded(lc_wasm_module *m, lc_wasm_cancel *cancel) {
+    bool given_up = false;
+    pthread_mutex_lock(&m->mu);
+    while (m->state == LC_WASM_LOADING) {
+        if (cancel != NULL && atomic_load(&cancel->fired)) {
+            given_up = true;
+            break;
+        }
+        uint64_t t = lc_wasm_now_ns(CLOCK_MONOTONIC) + LC_WASM_CANCEL_POLL_MS * 1000000u;
+        struct timespec ts = {(time_t)(t / 1000000000u), (long)(t % 1000000000u)};
+        pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return !given_up;
+}
+
 pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wasm_module **out,
                              pie_status *st) {
+    return lc_wasm_module_load_cancel(rt, wasm, len, NULL, out, st);
+}
+
+pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len,
+                                    lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st) {
     *out = NULL;
     if (wasm == NULL && len > 0)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "module bytes are NULL");
     lc_wasm_info info;
-    if (lc_wasm_parse(wasm, len, &info, st) != PIE_OK) return st->code;
+    if (lc_wasm_parse_limited(wasm, len, &rt->limits, &info, st) != PIE_OK) return st->code;
     if (lc_wasm_check_imports(&info, rt->host_fns, rt->n_host_fns, st) != PIE_OK) {
         lc_wasm_info_free(&info);
         return st->code;
@@ -285,6 +346,7 @@ pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wa
         return st->code;
     }
 
+again:
     pthread_mutex_lock(&rt->mu);
     lc_wasm_module *m = rt->modules;
     while (m != NULL && strcmp(m->id, id) != 0) m = m->next;
@@ -303,20 +365,14 @@ pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wa
         m->refs++;
     }
     pthread_mutex_unlock(&rt->mu);
-    lc_wasm_info_free(&info);
 
     if (loader) {
         /* Compile without holding any lock; concurrent loads of these bytes wait on m->cv. */
         pie_status err;
-        pie_code rc = lc_wasm_compile_load(m, wasm, len, &err);
-        pthread_mutex_lock(&m->mu);
-        m->state = rc == PIE_OK ? LC_WASM_READY : LC_WASM_FAILED;
-        if (rc != PIE_OK) m->err = err;
-        pthread_cond_broadcast(&m->cv);
-        pthread_mutex_unlock(&m->mu);
+        pie_code rc = lc_wasm_compile_load(m, wasm, len, cancel, &err);
         pthread_mutex_lock(&rt->mu);
         if (rc != PIE_OK) {
-            table_remove(rt, m); /* a later load tries again */
+            table_remove(rt, m); /* a later load tries again; before waiters see FAILED */
         } else if (m->tier1 == LC_WASM_T1_QUEUED && !rt->stopping) {
             m->refs++; /* the queue's */
             if (rt->t1_tail)
@@ -327,18 +383,31 @@ pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wa
             pthread_cond_signal(&rt->t1_cv);
         }
         pthread_mutex_unlock(&rt->mu);
+        pthread_mutex_lock(&m->mu);
+        m->state = rc == PIE_OK ? LC_WASM_READY : LC_WASM_FAILED;
+        if (rc != PIE_OK) m->err = err;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+    } else if (!wait_loaded(m, cancel)) {
+        lc_wasm_module_release(m);
+        lc_wasm_info_free(&info);
+        return pie_status_set(st, PIE_CANCELLED,
+                              "load cancelled while waiting for the compile of %s", id);
     }
 
     pthread_mutex_lock(&m->mu);
-    while (m->state == LC_WASM_LOADING) pthread_cond_wait(&m->cv, &m->mu);
     bool ok = m->state == LC_WASM_READY;
-    if (!ok && st) *st = m->err;
+    pie_status err = m->err;
     pthread_mutex_unlock(&m->mu);
     if (!ok) {
-        pie_code rc = m->err.code;
         lc_wasm_module_release(m);
-        return rc;
+        /* The compile we waited for was cancelled by its own caller: compile for ourselves. */
+        if (!loader && err.code == PIE_CANCELLED) goto again;
+        lc_wasm_info_free(&info);
+        if (st) *st = err;
+        return err.code;
     }
+    lc_wasm_info_free(&info);
     if (!loader) atomic_fetch_add(&rt->memory_hits, 1u);
     *out = m;
     pie_status_ok(st);
@@ -456,6 +525,7 @@ pie_code lc_wasm_instance_create(lc_wasm_module *m, const lc_wasm_instance_opts 
     inst->output = o->output;
     inst->output_ctx = o->output_ctx;
     inst->on_interrupt = o->on_interrupt;
+    inst->budget = o->budget;
     inst->pie = (struct Z_pie_instance_t){inst, o->host};
     inst->wasi = (struct Z_wasi_snapshot_preview1_instance_t){inst, o->host};
     inst->wall_deadline_ns = UINT64_MAX;
@@ -566,6 +636,11 @@ static void describe(lc_wasm_instance *inst, int reason, bool instantiated, lc_w
         w = snprintf(out->message, n, "trapped%s: %s", instantiated ? "" : " during instantiation",
                      what);
     }
+    if (inst->budget_refusals && w > 0 && (size_t)w < n)
+        w += snprintf(out->message + w, n - (size_t)w,
+                      "; memory.grow refused %u time%s: the replica's memory budget "
+                      "(limits.replica_memory) was spent",
+                      inst->budget_refusals, inst->budget_refusals == 1 ? "" : "s");
     if (inst->memory_refusals && w > 0 && (size_t)w < n) {
         uint32_t lim = inst->limits.max_memory_pages ? inst->limits.max_memory_pages : 16384;
         snprintf(out->message + w, n - (size_t)w,
@@ -669,6 +744,7 @@ void lc_wasm_instance_free(lc_wasm_instance *inst) {
         abort();
     }
     inst->code->free_instance(inst->z); /* memories and tables, through wasm_rt_free_* */
+    pie_budget_give(inst->budget, atomic_load(&inst->memory_pages) * LC_WASM_PAGE_BYTES);
     free(inst->z);
     free(inst->exception);
     free(inst->args_buf);

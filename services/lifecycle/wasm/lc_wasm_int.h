@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "pie_budget.h"
 #include "lc_wasm.h"
 #include "wasm-rt.h"
 
@@ -41,7 +42,11 @@ typedef struct lc_wasm_info {
 } lc_wasm_info;
 
 /* Checks the module's structure as far as the runtime relies on it (magic, version, section
- * bounds, import and export kinds, `_start` of type () -> ()); fills info. */
+ * bounds, import and export kinds, `_start` of type () -> (), the instruction structure of every
+ * function body) and its complexity against lim (NULL or 0 fields: the defaults); fills info. */
+pie_code lc_wasm_parse_limited(const uint8_t *b, size_t n, const lc_wasm_module_limits *lim,
+                               lc_wasm_info *info, pie_status *st);
+/* lc_wasm_parse_limited with the default limits. */
 pie_code lc_wasm_parse(const uint8_t *b, size_t n, lc_wasm_info *info, pie_status *st);
 void lc_wasm_info_free(lc_wasm_info *info);
 /* Every function import must be one of the host's: pie.* from pie_fns, wasi_snapshot_preview1.*
@@ -103,20 +108,30 @@ struct lc_wasm_rt {
     size_t n_host_fns;
     bool tier1;
     char *wasm2c, *tcc, *cc;
-    pthread_mutex_t mu; /* guards modules, t1 queue, t1_child, stopping */
+    lc_wasm_module_limits limits; /* defaults filled in */
+    uint64_t compile_timeout_ms, tier1_timeout_ms;
+    uint32_t max_compiles;
+    uint32_t compile_queue;
+    pthread_mutex_t mu; /* guards modules, t1 queue, stopping, n_compiling, n_queued */
     pthread_cond_t t1_cv;
+    pthread_cond_t slot_cv; /* CLOCK_MONOTONIC; a tier-0 compile slot came free */
     lc_wasm_module *modules;
     lc_wasm_module *t1_head, *t1_tail;
-    pid_t t1_child; /* compile in progress, killed by destroy */
+    uint32_t n_compiling, n_queued; /* tier-0 compiles running, loads waiting for a slot */
     bool stopping;
+    atomic_bool compiles_stopped; /* lc_wasm_rt_stop_compiles or destroy: compiles end */
     bool t1_started;
     pthread_t t1_thread;
     _Atomic uint64_t translations, tier0_compiles, tier1_compiles, disk_hits, memory_hits;
 };
 
 /* Makes m->code (tier 0 or 1) from the cache directory or by compiling; sets m->tier1 to QUEUED
- * when tier 1 should be built. Called once per module, without locks. */
-pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len, pie_status *st);
+ * when tier 1 should be built. Called once per module, without locks. Stops when cancel (may be
+ * NULL) fires (PIE_CANCELLED) or compiles are stopped (PIE_UNAVAILABLE). */
+pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len,
+                              lc_wasm_cancel *cancel, pie_status *st);
+/* How often waits for a compile, a compile slot or the cache lock look at cancel and stop. */
+#define LC_WASM_CANCEL_POLL_MS 50
 /* The tier-1 thread: compiles queued modules with cc -O2 and swaps their code. */
 void *lc_wasm_tier1_main(void *rt);
 
@@ -144,6 +159,8 @@ struct lc_wasm_instance {
     volatile sig_atomic_t n_regions;
     wasm_rt_memory_t *mem0; /* memory 0, for host calls */
     uint32_t memory_refusals, refused_pages;
+    uint32_t budget_refusals;     /* memory.grow refused by the shared budget */
+    pie_budget *budget;           /* lc_wasm_instance_opts.budget: charged memory_pages' bytes */
     int exit_code;
     char trap_msg[256]; /* for MEMORY_LIMIT and HOST traps */
     void *exception;    /* wasm exception payload (EH proposal), up to 64 KiB */

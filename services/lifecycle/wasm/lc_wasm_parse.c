@@ -33,6 +33,19 @@ static void fail(reader *r, const char *fmt, ...) {
                    (size_t)(r->p - r->base), msg);
 }
 
+/* A module beyond one of the complexity limits: not malformed, so no byte offset. */
+static void limit_fail(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void limit_fail(reader *r, const char *fmt, ...) {
+    if (r->failed) return;
+    r->failed = true;
+    char msg[PIE_STATUS_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pie_status_set(r->st, PIE_INVALID_ARGUMENT, "module too complex to compile here: %s", msg);
+}
+
 static uint8_t byte(reader *r) {
     if (r->failed) return 0;
     if (r->p >= r->end) {
@@ -57,6 +70,24 @@ static uint32_t u32(reader *r) {
     }
     fail(r, "integer encoding longer than 5 bytes");
     return 0;
+}
+
+/* Skips a LEB128 integer of at most max_bytes bytes (its value does not matter to the scan). */
+static void skip_leb(reader *r, unsigned max_bytes) {
+    for (unsigned i = 0; i < max_bytes; i++) {
+        uint8_t b = byte(r);
+        if (r->failed || !(b & 0x80)) return;
+    }
+    fail(r, "integer encoding longer than %u bytes", max_bytes);
+}
+
+static void skip_bytes(reader *r, size_t n) {
+    if (r->failed) return;
+    if ((size_t)(r->end - r->p) < n) {
+        fail(r, "unexpected end of data");
+        return;
+    }
+    r->p += n;
 }
 
 /* A name: length-prefixed bytes, returned as a NUL-terminated copy (NULL after a failure). */
@@ -220,10 +251,12 @@ static void read_functype(reader *r, functype *ft) {
 /* ---- the module ------------------------------------------------------------------------------ */
 
 typedef struct module_scan {
+    const lc_wasm_module_limits *lim; /* defaults filled in */
     functype *types;
     uint32_t n_types;
     uint32_t *func_types; /* type index of every function, imported first */
     uint32_t n_funcs, cap_funcs;
+    uint32_t n_imported; /* functions imported (the first of func_types) */
     bool has_start_export;
     uint32_t start_func;
 } module_scan;
@@ -295,6 +328,7 @@ static void read_imports(reader *r, module_scan *m, lc_wasm_info *info) {
         if (strcmp(im->module, "pie") == 0) info->imports_pie = true;
         if (strcmp(im->module, "wasi_snapshot_preview1") == 0) info->imports_wasi = true;
     }
+    m->n_imported = m->n_funcs;
 }
 
 static void read_functions(reader *r, module_scan *m) {
@@ -304,7 +338,219 @@ static void read_functions(reader *r, module_scan *m) {
         fail(r, "function section declares %u functions but is too short for them", n);
         return;
     }
+    if (n > m->lim->max_functions) {
+        limit_fail(r, "it defines %u functions, more than the limit of %u (programs.max_functions)",
+                   n, m->lim->max_functions);
+        return;
+    }
     for (uint32_t i = 0; i < n && !r->failed; i++) push_func(r, m, u32(r));
+}
+
+/* ---- function bodies -------------------------------------------------------------------------
+ * Every instruction is decoded as far as its immediates go, to find the block structure: the
+ * nesting that wasm2c recurses on. Opcodes: the core spec 1.0 and what wasm2c 1.0.32 reads by
+ * default (sign extension, saturating truncation, bulk memory, reference types, multi-value
+ * block types, SIMD). Anything else is refused here: wasm2c would refuse it too. Types and
+ * indices are validated by wasm2c. */
+
+/* memarg: alignment (bit 6: a memory index follows, multi-memory) and offset. */
+static void skip_memarg(reader *r) {
+    uint32_t align = u32(r);
+    if (align & 0x40) skip_leb(r, 5);
+    skip_leb(r, 10);
+}
+
+/* A block type: 0x40 (none), one value type, or a type index (s33). */
+static void skip_blocktype(reader *r) {
+    if (r->failed) return;
+    if (r->p < r->end && (*r->p == 0x40 || valtype_name(*r->p) != NULL)) {
+        r->p++;
+        return;
+    }
+    skip_leb(r, 5);
+}
+
+/* The immediates of 0xfc <sub>: saturating truncation (0-7), bulk memory and tables (8-17). */
+static bool skip_fc(reader *r, uint32_t sub) {
+    if (sub <= 7) return true;
+    switch (sub) {
+    case 8:  /* memory.init data mem */
+    case 10: /* memory.copy mem mem */
+    case 12: /* table.init elem table */
+    case 14: /* table.copy table table */
+        skip_leb(r, 5);
+        skip_leb(r, 5);
+        return true;
+    case 9:  /* data.drop */
+    case 11: /* memory.fill */
+    case 13: /* elem.drop */
+    case 15: /* table.grow */
+    case 16: /* table.size */
+    case 17: /* table.fill */ skip_leb(r, 5); return true;
+    default: return false;
+    }
+}
+
+/* The immediates of 0xfd <sub> (SIMD): memory accesses, v128.const and i8x16.shuffle (16
+ * bytes), lane indices; the other operations have none. */
+static bool skip_fd(reader *r, uint32_t sub) {
+    if (sub <= 11 || sub == 92 || sub == 93) { /* loads, splats, store, load*_zero */
+        skip_memarg(r);
+    } else if (sub == 12 || sub == 13) { /* v128.const, i8x16.shuffle */
+        skip_bytes(r, 16);
+    } else if (sub >= 21 && sub <= 34) { /* extract_lane / replace_lane */
+        skip_bytes(r, 1);
+    } else if (sub >= 84 && sub <= 91) { /* load*_lane, store*_lane */
+        skip_memarg(r);
+        skip_bytes(r, 1);
+    } else if (sub > 255) {
+        return false;
+    }
+    return true;
+}
+
+/* One body's locals: at most LC_WASM_MAX_LOCALS in all. */
+static void scan_locals(reader *r, uint32_t func) {
+    uint32_t groups = u32(r);
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < groups && !r->failed; g++) {
+        total += u32(r);
+        uint8_t t = byte(r);
+        if (r->failed) return;
+        if (valtype_name(t) == NULL) {
+            r->p--;
+            fail(r, "function %u: local of unknown value type 0x%02x", func, t);
+            return;
+        }
+        if (total > LC_WASM_MAX_LOCALS) {
+            limit_fail(r, "function %u declares more than %u locals", func, LC_WASM_MAX_LOCALS);
+            return;
+        }
+    }
+}
+
+/* One function body (its reader spans exactly the body): locals, then instructions to the
+ * `end` that closes the body, with at most lim->max_nesting blocks open at once. */
+static void scan_body(reader *r, uint32_t func, const lc_wasm_module_limits *lim) {
+    scan_locals(r, func);
+    uint32_t depth = 1; /* the body is a block */
+    while (depth > 0 && !r->failed) {
+        uint8_t op = byte(r);
+        if (r->failed) return;
+        switch (op) {
+        case 0x02: /* block */
+        case 0x03: /* loop */
+        case 0x04: /* if */
+            skip_blocktype(r);
+            if (depth > lim->max_nesting) { /* depth blocks open after this one */
+                limit_fail(r,
+                           "function %u nests blocks more than %u deep (the limit, "
+                           "programs.max_nesting)",
+                           func, lim->max_nesting);
+                return;
+            }
+            depth++;
+            break;
+        case 0x0b: depth--; break; /* end */
+        case 0x0c:                 /* br */
+        case 0x0d:                 /* br_if */
+        case 0x10:                 /* call */
+        case 0x20:
+        case 0x21:
+        case 0x22:
+        case 0x23:
+        case 0x24: /* local.*, global.* */
+        case 0x25:
+        case 0x26: /* table.get, table.set */
+        case 0x3f:
+        case 0x40: /* memory.size, memory.grow */
+        case 0xd2: /* ref.func */ skip_leb(r, 5); break;
+        case 0x0e: { /* br_table: n labels and the default */
+            uint32_t n = u32(r);
+            if (r->failed) return;
+            if ((size_t)(r->end - r->p) < (size_t)n + 1) {
+                fail(r, "br_table with %u labels runs past the end of its function", n);
+                return;
+            }
+            for (uint64_t i = 0; i <= n && !r->failed; i++) skip_leb(r, 5);
+            break;
+        }
+        case 0x11: /* call_indirect type table */
+            skip_leb(r, 5);
+            skip_leb(r, 5);
+            break;
+        case 0x1c: { /* select t* */
+            uint32_t n = u32(r);
+            if (r->failed) return;
+            skip_bytes(r, n);
+            break;
+        }
+        case 0x41: skip_leb(r, 5); break;  /* i32.const */
+        case 0x42: skip_leb(r, 10); break; /* i64.const */
+        case 0x43: skip_bytes(r, 4); break;
+        case 0x44: skip_bytes(r, 8); break;
+        case 0xd0: skip_bytes(r, 1); break; /* ref.null t */
+        case 0xfc:
+        case 0xfd: {
+            uint32_t sub = u32(r);
+            if (r->failed) return;
+            if (!(op == 0xfc ? skip_fc(r, sub) : skip_fd(r, sub))) {
+                fail(r, "function %u: unknown or unsupported instruction 0x%02x %u", func, op, sub);
+                return;
+            }
+            break;
+        }
+        default:
+            if (op <= 0x01 || op == 0x05 || op == 0x0f || op == 0x1a || op == 0x1b ||
+                (op >= 0x45 && op <= 0xc4) || op == 0xd1)
+                break; /* no immediates: unreachable, nop, else, return, drop, select, numeric,
+                          sign extension, ref.is_null */
+            if (op >= 0x28 && op <= 0x3e) { /* loads and stores */
+                skip_memarg(r);
+                break;
+            }
+            r->p--;
+            fail(r, "function %u: unknown or unsupported opcode 0x%02x", func, op);
+            return;
+        }
+    }
+    if (!r->failed && r->p != r->end)
+        fail(r, "function %u: %zu bytes after the end of its body", func, (size_t)(r->end - r->p));
+}
+
+static void read_code(reader *r, module_scan *m) {
+    uint32_t n = u32(r);
+    if (r->failed) return;
+    uint32_t defined = m->n_funcs - m->n_imported;
+    if (n != defined) {
+        fail(r, "code section has %u function bodies, the function section declares %u", n,
+             defined);
+        return;
+    }
+    for (uint32_t i = 0; i < n && !r->failed; i++) {
+        uint32_t func = m->n_imported + i;
+        uint32_t size = u32(r);
+        if (r->failed) return;
+        if ((size_t)(r->end - r->p) < size) {
+            fail(r, "body of function %u declares %u bytes but only %zu remain", func, size,
+                 (size_t)(r->end - r->p));
+            return;
+        }
+        if (size > m->lim->max_function_bytes) {
+            limit_fail(r,
+                       "function %u has a body of %u bytes, more than the limit of %u "
+                       "(programs.max_function_size)",
+                       func, size, m->lim->max_function_bytes);
+            return;
+        }
+        reader b = {.p = r->p, .end = r->p + size, .base = r->base, .st = r->st};
+        scan_body(&b, func, m->lim);
+        if (b.failed) {
+            r->failed = true;
+            return;
+        }
+        r->p += size;
+    }
 }
 
 static void read_memories(reader *r) {
@@ -328,7 +574,17 @@ static void read_exports(reader *r, module_scan *m) {
 }
 
 pie_code lc_wasm_parse(const uint8_t *b, size_t n, lc_wasm_info *info, pie_status *st) {
+    return lc_wasm_parse_limited(b, n, NULL, info, st);
+}
+
+pie_code lc_wasm_parse_limited(const uint8_t *b, size_t n, const lc_wasm_module_limits *limits,
+                               lc_wasm_info *info, pie_status *st) {
     memset(info, 0, sizeof *info);
+    lc_wasm_module_limits lim = {0};
+    if (limits) lim = *limits;
+    if (lim.max_functions == 0) lim.max_functions = LC_WASM_DEFAULT_MAX_FUNCTIONS;
+    if (lim.max_function_bytes == 0) lim.max_function_bytes = LC_WASM_DEFAULT_MAX_FUNCTION_BYTES;
+    if (lim.max_nesting == 0) lim.max_nesting = LC_WASM_DEFAULT_MAX_NESTING;
     static const uint8_t magic[4] = {0x00, 0x61, 0x73, 0x6d};
     if (n < 8 || memcmp(b, magic, 4) != 0) {
         char got[64] = "";
@@ -354,7 +610,7 @@ pie_code lc_wasm_parse(const uint8_t *b, size_t n, lc_wasm_info *info, pie_statu
                               version);
 
     reader r = {.p = b + 8, .end = b + n, .base = b, .st = st};
-    module_scan m = {0};
+    module_scan m = {.lim = &lim};
     int last_id = 0;
     while (r.p < r.end && !r.failed) {
         uint8_t id = byte(&r);
@@ -386,6 +642,7 @@ pie_code lc_wasm_parse(const uint8_t *b, size_t n, lc_wasm_info *info, pie_statu
         case 3: read_functions(&s, &m); break;
         case 5: read_memories(&s); break;
         case 7: read_exports(&s, &m); break;
+        case 10: read_code(&s, &m); break;
         default: s.p = s.end; break;
         }
         if (s.failed) {

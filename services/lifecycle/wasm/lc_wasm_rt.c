@@ -307,9 +307,17 @@ void wasm_rt_allocate_memory(wasm_rt_memory_t *mem, uint32_t initial_pages, uint
         memory_trap("could not reserve 8 GiB of address space for a linear memory: %s",
                     strerror(errno));
     size_t bytes = (size_t)initial_pages * LC_WASM_PAGE_BYTES;
+    if (inst && !pie_budget_take(inst->budget, bytes)) {
+        munmap(base, LC_WASM_RESERVE_BYTES);
+        memory_trap("the replica's memory budget (limits.replica_memory) has %llu KiB free, the "
+                    "module's initial memory needs %u pages (%u KiB)",
+                    (unsigned long long)(pie_budget_free(inst->budget) / 1024), initial_pages,
+                    initial_pages * 64u);
+    }
     if (bytes && mprotect(base, bytes, PROT_READ | PROT_WRITE) != 0) {
         int e = errno;
         munmap(base, LC_WASM_RESERVE_BYTES);
+        if (inst) pie_budget_give(inst->budget, bytes);
         memory_trap("could not commit %u pages of linear memory: %s", initial_pages, strerror(e));
     }
     mem->data = base;
@@ -342,9 +350,16 @@ uint32_t wasm_rt_grow_memory(wasm_rt_memory_t *mem, uint32_t delta) {
         }
         return UINT32_MAX;
     }
-    if (mprotect(mem->data + (size_t)old * LC_WASM_PAGE_BYTES, (size_t)delta * LC_WASM_PAGE_BYTES,
-                 PROT_READ | PROT_WRITE) != 0)
+    size_t grow_bytes = (size_t)delta * LC_WASM_PAGE_BYTES;
+    if (inst && !pie_budget_take(inst->budget, grow_bytes)) {
+        inst->budget_refusals++;
         return UINT32_MAX;
+    }
+    if (mprotect(mem->data + (size_t)old * LC_WASM_PAGE_BYTES, grow_bytes,
+                 PROT_READ | PROT_WRITE) != 0) {
+        if (inst) pie_budget_give(inst->budget, grow_bytes);
+        return UINT32_MAX;
+    }
     mem->pages = (uint32_t)want;
     mem->size = (uint32_t)(want * LC_WASM_PAGE_BYTES);
     if (inst) atomic_fetch_add_explicit(&inst->memory_pages, delta, memory_order_relaxed);
