@@ -33,27 +33,46 @@ struct lc_session {
     lc_session_model_gate gate;
 
     /* Outbound: instance threads append packed parts to out; the sender thread swaps it out and
-     * sends it as one SessionUp (split only above LC_SESSION_UP_MAX). */
+     * sends it as one SessionUp (split only above LC_SESSION_UP_MAX bytes or
+     * LC_SESSION_UP_PARTS parts). */
     pthread_mutex_t out_mu; /* guards the fields below */
     pthread_cond_t out_cv;
     lc_session_stage out;
-    uint64_t epoch;      /* current connection, 0 while not open */
-    uint64_t epoch_next; /* last epoch handed out */
+    /* The connection the outbox fills for: the link's generation of the stream whose hello
+     * went out (rpc_link_generation), 0 while none is open or after a part of it was lost.
+     * The sender sends a swapped-out outbox only on the stream of the epoch it was filled for
+     * (rpc_link_send_gen), so a reconnect between swap and send cannot carry stale parts to
+     * the new stream. */
+    uint64_t epoch;
     bool stop, sender_started;
-    bool gathering; /* the sender waits for woken instances (lc_session_gather_add) */
+    /* The sender's SessionUp fields, made once (lc_session_create): the send path allocates
+     * nothing, so it cannot lose parts to an allocation failure. */
+    ProtobufCMessageUnknownField *fields;
+    lc_session_test_hooks hooks; /* test-only injection points; zero in services */
+    bool gathering;              /* the sender waits for woken instances (lc_session_gather_add) */
     pthread_t sender;
     /* Instances woken by results that have not flushed since (lc_session_gather_add): the
      * sender holds a send while this is above 0, for at most gather_ns. Signed: an instance
      * may flush before its wake is counted. */
     _Atomic int64_t gather_pending;
     int64_t gather_ns;
+    char lost_why[PIE_STATUS_MSG_MAX]; /* why parts were lost last (under out_mu); "" if never */
 };
 
 /* A SessionUp stays well under the Session's 64 MiB message limit (docs/wire-contracts.md). */
 #define LC_SESSION_UP_MAX (16u << 20)
+/* Most parts in one SessionUp: the size of the sender's field array (24 bytes each). */
+#define LC_SESSION_UP_PARTS 4096u
 /* The longest the sender holds parts for instances still running after their results arrived
  * (sender_gather). */
 #define LC_SESSION_GATHER_NS 200000
+
+/* Ends connection `epoch` because parts of it were lost (why): the link cancels that stream
+ * and reconnects; on_disconnect then fails every instance of it with UNAVAILABLE and why. */
+static void session_restart(lc_session *s, uint64_t epoch, const char *why) {
+    pie_log_warn("lc.session.restart", "epoch=%llu reason=\"%s\"", (unsigned long long)epoch, why);
+    if (s->link) rpc_link_reset(s->link, epoch, PIE_UNAVAILABLE, why);
+}
 
 static void session_on_connect(rpc_link *link, void *user) {
     lc_session *s = user;
@@ -64,14 +83,19 @@ static void session_on_connect(rpc_link *link, void *user) {
     Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
     up.hello = &hello;
     pie_status st;
-    if (rpc_link_send(link, &up.base, &st) != PIE_OK) {
+    uint64_t gen = rpc_link_generation(link);
+    if (rpc_link_send_gen(link, gen, &up.base, &st) != PIE_OK) {
+        /* A stream without its hello is useless: end it (if it is not ending already) so the
+         * link reconnects instead of leaving the replica unable to launch. */
         pie_log_warn("lc.session.hello_failed", "error=\"%s\"", st.msg);
+        rpc_link_reset(link, gen, PIE_UNAVAILABLE, "the Session's hello could not be sent");
         return;
     }
-    /* Parts may follow the hello from now on, never before it. */
+    /* Parts may follow the hello from now on, never before it, and only on this stream. */
     pthread_mutex_lock(&s->out_mu);
-    s->epoch = ++s->epoch_next;
+    s->epoch = gen;
     s->out.len = s->out.n = 0; /* anything left belongs to no live instance */
+    s->lost_why[0] = '\0';
     pthread_cond_signal(&s->out_cv);
     pthread_mutex_unlock(&s->out_mu);
 }
@@ -135,6 +159,10 @@ static bool session_on_message(rpc_link *link, ProtobufCMessage *msg, void *user
     return kept;
 }
 
+void lc_session_deliver(lc_session *s, Pie__V1__SessionDown *down) {
+    if (!session_on_message(NULL, &down->base, s)) rpc_msg_free(&down->base);
+}
+
 static void session_on_disconnect(rpc_link *link, const pie_status *st, void *user) {
     (void)link;
     lc_session *s = user;
@@ -144,7 +172,7 @@ static void session_on_disconnect(rpc_link *link, const pie_status *st, void *us
     s->epoch = 0;
     s->out.len = s->out.n = 0;
     pthread_mutex_unlock(&s->out_mu);
-    if (s->sink.on_lost) s->sink.on_lost(s->sink.ctx);
+    if (s->sink.on_lost) s->sink.on_lost(s->sink.ctx, st);
     update_ready(s);
     if (was)
         pie_log_warn("lc.session.lost", "replica_index=%u code=%s error=\"%s\"", was,
@@ -168,15 +196,21 @@ static bool list_models_on_call(rpc_call *call, ProtobufCMessage *req, void *use
 
 /* ---- outbound -------------------------------------------------------------------------------- */
 
-static bool stage_reserve(lc_session_stage *sg, size_t more) {
+/* Makes room for `more` bytes; grow: realloc, or a test's injected allocator. */
+static bool stage_reserve_with(lc_session_stage *sg, size_t more,
+                               void *(*grow)(void *ctx, void *p, size_t bytes), void *ctx) {
     if (sg->cap - sg->len >= more) return true;
     size_t cap = sg->cap ? sg->cap : 4096;
     while (cap - sg->len < more) cap *= 2;
-    uint8_t *b = realloc(sg->buf, cap);
+    uint8_t *b = grow ? grow(ctx, sg->buf, cap) : realloc(sg->buf, cap);
     if (b == NULL) return false;
     sg->buf = b;
     sg->cap = cap;
     return true;
+}
+
+static bool stage_reserve(lc_session_stage *sg, size_t more) {
+    return stage_reserve_with(sg, more, NULL, NULL);
 }
 
 pie_code lc_session_stage_add(lc_session_stage *sg, unsigned field, const ProtobufCMessage *part,
@@ -227,12 +261,27 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, b
         return PIE_OK;
     }
     pie_code rc = PIE_OK;
+    uint64_t lost = 0; /* the connection whose parts could not be queued */
+    char why[PIE_STATUS_MSG_MAX];
     pthread_mutex_lock(&s->out_mu);
     if (woken) gather_done(s);
     if (epoch == 0 || epoch != s->epoch) {
-        rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost");
-    } else if (!stage_reserve(&s->out, sg->len)) {
-        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost%s%s",
+                            s->lost_why[0] ? ": " : "", s->lost_why);
+    } else if (!stage_reserve_with(&s->out, sg->len, s->hooks.outbox_realloc, s->hooks.ctx)) {
+        /* These parts cannot reach the controller, and the parts after them would reach it
+         * without them: this connection is over. Nothing more is queued for it, and the
+         * restart fails every instance of it at once (on_lost) instead of leaving their
+         * calls unanswered. */
+        snprintf(s->lost_why, sizeof s->lost_why,
+                 "out of memory queuing %zu bytes of calls for the controller; the Session "
+                 "restarts",
+                 sg->len);
+        lost = s->epoch;
+        snprintf(why, sizeof why, "%s", s->lost_why);
+        s->epoch = 0;
+        s->out.len = s->out.n = 0;
+        rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost: %s", s->lost_why);
     } else {
         memcpy(s->out.buf + s->out.len, sg->buf, sg->len);
         s->out.len += sg->len;
@@ -243,6 +292,7 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, b
     }
     pthread_mutex_unlock(&s->out_mu);
     sg->len = sg->n = 0;
+    if (lost) session_restart(s, lost, why);
     return rc;
 }
 
@@ -253,28 +303,22 @@ uint64_t lc_session_epoch(lc_session *s) {
     return e;
 }
 
-/* Sends the records of buf[0..len) as SessionUp messages of at most LC_SESSION_UP_MAX bytes:
- * each record becomes an "unknown field" of an otherwise empty SessionUp, which protobuf-c packs
- * verbatim — on the wire exactly the repeated begins/calls/ends. */
-static void sender_send(lc_session *s, const uint8_t *buf, size_t len, size_t n,
-                        ProtobufCMessageUnknownField **fields, size_t *cap) {
-    if (*cap < n) {
-        ProtobufCMessageUnknownField *f = realloc(*fields, n * sizeof *f);
-        if (f == NULL) {
-            pie_log_error("lc.session.send_failed", "error=\"out of memory\" parts=%zu", n);
-            return;
-        }
-        *fields = f;
-        *cap = n;
-    }
+/* Sends the records of buf[0..len) as SessionUp messages of at most LC_SESSION_UP_MAX bytes
+ * and LC_SESSION_UP_PARTS parts on the stream of connection `epoch` only: each record becomes
+ * an "unknown field" of an otherwise empty SessionUp, which protobuf-c packs verbatim — on the
+ * wire exactly the repeated begins/calls/ends. Nothing is dropped without its instances
+ * failing: when that stream is gone, its on_disconnect fails every instance of it; when a send
+ * on it fails otherwise, the stream is restarted with the reason, which does the same. */
+static void sender_send(lc_session *s, uint64_t epoch, const uint8_t *buf, size_t len) {
+    ProtobufCMessageUnknownField *fields = s->fields;
     size_t off = 0;
     while (off < len) {
         size_t k = 0, bytes = 0;
-        while (off < len) {
+        while (off < len && k < LC_SESSION_UP_PARTS) {
             uint32_t hdr[2];
             memcpy(hdr, buf + off, sizeof hdr);
             if (k > 0 && bytes + hdr[1] + 16 > LC_SESSION_UP_MAX) break;
-            (*fields)[k++] = (ProtobufCMessageUnknownField){
+            fields[k++] = (ProtobufCMessageUnknownField){
                 .tag = hdr[0],
                 .wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED,
                 .len = hdr[1],
@@ -285,11 +329,31 @@ static void sender_send(lc_session *s, const uint8_t *buf, size_t len, size_t n,
         }
         Pie__V1__SessionUp up = PIE__V1__SESSION_UP__INIT;
         up.base.n_unknown_fields = (unsigned)k;
-        up.base.unknown_fields = *fields;
+        up.base.unknown_fields = fields;
         pie_status st;
-        if (rpc_link_send(s->link, &up.base, &st) != PIE_OK) {
-            /* The Session is ending: on_disconnect fails every instance of it. */
-            pie_log_warn("lc.session.send_failed", "parts=%zu error=\"%s\"", k, st.msg);
+        if (rpc_link_send_gen(s->link, epoch, &up.base, &st) != PIE_OK) {
+            if (rpc_link_generation(s->link) != epoch) {
+                /* Made for a connection that has ended: on the stream open now they would be
+                 * stale (the controller forgot those instances); on_lost failed them. */
+                pie_log_warn("lc.session.stale_parts_dropped", "epoch=%llu error=\"%s\"",
+                             (unsigned long long)epoch, st.msg);
+                return;
+            }
+            char why[PIE_STATUS_MSG_MAX];
+            snprintf(why, sizeof why,
+                     "sending %zu calls to the controller failed (%.300s); the "
+                     "Session restarts",
+                     k, st.msg);
+            pie_log_warn("lc.session.send_failed", "epoch=%llu parts=%zu error=\"%s\"",
+                         (unsigned long long)epoch, k, st.msg);
+            pthread_mutex_lock(&s->out_mu);
+            snprintf(s->lost_why, sizeof s->lost_why, "%s", why);
+            if (s->epoch == epoch) {
+                s->epoch = 0; /* nothing more for this stream: its instances are failing */
+                s->out.len = s->out.n = 0;
+            }
+            pthread_mutex_unlock(&s->out_mu);
+            session_restart(s, epoch, why);
             return;
         }
         pie_counter_add(s->c_up, 1);
@@ -316,8 +380,6 @@ static void *sender_main(void *arg) {
     lc_session *s = arg;
     (void)pthread_setname_np(pthread_self(), "lc-session-tx"); /* cosmetic */
     lc_session_stage mine = {0};
-    ProtobufCMessageUnknownField *fields = NULL;
-    size_t fields_cap = 0;
     pthread_mutex_lock(&s->out_mu);
     for (;;) {
         while (!s->stop && (s->out.len == 0 || s->epoch == 0))
@@ -329,17 +391,20 @@ static void *sender_main(void *arg) {
         s->out = mine;
         s->out.len = s->out.n = 0;
         mine = t;
+        uint64_t epoch = s->epoch; /* what mine was filled for: it goes on that stream or none */
         pthread_mutex_unlock(&s->out_mu);
-        sender_send(s, mine.buf, mine.len, mine.n, &fields, &fields_cap);
+        if (s->hooks.before_send) s->hooks.before_send(s->hooks.ctx, epoch, mine.n);
+        sender_send(s, epoch, mine.buf, mine.len);
         pthread_mutex_lock(&s->out_mu);
     }
     pthread_mutex_unlock(&s->out_mu);
     lc_session_stage_free(&mine);
-    free(fields);
     return NULL;
 }
 
 void lc_session_set_sink(lc_session *s, const lc_session_sink *sink) { s->sink = *sink; }
+
+void lc_session_set_test_hooks(lc_session *s, const lc_session_test_hooks *h) { s->hooks = *h; }
 
 void lc_session_set_store_hooks(lc_session *s, const lc_session_store_hooks *h) { s->store = *h; }
 
@@ -391,6 +456,12 @@ lc_session *lc_session_create(const lc_session_config *cfg, pie_metrics *metrics
     }
     s->cfg = *cfg;
     s->gather_ns = LC_SESSION_GATHER_NS;
+    s->fields = calloc(LC_SESSION_UP_PARTS, sizeof *s->fields);
+    if (s->fields == NULL) {
+        lc_session_destroy(s);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     s->c_up = pie_metrics_counter(metrics, "pie_lifecycle_session_up_messages_total",
                                   "SessionUp messages sent (each coalescing calls of many "
                                   "instances).",
@@ -492,6 +563,7 @@ void lc_session_destroy(lc_session *s) {
     rpc_channel_destroy(s->ch);
     rpc_msg_free(s->models ? &s->models->base : NULL);
     lc_session_stage_free(&s->out);
+    free(s->fields);
     pthread_cond_destroy(&s->out_cv);
     pthread_mutex_destroy(&s->out_mu);
     pthread_mutex_destroy(&s->mu);

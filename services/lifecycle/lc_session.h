@@ -63,8 +63,10 @@ typedef struct lc_session_sink {
     void *ctx;
     /* A SessionDown with results and/or events (borrowed for the call). */
     void (*on_down)(void *ctx, const Pie__V1__SessionDown *down);
-    /* The Session ended: the controller has forgotten every instance of this replica. */
-    void (*on_lost)(void *ctx);
+    /* The Session ended (why: its status, UNAVAILABLE with the reason when this replica
+     * restarted it because parts of it were lost): the controller has forgotten every instance
+     * of this replica; their calls will never be answered. */
+    void (*on_lost)(void *ctx, const pie_status *why);
 } lc_session_sink;
 /* Sets the sink (copied); before lc_session_start. */
 void lc_session_set_sink(lc_session *s, const lc_session_sink *sink);
@@ -87,8 +89,12 @@ pie_code lc_session_stage_add(lc_session_stage *sg, unsigned field, const Protob
                               pie_status *st);
 /* Moves the staged parts to the outbox and wakes the sender; sg is empty afterwards. Parts staged
  * for an earlier connection (epoch is not the current one) are discarded: the controller forgot
- * those instances; returns PIE_UNAVAILABLE then. woken: the instance was counted by
- * lc_session_gather_add since its last flush (it is done now, even with nothing staged). */
+ * those instances; returns PIE_UNAVAILABLE then. When the outbox cannot take the parts (out of
+ * memory) they cannot be dropped alone — later parts would reach the controller without them —
+ * so the connection ends: PIE_UNAVAILABLE with the reason, nothing more is queued for it, and
+ * the Session restarts, failing every instance of it (on_lost) at once. woken: the instance was
+ * counted by lc_session_gather_add since its last flush (it is done now, even with nothing
+ * staged). */
 pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, bool woken,
                           pie_status *st);
 /* Counts an instance that results just woke (link thread): until it flushes (woken = true) the
@@ -142,7 +148,26 @@ uint64_t lc_session_models_visit(lc_session *s,
                                  void (*fn)(void *ctx, const Pie__V1__ModelsChanged *mc),
                                  void *ctx);
 
+/* ---- tests ----------------------------------------------------------------------------------
+ * Injection points for tests that force the races and failures of the outbound path
+ * (tests/integration/test_session_failures.c). Services never set them: all zero, no effect. */
+typedef struct lc_session_test_hooks {
+    void *ctx;
+    /* The sender thread took `parts` parts filled for connection `epoch` out of the outbox and
+     * is about to send them, outside every lock: a test may block here while it forces a
+     * reconnect. */
+    void (*before_send)(void *ctx, uint64_t epoch, size_t parts);
+    /* Grows the outbox instead of realloc (same contract): a test returns NULL to fail it. */
+    void *(*outbox_realloc)(void *ctx, void *p, size_t bytes);
+} lc_session_test_hooks;
+/* Sets the hooks (copied); before lc_session_start. */
+void lc_session_set_test_hooks(lc_session *s, const lc_session_test_hooks *h);
+
 /* After the server has shut down. NULL is fine. */
+/* Processes one SessionDown as if the controller had sent it on the Session (what the link's
+ * message callback does): for the fuzz harness of the Session (tests/fuzz/fuzz_lc_session.c).
+ * Takes down: freed here, or kept and freed later (the models snapshot). */
+void lc_session_deliver(lc_session *s, Pie__V1__SessionDown *down);
 void lc_session_destroy(lc_session *s);
 
 #endif

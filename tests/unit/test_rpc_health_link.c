@@ -285,6 +285,101 @@ Test(rpc_link, reconnects_after_the_server_restarts_on_the_same_port) {
     pthread_mutex_destroy(&tl.mu);
 }
 
+/* Issue 11, hole 7: a message packed for one stream must never leave on the stream of a later
+ * reconnect, and a stream ended because something was lost reports why. */
+Test(rpc_link, a_send_for_an_ended_stream_never_reaches_the_next_one) {
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, &fast_reconnect);
+    static tlink tl;
+    tlink_init(&tl);
+    rpc_link_opts o = link_opts(&tl);
+    rpc_link *l = rpc_link_start(ch, &o, &st);
+    cr_assert(l, "%s", st.msg);
+    cr_assert(TWAIT(last_text_is(&tl, "register-1"), HANG_MS), "first registration echoed");
+    uint64_t g1 = rpc_link_generation(l);
+    cr_assert_eq(g1, 1u);
+
+    rpc_link_reset(l, g1, PIE_UNAVAILABLE, "test: a message of stream 1 was lost");
+    cr_assert(TWAIT(last_text_is(&tl, "register-2"), HANG_MS), "reconnected after the reset");
+    cr_assert_eq(atomic_load(&tl.disconnects), 1);
+    cr_assert_eq(atomic_load(&tl.last_code), PIE_UNAVAILABLE, "on_disconnect got %s",
+                 pie_code_name(atomic_load(&tl.last_code)));
+    uint64_t g2 = rpc_link_generation(l);
+    cr_assert_eq(g2, 2u);
+
+    tmsg stale = tmsg_of("stale"), fresh = tmsg_of("fresh");
+    cr_assert_eq(rpc_link_send_gen(l, g1, &stale.base, &st), PIE_UNAVAILABLE,
+                 "a message for stream 1 was sent on stream 2");
+    cr_assert_eq(rpc_link_send_gen(l, g2, &fresh.base, &st), PIE_OK, "%s", st.msg);
+    cr_assert(TWAIT(last_text_is(&tl, "fresh"), HANG_MS));
+    cr_assert_eq(atomic_load(&t->n_msg), 3, "register-1, register-2, fresh: nothing stale");
+    /* A reset of a stream that already ended does nothing to the one open now. */
+    rpc_link_reset(l, g1, PIE_UNAVAILABLE, "late");
+    tsleep_ms(100);
+    cr_assert_eq(rpc_link_generation(l), g2);
+    cr_assert_eq(atomic_load(&tl.disconnects), 1);
+
+    link_stop_or_fail(l, "stop must cancel the open stream");
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+    pthread_mutex_destroy(&tl.mu);
+}
+
+typedef struct reason_link {
+    atomic_int disconnects;
+    pie_status st; /* the first on_disconnect's, under mu */
+    pthread_mutex_t mu;
+} reason_link;
+
+static bool r_message(rpc_link *l, ProtobufCMessage *msg, void *user) {
+    (void)l;
+    (void)msg;
+    (void)user;
+    return false;
+}
+
+static void r_disconnect(rpc_link *l, const pie_status *st, void *user) {
+    (void)l;
+    reason_link *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (atomic_load(&r->disconnects) == 0) r->st = *st;
+    pthread_mutex_unlock(&r->mu);
+    atomic_fetch_add(&r->disconnects, 1);
+}
+
+Test(rpc_link, reset_reports_its_reason_to_on_disconnect) {
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, &fast_reconnect);
+    static reason_link r;
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.mu, NULL);
+    rpc_link_opts o = {.path = "/test.Echo/Chat",
+                       .response = TMSG_DESC,
+                       .backoff_initial_ms = 20,
+                       .on_message = r_message,
+                       .on_disconnect = r_disconnect,
+                       .user = &r};
+    rpc_link *l = rpc_link_start(ch, &o, &st);
+    cr_assert(l, "%s", st.msg);
+    cr_assert(TWAIT(rpc_link_generation(l) == 1, HANG_MS));
+    rpc_link_reset(l, 1, PIE_UNAVAILABLE, "test: the reason");
+    cr_assert(TWAIT(atomic_load(&r.disconnects) >= 1, HANG_MS));
+    pthread_mutex_lock(&r.mu);
+    pie_status got = r.st;
+    pthread_mutex_unlock(&r.mu);
+    cr_assert_eq(got.code, PIE_UNAVAILABLE, "%s: %s", pie_code_name(got.code), got.msg);
+    cr_assert_str_eq(got.msg, "test: the reason");
+    cr_assert(TWAIT(rpc_link_generation(l) == 2, HANG_MS), "the link reconnected");
+    link_stop_or_fail(l, "stop must cancel the open stream");
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+    pthread_mutex_destroy(&r.mu);
+}
+
 Test(rpc_link, connects_when_the_server_comes_up_later_and_stops_while_waiting) {
     pie_status st;
     /* find a free port, then leave it unserved */

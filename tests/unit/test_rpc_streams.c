@@ -162,6 +162,59 @@ Test(rpc_streams, send_queue_is_bounded_and_drains_in_order) {
     tsrv_stop(t, 1000);
 }
 
+/* Issue 11, hole 7: a queue bounded in bytes, not only in messages. */
+Test(rpc_streams, send_queue_byte_bound_refuses_a_flood_the_client_does_not_read) {
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max_bytes = 3 * 65536}, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Repeat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    tmsg req = tmsg_of("flood:65536");
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK);
+    /* Not reading: the transport stops, three 64 KiB messages fill the queue, send refuses. */
+    cr_assert(TWAIT(atomic_load(&t->flood_accepted) > 0, 20000),
+              "the byte bound never refused a message");
+    int accepted = atomic_load(&t->flood_accepted);
+    cr_assert(accepted >= 2 && accepted < 200, "accepted %d messages", accepted);
+    int got = 0;
+    ProtobufCMessage *r = NULL;
+    while (rpc_stream_recv(s, &r, 10000) == RPC_RECV_MESSAGE) {
+        cr_assert_eq(strlen(tmsg_text(r)), 65536u);
+        rpc_msg_free(r);
+        got++;
+    }
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(got, accepted, "every accepted message arrived");
+    rpc_stream_destroy(s);
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+}
+
+Test(rpc_streams, send_queue_byte_bound_takes_one_message_larger_than_itself) {
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max_bytes = 1000}, &st);
+    cr_assert(t, "%s", st.msg);
+    rpc_channel *ch = tchan(t->port, NULL);
+    rpc_stream *s = rpc_stream_open(ch, "/test.Echo/Chat", TMSG_DESC, NULL, &st);
+    cr_assert(s);
+    char big[4001];
+    memset(big, 'b', 4000);
+    big[4000] = '\0';
+    tmsg m = tmsg_of(big);
+    for (int i = 0; i < 3; i++) { /* echoed one at a time: the queue is empty each time */
+        cr_assert_eq(rpc_stream_send(s, &m.base, &st), PIE_OK, "%s", st.msg);
+        ProtobufCMessage *r = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &r, 10000), RPC_RECV_MESSAGE, "echo %d", i);
+        cr_assert_eq(strlen(tmsg_text(r)), 4000u);
+        rpc_msg_free(r);
+    }
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+    rpc_channel_destroy(ch);
+    tsrv_stop(t, 1000);
+}
+
 Test(rpc_streams, send_wait_applies_backpressure_without_loss) {
     pie_status st;
     tsrv *t = tsrv_start(&(rpc_server_opts){.send_queue_max = 2}, &st);

@@ -30,6 +30,9 @@ struct rpc_link {
     bool connected;
     bool stop;
     unsigned senders; /* rpc_link_send calls using stream right now */
+    uint64_t gen;     /* generation of the connected stream (its on_connect count); 0: none */
+    bool reset;       /* rpc_link_reset ended the stream of gen: on_disconnect gets reset_st */
+    pie_status reset_st;
 };
 
 /* A connected stream that lived this long (or delivered a message) resets the backoff. */
@@ -82,8 +85,8 @@ static void *link_main(void *arg) {
                 connected = true;
                 pthread_mutex_lock(&l->mu);
                 l->connected = true;
+                l->gen = (uint64_t)atomic_fetch_add(&l->connects, 1) + 1;
                 pthread_mutex_unlock(&l->mu);
-                atomic_fetch_add(&l->connects, 1);
                 if (l->o.on_connect) l->o.on_connect(l, l->o.user);
                 ProtobufCMessage *m;
                 while (rpc_stream_recv(s, &m, -1) == RPC_RECV_MESSAGE) {
@@ -94,11 +97,19 @@ static void *link_main(void *arg) {
             pthread_mutex_lock(&l->mu);
             l->connected = false;
             l->stream = NULL;
+            l->gen = 0;
             while (l->senders > 0) /* their sends fail at once: the call is over or cancelled */
                 pthread_cond_wait(&l->cv, &l->mu);
             pthread_mutex_unlock(&l->mu);
             if (connected || st.code == PIE_OK) (void)rpc_stream_finish(s, &st);
             rpc_stream_destroy(s);
+            pthread_mutex_lock(&l->mu);
+            if (l->reset) { /* our own cancel: report why it was ended, not CANCELLED (a status
+                               the server sent first, e.g. its reason for ending, is kept) */
+                if (st.code == PIE_CANCELLED || st.code == PIE_OK) st = l->reset_st;
+                l->reset = false;
+            }
+            pthread_mutex_unlock(&l->mu);
         }
         pthread_mutex_lock(&l->mu);
         bool stop = l->stop;
@@ -200,12 +211,20 @@ oom:
     return NULL;
 }
 
-pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st) {
+/* Sends on the connected stream if its generation is gen (0: whichever is connected). */
+static pie_code link_send(rpc_link *l, uint64_t gen, const ProtobufCMessage *msg, pie_status *st) {
     pthread_mutex_lock(&l->mu);
     rpc_stream *s = l->connected ? l->stream : NULL;
     if (!s) {
         pthread_mutex_unlock(&l->mu);
         return pie_status_set(st, PIE_UNAVAILABLE, "rpc_link_send %s: not connected", l->path);
+    }
+    if (gen != 0 && l->gen != gen) {
+        uint64_t now = l->gen;
+        pthread_mutex_unlock(&l->mu);
+        return pie_status_set(st, PIE_UNAVAILABLE,
+                              "rpc_link_send %s: stream %llu ended (stream %llu is open now)",
+                              l->path, (unsigned long long)gen, (unsigned long long)now);
     }
     l->senders++;
     pthread_mutex_unlock(&l->mu);
@@ -214,6 +233,33 @@ pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st)
     if (--l->senders == 0) pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     return rc;
+}
+
+pie_code rpc_link_send(rpc_link *l, const ProtobufCMessage *msg, pie_status *st) {
+    return link_send(l, 0, msg, st);
+}
+
+pie_code rpc_link_send_gen(rpc_link *l, uint64_t gen, const ProtobufCMessage *msg, pie_status *st) {
+    if (gen == 0)
+        return pie_status_set(st, PIE_UNAVAILABLE, "rpc_link_send %s: not connected", l->path);
+    return link_send(l, gen, msg, st);
+}
+
+uint64_t rpc_link_generation(rpc_link *l) {
+    pthread_mutex_lock(&l->mu);
+    uint64_t g = l->connected ? l->gen : 0;
+    pthread_mutex_unlock(&l->mu);
+    return g;
+}
+
+void rpc_link_reset(rpc_link *l, uint64_t gen, pie_code code, const char *msg) {
+    pthread_mutex_lock(&l->mu);
+    if (gen != 0 && l->connected && l->gen == gen && l->stream && !l->reset && !l->stop) {
+        l->reset = true;
+        pie_status_set(&l->reset_st, code, "%s", msg ? msg : pie_code_name(code));
+        rpc_stream_cancel(l->stream); /* the link thread's receive ends, then on_disconnect */
+    }
+    pthread_mutex_unlock(&l->mu);
 }
 
 bool rpc_link_connected(rpc_link *l) {
