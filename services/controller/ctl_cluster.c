@@ -28,7 +28,7 @@ struct ctl_cluster {
     ctl_core *core;
     ctl_registry *reg;
     uint64_t program_max_bytes;
-    rpc_method methods[7];
+    rpc_method methods[9];
 };
 
 /* Per-stream state (rpc_call data). */
@@ -41,10 +41,32 @@ typedef struct ctl_stream {
 /* ---- sink: the core's output ------------------------------------------------------------------
  */
 
+/* Sends m on a Session or WorkerLink stream. The core calls this under the cluster's one lock,
+ * so it must never wait for a peer: one slow lifecycle replica or worker would stall every
+ * other. The stream's queue is bounded instead (streams.send_queue*, ctl_main.c); a message
+ * that does not fit, or any other failed send, means this stream lost a message the peer is
+ * waiting for, so the stream is ended at once with UNAVAILABLE and the reason: the replica
+ * fails its instances (their futures wake with the error) or the worker's steps fail, both
+ * reconnect, and nothing waits for an answer that will never come. A healthy peer that reads
+ * does not get near the bound: what the controller sends a replica answers calls it sent
+ * (capped per instance and queue by the lifecycle; topic deliveries are the exception), and a
+ * worker gets steps only as its credits allow. */
 static void send_checked(rpc_call *call, const ProtobufCMessage *m, const char *what) {
     pie_code rc = rpc_call_send(call, m);
-    if (rc != PIE_OK && rc != PIE_CANCELLED)
-        pie_log_warn("ctl.send_failed", "stream=%s code=%s", what, pie_code_name(rc));
+    if (rc == PIE_OK || rc == PIE_CANCELLED) return; /* cancelled: the stream is ending anyway */
+    char why[256];
+    if (rc == PIE_RESOURCE_EXHAUSTED)
+        snprintf(why, sizeof why,
+                 "controller: the %s stream's send queue is full (%zu messages wait; the peer "
+                 "does not read fast enough) or a message exceeds server.max_message; the "
+                 "stream is ended so that its calls fail instead of waiting for lost results",
+                 what, rpc_call_send_queued(call));
+    else
+        snprintf(why, sizeof why, "controller: sending on the %s stream failed (%s)", what,
+                 pie_code_name(rc));
+    pie_log_warn("ctl.send_failed", "stream=%s code=%s queued=%zu", what, pie_code_name(rc),
+                 rpc_call_send_queued(call));
+    rpc_call_cancel(call, PIE_UNAVAILABLE, why);
 }
 
 static void sink_replica(void *user, void *link, const Pie__V1__SessionDown *m) {
@@ -349,6 +371,43 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
     return false;
 }
 
+/* ---- exports (operators' and tenants' view, through the lifecycle) --------------------------- */
+
+static void list_exports_reply(void *arg, const Pie__V1__ListTenantExportsResponse *r) {
+    if (r == NULL)
+        rpc_call_finish(arg, PIE_RESOURCE_EXHAUSTED, "ListTenantExports: controller out of memory");
+    else
+        rpc_call_reply(arg, &r->base); /* packs now */
+}
+
+static bool list_exports_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    ctl_cluster *c = user;
+    const Pie__V1__ListTenantExportsRequest *r = (const Pie__V1__ListTenantExportsRequest *)req;
+    pthread_mutex_lock(&c->mu);
+    ctl_core_list_exports(c->core, r->all ? NULL : r->tenant, list_exports_reply, call);
+    pthread_mutex_unlock(&c->mu);
+    return false;
+}
+
+static bool delete_export_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    ctl_cluster *c = user;
+    const Pie__V1__DeleteTenantExportRequest *r = (const Pie__V1__DeleteTenantExportRequest *)req;
+    pie_status st;
+    uint32_t pages = 0;
+    pthread_mutex_lock(&c->mu);
+    pie_code rc = ctl_core_delete_export(c->core, r->tenant, r->name, &pages, rpc_now_ns(), &st);
+    kick_timer(c);
+    pthread_mutex_unlock(&c->mu);
+    if (rc != PIE_OK) {
+        rpc_call_finish_status(call, &st);
+        return false;
+    }
+    Pie__V1__DeleteTenantExportResponse resp = PIE__V1__DELETE_TENANT_EXPORT_RESPONSE__INIT;
+    resp.page_count = pages;
+    rpc_call_reply(call, &resp.base);
+    return false;
+}
+
 /* One PutProgram stream: the header, then the bytes as they arrive. */
 typedef struct ctl_put {
     ctl_cluster *c;
@@ -524,6 +583,14 @@ static void put_on_done(rpc_call *call, void *user) {
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
+/* Metrics collector: the gauges sampled at scrape time, under the core's lock. */
+static void sample_metrics(void *arg) {
+    ctl_cluster *c = arg;
+    pthread_mutex_lock(&c->mu);
+    ctl_core_sample_metrics(c->core);
+    pthread_mutex_unlock(&c->mu);
+}
+
 ctl_cluster *ctl_cluster_create(const ctl_cluster_config *cfg, pie_metrics *metrics,
                                 pie_status *st) {
     ctl_cluster *c = calloc(1, sizeof *c);
@@ -558,6 +625,10 @@ ctl_cluster *ctl_cluster_create(const ctl_cluster_config *cfg, pie_metrics *metr
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
         free(c);
+        return NULL;
+    }
+    if (metrics && pie_metrics_add_collector(metrics, sample_metrics, c, st) != PIE_OK) {
+        ctl_cluster_destroy(c);
         return NULL;
     }
     if (pthread_create(&c->timer, NULL, timer_main, c) != 0) {
@@ -629,6 +700,22 @@ ctl_cluster *ctl_cluster_create(const ctl_cluster_config *cfg, pie_metrics *metr
         .request = &pie__v1__drop_program_request__descriptor,
         .response = &pie__v1__drop_program_response__descriptor,
         .on_call = drop_program_on_call,
+        .user = c,
+    };
+    c->methods[7] = (rpc_method){
+        .path = "/pie.v1.Controller/ListTenantExports",
+        .kind = RPC_UNARY,
+        .request = &pie__v1__list_tenant_exports_request__descriptor,
+        .response = &pie__v1__list_tenant_exports_response__descriptor,
+        .on_call = list_exports_on_call,
+        .user = c,
+    };
+    c->methods[8] = (rpc_method){
+        .path = "/pie.v1.Controller/DeleteTenantExport",
+        .kind = RPC_UNARY,
+        .request = &pie__v1__delete_tenant_export_request__descriptor,
+        .response = &pie__v1__delete_tenant_export_response__descriptor,
+        .on_call = delete_export_on_call,
         .user = c,
     };
     return c;

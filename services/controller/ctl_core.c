@@ -670,6 +670,8 @@ static void end_instance(ctl_core *c, ctl_inst *inst) {
         ctl_place_release(c, p);
     }
     if (inst->n_tied_exports) ctl_exports_drop_tied(&c->exports, inst->id);
+    ctl_inst_kv_add(inst, -(int64_t)inst->n_kv);
+    if (inst->counted && inst->tenant->n_insts) inst->tenant->n_insts--;
     ctl_pubsub_drop(&c->ps, &inst->subs);
     inst->grave_next = c->grave;
     c->grave = inst;
@@ -698,9 +700,59 @@ void ctl_core_terminate(ctl_core *c, ctl_inst *inst, pie_code code, const char *
     end_instance(c, inst);
 }
 
-/* InstanceBegin; false on a protocol violation (st set). */
-static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__InstanceBegin *b,
-                           pie_status *st) {
+/* ---- tenants --------------------------------------------------------------------------------- */
+
+/* The tenant an InstanceBegin names (made on first sight), its quotas refreshed from it; NULL
+ * when out of memory. No tenant: the anonymous one without quotas. */
+static ctl_tenant *tenant_of(ctl_core *c, const Pie__V1__Tenant *bt) {
+    const char *name = bt && bt->name && bt->name[0] ? bt->name : PIE_TENANT_ANONYMOUS;
+    ctl_tenant *t = ctl_mapstr_get(&c->tenants, name);
+    if (t == NULL) {
+        if (strlen(name) > PIE_TENANT_NAME_MAX || (t = calloc(1, sizeof *t)) == NULL) return NULL;
+        snprintf(t->name, sizeof t->name, "%s", name);
+        if (ctl_mapstr_put(&c->tenants, t->name, t) != 0) {
+            free(t);
+            return NULL;
+        }
+    }
+    t->q_insts = bt ? bt->instances : 0;
+    t->q_kv = bt ? bt->kv_pages : 0;
+    t->q_export = bt ? bt->export_pages : 0;
+    return t;
+}
+
+pie_code ctl_tenant_quota(const char *op, const ctl_tenant *t, const char *quota, uint32_t limit,
+                          uint32_t held, uint32_t n, pie_status *st) {
+    if (t == NULL || limit == 0 || (uint64_t)held + n <= limit) return PIE_OK;
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "%s: tenant \"%s\" quota %s (%u) reached: %u held, %u more requested", op,
+                          t->name, quota, limit, held, n);
+}
+
+uint32_t ctl_tenant_export_quota(const ctl_core *c, const ctl_tenant *t) {
+    return t && t->q_export ? t->q_export : c->cfg.export_max_pages;
+}
+
+static void tenants_free(ctl_core *c) {
+    for (size_t i = 0; i < c->tenants.cap; i++)
+        if (c->tenants.cells[i].key) free(c->tenants.cells[i].val);
+    ctl_mapstr_free(&c->tenants);
+}
+
+/* Instances of t that up ends (its ends are processed after its begins and calls). */
+static uint32_t ending_in(const ctl_core *c, const ctl_replica *r, const Pie__V1__SessionUp *up,
+                          const ctl_tenant *t) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < up->n_ends; i++) {
+        const ctl_inst *inst = pie_map64_get(&c->insts, up->ends[i]->instance_id);
+        n += inst && inst->rep == r && inst->tenant == t && inst->counted;
+    }
+    return n;
+}
+
+/* InstanceBegin b of up; false on a protocol violation (st set). */
+static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__SessionUp *up,
+                           const Pie__V1__InstanceBegin *b, pie_status *st) {
     uint64_t id = b->instance_id;
     if ((id >> 48) != r->index || (id & 0xFFFFFFFFFFFFull) == 0) {
         pie_status_set(st, PIE_INVALID_ARGUMENT,
@@ -728,6 +780,13 @@ static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__InstanceB
     inst->id = id;
     inst->rep = r;
     inst->launch = ++c->launch;
+    inst->tenant = tenant_of(c, b->tenant);
+    if (inst->tenant == NULL) {
+        pie_map64_del(&c->insts, id);
+        inst_free(inst);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller: out of memory");
+        return false;
+    }
     if (b->limits) {
         inst->lim_kv = b->limits->kv_pages;
         inst->lim_emb = b->limits->embeddings;
@@ -738,6 +797,17 @@ static bool begin_instance(ctl_core *c, ctl_replica *r, const Pie__V1__InstanceB
     r->insts = inst;
     r->n_insts++;
     c->n_insts++;
+    /* Over the tenant's instance quota: it ends at once (the replica reports it to the client);
+     * not a protocol violation, the replica could not know the cluster-wide count. */
+    ctl_tenant *t = inst->tenant;
+    pie_status q;
+    if (ctl_tenant_quota("launch", t, "instances", t->q_insts, t->n_insts, 1, &q) != PIE_OK &&
+        t->n_insts - ending_in(c, r, up, t) >= t->q_insts) { /* one that ends now makes room */
+        ctl_core_terminate(c, inst, q.code, q.msg);
+        return true;
+    }
+    t->n_insts++;
+    inst->counted = true;
     return true;
 }
 
@@ -845,7 +915,7 @@ static void process_up(ctl_core *c, ctl_replica *r, Pie__V1__SessionUp *up, int6
         goto out;
     }
     for (size_t i = 0; i < up->n_begins; i++) {
-        if (!begin_instance(c, r, up->begins[i], &st)) {
+        if (!begin_instance(c, r, up, up->begins[i], &st)) {
             c->sink.end_link(c->sink.user, r->link, st.code, st.msg);
             goto out;
         }
@@ -930,6 +1000,21 @@ ctl_core *ctl_core_create(const ctl_core_config *cfg, const ctl_sink *sink, pie_
                                          "Worker groups registered over WorkerLink.", NULL, 0, &ms);
         c->m_replicas = pie_metrics_gauge(metrics, "pie_controller_replicas",
                                           "Lifecycle replicas with an open Session.", NULL, 0, &ms);
+        c->m_waiting = pie_metrics_gauge(
+            metrics, "pie_controller_instances_waiting",
+            "Live instances with a GPU call waiting for a batch (sampled at scrape).", NULL, 0,
+            &ms);
+        double wait_b[20], size_b[12];
+        pie_metrics_exponential_bounds(0.0001, 2, 20, wait_b); /* 100 µs .. 52 s */
+        pie_metrics_exponential_bounds(1, 2, 12, size_b);      /* 1 .. 2048 items */
+        c->m_wait = pie_metrics_histogram(
+            metrics, "pie_controller_call_wait_seconds",
+            "Queue wait of GPU calls: arrival at the controller to being taken into a batch.",
+            wait_b, 20, NULL, 0, &ms);
+        c->m_batch_size = pie_metrics_histogram(metrics, "pie_controller_batch_size",
+                                                "Items per batch sent to a worker.", size_b, 12,
+                                                NULL, 0, &ms);
+        c->metrics = metrics;
     }
     return c;
 }
@@ -938,7 +1023,9 @@ void ctl_core_destroy(ctl_core *c) {
     if (c == NULL) return;
     /* The metrics registry may be gone already (svc_stop frees it first): touch it no more. */
     c->m_calls = c->m_batches = c->m_steps = c->m_items = c->m_terminated = NULL;
-    c->m_instances = c->m_workers = c->m_replicas = NULL;
+    c->m_instances = c->m_workers = c->m_replicas = c->m_waiting = NULL;
+    c->m_wait = c->m_batch_size = NULL;
+    c->metrics = NULL;
     enter(c, c->now_ns);
     while (c->replicas) {
         ctl_replica *r = c->replicas;
@@ -958,6 +1045,7 @@ void ctl_core_destroy(ctl_core *c) {
     }
     free(c->models);
     ctl_exports_free(&c->exports);
+    tenants_free(c); /* after the exports: they uncharge their tenant when freed */
     ctl_pubsub_free(&c->ps);
     pie_map64_free(&c->insts);
     ctl_vecp_free(&c->grave_queues);
@@ -984,6 +1072,9 @@ int64_t ctl_core_next_wake(const ctl_core *c) {
             if (wake == 0 || t < wake) wake = t;
         }
     }
+    if (c->cfg.export_ttl_ms && ctl_exports_persistent(&c->exports) &&
+        (wake == 0 || c->export_sweep_ns < wake))
+        wake = c->export_sweep_ns ? c->export_sweep_ns : 1;
     return wake;
 }
 
@@ -1050,6 +1141,10 @@ int64_t ctl_core_tick(ctl_core *c, int64_t now_ns) {
             c->sink.end_link(c->sink.user, w->link, PIE_UNAVAILABLE, msg);
         }
     }
+    if (c->cfg.export_ttl_ms && now_ns >= c->export_sweep_ns) {
+        ctl_exports_expire(&c->exports, now_ns, c->cfg.export_ttl_ms * 1000000);
+        c->export_sweep_ns = now_ns + CTL_EXPORT_SWEEP_NS;
+    }
     leave(c); /* dispatches what became due */
     return ctl_core_next_wake(c);
 }
@@ -1066,6 +1161,74 @@ static int cmp_rs(const void *a, const void *b) {
     uint32_t x = (*(Pie__V1__ReplicaStatus *const *)a)->replica_index;
     uint32_t y = (*(Pie__V1__ReplicaStatus *const *)b)->replica_index;
     return (x > y) - (x < y);
+}
+
+void ctl_core_list_exports(ctl_core *c, const char *tenant,
+                           void (*fn)(void *arg, const Pie__V1__ListTenantExportsResponse *r),
+                           void *arg) {
+    ctl_arena a = {0};
+    Pie__V1__ListTenantExportsResponse resp = PIE__V1__LIST_TENANT_EXPORTS_RESPONSE__INIT;
+    bool ok = ctl_exec_export_infos(c, &a, tenant, &resp.exports, &resp.n_exports) == 0;
+    fn(arg, ok ? &resp : NULL);
+    ctl_arena_free(&a);
+}
+
+pie_code ctl_core_delete_export(ctl_core *c, const char *tenant, const char *name,
+                                uint32_t *pages, int64_t now_ns, pie_status *st) {
+    const char *op = "DeleteExport";
+    if (ctl_name_check(op, "name", name, st) != PIE_OK) return st->code;
+    ctl_export *e = ctl_exports_get(&c->exports, tenant, name);
+    if (e == NULL)
+        return pie_status_set(st, PIE_NOT_FOUND, "%s: tenant \"%s\" has no export \"%s\"", op,
+                              tenant ? tenant : "", name);
+    enter(c, now_ns);
+    *pages = e->n;
+    if (!e->persistent) {
+        ctl_inst *owner = pie_map64_get(&c->insts, e->exporter);
+        if (owner && owner->n_tied_exports) owner->n_tied_exports--;
+    }
+    pie_log_info("ctl.export.deleted", "tenant=%s name=\"%s\" pages=%u persistent=%d",
+                 e->tenant, e->name, e->n, e->persistent);
+    ctl_exports_remove(&c->exports, e);
+    leave(c); /* freed slots may let waiting work run */
+    return PIE_OK;
+}
+
+/* ---- metrics sampled at scrape ---------------------------------------------------------------- */
+
+void ctl_core_worker_gauges(ctl_core *c, const ctl_worker *w, bool gone) {
+    if (c->metrics == NULL) return;
+    pie_status st;
+    pie_metric_label l[2] = {{"worker", w->reg->group_id}, {"model", w->reg->model->name}};
+    pie_gauge *used = pie_metrics_gauge(c->metrics, "pie_controller_worker_kv_pages_used",
+                                        "KV pages in use on a worker group (a departed group "
+                                        "reads 0).",
+                                        l, 2, &st);
+    pie_gauge *total = pie_metrics_gauge(c->metrics, "pie_controller_worker_kv_pages_total",
+                                         "KV pages a worker group offers now (its effective "
+                                         "capacity; a departed group reads 0).",
+                                         l, 2, &st);
+    pie_gauge_set(used, gone ? 0 : w->pool.kv_used);
+    pie_gauge_set(total, gone ? 0 : w->pool.kv_effective);
+}
+
+/* Whether inst has a GPU call that waits for a batch (its queue's head, not yet taken). */
+static bool inst_waiting(const ctl_inst *inst) {
+    for (uint32_t i = 0; i < inst->n_all; i++) {
+        const ctl_queue *q = inst->all[i];
+        if (q && q->pend && q->pend->kind != CTL_KIND_CTRL) return true;
+    }
+    return false;
+}
+
+void ctl_core_sample_metrics(ctl_core *c) {
+    if (c->metrics == NULL) return;
+    for (const ctl_worker *w = c->workers; w; w = w->next) ctl_core_worker_gauges(c, w, false);
+    uint32_t waiting = 0;
+    for (const ctl_replica *r = c->replicas; r; r = r->next)
+        for (const ctl_inst *inst = r->insts; inst; inst = inst->rep_next)
+            waiting += inst_waiting(inst);
+    pie_gauge_set(c->m_waiting, waiting);
 }
 
 void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterStatusResponse *r),

@@ -1,8 +1,8 @@
 /* ctl_core.h — the control layer as a state machine, without transport.
  *
  * Owns: everything the controller knows — lifecycle replicas and their instances, worker
- * groups and the models they serve, placements, virtual spaces, exports, queues, the schedulers,
- * pub/sub — and the reactions to every message of the Session and WorkerLink protocols. Input:
+ * groups and the models they serve, placements, virtual spaces, exports, tenants and their
+ * quotas, queues, the schedulers, pub/sub — and the reactions to every message of the Session and WorkerLink protocols. Input:
  * the functions below, each fed one decoded message. Output: through ctl_sink, at most one
  * SessionDown per replica and one WorkerDown per worker (per credit) for each input.
  * Does not own: gRPC, threads and locks (ctl_cluster.c calls these functions with its mutex
@@ -44,6 +44,9 @@ typedef struct ctl_core_config {
     /* server.max_message: no SessionDown or WorkerDown is formed larger than this (results are
      * split at result boundaries, steps end early at batch / call boundaries); 0 = 64 MiB. */
     uint64_t max_message_bytes;
+    uint32_t export_max_pages; /* exports.max_pages: a tenant's persistent export pages; 0 = none */
+    int64_t export_ttl_ms;     /* exports.ttl: persistent exports unused this long go; 0 = never */
+    double export_pool_share;  /* exports.max_pool_share: of the pool they live on; 0 = off */
 } ctl_core_config;
 
 /* Where the core's output goes. Each function is called with the core's caller's lock held and
@@ -116,6 +119,18 @@ void ctl_core_end_worker_links(ctl_core *c, const char *why);
 /* ---- status --------------------------------------------------------------------------------- */
 
 /* Calls fn with the ClusterStatusResponse (valid during the call only). */
+/* ListTenantExports: fn gets the exports of tenant (NULL: all), or NULL when out of memory;
+ * the response lives for the call only. */
+void ctl_core_list_exports(ctl_core *c, const char *tenant,
+                           void (*fn)(void *arg, const Pie__V1__ListTenantExportsResponse *r),
+                           void *arg);
+/* DeleteTenantExport: removes the tenant's export (persistent or not); *pages gets its size.
+ * NOT_FOUND when the tenant has no such export, INVALID_ARGUMENT for a malformed name. */
+pie_code ctl_core_delete_export(ctl_core *c, const char *tenant, const char *name,
+                                uint32_t *pages, int64_t now_ns, pie_status *st);
+/* Sets the gauges sampled at scrape time (per-worker KV pages, waiting instances): a metrics
+ * collector calls it with the core's lock held. */
+void ctl_core_sample_metrics(ctl_core *c);
 void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterStatusResponse *r),
                      void *arg);
 

@@ -18,6 +18,16 @@
 #include "ctl_queue.h"
 #include "ctl_sched.h"
 #include "ctl_vspace.h"
+#include "pie_tenant.h"
+
+/* A tenant's cluster-wide holdings against its quotas (InstanceBegin.tenant). Made at its first
+ * instance and kept for the core's life: its persistent exports outlive its instances. */
+typedef struct ctl_tenant {
+    char name[PIE_TENANT_NAME_MAX + 1];
+    uint32_t q_insts, q_kv, q_export; /* quotas, 0 = none (q_export 0: exports.max_pages) */
+    uint32_t n_insts, n_kv;           /* live instances; KV pages they hold */
+    uint32_t n_export_pages;          /* pages of its persistent exports */
+} ctl_tenant;
 
 /* A kept SessionUp, referenced by the calls that point into it. */
 typedef struct ctl_msg {
@@ -33,7 +43,9 @@ typedef struct ctl_inst {
     char *model;                          /* default model of its queues */
     char *program_id;
     uint32_t lim_kv, lim_emb, lim_queues; /* ResourceLimits; 0 = no limit */
-    uint32_t n_kv, n_emb;                 /* held now (allocated + imported) */
+    uint32_t n_kv, n_emb;                 /* held now (allocated + imported); change n_kv
+                                             with ctl_inst_kv_add (the tenant's sum follows) */
+    ctl_tenant *tenant;
     ctl_map32 qids;                       /* queue id → index into qv */
     ctl_queue **qv;                       /* attached queues by index; NULL = free entry */
     uint32_t n_qv, cap_qv;
@@ -47,6 +59,7 @@ typedef struct ctl_inst {
     uint64_t batch_serial; /* serial of the batch its conflict chain is for */
     int32_t batch_first;   /* first entry of that chain in the step's conflict list */
     bool dead;
+    bool counted; /* counted in tenant->n_insts (not when refused by its instance quota) */
     struct ctl_inst *grave_next;
 } ctl_inst;
 
@@ -109,6 +122,8 @@ struct ctl_core {
     ctl_model *models;
     uint32_t n_models, cap_models;
     ctl_exports exports;
+    ctl_mapstr tenants;       /* name → ctl_tenant * */
+    int64_t export_sweep_ns;  /* next sweep of expired persistent exports (exports.ttl) */
     ctl_pubsub ps;
     uint64_t seq;    /* last call arrival number */
     uint64_t launch; /* last launch number */
@@ -125,7 +140,10 @@ struct ctl_core {
     char drain_reason[128];
     /* metrics (may be NULL) */
     pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
-    pie_gauge *m_instances, *m_workers, *m_replicas;
+    pie_gauge *m_instances, *m_workers, *m_replicas, *m_waiting;
+    pie_histogram *m_wait;       /* GPU call: arrival → taken into a batch, seconds */
+    pie_histogram *m_batch_size; /* items per batch sent */
+    pie_metrics *metrics;        /* for the per-worker series (ctl_core_sample_metrics) */
 };
 
 /* ---- ctl_core.c ----------------------------------------------------------------------------- */
@@ -159,6 +177,9 @@ Pie__V1__SessionEvent *ctl_core_event(ctl_core *c, ctl_replica *r);
 /* Sends ModelsChanged (plus an optional event before it) to one replica or all. */
 void ctl_core_announce_models(ctl_core *c, ctl_replica *to, const Pie__V1__SessionEvent *extra);
 
+/* Per-worker KV page gauges of w (gone: zeroed, the group left). */
+void ctl_core_worker_gauges(ctl_core *c, const ctl_worker *w, bool gone);
+
 /* ---- ctl_exec.c ----------------------------------------------------------------------------- */
 
 /* Runs a controller call taken from q (alloc, dealloc, export, unexport, import): completes
@@ -176,8 +197,31 @@ void ctl_exec_batch_free(ctl_core *c, ctl_batch *b);
 void ctl_exec_step_free(ctl_step *s);
 /* Frees the batch-record slab, with the buffers its records keep. */
 void ctl_exec_free_batches(ctl_slab *s);
+/* ExportInfo copies (in a) of tenant's exports (NULL: every tenant's), by tenant then name. -1
+ * when out of memory. */
+int ctl_exec_export_infos(ctl_core *c, ctl_arena *a, const char *tenant,
+                          Pie__V1__ExportInfo ***out, size_t *n);
 /* Runs list_exports / broadcast / subscribe / unsubscribe for inst (no queue). */
 void ctl_exec_queueless(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api);
+
+/* Persistent exports under exports.ttl are looked at this often: expiry is this coarse. */
+#define CTL_EXPORT_SWEEP_NS (1000 * 1000000LL)
+
+/* The instance's KV page count changes by delta; its tenant's sum follows. */
+static inline void ctl_inst_kv_add(ctl_inst *inst, int64_t delta) {
+    if (delta < 0 && (uint64_t)-delta > inst->n_kv) delta = -(int64_t)inst->n_kv;
+    inst->n_kv = (uint32_t)((int64_t)inst->n_kv + delta);
+    if (inst->tenant) {
+        int64_t t = (int64_t)inst->tenant->n_kv + delta;
+        inst->tenant->n_kv = t < 0 ? 0 : (uint32_t)t;
+    }
+}
+
+/* RESOURCE_EXHAUSTED naming the tenant's quota when n more would exceed it. */
+pie_code ctl_tenant_quota(const char *op, const ctl_tenant *t, const char *quota, uint32_t limit,
+                          uint32_t held, uint32_t n, pie_status *st);
+/* The persistent export page quota of t (its own, else exports.max_pages; 0 = none). */
+uint32_t ctl_tenant_export_quota(const ctl_core *c, const ctl_tenant *t);
 
 /* server.max_message as the core applies it (0 in the config: the contract's 64 MiB). */
 static inline uint64_t ctl_msg_max(const ctl_core *c) {

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pie_check.h"
 #include "pie_log.h"
@@ -176,14 +177,16 @@ static pie_code do_alloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__ApiC
                       PIE_MAX_IDS, st) != PIE_OK ||
         unbound_everywhere(c, q, kv, op, ids, n, st) != PIE_OK ||
         quota(op, kv ? "KV pages" : "embeddings", kv ? inst->lim_kv : inst->lim_emb,
-              kv ? inst->n_kv : inst->n_emb, n, st) != PIE_OK)
+              kv ? inst->n_kv : inst->n_emb, n, st) != PIE_OK ||
+        (kv && ctl_tenant_quota(op, inst->tenant, "kv_pages", inst->tenant->q_kv,
+                                inst->tenant->n_kv, n, st) != PIE_OK))
         return st->code;
     ctl_place *pl = place_for(c, q, NULL, op, st);
     if (pl == NULL) return st->code;
     if (!reclaim(c, pl->w, inst, kv, n, op, st)) return st->code;
     if (kv) {
         if (ctl_vspace_alloc_kv(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
-        inst->n_kv += n;
+        ctl_inst_kv_add(inst, n);
     } else {
         if (ctl_vspace_alloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
         inst->n_emb += n;
@@ -215,7 +218,7 @@ static pie_code do_dealloc(ctl_core *c, ctl_queue *q, bool kv, const Pie__V1__Ap
     ctl_place *pl = q->place;
     if (kv) {
         if (ctl_vspace_dealloc_kv(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
-        q->inst->n_kv -= n;
+        ctl_inst_kv_add(q->inst, -(int64_t)n);
     } else {
         if (ctl_vspace_dealloc_emb(&pl->vs, op, ids, n, st) != PIE_OK) return st->code;
         q->inst->n_emb -= n;
@@ -230,13 +233,34 @@ static pie_code do_export(ctl_core *c, ctl_queue *q, const Pie__V1__ApiCall *api
     if (ctl_ids_check(op, "kv_page_ids", "kv page", e->kv_page_ids, n, PIE_MAX_IDS, st) != PIE_OK ||
         ctl_name_check(op, "name", e->name, st) != PIE_OK)
         return st->code;
+    ctl_tenant *t = q->inst->tenant;
+    if (e->persistent && ctl_tenant_quota(op, t, "export_pages", ctl_tenant_export_quota(c, t),
+                                          t->n_export_pages, n, st) != PIE_OK)
+        return st->code;
+    if (e->persistent && q->place && c->cfg.export_pool_share > 0) {
+        uint32_t share = (uint32_t)(c->cfg.export_pool_share * q->place->w->pool.kv_max);
+        if (ctl_tenant_quota(op, t, "exports.max_pool_share", share ? share : 1,
+                             t->n_export_pages, n, st) != PIE_OK)
+            return st->code;
+    }
     uint32_t *slots = malloc(n * sizeof *slots);
     if (slots == NULL)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
     pie_code rc = all_bound(c, q, true, op, e->kv_page_ids, n, slots, st);
-    if (rc == PIE_OK)
-        rc = ctl_exports_add(&c->exports, op, e->name, model_name(c, q->model), &q->place->w->pool,
-                             q->place->w, slots, n, e->persistent, q->inst->id, st);
+    if (rc == PIE_OK) {
+        ctl_export_spec spec = {.tenant = t->name,
+                                .name = e->name,
+                                .model = model_name(c, q->model),
+                                .pool = &q->place->w->pool,
+                                .where = q->place->w,
+                                .slots = slots,
+                                .n = n,
+                                .persistent = e->persistent,
+                                .exporter = q->inst->id,
+                                .charge = &t->n_export_pages,
+                                .now_ns = c->now_ns};
+        rc = ctl_exports_add(&c->exports, op, &spec, st);
+    }
     free(slots);
     if (rc == PIE_OK && !e->persistent) q->inst->n_tied_exports++;
     return rc;
@@ -247,7 +271,7 @@ static pie_code do_unexport(ctl_core *c, ctl_queue *q, const Pie__V1__ApiCall *a
     const char *op = "unexport_kv_pages";
     const char *name = api->unexport_kv_pages->name;
     if (ctl_name_check(op, "name", name, st) != PIE_OK) return st->code;
-    ctl_export *e = ctl_exports_get(&c->exports, name);
+    ctl_export *e = ctl_exports_get(&c->exports, q->inst->tenant->name, name);
     if (e == NULL)
         return pie_status_set(st, PIE_NOT_FOUND, "%s: export \"%s\" is not found", op, name);
     if (!e->persistent && e->exporter != q->inst->id)
@@ -264,7 +288,7 @@ static pie_code do_import(ctl_core *c, ctl_queue *q, ctl_call *call, pie_status 
     const char *op = "import_kv_pages";
     const Pie__V1__ImportKvPages *im = call->api->import_kv_pages;
     if (ctl_name_check(op, "name", im->name, st) != PIE_OK) return st->code;
-    ctl_export *e = ctl_exports_get(&c->exports, im->name);
+    ctl_export *e = ctl_exports_get(&c->exports, q->inst->tenant->name, im->name);
     if (e == NULL)
         return pie_status_set(st, PIE_NOT_FOUND, "%s: export \"%s\" is not found", op, im->name);
     if (strcmp(e->model, model_name(c, q->model)) != 0)
@@ -280,7 +304,9 @@ static pie_code do_import(ctl_core *c, ctl_queue *q, ctl_call *call, pie_status 
     if (ctl_ids_check(op, "kv_page_ids", "kv page", im->kv_page_ids, n, PIE_MAX_IDS, st) !=
             PIE_OK ||
         unbound_everywhere(c, q, true, op, im->kv_page_ids, e->n, st) != PIE_OK ||
-        quota(op, "KV pages", q->inst->lim_kv, q->inst->n_kv, e->n, st) != PIE_OK)
+        quota(op, "KV pages", q->inst->lim_kv, q->inst->n_kv, e->n, st) != PIE_OK ||
+        ctl_tenant_quota(op, q->inst->tenant, "kv_pages", q->inst->tenant->q_kv,
+                         q->inst->tenant->n_kv, e->n, st) != PIE_OK)
         return st->code;
     ctl_worker *where = e->where;
     ctl_place *pl = q->place ? q->place : ctl_place_of(q->inst, q->model);
@@ -300,7 +326,8 @@ static pie_code do_import(ctl_core *c, ctl_queue *q, ctl_call *call, pie_status 
     memcpy(call->out_ids, im->kv_page_ids, e->n * sizeof *call->out_ids);
     call->n_out_ids = e->n;
     call->has_result = true;
-    q->inst->n_kv += e->n;
+    ctl_inst_kv_add(q->inst, e->n);
+    e->used_ns = c->now_ns; /* a used persistent export stays (exports.ttl) */
     return PIE_OK;
 }
 
@@ -330,38 +357,61 @@ void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call) {
 
 /* ---- queue-less calls ---------------------------------------------------------------------- */
 
-static void list_exports(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
-    ctl_replica *r = inst->rep;
+/* Unix time (ms) at which an export last used at used_ns expires under exports.ttl; 0: never. */
+static uint64_t export_expiry_unix_ms(const ctl_core *c, const ctl_export *e) {
+    if (!e->persistent || c->cfg.export_ttl_ms == 0) return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t left_ms = (e->used_ns - c->now_ns) / 1000000 + c->cfg.export_ttl_ms;
+    return (uint64_t)(now_ms + (left_ms > 0 ? left_ms : 0));
+}
+
+int ctl_exec_export_infos(ctl_core *c, ctl_arena *a, const char *tenant,
+                          Pie__V1__ExportInfo ***out, size_t *n_out) {
     ctl_export **v = NULL;
-    size_t n = 0;
-    if (ctl_exports_sorted(&c->exports, &v, &n) != 0) goto oom;
-    Pie__V1__ExportList *el = ctl_arena_alloc(&r->arena, sizeof *el);
-    Pie__V1__ExportInfo *infos = ctl_arena_alloc(&r->arena, (n + 1) * sizeof *infos);
-    Pie__V1__ExportInfo **ptrs = ctl_arena_alloc(&r->arena, (n + 1) * sizeof *ptrs);
-    if (!el || !infos || !ptrs) goto oom;
-    pie__v1__export_list__init(el);
+    size_t n = 0, k = 0;
+    if (ctl_exports_sorted(&c->exports, &v, &n) != 0) return -1;
+    Pie__V1__ExportInfo *infos = ctl_arena_alloc(a, (n + 1) * sizeof *infos);
+    Pie__V1__ExportInfo **ptrs = ctl_arena_alloc(a, (n + 1) * sizeof *ptrs);
+    if (!infos || !ptrs) goto oom;
     for (size_t i = 0; i < n; i++) {
-        Pie__V1__ExportInfo *x = &infos[i];
+        if (tenant && strcmp(v[i]->tenant, tenant) != 0) continue;
+        Pie__V1__ExportInfo *x = &infos[k];
         pie__v1__export_info__init(x);
-        /* Copies: the export may be removed before the outbox is sent. */
-        x->name = ctl_arena_strdup(&r->arena, v[i]->name);
-        x->model = ctl_arena_strdup(&r->arena, v[i]->model);
-        if (!x->name || !x->model) goto oom;
+        /* Copies: the export may be removed before the message is sent. */
+        x->name = ctl_arena_strdup(a, v[i]->name);
+        x->model = ctl_arena_strdup(a, v[i]->model);
+        x->tenant = ctl_arena_strdup(a, v[i]->tenant);
+        if (!x->name || !x->model || !x->tenant) goto oom;
         x->page_count = v[i]->n;
         x->persistent = v[i]->persistent;
         x->exporter_instance_id = v[i]->exporter;
-        ptrs[i] = x;
+        x->expires_unix_ms = export_expiry_unix_ms(c, v[i]);
+        ptrs[k++] = x;
     }
-    el->exports = ptrs;
-    el->n_exports = n;
+    free(v);
+    *out = ptrs;
+    *n_out = k;
+    return 0;
+oom:
+    free(v);
+    return -1;
+}
+
+static void list_exports(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
+    ctl_replica *r = inst->rep;
+    Pie__V1__ExportList *el = ctl_arena_alloc(&r->arena, sizeof *el);
+    if (!el) goto oom;
+    pie__v1__export_list__init(el);
+    if (ctl_exec_export_infos(c, &r->arena, inst->tenant->name, &el->exports, &el->n_exports) != 0)
+        goto oom;
     Pie__V1__CallResult *res = ctl_core_result(c, r, inst->id, api->call_id, 0, NULL);
     if (res == NULL) goto oom;
     res->payload_case = PIE__V1__CALL_RESULT__PAYLOAD_EXPORTS;
     res->exports = el;
-    free(v);
     return;
 oom:
-    free(v);
     ctl_core_result(c, r, inst->id, api->call_id, PIE_RESOURCE_EXHAUSTED,
                     "list_exports: controller out of memory");
 }
@@ -792,6 +842,7 @@ static ctl_admit admit_take(ctl_core *c, ctl_queue *q, uint32_t n_items) {
     ctl_step *s = &c->step;
     ctl_batch *b = s->rec;
     ctl_call *call = ctl_queue_take(q);
+    pie_histogram_observe(c->m_wait, (double)(c->now_ns - call->t_ns) / 1e9);
     b->calls[b->n_calls++] = (ctl_batch_call){call, n_items};
     b->n_items += n_items;
     s->n_items += n_items;
@@ -1315,6 +1366,7 @@ void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
             ctl_batch *b = s->recs.v[i];
             b->sent_ns = c->now_ns;
             items += b->n_items;
+            if (b->n_items) pie_histogram_observe(c->m_batch_size, b->n_items);
             if (w->out_tail)
                 w->out_tail->next = b;
             else

@@ -18,8 +18,13 @@ typedef struct ctl_config {
     uint32_t max_step_batches; /* scheduler.max_step_batches */
     int contention;            /* contention.policy: ctl_contention */
     int64_t heartbeat_ms;      /* worker.heartbeat */
+    uint32_t export_max_pages; /* exports.max_pages */
+    int64_t export_ttl_ms;     /* exports.ttl */
+    double export_pool_share;  /* exports.max_pool_share */
     uint64_t registry_bytes;   /* programs.registry_size */
     uint64_t program_max;      /* programs.max_size */
+    uint64_t send_queue_bytes; /* streams.send_queue */
+    uint32_t send_queue_msgs;  /* streams.send_queue_messages */
 } ctl_config;
 
 static const pie_config_field ctl_fields[] = {
@@ -47,6 +52,18 @@ static const pie_config_field ctl_fields[] = {
      .choices = ctl_contention_names,
      .doc = "when KV pages run out: kill_newest (terminate the newest later instance holding "
             "pages, FCFS) or fail_call (the allocation fails RESOURCE_EXHAUSTED)"},
+    {"exports.max_pages", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, export_max_pages),
+     .def = "1024",
+     .doc = "KV pages a tenant's persistent exports may hold, cluster-wide (a tenant file's "
+            "export_pages overrides it; 0 = no limit)"},
+    {"exports.max_pool_share", PIE_CFG_DOUBLE, PIE_CONFIG_AT(ctl_config, export_pool_share),
+     .def = "0.25", .min = "0", .max = "1",
+     .doc = "share of a worker's KV pages one tenant's persistent exports may hold (0 = no "
+            "limit): persistent exports never pin a pool"},
+    {"exports.ttl", PIE_CFG_DURATION, PIE_CONFIG_AT(ctl_config, export_ttl_ms), .def = "0",
+     .max = "8760h",
+     .doc = "a persistent export neither exported nor imported for this long is removed "
+            "(0 = never)"},
     {"worker.heartbeat", PIE_CFG_DURATION, PIE_CONFIG_AT(ctl_config, heartbeat_ms), .def = "1s",
      .min = "10ms", .max = "1m",
      .doc = "stats interval asked of workers; a worker silent for 3 intervals is dropped"},
@@ -58,6 +75,16 @@ static const pie_config_field ctl_fields[] = {
     {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, program_max), .def = "64MiB",
      .min = "1KiB", .max = "1GiB",
      .doc = "largest program the registry accepts (keep it >= the lifecycles' programs.max_size)"},
+    {"streams.send_queue", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, send_queue_bytes),
+     .def = "256MiB", .min = "64KiB", .max = "64GiB",
+     .doc = "bytes of results and batches one Session or WorkerLink stream may have waiting "
+            "for its peer to read; a peer that falls this far behind has its stream ended with "
+            "UNAVAILABLE (its instances or steps fail at once, naming the queue) instead of "
+            "growing the controller's memory"},
+    {"streams.send_queue_messages", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, send_queue_msgs),
+     .def = "65536", .min = "16", .max = "16777216",
+     .doc = "messages one Session or WorkerLink stream may have waiting for its peer, as "
+            "streams.send_queue"},
 };
 static const pie_config_schema ctl_schema = PIE_CONFIG_SCHEMA(ctl_config, ctl_fields);
 
@@ -93,6 +120,9 @@ int main(int argc, char **argv) {
                 .contention = (ctl_contention)cfg.contention,
                 .heartbeat_ms = (uint32_t)cfg.heartbeat_ms,
                 .max_message_bytes = cfg.svc.max_message_bytes,
+                .export_max_pages = cfg.export_max_pages,
+                .export_ttl_ms = cfg.export_ttl_ms,
+                .export_pool_share = cfg.export_pool_share,
             },
         .registry_bytes = cfg.registry_bytes,
         .program_max_bytes = cfg.program_max,
@@ -104,6 +134,9 @@ int main(int argc, char **argv) {
     }
     size_t n_methods;
     const rpc_method *methods = ctl_cluster_methods(cluster, &n_methods);
+    /* The core sends under its one lock and must not wait for any peer (ctl_cluster.c,
+     * send_checked): its streams' queues are bounded instead. */
+    svc_set_send_queue(s, cfg.send_queue_msgs, cfg.send_queue_bytes);
     if (svc_serve(s, methods, n_methods, &st) != PIE_OK) {
         pie_log_error("ctl.start_failed", "error=\"%s\"", st.msg);
         fprintf(stderr, "pie-controller: %s\n", st.msg);

@@ -230,7 +230,7 @@ ctl_place *ctl_place_add(ctl_core *c, ctl_inst *inst, uint32_t model, ctl_worker
 
 void ctl_place_release(ctl_core *c, ctl_place *p) {
     ctl_inst *inst = p->inst;
-    inst->n_kv -= p->vs.kv.n < inst->n_kv ? p->vs.kv.n : inst->n_kv;
+    ctl_inst_kv_add(inst, -(int64_t)p->vs.kv.n);
     inst->n_emb -= p->vs.emb.n < inst->n_emb ? p->vs.emb.n : inst->n_emb;
     ctl_vspace_release(&p->vs);
     ctl_worker *w = p->w;
@@ -407,6 +407,7 @@ void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, in
         snprintf(msg, sizeof msg, "worker %s (%s) lost: %.400s", r->group_id, r->model->name,
                  why && why->msg[0] ? why->msg : "link ended");
     w->draining = true; /* its link is gone: nothing is sent to it (no Drain when it empties) */
+    ctl_core_worker_gauges(c, w, true);
     uint32_t n_terminated = 0;
     while (w->places) {
         ctl_core_terminate(c, w->places->inst, PIE_UNAVAILABLE, msg);

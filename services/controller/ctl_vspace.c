@@ -2,6 +2,7 @@
 #include "ctl_vspace.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- pool ---------------------------------------------------------------------------------- */
@@ -342,48 +343,65 @@ pie_code ctl_name_check(const char *op, const char *field, const char *name, pie
     return pie_check_name(PIE_AT(op), field, name ? strlen(name) : 0, st);
 }
 
-static void export_free(ctl_export *e) {
+static void export_free(ctl_exports *ex, ctl_export *e) {
     if (e == NULL) return;
-    free(e->name);
+    if (e->charge) *e->charge -= e->n < *e->charge ? e->n : *e->charge;
+    if (e->persistent) ex->n_persistent--; /* set only once added */
+    free(e->key);
     free(e->model);
     free(e->slots);
     free(e);
 }
 
-pie_code ctl_exports_add(ctl_exports *ex, const char *op, const char *name, const char *model,
-                         ctl_pool *pool, void *where, const uint32_t *slots, uint32_t n,
-                         bool persistent, uint64_t exporter, pie_status *st) {
-    if (ctl_name_check(op, "name", name, st) != PIE_OK) return st->code;
-    if (ctl_mapstr_get(&ex->by_name, name))
-        return pie_status_set(st, PIE_ALREADY_EXISTS, "%s: export name \"%s\" is already taken", op,
-                              name);
+pie_code ctl_exports_add(ctl_exports *ex, const char *op, const ctl_export_spec *spec,
+                         pie_status *st) {
+    if (ctl_name_check(op, "name", spec->name, st) != PIE_OK) return st->code;
+    if (ctl_exports_get(ex, spec->tenant, spec->name))
+        return pie_status_set(st, PIE_ALREADY_EXISTS, "%s: export name \"%s\" is already taken",
+                              op, spec->name);
     ctl_export *e = calloc(1, sizeof *e);
     if (e == NULL) return oom(op, st);
-    e->name = strdup(name);
-    e->model = strdup(model ? model : "");
+    size_t klen = strlen(spec->tenant) + 1 + strlen(spec->name) + 1;
+    e->key = malloc(klen);
+    if (e->key) {
+        snprintf(e->key, klen, "%s:%s", spec->tenant, spec->name);
+        e->name = e->key + strlen(spec->tenant) + 1;
+    }
+    snprintf(e->tenant, sizeof e->tenant, "%s", spec->tenant);
+    e->model = strdup(spec->model ? spec->model : "");
+    uint32_t n = spec->n;
     e->slots = malloc((size_t)(n ? n : 1) * sizeof *e->slots);
-    if (!e->name || !e->model || !e->slots || ctl_mapstr_put(&ex->by_name, e->name, e) != 0) {
-        export_free(e);
+    if (!e->key || !e->model || !e->slots || ctl_mapstr_put(&ex->by_name, e->key, e) != 0) {
+        export_free(ex, e);
         return oom(op, st);
     }
-    memcpy(e->slots, slots, (size_t)n * sizeof *slots);
+    memcpy(e->slots, spec->slots, (size_t)n * sizeof *spec->slots);
     e->n = n;
-    e->pool = pool;
-    e->where = where;
-    e->persistent = persistent;
-    e->exporter = exporter;
-    for (uint32_t i = 0; i < n; i++) ctl_pool_kv_ref(pool, slots[i]);
+    e->pool = spec->pool;
+    e->where = spec->where;
+    e->persistent = spec->persistent;
+    e->exporter = spec->exporter;
+    e->used_ns = spec->now_ns;
+    if (spec->persistent) {
+        ex->n_persistent++;
+        e->charge = spec->charge;
+        if (e->charge) *e->charge += n;
+    }
+    for (uint32_t i = 0; i < n; i++) ctl_pool_kv_ref(e->pool, e->slots[i]);
     return PIE_OK;
 }
 
-ctl_export *ctl_exports_get(const ctl_exports *ex, const char *name) {
-    return name ? ctl_mapstr_get(&ex->by_name, name) : NULL;
+ctl_export *ctl_exports_get(const ctl_exports *ex, const char *tenant, const char *name) {
+    if (!tenant || !name) return NULL;
+    char key[PIE_TENANT_NAME_MAX + 1 + PIE_MAX_NAME_BYTES + 1];
+    if (snprintf(key, sizeof key, "%s:%s", tenant, name) >= (int)sizeof key) return NULL;
+    return ctl_mapstr_get(&ex->by_name, key);
 }
 
 void ctl_exports_remove(ctl_exports *ex, ctl_export *e) {
-    ctl_mapstr_del(&ex->by_name, e->name);
+    ctl_mapstr_del(&ex->by_name, e->key);
     for (uint32_t i = 0; i < e->n; i++) ctl_pool_kv_unref(e->pool, e->slots[i]);
-    export_free(e);
+    export_free(ex, e);
 }
 
 /* Removes the exports for which keep() is false; drop_refs: release their references. */
@@ -397,8 +415,8 @@ static void exports_filter(ctl_exports *ex, bool (*doomed)(const ctl_export *, c
             if (drop_refs) {
                 ctl_exports_remove(ex, e);
             } else {
-                ctl_mapstr_del(m, e->name);
-                export_free(e);
+                ctl_mapstr_del(m, e->key);
+                export_free(ex, e);
             }
             continue;
         }
@@ -420,10 +438,29 @@ void ctl_exports_drop_tied(ctl_exports *ex, uint64_t exporter) {
     exports_filter(ex, tied_to, &exporter, true);
 }
 
-size_t ctl_exports_count(const ctl_exports *ex) { return ex->by_name.n; }
+typedef struct expiry {
+    int64_t now_ns, ttl_ns;
+} expiry;
 
+static bool expired(const ctl_export *e, const void *arg) {
+    const expiry *x = arg;
+    return e->persistent && x->now_ns - e->used_ns >= x->ttl_ns;
+}
+
+void ctl_exports_expire(ctl_exports *ex, int64_t now_ns, int64_t ttl_ns) {
+    if (ex->n_persistent == 0) return;
+    expiry x = {now_ns, ttl_ns};
+    exports_filter(ex, expired, &x, true);
+}
+
+size_t ctl_exports_count(const ctl_exports *ex) { return ex->by_name.n; }
+size_t ctl_exports_persistent(const ctl_exports *ex) { return ex->n_persistent; }
+
+/* By tenant, then name: the key "<tenant>:<name>" does not sort so ("a-b" vs "a:"). */
 static int cmp_export(const void *a, const void *b) {
-    return strcmp((*(ctl_export *const *)a)->name, (*(ctl_export *const *)b)->name);
+    const ctl_export *x = *(ctl_export *const *)a, *y = *(ctl_export *const *)b;
+    int t = strcmp(x->tenant, y->tenant);
+    return t ? t : strcmp(x->name, y->name);
 }
 
 int ctl_exports_sorted(const ctl_exports *ex, ctl_export ***out, size_t *n) {
@@ -440,6 +477,6 @@ int ctl_exports_sorted(const ctl_exports *ex, ctl_export ***out, size_t *n) {
 
 void ctl_exports_free(ctl_exports *ex) {
     for (size_t i = 0; i < ex->by_name.cap; i++)
-        if (ex->by_name.cells[i].key) export_free(ex->by_name.cells[i].val);
+        if (ex->by_name.cells[i].key) export_free(ex, ex->by_name.cells[i].val);
     ctl_mapstr_free(&ex->by_name);
 }

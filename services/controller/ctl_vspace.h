@@ -29,6 +29,7 @@
 #include "ctl_map.h"
 #include "pie_check.h"
 #include "pie_status.h"
+#include "pie_tenant.h"
 
 /* Ids per call and name lengths: PIE_MAX_IDS and PIE_MAX_NAME_BYTES (pie_check.h). */
 
@@ -141,7 +142,9 @@ pie_code ctl_vspace_kv_slots(const ctl_vspace *v, const char *op, const uint32_t
 /* ---- exports -------------------------------------------------------------------------------- */
 
 typedef struct ctl_export {
-    char *name;
+    char *key;       /* "<tenant>:<name>", the map key (tenant names hold no ':') */
+    const char *name; /* the export's name, within key */
+    char tenant[PIE_TENANT_NAME_MAX + 1];
     char *model;     /* model the pages belong to */
     ctl_pool *pool;  /* where the pages live */
     void *where;     /* the owner's handle for that pool (the worker group) */
@@ -149,27 +152,46 @@ typedef struct ctl_export {
     uint32_t n;
     bool persistent;
     uint64_t exporter; /* instance id */
+    uint32_t *charge;  /* persistent: the tenant's page count holding n of them, or NULL */
+    int64_t used_ns;   /* export or last import (exports.ttl counts from it) */
 } ctl_export;
 
 typedef struct ctl_exports {
-    ctl_mapstr by_name;
+    ctl_mapstr by_name; /* key → export */
+    size_t n_persistent;
 } ctl_exports;
 
 /* Checks a name: 1..256 bytes. field: "name" / "topic". */
 pie_code ctl_name_check(const char *op, const char *field, const char *name, pie_status *st);
-/* Publishes slots (live in pool) under name: ALREADY_EXISTS if taken. */
-pie_code ctl_exports_add(ctl_exports *ex, const char *op, const char *name, const char *model,
-                         ctl_pool *pool, void *where, const uint32_t *slots, uint32_t n,
-                         bool persistent, uint64_t exporter, pie_status *st);
-ctl_export *ctl_exports_get(const ctl_exports *ex, const char *name);
+/* What ctl_exports_add publishes. */
+typedef struct ctl_export_spec {
+    const char *tenant, *name, *model;
+    ctl_pool *pool;        /* where the slots live */
+    void *where;           /* the owner's handle for that pool */
+    const uint32_t *slots; /* [n] */
+    uint32_t n;
+    bool persistent;
+    uint64_t exporter;
+    uint32_t *charge; /* persistent: counter charged n now, uncharged when the export goes */
+    int64_t now_ns;
+} ctl_export_spec;
+
+/* Publishes spec's slots under (tenant, name): ALREADY_EXISTS if the tenant has that name. */
+pie_code ctl_exports_add(ctl_exports *ex, const char *op, const ctl_export_spec *spec,
+                         pie_status *st);
+/* The tenant's export of that name, or NULL. */
+ctl_export *ctl_exports_get(const ctl_exports *ex, const char *tenant, const char *name);
 /* Removes an export, dropping its references. */
 void ctl_exports_remove(ctl_exports *ex, ctl_export *e);
 /* Removes every export living on pool without touching the pool (it is being destroyed). */
 void ctl_exports_drop_pool(ctl_exports *ex, const ctl_pool *pool);
 /* Removes the non-persistent exports of an instance. */
 void ctl_exports_drop_tied(ctl_exports *ex, uint64_t exporter);
+/* Removes persistent exports unused (not exported or imported) for ttl_ns. */
+void ctl_exports_expire(ctl_exports *ex, int64_t now_ns, int64_t ttl_ns);
 size_t ctl_exports_count(const ctl_exports *ex);
-/* Every export sorted by name into *out (malloc'd array; the caller frees it). -1 on OOM. */
+size_t ctl_exports_persistent(const ctl_exports *ex);
+/* Every export sorted by tenant, then name into *out (malloc'd array; the caller frees it). -1 on OOM. */
 int ctl_exports_sorted(const ctl_exports *ex, ctl_export ***out, size_t *n);
 void ctl_exports_free(ctl_exports *ex);
 

@@ -3,17 +3,20 @@
 #include "lc_api.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_check.h"
 #include "pie_log.h"
 #include "pie_sha256.h"
 
-#define LC_API_N_OWN       8 /* methods defined here */
+#define LC_API_N_OWN       10 /* methods defined here */
 #define LC_API_MAX_METHODS 16
 #define LC_API_CHUNK_MAX   (1u << 20) /* UploadProgramRequest.chunk: 1 byte .. 1 MiB */
+#define LC_API_MAX_UPLOADS 16u        /* programs.max_uploads default */
 
 struct lc_api {
     lc_program_store *programs;
@@ -25,6 +28,9 @@ struct lc_api {
     pthread_mutex_t mu; /* guards jobs */
     pthread_cond_t cv;  /* jobs reached 0 */
     size_t jobs;        /* job threads still running (uploads, fetches, deletes) */
+    uint32_t max_uploads;  /* programs.max_uploads */
+    atomic_uint uploads;   /* UploadProgram calls in progress */
+    pie_budget *budget;    /* limits.replica_memory: upload buffers are charged to it */
 };
 
 /* ---- jobs: what may block runs on a detached thread of its own ----------------------------- */
@@ -65,15 +71,30 @@ static bool needs_fetch(lc_api *a, const char *id) {
 
 /* ---- UploadProgram ------------------------------------------------------------------------ */
 
+/* One upload. The call's callbacks own it until the stream is complete; then the upload's
+ * thread reads it too, while on_cancel / on_done may still fire the cancel token (the client
+ * went away, its deadline passed, the server is shutting down): a reference each. */
 typedef struct lc_upload {
     lc_api *api;
     rpc_call *call;
+    atomic_int refs;       /* the call's (until on_done) and the upload thread's */
+    lc_wasm_cancel cancel; /* fired when the call ends: the compile is killed */
     bool have_meta, failed;
+    bool counted;     /* in api->uploads */
+    uint64_t charged; /* bytes of api->budget its buffer holds */
     char name[LC_PROGRAM_NAME_MAX + 1];
     char expected_sha256[65];
     uint8_t *buf;
     uint64_t size, got;
 } lc_upload;
+
+static void upload_unref(lc_upload *u) {
+    if (atomic_fetch_sub(&u->refs, 1) != 1) return;
+    if (u->counted) atomic_fetch_sub(&u->api->uploads, 1);
+    pie_budget_give(u->api->budget, u->charged);
+    free(u->buf);
+    free(u);
+}
 
 static void upload_fail(lc_upload *u, pie_code code, const char *msg) {
     u->failed = true;
@@ -83,6 +104,7 @@ static void upload_fail(lc_upload *u, pie_code code, const char *msg) {
 static void upload_meta(lc_upload *u, const Pie__V1__ProgramMetadata *md) {
     pie_status st;
     uint64_t max = lc_program_max_bytes(u->api->programs);
+    const pie_tenant *tenant = rpc_call_tenant(u->call);
     size_t name_len = md->name ? strlen(md->name) : 0;
     if (name_len == 0 || name_len > LC_PROGRAM_NAME_MAX)
         pie_status_set(&st, PIE_INVALID_ARGUMENT, "metadata.name: %zu bytes, want 1..%d", name_len,
@@ -94,13 +116,25 @@ static void upload_meta(lc_upload *u, const Pie__V1__ProgramMetadata *md) {
                        "metadata.size_bytes: %llu is above this replica's program size limit "
                        "of %llu bytes",
                        (unsigned long long)md->size_bytes, (unsigned long long)max);
+    else if (tenant->quota.upload_bytes && md->size_bytes > tenant->quota.upload_bytes)
+        pie_status_set(&st, PIE_RESOURCE_EXHAUSTED,
+                       "metadata.size_bytes: %llu is above tenant \"%s\" quota upload_bytes "
+                       "(%llu)",
+                       (unsigned long long)md->size_bytes, tenant->name,
+                       (unsigned long long)tenant->quota.upload_bytes);
     else if (md->expected_sha256 && md->expected_sha256[0] &&
              !pie_sha256_is_hex(md->expected_sha256))
         pie_status_set(&st, PIE_INVALID_ARGUMENT,
                        "metadata.expected_sha256: \"%.80s\" is not 64 lowercase hex digits",
                        md->expected_sha256);
+    else if (!pie_budget_take(u->api->budget, md->size_bytes))
+        pie_status_set(&st, PIE_RESOURCE_EXHAUSTED,
+                       "metadata.size_bytes: this replica's memory budget "
+                       "(limits.replica_memory) cannot hold %llu more bytes now; retry later",
+                       (unsigned long long)md->size_bytes);
     else
         pie_status_ok(&st);
+    if (st.code == PIE_OK) u->charged = md->size_bytes;
     if (st.code == PIE_OK && (u->buf = malloc(md->size_bytes)) == NULL)
         pie_status_set(&st, PIE_RESOURCE_EXHAUSTED, "metadata.size_bytes: cannot allocate %llu",
                        (unsigned long long)md->size_bytes);
@@ -133,13 +167,28 @@ static void upload_chunk(lc_upload *u, const ProtobufCBinaryData *c) {
 
 static bool upload_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
+    lc_api *a = user;
+    if (atomic_fetch_add(&a->uploads, 1) >= a->max_uploads) {
+        atomic_fetch_sub(&a->uploads, 1);
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "UploadProgram: %u uploads are in progress on this replica "
+                 "(programs.max_uploads); retry later",
+                 a->max_uploads);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, msg);
+        return false;
+    }
     lc_upload *u = calloc(1, sizeof *u);
     if (u == NULL) {
+        atomic_fetch_sub(&a->uploads, 1);
         rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return false;
     }
+    u->counted = true;
     u->api = user;
     u->call = call;
+    atomic_init(&u->refs, 1);
+    lc_wasm_cancel_init(&u->cancel);
     rpc_call_set_data(call, u);
     return false;
 }
@@ -177,7 +226,8 @@ static void *upload_finish_thread(void *arg) {
                            "metadata.expected_sha256: %s, but the bytes received hash to %s",
                            u->expected_sha256, id);
     }
-    if (st.code == PIE_OK) lc_program_put(a->programs, u->buf, u->size, u->name, id, &already, &st);
+    if (st.code == PIE_OK)
+        lc_program_put_cancel(a->programs, u->buf, u->size, u->name, &u->cancel, id, &already, &st);
     if (st.code == PIE_OK && registry_on(a)) {
         /* Before answering, so that a launch on another replica right after finds it. The
          * upload stands without it: the replica puts it again after its next (re)connect. */
@@ -196,10 +246,12 @@ static void *upload_finish_thread(void *arg) {
                      u->name, (unsigned long long)u->size, already);
     } else {
         rpc_call_finish(u->call, st.code, st.msg);
+        if (st.code != PIE_CANCELLED)
+            pie_log_info("lc.program.refused", "name=\"%s\" bytes=%llu code=%s error=\"%s\"",
+                         u->name, (unsigned long long)u->size, pie_code_name(st.code), st.msg);
     }
     rpc_call_unref(u->call);
-    free(u->buf);
-    free(u);
+    upload_unref(u);
     job_done(a);
     return NULL;
 }
@@ -219,22 +271,30 @@ static void upload_on_half_close(rpc_call *call, void *user) {
         upload_fail(u, PIE_INVALID_ARGUMENT, msg);
         return;
     }
-    rpc_call_set_data(call, NULL); /* the thread owns u now */
+    atomic_fetch_add(&u->refs, 1); /* the thread's */
     rpc_call_ref(call);
     if (job_start(a, upload_finish_thread, u) != 0) {
-        rpc_call_set_data(call, u);
+        atomic_fetch_sub(&u->refs, 1);
         upload_fail(u, PIE_RESOURCE_EXHAUSTED, "upload: cannot start a thread");
         rpc_call_unref(call);
     }
+}
+
+/* The client went away (or its deadline passed, or the server shuts down): a compile of its
+ * program in progress is killed (lc_wasm_cancel_fire) instead of running on for nobody. */
+static void upload_on_cancel(rpc_call *call, void *user) {
+    (void)user;
+    lc_upload *u = rpc_call_get_data(call);
+    if (u != NULL) lc_wasm_cancel_fire(&u->cancel);
 }
 
 static void upload_on_done(rpc_call *call, void *user) {
     (void)user;
     lc_upload *u = rpc_call_get_data(call);
     if (u == NULL) return;
-    free(u->buf);
-    free(u);
     rpc_call_set_data(call, NULL);
+    lc_wasm_cancel_fire(&u->cancel); /* nobody waits for the answer any more */
+    upload_unref(u);
 }
 
 /* ---- programs ----------------------------------------------------------------------------- */
@@ -298,6 +358,12 @@ static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *
     lc_api *a = user;
     Pie__V1__DeleteProgramRequest *r = (Pie__V1__DeleteProgramRequest *)req;
     pie_status st;
+    if (!rpc_call_tenant(call)->admin) { /* programs are shared by content across tenants */
+        rpc_call_finish(call, PIE_PERMISSION_DENIED,
+                        "DeleteProgram: programs are shared by every tenant that uploads the same "
+                        "bytes; only an admin tenant may delete one");
+        return false;
+    }
     if (registry_on(a) && pie_sha256_is_hex(r->program_id)) {
         lc_delete_job *j = calloc(1, sizeof *j);
         if (j == NULL) {
@@ -324,6 +390,118 @@ static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *
     return false;
 }
 
+/* ---- exports: the controller's, as the caller's tenant sees them ------------------------------ */
+
+typedef struct lc_export_job {
+    lc_api *a;
+    rpc_call *call; /* a reference */
+    const pie_tenant *tenant;
+    bool all;           /* ListExports over every tenant */
+    char *name, *owner; /* DeleteExport: the export and its tenant; NULL for ListExports */
+} lc_export_job;
+
+static void export_job_free(lc_export_job *j) {
+    free(j->name);
+    free(j->owner);
+    free(j);
+}
+
+static void *export_job_thread(void *arg) {
+    lc_export_job *j = arg;
+    lc_api *a = j->a;
+    pie_status st;
+    if (j->name == NULL) {
+        Pie__V1__ListTenantExportsResponse *cr = NULL;
+        if (lc_store_list_exports(a->store, j->tenant->name, j->all, &cr, &st) == PIE_OK) {
+            Pie__V1__ListExportsResponse r = PIE__V1__LIST_EXPORTS_RESPONSE__INIT;
+            r.exports = cr->exports;
+            r.n_exports = cr->n_exports;
+            rpc_call_reply(j->call, &r.base);
+        } else {
+            rpc_call_finish_status(j->call, &st);
+        }
+        if (cr) rpc_msg_free(&cr->base);
+    } else {
+        uint32_t pages = 0;
+        if (lc_store_delete_export(a->store, j->owner, j->name, &pages, &st) == PIE_OK) {
+            pie_log_info("lc.export.deleted", "tenant=%s owner=%s pages=%u", j->tenant->name,
+                         j->owner, pages);
+            Pie__V1__DeleteExportResponse r = PIE__V1__DELETE_EXPORT_RESPONSE__INIT;
+            r.page_count = pages;
+            rpc_call_reply(j->call, &r.base);
+        } else {
+            rpc_call_finish_status(j->call, &st);
+        }
+    }
+    rpc_call_unref(j->call);
+    export_job_free(j);
+    job_done(a);
+    return NULL;
+}
+
+static void export_job_start(lc_api *a, rpc_call *call, lc_export_job *j) {
+    if (a->store == NULL) {
+        export_job_free(j);
+        rpc_call_finish(call, PIE_UNAVAILABLE, "this replica has no link to the controller");
+        return;
+    }
+    j->a = a;
+    j->call = call;
+    j->tenant = rpc_call_tenant(call);
+    rpc_call_ref(call);
+    if (job_start(a, export_job_thread, j) != 0) {
+        rpc_call_unref(call);
+        export_job_free(j);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "exports: cannot start a thread");
+    }
+}
+
+static bool list_exports_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    const Pie__V1__ListExportsRequest *r = (const Pie__V1__ListExportsRequest *)req;
+    if (r->all_tenants && !rpc_call_tenant(call)->admin) {
+        rpc_call_finish(call, PIE_PERMISSION_DENIED,
+                        "all_tenants: only an admin tenant may list every tenant's exports");
+        return false;
+    }
+    lc_export_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    j->all = r->all_tenants;
+    export_job_start(user, call, j);
+    return false;
+}
+
+static bool delete_export_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    const Pie__V1__DeleteExportRequest *r = (const Pie__V1__DeleteExportRequest *)req;
+    const pie_tenant *me = rpc_call_tenant(call);
+    const char *owner = r->tenant && r->tenant[0] ? r->tenant : me->name;
+    pie_status st;
+    if (pie_check_name(PIE_AT("DeleteExport"), "name", r->name ? strlen(r->name) : 0, &st) !=
+        PIE_OK) {
+        rpc_call_finish_status(call, &st);
+        return false;
+    }
+    if (strcmp(owner, me->name) != 0 && !me->admin) {
+        rpc_call_finish(call, PIE_PERMISSION_DENIED,
+                        "tenant: only an admin tenant may delete another tenant's exports");
+        return false;
+    }
+    lc_export_job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->name = strdup(r->name);
+        j->owner = strdup(owner);
+    }
+    if (!j || !j->name || !j->owner) {
+        if (j) export_job_free(j);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    export_job_start(user, call, j);
+    return false;
+}
+
 /* ---- instances ---------------------------------------------------------------------------- */
 
 /* Launch once the program is here: the instance starts and the call gets its id. */
@@ -331,7 +509,7 @@ static void launch_reply(lc_api *a, rpc_call *call, const Pie__V1__LaunchRequest
     pie_status st;
     lc_inst *in = NULL;
     lc_limits l;
-    if (lc_inst_launch(a->insts, req, NULL, &in, &l, &st) != PIE_OK) {
+    if (lc_inst_launch(a->insts, req, rpc_call_tenant(call), NULL, &in, &l, &st) != PIE_OK) {
         rpc_call_finish_status(call, &st);
         return;
     }
@@ -410,7 +588,8 @@ static bool launch_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
 static bool terminate_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     lc_api *a = user;
     pie_status st;
-    lc_inst *in = lc_inst_find(a->insts, ((Pie__V1__TerminateRequest *)req)->instance_id, &st);
+    lc_inst *in = lc_inst_find(a->insts, ((Pie__V1__TerminateRequest *)req)->instance_id,
+                               rpc_call_tenant(call), &st);
     if (in == NULL) {
         rpc_call_finish_status(call, &st);
         return false;
@@ -427,7 +606,7 @@ static bool list_instances_on_call(rpc_call *call, ProtobufCMessage *req, void *
     lc_api *a = user;
     pie_status st;
     Pie__V1__ListInstancesResponse r = PIE__V1__LIST_INSTANCES_RESPONSE__INIT;
-    if (lc_inst_list(a->insts, &r.instances, &r.n_instances, &st) != PIE_OK) {
+    if (lc_inst_list(a->insts, rpc_call_tenant(call), &r.instances, &r.n_instances, &st) != PIE_OK) {
         rpc_call_finish_status(call, &st);
         return false;
     }
@@ -499,7 +678,7 @@ static void run_launch(lc_api *a, rpc_call *call, lc_attach *at,
                        const Pie__V1__LaunchRequest *req) {
     pie_status st;
     lc_limits l;
-    if (lc_inst_launch(a->insts, req, call, &at->in, &l, &st) != PIE_OK) attach_fail(call, at, &st);
+    if (lc_inst_launch(a->insts, req, rpc_call_tenant(call), call, &at->in, &l, &st) != PIE_OK) attach_fail(call, at, &st);
 }
 
 /* The first message: start (Attach) or launch (Run). Returns true when it keeps msg (a Run
@@ -513,7 +692,8 @@ static bool attach_start(lc_api *a, rpc_call *call, lc_attach *at, int msg_case,
             attach_fail(call, at, &st);
             return false;
         }
-        at->in = lc_inst_find(a->insts, ((Pie__V1__AttachStart *)first)->instance_id, &st);
+        at->in = lc_inst_find(a->insts, ((Pie__V1__AttachStart *)first)->instance_id,
+                             rpc_call_tenant(call), &st);
         if (at->in == NULL || lc_inst_attach(at->in, call, &st) != PIE_OK)
             attach_fail(call, at, &st);
         return false;
@@ -720,6 +900,8 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
         return NULL;
     }
     a->programs = programs;
+    a->max_uploads = LC_API_MAX_UPLOADS;
+    atomic_init(&a->uploads, 0);
     a->insts = insts;
     a->session = session;
     a->store = store;
@@ -731,6 +913,7 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
                         .on_call = upload_on_call,
                         .on_message = upload_on_message,
                         .on_half_close = upload_on_half_close,
+                        .on_cancel = upload_on_cancel,
                         .on_done = upload_on_done,
                         .user = a};
     m[1] = LC_UNARY("ListPrograms", pie__v1__list_programs_request, pie__v1__list_programs_response,
@@ -744,12 +927,21 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
                     pie__v1__list_instances_response, list_instances_on_call);
     m[6] = LC_BIDI("Attach", pie__v1__attach_request);
     m[7] = LC_BIDI("Run", pie__v1__run_request);
+    m[8] = LC_UNARY("ListExports", pie__v1__list_exports_request, pie__v1__list_exports_response,
+                    list_exports_on_call);
+    m[9] = LC_UNARY("DeleteExport", pie__v1__delete_export_request,
+                    pie__v1__delete_export_response, delete_export_on_call);
     a->n_methods = LC_API_N_OWN;
     size_t n_sess = 0;
     const rpc_method *sm = lc_session_methods(session, &n_sess);
     for (size_t i = 0; i < n_sess && a->n_methods < LC_API_MAX_METHODS; i++)
         a->methods[a->n_methods++] = sm[i];
     return a;
+}
+
+void lc_api_set_limits(lc_api *a, uint32_t max_uploads, pie_budget *budget) {
+    a->max_uploads = max_uploads ? max_uploads : LC_API_MAX_UPLOADS;
+    a->budget = budget;
 }
 
 const rpc_method *lc_api_methods(lc_api *a, size_t *n) {

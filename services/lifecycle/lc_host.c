@@ -37,19 +37,32 @@ void *lc_host_mem(lc_wasm_instance *inst, const char *fn, uint32_t addr, uint64_
     return p;
 }
 
+#define LC_SCRATCH_BLOCK (64u << 10) /* kept between calls; larger blocks go after each call */
+
+static void scratch_free_block(lc_host_inst *hi, lc_arena_block *b) {
+    pie_budget_give(hi->h->cfg.budget, sizeof *b + b->cap);
+    free(b);
+}
+
 void lc_host_scratch_reset(lc_host_inst *hi) {
     lc_arena_block *b = hi->arena;
     if (b == NULL) return;
     lc_arena_block *n = b->next;
     while (n) {
         lc_arena_block *x = n->next;
-        free(n);
+        scratch_free_block(hi, n);
         n = x;
     }
     b->next = NULL;
     b->used = 0;
+    if (b->cap > LC_SCRATCH_BLOCK) { /* one large call must not pin its memory for good */
+        scratch_free_block(hi, b);
+        hi->arena = NULL;
+    }
 }
 
+/* Host memory a call needs for its arguments: charged to the replica's budget (NULL when the
+ * budget or the heap has no room) and given back after the call (lc_host_scratch_reset). */
 void *lc_host_scratch(lc_host_inst *hi, size_t bytes) {
     bytes = (bytes + 15) & ~(size_t)15;
     lc_arena_block *b = hi->arena;
@@ -59,9 +72,13 @@ void *lc_host_scratch(lc_host_inst *hi, size_t bytes) {
             x->used += bytes;
             return p;
         }
-    size_t cap = bytes > 65536 ? bytes : 65536;
+    size_t cap = bytes > LC_SCRATCH_BLOCK ? bytes : LC_SCRATCH_BLOCK;
+    if (!pie_budget_take(hi->h->cfg.budget, sizeof(lc_arena_block) + cap)) return NULL;
     lc_arena_block *nb = malloc(sizeof *nb + cap);
-    if (nb == NULL) return NULL;
+    if (nb == NULL) {
+        pie_budget_give(hi->h->cfg.budget, sizeof *nb + cap);
+        return NULL;
+    }
     nb->cap = cap;
     nb->used = bytes;
     if (b == NULL) {
@@ -93,15 +110,14 @@ uint32_t lc_host_out(lc_host_inst *hi, lc_wasm_instance *inst, const char *fn, u
 
 static void inst_terminate(lc_host_inst *hi, pie_code code, const char *msg);
 
-/* Moves the staged parts to the session; false if the session they were made for is gone. */
-static bool inst_flush(lc_host_inst *hi) {
+/* Moves the staged parts to the session; false (st says why) if the session they were made for
+ * is gone or could not take them. */
+static bool inst_flush(lc_host_inst *hi, pie_status *st) {
     bool woken = atomic_exchange(&hi->gather_woken, false);
     if (hi->stage.len == 0 && !woken) return true;
-    pie_status st;
-    if (lc_session_flush(hi->h->session, hi->epoch, &hi->stage, woken, &st) == PIE_OK)
-        return true;
+    if (lc_session_flush(hi->h->session, hi->epoch, &hi->stage, woken, st) == PIE_OK) return true;
     pie_log_debug("lc.host.flush_dropped", "instance=%llx error=\"%s\"",
-                  (unsigned long long)hi->id, st.msg);
+                  (unsigned long long)hi->id, st->msg);
     return false;
 }
 
@@ -116,8 +132,10 @@ static void gather_release(lc_host_inst *hi) {
 }
 
 void lc_host_inst_flush(lc_host_inst *hi) {
-    /* A Session that reconnected forgot this instance: its calls would never be answered. */
-    if (!inst_flush(hi)) inst_terminate(hi, PIE_UNAVAILABLE, "controller session lost");
+    /* A Session that reconnected forgot this instance, or its calls could not be queued: they
+     * would never be answered. */
+    pie_status st;
+    if (!inst_flush(hi, &st)) inst_terminate(hi, PIE_UNAVAILABLE, st.msg);
 }
 
 void lc_host_inst_ref(lc_host_inst *hi) { atomic_fetch_add(&hi->refs, 1); }
@@ -200,8 +218,13 @@ bool lc_host_inbox_put(lc_host_inst *hi, lc_inbox *b, const void *a, size_t alen
             return true;
         }
     }
+    if (!pie_budget_take(hi->h->cfg.budget, alen + mlen)) { /* the replica is full */
+        free(p);
+        return false;
+    }
     lc_msg *msg = malloc(sizeof *msg + alen + mlen);
     if (msg == NULL) {
+        pie_budget_give(hi->h->cfg.budget, alen + mlen);
         free(p);
         return false;
     }
@@ -239,6 +262,7 @@ uint32_t lc_host_inbox_arm(lc_host_inst *hi, lc_inbox *b, uint32_t fid, uint8_t 
         if (b->head == NULL) b->tail = NULL;
         b->n--;
         b->bytes -= m->len;
+        pie_budget_give(hi->h->cfg.budget, m->len);
         uint8_t *p = malloc(m->len + 1);
         if (p) memcpy(p, m->data, m->len);
         lc_host_future_resolve(hi, f, p ? PIE_OK : PIE_RESOURCE_EXHAUSTED, "out of memory", p,
@@ -252,7 +276,8 @@ uint32_t lc_host_inbox_arm(lc_host_inst *hi, lc_inbox *b, uint32_t fid, uint8_t 
     return 0;
 }
 
-static void inbox_free(lc_inbox *b) {
+static void inbox_free(lc_host *h, lc_inbox *b) {
+    pie_budget_give(h->cfg.budget, b->bytes);
     for (lc_msg *m = b->head; m;) {
         lc_msg *n = m->next;
         free(m);
@@ -468,9 +493,10 @@ static void on_delivery(lc_host *h, const Pie__V1__TopicDelivery *d) {
         lc_host_inst *hi = inst_get(h, d->instance_ids[i]);
         if (hi == NULL) continue;
         pthread_mutex_lock(&hi->mu);
-        /* A subscriber that never reads must not grow without bound: drop beyond 4096. */
+        /* A subscriber that never reads must not grow without bound: drop beyond the caps. */
         if (!hi->ended && !hi->terminated) {
-            if (hi->subs.n >= 4096 ||
+            if (hi->subs.n >= LC_MAX_SUBS_MSGS ||
+                hi->subs.bytes + 4 + tl + d->message.len > LC_MAX_SUBS_BYTES ||
                 !lc_host_inbox_put(hi, &hi->subs, hdr, 4 + tl, d->message.data, d->message.len))
                 hi->subs_dropped++;
         }
@@ -525,8 +551,8 @@ static void on_down(void *ctx, const Pie__V1__SessionDown *down) {
     }
 }
 
-/* The controller forgot every instance: end them all with UNAVAILABLE. */
-static void on_lost(void *ctx) {
+/* The controller forgot every instance: end them all with UNAVAILABLE and why. */
+static void on_lost(void *ctx, const pie_status *why) {
     lc_host *h = ctx;
     pthread_mutex_lock(&h->mu);
     size_t n = 0, live = h->insts.n;
@@ -538,8 +564,11 @@ static void on_lost(void *ctx) {
         }
     pthread_mutex_unlock(&h->mu);
     if (live && v == NULL) pie_log_error("lc.host.session_lost", "error=\"out of memory\"");
+    char msg[PIE_STATUS_MSG_MAX + 32];
+    snprintf(msg, sizeof msg, "controller session lost: %s",
+             why && why->msg[0] ? why->msg : "the stream ended");
     for (size_t i = 0; i < n; i++) {
-        inst_terminate(v[i], PIE_UNAVAILABLE, "controller session lost");
+        inst_terminate(v[i], PIE_UNAVAILABLE, msg);
         lc_host_inst_unref(v[i]);
     }
     free(v);
@@ -628,7 +657,8 @@ static int inst_init_sync(lc_host_inst *hi) {
 
 lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *program_id,
                                  const char *model, const Pie__V1__ResourceLimits *limits,
-                                 const lc_host_inst_cb *cb, pie_status *st) {
+                                 const Pie__V1__Tenant *tenant, const lc_host_inst_cb *cb,
+                                 pie_status *st) {
     uint64_t epoch = lc_session_epoch(h->session);
     if (epoch == 0) {
         pie_status_set(st, PIE_UNAVAILABLE, "not connected to the controller");
@@ -661,6 +691,7 @@ lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *p
     b.program_id = hi->program_id;
     b.model = hi->model;
     b.limits = &hi->limits;
+    b.tenant = (Pie__V1__Tenant *)tenant; /* packed right away by lc_session_stage_add */
     if (!hi->program_id || !hi->model) goto fail;
     if (lc_session_stage_add(&hi->stage, LC_SESSION_BEGIN, &b.base, st) != PIE_OK) goto fail;
     pthread_mutex_lock(&h->mu);
@@ -675,12 +706,13 @@ lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *p
         lc_host_inst_unref(hi);
         return NULL;
     }
-    if (!inst_flush(hi)) { /* the controller knows the instance from now on (ClusterStatus) */
+    pie_status fst;
+    if (!inst_flush(hi, &fst)) { /* the controller knows the instance from now on */
         pthread_mutex_lock(&h->mu);
         pie_map64_del(&h->insts, instance_id);
         pthread_mutex_unlock(&h->mu);
         lc_host_inst_unref(hi);
-        pie_status_set(st, PIE_UNAVAILABLE, "controller session lost");
+        pie_status_set(st, PIE_UNAVAILABLE, "%s", fst.msg);
         return NULL;
     }
     return hi;
@@ -759,7 +791,8 @@ void lc_host_inst_end(lc_host_inst *hi, pie_code code, const char *msg) {
     if (lc_session_stage_add(&hi->stage, LC_SESSION_END, &e.base, &st) != PIE_OK)
         pie_log_error("lc.host.end_failed", "instance=%llx error=\"%s\"",
                       (unsigned long long)hi->id, st.msg);
-    inst_flush(hi); /* its last calls, then the end, in one part of the outbox */
+    pie_status fst; /* a failure ends the Session, which forgets the instance: nothing to do */
+    (void)inst_flush(hi, &fst); /* its last calls, then the end, in one part of the outbox */
 }
 
 static void inst_destroy(lc_host_inst *hi) {
@@ -772,10 +805,11 @@ static void inst_destroy(lc_host_inst *hi) {
     pie_map64_free(&hi->futures);
     pie_map64_free(&hi->calls);
     pie_map64_free(&hi->queues);
-    inbox_free(&hi->inbox);
-    inbox_free(&hi->subs);
+    inbox_free(hi->h, &hi->inbox);
+    inbox_free(hi->h, &hi->subs);
+    pie_budget_give(hi->h->cfg.budget, hi->pending_bytes); /* calls never answered */
     lc_host_scratch_reset(hi);
-    free(hi->arena);
+    if (hi->arena) scratch_free_block(hi, hi->arena);
     lc_session_stage_free(&hi->stage);
     free(hi->program_id);
     free(hi->model);

@@ -20,6 +20,7 @@
 #include "lc_wasm.h"
 #include "pie/v1/common.pb-c.h"
 #include "pie_metrics.h"
+#include "pie_budget.h"
 #include "pie_status.h"
 
 typedef struct lc_host lc_host;           /* one per process */
@@ -36,6 +37,9 @@ typedef struct lc_host_config {
     const char *http_allow;     /* ','-separated URL prefixes inferlets may fetch ("" = none) */
     uint64_t http_timeout_ms;   /* per request */
     uint64_t http_max_bytes;    /* response body cap */
+    /* limits.replica_memory (not owned; may be NULL): queued client and broadcast messages and
+     * calls not yet answered are charged to it. */
+    pie_budget *budget;
 } lc_host_config;
 
 /* Callbacks from the host state into the instance manager; called on any thread, with no host
@@ -59,10 +63,12 @@ void lc_host_destroy(lc_host *h);
 const lc_wasm_host_fn *lc_host_fns(size_t *n);
 
 /* Registers an instance and sends its InstanceBegin. limits are the effective quotas (copied);
- * model is the default model (already resolved: never empty). */
+ * model is the default model (already resolved: never empty); tenant (NULL: anonymous) is
+ * whose it is, with that tenant's cluster-wide quotas for the controller. */
 lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *program_id,
                                  const char *model, const Pie__V1__ResourceLimits *limits,
-                                 const lc_host_inst_cb *cb, pie_status *st);
+                                 const Pie__V1__Tenant *tenant, const lc_host_inst_cb *cb,
+                                 pie_status *st);
 /* A client message for the inferlet's receive(). Caller checked the size. */
 pie_code lc_host_inst_message(lc_host_inst *hi, const void *msg, size_t len, pie_status *st);
 /* The client closed its input: receive() reports OUT_OF_RANGE once the inbox is empty. */

@@ -66,16 +66,35 @@ static bool ring_push(lc_queue *lq, lc_void_call v) {
 
 static lc_void_call *ring_at(lc_queue *lq, size_t i) { return &lq->ring[(lq->head + i) % lq->cap]; }
 
-static void ring_pop(lc_queue *lq, size_t k) {
+/* Drops the k oldest entries; returns their packed bytes. */
+static size_t ring_pop(lc_queue *lq, size_t k) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < k; i++) bytes += ring_at(lq, i)->bytes;
     lq->head = (lq->head + k) % (lq->cap ? lq->cap : 1);
     lq->n -= k;
+    return bytes;
 }
 
 /* Void calls before call_id on this queue succeeded: forget them. */
-static void ring_prune(lc_queue *lq, uint64_t call_id) {
+static void ring_prune(lc_host_inst *hi, lc_queue *lq, uint64_t call_id) {
     size_t k = 0;
     while (k < lq->n && ring_at(lq, k)->call_id < call_id) k++;
-    ring_pop(lq, k);
+    lc_host_pending_release(hi, ring_pop(lq, k));
+}
+
+void lc_host_pending_release(lc_host_inst *hi, size_t n) {
+    n = n < hi->pending_bytes ? n : hi->pending_bytes;
+    hi->pending_bytes -= n;
+    pie_budget_give(hi->h->cfg.budget, n);
+}
+
+/* Counts a staged call of bytes (under mu); false when the instance or the replica has no room
+ * for more unanswered calls. */
+static bool pending_take(lc_host_inst *hi, size_t bytes) {
+    if (hi->pending_bytes + bytes > LC_MAX_PENDING_BYTES) return false;
+    if (!pie_budget_take(hi->h->cfg.budget, bytes)) return false;
+    hi->pending_bytes += bytes;
+    return true;
 }
 
 /* Index of call_id in the ring (ascending ids), or -1. */
@@ -161,11 +180,14 @@ uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, uint32_t op,
     pie_status st;
     if (lc_session_stage_add(&hi->stage, LC_SESSION_CALL, &c->base, &st) != PIE_OK)
         return lc_host_fail(hi, st.code, "%s: %s", fn, st.msg);
-    bool ok = true;
+    bool ok = true, pending = true;
+    uint32_t bytes = (uint32_t)(hi->stage.len - mark);
     pthread_mutex_lock(&hi->mu);
     lc_queue *lq = queue_make(hi, q);
     if (lq == NULL) {
         ok = false;
+    } else if (!pending_take(hi, bytes)) {
+        ok = pending = false;
     } else if (fid) {
         lc_call *cl = malloc(sizeof *cl);
         lc_future *f = cl ? lc_host_future_arm(hi, fid, LC_FUT_CALL) : NULL;
@@ -174,13 +196,30 @@ uint32_t lc_host_call(lc_host_inst *hi, const char *fn, uint32_t q, uint32_t op,
             free(cl);
             ok = false;
         } else {
-            *cl = (lc_call){.fid = fid, .queue = q, .op = op, .count = count, .serial = f->serial};
+            *cl = (lc_call){.fid = fid,
+                            .queue = q,
+                            .op = op,
+                            .count = count,
+                            .bytes = bytes,
+                            .serial = f->serial};
         }
     } else {
-        ok = ring_push(lq, (lc_void_call){.call_id = c->call_id, .op = op, .count = count});
+        ok = ring_push(lq, (lc_void_call){
+                               .call_id = c->call_id, .op = op, .count = count, .bytes = bytes});
     }
     if (ok) usage_apply(hi, op, count, +1);
+    else if (pending && lq) lc_host_pending_release(hi, bytes);
+    size_t held = hi->pending_bytes;
     pthread_mutex_unlock(&hi->mu);
+    if (!pending) {
+        hi->stage.len = mark;
+        hi->stage.n = mark_n;
+        return lc_host_fail(hi, PIE_RESOURCE_EXHAUSTED,
+                            "%s: %zu bytes of calls wait for the controller (at most %u per "
+                            "instance, within the replica's limits.replica_memory): synchronize "
+                            "or wait for results before issuing more",
+                            fn, held, LC_MAX_PENDING_BYTES);
+    }
     if (!ok) {
         hi->stage.len = mark;
         hi->stage.n = mark_n;
@@ -315,7 +354,7 @@ static void result_void_error(lc_host_inst *hi, const Pie__V1__CallResult *r) {
         long at = ring_find(lq, r->call_id);
         if (at < 0) continue;
         lc_void_call v = *ring_at(lq, (size_t)at);
-        ring_pop(lq, (size_t)at + 1);
+        lc_host_pending_release(hi, ring_pop(lq, (size_t)at + 1));
         usage_apply(hi, v.op, v.count, -1);
         if (v.op == OP(CREATE_QUEUE)) lq->live = false;
         if (lq->code == PIE_OK) {
@@ -335,7 +374,8 @@ void lc_host_call_result(lc_host_inst *hi, const Pie__V1__CallResult *r) {
         return;
     }
     lc_queue *lq = queue_get(hi, cl->queue);
-    if (lq) ring_prune(lq, r->call_id);
+    if (lq) ring_prune(hi, lq, r->call_id);
+    lc_host_pending_release(hi, cl->bytes);
     lc_future *f = pie_map64_get(&hi->futures, cl->fid);
     if (f && (f->serial != cl->serial || f->done)) f = NULL; /* dropped (and maybe re-armed) */
     if (r->code != 0) {

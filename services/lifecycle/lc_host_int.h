@@ -70,6 +70,7 @@ typedef struct lc_future {
 /* A call with a result (synchronize, import, list_exports, next_dist), until its result. */
 typedef struct lc_call {
     uint32_t fid, queue, op, count;
+    uint32_t bytes; /* its packed size, counted in pending_bytes until its result */
     uint64_t serial;
 } lc_call;
 
@@ -78,6 +79,7 @@ typedef struct lc_call {
 typedef struct lc_void_call {
     uint64_t call_id;
     uint32_t op, count;
+    uint32_t bytes; /* its packed size, counted in pending_bytes until confirmed */
 } lc_void_call;
 
 typedef struct lc_queue {
@@ -151,6 +153,9 @@ struct lc_host_inst {
     uint32_t kv_pages, embeds, queues_held;
     uint32_t http_inflight;
     uint64_t subs_dropped;
+    /* Packed bytes of its calls the controller has not answered yet (charged to the replica's
+     * budget too): at most LC_MAX_PENDING_BYTES. */
+    size_t pending_bytes;
 };
 
 /* ---- shared helpers (lc_host.c) ---------------------------------------------------------------
@@ -166,6 +171,16 @@ struct lc_host_inst {
  * RESOURCE_EXHAUSTED on its Attach/Run call instead of growing the host. */
 #define LC_MAX_INBOX_MSGS  65536u
 #define LC_MAX_INBOX_BYTES (64u << 20)
+/* Broadcasts queued for a subscriber that does not read them: beyond either, dropped (counted
+ * in subs_dropped). */
+#define LC_MAX_SUBS_MSGS  4096u
+#define LC_MAX_SUBS_BYTES (16u << 20)
+/* Calls an instance has issued and the controller not yet answered, in packed bytes: a call
+ * flood fails with RESOURCE_EXHAUSTED instead of growing the host. */
+#define LC_MAX_PENDING_BYTES (16u << 20)
+
+/* Gives back n pending call bytes (under mu). */
+void lc_host_pending_release(lc_host_inst *hi, size_t n);
 
 /* Records the message as last_error and returns -code as the wasm i32. */
 uint32_t lc_host_fail(lc_host_inst *hi, pie_code code, const char *fmt, ...)

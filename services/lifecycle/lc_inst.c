@@ -55,6 +55,9 @@ struct lc_inst_mgr {
     size_t n, cap;
     size_t live; /* instance threads not yet finished */
     bool stopping;
+    /* metrics (NULL without a registry) */
+    pie_histogram *h_life, *h_start, *h_first;
+    pie_gauge *g_starting, *g_running;
 };
 
 struct lc_inst {
@@ -64,12 +67,14 @@ struct lc_inst {
     char program_id[65];
     char program_name[LC_PROGRAM_NAME_MAX + 1];
     char model[256];
+    const pie_tenant *tenant; /* whose instance (lives as long as the process's tenants) */
     char **argv; /* argv[0] = program name */
     size_t argc;
     lc_limits limits;
     uint64_t started_unix_ms;
     int64_t started_ns;
     pthread_t thread;
+    bool first_output; /* its first output was seen (under mu) */
 
     pthread_mutex_t mu; /* guards everything below */
     Pie__V1__InstanceState state;
@@ -273,6 +278,10 @@ static bool wait_for_room(lc_inst *in, size_t len) {
 static void output(lc_inst *in, lc_out_kind kind, const void *data, size_t len) {
     if (len == 0 && kind != LC_OUT_MESSAGE) return; /* an empty message is still a message */
     pthread_mutex_lock(&in->mu);
+    if (!in->first_output) {
+        in->first_output = true;
+        pie_histogram_observe(in->mgr->h_first, (double)(rpc_now_ns() - in->started_ns) / 1e9);
+    }
     bool write = wait_for_room(in, len);
     if (write && (in->attached == NULL || send_output(in->attached, kind, data, len) != PIE_OK))
         buffer_output(in, kind, data, len);
@@ -352,16 +361,16 @@ static pie_code exit_status_of(lc_inst *in, const lc_wasm_outcome *o, char *msg,
 }
 
 /* Logs how the instance ended at info level: one line per instance, `lc.inst.trapped` when its
- * code trapped (the reason is the trap), else `lc.inst.exited`. Tenants do not exist yet: every
- * instance is the "anonymous" tenant's. */
+ * code trapped (the reason is the trap), else `lc.inst.exited`. */
 static void log_exit(const lc_inst *in, pie_code code, const char *msg, int exit_code,
                      bool trapped) {
     char reason[PIE_STATUS_MSG_MAX + 8], name[2 * LC_PROGRAM_NAME_MAX + 8];
     pie_log_info(trapped ? "lc.inst.trapped" : "lc.inst.exited",
-                 "instance=%016llx program=%s name=%s tenant=anonymous status=%s exit_code=%d "
+                 "instance=%016llx program=%s name=%s tenant=%s status=%s exit_code=%d "
                  "reason=%s",
                  (unsigned long long)in->id, in->program_id,
-                 pie_log_quote(name, sizeof name, in->program_name), pie_code_name(code), exit_code,
+                 pie_log_quote(name, sizeof name, in->program_name), in->tenant->name,
+                 pie_code_name(code), exit_code,
                  pie_log_quote(reason, sizeof reason, msg));
 }
 
@@ -376,6 +385,11 @@ static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_cod
     in->exited_unix_ms = now_unix_ms();
     in->exited_ns = rpc_now_ns();
     in->usage.wall_ms = (uint64_t)(in->exited_ns - in->started_ns) / 1000000;
+    lc_inst_mgr *m = in->mgr;
+    pie_gauge_add(in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING ? m->g_running
+                                                                             : m->g_starting,
+                  -1);
+    pie_histogram_observe(m->h_life, (double)(in->exited_ns - in->started_ns) / 1e9);
     in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
     finish_attached(in);
     pthread_mutex_unlock(&in->mu);
@@ -401,6 +415,7 @@ static pie_code create_wasm(lc_inst *in, lc_wasm_instance **w, pie_status *st) {
         .output_ctx = in,
         .host = in->hi,
         .on_interrupt = lc_host_inst_wake,
+        .budget = in->mgr->cfg.budget,
     };
     return lc_program_instance(in->mgr->programs, in->program_id, &o, w, st);
 }
@@ -415,6 +430,9 @@ static void run_instance(lc_inst *in) {
         pthread_mutex_lock(&in->mu);
         in->winst = w;
         in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_RUNNING;
+        pie_gauge_add(in->mgr->g_starting, -1);
+        pie_gauge_add(in->mgr->g_running, 1);
+        pie_histogram_observe(in->mgr->h_start, (double)(rpc_now_ns() - in->started_ns) / 1e9);
         if (in->stop_requested) lc_wasm_instance_interrupt(w);
         pthread_mutex_unlock(&in->mu);
         code = lc_wasm_instance_run(w, &out, &st);
@@ -455,6 +473,33 @@ static void *inst_thread(void *arg) {
 
 /* ---- manager ------------------------------------------------------------------------------ */
 
+/* The instance metrics operators watch (docs/operators.md, "Metrics"). */
+static void mgr_metrics(lc_inst_mgr *m, pie_metrics *reg) {
+    if (reg == NULL) return;
+    pie_status st;
+    double life_b[20], start_b[16];
+    pie_metrics_exponential_bounds(0.01, 2, 20, life_b);   /* 10 ms .. 1.5 h */
+    pie_metrics_exponential_bounds(0.0005, 2, 16, start_b); /* 0.5 ms .. 16 s */
+    m->h_life = pie_metrics_histogram(reg, "pie_lifecycle_instance_seconds",
+                                      "Instance end-to-end time: launch to exit.", life_b, 20,
+                                      NULL, 0, &st);
+    m->h_start = pie_metrics_histogram(
+        reg, "pie_lifecycle_instance_start_seconds",
+        "Instance queue wait: launch until its code runs (program load or compile, thread).",
+        start_b, 16, NULL, 0, &st);
+    m->h_first = pie_metrics_histogram(
+        reg, "pie_lifecycle_first_output_seconds",
+        "Launch to the instance's first output (message, stdout or stderr): its time to first "
+        "token when it streams tokens.",
+        life_b, 20, NULL, 0, &st);
+    m->g_starting =
+        pie_metrics_gauge(reg, "pie_lifecycle_instances", "Instances of this replica by state.",
+                          (pie_metric_label[]){{"state", "starting"}}, 1, &st);
+    m->g_running =
+        pie_metrics_gauge(reg, "pie_lifecycle_instances", "Instances of this replica by state.",
+                          (pie_metric_label[]){{"state", "running"}}, 1, &st);
+}
+
 lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *programs,
                                 lc_host *host, lc_session *session, pie_status *st) {
     lc_inst_mgr *m = calloc(1, sizeof *m);
@@ -468,6 +513,7 @@ lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *pro
     m->programs = programs;
     m->host = host;
     m->session = session;
+    mgr_metrics(m, cfg->metrics);
     return m;
 oom_free:
     free(m);
@@ -547,10 +593,16 @@ static lc_inst *find_locked(lc_inst_mgr *m, uint64_t id) {
     return NULL;
 }
 
-lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, pie_status *st) {
+/* Whether tenant may see and act on in: its own instances; every one for an admin. */
+static bool visible_to(const lc_inst *in, const pie_tenant *tenant) {
+    return tenant == NULL || tenant->admin || in->tenant == tenant;
+}
+
+lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, const pie_tenant *tenant, pie_status *st) {
     pthread_mutex_lock(&m->mu);
     sweep(m);
     lc_inst *in = find_locked(m, id);
+    if (in && !visible_to(in, tenant)) in = NULL; /* another tenant's: as if absent */
     if (in) inst_ref(in);
     pthread_mutex_unlock(&m->mu);
     if (in) return in;
@@ -671,8 +723,54 @@ static void attach_at_launch(lc_inst *in, rpc_call *call) {
     in->attached = call;
 }
 
-pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_call *run_call,
-                        lc_inst **out, lc_limits *limits, pie_status *st) {
+/* Running instances of tenant on this replica. Caller holds m->mu. */
+static uint32_t running_of_locked(const lc_inst_mgr *m, const pie_tenant *tenant) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->table[i]->tenant == tenant &&
+            m->table[i]->state != PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED)
+            n++;
+    return n;
+}
+
+/* The tenant's instance quota, as far as this replica can tell (the controller counts the
+ * whole cluster and ends an instance beyond it). Caller holds m->mu. */
+static pie_code tenant_room_locked(const lc_inst_mgr *m, const pie_tenant *t, pie_status *st) {
+    uint32_t held = t->quota.instances ? running_of_locked(m, t) : 0;
+    if (t->quota.instances == 0 || held < t->quota.instances) return PIE_OK;
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "launch: tenant \"%s\" quota instances (%u) reached: %u held, 1 more "
+                          "requested",
+                          t->name, t->quota.instances, held);
+}
+
+/* What a launch needs free in the replica's memory budget: an inferlet's initial memory and
+ * first allocations. Beyond that, instantiation charges its real initial memory. */
+#define LC_INST_LAUNCH_MIN_BYTES (2u << 20)
+
+static pie_code budget_room(const lc_inst_mgr *m, pie_status *st) {
+    const pie_budget *b = m->cfg.budget;
+    if (pie_budget_free(b) >= LC_INST_LAUNCH_MIN_BYTES) return PIE_OK;
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "launch: this replica's memory budget (limits.replica_memory = %llu "
+                          "MiB) is spent: its instances hold %llu MiB (linear memory, queued "
+                          "calls, inboxes, uploads); launch on another replica or later",
+                          (unsigned long long)(b->max >> 20),
+                          (unsigned long long)(pie_budget_used(b) >> 20));
+}
+
+/* InstanceBegin's Tenant for t (strings borrowed from t). */
+static void tenant_to_pb(const pie_tenant *t, Pie__V1__Tenant *pb) {
+    pie__v1__tenant__init(pb);
+    pb->name = (char *)t->name;
+    pb->instances = t->quota.instances;
+    pb->kv_pages = t->quota.kv_pages;
+    pb->export_pages = t->quota.export_pages;
+}
+
+pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req,
+                        const pie_tenant *tenant, rpc_call *run_call, lc_inst **out,
+                        lc_limits *limits, pie_status *st) {
     char name[LC_PROGRAM_NAME_MAX + 1], model[256];
     if (check_args(req, st) != PIE_OK ||
         lc_program_lookup(m->programs, req->program_id, name, sizeof name, st) != PIE_OK ||
@@ -685,20 +783,28 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_c
     snprintf(in->program_name, sizeof in->program_name, "%s", name);
     snprintf(in->model, sizeof in->model, "%s", model);
     in->limits = effective_limits(&m->cfg, req->limits);
+    in->tenant = tenant ? tenant : &pie_tenant_anonymous;
     pthread_mutex_lock(&m->mu);
     sweep(m);
     pie_code rc = m->stopping ? pie_status_set(st, PIE_UNAVAILABLE,
                                                "launch: this lifecycle replica is shutting down "
                                                "(draining its instances); launch on another")
-                              : new_id(m, &in->id, st);
+                              : tenant_room_locked(m, in->tenant, st);
+    if (rc == PIE_OK) rc = budget_room(m, st);
+    if (rc == PIE_OK) rc = new_id(m, &in->id, st);
     if (rc == PIE_OK) {
         Pie__V1__ResourceLimits pb;
         lc_limits_to_pb(&in->limits, &pb);
+        Pie__V1__Tenant tpb;
+        tenant_to_pb(in->tenant, &tpb);
         lc_host_inst_cb cb = {.ctx = in, .send = on_host_send, .terminated = on_host_terminated};
         in->mgr = m;
-        in->hi = lc_host_inst_begin(m->host, in->id, in->program_id, in->model, &pb, &cb, st);
+        in->hi = lc_host_inst_begin(m->host, in->id, in->program_id, in->model, &pb, &tpb, &cb,
+                                    st);
         pthread_mutex_lock(&in->mu); /* order: manager, then instance */
+        pie_gauge_add(m->g_starting, 1); /* before its thread can move it to running */
         rc = in->hi ? start_locked(m, in, st) : st->code;
+        if (rc != PIE_OK) pie_gauge_add(m->g_starting, -1);
         if (rc == PIE_OK && run_call) attach_at_launch(in, run_call);
         pthread_mutex_unlock(&in->mu);
         if (rc != PIE_OK && in->hi) {
@@ -712,8 +818,8 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_c
         lc_inst_unref(in);
         return rc;
     }
-    pie_log_debug("lc.inst.launched", "instance=%016llx program=%s model=%s",
-                  (unsigned long long)in->id, in->program_id, in->model);
+    pie_log_debug("lc.inst.launched", "instance=%016llx program=%s model=%s tenant=%s",
+                  (unsigned long long)in->id, in->program_id, in->model, in->tenant->name);
     *limits = in->limits;
     *out = in;
     return PIE_OK;
@@ -820,6 +926,7 @@ static Pie__V1__InstanceInfo *info_of(lc_inst *in) {
     i->program_id = in->program_id;
     i->program_name = in->program_name;
     i->model = in->model;
+    i->tenant = (char *)in->tenant->name;
     i->state = in->state;
     i->started_unix_ms = in->started_unix_ms;
     lc_limits_to_pb(&in->limits, &b->limits);
@@ -843,13 +950,15 @@ static Pie__V1__InstanceInfo *info_of(lc_inst *in) {
     return i;
 }
 
-pie_code lc_inst_list(lc_inst_mgr *m, Pie__V1__InstanceInfo ***out, size_t *n, pie_status *st) {
+pie_code lc_inst_list(lc_inst_mgr *m, const pie_tenant *tenant, Pie__V1__InstanceInfo ***out,
+                      size_t *n, pie_status *st) {
     pthread_mutex_lock(&m->mu);
     sweep(m);
     Pie__V1__InstanceInfo **list = calloc(m->n ? m->n : 1, sizeof *list);
     size_t cnt = 0;
     for (size_t i = 0; list && i < m->n; i++) {
         lc_inst *in = m->table[i];
+        if (!visible_to(in, tenant)) continue;
         pthread_mutex_lock(&in->mu);
         Pie__V1__InstanceInfo *info = info_of(in);
         pthread_mutex_unlock(&in->mu);

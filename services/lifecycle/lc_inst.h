@@ -3,7 +3,8 @@
  * Owns: the instance table (launch order, lookup by id, retention of exited instances), one
  * thread per instance (small stack, lc_wasm_thread_attr_init) that loads the program, runs it
  * and reports how it ended, instance ids ((replica index << 48) | random 48 bits), effective
- * quotas (request → server defaults → server maxima), each instance's output buffer (messages
+ * quotas (request → server defaults → server maxima), its tenant (who may see it; the tenant's
+ * instance quota as far as this replica can count it), each instance's output buffer (messages
  * from send(), stdout, stderr; a per-instance cap with the oldest output dropped first while no
  * client is attached), the one attached client call (a Run's from its launch) with
  * back-pressure (while attached, output is never dropped: the writer waits while the same cap
@@ -24,6 +25,8 @@
 #include "lc_program.h"
 #include "lc_session.h"
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_budget.h"
+#include "pie_metrics.h"
 #include "pie_status.h"
 #include "rpc.h"
 
@@ -44,6 +47,8 @@ typedef struct lc_inst_config {
     uint64_t output_buffer_bytes; /* per instance, while no client is attached */
     int64_t retention_ms;         /* how long exited instances stay listed and attachable */
     size_t thread_stack_bytes;    /* native stack of an instance thread */
+    pie_metrics *metrics;         /* instance histograms and gauges; NULL: none */
+    pie_budget *budget;           /* limits.replica_memory; NULL: none */
 } lc_inst_config;
 
 lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *programs,
@@ -68,11 +73,13 @@ void lc_inst_mgr_destroy(lc_inst_mgr *m);
  * quotas) and attached before the instance can write anything, so none of its output is
  * buffered or dropped. Errors: NOT_FOUND (program, model), INVALID_ARGUMENT (args, model),
  * UNAVAILABLE (no controller session), RESOURCE_EXHAUSTED (no thread). */
-pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req, rpc_call *run_call,
-                        lc_inst **out, lc_limits *limits, pie_status *st);
-/* The instance with this id, with a reference; NOT_FOUND (naming the owning replica for an id
- * of another replica) otherwise. */
-lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, pie_status *st);
+pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req,
+                        const pie_tenant *tenant, rpc_call *run_call, lc_inst **out,
+                        lc_limits *limits, pie_status *st);
+/* The instance with this id, with a reference, if tenant may see it (its own; any for an admin
+ * tenant or tenant NULL); NOT_FOUND (naming the owning replica for an id of another replica)
+ * otherwise: another tenant's instance is reported exactly as an unknown one. */
+lc_inst *lc_inst_find(lc_inst_mgr *m, uint64_t id, const pie_tenant *tenant, pie_status *st);
 void lc_inst_unref(lc_inst *in); /* NULL is fine */
 uint64_t lc_inst_id(const lc_inst *in);
 
@@ -90,8 +97,10 @@ void lc_inst_close_input(lc_inst *in);
 /* Stops the instance with this exit status (the first stop wins); no-op once it exited. */
 void lc_inst_stop(lc_inst *in, pie_code code, const char *msg);
 
-/* Every instance of the replica in launch order; free with lc_inst_list_free. */
-pie_code lc_inst_list(lc_inst_mgr *m, Pie__V1__InstanceInfo ***out, size_t *n, pie_status *st);
+/* Every instance of the replica tenant may see (lc_inst_find), in launch order; free with
+ * lc_inst_list_free. */
+pie_code lc_inst_list(lc_inst_mgr *m, const pie_tenant *tenant, Pie__V1__InstanceInfo ***out,
+                      size_t *n, pie_status *st);
 void lc_inst_list_free(Pie__V1__InstanceInfo **list, size_t n);
 
 /* ResourceLimits message fields from l (pointers into nothing: plain values). */

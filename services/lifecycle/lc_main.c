@@ -26,6 +26,7 @@
 typedef struct lc_config {
     svc_config svc;
     svc_dial_config dial; /* controller.* */
+    char *tenants_dir;    /* tenants.dir */
     char *replica_id;     /* replica.id */
     char *advertise;      /* replica.advertise */
     char *cache_dir;      /* runtime.cache_dir */
@@ -36,11 +37,18 @@ typedef struct lc_config {
     uint64_t output_buffer_bytes;
     int64_t retention_ms;
     lc_limits defaults, maxima;
+    uint64_t replica_memory; /* limits.replica_memory */
+    uint32_t max_uploads;    /* programs.max_uploads */
     char *tokenizer_path, *http_allow;
     bool tokenizer_fetch; /* tokenizer.fetch */
     bool registry;        /* programs.registry */
     int64_t http_timeout_ms;
     uint64_t http_max_bytes;
+    lc_wasm_module_limits module_limits; /* programs.max_functions, max_function_size, ... */
+    int64_t compile_timeout_ms;          /* runtime.compile_timeout */
+    int64_t tier1_timeout_ms;            /* runtime.tier1_timeout */
+    uint32_t max_compiles;               /* runtime.max_compiles */
+    uint32_t compile_queue;              /* runtime.compile_queue */
 } lc_config;
 
 /* The seven quota keys of limits.<which> (which = default or max) into member m. */
@@ -66,6 +74,10 @@ typedef struct lc_config {
 static const pie_config_field lc_fields[] = {
     SVC_CONFIG_FIELDS(lc_config, "0.0.0.0:50051", "0.0.0.0:9091"),
     SVC_DIAL_FIELDS(lc_config, dial),
+    {"tenants.dir", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tenants_dir), .def = "",
+     .doc = "directory of tenant files <name>.yaml (token, admin, quotas; a mounted Secret): "
+            "clients then need a tenant's token, auth.token is only for the internal links "
+            "(empty = one anonymous tenant)"},
     {"replica.id", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, replica_id), .def = "",
      .doc = "name of this replica in status and logs (empty = <hostname>:<grpc port>)"},
     {"replica.advertise", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, advertise), .def = "",
@@ -80,8 +92,39 @@ static const pie_config_field lc_fields[] = {
     {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes), .def = "512KiB",
      .min = "256KiB", .max = "256MiB",
      .doc = "native stack of an instance thread (address space; only touched pages count)"},
+    {"runtime.compile_timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, compile_timeout_ms),
+     .def = "60s", .min = "100ms", .max = "1h",
+     .doc = "longest a program's first compile (wasm2c | tcc) may run: it is then killed and "
+            "the upload or launch fails RESOURCE_EXHAUSTED"},
+    {"runtime.tier1_timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, tier1_timeout_ms),
+     .def = "10m", .min = "1s", .max = "24h",
+     .doc = "longest a tier-1 recompile (cc -O2) may run: it is then killed and the program "
+            "stays at tier 0"},
+    {"runtime.max_compiles", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_compiles), .def = "2",
+     .min = "1", .max = "256",
+     .doc = "first compiles of programs that run at once (uploads, launches of programs not "
+            "compiled on this replica yet)"},
+    {"runtime.compile_queue", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, compile_queue), .def = "32",
+     .max = "100000",
+     .doc = "compiles that may wait for one of runtime.max_compiles to end; more fail "
+            "RESOURCE_EXHAUSTED at once (0: none wait)"},
     {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, max_program_bytes), .def = "64MiB",
      .min = "1KiB", .max = "1GiB", .doc = "largest program accepted by upload"},
+    {"programs.max_functions", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, module_limits.max_functions),
+     .def = "20000", .min = "1", .max = "1000000",
+     .doc = "most functions a program may define, checked before it is compiled (wasm2c's "
+            "time grows faster than linearly with them)"},
+    {"programs.max_function_size", PIE_CFG_SIZE,
+     PIE_CONFIG_AT(lc_config, module_limits.max_function_bytes), .def = "1MiB", .min = "1KiB",
+     .max = "64MiB", .doc = "largest function body of a program, checked before it is compiled"},
+    {"programs.max_nesting", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, module_limits.max_nesting),
+     .def = "4096", .min = "16", .max = "1000000",
+     .doc = "deepest nesting of blocks, loops and ifs in a program's function, checked before "
+            "it is compiled (wasm2c crashes near 15000 on an 8 MiB stack)"},
+    {"programs.max_uploads", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_uploads), .def = "16",
+     .min = "1", .max = "4096",
+     .doc = "uploads in progress at once on this replica; more are refused RESOURCE_EXHAUSTED "
+            "(each holds its program's bytes in memory until it is stored)"},
     {"programs.registry", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, registry), .def = "true",
      .doc = "share programs through the controller's program registry: uploads are put there, "
             "launches of ids this replica lacks fetch them, deletes are cluster-wide"},
@@ -95,6 +138,10 @@ static const pie_config_field lc_fields[] = {
                     "default (launch leaves it 0):"),
     LC_LIMIT_FIELDS("max", maxima, "4GiB", "65536", "65536", "256", "4MiB", "24h", "168h",
                     "largest allowed:"),
+    {"limits.replica_memory", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, replica_memory), .def = "0",
+     .doc = "memory all instances of this replica may hold at once: linear memories, queued "
+            "calls, inboxes, uploads in flight; launches beyond it and memory.grow beyond it "
+            "fail (0 = 3/4 of the memory the process may use: its cgroup limit or the RAM)"},
     {"tokenizer.path", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tokenizer_path), .def = "",
      .doc = "':'-separated directories searched first for models' tokenizer.json (model dirs "
             "or their parents); optional: tokenizers are fetched from the controller"},
@@ -112,6 +159,7 @@ static const pie_config_schema lc_schema = PIE_CONFIG_SCHEMA(lc_config, lc_field
 
 /* Everything the process runs, in start order (stopped in reverse, see lc_stop). */
 typedef struct lc_parts {
+    pie_budget budget; /* limits.replica_memory, shared by the instances */
     svc *s;
     lc_session *session;
     lc_wasm_rt *rt;
@@ -166,6 +214,10 @@ static pie_code start_tokenizers(const lc_config *cfg, lc_parts *p, pie_status *
 static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     char native[4096];
     if ((p->s = svc_create("lifecycle", &cfg->svc, st)) == NULL) return st->code;
+    if (svc_load_tenants(p->s, cfg->tenants_dir, st) != PIE_OK) return st->code;
+    p->budget.max = cfg->replica_memory ? cfg->replica_memory
+                                        : pie_budget_process_memory() / 4 * 3;
+    pie_log_info("lc.budget", "replica_memory=%llu", (unsigned long long)p->budget.max);
     lc_session_config sc = {.replica_id = cfg->replica_id ? cfg->replica_id : "",
                             .advertise = cfg->advertise ? cfg->advertise : "",
                             .ready_health = LC_HEALTH_NAME};
@@ -178,6 +230,11 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                           .n_host_fns = n_fns,
                           .tier1 = cfg->tier1,
                           .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
+    ro.module_limits = cfg->module_limits;
+    ro.compile_timeout_ms = (uint64_t)cfg->compile_timeout_ms;
+    ro.tier1_timeout_ms = (uint64_t)cfg->tier1_timeout_ms;
+    ro.max_compiles = cfg->max_compiles;
+    ro.compile_queue = cfg->compile_queue ? (int32_t)cfg->compile_queue : -1; /* 0: none wait */
     if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
@@ -192,17 +249,21 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .tokenizer_path = cfg->tokenizer_path ? cfg->tokenizer_path : "",
                          .http_allow = cfg->http_allow ? cfg->http_allow : "",
                          .http_timeout_ms = (uint64_t)cfg->http_timeout_ms,
-                         .http_max_bytes = cfg->http_max_bytes};
+                         .http_max_bytes = cfg->http_max_bytes,
+                         .budget = &p->budget};
     if ((p->host = lc_host_create(&hc, p->session, svc_metrics(p->s), st)) == NULL) return st->code;
     lc_inst_config ic = {.defaults = cfg->defaults,
                          .maxima = cfg->maxima,
                          .output_buffer_bytes = cfg->output_buffer_bytes,
                          .retention_ms = cfg->retention_ms,
-                         .thread_stack_bytes = cfg->stack_bytes};
+                         .thread_stack_bytes = cfg->stack_bytes,
+                         .budget = &p->budget,
+                         .metrics = svc_metrics(p->s)};
     if ((p->insts = lc_inst_mgr_create(&ic, p->programs, p->host, p->session, st)) == NULL)
         return st->code;
     if ((p->api = lc_api_create(p->programs, p->insts, p->session, p->store, st)) == NULL)
         return st->code;
+    lc_api_set_limits(p->api, cfg->max_uploads, &p->budget);
     size_t n_methods;
     const rpc_method *methods = lc_api_methods(p->api, &n_methods);
     if (svc_serve(p->s, methods, n_methods, st) != PIE_OK) return st->code;
@@ -222,6 +283,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
  * in flight get what is left of the grace (at least LC_CALLS_GRACE_MIN_MS). */
 static void lc_drain(const lc_config *cfg, lc_parts *p) {
     int64_t grace_ms = cfg->svc.shutdown_grace_ms, t0 = rpc_now_ns();
+    lc_wasm_rt_stop_compiles(p->rt); /* uploads compiling end UNAVAILABLE now, not at the grace */
     lc_inst_mgr_refuse_launches(p->insts); /* before readiness says so */
     svc_set_serving(p->s, false);
     pie_log_info("lc.draining", "grace_ms=%lld", (long long)grace_ms);
@@ -233,6 +295,7 @@ static void lc_drain(const lc_config *cfg, lc_parts *p) {
 }
 
 static void lc_stop(lc_parts *p) {
+    if (p->rt) lc_wasm_rt_stop_compiles(p->rt); /* no job below waits for a compiler */
     lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
     svc_drain(p->s);            /* server next (no-op after lc_drain): no callback after it */
     lc_api_destroy(p->api);     /* waits for uploads being validated */

@@ -233,6 +233,34 @@ pie_code lc_store_drop_program(lc_store *s, const char *id, bool *was, pie_statu
     return rc;
 }
 
+/* ---- exports (Controller.ListTenantExports / DeleteTenantExport) ------------------------------ */
+
+pie_code lc_store_list_exports(lc_store *s, const char *tenant, bool all,
+                               Pie__V1__ListTenantExportsResponse **out, pie_status *st) {
+    Pie__V1__ListTenantExportsRequest req = PIE__V1__LIST_TENANT_EXPORTS_REQUEST__INIT;
+    req.tenant = (char *)tenant;
+    req.all = all;
+    ProtobufCMessage *m = NULL;
+    pie_code rc = call(s, "ListTenantExports", &req.base,
+                       &pie__v1__list_tenant_exports_response__descriptor, &m, st);
+    *out = rc == PIE_OK ? (Pie__V1__ListTenantExportsResponse *)m : NULL;
+    if (rc != PIE_OK) rpc_msg_free(m);
+    return rc;
+}
+
+pie_code lc_store_delete_export(lc_store *s, const char *tenant, const char *name,
+                                uint32_t *pages, pie_status *st) {
+    Pie__V1__DeleteTenantExportRequest req = PIE__V1__DELETE_TENANT_EXPORT_REQUEST__INIT;
+    req.tenant = (char *)tenant;
+    req.name = (char *)name;
+    ProtobufCMessage *m = NULL;
+    pie_code rc = call(s, "DeleteTenantExport", &req.base,
+                       &pie__v1__delete_tenant_export_response__descriptor, &m, st);
+    *pages = rc == PIE_OK ? ((Pie__V1__DeleteTenantExportResponse *)m)->page_count : 0;
+    rpc_msg_free(m);
+    return rc;
+}
+
 /* ---- session hooks and the re-put thread ----------------------------------------------------- */
 
 static void on_welcome(void *ctx) {

@@ -22,6 +22,7 @@
 #include "lc_program.h"
 #include "lc_session.h"
 #include "pie_metrics.h"
+#include "pie/v1/controller.pb-c.h"
 #include "pie_status.h"
 
 typedef struct lc_store lc_store;
@@ -64,5 +65,13 @@ pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st);
 
 /* Drops id from the registry and so from every connected replica; *was: the registry held it. */
 pie_code lc_store_drop_program(lc_store *s, const char *id, bool *was, pie_status *st);
+
+/* The exports of tenant (all: every tenant's), from the controller: *out is freed with
+ * rpc_msg_free. UNAVAILABLE while the controller is not connected. Blocks. */
+pie_code lc_store_list_exports(lc_store *s, const char *tenant, bool all,
+                               Pie__V1__ListTenantExportsResponse **out, pie_status *st);
+/* Removes tenant's export name in the controller; *pages gets its size. Blocks. */
+pie_code lc_store_delete_export(lc_store *s, const char *tenant, const char *name,
+                                uint32_t *pages, pie_status *st);
 
 #endif

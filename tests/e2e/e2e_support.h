@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pie/v1/lifecycle.pb-c.h"
 #include "pie_proc.h"
 #include "rpc.h"
 
@@ -37,9 +38,18 @@ void e2e_cluster_start(e2e_cluster *c);
  * appended to pie-lifecycle's environment; pie_proc strips the test's own PIE_* variables, so
  * settings must be passed here. At most 11. */
 void e2e_cluster_start_env(e2e_cluster *c, const char *const *lc_env);
+/* e2e_cluster_start_env whose channel to the lifecycle (c->ch) sends token (NULL: none), for a
+ * lifecycle that requires one (auth.token, or a tenant's with tenants.dir). */
+void e2e_cluster_start_token(e2e_cluster *c, const char *const *lc_env, const char *token);
+/* e2e_cluster_start_token whose worker also gets wrk_env (NULL-terminated "PIE_KEY=value"
+ * settings, at most 9, e.g. PIE_TP_SIZE=2; NULL: none). */
+void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const char *const *lc_env,
+                            const char *token);
 /* A CPU worker serving E2E_MODEL that links to the controller named by ctl_env
  * ("PIE_CONTROLLER_ADDRESS=host:port"); asserts on failure. */
 pie_proc *e2e_worker_start(const char *ctl_env);
+/* The same with extra settings (NULL-terminated "PIE_KEY=value", at most 9; NULL: none). */
+pie_proc *e2e_worker_start_env(const char *ctl_env, const char *const *extra);
 /* Stops all three (each must exit 0) and frees. */
 void e2e_cluster_stop(e2e_cluster *c);
 
@@ -47,6 +57,8 @@ void e2e_cluster_stop(e2e_cluster *c);
 
 /* Uploads PIE_INFERLETS_DIR/<name>.wasm; returns the program id (caller frees). */
 char *e2e_upload(e2e_cluster *c, const char *name);
+/* Uploads the .wasm at path under the program name `name`; returns the program id. */
+char *e2e_upload_path(e2e_cluster *c, const char *path, const char *name);
 
 typedef struct e2e_run {
     char **msgs; /* messages the inferlet sent, NUL-terminated copies */
@@ -71,6 +83,17 @@ void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *
 rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *const *args,
                          const char *const *in);
 void e2e_run_collect(rpc_stream *s, e2e_run *r);
+/* Launch (detached) of program_id with args as c->ch's caller: the instance id, or 0 when the
+ * call ends with another code than OK; asserts that the code is want (*st gets the status). */
+uint64_t e2e_launch(e2e_cluster *c, const char *program_id, const char *const *args,
+                    pie_code want, pie_status *st);
+/* Terminate of id: its status code. */
+pie_code e2e_terminate(e2e_cluster *c, uint64_t id, pie_status *st);
+/* The instance id as ListInstances shows it to c->ch's caller (NULL: not listed); free with
+ * rpc_msg_free on *resp. */
+const Pie__V1__InstanceInfo *e2e_instance(e2e_cluster *c, uint64_t id,
+                                          Pie__V1__ListInstancesResponse **resp);
+
 /* Asserts that the instance ended with OK and exit code 0 (the message shows its stderr). */
 void e2e_assert_success(const e2e_run *r, const char *what);
 void e2e_run_free(e2e_run *r);

@@ -44,6 +44,11 @@ static void call_unref(rpc_call *c) {
 const char *rpc_call_method(const rpc_call *call) { return call->m->path; }
 void rpc_call_set_data(rpc_call *call, void *data) { call->data = data; }
 void *rpc_call_get_data(const rpc_call *call) { return call->data; }
+/* Every fuzzed call is the anonymous tenant's (no tenants: the default deployment). */
+const pie_tenant *rpc_call_tenant(const rpc_call *call) {
+    (void)call;
+    return &pie_tenant_anonymous;
+}
 int64_t rpc_call_deadline_ns(const rpc_call *call) {
     (void)call;
     return RPC_DEADLINE_NONE;

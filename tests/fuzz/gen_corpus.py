@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """gen_corpus.py — writes the generated seed inputs: those of the harnesses that take protobuf
-messages (corpus/ctl_rpc, lc_rpc, wrk_rpc, wrk_exec, rpc_health) from the text-format messages below, with
+messages (corpus/ctl_rpc, lc_rpc, lc_session, wrk_rpc, wrk_exec, rpc_health) from the text-format messages below, with
 `protoc --encode` against proto/pie/v1, and corpus/mdl_safetensors/tiny_model.st. The other
 seeds are hand-written files. The seeds are committed; rerun this after a wire-contract change:
 
@@ -57,7 +57,8 @@ def write(target, name, data):
 
 
 # ---- pie.v1.Controller: method indices of ctl_cluster_methods --------------------------------
-WORKER_LINK, SESSION, CLUSTER_STATUS, GET_TOKENIZER, PUT_PROGRAM, GET_PROGRAM, DROP_PROGRAM = range(7)
+(WORKER_LINK, SESSION, CLUSTER_STATUS, GET_TOKENIZER, PUT_PROGRAM, GET_PROGRAM, DROP_PROGRAM,
+ LIST_TENANT_EXPORTS, DELETE_TENANT_EXPORT) = range(9)
 
 TOKENIZER = b'{"version":"1.0","model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]}}'
 TOK_SHA = hashlib.sha256(TOKENIZER).hexdigest()
@@ -143,9 +144,36 @@ write("ctl_rpc", "protocol_errors",
       open_call(3, PUT_PROGRAM) + msg(3, enc("PutProgramRequest", 'chunk: "x"')) +
       open_call(0, SESSION) + msg(0, HELLO) + msg(0, HELLO) + msg(0, b"\xff\xff"))
 
+write("ctl_rpc", "tenant_exports",
+      open_call(0, LIST_TENANT_EXPORTS, enc("ListTenantExportsRequest", 'tenant: "alice"')) +
+      open_call(1, LIST_TENANT_EXPORTS, enc("ListTenantExportsRequest", "all: true")) +
+      open_call(2, DELETE_TENANT_EXPORT, enc("DeleteTenantExportRequest", 'tenant: "alice" name: "x"')) +
+      open_call(3, DELETE_TENANT_EXPORT, enc("DeleteTenantExportRequest", 'name: ""')))
+
+# ---- SessionDown messages (fuzz_lc_session: [len lo][len hi][SessionDown]...) -------------------
+def downs(*texts):
+    out = b""
+    for t in texts:
+        m = enc("SessionDown", t)
+        out += bytes([len(m) & 255, len(m) >> 8]) + m
+    return out
+
+
+write("lc_session", "welcome_models_results",
+      downs('welcome { replica_index: 1 version: "pie-c/0.1.0" }',
+            "events { models_changed { models { %s } } }" % MODEL,
+            'results { instance_id: 281474976710657 call_id: 1 code: 0 synced { } }',
+            'results { instance_id: 5 call_id: 2 code: 8 message: "quota" }',
+            "events { models_changed { } }"))
+write("lc_session", "events",
+      downs('events { instance_terminated { instance_id: 7 status { code: 14 message: "lost" } } }',
+            'events { delivery { topic: "t" message: "m" sender_instance_id: 1 instance_ids: [2, 3] } }',
+            'events { worker_lost { worker_index: 1 group_id: "g" } }',
+            'events { program_dropped { program_id: "%s" } }' % PROGRAM_SHA))
+
 # ---- pie.v1.Lifecycle: method indices of lc_api_methods --------------------------------------
 (UPLOAD, LIST_PROGRAMS, DELETE_PROGRAM, LAUNCH, TERMINATE, LIST_INSTANCES, ATTACH, RUN,
- LIST_MODELS) = range(9)
+ LIST_EXPORTS, DELETE_EXPORT, LIST_MODELS) = range(11)
 # fuzz_lc_rpc stores corpus/wasm_parse/trivial.wasm before the first input: launches of it get
 # past "not stored" to the model and limits checks.
 with open(os.path.join(HERE, "corpus", "wasm_parse", "trivial.wasm"), "rb") as _f:
@@ -162,6 +190,10 @@ write("lc_rpc", "upload_list_delete",
       open_call(1, LIST_PROGRAMS, b"") +
       open_call(2, DELETE_PROGRAM, enc("DeleteProgramRequest", 'program_id: "%s"' % PROGRAM_SHA)) +
       open_call(3, LIST_MODELS, b""))
+write("lc_rpc", "exports",
+      open_call(0, LIST_EXPORTS, enc("ListExportsRequest", "all_tenants: true")) +
+      open_call(1, DELETE_EXPORT, enc("DeleteExportRequest", 'name: "p1" tenant: "alice"')) +
+      open_call(2, DELETE_EXPORT, enc("DeleteExportRequest", 'name: ""')))
 write("lc_rpc", "launch_terminate_list",
       open_call(0, LAUNCH, enc("LaunchRequest", LAUNCH_REQ)) +
       open_call(1, TERMINATE, enc("TerminateRequest", "instance_id: 1")) +

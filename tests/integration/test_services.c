@@ -26,6 +26,7 @@
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie/v1/worker.pb-c.h"
 #include "pie_proc.h"
+#include "pie_testcerts.h"
 #include "pie_testutil.h"
 #include "rpc.h"
 
@@ -173,7 +174,13 @@ static char *http_get(int port, const char *path) {
     char *buf = malloc(cap);
     cr_assert(buf);
     ssize_t r;
-    while (len + 1 < cap && (r = recv(fd, buf + len, cap - len - 1, 0)) > 0) len += (size_t)r;
+    while ((r = recv(fd, buf + len, cap - len - 1, 0)) > 0) {
+        len += (size_t)r;
+        if (len + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            cr_assert(buf);
+        }
+    }
     buf[len] = '\0';
     close(fd);
     return buf;
@@ -600,4 +607,125 @@ Test(services, controller_metrics_count_the_linked_worker) {
     stop_ok(wrk, SIGTERM);
     wait_metric_line(pie_proc_metrics_port(ctl), "pie_controller_workers 0", LINK_MS);
     stop_ok(ctl, SIGTERM);
+}
+
+/* The metric families a /metrics body declares ("# TYPE <name> <kind>"), appended to *names. */
+static void families_of(const char *body, char ***names, size_t *n) {
+    for (const char *p = strstr(body, "# TYPE "); p; p = strstr(p + 1, "# TYPE ")) {
+        const char *name = p + 7, *end = strchr(name, ' ');
+        cr_assert(end, "malformed TYPE line");
+        *names = realloc(*names, (*n + 1) * sizeof **names);
+        cr_assert(*names);
+        (*names)[(*n)++] = strndup(name, (size_t)(end - name));
+    }
+}
+
+/* The "## Metrics" section of docs/operators.md (caller frees). */
+static char *metrics_doc(void) {
+    FILE *f = fopen(PIE_SOURCE_DIR "/docs/operators.md", "r");
+    cr_assert(f, "cannot open docs/operators.md");
+    static char text[1 << 18];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    const char *from = strstr(text, "\n## Metrics\n");
+    cr_assert(from, "docs/operators.md has no ## Metrics section");
+    const char *to = strstr(from + 1, "\n## ");
+    return strndup(from, to ? (size_t)(to - from) : strlen(from));
+}
+
+/* Every family the four services serve is in the Metrics table of docs/operators.md, and every
+ * family of that table is served by one of them (issue 15, item 6). */
+Test(services, every_metric_family_is_documented_and_every_documented_one_is_served) {
+    cluster c;
+    cluster_start(&c, "", "");
+    char lc_env[96];
+    snprintf(lc_env, sizeof lc_env, "PIE_LIFECYCLE_ADDRESS=%s", pie_proc_addr(c.lc));
+    const char *gw_env[] = {lc_env, "PIE_HTTP_LISTEN=127.0.0.1:0", NULL};
+    pie_proc *gw = start("pie-gateway", gw_env);
+    rpc_channel *ch = channel_to(c.lc, NULL);
+    models_list *ml = wait_models(ch, 1, LINK_MS); /* finished calls: per-method families */
+    rpc_msg_free(&ml->base);
+    rpc_channel_destroy(ch);
+    wait_metric_line(pie_proc_metrics_port(c.ctl), "pie_controller_workers 1", LINK_MS);
+
+    char **names = NULL;
+    size_t n = 0;
+    const pie_proc *procs[] = {c.ctl, c.wrk, c.lc, gw};
+    for (size_t i = 0; i < 4; i++) {
+        char *body = http_get(pie_proc_metrics_port(procs[i]), "/metrics");
+        families_of(body, &names, &n);
+        free(body);
+    }
+    char *lc_body = http_get(pie_proc_metrics_port(c.lc), "/metrics");
+    cr_expect(strstr(lc_body, "\npie_grpc_server_handled_total{method=\"/pie.v1.Lifecycle/"
+                              "ListModels\",code=\"OK\"} "),
+              "the lifecycle did not count its ListModels calls:\n%s", lc_body);
+    free(lc_body);
+    char *doc = metrics_doc();
+    for (size_t i = 0; i < n; i++) {
+        char quoted[160];
+        snprintf(quoted, sizeof quoted, "| `%s` |", names[i]);
+        cr_expect(strstr(doc, quoted), "served family %s is not in the Metrics table of "
+                  "docs/operators.md", names[i]);
+    }
+    for (const char *p = strstr(doc, "\n| `"); p; p = strstr(p + 1, "\n| `")) {
+        const char *name = p + 4, *end = strchr(name, '`');
+        cr_assert(end);
+        bool served = false;
+        for (size_t i = 0; i < n && !served; i++)
+            served = strlen(names[i]) == (size_t)(end - name) &&
+                     strncmp(names[i], name, (size_t)(end - name)) == 0;
+        cr_expect(served, "documented family %.*s is served by no service", (int)(end - name),
+                  name);
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(doc);
+    stop_ok(gw, SIGTERM);
+    cluster_stop(&c);
+}
+
+/* TLS between every service and to clients (issue 15, item 8): the controller and the lifecycle
+ * serve TLS, the worker and the lifecycle dial the controller trusting the test CA, a client
+ * with the CA is served and a plaintext one is not. */
+Test(services, a_cluster_over_tls_serves_tls_clients_only) {
+    char dir[64], cert[256], key[256], ca[256];
+    cr_assert(pie_test_certs_make(dir, sizeof dir), "cannot make the test certificates");
+    char p_cert[200], p_key[200], p_ca[200];
+    pie_test_certs_path(dir, "srv.pem", p_cert, sizeof p_cert);
+    pie_test_certs_path(dir, "srv.key", p_key, sizeof p_key);
+    pie_test_certs_path(dir, "ca.pem", p_ca, sizeof p_ca);
+    snprintf(cert, sizeof cert, "PIE_TLS_CERT_FILE=%s", p_cert);
+    snprintf(key, sizeof key, "PIE_TLS_KEY_FILE=%s", p_key);
+    snprintf(ca, sizeof ca, "PIE_TLS_CA_FILE=%s", p_ca);
+    const char *ctl_env[] = {cert, key, NULL};
+    pie_proc *ctl = start("pie-controller", ctl_env);
+    char link[64];
+    pie_proc_env_controller(ctl, link, sizeof link);
+    const char *wrk_env[] = {link, ca, ENV_RECONNECT, ENV_MODEL, NULL};
+    pie_proc *wrk = start("pie-worker", wrk_env);
+    const char *lc_env[] = {link, ca, cert, key, ENV_RECONNECT, NULL};
+    pie_proc *lc = start("pie-lifecycle", lc_env);
+
+    char *ca_pem = pie_test_certs_read(dir, "ca.pem");
+    cr_assert(ca_pem);
+    pie_status st;
+    rpc_channel_opts co = {.tls_ca_pem = ca_pem};
+    rpc_channel *tls = rpc_channel_create(pie_proc_addr(lc), &co, &st);
+    cr_assert(tls, "%s", st.msg);
+    models_list *ml = wait_models(tls, 1, LINK_MS); /* the worker linked over TLS */
+    rpc_msg_free(&ml->base);
+    rpc_channel_destroy(tls);
+    rpc_channel *plain = channel_to(lc, NULL);
+    models_list *none = NULL;
+    cr_expect_eq(get_models(plain, &none, &st), PIE_UNAVAILABLE,
+                 "a plaintext client was served by a TLS lifecycle: %s", st.msg);
+    if (none) rpc_msg_free(&none->base);
+    rpc_channel_destroy(plain);
+    free(ca_pem);
+    stop_ok(lc, SIGTERM);
+    stop_ok(wrk, SIGTERM);
+    stop_ok(ctl, SIGTERM);
+    pie_test_certs_remove(dir);
 }

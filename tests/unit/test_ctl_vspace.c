@@ -178,6 +178,16 @@ Test(ctl_vspace, a_full_pool_refuses_and_names_the_counts) {
     ctl_pool_destroy(&p);
 }
 
+/* ctl_exports_add for tenant t at time 0. */
+static pie_code add(ctl_exports *ex, const char *op, const char *tenant, const char *name,
+                    ctl_pool *p, const uint32_t *slots, uint32_t n, bool persistent,
+                    uint64_t exporter, uint32_t *charge, pie_status *st) {
+    ctl_export_spec spec = {.tenant = tenant, .name = name, .model = "m", .pool = p,
+                            .slots = slots, .n = n, .persistent = persistent,
+                            .exporter = exporter, .charge = charge};
+    return ctl_exports_add(ex, op, &spec, st);
+}
+
 Test(ctl_vspace, export_and_import_share_pages_by_reference) {
     ctl_pool p = pool_of(8, 8);
     ctl_exports ex = {0};
@@ -190,12 +200,12 @@ Test(ctl_vspace, export_and_import_share_pages_by_reference) {
     cr_assert_eq(ctl_vspace_kv_slots(&a, "export_kv_pages", (uint32_t[]){10, 11}, 2, slots, &st),
                  PIE_OK);
     cr_assert_eq(
-        ctl_exports_add(&ex, "export_kv_pages", "prefix", "m", &p, NULL, slots, 2, false, 1, &st),
+        add(&ex, "export_kv_pages", "t", "prefix", &p, slots, 2, false, 1, NULL, &st),
         PIE_OK, "%s", st.msg);
     cr_assert_eq(ctl_pool_kv_refs(&p, slots[0]), 2);
     cr_assert(!ctl_pool_kv_writable(&p, slots[0]), "exported pages are read-only");
     cr_assert_eq(p.kv_shared, 2);
-    ctl_export *e = ctl_exports_get(&ex, "prefix");
+    ctl_export *e = ctl_exports_get(&ex, "t", "prefix");
     cr_assert_not_null(e);
     cr_assert_eq(
         ctl_vspace_import_kv(&b, "import_kv_pages", (uint32_t[]){0, 1}, e->slots, e->n, &st),
@@ -208,7 +218,7 @@ Test(ctl_vspace, export_and_import_share_pages_by_reference) {
     /* The exporter lets go: the export and the importer keep the pages. */
     cr_assert_eq(ctl_vspace_dealloc_kv(&a, "d", (uint32_t[]){10, 11}, 2, &st), PIE_OK);
     cr_assert_eq(ctl_pool_kv_refs(&p, slots[0]), 2);
-    ctl_exports_remove(&ex, ctl_exports_get(&ex, "prefix"));
+    ctl_exports_remove(&ex, ctl_exports_get(&ex, "t", "prefix"));
     cr_assert_eq(ctl_pool_kv_refs(&p, slots[0]), 1);
     cr_assert(ctl_pool_kv_writable(&p, slots[0]), "sole holder again: writable");
     cr_assert_eq(p.kv_shared, 0);
@@ -228,18 +238,18 @@ Test(ctl_vspace, export_names_are_unique_and_bounded) {
     ctl_vspace_init(&a, &p, 1);
     cr_assert_eq(ctl_vspace_alloc_kv(&a, "a", (uint32_t[]){1}, 1, &st), PIE_OK);
     uint32_t s = slot_of(&a, 1);
-    cr_assert_eq(ctl_exports_add(&ex, "export_kv_pages", "x", "m", &p, NULL, &s, 1, true, 1, &st),
+    cr_assert_eq(add(&ex, "export_kv_pages", "t", "x", &p, &s, 1, true, 1, NULL, &st),
                  PIE_OK);
-    cr_assert_eq(ctl_exports_add(&ex, "export_kv_pages", "x", "m", &p, NULL, &s, 1, true, 1, &st),
+    cr_assert_eq(add(&ex, "export_kv_pages", "t", "x", &p, &s, 1, true, 1, NULL, &st),
                  PIE_ALREADY_EXISTS);
     cr_assert_str_eq(st.msg, "export_kv_pages: export name \"x\" is already taken");
-    cr_assert_eq(ctl_exports_add(&ex, "export_kv_pages", "", "m", &p, NULL, &s, 1, true, 1, &st),
+    cr_assert_eq(add(&ex, "export_kv_pages", "t", "", &p, &s, 1, true, 1, NULL, &st),
                  PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(st.msg, "export_kv_pages: name is empty");
     char big[300];
     memset(big, 'n', sizeof big - 1);
     big[sizeof big - 1] = '\0';
-    cr_assert_eq(ctl_exports_add(&ex, "export_kv_pages", big, "m", &p, NULL, &s, 1, true, 1, &st),
+    cr_assert_eq(add(&ex, "export_kv_pages", "t", big, &p, &s, 1, true, 1, NULL, &st),
                  PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(st.msg, "export_kv_pages: name is 299 bytes, more than 256");
     cr_assert_eq(ctl_pool_kv_refs(&p, s), 2, "only the first export holds a reference");
@@ -256,15 +266,15 @@ Test(ctl_vspace, tied_exports_go_with_their_exporter_and_persistent_ones_stay) {
     ctl_vspace_init(&a, &p, 7);
     cr_assert_eq(ctl_vspace_alloc_kv(&a, "a", (uint32_t[]){1, 2}, 2, &st), PIE_OK);
     uint32_t s1 = slot_of(&a, 1), s2 = slot_of(&a, 2);
-    cr_assert_eq(ctl_exports_add(&ex, "e", "tied", "m", &p, NULL, &s1, 1, false, 7, &st), PIE_OK);
-    cr_assert_eq(ctl_exports_add(&ex, "e", "kept", "m", &p, NULL, &s2, 1, true, 7, &st), PIE_OK);
-    cr_assert_eq(ctl_exports_add(&ex, "e", "other", "m", &p, NULL, &s2, 1, false, 8, &st), PIE_OK);
+    cr_assert_eq(add(&ex, "e", "t", "tied", &p, &s1, 1, false, 7, NULL, &st), PIE_OK);
+    cr_assert_eq(add(&ex, "e", "t", "kept", &p, &s2, 1, true, 7, NULL, &st), PIE_OK);
+    cr_assert_eq(add(&ex, "e", "t", "other", &p, &s2, 1, false, 8, NULL, &st), PIE_OK);
     /* The exporter (instance 7) ends: its space is released and its tied exports dropped. */
     ctl_vspace_release(&a);
     ctl_exports_drop_tied(&ex, 7);
-    cr_assert_null(ctl_exports_get(&ex, "tied"));
-    cr_assert_not_null(ctl_exports_get(&ex, "kept"));
-    cr_assert_not_null(ctl_exports_get(&ex, "other"));
+    cr_assert_null(ctl_exports_get(&ex, "t", "tied"));
+    cr_assert_not_null(ctl_exports_get(&ex, "t", "kept"));
+    cr_assert_not_null(ctl_exports_get(&ex, "t", "other"));
     cr_assert_eq(ctl_pool_kv_refs(&p, s1), 0, "nobody holds the tied export's page");
     cr_assert_eq(ctl_pool_kv_refs(&p, s2), 2, "two exports hold the other page");
     ctl_export **v;
@@ -276,6 +286,52 @@ Test(ctl_vspace, tied_exports_go_with_their_exporter_and_persistent_ones_stay) {
     free(v);
     ctl_exports_drop_pool(&ex, &p); /* the worker is gone */
     cr_assert_eq(ctl_exports_count(&ex), 0);
+    ctl_exports_free(&ex);
+    ctl_pool_destroy(&p);
+}
+
+/* Export names are per tenant; persistent exports charge their tenant's counter until they go
+ * (removed, dropped with their pool, or expired after the TTL since their last use). */
+Test(ctl_vspace, exports_are_per_tenant_charged_and_expire) {
+    ctl_pool p = pool_of(8, 8);
+    ctl_exports ex = {0};
+    pie_status st;
+    ctl_vspace a;
+    ctl_vspace_init(&a, &p, 1);
+    cr_assert_eq(ctl_vspace_alloc_kv(&a, "a", (uint32_t[]){1, 2, 3}, 3, &st), PIE_OK);
+    uint32_t s[3] = {slot_of(&a, 1), slot_of(&a, 2), slot_of(&a, 3)};
+    uint32_t alice = 0, bob = 0;
+    cr_assert_eq(add(&ex, "e", "alice", "x", &p, s, 2, true, 1, &alice, &st), PIE_OK);
+    cr_assert_eq(add(&ex, "e", "bob", "x", &p, s + 2, 1, true, 1, &bob, &st), PIE_OK,
+                 "another tenant may use the same name");
+    cr_assert_eq(add(&ex, "e", "bob", "tied", &p, s, 1, false, 1, &bob, &st), PIE_OK);
+    cr_assert_eq(alice, 2);
+    cr_assert_eq(bob, 1, "only persistent exports are charged");
+    cr_assert_eq(ctl_exports_persistent(&ex), 2);
+    cr_assert_eq(ctl_exports_get(&ex, "alice", "x")->n, 2);
+    cr_assert_eq(ctl_exports_get(&ex, "bob", "x")->n, 1);
+    cr_assert_null(ctl_exports_get(&ex, "carol", "x"));
+    cr_assert_null(ctl_exports_get(&ex, "alice", "tied"));
+    ctl_export **v;
+    size_t n;
+    cr_assert_eq(ctl_exports_sorted(&ex, &v, &n), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_str_eq(v[0]->tenant, "alice");
+    cr_assert_str_eq(v[1]->name, "tied");
+    cr_assert_str_eq(v[2]->name, "x");
+    free(v);
+    /* alice's export was used at 5 s (an import), bob's at 0: a 10 s TTL at 12 s takes bob's. */
+    ctl_exports_get(&ex, "alice", "x")->used_ns = 5000000000LL;
+    ctl_exports_expire(&ex, 12000000000LL, 10000000000LL);
+    cr_assert_null(ctl_exports_get(&ex, "bob", "x"));
+    cr_assert_not_null(ctl_exports_get(&ex, "alice", "x"));
+    cr_assert_not_null(ctl_exports_get(&ex, "bob", "tied"), "tied exports never expire");
+    cr_assert_eq(bob, 0, "the expired export uncharged its tenant");
+    cr_assert_eq(ctl_pool_kv_refs(&p, s[2]), 1, "its page is the exporter's alone again");
+    ctl_exports_remove(&ex, ctl_exports_get(&ex, "alice", "x"));
+    cr_assert_eq(alice, 0);
+    cr_assert_eq(ctl_exports_persistent(&ex), 0);
+    ctl_vspace_release(&a);
     ctl_exports_free(&ex);
     ctl_pool_destroy(&p);
 }

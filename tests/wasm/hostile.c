@@ -67,6 +67,17 @@ int main(int argc, char **argv) {
         }
     } else if (strcmp(mode, "exit") == 0) {
         exit(argc > 2 ? atoi(argv[2]) : 7);
+    } else if (strcmp(mode, "hold") == 0) {
+        /* hold N MS: grow by N pages, touch them, say how it went, then keep them MS ms */
+        long r = __builtin_wasm_memory_grow(0, argc > 2 ? atol(argv[2]) : 1);
+        if (r >= 0)
+            for (long i = 0; i < (argc > 2 ? atol(argv[2]) : 1); i++)
+                ((volatile char *)(uintptr_t)((r + i) * 65536))[0] = 1;
+        printf("grow=%ld\n", r);
+        fflush(stdout);
+        long ms = argc > 3 ? atol(argv[3]) : 60000;
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
     } else if (strcmp(mode, "sleep") == 0) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);

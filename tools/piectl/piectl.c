@@ -1,8 +1,9 @@
 /* piectl.c — the command-line client of a Pie-C cluster.
  *
  * Owns: argument parsing and the cluster commands: health (grpc.health.v1 on any service),
- * status (Controller/ClusterStatus), models (Lifecycle/ListModels). The program and instance
- * commands (upload, run, attach, ps, kill, programs, delete) are in piectl_lc.c. Exit status: 0
+ * status (Controller/ClusterStatus), models (Lifecycle/ListModels). The program, instance and
+ * export commands (upload, run, attach, ps, kill, programs, delete, exports, unexport) are in
+ * piectl_lc.c. Exit status: 0
  * success, 1 the cluster said no or is unhealthy, 2 usage error; run and attach exit with the
  * inferlet's exit code, or 100 + the status code when it did not end by itself. */
 #include <getopt.h>
@@ -13,6 +14,7 @@
 
 #include "pie/v1/controller.pb-c.h"
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_file.h"
 #include "rpc.h"
 #include "svc.h"
 
@@ -35,6 +37,10 @@ static void usage(FILE *f) {
             "  attach INSTANCE_ID            attach to a running or recently exited instance\n"
             "  ps                            instances of the replica\n"
             "  kill INSTANCE_ID              terminate an instance\n"
+            "  exports [--all]               KV page exports of your tenant (--all: every\n"
+            "                                tenant's; admin tenants only)\n"
+            "  unexport NAME [TENANT]        remove an export (e.g. a persistent one whose\n"
+            "                                exporter ended); another tenant's needs admin\n"
             "run options: --model NAME, --no-stdin, --cpu-ms N, --wall-ms N, --memory-mib N,\n"
             "             --kv-pages N (0 = server default)\n"
             "run/attach exit with the inferlet's exit code, or 100 + the status code (e.g. 101\n"
@@ -43,6 +49,7 @@ static void usage(FILE *f) {
             "  -a, --addr HOST:PORT   service address (repeat for several)\n"
             "  -s, --service NAME     health: service name (default \"\" = whole server)\n"
             "  -t, --token TOKEN      bearer token (default: $PIE_TOKEN)\n"
+            "      --tls-ca FILE      speak TLS, trusting this PEM CA (default: $PIE_TLS_CA)\n"
             "      --timeout MS       per-call deadline (default 2000)\n"
             "      --wait MS          health: retry until SERVING for up to MS (default 0)\n"
             "  -h, --help             this text\n");
@@ -56,7 +63,9 @@ static void sleep_ms(int64_t ms) {
 }
 
 rpc_channel *piectl_dial(const piectl_opts *o, const char *addr, pie_status *st) {
-    rpc_channel_opts co = {.token = o->token && o->token[0] ? o->token : NULL, .max_recv_bytes = -1};
+    rpc_channel_opts co = {.token = o->token && o->token[0] ? o->token : NULL,
+                           .max_recv_bytes = -1,
+                           .tls_ca_pem = o->tls_ca_pem};
     return rpc_channel_create(addr, &co, st);
 }
 
@@ -175,14 +184,39 @@ static int cmd_models(const piectl_opts *o) {
     return 0;
 }
 
+/* The command after the options: its exit status. */
+static int dispatch(piectl_opts *o, int argc, char **argv) {
+    const char *cmd = argv[optind];
+    int lc = piectl_lc_command(o, cmd, argc - optind - 1, argv + optind + 1);
+    if (lc >= 0) return lc;
+    if (optind + 1 < argc) {
+        fprintf(stderr, "piectl: unexpected argument '%s'\n", argv[optind + 1]);
+        return 2;
+    }
+    if (o->timeout_ms <= 0 || o->wait_ms < 0) {
+        fprintf(stderr, "piectl: --timeout must be > 0 and --wait >= 0 (milliseconds)\n");
+        return 2;
+    }
+    if (strcmp(cmd, "health") == 0) return cmd_health(o);
+    if (strcmp(cmd, "status") == 0) return cmd_status(o);
+    if (strcmp(cmd, "models") == 0) return cmd_models(o);
+    fprintf(stderr,
+            "piectl: unknown command '%s' (health, status, models, programs, upload, delete, "
+            "run, attach, ps, kill, exports, unexport)\n",
+            cmd);
+    return 2;
+}
+
 int main(int argc, char **argv) {
     static const struct option longopts[] = {
         {"addr", required_argument, NULL, 'a'},  {"service", required_argument, NULL, 's'},
         {"token", required_argument, NULL, 't'}, {"timeout", required_argument, NULL, 'T'},
         {"wait", required_argument, NULL, 'w'},  {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},     {NULL, 0, NULL, 0},
+        {"version", no_argument, NULL, 'V'},     {"tls-ca", required_argument, NULL, 'C'},
+        {NULL, 0, NULL, 0},
     };
     piectl_opts o = {.service = "", .token = getenv("PIE_TOKEN"), .timeout_ms = 2000};
+    const char *tls_ca = getenv("PIE_TLS_CA");
     int c;
     /* "+": options end at the command, so an inferlet's own arguments are left alone */
     while ((c = getopt_long(argc, argv, "+a:s:t:h", longopts, NULL)) != -1) {
@@ -197,6 +231,7 @@ int main(int argc, char **argv) {
         case 's': o.service = optarg; break;
         case 't': o.token = optarg; break;
         case 'T': o.timeout_ms = atoll(optarg); break;
+        case 'C': tls_ca = optarg; break;
         case 'w': o.wait_ms = atoll(optarg); break;
         case 'V': printf("piectl %s\n", PIE_VERSION); return 0;
         case 'h': usage(stdout); return 0;
@@ -207,23 +242,15 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    const char *cmd = argv[optind];
-    int lc = piectl_lc_command(&o, cmd, argc - optind - 1, argv + optind + 1);
-    if (lc >= 0) return lc;
-    if (optind + 1 < argc) {
-        fprintf(stderr, "piectl: unexpected argument '%s'\n", argv[optind + 1]);
-        return 2;
+    if (tls_ca && tls_ca[0]) {
+        size_t len;
+        pie_status st;
+        if (pie_file_read(tls_ca, "TLS CA", 1u << 20, &o.tls_ca_pem, &len, &st) != PIE_OK) {
+            fprintf(stderr, "piectl: %s\n", st.msg);
+            return 2;
+        }
     }
-    if (o.timeout_ms <= 0 || o.wait_ms < 0) {
-        fprintf(stderr, "piectl: --timeout must be > 0 and --wait >= 0 (milliseconds)\n");
-        return 2;
-    }
-    if (strcmp(cmd, "health") == 0) return cmd_health(&o);
-    if (strcmp(cmd, "status") == 0) return cmd_status(&o);
-    if (strcmp(cmd, "models") == 0) return cmd_models(&o);
-    fprintf(stderr,
-            "piectl: unknown command '%s' (health, status, models, programs, upload, delete, "
-            "run, attach, ps, kill)\n",
-            cmd);
-    return 2;
+    int rc = dispatch(&o, argc, argv);
+    free(o.tls_ca_pem);
+    return rc;
 }

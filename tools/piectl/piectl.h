@@ -13,6 +13,7 @@ typedef struct piectl_opts {
     int n_addrs;
     const char *service; /* health: service name ("" = overall) */
     const char *token;   /* --token or PIE_TOKEN */
+    char *tls_ca_pem;    /* --tls-ca FILE or PIE_TLS_CA: TLS to the services (NULL: plaintext) */
     int64_t timeout_ms;  /* per call */
     int64_t wait_ms;     /* health: keep retrying until SERVING or this much time passed */
 } piectl_opts;

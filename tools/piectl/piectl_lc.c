@@ -225,6 +225,56 @@ static int cmd_kill(const piectl_opts *o, int argc, char **argv) {
     return rc;
 }
 
+/* ---- exports ------------------------------------------------------------------------------- */
+
+static int cmd_exports(const piectl_opts *o, int argc, char **argv) {
+    bool all = argc == 1 && strcmp(argv[0], "--all") == 0;
+    if (argc > 1 || (argc == 1 && !all)) {
+        fprintf(stderr, "piectl: usage: exports [--all]\n");
+        return 2;
+    }
+    Pie__V1__ListExportsRequest req = PIE__V1__LIST_EXPORTS_REQUEST__INIT;
+    req.all_tenants = all;
+    ProtobufCMessage *m = NULL;
+    if (piectl_unary(o, LC_DEFAULT_ADDR, "/pie.v1.Lifecycle/ListExports", &req.base,
+                     &pie__v1__list_exports_response__descriptor, &m))
+        return 1;
+    Pie__V1__ListExportsResponse *r = (Pie__V1__ListExportsResponse *)m;
+    printf("%-16s %-24s %-16s %6s %-10s %-16s %s\n", "TENANT", "NAME", "MODEL", "PAGES", "KIND",
+           "EXPORTER", "EXPIRES");
+    for (size_t i = 0; i < r->n_exports; i++) {
+        const Pie__V1__ExportInfo *e = r->exports[i];
+        char when[32] = "-";
+        if (e->expires_unix_ms) {
+            time_t t = (time_t)(e->expires_unix_ms / 1000);
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", gmtime(&t));
+        }
+        printf("%-16s %-24s %-16s %6u %-10s %016llx %s\n", e->tenant, e->name, e->model,
+               e->page_count, e->persistent ? "persistent" : "tied",
+               (unsigned long long)e->exporter_instance_id, when);
+    }
+    rpc_msg_free(m);
+    return 0;
+}
+
+static int cmd_unexport(const piectl_opts *o, int argc, char **argv) {
+    if (argc < 1 || argc > 2) {
+        fprintf(stderr, "piectl: usage: unexport NAME [TENANT]\n");
+        return 2;
+    }
+    Pie__V1__DeleteExportRequest req = PIE__V1__DELETE_EXPORT_REQUEST__INIT;
+    req.name = argv[0];
+    req.tenant = argc == 2 ? argv[1] : "";
+    ProtobufCMessage *m = NULL;
+    int rc = piectl_unary(o, LC_DEFAULT_ADDR, "/pie.v1.Lifecycle/DeleteExport", &req.base,
+                          &pie__v1__delete_export_response__descriptor, &m);
+    if (rc == 0)
+        printf("removed export %s (%u pages)\n", argv[0],
+               ((Pie__V1__DeleteExportResponse *)m)->page_count);
+    rpc_msg_free(m);
+    return rc;
+}
+
 /* ---- run and attach ------------------------------------------------------------------------ */
 
 typedef struct stdin_pump {
@@ -474,6 +524,8 @@ int piectl_lc_command(const piectl_opts *o, const char *cmd, int argc, char **ar
     if (strcmp(cmd, "attach") == 0) return cmd_attach(o, argc, argv);
     if (strcmp(cmd, "kill") == 0) return cmd_kill(o, argc, argv);
     if (strcmp(cmd, "delete") == 0) return cmd_delete(o, argc, argv);
+    if (strcmp(cmd, "exports") == 0) return cmd_exports(o, argc, argv);
+    if (strcmp(cmd, "unexport") == 0) return cmd_unexport(o, argc, argv);
     bool no_args = argc == 0;
     if (strcmp(cmd, "ps") == 0) return no_args ? cmd_ps(o) : 2;
     if (strcmp(cmd, "programs") == 0) return no_args ? cmd_programs(o) : 2;

@@ -23,6 +23,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "pie_status.h"
+#include "pie_tenant.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Common */
@@ -95,6 +96,19 @@ typedef struct rpc_server_opts {
                                   when callbacks themselves burn CPU. See README. */
     const char *token;         /* bearer token; NULL or "" → no auth. Calls whose `authorization`
                                   metadata is not exactly "Bearer <token>" get UNAUTHENTICATED */
+    /* TLS (PEM text, borrowed until rpc_server_start): with a certificate and its key the
+     * server speaks TLS only; with client_ca too it also requires and verifies client
+     * certificates signed by it (mutual TLS). NULL → plaintext. */
+    const char *tls_cert_pem, *tls_key_pem, *tls_client_ca_pem;
+    const pie_tenants *tenants; /* client tenants (must outlive the server): when non-empty, a
+                                  call's `authorization` must be one tenant's "Bearer <token>"
+                                  (token above is then not accepted) and rpc_call_tenant names
+                                  it; NULL or empty → token decides, every caller "anonymous" */
+    /* Optional, for metrics: every call once it is over (after its status went out, or
+     * cancelled: code CANCELLED), with its full method name and its time since arrival. Runs on
+     * a completion-queue thread: keep it short. */
+    void (*on_finished)(void *user, const char *method, pie_code code, int64_t dur_ns);
+    void *on_finished_user;
     bool health_needs_token;   /* false (default): grpc.health.v1.Health is callable without the
                                   token, so Kubernetes probes work */
     bool health_not_serving;   /* false (default): overall health "" starts SERVING */
@@ -102,6 +116,11 @@ typedef struct rpc_server_opts {
     int max_send_bytes;        /* 0 → 4 MiB; -1 → unlimited */
     size_t send_queue_max;     /* per call: messages queued and not yet handed to the transport
                                   before rpc_call_send says RESOURCE_EXHAUSTED; 0 → unbounded */
+    size_t send_queue_max_bytes; /* per call: packed bytes of those messages; a message that
+                                  would take them above it is refused the same way (an empty
+                                  queue takes any one message); 0 → unbounded. A producer that
+                                  cannot wait (rpc_call_send_wait) must treat the refusal as the
+                                  end of the call — see README "Bounded send queues" */
     int keepalive_time_ms;     /* server pings idle connections this often; 0 → off (gRPC
                                   default: 2 h) */
     int keepalive_timeout_ms;  /* 0 → 20 s */
@@ -155,6 +174,8 @@ void *rpc_call_get_data(const rpc_call *call);
 int64_t rpc_call_deadline_ns(const rpc_call *call);         /* RPC_DEADLINE_NONE if none */
 int64_t rpc_call_remaining_ms(const rpc_call *call);        /* INT64_MAX if no deadline; ≤0 past */
 bool rpc_call_is_cancelled(const rpc_call *call);
+/* The caller's tenant (rpc_server_opts.tenants), &pie_tenant_anonymous without tenants. */
+const pie_tenant *rpc_call_tenant(const rpc_call *call);
 /* First value of request metadata `key` (lowercase), or NULL. Owned by the call. */
 const char *rpc_call_metadata(const rpc_call *call, const char *key);
 /* All request metadata; *n gets the count. Owned by the call. */
@@ -173,8 +194,9 @@ pie_code rpc_call_add_trailing_metadata(rpc_call *call, const char *key, const c
  * for the network. Messages go out in order; at most one is in the transport at a time (when
  * none is, the caller's thread starts the send itself: no thread hop). PIE_CANCELLED if the call
  * was cancelled, FAILED_PRECONDITION if already finished or if a unary/client-streaming method
- * already sent its one response, RESOURCE_EXHAUSTED if larger than max_send_bytes or if
- * send_queue_max messages are waiting (the message is then not queued), INVALID_ARGUMENT for a
+ * already sent its one response, RESOURCE_EXHAUSTED if larger than max_send_bytes or if the
+ * queue is full (send_queue_max messages or send_queue_max_bytes bytes wait; the message is
+ * then not queued), INVALID_ARGUMENT for a
  * message whose type is not the method's response type. */
 pie_code rpc_call_send(rpc_call *call, const ProtobufCMessage *msg);
 /* As rpc_call_send, but while the queue is full waits up to timeout_ms (<0: forever) for room:
@@ -219,6 +241,9 @@ typedef struct rpc_channel rpc_channel;
 
 typedef struct rpc_channel_opts {
     const char *token;             /* sent as "authorization: Bearer <token>"; NULL → none */
+    const char *tls_ca_pem;        /* TLS: PEM of the CA that signed the server's certificate
+                                      (its name must match the target's host); NULL → plaintext */
+    const char *tls_cert_pem, *tls_key_pem; /* a client certificate for mutual TLS (optional) */
     int max_recv_bytes;            /* 0 → 4 MiB; -1 → unlimited */
     int max_send_bytes;            /* 0 → 4 MiB; -1 → unlimited */
     int keepalive_time_ms;         /* 0 → no keepalive pings */
@@ -344,6 +369,20 @@ rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status 
 /* Sends on the current stream (thread-safe; from callbacks too). UNAVAILABLE while not
  * connected (the message is dropped: re-send state from on_connect). */
 pie_code rpc_link_send(rpc_link *link, const ProtobufCMessage *msg, pie_status *st);
+/* Generations: every stream the link connects gets the next number (1, 2, ...; it equals
+ * rpc_link_connects at its on_connect). A sender that packed messages for one stream sends
+ * them with rpc_link_send_gen, so they can never leave on the stream of a later reconnect:
+ * UNAVAILABLE once stream gen is gone (the message is dropped; the stream's on_disconnect has
+ * run or is about to). rpc_link_generation: the connected stream's, 0 while not connected
+ * (inside on_connect: the stream being connected). */
+uint64_t rpc_link_generation(rpc_link *link);
+pie_code rpc_link_send_gen(rpc_link *link, uint64_t gen, const ProtobufCMessage *msg,
+                           pie_status *st);
+/* Ends stream gen (if it is still the connected one; otherwise nothing) because what was sent
+ * on it can no longer be trusted, e.g. a message was lost: the stream is cancelled, its
+ * on_disconnect reports code and msg instead of CANCELLED, and the link reconnects after the
+ * backoff. Any thread, callbacks included. */
+void rpc_link_reset(rpc_link *link, uint64_t gen, pie_code code, const char *msg);
 bool rpc_link_connected(rpc_link *link);
 unsigned rpc_link_connects(rpc_link *link); /* how many times on_connect has been called */
 /* Cancels the stream, stops the thread (no callback runs after it returns), frees. Not from a

@@ -54,8 +54,13 @@ struct rpc_server {
     char *addr;
     char *auth_expected; /* "Bearer <token>", NULL when no auth */
     size_t auth_len;
+    const pie_tenants *tenants; /* rpc_server_opts.tenants */
+    char *tls_cert, *tls_key, *tls_client_ca; /* copies of the PEM options (NULL: plaintext) */
+    void (*on_finished)(void *user, const char *method, pie_code code, int64_t dur_ns);
+    void *on_finished_user;
     int max_recv, max_send;
-    size_t send_queue_max;
+    size_t send_queue_max;       /* messages per call's queue; 0: unbounded */
+    size_t send_queue_max_bytes; /* packed bytes per call's queue; 0: unbounded */
     int n_threads;
     bool health_needs_token;
 
@@ -89,6 +94,8 @@ struct rpc_call {
     atomic_int refs;
     atomic_bool cancelled;
     void *data;
+    const pie_tenant *tenant; /* who called (set before on_call; never NULL after) */
+    int64_t arrived_ns;       /* when the call was matched (rpc_server_opts.on_finished) */
 
     /* Filled by grpc_server_request_registered_call; immutable afterwards until release. */
     grpc_call *gcall;
@@ -412,6 +419,11 @@ static void call_try_done(rpc_call *c) {
     if (busy) return;
     if (atomic_load(&c->cancelled) || c->cancel_requested) call_report_cancel(c);
     c->done = true;
+    if (c->srv->on_finished) {
+        pie_code code = c->status_sent ? (pie_code)c->fin_code : PIE_CANCELLED;
+        c->srv->on_finished(c->srv->on_finished_user, c->meth->m.path, code,
+                            rpc_now_ns() - c->arrived_ns);
+    }
     if (c->handler_visible && c->meth->m.on_done) c->meth->m.on_done(c, c->meth->m.user);
     call_release_grpc(c);
     atomic_fetch_sub(&c->srv->live_calls, 1);
@@ -469,11 +481,13 @@ static void call_finish_internal(rpc_call *c, pie_code code, const char *msg) {
 
 static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m);
 
-/* NULL when the call may proceed, else why not. Exactly one authorization header counts: with
- * several, which one a proxy in front checked is unknowable, so none is trusted. */
-static const char *call_auth_refusal(const rpc_call *c) {
+/* NULL when the call may proceed (c->tenant set), else why not. Exactly one authorization
+ * header counts: with several, which one a proxy in front checked is unknowable, so none is
+ * trusted. With tenants, only a tenant's token is accepted (never the service token). */
+static const char *call_auth_refusal(rpc_call *c) {
     const rpc_server *srv = c->srv;
-    if (!srv->auth_expected || c->meth->m.no_auth) return NULL;
+    c->tenant = &pie_tenant_anonymous;
+    if ((!srv->auth_expected && !srv->tenants) || c->meth->m.no_auth) return NULL;
     const grpc_metadata *auth = NULL;
     for (size_t i = 0; i < c->req_md.count; i++) {
         const grpc_metadata *e = &c->req_md.metadata[i];
@@ -481,9 +495,16 @@ static const char *call_auth_refusal(const rpc_call *c) {
         if (auth != NULL) return "more than one authorization header";
         auth = e;
     }
-    if (auth == NULL ||
-        !rpc__secret_eq((const char *)GRPC_SLICE_START_PTR(auth->value),
-                        GRPC_SLICE_LENGTH(auth->value), srv->auth_expected, srv->auth_len))
+    if (auth == NULL) return "missing or invalid bearer token";
+    const char *value = (const char *)GRPC_SLICE_START_PTR(auth->value);
+    size_t len = GRPC_SLICE_LENGTH(auth->value);
+    if (srv->tenants) {
+        const pie_tenant *t = pie_tenants_find(srv->tenants, value, len);
+        if (!t) return "missing or invalid bearer token";
+        c->tenant = t;
+        return NULL;
+    }
+    if (!rpc__secret_eq(value, len, srv->auth_expected, srv->auth_len))
         return "missing or invalid bearer token";
     return NULL;
 }
@@ -497,6 +518,7 @@ static void on_new_call(rpc_srv_thread *th, rpc_call *c, bool ok) {
     arm_method(th, c->meth);
     atomic_fetch_add(&srv->live_calls, 1);
     c->deadline_ns = rpc__ns_from_deadline(c->g_deadline);
+    c->arrived_ns = rpc_now_ns();
     const rpc_method *m = &c->meth->m;
     c->defer_send = true; /* no send batch until the handler's first callback returned */
 
@@ -792,12 +814,32 @@ rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st) {
     srv->max_recv = rpc__max_bytes(opts->max_recv_bytes);
     srv->max_send = rpc__max_bytes(opts->max_send_bytes);
     srv->send_queue_max = opts->send_queue_max;
+    srv->send_queue_max_bytes = opts->send_queue_max_bytes;
     srv->health_needs_token = opts->health_needs_token;
     srv->t_shutdown = (rpc_tag){TAG_SHUTDOWN, srv};
     atomic_init(&srv->shutting_down, false);
     atomic_init(&srv->live_calls, 0);
     srv->addr = strdup(opts->addr);
     if (!srv->addr) goto oom;
+    srv->tenants = opts->tenants && opts->tenants->n ? opts->tenants : NULL;
+    if ((opts->tls_cert_pem != NULL) != (opts->tls_key_pem != NULL) ||
+        (opts->tls_client_ca_pem && !opts->tls_cert_pem)) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "rpc_server_create: TLS needs a certificate and its key (and a client CA "
+                       "only with them)");
+        rpc_server_destroy(srv);
+        return NULL;
+    }
+    if (opts->tls_cert_pem) {
+        srv->tls_cert = strdup(opts->tls_cert_pem);
+        srv->tls_key = strdup(opts->tls_key_pem);
+        srv->tls_client_ca = opts->tls_client_ca_pem ? strdup(opts->tls_client_ca_pem) : NULL;
+        if (!srv->tls_cert || !srv->tls_key ||
+            (opts->tls_client_ca_pem && !srv->tls_client_ca))
+            goto oom;
+    }
+    srv->on_finished = opts->on_finished;
+    srv->on_finished_user = opts->on_finished_user;
     if (opts->token && opts->token[0]) {
         size_t n = strlen(opts->token) + sizeof "Bearer ";
         srv->auth_expected = malloc(n);
@@ -931,7 +973,20 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
             return pie_status_set(st, PIE_INTERNAL, "rpc_server_start: cannot create a CQ");
         grpc_server_register_completion_queue(srv->gs, th->cq, NULL);
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds;
+    if (srv->tls_cert && srv->tls_key) {
+        grpc_ssl_pem_key_cert_pair pair = {srv->tls_key, srv->tls_cert};
+        creds = grpc_ssl_server_credentials_create_ex(
+            srv->tls_client_ca, &pair, 1,
+            srv->tls_client_ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    if (creds == NULL)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "rpc_server_start: the TLS certificate or key is not usable PEM");
     srv->port = grpc_server_add_http2_port(srv->gs, srv->addr, creds);
     grpc_server_credentials_release(creds);
     if (srv->port == 0)
@@ -953,7 +1008,7 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
         th->running = true;
     }
     pie_log_info("rpc.listen", "addr=%s port=%d threads=%d methods=%zu auth=%s", srv->addr,
-                 srv->port, srv->n_threads, srv->n_methods, srv->auth_expected ? "bearer" : "none");
+                 srv->port, srv->n_threads, srv->n_methods, srv->tenants ? "tenants" : srv->auth_expected ? "bearer" : "none");
     return PIE_OK;
 }
 
@@ -1048,6 +1103,10 @@ void rpc_server_destroy(rpc_server *srv) {
     rpc__health_destroy(srv->health);
     free(srv->auth_expected);
     free(srv->addr);
+    free(srv->tls_cert);
+    if (srv->tls_key) memset(srv->tls_key, 0, strlen(srv->tls_key)); /* a private key */
+    free(srv->tls_key);
+    free(srv->tls_client_ca);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);
     free(srv);
@@ -1062,6 +1121,9 @@ const char *rpc_call_method(const rpc_call *c) { return c->meth->m.path; }
 void rpc_call_set_data(rpc_call *c, void *data) { c->data = data; }
 
 void *rpc_call_get_data(const rpc_call *c) { return c->data; }
+const pie_tenant *rpc_call_tenant(const rpc_call *c) {
+    return c->tenant ? c->tenant : &pie_tenant_anonymous;
+}
 
 int64_t rpc_call_deadline_ns(const rpc_call *c) { return c->deadline_ns; }
 
@@ -1101,6 +1163,17 @@ pie_code rpc_call_add_trailing_metadata(rpc_call *c, const char *key, const char
     return rc;
 }
 
+/* Whether the send queue has no room for a message of `bytes` packed bytes: send_queue_max
+ * messages wait, or it would take the waiting bytes above send_queue_max_bytes. An empty queue
+ * always takes one message (max_send_bytes bounds it), so a byte bound below the largest
+ * message slows that message down but never refuses it for good. Called with c->mu held. */
+static bool call_queue_full_locked(const rpc_call *c, size_t bytes) {
+    const rpc_server *srv = c->srv;
+    if (srv->send_queue_max && c->q.len >= srv->send_queue_max) return true;
+    return srv->send_queue_max_bytes && c->q.len > 0 &&
+           c->q.bytes + bytes > srv->send_queue_max_bytes;
+}
+
 /* Packs msg, then queues it (and the OK status when finish is set) once there is room. */
 static pie_code call_send_impl(rpc_call *c, const ProtobufCMessage *msg, bool wait,
                                int64_t timeout_ms, bool finish) {
@@ -1116,7 +1189,7 @@ static pie_code call_send_impl(rpc_call *c, const ProtobufCMessage *msg, bool wa
     rc = call_sendable_locked(c);
     if (rc == PIE_OK && single && c->n_msgs > 0)
         rc = PIE_FAILED_PRECONDITION; /* one response only */
-    while (rc == PIE_OK && c->srv->send_queue_max && c->q.len >= c->srv->send_queue_max) {
+    while (rc == PIE_OK && call_queue_full_locked(c, grpc_byte_buffer_length(bb))) {
         if (!wait || tls_thread == c->th) {
             rc = PIE_RESOURCE_EXHAUSTED;
             break;

@@ -11,7 +11,9 @@
 #include <time.h>
 
 #include "pie_desc.h"
+#include "pie_file.h"
 #include "pie_httpd.h"
+#include "pie_procstat.h"
 #include "pie_log.h"
 #include "rpc_reflect.h"
 
@@ -27,6 +29,8 @@ struct svc {
     rpc_reflect *reflect; /* server reflection; outlives the server */
     const svc_config *cfg; /* borrowed; outlives the svc */
     char token[512];
+    pie_tenants tenants; /* svc_load_tenants; empty without tenants */
+    char *tls_cert, *tls_key, *tls_client_ca, *tls_ca; /* PEM text of the tls.* files, or NULL */
     /* Health: "" is `serving`; each name of health[] is serving && its ready flag. Set from the
      * main thread (serving) and from the service's own threads (ready), hence the lock. */
     pthread_mutex_t health_mu;
@@ -34,6 +38,7 @@ struct svc {
     bool ready[SVC_MAX_HEALTH];
     size_t n_health;
     bool serving;
+    uint64_t send_queue_msgs, send_queue_bytes; /* svc_set_send_queue; 0: unbounded */
 };
 
 int svc_parse_args(int argc, char **argv, const char *prog, svc_args *out) {
@@ -182,6 +187,42 @@ static void register_build_info(svc *s) {
         pie_metrics_gauge(s->metrics, "pie_process_start_time_seconds",
                           "Start time of the process since the Unix epoch.", NULL, 0, &st);
     pie_gauge_set(start, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+    if (pie_procstat_register(s->metrics, &st) != PIE_OK)
+        pie_log_warn("svc.procstat", "process_* metrics unavailable: %s", st.msg);
+}
+
+#define SVC_PEM_MAX (1u << 20)
+
+/* path's contents into *out (NULL when path is empty). */
+static pie_code read_pem(const char *path, const char *key, char **out, pie_status *st) {
+    *out = NULL;
+    if (path == NULL || path[0] == '\0') return PIE_OK;
+    size_t len;
+    if (pie_file_read(path, key, SVC_PEM_MAX, out, &len, st) != PIE_OK) return st->code;
+    if (strstr(*out, "-----BEGIN ") == NULL)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: '%s' holds no PEM block", key, path);
+    return PIE_OK;
+}
+
+static pie_code load_tls(svc *s, const svc_config *cfg, pie_status *st) {
+    if (read_pem(cfg->tls_cert_file, "tls.cert_file", &s->tls_cert, st) != PIE_OK ||
+        read_pem(cfg->tls_key_file, "tls.key_file", &s->tls_key, st) != PIE_OK ||
+        read_pem(cfg->tls_client_ca_file, "tls.client_ca_file", &s->tls_client_ca, st) != PIE_OK ||
+        read_pem(cfg->tls_ca_file, "tls.ca_file", &s->tls_ca, st) != PIE_OK)
+        return st->code;
+    if ((s->tls_cert != NULL) != (s->tls_key != NULL))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tls.cert_file and tls.key_file go together (one is empty)");
+    if (s->tls_client_ca && !s->tls_cert)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tls.client_ca_file needs tls.cert_file and tls.key_file");
+    return PIE_OK;
+}
+
+void svc_tls_client(const svc *s, rpc_channel_opts *co) {
+    co->tls_ca_pem = s->tls_ca;
+    co->tls_cert_pem = s->tls_ca ? s->tls_cert : NULL;
+    co->tls_key_pem = s->tls_ca ? s->tls_key : NULL;
 }
 
 svc *svc_create(const char *name, const svc_config *cfg, pie_status *st) {
@@ -206,6 +247,7 @@ svc *svc_create(const char *name, const svc_config *cfg, pie_status *st) {
     } else if (cfg->auth_token) {
         snprintf(s->token, sizeof s->token, "%s", cfg->auth_token);
     }
+    if (load_tls(s, cfg, st) != PIE_OK) goto fail;
     s->metrics = pie_metrics_create();
     if (s->metrics == NULL) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
@@ -255,6 +297,39 @@ static pie_code add_reflection(svc *s, const rpc_method *methods, size_t n, pie_
     return rpc_server_add_methods(s->server, rm, 2, st);
 }
 
+void svc_set_send_queue(svc *s, uint64_t max_msgs, uint64_t max_bytes) {
+    s->send_queue_msgs = max_msgs;
+    s->send_queue_bytes = max_bytes;
+}
+
+/* rpc_server_opts.on_finished: per-method call counts by status and durations. The series are
+ * looked up per call (get-or-create under the registry's lock): unary calls are rare next to
+ * the streams' messages, which this does not see. */
+static void call_finished(void *user, const char *method, pie_code code, int64_t dur_ns) {
+    svc *s = user;
+    pie_status st;
+    pie_metric_label l[2] = {{"method", method}, {"code", pie_code_name(code)}};
+    pie_counter_add(pie_metrics_counter(s->metrics, "pie_grpc_server_handled_total",
+                                        "gRPC calls finished, by method and status code.", l, 2,
+                                        &st),
+                    1);
+    double b[20];
+    pie_metrics_exponential_bounds(0.0001, 2.5, 20, b); /* 100 µs .. 1 h: streams too */
+    pie_histogram_observe(pie_metrics_histogram(s->metrics, "pie_grpc_server_handling_seconds",
+                                                "gRPC call duration, arrival to status.", b, 20,
+                                                l, 1, &st),
+                          (double)dur_ns / 1e9);
+}
+
+pie_code svc_load_tenants(svc *s, const char *dir, pie_status *st) {
+    if (!dir || !dir[0]) return PIE_OK;
+    if (pie_tenants_load(dir, s->token, &s->tenants, st) != PIE_OK) return st->code;
+    pie_log_info("svc.tenants", "dir=%s tenants=%zu", dir, s->tenants.n);
+    return PIE_OK;
+}
+
+const pie_tenants *svc_tenants(const svc *s) { return &s->tenants; }
+
 pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) {
     const svc_config *cfg = s->cfg;
     int max_msg =
@@ -263,9 +338,17 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) 
         .addr = cfg->listen,
         .n_threads = (int)cfg->threads,
         .token = s->token,
+        .tenants = &s->tenants,
+        .tls_cert_pem = s->tls_cert,
+        .tls_key_pem = s->tls_key,
+        .tls_client_ca_pem = s->tls_client_ca,
+        .on_finished = call_finished,
+        .on_finished_user = s,
         .health_not_serving = true,
         .max_recv_bytes = max_msg,
         .max_send_bytes = max_msg,
+        .send_queue_max = (size_t)s->send_queue_msgs,
+        .send_queue_max_bytes = (size_t)s->send_queue_bytes,
     };
     s->server = rpc_server_create(&so, st);
     if (s->server == NULL) return st ? st->code : PIE_INTERNAL;
@@ -273,8 +356,10 @@ pie_code svc_serve(svc *s, const rpc_method *methods, size_t n, pie_status *st) 
     if (add_reflection(s, methods, n, st) != PIE_OK) return st->code;
     if (rpc_server_start(s->server, st) != PIE_OK) return st->code;
     if (start_metrics(s, cfg, st) != PIE_OK) return st->code;
-    pie_log_info("svc.started", "version=%s grpc_port=%d metrics_port=%d auth=%s", PIE_VERSION,
-                 rpc_server_port(s->server), svc_metrics_port(s), s->token[0] ? "on" : "off");
+    pie_log_info("svc.started", "version=%s grpc_port=%d metrics_port=%d tls=%s auth=%s",
+                 PIE_VERSION, rpc_server_port(s->server), svc_metrics_port(s),
+                 s->tls_client_ca ? "mutual" : s->tls_cert ? "on" : "off",
+                 s->tenants.n ? "tenants" : s->token[0] ? "on" : "off");
     return PIE_OK;
 }
 
@@ -338,6 +423,7 @@ pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_
         .reconnect_initial_ms = (int)dc->reconnect_initial_ms,
         .reconnect_max_ms = (int)dc->reconnect_max_ms,
     };
+    svc_tls_client(s, &co);
     *link = NULL;
     *ch = rpc_channel_create(dc->address, &co, st);
     if (*ch == NULL) return st ? st->code : PIE_INTERNAL;
@@ -384,6 +470,12 @@ void svc_stop(svc *s) {
     svc_drain(s);
     rpc_reflect_destroy(s->reflect); /* after the server: no call uses it any more */
     pie_metrics_destroy(s->metrics);
+    pie_tenants_free(&s->tenants);
+    free(s->tls_cert);
+    if (s->tls_key) memset(s->tls_key, 0, strlen(s->tls_key)); /* a private key */
+    free(s->tls_key);
+    free(s->tls_client_ca);
+    free(s->tls_ca);
     pie_log_info("svc.stopped", "%s", "");
     pthread_mutex_destroy(&s->health_mu);
     free(s);

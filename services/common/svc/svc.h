@@ -37,6 +37,10 @@ typedef struct svc_config {
     int64_t shutdown_grace_ms;  /* server.shutdown_grace: drain time on SIGTERM */
     char *auth_token;           /* auth.token: bearer token required on every call ("" = none) */
     char *auth_token_file;      /* auth.token_file: read the token from this file instead */
+    char *tls_cert_file;        /* tls.cert_file: PEM certificate the server presents */
+    char *tls_key_file;         /* tls.key_file: its private key */
+    char *tls_client_ca_file;   /* tls.client_ca_file: require client certificates of this CA */
+    char *tls_ca_file;          /* tls.ca_file: CA that signed the services this one dials */
     char *metrics_listen;       /* metrics.listen: "host:port" of /metrics ("" = off) */
     int log_level;              /* log.level: pie_log_level */
 } svc_config;
@@ -76,6 +80,19 @@ typedef struct svc_config {
         {"auth.token_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.auth_token_file), .def = "",      \
          .doc =                                                                                    \
              "file holding the bearer token (a mounted Kubernetes secret); overrides auth.token"}, \
+        {"tls.cert_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_cert_file), .def = "",          \
+         .doc = "PEM certificate of the gRPC server: with tls.key_file it speaks TLS only "        \
+                "(empty = plaintext)"},                                                            \
+        {"tls.key_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_key_file), .def = "",            \
+         .doc = "PEM private key of tls.cert_file"},                                                \
+        {"tls.client_ca_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_client_ca_file),          \
+         .def = "",                                                                                \
+         .doc = "PEM CA whose client certificates the server requires (mutual TLS; empty = "       \
+                "none asked)"},                                                                    \
+        {"tls.ca_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_ca_file), .def = "",              \
+         .doc = "PEM CA that signed the services this one dials (the controller, the gateway's "   \
+                "lifecycle): those links use TLS and present tls.cert_file when set (empty = "     \
+                "plaintext)"},                                                                     \
         {"metrics.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.metrics_listen),                   \
          .def = (metrics_def),                                                                     \
          .doc = "host:port of the Prometheus /metrics endpoint (empty = off)"},                    \
@@ -136,6 +153,22 @@ typedef struct svc svc;
 
 /* Applies log settings, reads the token, creates the metrics registry. */
 svc *svc_create(const char *name, const svc_config *cfg, pie_status *st);
+
+/* Bounds every server call's send queue (rpc_server_opts.send_queue_max / _bytes; 0:
+ * unbounded, the default) for a service whose producers cannot wait for a slow peer; before
+ * svc_serve. See services/common/rpc/README.md, "Bounded send queues". */
+void svc_set_send_queue(svc *s, uint64_t max_msgs, uint64_t max_bytes);
+
+/* TLS options of a channel this service dials (tls.ca_file, and its own certificate for mutual
+ * TLS): fills the tls_* fields of co (borrowed from s). Plaintext when tls.ca_file is empty. */
+void svc_tls_client(const svc *s, rpc_channel_opts *co);
+
+/* Client tenants for the public API (pie_tenant.h): loads dir's tenant files (nothing when dir
+ * is NULL or ""); from then on svc_serve's server accepts only tenant tokens, never auth.token.
+ * Before svc_serve. */
+pie_code svc_load_tenants(svc *s, const char *dir, pie_status *st);
+/* The loaded tenants (empty without any); valid until svc_stop. */
+const pie_tenants *svc_tenants(const svc *s);
 
 /* Starts the gRPC server with methods (health included, overall status NOT_SERVING until
  * svc_set_serving) and the metrics endpoint. Once per svc. */

@@ -1,0 +1,58 @@
+/* pie_budget.c — see pie_budget.h. */
+#include "pie_budget.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+bool pie_budget_take(pie_budget *b, uint64_t n) {
+    if (b == NULL || n == 0) return true;
+    uint64_t cur = atomic_load_explicit(&b->used, memory_order_relaxed);
+    do {
+        if (b->max && (cur > b->max || n > b->max - cur)) return false;
+    } while (!atomic_compare_exchange_weak_explicit(&b->used, &cur, cur + n, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return true;
+}
+
+void pie_budget_force(pie_budget *b, uint64_t n) {
+    if (b) atomic_fetch_add_explicit(&b->used, n, memory_order_relaxed);
+}
+
+void pie_budget_give(pie_budget *b, uint64_t n) {
+    if (b) atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
+}
+
+uint64_t pie_budget_used(const pie_budget *b) {
+    return b ? atomic_load_explicit(&b->used, memory_order_relaxed) : 0;
+}
+
+uint64_t pie_budget_free(const pie_budget *b) {
+    if (b == NULL || b->max == 0) return UINT64_MAX;
+    uint64_t used = pie_budget_used(b);
+    return used >= b->max ? 0 : b->max - used;
+}
+
+/* A cgroup limit file's value, or 0 for "max", absent or unreadable. */
+static uint64_t cgroup_limit(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    char buf[64] = "";
+    bool ok = fgets(buf, sizeof buf, f) != NULL;
+    fclose(f);
+    if (!ok || strncmp(buf, "max", 3) == 0) return 0;
+    char *end;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (end == buf) return 0;
+    /* cgroup v1 reports "no limit" as a huge page-aligned number */
+    return v >= (1ull << 60) ? 0 : (uint64_t)v;
+}
+
+uint64_t pie_budget_process_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    uint64_t cg = cgroup_limit("/sys/fs/cgroup/memory.max");
+    if (cg == 0) cg = cgroup_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    return cg && (phys == 0 || cg < phys) ? cg : phys;
+}

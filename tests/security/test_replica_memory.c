@@ -1,0 +1,167 @@
+/* test_replica_memory.c — issue 11, hole 6: the instances of a lifecycle replica share one
+ * memory budget (limits.replica_memory), so a few greedy inferlets cannot take the replica's
+ * memory from everyone else.
+ *
+ * A real cluster on loopback (tests/e2e/e2e_support.h) whose lifecycle has a 64 MiB budget;
+ * the fixture tests/wasm/hostile.c in mode "hold N MS" grows its memory by N pages, says
+ * "grow=<old size or -1>" and keeps it MS ms. Before the budget, every instance could grow to
+ * its own limit (256 MiB by default) whatever the others held, and launches never stopped. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "e2e_support.h"
+#include "pie_testutil.h"
+
+TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
+
+#define WAIT_MS 20000
+
+/* Waits until instance id holds at least bytes of linear memory (ListInstances usage). */
+static void wait_memory(e2e_cluster *c, uint64_t id, uint64_t bytes) {
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        Pie__V1__ListInstancesResponse *r;
+        const Pie__V1__InstanceInfo *in = e2e_instance(c, id, &r);
+        uint64_t got = in && in->usage ? in->usage->memory_bytes : 0;
+        rpc_msg_free(&r->base);
+        if (got >= bytes) return;
+        cr_assert_lt(pie_test_now_ms(), deadline, "instance %llx holds %llu bytes, wanted %llu",
+                     (unsigned long long)id, (unsigned long long)got, (unsigned long long)bytes);
+        pie_test_sleep_ms(20);
+    }
+}
+
+/* Waits until instance id has exited (its memory is given back when it is freed). */
+static void wait_exited(e2e_cluster *c, uint64_t id) {
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        Pie__V1__ListInstancesResponse *r;
+        const Pie__V1__InstanceInfo *in = e2e_instance(c, id, &r);
+        bool done = in == NULL || in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
+        rpc_msg_free(&r->base);
+        if (done) return;
+        cr_assert_lt(pie_test_now_ms(), deadline, "instance %llx did not exit",
+                     (unsigned long long)id);
+        pie_test_sleep_ms(20);
+    }
+}
+
+/* An UploadProgram stream with its metadata sent (declaring size bytes), left open. */
+static rpc_stream *upload_open(e2e_cluster *c, uint64_t size) {
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = WAIT_MS};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
+                                    &pie__v1__upload_program_response__descriptor, &o, &st);
+    cr_assert(s, "UploadProgram: %s", st.msg);
+    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
+    md.name = "pending";
+    md.size_bytes = size;
+    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
+    req.metadata = &md;
+    rpc_stream_send(s, &req.base, &st);
+    return s;
+}
+
+/* Half-closes s and returns its final status. */
+static pie_code upload_finish(rpc_stream *s, pie_status *st) {
+    rpc_stream_close_send(s, st);
+    ProtobufCMessage *m = NULL;
+    while (rpc_stream_recv(s, &m, WAIT_MS) == RPC_RECV_MESSAGE) rpc_msg_free(m);
+    pie_code rc = rpc_stream_finish(s, st);
+    rpc_stream_destroy(s);
+    return rc;
+}
+
+Test(security, instances_share_the_replica_memory_budget) {
+    e2e_cluster c;
+    const char *env[] = {"PIE_LIMITS_REPLICA_MEMORY=64MiB", "PIE_PROGRAMS_MAX_UPLOADS=1", NULL};
+    e2e_cluster_start_env(&c, env);
+    char *prog = e2e_upload(&c, "hostile");
+    pie_status st;
+
+    /* A takes 56 MiB of the 64 and keeps it */
+    const char *a_args[] = {"hold", "900", "60000", NULL};
+    uint64_t a = e2e_launch(&c, prog, a_args, PIE_OK, &st);
+    wait_memory(&c, a, 900u << 16);
+
+    /* one upload at a time here (programs.max_uploads): the second waits for nothing */
+    rpc_stream *up1 = upload_open(&c, 4u << 20);
+    rpc_stream *up2 = upload_open(&c, 1024);
+    cr_expect_eq(upload_finish(up2, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "programs.max_uploads"), "%s", st.msg);
+    cr_expect_neq(upload_finish(up1, &st), PIE_OK, "an upload without its bytes was stored");
+
+    /* B starts (the budget has room for a launch) but cannot grow by 12.5 MiB */
+    const char *b_args[] = {"hold", "200", "0", NULL};
+    e2e_run r;
+    e2e_run_program(&c, prog, b_args, NULL, &r);
+    e2e_assert_success(&r, "B");
+    cr_expect(strstr(r.out, "grow=-1"), "B grew past the replica's budget: %s", r.out);
+    e2e_run_free(&r);
+
+    /* C takes most of the rest; then a launch finds no room and says why */
+    const char *c_args[] = {"hold", "96", "60000", NULL};
+    uint64_t cc = e2e_launch(&c, prog, c_args, PIE_OK, &st);
+    wait_memory(&c, cc, 96u << 16);
+    const char *d_args[] = {"hold", "1", "0", NULL};
+    e2e_launch(&c, prog, d_args, PIE_RESOURCE_EXHAUSTED, &st);
+    cr_expect(strstr(st.msg, "limits.replica_memory"), "%s", st.msg);
+
+    /* a 6 MiB upload does not fit what is left either: uploads hold their bytes until stored */
+    rpc_stream *up = upload_open(&c, 6u << 20);
+    cr_expect_eq(upload_finish(up, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "limits.replica_memory"), "a 6 MiB upload fit a spent budget: %s",
+              st.msg);
+
+    /* A ends: its memory is back in the budget, and a new instance can grow into it */
+    cr_assert_eq(e2e_terminate(&c, a, &st), PIE_OK, "%s", st.msg);
+    wait_exited(&c, a);
+    const char *e_args[] = {"hold", "400", "0", NULL};
+    int64_t deadline = pie_test_now_ms() + WAIT_MS;
+    for (;;) { /* the exited instance is freed a moment after its exit is reported */
+        e2e_run_program(&c, prog, e_args, NULL, &r);
+        e2e_assert_success(&r, "E");
+        bool grew = strstr(r.out, "grow=-1") == NULL;
+        if (grew || pie_test_now_ms() > deadline) {
+            cr_expect(grew, "E could not grow after A ended: %s", r.out);
+            e2e_run_free(&r);
+            break;
+        }
+        e2e_run_free(&r);
+        pie_test_sleep_ms(50);
+    }
+    cr_expect_eq(e2e_terminate(&c, cc, &st), PIE_OK, "%s", st.msg);
+    free(prog);
+    e2e_cluster_stop(&c);
+}
+
+/* A call flood (40,000 calls issued without waiting for any result) is refused at the call once
+ * 16 MiB of them wait for the controller, instead of growing the replica (it grew by 480 MB);
+ * a synchronize lets the instance go on. */
+Test(security, a_call_flood_is_refused_at_the_call_and_synchronize_recovers) {
+    e2e_cluster c;
+    e2e_cluster_start(&c);
+    char *prog = e2e_upload(&c, "sec_export");
+    const char *args[] = {"flood:20000", "alloc:1", NULL};
+    e2e_run r;
+    e2e_run_program(&c, prog, args, NULL, &r);
+    e2e_assert_success(&r, "flood");
+    const char *flood = NULL, *sync = NULL, *alloc = NULL;
+    for (size_t i = 0; i < r.n_msgs; i++) {
+        if (strncmp(r.msgs[i], "flood=", 6) == 0) flood = r.msgs[i] + 6;
+        if (strncmp(r.msgs[i], "sync=", 5) == 0) sync = r.msgs[i] + 5;
+        if (strncmp(r.msgs[i], "alloc=", 6) == 0) alloc = r.msgs[i] + 6;
+    }
+    cr_assert(flood && sync && alloc, "missing reports among %zu messages", r.n_msgs);
+    cr_expect_eq(-atoi(flood), PIE_RESOURCE_EXHAUSTED, "the flood was never refused: %s", flood);
+    cr_expect(strstr(flood, "wait for the controller"), "%s", flood);
+    cr_expect_eq(atoi(sync), 0, "synchronize after the flood: %s", sync);
+    cr_expect_eq(atoi(alloc), 0, "an alloc after synchronize: %s", alloc);
+    e2e_run_free(&r);
+    free(prog);
+    e2e_cluster_stop(&c);
+}

@@ -1,0 +1,354 @@
+/* test_tenants.c — issue 11, holes 2 and 3: tenants own their exports and stay within quotas.
+ *
+ * A real pie-controller, CPU pie-worker and pie-lifecycle on loopback (tests/e2e/e2e_support.h)
+ * with tenants.dir holding three tenants: alice (export_pages 4, kv_pages 8, instances 1),
+ * bob (uploads up to 64 KiB, no other quota) and root (admin). The fixture tests/wasm/sec_export.c runs the
+ * KV page and export steps it is given and reports each call's status.
+ *   * The pinning attack: an instance exports pages persistently and exits; before tenants the
+ *     pages stayed held forever and any instance could list, unexport or take over the name.
+ *     Now the tenant's persistent export pages are bounded (RESOURCE_EXHAUSTED naming the
+ *     quota), other tenants neither see nor import nor remove them, and an admin frees them
+ *     with Lifecycle.DeleteExport.
+ *   * Quotas: KV pages and running instances per tenant refuse with RESOURCE_EXHAUSTED naming
+ *     the quota; instances of another tenant are invisible (ListInstances, Terminate).
+ *   * Tokens: only a tenant's token opens the public API, never the internal service token. */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "e2e_support.h"
+#include "pie/v1/lifecycle.pb-c.h"
+#include "pie_testutil.h"
+
+TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
+
+#define TOKEN_ALICE "alice-token-0123456789"
+#define TOKEN_BOB   "bob-token-0123456789ab"
+#define TOKEN_ROOT  "root-token-0123456789a"
+#define TOKEN_SVC   "internal-service-token-0123"
+#define CALL_MS     10000
+
+typedef struct tenants_env {
+    char *dir;
+    char dir_env[600];
+    e2e_cluster c;                  /* c.ch: alice's channel */
+    rpc_channel *bob, *root, *none; /* channels with bob's, root's and no token */
+} tenants_env;
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "cannot write %s", path);
+    cr_assert_eq(fputs(text, f) >= 0 && fclose(f) == 0, 1);
+}
+
+static rpc_channel *channel(const e2e_cluster *c, const char *token) {
+    pie_status st;
+    rpc_channel_opts co = {.token = token};
+    rpc_channel *ch = rpc_channel_create(pie_proc_addr(c->lc), &co, &st);
+    cr_assert(ch, "%s", st.msg);
+    return ch;
+}
+
+static void env_start(tenants_env *e) {
+    pie_status st;
+    memset(e, 0, sizeof *e);
+    e->dir = pie_proc_tmpdir(&st);
+    cr_assert(e->dir, "%s", st.msg);
+    write_file(e->dir, "alice.yaml",
+               "token: " TOKEN_ALICE "\nexport_pages: 4\nkv_pages: 8\ninstances: 1\n");
+    write_file(e->dir, "bob.yaml", "token: " TOKEN_BOB "\nupload_bytes: 64KiB\n");
+    write_file(e->dir, "root.yaml", "token: " TOKEN_ROOT "\nadmin: true\n");
+    snprintf(e->dir_env, sizeof e->dir_env, "PIE_TENANTS_DIR=%s", e->dir);
+    const char *env[] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
+    e2e_cluster_start_token(&e->c, env, TOKEN_ALICE);
+    e->bob = channel(&e->c, TOKEN_BOB);
+    e->root = channel(&e->c, TOKEN_ROOT);
+    e->none = channel(&e->c, NULL);
+}
+
+static void env_stop(tenants_env *e) {
+    rpc_channel_destroy(e->bob);
+    rpc_channel_destroy(e->root);
+    rpc_channel_destroy(e->none);
+    e2e_cluster_stop(&e->c);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
+    cr_expect_eq(system(cmd), 0);
+    free(e->dir);
+}
+
+/* Runs prog with steps as the tenant of ch; r gets the outcome (asserted successful). */
+static void run_as(tenants_env *e, rpc_channel *ch, const char *prog, const char *const *steps,
+                   e2e_run *r) {
+    e2e_cluster as = e->c;
+    as.ch = ch;
+    e2e_run_program(&as, prog, steps, NULL, r);
+    e2e_assert_success(r, steps[0]);
+}
+
+/* The report "<step>=..." number i (0-based) among the messages with that step name. */
+static const char *report(const e2e_run *r, const char *step, int i) {
+    size_t len = strlen(step);
+    for (size_t k = 0; k < r->n_msgs; k++)
+        if (strncmp(r->msgs[k], step, len) == 0 && r->msgs[k][len] == '=' && i-- == 0)
+            return r->msgs[k] + len + 1;
+    cr_assert_fail("no report %s #%d among %zu messages", step, i, r->n_msgs);
+    return NULL;
+}
+
+static int code_of(const char *report_value) { return -atoi(report_value); }
+
+#define expect_ok(r, step, i)                                                                      \
+    cr_expect_eq(code_of(report(r, step, i)), 0, "%s #%d: %s", step, i, report(r, step, i))
+#define expect_code(r, step, i, code, text)                                                        \
+    do {                                                                                           \
+        const char *v_ = report(r, step, i);                                                       \
+        cr_expect_eq(code_of(v_), (code), "%s #%d: %s", step, i, v_);                              \
+        cr_expect(strstr(v_, text) != NULL, "%s #%d: \"%s\" does not say \"%s\"", step, i, v_,   \
+                  text);                                                                           \
+    } while (0)
+
+static Pie__V1__ListExportsResponse *list_exports(rpc_channel *ch, bool all, pie_code want) {
+    Pie__V1__ListExportsRequest req = PIE__V1__LIST_EXPORTS_REQUEST__INIT;
+    req.all_tenants = all;
+    ProtobufCMessage *m = NULL;
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = CALL_MS};
+    pie_code rc = rpc_unary(ch, "/pie.v1.Lifecycle/ListExports", &req.base,
+                            &pie__v1__list_exports_response__descriptor, &m, &o, &st);
+    cr_assert_eq(rc, want, "ListExports(all=%d): %s %s", all, pie_code_name(rc), st.msg);
+    return (Pie__V1__ListExportsResponse *)m;
+}
+
+static pie_code delete_export(rpc_channel *ch, const char *tenant, const char *name,
+                              uint32_t *pages, pie_status *st) {
+    Pie__V1__DeleteExportRequest req = PIE__V1__DELETE_EXPORT_REQUEST__INIT;
+    req.name = (char *)name;
+    req.tenant = (char *)tenant;
+    ProtobufCMessage *m = NULL;
+    rpc_call_opts o = {.timeout_ms = CALL_MS};
+    pie_code rc = rpc_unary(ch, "/pie.v1.Lifecycle/DeleteExport", &req.base,
+                            &pie__v1__delete_export_response__descriptor, &m, &o, st);
+    if (rc == PIE_OK) *pages = ((Pie__V1__DeleteExportResponse *)m)->page_count;
+    rpc_msg_free(m);
+    return rc;
+}
+
+Test(security, persistent_exports_are_bounded_owned_by_their_tenant_and_removable) {
+    tenants_env e;
+    env_start(&e);
+    char *prog = e2e_upload(&e.c, "sec_export");
+    e2e_run r;
+
+    /* alice pins 4 pages with a persistent export and exits; a fifth page is over her quota */
+    const char *pin[] = {"alloc:4", "export:p1:4:1", NULL};
+    run_as(&e, e.c.ch, prog, pin, &r);
+    expect_ok(&r, "export", 0);
+    e2e_run_free(&r);
+    const char *more[] = {"alloc:1", "export:p2:1:1", "export:t2:1:0", NULL};
+    run_as(&e, e.c.ch, prog, more, &r);
+    expect_code(&r, "export", 0, PIE_RESOURCE_EXHAUSTED, "quota export_pages (4)");
+    expect_ok(&r, "export", 1); /* a non-persistent export is not charged */
+    e2e_run_free(&r);
+
+    /* bob sees none of it, cannot take or remove it, and has a namespace of his own */
+    const char *bob_steps[] = {"list", "import:p1:4", "unexport:p1", "alloc:1", "export:p1:1:1",
+                               "list", NULL};
+    run_as(&e, e.bob, prog, bob_steps, &r);
+    cr_expect_str_eq(report(&r, "list", 0), "", "bob listed alice's exports");
+    expect_code(&r, "import", 0, PIE_NOT_FOUND, "\"p1\"");
+    expect_code(&r, "unexport", 0, PIE_NOT_FOUND, "\"p1\"");
+    expect_ok(&r, "export", 0);
+    cr_expect_str_eq(report(&r, "list", 1), "p1:1:1");
+    e2e_run_free(&r);
+
+    /* alice still has hers */
+    const char *alice_import[] = {"list", "import:p1:4", NULL};
+    run_as(&e, e.c.ch, prog, alice_import, &r);
+    cr_expect_str_eq(report(&r, "list", 0), "p1:4:1");
+    expect_ok(&r, "import", 0);
+    e2e_run_free(&r);
+
+    /* the public API: each tenant lists its own; only an admin lists or deletes any */
+    Pie__V1__ListExportsResponse *l = list_exports(e.bob, false, PIE_OK);
+    cr_assert_eq(l->n_exports, 1);
+    cr_expect_str_eq(l->exports[0]->tenant, "bob");
+    rpc_msg_free(&l->base);
+    list_exports(e.bob, true, PIE_PERMISSION_DENIED);
+    pie_status st;
+    uint32_t pages = 0;
+    cr_expect_eq(delete_export(e.bob, "alice", "p1", &pages, &st), PIE_PERMISSION_DENIED, "%s",
+                 st.msg);
+    l = list_exports(e.root, true, PIE_OK);
+    cr_assert_eq(l->n_exports, 2, "alice's p1 and bob's p1");
+    cr_expect_str_eq(l->exports[0]->tenant, "alice");
+    cr_expect_eq(l->exports[0]->page_count, 4);
+    cr_expect(l->exports[0]->persistent);
+    cr_expect_str_eq(l->exports[1]->tenant, "bob");
+    rpc_msg_free(&l->base);
+    cr_assert_eq(delete_export(e.root, "alice", "p1", &pages, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(pages, 4);
+    cr_expect_eq(delete_export(e.root, "alice", "p1", &pages, &st), PIE_NOT_FOUND, "%s", st.msg);
+    cr_expect_eq(delete_export(e.c.ch, "", "nope", &pages, &st), PIE_NOT_FOUND, "%s", st.msg);
+
+    /* alice's pages are free again: her quota holds a new persistent export */
+    const char *again[] = {"import:p1:4", "alloc:4", "export:p1:4:1", NULL};
+    run_as(&e, e.c.ch, prog, again, &r);
+    expect_code(&r, "import", 0, PIE_NOT_FOUND, "\"p1\"");
+    expect_ok(&r, "export", 0);
+    e2e_run_free(&r);
+    cr_assert_eq(delete_export(e.c.ch, "", "p1", &pages, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(delete_export(e.bob, "", "p1", &pages, &st), PIE_OK, "%s", st.msg);
+    free(prog);
+    env_stop(&e);
+}
+
+static uint64_t launch(tenants_env *e, rpc_channel *ch, const char *prog,
+                       const char *const *args, pie_code want, pie_status *st) {
+    e2e_cluster as = e->c;
+    as.ch = ch;
+    return e2e_launch(&as, prog, args, want, st);
+}
+
+static pie_code terminate(tenants_env *e, rpc_channel *ch, uint64_t id, pie_status *st) {
+    e2e_cluster as = e->c;
+    as.ch = ch;
+    return e2e_terminate(&as, id, st);
+}
+
+/* UploadProgram of a declared size_bytes (nothing else sent): its status. */
+static pie_code upload_size(rpc_channel *ch, uint64_t size, pie_status *st) {
+    rpc_call_opts o = {.timeout_ms = CALL_MS};
+    rpc_stream *s = rpc_stream_open(ch, "/pie.v1.Lifecycle/UploadProgram",
+                                    &pie__v1__upload_program_response__descriptor, &o, st);
+    cr_assert(s, "UploadProgram: %s", st->msg);
+    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
+    md.name = "big";
+    md.size_bytes = size;
+    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
+    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
+    req.metadata = &md;
+    rpc_stream_send(s, &req.base, st);
+    rpc_stream_close_send(s, st);
+    ProtobufCMessage *m = NULL;
+    while (rpc_stream_recv(s, &m, CALL_MS) == RPC_RECV_MESSAGE) rpc_msg_free(m);
+    pie_code rc = rpc_stream_finish(s, st);
+    rpc_stream_destroy(s);
+    return rc;
+}
+
+/* Whether ch's tenant sees instance id in ListInstances. */
+static bool visible(tenants_env *e, rpc_channel *ch, uint64_t id) {
+    e2e_cluster as = e->c;
+    as.ch = ch;
+    Pie__V1__ListInstancesResponse *r;
+    bool seen = e2e_instance(&as, id, &r) != NULL;
+    rpc_msg_free(&r->base);
+    return seen;
+}
+
+Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_private) {
+    tenants_env e;
+    env_start(&e);
+    char *prog = e2e_upload(&e.c, "sec_export");
+    e2e_run r;
+    pie_status st;
+
+    /* KV pages: 8 for alice across her instances */
+    const char *kv[] = {"alloc:6", "alloc:3", "alloc:2", NULL};
+    run_as(&e, e.c.ch, prog, kv, &r);
+    expect_ok(&r, "alloc", 0);
+    expect_code(&r, "alloc", 1, PIE_RESOURCE_EXHAUSTED, "quota kv_pages (8)");
+    expect_ok(&r, "alloc", 2);
+    e2e_run_free(&r);
+
+    /* instances: one at a time for alice; bob is not limited by hers */
+    const char *wait[] = {"wait", NULL};
+    uint64_t a1 = launch(&e, e.c.ch, prog, wait, PIE_OK, &st);
+    launch(&e, e.c.ch, prog, wait, PIE_RESOURCE_EXHAUSTED, &st);
+    cr_expect(strstr(st.msg, "quota instances (1)"), "%s", st.msg);
+    uint64_t b1 = launch(&e, e.bob, prog, wait, PIE_OK, &st);
+
+    /* another tenant's instance is invisible: not listed, not terminable, not attachable */
+    cr_expect(visible(&e, e.c.ch, a1));
+    cr_expect(!visible(&e, e.bob, a1), "bob lists alice's instance");
+    cr_expect(visible(&e, e.root, a1), "an admin sees every instance");
+    cr_expect_eq(terminate(&e, e.bob, a1, &st), PIE_NOT_FOUND, "bob terminated alice's instance");
+    cr_expect_eq(terminate(&e, e.c.ch, a1, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(terminate(&e, e.root, b1, &st), PIE_OK, "%s", st.msg);
+
+    /* uploads: bob's are bounded by his quota; programs are shared, only an admin deletes */
+    cr_expect_eq(upload_size(e.bob, 65537, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "quota upload_bytes (65536)"), "%s", st.msg);
+    Pie__V1__DeleteProgramRequest del = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
+    del.program_id = prog;
+    ProtobufCMessage *dm = NULL;
+    rpc_call_opts dopt = {.timeout_ms = CALL_MS};
+    cr_expect_eq(rpc_unary(e.bob, "/pie.v1.Lifecycle/DeleteProgram", &del.base,
+                           &pie__v1__delete_program_response__descriptor, &dm, &dopt, &st),
+                 PIE_PERMISSION_DENIED, "%s", st.msg);
+    rpc_msg_free(dm);
+
+    /* tokens: none, the internal one, and a wrong one are all refused by the public API */
+    rpc_channel *svc = channel(&e.c, TOKEN_SVC);
+    rpc_channel *bad = channel(&e.c, "not-a-tenant-token-000");
+    rpc_channel *chans[] = {e.none, svc, bad};
+    for (size_t i = 0; i < 3; i++) {
+        Pie__V1__ListModelsRequest req = PIE__V1__LIST_MODELS_REQUEST__INIT;
+        ProtobufCMessage *m = NULL;
+        rpc_call_opts o = {.timeout_ms = CALL_MS};
+        cr_expect_eq(rpc_unary(chans[i], "/pie.v1.Lifecycle/ListModels", &req.base,
+                               &pie__v1__list_models_response__descriptor, &m, &o, &st),
+                     PIE_UNAUTHENTICATED, "token #%zu: %s", i, st.msg);
+        rpc_msg_free(m);
+    }
+    rpc_channel_destroy(svc);
+    rpc_channel_destroy(bad);
+    free(prog);
+    env_stop(&e);
+}
+
+/* Without tenants (one anonymous tenant, today's default deployment) the pinning attack of the
+ * issue — persistent exports of most of the pool by an instance that then exits — is bounded by
+ * exports.max_pool_share (a quarter of the worker's 512 pages here), and the public API lists
+ * and frees what is pinned. */
+Test(security, persistent_exports_cannot_pin_a_pool_without_tenants) {
+    e2e_cluster c;
+    e2e_cluster_start(&c);
+    char *prog = e2e_upload(&c, "sec_export");
+    tenants_env e = {.c = c};
+    e2e_run r;
+    const char *most[] = {"alloc:200", "export:pin:200:1", NULL};
+    run_as(&e, c.ch, prog, most, &r);
+    expect_code(&r, "export", 0, PIE_RESOURCE_EXHAUSTED, "quota exports.max_pool_share (128)");
+    e2e_run_free(&r);
+    const char *some[] = {"alloc:120", "export:pin:120:1", NULL};
+    run_as(&e, c.ch, prog, some, &r);
+    expect_ok(&r, "export", 0);
+    e2e_run_free(&r);
+    const char *more[] = {"alloc:9", "export:pin2:9:1", NULL};
+    run_as(&e, c.ch, prog, more, &r);
+    expect_code(&r, "export", 0, PIE_RESOURCE_EXHAUSTED, "quota exports.max_pool_share (128)");
+    e2e_run_free(&r);
+    const char *use[] = {"alloc:256", "alloc:100", NULL}; /* the rest of the pool stays usable */
+    run_as(&e, c.ch, prog, use, &r);
+    expect_ok(&r, "alloc", 0);
+    expect_ok(&r, "alloc", 1);
+    e2e_run_free(&r);
+    Pie__V1__ListExportsResponse *l = list_exports(c.ch, false, PIE_OK);
+    cr_assert_eq(l->n_exports, 1);
+    cr_expect_str_eq(l->exports[0]->name, "pin");
+    cr_expect_str_eq(l->exports[0]->tenant, "anonymous");
+    cr_expect_eq(l->exports[0]->page_count, 120);
+    rpc_msg_free(&l->base);
+    pie_status st;
+    uint32_t pages = 0;
+    cr_expect_eq(delete_export(c.ch, "", "pin", &pages, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(pages, 120);
+    free(prog);
+    e2e_cluster_stop(&c);
+}
