@@ -20,6 +20,7 @@ debs=(
   libpcre2-dev libjansson-dev
   libcurl4-openssl-dev
   libmicrohttpd-dev
+  openssl
   libopenblas-dev
   nodejs npm
 )

@@ -29,7 +29,15 @@ pie_code gw_metrics_register(pie_metrics *m, gw_metrics *out, pie_status *st) {
         out->first_token[ep] = pie_metrics_histogram(
             m, "pie_gateway_first_token_seconds", "Time from request to its first token.", lat,
             16, &l, 1, st);
-        if (!out->requests[ep] || !out->errors[ep] || !out->latency[ep] || !out->first_token[ep])
+        double tpot[16];
+        pie_metrics_exponential_bounds(0.001, 2, 16, tpot); /* 1 ms .. 33 s */
+        out->per_token[ep] = pie_metrics_histogram(
+            m, "pie_gateway_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request with two or more tokens "
+            "(all choices of a request counted).",
+            tpot, 16, &l, 1, st);
+        if (!out->requests[ep] || !out->errors[ep] || !out->latency[ep] || !out->first_token[ep] ||
+            !out->per_token[ep])
             return st->code;
     }
     out->prompt_tokens = pie_metrics_counter(m, "pie_gateway_prompt_tokens_total",
@@ -59,6 +67,7 @@ struct gw_gen {
     bool failed; /* answered with an error (metrics) */
     bool client_gone;
     bool first_token_seen;
+    int64_t first_token_ns; /* when it was seen */
     int64_t start_ns;
     gw_phase phase;
 };
@@ -175,6 +184,7 @@ bool gw_gen_streaming(const gw_gen *g) { return g->req.stream; }
 static void note_token(gw_gen *g) {
     if (g->first_token_seen) return;
     g->first_token_seen = true;
+    g->first_token_ns = rpc_now_ns();
     pie_histogram_observe(g->env->mx->first_token[g->req.endpoint],
                           (double)(rpc_now_ns() - g->start_ns) / 1e9);
 }
@@ -339,7 +349,11 @@ void gw_gen_free(gw_gen *g) {
         ct += g->res.choices[i].completion_tokens;
     pie_counter_add(mx->completion_tokens, ct);
     if (g->failed || g->client_gone) pie_counter_add(mx->errors[ep], 1);
-    pie_histogram_observe(mx->latency[ep], (double)(rpc_now_ns() - g->start_ns) / 1e9);
+    int64_t end_ns = rpc_now_ns();
+    pie_histogram_observe(mx->latency[ep], (double)(end_ns - g->start_ns) / 1e9);
+    if (g->first_token_seen && ct > 1 && !g->failed)
+        pie_histogram_observe(mx->per_token[ep],
+                              (double)(end_ns - g->first_token_ns) / 1e9 / (double)(ct - 1));
     pie_gauge_add(mx->active, -1);
     gw_result_free(&g->res);
     gw_req_free(&g->req);

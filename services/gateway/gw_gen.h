@@ -25,6 +25,7 @@ typedef struct gw_metrics {
     pie_gauge *active;                /* requests in flight */
     pie_histogram *latency[2];        /* [endpoint] seconds from request to last byte */
     pie_histogram *first_token[2];    /* [endpoint] seconds from request to the first token */
+    pie_histogram *per_token[2];      /* [endpoint] seconds per output token after the first */
     pie_counter *disconnects;         /* clients that went away before the end */
 } gw_metrics;
 

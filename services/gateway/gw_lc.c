@@ -70,6 +70,9 @@ gw_lc *gw_lc_create(const gw_lc_opts *o, pie_status *st) {
         .reconnect_initial_ms = 100,
         .reconnect_max_ms = 5000,
         .service_config = gw_lc_service_config,
+        .tls_ca_pem = o->tls_ca_pem,
+        .tls_cert_pem = o->tls_cert_pem,
+        .tls_key_pem = o->tls_key_pem,
     };
     lc->ch = rpc_channel_create(o->target, &co, st);
     if (lc->ch == NULL) goto fail;

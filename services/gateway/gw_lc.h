@@ -25,6 +25,9 @@ typedef struct gw_lc_opts {
     int64_t run_timeout_ms;    /* a whole Run (≤0: none) */
     int64_t models_cache_ms;   /* how long a ListModels answer is reused */
     uint64_t max_message_bytes;
+    /* TLS towards the lifecycle (svc_tls_client: tls.ca_file and the gateway's certificate);
+     * NULL ca: plaintext. Borrowed until gw_lc_create returns. */
+    const char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
 } gw_lc_opts;
 
 typedef struct gw_model {

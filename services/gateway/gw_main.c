@@ -98,6 +98,11 @@ static pie_code gw_start(const gw_config *cfg, gw_parts *p, pie_status *st) {
         .models_cache_ms = cfg->models_cache_ms,
         .max_message_bytes = cfg->svc.max_message_bytes,
     };
+    rpc_channel_opts tls = {0};
+    svc_tls_client(p->s, &tls);
+    lo.tls_ca_pem = tls.tls_ca_pem;
+    lo.tls_cert_pem = tls.tls_cert_pem;
+    lo.tls_key_pem = tls.tls_key_pem;
     if ((p->lc = gw_lc_create(&lo, st)) == NULL) return st->code;
     if ((p->chat = gw_chat_create()) == NULL)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");

@@ -224,7 +224,16 @@ for (const pod of svcPods) {
       continue;
     }
     if (pod.component === 'gateway' && probe === 'readinessProbe') { errors.push(`${pod.id}: readinessProbe is not GET /readyz (the gateway is ready while a lifecycle replica serves)`); continue; }
-    const g = (c[probe] || {}).grpc;
+    let g = (c[probe] || {}).grpc;
+    const ex = ((c[probe] || {}).exec || {}).command;
+    if (!g && ex && ex[0] === '/usr/local/bin/piectl' && ex[ex.length - 1] === 'health') {
+      // TLS: piectl --tls-ca <ca> --addr localhost:<port> --service <name> health
+      const opt = (name) => { const i = ex.indexOf(name); return i > 0 ? ex[i + 1] : undefined; };
+      const m = /^localhost:(\d+)$/.exec(opt('--addr') || '');
+      const caFile = (pod.svc.cfg.tls || {}).ca_file;
+      if (!caFile || opt('--tls-ca') !== caFile) errors.push(`${pod.id}: ${probe} runs piectl with --tls-ca ${opt('--tls-ca')}, but tls.ca_file is ${caFile}`);
+      g = { port: m ? Number(m[1]) : null, service: opt('--service') };
+    }
     if (!g) { errors.push(`${pod.id}: ${probe} is not a gRPC probe`); continue; }
     if (g.port !== grpc) errors.push(`${pod.id}: ${probe} probes port ${g.port}, but pie-${pod.component} listens on ${grpc}`);
     const want = probe === 'readinessProbe' ? READY_HEALTH[pod.component] : '';
@@ -447,7 +456,10 @@ for (const pod of svcPods) {
   if (pod.component === 'gateway') {
     // Least privilege: the gateway faces clients and forwards their keys; it needs no token.
     if (auth.token_file || auth.token) errors.push(`${pod.id}: pie-gateway is given the cluster token (auth.${auth.token_file ? 'token_file' : 'token'}); it needs none: it forwards each client's key`);
-    if ((pod.spec.volumes || []).some((v) => v.secret)) errors.push(`${pod.id}: the gateway pod mounts a Secret; it needs none`);
+    // The TLS Secret (tls.*) is the only one it may mount: its certificate and the CA.
+    const tlsDir = ((pod.svc.cfg.tls || {}).ca_file || '').replace(/\/[^/]*$/, '');
+    const tlsVolumes = new Set((pod.svc.container.volumeMounts || []).filter((m) => tlsDir && m.mountPath === tlsDir).map((m) => m.name));
+    if ((pod.spec.volumes || []).some((v) => v.secret && !tlsVolumes.has(v.name))) errors.push(`${pod.id}: the gateway pod mounts a Secret; it needs none`);
     continue;
   }
   if (!auth.token_file) {

@@ -25,7 +25,8 @@ SCHEMA = os.path.join(ROOT, "helm", "pie", "values.schema.json")
 COMMON_OWNED = {"server.listen", "metrics.listen", "auth.token", "auth.token_file"}
 CHART_OWNED = {
     "controller": COMMON_OWNED,
-    "lifecycle": COMMON_OWNED | {"controller.address", "replica.id", "replica.advertise"},
+    "lifecycle": COMMON_OWNED | {"controller.address", "replica.id", "replica.advertise",
+                                 "tenants.dir"},
     "worker": COMMON_OWNED | {"controller.address", "worker.group_id", "worker.advertise",
                               "model.name", "model.path"},
     # The gateway holds no token (auth.* stays unset: it forwards each client's key).

@@ -19,6 +19,7 @@
 #   run.sh dockerfile-lint                dockerfile-utils + dockerfilelint + project rules
 #   run.sh dockerfile-selftest            the project rules catch every flaw of broken/Dockerfile
 #   run.sh runtime-deps BIN_DIR           deploy/docker/runtime-deps.sh resolves the binaries' libraries
+#   run.sh no-kube-version                helm template without --kube-version renders and validates
 #   run.sh update-golden                  rewrite tests/deploy/golden/*.yaml from the chart
 #
 # NAME is "default" (helm/pie/values.yaml), a values file helm/pie/ci/NAME-values.yaml or one of
@@ -50,11 +51,14 @@ values_args() { # NAME -> helm -f arguments
        else die "no values file helm/pie/ci/$1-values.yaml or tests/deploy/values-$1.yaml"; fi ;;
   esac
 }
-# Secrets a values file expects to exist already (auth.existingSecret), for the validator.
+# Secrets a values file expects to exist already (auth.existingSecret, or a header line
+# "# external-secrets: a b"), for the validator.
 external_secrets() {
   local f
   for f in "$chart/ci/$1-values.yaml" "$here/values-$1.yaml"; do
-    [ -f "$f" ] && sed -n 's/^  existingSecret: *"\{0,1\}\([^"]*\)"\{0,1\} *$/--external-secret \1/p' "$f"
+    [ -f "$f" ] || continue
+    sed -n 's/^  existingSecret: *"\{0,1\}\([^"]*\)"\{0,1\} *$/--external-secret \1/p' "$f"
+    sed -n 's/^# external-secrets: *//p' "$f" | tr ' ' '\n' | sed -n 's/^\(..*\)$/--external-secret \1/p'
   done
   return 0
 }
@@ -74,6 +78,10 @@ lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruption
 lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer,lifecycle.cacheClaim=pie-programs
 worker.model.existingClaim=models,worker.replicas=4
 worker.leaderWorkerSet.enabled=true
+auth.tenantsSecret=pie-tenants,lifecycle.replicas=2
+tls.enabled=true,tls.secretName=pie-tls
+networkPolicy.enabled=true,networkPolicy.clientsFrom[0].namespaceSelector.matchLabels.team=ml,networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring
+metrics.grafanaDashboard.enabled=true,metrics.prometheusRule.enabled=true,metrics.prometheusRule.labels.release=kps,lifecycle.autoscaling.waitingInstances=4
 worker.leaderWorkerSet.enabled=true,worker.replicas=3,worker.config.backend=cpu
 worker.config.backend=cpu,worker.config.engine.threads=8,worker.resources.requests.cpu=8
 controller.port=6000,controller.metricsPort=6001,lifecycle.port=6002,lifecycle.metricsPort=6003,lifecycle.service.port=443,worker.port=6004,worker.metricsPort=6005,worker.tensorParallel.port=6006,clusterDomain=k8s.example.internal
@@ -85,11 +93,20 @@ gateway.httpRoute.enabled=true,gateway.httpRoute.parentRefs[0].name=public,gatew
 VARIANTS
 }
 # The values files rendered by name (golden, validate, configs-load, wiring).
-named_values() { echo default; (cd "$chart/ci" && ls -- *-values.yaml | sed 's/-values\.yaml$//'); echo large-numbers; }
+named_values() { echo default; (cd "$chart/ci" && ls -- *-values.yaml | sed 's/-values\.yaml$//'); echo large-numbers; echo extras; }
 
 cmd=${1:-}
 shift || true
 case "$cmd" in
+  no-kube-version)
+    need_tools
+    # `helm template` as a GitOps tool runs it: no cluster and no --kube-version (Helm 3.6's
+    # offline default is Kubernetes 1.20.0); the chart must render and validate.
+    t=$(tmpdir); trap 'rm -rf "$t"' EXIT
+    "$helm" template "$release" "$chart" --namespace "$namespace" >"$t/render.yaml"
+    node "$here/validate-manifests.js" --deps "$deps" "$t/render.yaml"
+    ;;
+
   helm-lint)
     need_tools
     # shellcheck disable=SC2046
@@ -134,7 +151,9 @@ case "$cmd" in
       "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
         --set "$set" >"$t/variant-$i.yaml"
     done < <(variants)
-    node "$here/validate-manifests.js" --deps "$deps" "$t"/variant-*.yaml
+    # pie-tenants, pie-tls: Secrets an operator creates (auth.tenantsSecret, tls.secretName).
+    node "$here/validate-manifests.js" --deps "$deps" --external-secret pie-tenants \
+      --external-secret pie-tls "$t"/variant-*.yaml
     ;;
 
   backend)
@@ -182,7 +201,8 @@ CASES
       "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
         --set "$set" >"$t/variant-$i.yaml"
       echo "variant $i: --set $set"
-      node "$here/check-wiring.js" --deps "$deps" --bin "$bin" "$t/variant-$i.yaml" || rc=1
+      node "$here/check-wiring.js" --deps "$deps" --bin "$bin" --external-secret pie-tenants \
+        --external-secret pie-tls "$t/variant-$i.yaml" || rc=1
     done < <(variants)
     exit $rc
     ;;
@@ -331,11 +351,12 @@ PY
       --set lifecycle.podDisruptionBudget.minAvailable=2
     check 'gateway.podDisruptionBudget.minAvailable (2) must be below the gateway replica count (2)' \
       --set gateway.podDisruptionBudget.minAvailable=2
+    check 'tls.secretName: the Secret with tls.crt, tls.key and ca.crt' --set tls.enabled=true
     check 'gateway.enabled needs lifecycle.headlessService.enabled' \
       --set lifecycle.headlessService.enabled=false
     check 'gateway.httpRoute.enabled needs gateway.httpRoute.parentRefs' \
       --set gateway.httpRoute.enabled=true
-    check 'chart requires kubeVersion: >=1.27.0-0 which is incompatible with Kubernetes v1.26.0' \
+    check 'Kubernetes v1.26.0 is too old for this chart: it needs 1.27 or newer' \
       --kube-version 1.26.0
     exit $rc
     ;;

@@ -254,6 +254,20 @@ const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
 const RECOMMENDED = ['app.kubernetes.io/name', 'app.kubernetes.io/instance', 'app.kubernetes.io/version',
   'app.kubernetes.io/managed-by', 'helm.sh/chart'];
 
+// An exec probe `piectl --tls-ca F [--timeout MS] --addr localhost:PORT --service NAME health`:
+// {port, service, ca} or {error}; null when the probe is not an exec one.
+function pieTlsProbe(pr) {
+  if (!pr.exec) return null;
+  const cmd = pr.exec.command || [];
+  if (cmd[0] !== '/usr/local/bin/piectl' || cmd[cmd.length - 1] !== 'health') return { error: 'an exec probe must run /usr/local/bin/piectl ... health' };
+  const opt = (name) => { const i = cmd.indexOf(name); return i > 0 && i + 1 < cmd.length - 1 ? cmd[i + 1] : undefined; };
+  const ca = opt('--tls-ca');
+  const m = /^localhost:(\d+)$/.exec(opt('--addr') || '');
+  if (!ca) return { error: 'piectl health without --tls-ca' };
+  if (!m) return { error: `piectl health --addr "${opt('--addr')}" is not localhost:<port>` };
+  return { port: Number(m[1]), service: opt('--service') || '', ca };
+}
+
 function subset(sel, labels) {
   return Object.entries(sel || {}).every(([k, v]) => labels && labels[k] === v);
 }
@@ -342,7 +356,14 @@ function checkPod(where, t, isTest, byKind, errs) {
         if (!String(pr.httpGet.path || '').startsWith('/')) errs.push(`${cp}.${probe}.httpGet.path "${pr.httpGet.path}" is not an absolute path`);
         continue;
       }
-      if (!pr.grpc) { errs.push(`${cp}.${probe}: neither a native gRPC probe nor an HTTP GET`); continue; }
+      const tlsProbe = pieTlsProbe(pr);
+      if (tlsProbe) {
+        // With TLS the chart probes by piectl over TLS (native gRPC probes are plaintext).
+        if (tlsProbe.error) errs.push(`${cp}.${probe}.exec: ${tlsProbe.error}`);
+        else if (!grpcPort || grpcPort.containerPort !== tlsProbe.port) errs.push(`${cp}.${probe}.exec: piectl --addr port ${tlsProbe.port} is not the container's grpc port`);
+        continue;
+      }
+      if (!pr.grpc) { errs.push(`${cp}.${probe}: neither a native gRPC probe nor an HTTP GET nor piectl health over TLS`); continue; }
       if (!Number.isInteger(pr.grpc.port)) errs.push(`${cp}.${probe}.grpc.port must be a number`);
       if (!grpcPort || grpcPort.containerPort !== pr.grpc.port) errs.push(`${cp}.${probe}.grpc.port ${pr.grpc.port} is not the container's grpc port`);
     }

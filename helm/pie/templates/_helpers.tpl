@@ -101,6 +101,8 @@ each gateway to one pod: a gRPC client keeps one connection). */}}
 
 {{/* Where the auth token file is mounted. */}}
 {{- define "pie.tokenDir" -}}/var/run/secrets/pie{{- end -}}
+{{/* Where the TLS Secret (tls.crt, tls.key, ca.crt) is mounted. */}}
+{{- define "pie.tlsDir" -}}/var/run/secrets/pie-tls{{- end -}}
 
 {{/* Rendered service configuration: the values' config merged with the keys the chart owns.
 include "pie.config" (dict "ctx" $ "svc" .Values.worker "extra" (dict ...))
@@ -110,6 +112,10 @@ holds no token: it forwards each client's). */}}
 {{- $managed := dict "server" (dict "listen" (printf "0.0.0.0:%d" (int (default .svc.port .grpcPort)))) "metrics" (dict "listen" (printf "0.0.0.0:%d" (int .svc.metricsPort))) -}}
 {{- if and .ctx.Values.auth.enabled (not .noAuth) -}}
 {{- $_ := set $managed "auth" (dict "token_file" (printf "%s/%s" (include "pie.tokenDir" .ctx) .ctx.Values.auth.secretKey)) -}}
+{{- end -}}
+{{- if .ctx.Values.tls.enabled -}}
+{{- $d := include "pie.tlsDir" .ctx -}}
+{{- $_ := set $managed "tls" (dict "cert_file" (printf "%s/tls.crt" $d) "key_file" (printf "%s/tls.key" $d) "ca_file" (printf "%s/ca.crt" $d)) -}}
 {{- end -}}
 {{- $cfg := mustMergeOverwrite (deepCopy (default (dict) .svc.config)) $managed (default (dict) .extra) -}}
 {{- toYaml $cfg -}}
@@ -130,11 +136,27 @@ prometheus.io/path: /metrics
 {{- end -}}
 
 {{/* Native gRPC probes against grpc.health.v1 (numeric port; "" = the whole server).
-include "pie.grpcProbe" (dict "port" 50053 "service" "" "p" .Values.worker.startupProbe) */}}
+include "pie.grpcProbe" (dict "tls" $.Values.tls "port" 50053 "service" "" "p" .Values.worker.startupProbe) */}}
 {{- define "pie.grpcProbe" -}}
+{{- /* Kubernetes' gRPC probes speak plaintext: with TLS, piectl asks the same health over TLS. */ -}}
+{{- if .tls.enabled -}}
+exec:
+  command:
+    - /usr/local/bin/piectl
+    - --tls-ca
+    - {{ include "pie.tlsDir" . }}/ca.crt
+    - --timeout
+    - {{ mul (int .p.timeoutSeconds) 1000 | quote }}
+    - --addr
+    - localhost:{{ int .port }}
+    - --service
+    - {{ .service | quote }}
+    - health
+{{- else -}}
 grpc:
   port: {{ int .port }}
   service: {{ .service | quote }}
+{{- end }}
 periodSeconds: {{ int .p.periodSeconds }}
 timeoutSeconds: {{ int .p.timeoutSeconds }}
 failureThreshold: {{ int .p.failureThreshold }}
@@ -167,6 +189,15 @@ failureThreshold: {{ int .p.failureThreshold }}
       - key: {{ .ctx.Values.auth.secretKey }}
         path: {{ .ctx.Values.auth.secretKey }}
 {{- end }}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.secretName: the Secret with tls.crt, tls.key and ca.crt (e.g. from cert-manager) is required with tls.enabled" .ctx.Values.tls.secretName }}
+    defaultMode: 288 # 0440
+{{- end }}
+{{- with (.svc | default dict).extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 - name: tmp
   emptyDir:
     sizeLimit: 256Mi
@@ -183,6 +214,33 @@ failureThreshold: {{ int .p.failureThreshold }}
 {{- end }}
 - name: tmp
   mountPath: /tmp
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "pie.tlsDir" .ctx }}
+  readOnly: true
+{{- end }}
+{{- with (.svc | default dict).extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A container's own environment entries beyond the chart's (extraEnv; the worker's nccl map
+as NCCL_* variables), then its envFrom. include "pie.extraEnvItems" $svc inside an env list;
+include "pie.envFrom" $svc at the container level. */}}
+{{- define "pie.extraEnvItems" -}}
+{{- range $k, $v := (.nccl | default dict) }}
+- name: {{ $k }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- with .extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+{{- define "pie.envFrom" -}}
+{{- with .envFrom }}
+envFrom:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* The preStop hook of lifecycle and worker containers (argument: the component's values).
@@ -215,6 +273,14 @@ securityContext:
 {{- end }}
 {{- with .svc.priorityClassName }}
 priorityClassName: {{ . }}
+{{- end }}
+{{- if .svc.hostIPC }}
+# NCCL and CUDA IPC between the GPUs of the pod use the host's IPC namespace.
+hostIPC: true
+{{- end }}
+{{- with .svc.initContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 terminationGracePeriodSeconds: {{ int .svc.terminationGracePeriodSeconds }}
 {{- with .svc.nodeSelector }}

@@ -138,7 +138,21 @@ rpc_channel *rpc_channel_create(const char *target, const rpc_channel_opts *opts
     }
     rpc_args a;
     rpc__channel_args(opts, &a);
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds;
+    if (opts->tls_ca_pem) {
+        grpc_ssl_pem_key_cert_pair pair = {opts->tls_key_pem, opts->tls_cert_pem};
+        creds = grpc_ssl_credentials_create(opts->tls_ca_pem,
+                                            opts->tls_cert_pem && opts->tls_key_pem ? &pair : NULL,
+                                            NULL, NULL);
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
+    if (creds == NULL) {
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "rpc_channel_create: the TLS CA or client certificate is not usable PEM");
+        rpc_channel_destroy(ch);
+        return NULL;
+    }
     ch->gc = grpc_channel_create(target, creds, &a.ca);
     grpc_channel_credentials_release(creds);
     if (!ch->gc) {

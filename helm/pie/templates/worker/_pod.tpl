@@ -83,6 +83,8 @@ spec:
         - name: PIE_TP_LEADER
           value: "{{ $name }}-$(POD_GROUP_INDEX).{{ include "pie.svcFQDN" (dict "ctx" $ "name" $name) }}:{{ int $w.tensorParallel.port }}"
         {{- end }}
+        {{- with include "pie.extraEnvItems" $w | trim }}{{ . | nindent 8 }}{{ end }}
+      {{- with include "pie.envFrom" $w | trim }}{{ . | nindent 6 }}{{ end }}
       ports:
         - name: grpc
           containerPort: {{ int $w.port }}
@@ -98,11 +100,11 @@ spec:
       # SERVING only once the model is loaded: the startup probe allows a long load, the
       # readiness probe keeps a worker without its model out of the Service.
       startupProbe:
-        {{- include "pie.grpcProbe" (dict "port" $w.port "service" "" "p" $w.startupProbe) | nindent 8 }}
+        {{- include "pie.grpcProbe" (dict "tls" $.Values.tls "port" $w.port "service" "" "p" $w.startupProbe) | nindent 8 }}
       readinessProbe:
-        {{- include "pie.grpcProbe" (dict "port" $w.port "service" "pie.v1.Worker" "p" $w.readinessProbe) | nindent 8 }}
+        {{- include "pie.grpcProbe" (dict "tls" $.Values.tls "port" $w.port "service" "pie.v1.Worker" "p" $w.readinessProbe) | nindent 8 }}
       livenessProbe:
-        {{- include "pie.grpcProbe" (dict "port" $w.port "service" "" "p" $w.livenessProbe) | nindent 8 }}
+        {{- include "pie.grpcProbe" (dict "tls" $.Values.tls "port" $w.port "service" "" "p" $w.livenessProbe) | nindent 8 }}
       {{- include "pie.preStop" $w | nindent 6 }}
       resources:
         {{- toYaml $resources | nindent 8 }}
@@ -111,18 +113,22 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       volumeMounts:
-        {{- include "pie.commonMounts" (dict "ctx" $) | nindent 8 }}
+        {{- include "pie.commonMounts" (dict "ctx" $ "svc" $w) | nindent 8 }}
         - name: models
           mountPath: {{ $w.model.mountPath }}
           readOnly: true
         - name: dshm
           mountPath: /dev/shm
   volumes:
-    {{- include "pie.commonVolumes" (dict "ctx" $ "configMap" $name) | nindent 4 }}
+    {{- include "pie.commonVolumes" (dict "ctx" $ "svc" $w "configMap" $name) | nindent 4 }}
     - name: models
       {{- if $w.model.existingClaim }}
       persistentVolumeClaim:
         claimName: {{ $w.model.existingClaim }}
+        readOnly: true
+      {{- else if $w.model.createClaim.enabled }}
+      persistentVolumeClaim:
+        claimName: {{ $name }}-models
         readOnly: true
       {{- else }}
       hostPath:
