@@ -1,0 +1,168 @@
+/* wrk_swapsim.c — see wrk_swapsim.h. */
+#include "wrk_swapsim.h"
+
+#include <float.h>
+#include <stdbool.h>
+#include <string.h>
+
+enum { RESIDENT, ON_HOST, FETCHING, EVICTING };
+
+typedef struct sim {
+    uint32_t n, slots;
+    double tc, ts;
+    uint8_t state[WRK_SWAPSIM_MAX_LAYERS];
+    double fetched_at[WRK_SWAPSIM_MAX_LAYERS];
+    uint32_t cur;      /* layer computing or about to */
+    int32_t last_done; /* layer computed last (-1: none yet) */
+    double in_until, out_until;
+    int32_t in_layer, out_layer; /* -1: idle */
+    double in_busy, slack;
+    bool measuring;
+} sim;
+
+static uint32_t occupied(const sim *s) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->n; i++) k += s->state[i] != ON_HOST;
+    return k;
+}
+
+/* Layers after `from` in compute order (cyclic), nearest first: distance 0..n-1. */
+static uint32_t dist(const sim *s, uint32_t from, uint32_t layer) {
+    return (layer + s->n - from) % s->n;
+}
+
+static int32_t hottest_on_host(const sim *s) {
+    int32_t best = -1;
+    uint32_t bd = UINT32_MAX;
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->state[i] == ON_HOST && dist(s, s->cur, i) < bd) {
+            bd = dist(s, s->cur, i);
+            best = (int32_t)i;
+        }
+    return best;
+}
+
+/* The resident layer whose next use is farthest, never the one computing now. */
+static int32_t coldest_resident(const sim *s) {
+    int32_t best = -1;
+    uint32_t bd = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (s->state[i] != RESIDENT || i == s->cur) continue;
+        uint32_t d = dist(s, s->cur, i);
+        if (best < 0 || d > bd) {
+            bd = d;
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
+/* Starts what the idle directions can do at time t. */
+static void kick(sim *s, double t) {
+    int32_t want = hottest_on_host(s);
+    if (want < 0) return; /* nothing on the host: no swapping at all */
+    if (s->out_layer < 0 && occupied(s) >= s->slots) {
+        int32_t victim = coldest_resident(s);
+        /* evict only a layer needed later than the one it makes room for */
+        if (victim >= 0 && dist(s, s->cur, (uint32_t)victim) > dist(s, s->cur, (uint32_t)want)) {
+            s->state[victim] = EVICTING;
+            s->out_layer = victim;
+            s->out_until = t + s->ts;
+        }
+    }
+    if (s->in_layer < 0 && occupied(s) < s->slots) {
+        s->state[want] = FETCHING;
+        s->in_layer = want;
+        s->in_until = t + s->ts;
+        if (s->measuring) s->in_busy += s->ts;
+    }
+}
+
+/* Completes the transfers that end by t (in time order), kicking after each. */
+static void run_until(sim *s, double t) {
+    for (;;) {
+        double next = DBL_MAX;
+        if (s->in_layer >= 0) next = s->in_until;
+        if (s->out_layer >= 0 && s->out_until < next) next = s->out_until;
+        if (next > t) return;
+        if (s->in_layer >= 0 && s->in_until == next) {
+            s->state[s->in_layer] = RESIDENT;
+            s->fetched_at[s->in_layer] = next;
+            s->in_layer = -1;
+        } else {
+            s->state[s->out_layer] = ON_HOST;
+            s->out_layer = -1;
+        }
+        kick(s, next);
+    }
+}
+
+/* The earliest end of a transfer in flight (DBL_MAX: none). */
+static double next_event(const sim *s) {
+    double next = DBL_MAX;
+    if (s->in_layer >= 0) next = s->in_until;
+    if (s->out_layer >= 0 && s->out_until < next) next = s->out_until;
+    return next;
+}
+
+wrk_swapsim_result wrk_swapsim_run(uint32_t n, uint32_t slots, double t_compute, double t_swap,
+                                   uint32_t warmup, uint32_t steps) {
+    wrk_swapsim_result r = {0};
+    if (n == 0 || n > WRK_SWAPSIM_MAX_LAYERS || steps == 0) return r;
+    if (slots > n) slots = n;
+    if (slots < 2 && slots < n) slots = 2 <= n ? 2 : n;
+    sim s = {.n = n, .slots = slots, .tc = t_compute, .ts = t_swap, .last_done = -1,
+             .in_layer = -1, .out_layer = -1, .slack = DBL_MAX};
+    for (uint32_t i = 0; i < n; i++) s.state[i] = i < slots ? RESIDENT : ON_HOST;
+    double t = 0, t0 = 0, stall = 0;
+    for (uint32_t step = 0; step < warmup + steps; step++) {
+        if (step == warmup) {
+            s.measuring = true;
+            t0 = t;
+            /* a transfer in flight counts from here */
+            if (s.in_layer >= 0) s.in_busy += s.in_until - t;
+        }
+        for (uint32_t l = 0; l < n; l++) {
+            s.cur = l;
+            kick(&s, t);
+            while (s.state[l] != RESIDENT) { /* stall until it is fetched */
+                double next = next_event(&s);
+                if (next == DBL_MAX) return r; /* cannot happen: kick above started a transfer */
+                if (s.measuring) stall += next - t;
+                run_until(&s, next);
+                t = next;
+            }
+            if (s.measuring && s.fetched_at[l] > 0) {
+                double sl = t - s.fetched_at[l];
+                if (sl < s.slack) s.slack = sl;
+            }
+            s.fetched_at[l] = 0;
+            run_until(&s, t + t_compute);
+            t += t_compute;
+            s.last_done = (int32_t)l;
+        }
+    }
+    double span = t - t0;
+    r.step_s = span / steps;
+    r.stall_s = stall / steps;
+    /* in-flight work past the end is not link time of the measured span */
+    if (s.in_layer >= 0 && s.in_until > t) s.in_busy -= s.in_until - t;
+    r.link_busy = span > 0 ? s.in_busy / span : 0;
+    r.slack_s = s.slack == DBL_MAX ? 0 : s.slack;
+    if (r.stall_s > 0 && r.slack_s > 0) r.slack_s = -r.stall_s;
+    return r;
+}
+
+wrk_swapsim_point wrk_swapsim_eval(const wrk_swapsim_model *m, uint32_t slots, uint32_t steps) {
+    wrk_swapsim_point p = {0};
+    if (slots == 0 || slots > m->n_layers) slots = m->n_layers;
+    double pages = m->device_pages * (double)m->n_layers / (double)slots;
+    double fit = m->pages_per_seq > 0 ? pages / m->pages_per_seq : m->demand_seqs;
+    p.kv_limited = m->demand_seqs > fit;
+    p.batch = p.kv_limited ? fit : m->demand_seqs;
+    double tc = m->t_layer_fixed + m->t_layer_per_seq * p.batch;
+    double ts = m->t_move_all / (double)slots;
+    p.sim = wrk_swapsim_run(m->n_layers, slots, tc, ts, 2, steps);
+    p.tokens_per_s = p.sim.step_s > 0 ? p.batch / p.sim.step_s : 0;
+    return p;
+}
