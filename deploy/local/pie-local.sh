@@ -19,14 +19,16 @@
 # /metrics at its gRPC port + 10000.
 set -euo pipefail
 
-workers=1 lifecycles=1 gateways=auto base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
+workers=1 tp=1 lifecycles=1 gateways=auto base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
 bin="$(cd "$(dirname "$0")/../.." && pwd)/build/bin"
 rundir="" model="" wait_s=60
 cmd=()
 usage() {
   cat <<USAGE
-usage: $0 [--workers N] [--lifecycles M] [--gateways G] [--base-port B|random] [--bin DIR] [--run-dir DIR]
-          [--token TOKEN] [--model DIR] [--wait-s S] [--check | [--stay] --exec CMD [ARGS...]]
+usage: $0 [--workers N] [--tp T] [--lifecycles M] [--gateways G] [--base-port B|random] [--bin DIR]
+          [--run-dir DIR] [--token TOKEN] [--model DIR] [--wait-s S] [--check | [--stay] --exec CMD [ARGS...]]
+  --tp      tensor-parallel ranks of each worker (default 1): each worker is one pie-worker
+            process that forks T rank processes (cpu backend; T must divide the model's heads)
   --gateways  OpenAI-compatible gateways (pie-gateway) in front of the lifecycle replicas
             (default 1 when the build has pie-gateway and its openai_chat.wasm, else 0)
   --model   Hugging Face model directory every worker serves (default: the build's generated
@@ -48,6 +50,7 @@ USAGE
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
+    --tp) tp=$2; shift 2 ;;
     --lifecycles) lifecycles=$2; shift 2 ;;
     --gateways) gateways=$2; shift 2 ;;
     --base-port) base=$2; shift 2 ;;
@@ -65,6 +68,7 @@ while [ $# -gt 0 ]; do
 done
 # "random": a base in 10000..29900, below Linux's ephemeral range (tests run beside others).
 if [ "$base" = random ]; then base=$((10000 + (RANDOM % 200) * 100)); fi
+[[ $tp =~ ^[1-9][0-9]*$ ]] || { echo "pie-local: --tp must be a positive integer, not '$tp'" >&2; exit 2; }
 [ -x "$bin/pie-controller" ] || { echo "pie-local: no binaries in $bin (build first)" >&2; exit 2; }
 bin=$(cd "$bin" && pwd)
 model=${model:-$bin/../models/tiny-f32}
@@ -125,7 +129,7 @@ ctl=$((base + 2))
 start controller "$ctl"
 for ((i = 0; i < workers; i++)); do
   start "worker-$i" $((base + 3 + 10 * i)) PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
-    PIE_WORKER_GROUP_ID="worker-$i" PIE_MODEL_PATH="$model"
+    PIE_WORKER_GROUP_ID="worker-$i" PIE_MODEL_PATH="$model" PIE_TP_SIZE="$tp"
   wrk_addrs+=("127.0.0.1:$((base + 3 + 10 * i))")
 done
 for ((i = 0; i < lifecycles; i++)); do
@@ -151,7 +155,7 @@ export PIE_LOCAL_RUN_DIR="$rundir" PIE_LOCAL_BIN="$bin" PIE_LOCAL_MODEL="$model"
 for v in PIE_LOCAL_RUN_DIR PIE_LOCAL_BIN PIE_LOCAL_MODEL PIE_LOCAL_CONTROLLER PIE_LOCAL_LIFECYCLES \
   PIE_LOCAL_WORKERS PIE_LOCAL_GATEWAYS; do printf '%s=%q\n' "$v" "${!v}"; done >"$rundir/cluster.env"
 
-echo "pie-local: $workers worker(s), $lifecycles lifecycle replica(s), $gateways gateway(s), controller at 127.0.0.1:$ctl; logs in $rundir"
+echo "pie-local: $workers worker(s) of $tp rank(s), $lifecycles lifecycle replica(s), $gateways gateway(s), controller at 127.0.0.1:$ctl; logs in $rundir"
 for i in "${!pids[@]}"; do echo "pie-local:   ${names[$i]} pid ${pids[$i]} at ${addrs[$i]}"; done
 health_args=()
 for a in "${addrs[@]}"; do health_args+=(--addr "$a"); done

@@ -139,8 +139,23 @@ void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_it
  * SIMD path and on the cuda backend (krn_cuda_topk; tests/kcheck/kcheck.h). */
 void krn_cpu_softmax(float *x, int n, float temperature);
 
+/* The exponentials of krn_cpu_softmax with a maximum found elsewhere (a tensor-parallel rank
+ * holds a slice of the logits; the maximum is the whole vocabulary's): x[i] = exp((x[i] - max)
+ * / temperature) for every number (NaN stays NaN, out of the sum); returns their sum. The same
+ * arithmetic as krn_cpu_softmax before its final scaling. The caller has handled the limits
+ * krn_cpu_softmax handles: max is finite, temperature > 0 with a finite inverse. */
+float krn_cpu_exp_shifted(float *x, int n, float max, float temperature);
+
 /* The k largest of x[n] in descending order (ties: lower index first): ids[k], vals[k].
  * O(n log k), no full sort. k <= n. */
 void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals);
+
+/* The k best of n_lists lists, each in krn_cpu_topk's order (descending, ties to the lower
+ * id, NaN last), after multiplying their values by scale: out_ids[k], out_vals[k] in that
+ * order. List i is ids[i][0, counts[i]), vals[i][0, counts[i]); ids are distinct across
+ * lists; n_lists <= 64; k <= the sum of counts. The merge of a tensor-parallel group's local
+ * top-k. */
+void krn_cpu_topk_merge(const uint32_t *const *ids, const float *const *vals, const int *counts,
+                        int n_lists, float scale, int k, uint32_t *out_ids, float *out_vals);
 
 #endif

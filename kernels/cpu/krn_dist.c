@@ -1,7 +1,8 @@
 /* krn_dist.c — turning logits into a distribution and picking its largest entries.
  *
- * Owns: softmax with temperature (max-subtracted, vector exp) and top-k by a bounded min-heap
- * (O(n log k); ties keep the lower index first; NaN ranks below every number). Edges, the same
+ * Owns: softmax with temperature (max-subtracted, vector exp; its exponentials alone for a
+ * slice of the logits), top-k by a bounded min-heap (O(n log k); ties keep the lower index
+ * first; NaN ranks below every number) and the merge of several top-k lists. Edges, the same
  * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
  * and the sum and keeps a NaN probability; an infinite largest logit, a temperature that is not
  * > 0 or whose inverse overflows put all mass on the first largest number.
@@ -9,6 +10,8 @@
 #include "krn_cpu_impl.h"
 
 #include <math.h>
+
+#define KRN_TOPK_MERGE_MAX 64 /* lists krn_cpu_topk_merge takes (the ranks of a group) */
 
 #define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define KRN_TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
@@ -75,6 +78,17 @@ KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float 
 }
 #endif
 
+/* The SIMD path's exp_sum. */
+static float exp_sum(float *x, int n, float max, float inv_t) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: return exp_sum_avx512(x, n, max, inv_t);
+    case KRN_SIMD_AVX2: return exp_sum_avx2(x, n, max, inv_t);
+#endif
+    default: return exp_sum_scalar(x, n, max, inv_t);
+    }
+}
+
 void krn_cpu_softmax(float *x, int n, float temperature) {
     int arg = -1; /* the first largest number */
     for (int i = 0; i < n; i++)
@@ -87,15 +101,11 @@ void krn_cpu_softmax(float *x, int n, float temperature) {
             if (!isnan(x[i])) x[i] = i == arg ? 1.0f : 0.0f;
         return;
     }
-    float sum;
-    switch (krn_simd_level()) {
-#if KRN_X86
-    case KRN_SIMD_AVX512: sum = exp_sum_avx512(x, n, max, inv_t); break;
-    case KRN_SIMD_AVX2: sum = exp_sum_avx2(x, n, max, inv_t); break;
-#endif
-    default: sum = exp_sum_scalar(x, n, max, inv_t); break;
-    }
-    scale_scalar(x, n, 1.0f / sum);
+    scale_scalar(x, n, 1.0f / exp_sum(x, n, max, inv_t));
+}
+
+float krn_cpu_exp_shifted(float *x, int n, float max, float temperature) {
+    return n > 0 ? exp_sum(x, n, max, 1.0f / temperature) : 0.0f;
 }
 
 /* ---- top-k ------------------------------------------------------------------------------- */
@@ -169,5 +179,27 @@ void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals) {
         vals[end] = tv;
         ids[end] = ti;
         sift_down(ids, vals, end, 0);
+    }
+}
+
+void krn_cpu_topk_merge(const uint32_t *const *ids, const float *const *vals, const int *counts,
+                        int n_lists, float scale, int k, uint32_t *out_ids, float *out_vals) {
+    int at[KRN_TOPK_MERGE_MAX] = {0}; /* next entry of each list */
+    if (n_lists > KRN_TOPK_MERGE_MAX) n_lists = KRN_TOPK_MERGE_MAX;
+    for (int o = 0; o < k; o++) {
+        int best = -1;
+        float best_v = 0.0f;
+        for (int i = 0; i < n_lists; i++) {
+            if (at[i] >= counts[i]) continue;
+            float v = vals[i][at[i]] * scale;
+            if (best < 0 || ranks_above(v, ids[i][at[i]], best_v, ids[best][at[best]])) {
+                best = i;
+                best_v = v;
+            }
+        }
+        if (best < 0) return; /* fewer than k entries in all */
+        out_ids[o] = ids[best][at[best]];
+        out_vals[o] = best_v;
+        at[best]++;
     }
 }

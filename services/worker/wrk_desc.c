@@ -285,3 +285,15 @@ void wrk_desc_to_pb(const wrk_desc *d, wrk_desc_pb *pb) {
     c->max_batch_tokens = d->max_batch_tokens;
     c->max_batch_items = d->max_batch_items;
 }
+
+wrk_exec_limits wrk_desc_exec_limits(const wrk_desc *d) {
+    return (wrk_exec_limits){
+        .kv_pages = d->kv_pages,
+        .embed_slots = d->embed_slots,
+        .kv_page_size = d->kv_page_size,
+        .vocab_size = d->vocab_size,
+        .max_context_tokens = d->max_context_tokens,
+        .max_top_k = d->max_top_k,
+        .default_top_k = d->default_top_k,
+    };
+}

@@ -17,6 +17,7 @@
 #include "mdl.h"
 #include "pie/v1/common.pb-c.h"
 #include "pie_status.h"
+#include "wrk_exec.h"
 
 #define WRK_DEFAULT_TOP_K 256u  /* the paper's default k */
 #define WRK_MAX_TOP_K     1024u /* largest k, or the vocabulary when smaller */
@@ -68,6 +69,9 @@ pie_code wrk_desc_finish(wrk_desc *d, const char *name, const char *dir, const c
 
 /* Frees what d holds (not d). */
 void wrk_desc_free(wrk_desc *d);
+
+/* The executor's limits for what d announces (every rank of a group uses the same). */
+wrk_exec_limits wrk_desc_exec_limits(const wrk_desc *d);
 
 /* The protobuf view of d: pointers into d, valid while d is. */
 typedef struct wrk_desc_pb {

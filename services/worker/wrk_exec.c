@@ -639,10 +639,25 @@ static void fail_step(wrk_exec *x, const wrk_step *s) {
     }
 }
 
+/* A tensor-parallel hook said the group failed: the process leaves (wrk_exec_group.failed
+ * does not return). */
+static void group_check(wrk_exec *x, pie_code rc, const pie_status *st) {
+    if (rc != PIE_OK) x->o.group.failed(x->o.group.g, st);
+}
+
 static void run_step(wrk_exec *x, wrk_step *s) {
     Pie__V1__WorkerDown *down = s->down;
     size_t nb = down->n_batches;
+    pie_status gst;
+    if (nb > 0 && x->o.group.step) group_check(x, x->o.group.step(x->o.group.g, down, &gst), &gst);
     if (nb > 0 && !reserve_step(x, down)) {
+        /* In a tensor-parallel group a rank that skips a step's engine calls would pair its
+         * next collectives with the others' wrong ones: the group fails instead. */
+        if (x->o.group.failed) {
+            pie_status_set(&gst, PIE_RESOURCE_EXHAUSTED,
+                           "out of memory for the results of a step of %zu batches", nb);
+            x->o.group.failed(x->o.group.g, &gst);
+        }
         fail_step(x, s);
     } else if (nb > 0) {
         x->items_used = x->dists_used = x->k_used = 0;
@@ -651,6 +666,7 @@ static void run_step(wrk_exec *x, wrk_step *s) {
             run_batch(x, down->batches[i], i);
             ptrs[i] = (Pie__V1__BatchResult *)x->results.p + i;
         }
+        if (x->o.group.check) group_check(x, x->o.group.check(x->o.group.g, &gst), &gst);
         Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
         up.n_results = nb;
         up.results = ptrs;
@@ -664,6 +680,8 @@ static void run_step(wrk_exec *x, wrk_step *s) {
 }
 
 static void free_all_slots(wrk_exec *x) {
+    pie_status gst;
+    if (x->o.group.reset) group_check(x, x->o.group.reset(x->o.group.g, &gst), &gst);
     memset(x->kv_live, 0, x->o.lim.kv_pages);
     memset(x->emb_live, 0, x->o.lim.embed_slots);
     atomic_store(&x->kv_live_count, 0);
@@ -830,6 +848,17 @@ void wrk_exec_reset(wrk_exec *x) {
     drop_queue(x);
     x->reset_pending = true;
     pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+void wrk_exec_reset_now(wrk_exec *x) {
+    pthread_mutex_lock(&x->mu);
+    x->running = true; /* the slots are ours until they are free */
+    pthread_mutex_unlock(&x->mu);
+    free_all_slots(x);
+    pthread_mutex_lock(&x->mu);
+    x->running = false;
+    pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
 }
 

@@ -6,7 +6,8 @@
  * validation of every slot id against capacities and liveness, the translation of each batch
  * kind into backend calls over plain arrays, the mapping of failures to per-item or per-batch
  * results, and the execution counters of WorkerStats. Does not own: the link and its epochs
- * (wrk_node.c decides whether a result may still be sent), the compute (wrk_backend.h).
+ * (wrk_node.c decides whether a result may still be sent), the compute (wrk_backend.h), the
+ * other ranks of a tensor-parallel group (tp/wrk_tp.c, through wrk_exec_group).
  *
  * Failure rules (services/worker/README.md, "Results"):
  *   * Whole batch (BatchResult.code, items empty): a batch with no known kind (UNIMPLEMENTED),
@@ -39,8 +40,27 @@ typedef struct wrk_exec_limits {
     uint32_t max_top_k, default_top_k;
 } wrk_exec_limits;
 
+/* Hooks of a rank of a tensor-parallel group (tp/wrk_tp.h); all NULL otherwise. Rank 0 sets
+ * all of them, the other ranks only `failed`. They are called by the thread that runs steps,
+ * in step order, so the other ranks see the same steps and resets in the same order as rank
+ * 0's executor, ordered with the steps' own collectives. */
+typedef struct wrk_exec_group {
+    /* Before a step's batches run (steps with batches only): hands the step to the other
+     * ranks. Not PIE_OK: the group failed. */
+    pie_code (*step)(void *g, const Pie__V1__WorkerDown *down, pie_status *st);
+    /* Before the slots are freed by a reset (wrk_exec_reset): tells the other ranks. */
+    pie_code (*reset)(void *g, pie_status *st);
+    /* After a step's batches ran: PIE_OK while the group works. Not PIE_OK: a collective
+     * failed during the step, whose results are then not emitted. */
+    pie_code (*check)(void *g, pie_status *st);
+    /* The group failed (st says why): the process leaves the cluster; does not return. */
+    void (*failed)(void *g, const pie_status *st);
+    void *g;
+} wrk_exec_group;
+
 typedef struct wrk_exec_opts {
     wrk_backend backend;
+    wrk_exec_group group; /* a rank of a tensor-parallel group; zero otherwise */
     wrk_exec_limits lim;
     /* One step's results: a WorkerUp with results (one per batch, in order) and credits = 1,
      * valid during the call; epoch is the one the step was submitted with. */
@@ -63,6 +83,11 @@ void wrk_exec_submit(wrk_exec *x, Pie__V1__WorkerDown *down, uint64_t epoch);
 /* The link was lost: drops the queued steps and, before the next step runs, frees every slot
  * (the controller treats a re-registered worker as new). Pool contents are kept. */
 void wrk_exec_reset(wrk_exec *x);
+
+/* wrk_exec_reset done at once on the calling thread: every slot is freed before it returns.
+ * Only while no step runs or is queued (the loop of a follower rank, tp/wrk_tp.c, which
+ * submits one step at a time and so always finds the executor idle). */
+void wrk_exec_reset_now(wrk_exec *x);
 
 /* Execution counters and live slots now (the other WorkerStats fields are left alone). */
 void wrk_exec_stats(wrk_exec *x, Pie__V1__WorkerStats *out);

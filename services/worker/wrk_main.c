@@ -1,4 +1,5 @@
-/* wrk_main.c — pie-worker: one inference worker process (one GPU, or the CPU backend).
+/* wrk_main.c — pie-worker: one inference worker (one GPU, the CPU backend, or a
+ * tensor-parallel group of tp.size ranks on the cpu backend).
  *
  * Owns: the worker's configuration schema, loading what it serves (the engine for the cpu
  * backend, only a description for null) and the start/stop order: serve Info and health
@@ -6,7 +7,12 @@
  * leaves the process up, NOT_SERVING, with Info state FAILED and the error (worker.proto), and
  * it exits 1 on SIGTERM. A device fault of the cuda backend (wrk_backend_fault) stops the
  * worker as SIGTERM does, and it exits 1 saying why. Registration, batches and Info are in
- * wrk_node.c / wrk_exec.c. */
+ * wrk_node.c / wrk_exec.c.
+ *
+ * With tp.size N > 1 this process is the group's launcher (tp/wrk_tp.h): it forks N ranks and
+ * supervises them. Rank 0 is the worker above (it alone serves gRPC and links to the
+ * controller); ranks 1..N-1 serve nothing: they load their shard, then run the steps rank 0
+ * broadcasts until rank 0 stops them (exit 0) or the group fails (exit 1). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +24,7 @@
 #include "wrk_backend.h"
 #include "wrk_desc.h"
 #include "wrk_node.h"
+#include "wrk_tp.h"
 
 enum { WRK_BACKEND_CPU = 0, WRK_BACKEND_CUDA = 1, WRK_BACKEND_NULL = 2 };
 static const char *const wrk_backends[] = {"cpu", "cuda", "null", NULL};
@@ -39,6 +46,11 @@ typedef struct wrk_config {
     uint32_t max_batch_items;  /* batch.max_items */
     uint32_t credits;          /* batch.credits */
     wrk_null_cost null_cost;   /* null.batch_us, null.token_us */
+    uint32_t tp_size;          /* tp.size */
+    int32_t tp_rank;           /* tp.rank */
+    char *tp_leader;           /* tp.leader */
+    int64_t tp_timeout_ms;     /* tp.timeout */
+    uint64_t tp_chunk_bytes;   /* tp.chunk */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -86,6 +98,26 @@ static const pie_config_field wrk_fields[] = {
      .max = "1000000",
      .doc = "null backend only: emulated device time per input token of a forward batch, in "
             "microseconds"},
+    {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
+     .max = "64",
+     .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
+            "and the group registers as one worker; 1 = no tensor parallelism"},
+    {"tp.rank", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, tp_rank), .def = "-1", .min = "-1",
+     .max = "63",
+     .doc = "rank of this process in a group started rank by rank (-1 = not one: with tp.size "
+            "> 1 this process starts every rank itself; separate rank processes are not "
+            "implemented yet)"},
+    {"tp.leader", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, tp_leader), .def = "",
+     .doc = "host:port of rank 0 for ranks in other pods (empty = LWS_LEADER_ADDRESS, if set; "
+            "groups across pods are not implemented yet)"},
+    {"tp.timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(wrk_config, tp_timeout_ms), .def = "30s",
+     .min = "100ms", .max = "1h",
+     .doc = "longest wait for another rank of the group within a step (and for all ranks to "
+            "join); a rank that dies is noticed at once"},
+    {"tp.chunk", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, tp_chunk_bytes), .def = "1MiB",
+     .min = "4KiB", .max = "256MiB",
+     .doc = "bytes per rank per step of the group's shared-memory collective (/dev/shm needs "
+            "2 * (tp.size + 1) * tp.chunk)"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -98,9 +130,20 @@ typedef struct wrk_loaded {
     uint64_t pool_bytes;
 } wrk_loaded;
 
-static pie_code load_cpu(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+/* Kernel threads of one rank: engine.threads, or the online cores shared by the ranks. */
+static long rank_threads(const wrk_config *cfg) {
+    if (cfg->engine_threads) return (long)cfg->engine_threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long per = (cores > 0 ? cores : 1) / (long)(cfg->tp_size ? cfg->tp_size : 1);
+    return per > 0 ? per : 1;
+}
+
+/* g: the group's collective when this is a rank of a tensor-parallel group, else NULL. */
+static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
+                         wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
     if (rc != PIE_OK) return rc;
+    long threads = rank_threads(cfg);
     eng_opts eo = {
         .model_dir = cfg->model_path,
         .backend = ENG_BACKEND_CPU,
@@ -108,15 +151,21 @@ static pie_code load_cpu(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
         .kv_pages = cfg->kv_pages,
         .embed_slots = cfg->embed_slots,
         .max_batch_tokens = cfg->max_batch_tokens,
-        .n_threads = (int)cfg->engine_threads,
+        .n_threads = (int)threads,
+        .tp_rank = g ? me->rank : 0,
+        .tp_size = g ? me->size : 1,
+        .coll = g ? wrk_tp_group_coll(g) : NULL,
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
     const eng_info *ei = eng_get_info(l->engine);
     wrk_desc_set_engine(&l->desc, ei);
     wrk_backend_engine(&l->backend, l->engine);
-    long threads = cfg->engine_threads ? (long)cfg->engine_threads : sysconf(_SC_NPROCESSORS_ONLN);
-    snprintf(l->device, sizeof l->device, "cpu: %ld threads", threads > 0 ? threads : 1);
+    if (g)
+        snprintf(l->device, sizeof l->device,
+                 "cpu: tensor-parallel group of %u ranks, %ld threads each", me->size, threads);
+    else
+        snprintf(l->device, sizeof l->device, "cpu: %ld threads", threads);
     l->pool_bytes = (uint64_t)ei->kv_pool_bytes + ei->embed_pool_bytes;
     return PIE_OK;
 }
@@ -140,8 +189,10 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
     return PIE_OK;
 }
 
-/* Loads what cfg asks for into *l (zeroed first). On failure *l holds nothing to free. */
-static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+/* Loads what cfg asks for into *l (zeroed first); g and me: as load_cpu. On failure *l holds
+ * nothing to free. */
+static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me, wrk_loaded *l,
+                     pie_status *st) {
     memset(l, 0, sizeof *l);
     pie_code rc;
     switch (cfg->backend) {
@@ -165,7 +216,7 @@ static pie_code load(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
             snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
         break;
     default:
-        rc = load_cpu(cfg, l, st);
+        rc = load_cpu(cfg, g, me, l, st);
         if (rc != PIE_OK) goto fail;
     }
     rc = wrk_desc_finish(&l->desc, cfg->model_name, cfg->model_path, cfg->model_description,
@@ -180,46 +231,33 @@ fail:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    svc_block_signals();
-    svc_args args;
-    int rc = svc_parse_args(argc, argv, "pie-worker", &args);
-    if (rc) return rc == 1 ? 0 : 2;
-    wrk_config cfg;
-    rc = svc_load_config("pie-worker", &args, &wrk_schema, &cfg);
-    if (rc) return rc == 1 ? 0 : 2;
-    /* NULL strings (a YAML null) read as empty from here on. */
-    char empty[1] = "";
-    char **strs[] = {&cfg.group_id, &cfg.advertise, &cfg.model_path, &cfg.model_name,
-                     &cfg.model_description};
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        if (*strs[i] == NULL) *strs[i] = empty;
-    if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {
-        fprintf(stderr,
-                "pie-worker: model.path is required with backend %s (set it in the config file "
-                "or with PIE_MODEL_PATH)\n",
-                wrk_backends[cfg.backend]);
-        for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-            if (*strs[i] == empty) *strs[i] = NULL;
-        pie_config_free(&wrk_schema, &cfg);
-        return 2;
-    }
+static void unload(wrk_loaded *l) {
+    wrk_backend_release(&l->backend); /* the cuda engine; nothing for cpu and null */
+    eng_close(l->engine);
+    wrk_desc_free(&l->desc);
+    memset(l, 0, sizeof *l);
+}
 
+/* The worker the cluster sees: a whole worker, or rank 0 of a group (me->size > 1). Returns
+ * the exit status. */
+static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_rank *me) {
     int status = 1;
     pie_status st;
     wrk_node *node = NULL;
+    wrk_tp_group *group = NULL;
     wrk_loaded loaded;
     memset(&loaded, 0, sizeof loaded);
-    svc *s = svc_create("worker", &cfg.svc, &st);
+    svc *s = svc_create("worker", &cfg->svc, &st);
     if (s == NULL) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
     wrk_node_config nc = {
-        .group_id = cfg.group_id,
-        .advertise = cfg.advertise,
-        .credits = cfg.credits,
-        .max_message_bytes = cfg.svc.max_message_bytes,
+        .group_id = cfg->group_id,
+        .advertise = cfg->advertise,
+        .credits = cfg->credits,
+        .max_message_bytes = cfg->svc.max_message_bytes,
+        .tp_size = me->size,
     };
     node = wrk_node_create(&nc, svc_metrics(s), &st);
     if (node == NULL) {
@@ -234,13 +272,17 @@ int main(int argc, char **argv) {
     }
     svc_add_health(s, "pie.v1.Worker");
 
-    pie_log_info("wrk.loading", "backend=%s model_path=\"%s\"", wrk_backends[cfg.backend],
-                 cfg.model_path);
+    pie_log_info("wrk.loading", "backend=%s model_path=\"%s\" tp_size=%u",
+                 wrk_backends[cfg->backend], cfg->model_path, me->size);
     int64_t t0 = rpc_now_ns();
-    if (load(&cfg, &loaded, &st) != PIE_OK) {
+    pie_code rc = PIE_OK;
+    if (me->size > 1) rc = wrk_tp_group_open(tpc, me, cfg->group_id, &group, &st);
+    if (rc == PIE_OK) rc = load(cfg, group, me, &loaded, &st);
+    if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, &st);
+    if (rc != PIE_OK) {
         wrk_node_set_failed(node, &st);
         pie_log_error("wrk.load_failed", "backend=%s code=%s error=\"%s\"",
-                      wrk_backends[cfg.backend], pie_code_name(st.code), st.msg);
+                      wrk_backends[cfg->backend], pie_code_name(st.code), st.msg);
         int sig = svc_wait_for_signal();
         pie_log_info("wrk.signal", "signal=%d", sig);
         goto done; /* exit 1: the worker never served */
@@ -249,7 +291,7 @@ int main(int argc, char **argv) {
     pie_log_info("wrk.loaded",
                  "backend=%s model=%s vocab=%u layers=%u hidden=%u dtype=%s kv_pages=%u "
                  "kv_page_size=%u embed_slots=%u pool_bytes=%llu device=\"%s\" load_ms=%lld",
-                 wrk_backends[cfg.backend], d->name, d->vocab_size, d->num_layers, d->hidden_size,
+                 wrk_backends[cfg->backend], d->name, d->vocab_size, d->num_layers, d->hidden_size,
                  d->dtype, d->kv_pages, d->kv_page_size, d->embed_slots,
                  (unsigned long long)loaded.pool_bytes, loaded.device,
                  (long long)((rpc_now_ns() - t0) / 1000000));
@@ -259,8 +301,9 @@ int main(int argc, char **argv) {
         .device = loaded.device,
         .device_pool_bytes = loaded.pool_bytes,
     };
+    if (group) ready.group = wrk_tp_group_leader_hooks(group);
     if (wrk_node_set_ready(node, &ready, &st) != PIE_OK ||
-        wrk_node_link_start(node, s, &cfg.dial, &st) != PIE_OK) {
+        wrk_node_link_start(node, s, &cfg->dial, &st) != PIE_OK) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
@@ -277,19 +320,110 @@ int main(int argc, char **argv) {
         /* Drain: readiness fails, the controller places nothing new here, instances placed
          * here get up to server.shutdown_grace to end; closing the link ends the rest. */
         int64_t drain_t0 = rpc_now_ns();
-        bool released = wrk_node_drain(node, cfg.svc.shutdown_grace_ms);
+        bool released = wrk_node_drain(node, cfg->svc.shutdown_grace_ms);
         pie_log_info("wrk.drained", "released=%s", released ? "true" : "false");
-        int64_t rest_ms = cfg.svc.shutdown_grace_ms - (rpc_now_ns() - drain_t0) / 1000000;
+        int64_t rest_ms = cfg->svc.shutdown_grace_ms - (rpc_now_ns() - drain_t0) / 1000000;
         svc_drain_within(s, rest_ms > 0 ? rest_ms : 0); /* Info calls: nothing to wait for */
         status = 0;
     }
 done:
-    svc_drain(s);           /* server first: no callback runs after it */
-    wrk_node_destroy(node); /* closes the controller link: the worker leaves the cluster */
-    svc_stop(s);            /* last: threads stopped above may update its metrics */
-    wrk_backend_release(&loaded.backend); /* the cuda engine; nothing for cpu and null */
-    eng_close(loaded.engine);
-    wrk_desc_free(&loaded.desc);
+    svc_drain(s);             /* server first: no callback runs after it */
+    wrk_node_destroy(node);   /* closes the controller link: the worker leaves the cluster */
+    svc_stop(s);              /* last: threads stopped above may update its metrics */
+    wrk_tp_group_stop(group); /* the executor is stopped: the other ranks may exit */
+    unload(&loaded);
+    wrk_tp_group_close(group);
+    return status;
+}
+
+/* A follower's executor results go nowhere: rank 0 returns the group's. */
+static void follower_emit(void *user, uint64_t epoch, const Pie__V1__WorkerUp *up) {
+    (void)user, (void)epoch, (void)up;
+}
+
+/* Ranks 1..N-1 of a group: load the shard, then run what rank 0 broadcasts. Returns the exit
+ * status: 0 when rank 0 stopped the group, 1 when it failed. */
+static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_rank *me) {
+    pie_log_set_level((pie_log_level)cfg->svc.log_level);
+    pie_log_set_service("worker");
+    pie_status st;
+    wrk_tp_group *group = NULL;
+    wrk_exec *x = NULL;
+    wrk_loaded loaded;
+    memset(&loaded, 0, sizeof loaded);
+    int status = 1;
+    int64_t t0 = rpc_now_ns();
+    if (wrk_tp_group_open(tpc, me, cfg->group_id, &group, &st) != PIE_OK ||
+        load(cfg, group, me, &loaded, &st) != PIE_OK)
+        goto done;
+    /* before the barrier: rank 0 registers only after this line is written */
+    pie_log_info("wrk.tp.rank_loaded", "rank=%u tp_size=%u device=\"%s\" load_ms=%lld", me->rank,
+                 me->size, loaded.device, (long long)((rpc_now_ns() - t0) / 1000000));
+    if (wrk_tp_group_loaded(group, &st) != PIE_OK) goto done;
+    wrk_exec_opts eo = {
+        .backend = loaded.backend,
+        .group = wrk_tp_group_follower_hooks(group),
+        .lim = wrk_desc_exec_limits(&loaded.desc),
+        .emit = follower_emit,
+    };
+    x = wrk_exec_start(&eo, &st);
+    if (x == NULL) goto done;
+    if (wrk_tp_group_follow(group, x, &st) != PIE_OK) goto done;
+    status = 0;
+    pie_log_info("wrk.tp.rank_stopped", "rank=%u", me->rank);
+done:
+    if (status != 0)
+        pie_log_error("wrk.tp.rank_failed", "rank=%u tp_size=%u code=%s error=\"%s\"", me->rank,
+                      me->size, pie_code_name(st.code), st.msg);
+    wrk_exec_stop(x);
+    unload(&loaded);
+    wrk_tp_group_close(group);
+    return status;
+}
+
+int main(int argc, char **argv) {
+    svc_block_signals();
+    svc_args args;
+    int rc = svc_parse_args(argc, argv, "pie-worker", &args);
+    if (rc) return rc == 1 ? 0 : 2;
+    wrk_config cfg;
+    rc = svc_load_config("pie-worker", &args, &wrk_schema, &cfg);
+    if (rc) return rc == 1 ? 0 : 2;
+    /* NULL strings (a YAML null) read as empty from here on. */
+    char empty[1] = "";
+    char **strs[] = {&cfg.group_id,   &cfg.advertise,         &cfg.model_path,
+                     &cfg.model_name, &cfg.model_description, &cfg.tp_leader};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if (*strs[i] == NULL) *strs[i] = empty;
+    int status = 2;
+    pie_status st;
+    wrk_tp_config tpc = {
+        .size = cfg.tp_size,
+        .rank = cfg.tp_rank,
+        .leader = cfg.tp_leader,
+        .timeout_ms = (uint32_t)cfg.tp_timeout_ms,
+        .chunk_bytes = cfg.tp_chunk_bytes,
+    };
+    wrk_tp_rank me = {.rank = 0, .size = 1};
+    if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {
+        fprintf(stderr,
+                "pie-worker: model.path is required with backend %s (set it in the config file "
+                "or with PIE_MODEL_PATH)\n",
+                wrk_backends[cfg.backend]);
+        goto done;
+    }
+    if (wrk_tp_resolve(&tpc, wrk_backends[cfg.backend], &st) != PIE_OK) {
+        fprintf(stderr, "pie-worker: %s\n", st.msg);
+        goto done;
+    }
+    cfg.tp_size = tpc.size;
+    if (tpc.size > 1) {
+        pie_log_set_level((pie_log_level)cfg.svc.log_level);
+        pie_log_set_service("worker");
+        if (!wrk_tp_launch(&tpc, &me, &status)) goto done; /* the launcher: the group ended */
+    }
+    status = me.rank == 0 ? serve(&cfg, &tpc, &me) : follow(&cfg, &tpc, &me);
+done:
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (*strs[i] == empty) *strs[i] = NULL;
     pie_config_free(&wrk_schema, &cfg);

@@ -122,7 +122,7 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.backend = backend_pb(w);
     reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     reg.capacity = &pb.capacity;
-    reg.tp_size = 1;
+    reg.tp_size = w->cfg.tp_size;
     reg.device = w->device;
     reg.address = (char *)w->cfg.advertise;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
@@ -352,7 +352,7 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     Pie__V1__InfoResponse resp = PIE__V1__INFO_RESPONSE__INIT;
     Pie__V1__Status status = PIE__V1__STATUS__INIT;
     resp.rank = 0;
-    resp.tp_size = 1;
+    resp.tp_size = w->cfg.tp_size;
     resp.group_id = (char *)atomic_load(&w->group_id);
     resp.version = "pie-c/" PIE_VERSION;
     resp.backend = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY ? backend_pb(w)
@@ -377,11 +377,18 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
 }
 
 static bool tpjoin_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
-    (void)user;
+    wrk_node *w = user;
     const Pie__V1__TpJoinRequest *r = (const Pie__V1__TpJoinRequest *)req;
-    char msg[160];
-    snprintf(msg, sizeof msg, "TpJoin: rank %u asked to join, but this worker group has tp_size 1",
-             r->rank);
+    char msg[400];
+    if (w->cfg.tp_size <= 1)
+        snprintf(msg, sizeof msg,
+                 "TpJoin: rank %u asked to join, but this worker group has tp_size 1", r->rank);
+    else
+        snprintf(msg, sizeof msg,
+                 "TpJoin: rank %u asked to join, but worker group %s forms its %u ranks itself "
+                 "(one pie-worker with tp.size %u forks them); joining from another process is "
+                 "not implemented",
+                 r->rank, atomic_load(&w->group_id), w->cfg.tp_size, w->cfg.tp_size);
     rpc_call_finish(call, PIE_FAILED_PRECONDITION, msg);
     return false;
 }
@@ -396,6 +403,7 @@ wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_
     }
     w->cfg = *cfg;
     if (w->cfg.credits == 0) w->cfg.credits = 1;
+    if (w->cfg.tp_size == 0) w->cfg.tp_size = 1;
     w->metrics = metrics;
     atomic_store(&w->group_id, cfg->group_id ? cfg->group_id : "");
     atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_LOADING);
@@ -462,16 +470,8 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
     const wrk_desc *d = r->desc;
     wrk_exec_opts eo = {
         .backend = r->backend,
-        .lim =
-            {
-                .kv_pages = d->kv_pages,
-                .embed_slots = d->embed_slots,
-                .kv_page_size = d->kv_page_size,
-                .vocab_size = d->vocab_size,
-                .max_context_tokens = d->max_context_tokens,
-                .max_top_k = d->max_top_k,
-                .default_top_k = d->default_top_k,
-            },
+        .group = r->group,
+        .lim = wrk_desc_exec_limits(d),
         .emit = exec_emit,
         .drain = exec_drain,
         .user = w,

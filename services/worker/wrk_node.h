@@ -7,8 +7,10 @@
  * (results of a step received on an earlier connection are never sent on a later one), splitting
  * results larger than server.max_message at batch boundaries, Drain, the drain of SIGTERM
  * (WorkerUp.draining, then waiting for the controller's release),
- * Info and TpJoin (refused: tp_size 1). Does not own: running batches (wrk_exec.c), what is
- * announced (wrk_desc.c), loading the model (wrk_main.c). */
+ * Info and TpJoin (refused: a group's ranks are forked by its launcher, tp/wrk_tp.h). In a
+ * tensor-parallel group only rank 0 has a node: it registers the group once with its tp_size.
+ * Does not own: running batches (wrk_exec.c), what is announced (wrk_desc.c), loading the
+ * model (wrk_main.c), the other ranks (tp/wrk_tp.c). */
 #ifndef WRK_NODE_H
 #define WRK_NODE_H
 
@@ -20,12 +22,14 @@
 #include "svc.h"
 #include "wrk_backend.h"
 #include "wrk_desc.h"
+#include "wrk_exec.h"
 
 typedef struct wrk_node_config {
     const char *group_id;       /* worker group name ("" = <hostname>:<grpc port>) */
     const char *advertise;      /* host:port of this process's Worker service, for others */
     uint32_t credits;           /* steps granted after registering (>= 1) */
     uint64_t max_message_bytes; /* largest WorkerUp sent (server.max_message); 0 = no limit */
+    uint32_t tp_size;           /* ranks of this worker group (0 or 1: no tensor parallelism) */
 } wrk_node_config;
 
 typedef struct wrk_node wrk_node;
@@ -45,6 +49,7 @@ typedef struct wrk_node_ready {
     wrk_backend backend;  /* its ctx must outlive the node */
     const char *device;   /* e.g. "cpu: 16 threads" (copied) */
     uint64_t device_pool_bytes, host_pool_bytes;
+    wrk_exec_group group; /* rank 0 of a tensor-parallel group: its hooks; zero otherwise */
 } wrk_node_ready;
 
 /* The model is loaded: starts the executor; Info says READY. */

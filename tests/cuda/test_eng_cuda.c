@@ -707,3 +707,17 @@ Test(eng_cuda, refused_calls_give_the_cpu_backends_messages) {
     cr_assert_str_eq(sg.msg, sc.msg);
     close_pair(&p);
 }
+
+/* Tensor parallelism is the cpu backend's so far (tests/unit/test_eng_tp.c); the cuda backend
+ * says so before it touches a device, so this runs everywhere. */
+Test(eng_cuda, tp_size_above_1_is_refused_with_a_clear_error) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tiny-bf16", PIE_MODELS_DIR);
+    eng_opts o = {.model_dir = dir, .backend = ENG_BACKEND_CUDA, .tp_rank = 1, .tp_size = 2};
+    pie_status st = {0};
+    eng_cuda *g = NULL;
+    cr_assert_eq(eng_cuda_open(&o, &g, &st), PIE_UNIMPLEMENTED);
+    cr_assert_str_eq(st.msg, "eng_open: tp_size 2: the cuda backend runs only tp_size 1 so far "
+                             "(tensor parallelism is built for the cpu backend)");
+    cr_assert_null(g);
+}

@@ -17,6 +17,10 @@ foreach(src ${e2e_tests})
   set_tests_properties(e2e/${name} PROPERTIES TIMEOUT 900)
 endforeach()
 
+# test_tp.c also runs a fixture of tests/wasm (sec_export: holds a KV page, then waits).
+target_compile_definitions(e2e_test_tp PRIVATE PIE_WASM_FIXTURES_DIR="${CMAKE_CURRENT_BINARY_DIR}/wasm")
+add_dependencies(e2e_test_tp pie_wasm_fixtures)
+
 find_program(PIE_WASM_OBJDUMP wasm-objdump REQUIRED)
 find_program(PIE_SYS_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 add_test(NAME e2e/inferlets_import_only_the_pie_abi

@@ -714,6 +714,73 @@ Test(krn_dist, topk_ranks_nan_last) {
     cr_assert_arr_eq(ids, want, sizeof ids);
 }
 
+/* Tensor parallelism (engine/eng_cpu_tp.c): a rank's exponentials with the group's maximum are
+ * the softmax's before its scaling, bit for bit over the whole, and to rounding over slices. */
+Test(krn_dist, exp_shifted_over_slices_reproduces_the_softmax) {
+    static const int cuts[] = {0, 333, 334, 701, 1000}; /* 4 uneven slices */
+    rng r = {23};
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        float x[1000], p[1000], e[1000];
+        for (int i = 0; i < 1000; i++) x[i] = 8.0f * rng_f(&r);
+        x[5] = x[400] = NAN;
+        float mx = -INFINITY;
+        for (int i = 0; i < 1000; i++) mx = !isnan(x[i]) && x[i] > mx ? x[i] : mx;
+        memcpy(p, x, sizeof p);
+        krn_cpu_softmax(p, 1000, 0.7f);
+        memcpy(e, x, sizeof e);
+        float whole = krn_cpu_exp_shifted(e, 1000, mx, 0.7f);
+        for (int i = 0; i < 1000; i++) {
+            float q = e[i] * (1.0f / whole);
+            cr_assert(isnan(p[i]) ? isnan(q) : q == p[i], "%s: whole: p[%d] = %.9g, want %.9g",
+                      SIMD_PATHS[s], i, q, p[i]);
+        }
+        memcpy(e, x, sizeof e);
+        double sum = 0;
+        for (int c = 0; c < 4; c++)
+            sum += krn_cpu_exp_shifted(e + cuts[c], cuts[c + 1] - cuts[c], mx, 0.7f);
+        for (int i = 0; i < 1000; i++) {
+            float q = e[i] * (1.0f / (float)sum);
+            cr_assert(isnan(p[i]) ? isnan(q) : fabsf(q - p[i]) <= 1e-6f * p[i],
+                      "%s: slices: p[%d] = %.9g, want %.9g", SIMD_PATHS[s], i, q, p[i]);
+        }
+    }
+}
+
+/* The merge of slices' top-k lists is the top-k of the whole, ties and NaN included. */
+Test(krn_dist, topk_merge_of_slices_equals_the_topk_of_the_whole) {
+    static const int cuts[] = {0, 1, 130, 131, 400}; /* slices of 1, 129, 1 and 269 */
+    static const int ks[] = {1, 3, 64, 200, 400};
+    rng r = {29};
+    float x[400];
+    for (int i = 0; i < 400; i++) x[i] = (float)(rng_next(&r) % 17); /* many ties */
+    x[0] = x[77] = x[399] = NAN;
+    for (size_t a = 0; a < sizeof ks / sizeof *ks; a++) {
+        int k = ks[a];
+        uint32_t want_ids[400], ids[4][400], got_ids[400];
+        float want_vals[400], vals[4][400], got_vals[400];
+        krn_cpu_topk(x, 400, k, want_ids, want_vals);
+        const uint32_t *lid[4];
+        const float *lval[4];
+        int counts[4];
+        for (int c = 0; c < 4; c++) {
+            int len = cuts[c + 1] - cuts[c];
+            counts[c] = k < len ? k : len;
+            krn_cpu_topk(x + cuts[c], len, counts[c], ids[c], vals[c]);
+            for (int i = 0; i < counts[c]; i++) ids[c][i] += (uint32_t)cuts[c];
+            lid[c] = ids[c];
+            lval[c] = vals[c];
+        }
+        krn_cpu_topk_merge(lid, lval, counts, 4, 0.5f, k, got_ids, got_vals);
+        for (int i = 0; i < k; i++) {
+            cr_assert_eq(got_ids[i], want_ids[i], "k=%d: ids[%d] = %u, want %u", k, i, got_ids[i],
+                         want_ids[i]);
+            cr_assert(isnan(want_vals[i]) ? isnan(got_vals[i]) : got_vals[i] == 0.5f * want_vals[i],
+                      "k=%d: vals[%d] = %g, want %g", k, i, got_vals[i], 0.5f * want_vals[i]);
+        }
+    }
+}
+
 /* ---- attention ----------------------------------------------------------------------------- */
 
 typedef struct attn_case {

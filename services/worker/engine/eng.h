@@ -35,6 +35,17 @@ typedef struct eng_opts {
     uint32_t embed_slots;   /* embedding slots; 0 → 1024 */
     uint32_t max_batch_tokens; /* most input tokens of one forward call; 0 → 4096 */
     int n_threads;          /* CPU threads (the caller included); 0 → online cores */
+    /* Tensor parallelism (cpu backend; the cuda backend refuses tp_size > 1): this engine is
+     * rank tp_rank of tp_size (0 or 1: the whole model) and loads only its shard (eng_shard.h:
+     * heads, KV heads, MLP columns, a vocabulary slice); coll is the group's host collective
+     * (services/worker/tp/wrk_coll.h) of tp_size ranks, borrowed, outliving the engine. Then
+     * every rank must call every handler with the same arguments in the same order: the pools'
+     * metadata (page masks, slot positions) are replicated, the KV pool holds this rank's KV
+     * heads under the same page ids, and embed_text, forward, next_dist and logits exchange
+     * data through coll. A collective failure (a rank died, a timeout) fails the handler with
+     * coll's error and leaves the group unusable. */
+    uint32_t tp_rank, tp_size;
+    struct wrk_coll *coll;
 } eng_opts;
 
 typedef struct eng_info {
@@ -44,7 +55,9 @@ typedef struct eng_info {
         head_dim, max_position;
     int32_t bos_token_id, eos_token_id;
     uint32_t kv_page_size, kv_pages, embed_slots, max_batch_tokens;
-    size_t weight_bytes;    /* mapped weights */
+    uint32_t tp_rank, tp_size;   /* 0 and 1 without tensor parallelism */
+    uint32_t local_kv_heads;     /* KV heads this rank's pool stores (n_kv_heads at tp_size 1) */
+    size_t weight_bytes;    /* this rank's weights (mapped, plus the slices it copied) */
     size_t kv_pool_bytes;   /* KV pages + masks */
     size_t embed_pool_bytes;
     size_t scratch_bytes;   /* activations sized for max_batch_tokens */
@@ -106,7 +119,10 @@ pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *
 pie_code eng_clear_embeds(eng *e, const uint32_t *slots, uint32_t n, pie_status *st);
 
 /* LM head over slot's hidden state → softmax(logits / temperature) → the top_k token ids and
- * probabilities (descending; probabilities of the full softmax, not renormalised). Equal
+ * probabilities (descending; probabilities of the full softmax, not renormalised). Under
+ * tensor parallelism no rank sees the full logits: each takes the global maximum, its slice's
+ * sum of exponentials and its local top_k, and every rank merges the same result exactly
+ * (what rank 0 returns). Equal
  * probabilities (underflowed zeros too) go to the lower id; a NaN logit gets a NaN probability,
  * ranked last, and is left out of the softmax; an infinite largest logit puts all mass on the
  * first one (both backends: krn_cpu_softmax, tests/kcheck). */
@@ -119,7 +135,7 @@ typedef struct eng_dist_item {
 } eng_dist_item;
 pie_code eng_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st);
 
-/* Raw logits [vocab] of a slot (tests and the reference comparison). */
+/* Raw logits [vocab] of a slot (tests and the reference comparison; every rank gets all). */
 pie_code eng_logits(eng *e, uint32_t slot, float *logits, pie_status *st);
 
 /* Position stored with a slot (tests). */

@@ -69,6 +69,9 @@ void eng_check_fill_info(eng_info *in, const mdl_model *m, const eng_check_dims 
     in->kv_pages = d->pages;
     in->embed_slots = d->slots;
     in->max_batch_tokens = d->batch_tokens;
+    in->tp_rank = 0;
+    in->tp_size = 1;
+    in->local_kv_heads = c->n_kv_heads;
     in->weight_bytes = m->weight_bytes;
 }
 

@@ -5,7 +5,9 @@
  * call gathers the inputs of all items into one [T, hidden] matrix so every linear layer runs
  * once per layer for the whole batch; only attention is per item. No handler allocates.
  * Does not own: the math (kernels/cpu), the model files (services/worker/model), the mask
- * format and page-mask updates (eng_mask.c), argument validation and its messages (eng_check.c).
+ * format and page-mask updates (eng_mask.c), argument validation and its messages (eng_check.c),
+ * what a rank of a tensor-parallel group does differently (eng_cpu_tp.c: its weight shard, the
+ * embedding and distribution exchanges; the two all-reduces of every layer are here).
  *
  * Batch semantics (as pie.v1.ForwardBatch): in every layer the K/V of all appended inputs of all
  * items are written before any item attends, so an item may read (as context) positions that
@@ -23,56 +25,16 @@
 
 #include "eng.h"
 #include "eng_check.h"
+#include "eng_cpu_impl.h"
 #include "eng_mask.h"
 #include "krn_cpu.h"
 #include "mdl.h"
+#include "wrk_coll.h"
 
 #define ENG_DIST_ROWS        64u        /* slots per lm_head call in next_dist */
 #define ENG_MASK_MIN_BYTES   (2u << 20) /* dense attention-mask scratch, at least */
 #define ENG_ALIGN            64u
 #define ENG_CLEAR_POOL_BYTES (1u << 20) /* clear_pages splits over the threads from this size */
-
-/* A region from mmap: zeroed, page aligned, committed on first touch. */
-typedef struct eng_region {
-    void *p;
-    size_t bytes;
-} eng_region;
-
-struct eng {
-    mdl_model *m;
-    eng_info info;
-    krn_pool *pool;
-    float attn_scale; /* 1 / sqrt(head_dim) */
-    float *inv_freq;  /* [head_dim / 2] */
-    uint32_t qd, kvd; /* n_heads * head_dim, n_kv_heads * head_dim */
-
-    /* KV pool: one region per layer, [kv_pages][2][page_size][n_kv_heads][head_dim] f32 */
-    eng_region *kv_regions;  /* [n_layers] */
-    krn_kv_layer *kv;        /* [n_layers] */
-    uint8_t *page_mask;      /* [kv_pages * page_size], 1 = masked */
-    uint32_t *page_n_masked; /* [kv_pages] masked tokens per page */
-
-    /* embedding slots */
-    eng_region emb_region;
-    float *emb;        /* [embed_slots, hidden] */
-    uint32_t *emb_pos; /* [embed_slots] */
-
-    /* scratch, one region carved at open; T = max_batch_tokens */
-    eng_region scratch;
-    float *x, *xn;          /* [T, hidden]: residual stream, normed / projected rows */
-    float *q, *k, *v, *att; /* [T, qd], [T, kvd], [T, kvd], [T, qd]; share memory with: */
-    float *gate, *up;       /* [T, intermediate] (the MLP runs after attention is consumed) */
-    float *logits;          /* [dist_rows, vocab] */
-    uint32_t dist_rows;
-    uint32_t *pos;       /* [T] RoPE position of each row */
-    uint32_t *out_rows;  /* [T] rows whose states go to output slots, ascending */
-    uint32_t *out_slot;  /* [T] their slots */
-    krn_attn_item *attn; /* [T] attention work of one kernel call */
-    uint8_t *mask;       /* [mask_cap] dense masks of the attention items of one call */
-    size_t mask_cap;
-
-    eng_check_state chk; /* validation marks and the plan of the last forward */
-};
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
@@ -86,7 +48,7 @@ static size_t eng_mul(size_t a, size_t b) {
 
 static size_t eng_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
-static pie_code eng_map(eng_region *r, size_t bytes, const char *what, pie_status *st) {
+pie_code eng_cpu_map(eng_region *r, size_t bytes, const char *what, pie_status *st) {
     r->p = NULL;
     r->bytes = 0;
     if (bytes == 0) bytes = ENG_ALIGN;
@@ -105,7 +67,7 @@ static pie_code eng_map(eng_region *r, size_t bytes, const char *what, pie_statu
     return PIE_OK;
 }
 
-static void eng_unmap(eng_region *r) {
+void eng_cpu_unmap(eng_region *r) {
     if (r->p) (void)munmap(r->p, r->bytes);
     r->p = NULL;
     r->bytes = 0;
@@ -123,8 +85,7 @@ static void *eng_carve(eng_carver *c, size_t bytes) {
     return c->base ? c->base + at : NULL;
 }
 
-/* y[rows, w.rows] = x[rows, w.cols] · w^T */
-static void eng_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *w, float *y) {
+void eng_cpu_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *w, float *y) {
     krn_cpu_linear(e->pool, x, (int)rows, (int)w->cols, w->data, (krn_dtype)w->dtype, (int)w->rows,
                    y);
 }
@@ -134,7 +95,7 @@ static void eng_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *
 /* Lays out the scratch region (c->base NULL: only measures). */
 static void eng_carve_scratch(eng *e, eng_carver *c) {
     const eng_info *in = &e->info;
-    size_t T = in->max_batch_tokens, d = in->hidden_size, ffn = in->intermediate_size;
+    size_t T = in->max_batch_tokens, d = in->hidden_size, ffn = e->ffn;
     size_t attn_floats = eng_mul(T, 2 * (size_t)e->qd + 2 * (size_t)e->kvd);
     size_t mlp_floats = eng_mul(T, 2 * ffn);
     size_t shared = attn_floats > mlp_floats ? attn_floats : mlp_floats;
@@ -150,12 +111,31 @@ static void eng_carve_scratch(eng *e, eng_carver *c) {
         e->gate = u;
         e->up = u + T * ffn;
     }
-    e->logits = eng_carve(c, eng_mul(eng_mul(e->dist_rows, in->vocab_size), sizeof(float)));
+    e->logits = eng_carve(c, eng_mul(eng_mul(e->dist_rows, e->shard.vocab_stride), sizeof(float)));
     e->pos = eng_carve(c, T * sizeof(uint32_t));
     e->out_rows = eng_carve(c, T * sizeof(uint32_t));
     e->out_slot = eng_carve(c, T * sizeof(uint32_t));
     e->attn = eng_carve(c, T * sizeof(krn_attn_item));
     e->mask = eng_carve(c, e->mask_cap);
+    size_t ranks = e->shard.size > 1 ? e->shard.size : 0;
+    e->tp_max = eng_carve(c, eng_mul(ranks ? e->dist_rows : 0, sizeof(eng_tp_max)));
+    e->tp_max_all = eng_carve(c, eng_mul(eng_mul(ranks, e->dist_rows), sizeof(eng_tp_max)));
+    e->tp_rec = eng_carve(c, e->tp_rec_cap);
+    e->tp_rec_all = eng_carve(c, eng_mul(ranks, e->tp_rec_cap));
+}
+
+/* A group of tp_size > 1 needs its collective, of that size, with this rank. */
+static pie_code eng_coll_matches(const eng_opts *o, uint32_t tp_size, pie_status *st) {
+    if (tp_size == 1) return PIE_OK;
+    if (!o->coll)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: tp_size %u needs a collective (coll is NULL)", tp_size);
+    if (wrk_coll_size(o->coll) != tp_size || wrk_coll_rank(o->coll) != o->tp_rank)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: tp_rank %u of tp_size %u, but the collective is rank %u "
+                              "of %u",
+                              o->tp_rank, tp_size, wrk_coll_rank(o->coll), wrk_coll_size(o->coll));
+    return PIE_OK;
 }
 
 pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
@@ -177,12 +157,21 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     if (!e) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
     rc = mdl_open(opts->model_dir, &e->m, st);
     if (rc == PIE_OK) rc = eng_check_model(&e->m->cfg, opts->model_dir, st);
+    if (rc == PIE_OK) rc = eng_shard_plan(&e->m->cfg, opts->tp_rank, opts->tp_size, &e->shard, st);
+    if (rc == PIE_OK) rc = eng_coll_matches(opts, e->shard.size, st);
     if (rc != PIE_OK) goto fail;
     const mdl_config *c = &e->m->cfg;
     eng_check_fill_info(&e->info, e->m, &dims);
-    e->qd = c->n_heads * c->head_dim;
-    e->kvd = c->n_kv_heads * c->head_dim;
+    e->coll = e->shard.size > 1 ? opts->coll : NULL;
+    e->info.tp_rank = e->shard.rank;
+    e->info.tp_size = e->shard.size;
+    e->info.local_kv_heads = e->shard.n_kv_heads;
+    e->qd = e->shard.n_heads * c->head_dim;
+    e->kvd = e->shard.n_kv_heads * c->head_dim;
+    e->ffn = e->shard.n_ffn;
     e->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    rc = eng_tp_bind_weights(e, st);
+    if (rc != PIE_OK) goto fail;
 
     e->pool = krn_pool_create(opts->n_threads);
     if (!e->pool) {
@@ -210,16 +199,16 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
 
     size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), sizeof(float));
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        rc = eng_map(&e->kv_regions[l], layer_bytes, "a layer of the KV pool", st);
+        rc = eng_cpu_map(&e->kv_regions[l], layer_bytes, "a layer of the KV pool", st);
         if (rc != PIE_OK) goto fail;
         e->kv[l] = (krn_kv_layer){.base = e->kv_regions[l].p,
                                   .page_size = (int)ps,
-                                  .n_kv_heads = (int)c->n_kv_heads,
+                                  .n_kv_heads = (int)e->shard.n_kv_heads,
                                   .head_dim = (int)c->head_dim};
     }
     size_t emb_bytes = eng_mul(eng_mul(slots, c->hidden_size), sizeof(float));
-    rc = eng_map(&e->emb_region, eng_add(emb_bytes, eng_mul(slots, sizeof(uint32_t))),
-                 "the embedding slots", st);
+    rc = eng_cpu_map(&e->emb_region, eng_add(emb_bytes, eng_mul(slots, sizeof(uint32_t))),
+                     "the embedding slots", st);
     if (rc != PIE_OK) goto fail;
     e->emb = e->emb_region.p;
     e->emb_pos = (uint32_t *)((char *)e->emb_region.p + emb_bytes);
@@ -228,9 +217,10 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     e->dist_rows = T < ENG_DIST_ROWS ? T : ENG_DIST_ROWS;
     e->mask_cap = eng_mul(eng_add(kv_tokens, T), 8);
     if (e->mask_cap < ENG_MASK_MIN_BYTES) e->mask_cap = ENG_MASK_MIN_BYTES;
+    e->tp_rec_cap = eng_tp_rec_cap(e);
     eng_carver measure = {0};
     eng_carve_scratch(e, &measure);
-    rc = eng_map(&e->scratch, measure.used, "the activation scratch", st);
+    rc = eng_cpu_map(&e->scratch, measure.used, "the activation scratch", st);
     if (rc != PIE_OK) goto fail;
     eng_carver carve = {.base = e->scratch.p};
     eng_carve_scratch(e, &carve);
@@ -250,9 +240,11 @@ fail:
 void eng_close(eng *e) {
     if (!e) return;
     if (e->kv_regions && e->m)
-        for (uint32_t l = 0; l < e->m->cfg.n_layers; l++) eng_unmap(&e->kv_regions[l]);
-    eng_unmap(&e->emb_region);
-    eng_unmap(&e->scratch);
+        for (uint32_t l = 0; l < e->m->cfg.n_layers; l++) eng_cpu_unmap(&e->kv_regions[l]);
+    eng_cpu_unmap(&e->emb_region);
+    eng_cpu_unmap(&e->scratch);
+    eng_cpu_unmap(&e->slices);
+    free(e->own_layers);
     krn_pool_destroy(e->pool);
     mdl_close(e->m);
     free(e->inv_freq);
@@ -273,8 +265,9 @@ pie_code eng_embed_text(eng *e, const uint32_t *slots, const uint32_t *tokens,
     const eng_info *in = &e->info;
     pie_code rc = eng_check_embed(in, slots, tokens, positions, n, st);
     if (rc != PIE_OK) return rc;
+    if (e->coll) return eng_tp_embed_text(e, slots, tokens, positions, n, st);
     for (uint32_t i = 0; i < n; i++) {
-        krn_cpu_embed(e->m->embed.data, (krn_dtype)e->m->embed.dtype, (int)in->hidden_size,
+        krn_cpu_embed(e->embed.data, (krn_dtype)e->embed.dtype, (int)in->hidden_size,
                       &tokens[i], 1, e->emb + (size_t)slots[i] * in->hidden_size);
         e->emb_pos[slots[i]] = positions[i];
     }
@@ -342,7 +335,7 @@ static void eng_fill_mask(const eng *e, const eng_forward_item *it, const eng_ch
 static void eng_attend(eng *e, const eng_forward_item *items, uint32_t n, uint32_t layer,
                        bool outputs_only) {
     const krn_kv_layer *kv = &e->kv[layer];
-    int nh = (int)e->info.n_heads;
+    int nh = (int)e->shard.n_heads;
     size_t qd = e->qd, kvd = e->kvd;
     int n_att = 0;
     size_t used = 0;
@@ -422,20 +415,33 @@ static void eng_compact(float *m, size_t width, const uint32_t *out_rows, uint32
         if (out_rows[r] != r) memcpy(m + r * width, m + out_rows[r] * width, width * sizeof(float));
 }
 
-/* o-proj + residual, then the SwiGLU MLP + residual, over the first `rows` rows. */
-static void eng_layer_tail(eng *e, const mdl_layer *L, uint32_t rows) {
+/* x[rows, hidden] += the row-parallel output in xn: this rank's partial sum, all-reduced over
+ * the group first (no exchange at tp_size 1). */
+static pie_code eng_residual(eng *e, size_t nd, pie_status *st) {
+    if (e->coll) {
+        pie_code rc = wrk_coll_allreduce_sum_f32(e->coll, e->xn, nd, st);
+        if (rc != PIE_OK) return rc;
+    }
+    krn_cpu_add(e->x, e->xn, nd);
+    return PIE_OK;
+}
+
+/* o-proj + residual, then the SwiGLU MLP + residual, over the first `rows` rows. Sharded:
+ * wo and w_down take this rank's heads and columns, and each output is all-reduced. */
+static pie_code eng_layer_tail(eng *e, const mdl_layer *L, uint32_t rows, pie_status *st) {
     const eng_info *in = &e->info;
     int d = (int)in->hidden_size;
     size_t nd = (size_t)rows * in->hidden_size;
-    eng_linear(e, e->att, rows, &L->wo, e->xn);
-    krn_cpu_add(e->x, e->xn, nd);
+    eng_cpu_linear(e, e->att, rows, &L->wo, e->xn);
+    pie_code rc = eng_residual(e, nd, st);
+    if (rc != PIE_OK) return rc;
     krn_cpu_rmsnorm(e->x, L->ffn_norm.data, (krn_dtype)L->ffn_norm.dtype, (int)rows, d,
                     e->m->cfg.rms_eps, e->xn);
-    eng_linear(e, e->xn, rows, &L->w_gate, e->gate);
-    eng_linear(e, e->xn, rows, &L->w_up, e->up);
-    krn_cpu_silu_mul(e->gate, e->up, (size_t)rows * in->intermediate_size);
-    eng_linear(e, e->gate, rows, &L->w_down, e->xn);
-    krn_cpu_add(e->x, e->xn, nd);
+    eng_cpu_linear(e, e->xn, rows, &L->w_gate, e->gate);
+    eng_cpu_linear(e, e->xn, rows, &L->w_up, e->up);
+    krn_cpu_silu_mul(e->gate, e->up, (size_t)rows * e->ffn);
+    eng_cpu_linear(e, e->gate, rows, &L->w_down, e->xn);
+    return eng_residual(e, nd, st);
 }
 
 pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st) {
@@ -448,15 +454,16 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
     int d = (int)in->hidden_size;
     uint32_t n_out = eng_gather(e, items, n);
     for (uint32_t l = 0; l < in->n_layers; l++) {
-        const mdl_layer *L = &e->m->layers[l];
+        const mdl_layer *L = &e->layers[l];
         bool last = l + 1 == in->n_layers;
         krn_cpu_rmsnorm(e->x, L->attn_norm.data, (krn_dtype)L->attn_norm.dtype, (int)T, d,
                         e->m->cfg.rms_eps, e->xn);
-        eng_linear(e, e->xn, T, &L->wq, e->q);
-        eng_linear(e, e->xn, T, &L->wk, e->k);
-        eng_linear(e, e->xn, T, &L->wv, e->v);
-        krn_cpu_rope(e->q, e->pos, (int)T, (int)in->n_heads, (int)in->head_dim, e->inv_freq);
-        krn_cpu_rope(e->k, e->pos, (int)T, (int)in->n_kv_heads, (int)in->head_dim, e->inv_freq);
+        eng_cpu_linear(e, e->xn, T, &L->wq, e->q);
+        eng_cpu_linear(e, e->xn, T, &L->wk, e->k);
+        eng_cpu_linear(e, e->xn, T, &L->wv, e->v);
+        krn_cpu_rope(e->q, e->pos, (int)T, (int)e->shard.n_heads, (int)in->head_dim, e->inv_freq);
+        krn_cpu_rope(e->k, e->pos, (int)T, (int)e->shard.n_kv_heads, (int)in->head_dim,
+                     e->inv_freq);
         eng_store_kv(e, items, n, l);
         if (last && n_out == 0) break; /* K/V stored; no state of this layer is read */
         eng_attend(e, items, n, l, last);
@@ -466,7 +473,8 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
             eng_compact(e->x, in->hidden_size, e->out_rows, n_out);
             rows = n_out;
         }
-        eng_layer_tail(e, L, rows);
+        rc = eng_layer_tail(e, L, rows, st);
+        if (rc != PIE_OK) return rc;
     }
     if (n_out == 0) return PIE_OK;
     if (in->n_layers == 0) /* degenerate model: outputs are the inputs */
@@ -573,21 +581,21 @@ static void eng_dist_task(void *arg, int task, int n_tasks) {
     krn_cpu_topk(row, vocab, (int)it->top_k, it->ids, it->probs);
 }
 
-/* lm_head over the states of items[0, rows)'s slots into e->logits. */
-static void eng_lm_head(eng *e, const eng_dist_item *items, uint32_t rows) {
+void eng_cpu_lm_head(eng *e, const eng_dist_item *items, uint32_t rows) {
     size_t d = e->info.hidden_size;
     for (uint32_t r = 0; r < rows; r++)
         memcpy(e->x + r * d, e->emb + items[r].slot * d, d * sizeof(float));
-    eng_linear(e, e->x, rows, &e->m->lm_head, e->logits);
+    eng_cpu_linear(e, e->x, rows, &e->lm_head, e->logits);
 }
 
 pie_code eng_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
     pie_code rc = eng_check_dist(&e->info, items, n, e->info.vocab_size, st);
     if (rc != PIE_OK) return rc;
+    if (e->coll) return eng_tp_next_dist(e, items, n, st);
     for (uint32_t start = 0; start < n; start += e->dist_rows) {
         uint32_t rows = n - start < e->dist_rows ? n - start : e->dist_rows;
-        eng_lm_head(e, &items[start], rows);
+        eng_cpu_lm_head(e, &items[start], rows);
         eng_dist_job job = {e, &items[start]};
         krn_pool_run(e->pool, eng_dist_task, &job, (int)rows);
     }
@@ -597,7 +605,8 @@ pie_code eng_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st)
 pie_code eng_logits(eng *e, uint32_t slot, float *logits, pie_status *st) {
     pie_code rc = eng_check_slot_out(&e->info, "logits", slot, logits, "logits", st);
     if (rc != PIE_OK) return rc;
-    eng_linear(e, e->emb + (size_t)slot * e->info.hidden_size, 1, &e->m->lm_head, logits);
+    if (e->coll) return eng_tp_logits(e, slot, logits, st);
+    eng_cpu_linear(e, e->emb + (size_t)slot * e->info.hidden_size, 1, &e->lm_head, logits);
     return PIE_OK;
 }
 

@@ -338,6 +338,11 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: opts, out and opts->model_dir must not be NULL");
     *out = NULL;
+    if (opts->tp_size > 1) /* NCCL sharding is issue 14's next step (docs/tensor-parallel.md) */
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: tp_size %u: the cuda backend runs only tp_size 1 so far "
+                              "(tensor parallelism is built for the cpu backend)",
+                              opts->tp_size);
     eng_check_dims dims;
     pie_code rc = eng_check_opts(opts, &dims, st);
     if (rc != PIE_OK) return rc;

@@ -1,0 +1,38 @@
+/* eng_shard.h — what rank r of a tensor-parallel group of size N holds (engine-internal).
+ *
+ * Owns: the Megatron-style split of a Llama model and its checks: query heads split evenly
+ * (N divides n_heads); KV heads split evenly when N <= n_kv_heads (N divides them), else each
+ * rank stores the one KV head its query heads read, replicated N / n_kv_heads times (then
+ * n_kv_heads divides N); the MLP's intermediate columns split as evenly as they go
+ * ([ffn * r / N, ffn * (r + 1) / N)); the vocabulary cut into slices of ceil(vocab / N) rows
+ * (the last may be shorter; every rank needs one row at least), so rank r's slice starts at
+ * r * vocab_stride and a gather of [N][vocab_stride] is the vocabulary in order.
+ * Does not own: slicing the weights (the backends), the collective (services/worker/tp). */
+#ifndef ENG_SHARD_H
+#define ENG_SHARD_H
+
+#include <stdint.h>
+
+#include "mdl.h"
+#include "pie_status.h"
+
+typedef struct eng_shard {
+    uint32_t rank, size;           /* size 1: the whole model */
+    uint32_t head0, n_heads;       /* query heads [head0, head0 + n_heads) */
+    uint32_t kv_head0, n_kv_heads; /* KV heads stored: [kv_head0, kv_head0 + n_kv_heads) */
+    uint32_t ffn0, n_ffn;          /* intermediate columns [ffn0, ffn0 + n_ffn) */
+    uint32_t vocab0, n_vocab;      /* rows of embed_tokens and lm_head [vocab0, vocab0 + n_vocab) */
+    uint32_t vocab_stride;         /* ceil(vocab / size): vocab0 = rank * vocab_stride */
+} eng_shard;
+
+/* The shard of rank `rank` of `size` (0 counts as 1) for model c (checked with
+ * eng_check_model first). INVALID_ARGUMENT naming the dimension that does not split:
+ *   "eng_open: tp_rank R is out of range [0, N)",
+ *   "eng_open: tp_size N must divide n_heads H",
+ *   "eng_open: tp_size N must divide n_kv_heads K or be a multiple of it",
+ *   "eng_open: tp_size N exceeds intermediate_size F",
+ *   "eng_open: tp_size N leaves rank R no rows of the vocabulary (vocab_size V)". */
+pie_code eng_shard_plan(const mdl_config *c, uint32_t rank, uint32_t size, eng_shard *out,
+                        pie_status *st);
+
+#endif

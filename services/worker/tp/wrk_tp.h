@@ -1,0 +1,96 @@
+/* wrk_tp.h — a tensor-parallel worker group on one node, as pie-worker runs it: N rank
+ * processes that one pie-worker process (the launcher) forks and supervises, joined by the host
+ * collective (wrk_coll.h); rank 0 is the worker the controller sees.
+ *
+ * Owns: resolving the tp.* configuration with the LeaderWorkerSet environment and refusing what
+ * cannot work yet (groups across pods or nodes, ranks started by someone else, backends other
+ * than cpu); the launcher (fork the ranks, supervise them: a rank that ends badly takes the
+ * group down and the launcher exits 1; SIGTERM/SIGINT go to rank 0, whose orderly stop ends
+ * the others); the group's collective (a fresh shm segment per launch, named by the launcher's
+ * pid and a random epoch); and the fan-out of steps: rank 0 broadcasts every WorkerDown that
+ * holds batches (re-serialized), every reset of the slots and its stop, and ranks 1..N-1 run
+ * the same executor steps on their shard and drop the results.
+ * Does not own: the sharded math (engine/eng_cpu_tp.c), the link to the controller and the
+ * registration (wrk_node.c, rank 0 only), running a step (wrk_exec.c).
+ *
+ * Why a launcher and not N independent processes: the pod is the unit Kubernetes restarts and a
+ * group missing a rank cannot compute, so the group lives and dies with one process tree; the
+ * ranks share one /dev/shm and the launcher can pick the collective's name and epoch before
+ * forking, so no rendezvous service (Worker/TpJoin) is needed on one node.
+ *
+ * Threads: the launcher is single-threaded when it forks (main, before any service starts). In
+ * a rank, the group is used by one thread at a time: rank 0's step runner (wrk_exec.c hands it
+ * from thread to thread under its mutex), or main before the executor starts and after it
+ * stopped; a follower's main thread does everything. */
+#ifndef WRK_TP_H
+#define WRK_TP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pie_status.h"
+#include "wrk_exec.h"
+
+struct wrk_coll;
+
+/* The tp.* keys of pie-worker (wrk_main.c). */
+typedef struct wrk_tp_config {
+    uint32_t size;        /* tp.size: ranks in the group (1 = no tensor parallelism) */
+    int32_t rank;         /* tp.rank: -1 = not given (this process launches the group) */
+    const char *leader;   /* tp.leader: rank 0's host:port for ranks in other pods ("" = none) */
+    uint32_t timeout_ms;  /* tp.timeout: longest wait for another rank within a step */
+    uint64_t chunk_bytes; /* tp.chunk: bytes per rank per collective step */
+} wrk_tp_config;
+
+/* Fills tp.leader from LWS_LEADER_ADDRESS when empty and refuses, with a message naming the key
+ * or variable, what this build cannot run: a LeaderWorkerSet group of several pods
+ * (LWS_GROUP_SIZE > 1 or LWS_WORKER_INDEX > 0: ranks on other nodes need a TCP collective), a
+ * tp.rank given with tp.size > 1 (ranks started one by one join through Worker/TpJoin, not
+ * implemented), tp.rank out of range, and tp.size > 1 on a backend other than cpu.
+ * INVALID_ARGUMENT or UNIMPLEMENTED. */
+pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st);
+
+/* One rank of a launched group. */
+typedef struct wrk_tp_rank {
+    uint32_t rank, size;
+    uint64_t epoch;     /* this launch's formation of the group */
+    char coll_name[64]; /* the collective's shm name: "/pie-tp-<launcher pid>-<epoch hex>" */
+} wrk_tp_rank;
+
+/* Forks c->size rank processes and supervises them. Returns true in each rank (*me says which;
+ * the rank carries on with main and, when it dies with its launcher, by PR_SET_PDEATHSIG), and
+ * false in the launcher once every rank has ended: *exit_status is 0 when all of them exited
+ * 0 (the orderly stop), else 1 (a rank died or failed: the others were killed). Call from a
+ * single-threaded process. */
+bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status);
+
+typedef struct wrk_tp_group wrk_tp_group;
+
+/* Joins the group's collective (blocks until all ranks joined, at most c->timeout_ms). */
+pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const char *group_id,
+                           wrk_tp_group **out, pie_status *st);
+struct wrk_coll *wrk_tp_group_coll(wrk_tp_group *g);
+
+/* Every rank, once its shard is loaded: returns when all ranks are (no deadline: a load takes
+ * what it takes; a rank that dies or fails ends the wait with UNAVAILABLE). Rank 0 goes READY
+ * only after it, so no step waits for a rank that is still loading. */
+pie_code wrk_tp_group_loaded(wrk_tp_group *g, pie_status *st);
+
+/* Rank 0: the executor hooks that broadcast steps and resets to the other ranks and make the
+ * process leave (exit 3, the link closing with it) when the group fails. */
+wrk_exec_group wrk_tp_group_leader_hooks(wrk_tp_group *g);
+/* Ranks 1..N-1: the executor hooks for a follower (it leaves when the group fails). */
+wrk_exec_group wrk_tp_group_follower_hooks(wrk_tp_group *g);
+
+/* Rank 0, at exit, after its executor stopped: tells the other ranks to stop. Best effort (a
+ * failed group has nobody to tell). */
+void wrk_tp_group_stop(wrk_tp_group *g);
+
+/* Ranks 1..N-1: runs every step rank 0 sends on x (its own executor, whose results are
+ * dropped), waiting without a deadline while the group is idle. Returns PIE_OK at rank 0's
+ * stop, else the group's failure (rank 0 died, a collective failed). */
+pie_code wrk_tp_group_follow(wrk_tp_group *g, wrk_exec *x, pie_status *st);
+
+void wrk_tp_group_close(wrk_tp_group *g); /* NULL is fine */
+
+#endif

@@ -1,0 +1,464 @@
+/* test_tp.c — a tensor-parallel worker group end to end (issue 14): a real pie-controller and
+ * pie-lifecycle on loopback with one pie-worker process started with tp.size 2 on the cpu
+ * backend (small-f32), which forks two rank processes that hold half the model each.
+ *
+ * Covers: the group registers once, as one worker with tp_size 2 (ClusterStatus; rank 0's
+ * Info); the example inferlets — greedy text completion, parallel generation (forks sharing
+ * a prompt's KV pages, page copies, batched decoding) and prefix caching (export, then import
+ * into a second instance, unexport) — send exactly the messages they send on a tp 1 worker
+ * of the same cluster, and the completion equals the engine's greedy decoding; SIGTERM stops
+ * the group in order (every rank and the launcher exit 0). A controller restart: rank 0's
+ * link is lost, rank 1 frees its slots with rank 0's (RESET), the group registers again and
+ * computes the same completion. Killing rank 1 or rank 0 (SIGKILL) while an instance holds a
+ * KV page on the group, or rank 1 mid-decode, takes the group out: the instance ends
+ * UNAVAILABLE naming the group, the group leaves ClusterStatus, and the launcher exits 1 after
+ * its other rank ended; so does stopping rank 1 (SIGSTOP) mid-decode, through rank 0's
+ * collective deadline (tp.timeout). Configurations this build cannot run (a LeaderWorkerSet
+ * group of several pods, tp.rank, tp.size > 1 on cuda) are refused at start, exit 2, saying
+ * why. */
+#include <criterion/criterion.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "e2e_support.h"
+#include "pie/v1/controller.pb-c.h"
+#include "pie/v1/lifecycle.pb-c.h"
+#include "pie/v1/worker.pb-c.h"
+#include "pie_testutil.h"
+
+#define START_MS 60000
+#define STOP_MS  60000
+#define WAIT_MS  60000 /* hang guard of every poll: sanitizer builds on 2 shared cores */
+
+TestSuite(tp, .fini = pie_test_leak_check, .timeout = 600);
+
+/* ---- probes ------------------------------------------------------------------------------- */
+
+/* Controller.ClusterStatus (free with rpc_msg_free), or NULL while it does not answer. */
+static Pie__V1__ClusterStatusResponse *cluster_status(rpc_channel *ch) {
+    Pie__V1__ClusterStatusRequest req = PIE__V1__CLUSTER_STATUS_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = 5000};
+    if (rpc_unary(ch, "/pie.v1.Controller/ClusterStatus", &req.base,
+                  &pie__v1__cluster_status_response__descriptor, &m, &o, &st) != PIE_OK)
+        return NULL;
+    return (Pie__V1__ClusterStatusResponse *)m;
+}
+
+/* Polls ClusterStatus until it lists exactly the worker `group` (with tp_size), or none when
+ * group is NULL. */
+static void wait_workers(rpc_channel *ctl, const char *group, uint32_t tp_size) {
+    int64_t until = pie_test_now_ms() + WAIT_MS;
+    char seen[256] = "no answer";
+    while (pie_test_now_ms() < until) {
+        Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+        bool ok = false;
+        if (cs) {
+            ok = group ? cs->n_workers == 1 && strcmp(cs->workers[0]->group_id, group) == 0 &&
+                             cs->workers[0]->tp_size == tp_size
+                       : cs->n_workers == 0;
+            snprintf(seen, sizeof seen, "%zu workers, the first %s (tp_size %u)", cs->n_workers,
+                     cs->n_workers ? cs->workers[0]->group_id : "-",
+                     cs->n_workers ? cs->workers[0]->tp_size : 0);
+            rpc_msg_free(&cs->base);
+        }
+        if (ok) return;
+        pie_test_sleep_ms(10);
+    }
+    cr_assert_fail("ClusterStatus never listed %s%s (tp_size %u) alone: %s", group ? "worker " : "",
+                   group ? group : "no worker", tp_size, seen);
+}
+
+/* The pid the launcher logged for `rank`. */
+static int rank_pid(const pie_proc *launcher, uint32_t rank) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "event=wrk.tp.rank_started rank=%u pid=", rank);
+    char *log = pie_proc_log(launcher);
+    cr_assert(log);
+    const char *at = strstr(log, needle);
+    int pid = at ? atoi(at + strlen(needle)) : 0;
+    free(log);
+    cr_assert_gt(pid, 0, "the launcher did not log rank %u's pid", rank);
+    return pid;
+}
+
+/* ---- the same programs on a tp 1 and a tp 2 worker ---------------------------------------- */
+
+#define N_RUNS 5
+
+static const char *const tc_args[] = {
+    "--prompt",     "The quick brown fox jumps over the lazy dog.",
+    "--max-tokens", "32",
+    "--ignore-eos", NULL};
+static const char *const pg_args[] = {"--prompt",
+                                      "In a small village by the sea there lived an old "
+                                      "fisherman who",
+                                      "--n",
+                                      "3",
+                                      "--suffixes",
+                                      " one day| never|",
+                                      "--max-tokens",
+                                      "20",
+                                      "--ignore-eos",
+                                      NULL};
+static const char *const pc_args[] = {
+    "--prefix",     "You are a helpful assistant who answers briefly and precisely.",
+    "--prompt",     " Question: what is the color of the sky? Answer:",
+    "--max-tokens", "16",
+    "--ignore-eos", "--name",
+    "tp-prefix",    NULL};
+static const char *const pc_unexport[] = {"--unexport", "--name", "tp-prefix", NULL};
+
+/* text completion; parallel generation; prefix caching: miss (export), hit (import); unexport */
+static void run_programs(e2e_cluster *c, char *const ids[3], e2e_run out[N_RUNS]) {
+    const char *const *args[N_RUNS] = {tc_args, pg_args, pc_args, pc_args, pc_unexport};
+    const int prog[N_RUNS] = {0, 1, 2, 2, 2};
+    for (int i = 0; i < N_RUNS; i++) {
+        e2e_run_program(c, ids[prog[i]], args[i], NULL, &out[i]);
+        char what[32];
+        snprintf(what, sizeof what, "run %d", i);
+        e2e_assert_success(&out[i], what);
+    }
+}
+
+Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says) {
+    const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
+    e2e_cluster c;
+    e2e_cluster_start_full(&c, tp1_env, NULL, NULL);
+    pie_status st;
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    char *ids[3] = {e2e_upload(&c, "text_completion"), e2e_upload(&c, "parallel_generation"),
+                    e2e_upload(&c, "prefix_caching")};
+    wait_workers(ctl, "tp1", 1);
+    e2e_run tp1[N_RUNS], tp2[N_RUNS];
+    run_programs(&c, ids, tp1);
+
+    /* the tp 1 worker leaves; a tp 2 group of the same model takes its place */
+    int rc = pie_proc_stop(c.wrk, STOP_MS, &st);
+    cr_assert_eq(rc, 0, "the tp 1 worker exited with %d: %s", rc, st.msg);
+    pie_proc_destroy(c.wrk);
+    char ctl_env[96];
+    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
+    const char *tp2_env[] = {"PIE_WORKER_GROUP_ID=tp2", "PIE_TP_SIZE=2", NULL};
+    c.wrk = e2e_worker_start_env(ctl_env, tp2_env);
+    wait_workers(ctl, "tp2", 2);
+    cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_started "), 2,
+                 "the launcher did not start 2 ranks");
+    cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_loaded rank=1 "), 1,
+                 "rank 0 registered before rank 1 had loaded its shard");
+
+    /* rank 0's Info describes the group */
+    rpc_channel *wch = rpc_channel_create(pie_proc_addr(c.wrk), NULL, &st);
+    cr_assert(wch, "%s", st.msg);
+    Pie__V1__InfoRequest ireq = PIE__V1__INFO_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    rpc_call_opts o = {.timeout_ms = WAIT_MS};
+    cr_assert_eq(rpc_unary(wch, "/pie.v1.Worker/Info", &ireq.base,
+                           &pie__v1__info_response__descriptor, &m, &o, &st),
+                 PIE_OK, "Info: %s", st.msg);
+    const Pie__V1__InfoResponse *info = (const Pie__V1__InfoResponse *)m;
+    cr_expect_eq(info->rank, 0);
+    cr_expect_eq(info->tp_size, 2);
+    cr_expect_str_eq(info->group_id, "tp2");
+    cr_expect_eq(info->state, PIE__V1__LOAD_STATE__LOAD_STATE_READY);
+    cr_expect(strstr(info->device, "2 ranks"), "device \"%s\"", info->device);
+    rpc_msg_free(m);
+    rpc_channel_destroy(wch);
+
+    run_programs(&c, ids, tp2);
+    for (int i = 0; i < N_RUNS; i++) {
+        cr_expect_eq(tp2[i].n_msgs, tp1[i].n_msgs, "run %d: %zu messages at tp 2, %zu at tp 1", i,
+                     tp2[i].n_msgs, tp1[i].n_msgs);
+        for (size_t j = 0; j < tp1[i].n_msgs && j < tp2[i].n_msgs; j++)
+            cr_expect(tp2[i].msg_lens[j] == tp1[i].msg_lens[j] &&
+                          memcmp(tp2[i].msgs[j], tp1[i].msgs[j], tp1[i].msg_lens[j]) == 0,
+                      "run %d, message %zu: tp 2 sent\n  \"%s\"\ntp 1 sent\n  \"%s\"", i, j,
+                      tp2[i].msgs[j], tp1[i].msgs[j]);
+    }
+    cr_expect_str_eq(tp2[2].msgs[0], "miss", "the first prefix_caching instance");
+    cr_expect_str_eq(tp2[3].msgs[0], "hit", "the second prefix_caching instance");
+
+    /* and the completion is the engine's own greedy decoding */
+    e2e_ref *ref = e2e_ref_open();
+    const char *prompt = tc_args[1];
+    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
+    size_t np = e2e_ref_prompt(ref, &prompt, 1, p);
+    size_t nw = e2e_ref_greedy(ref, p, np, 32, true, want), len;
+    char *text = e2e_ref_text(ref, want, nw, &len);
+    cr_expect(tp2[0].msg_lens[0] == len && memcmp(tp2[0].msgs[0], text, len) == 0,
+              "text_completion at tp 2:\n  \"%s\"\nthe engine's greedy decoding:\n  \"%s\"",
+              tp2[0].msgs[0], text);
+    free(text);
+    e2e_ref_close(ref);
+
+    for (int i = 0; i < N_RUNS; i++) {
+        e2e_run_free(&tp1[i]);
+        e2e_run_free(&tp2[i]);
+    }
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c); /* the group's launcher must exit 0: both ranks stopped in order */
+}
+
+/* ---- a lost controller link ---------------------------------------------------------------- */
+
+/* Polls ClusterStatus until it lists worker `group` and `replicas` lifecycle replicas. */
+static void wait_linked(rpc_channel *ctl, const char *group, size_t replicas) {
+    int64_t until = pie_test_now_ms() + WAIT_MS;
+    bool ok = false;
+    while (!ok && pie_test_now_ms() < until) {
+        Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+        ok = cs && cs->n_workers == 1 && strcmp(cs->workers[0]->group_id, group) == 0 &&
+             cs->n_replicas == replicas;
+        rpc_msg_free(cs ? &cs->base : NULL);
+        if (!ok) pie_test_sleep_ms(10);
+    }
+    cr_assert(ok, "the controller never saw worker %s and %zu replicas", group, replicas);
+}
+
+/* The controller restarts on its port: rank 0's link is lost (its executor frees every slot,
+ * and the followers with it: RESET), the group registers again, and the same completion comes
+ * out. */
+Test(tp, a_group_whose_controller_restarts_registers_again_and_computes_the_same) {
+    pie_status st;
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char listen[64], ctl_env[96];
+    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(ctl_env, sizeof ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", port);
+    const char *ctl_opts_env[] = {listen, NULL};
+    pie_proc_opts co = {.env = ctl_opts_env};
+    e2e_cluster c = {0};
+    c.ctl = pie_proc_start("pie-controller", &co, START_MS, &st);
+    cr_assert(c.ctl, "%s", st.msg);
+    const char *wenv[] = {"PIE_WORKER_GROUP_ID=tp-r", "PIE_TP_SIZE=2",
+                          "PIE_CONTROLLER_RECONNECT_INITIAL=50ms",
+                          "PIE_CONTROLLER_RECONNECT_MAX=200ms", NULL};
+    c.wrk = e2e_worker_start_env(ctl_env, wenv);
+    c.cache_dir = pie_proc_tmpdir(&st);
+    cr_assert(c.cache_dir, "%s", st.msg);
+    char cache_env[600];
+    snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c.cache_dir);
+    const char *lenv[] = {ctl_env,
+                          cache_env,
+                          "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
+                          "PIE_RUNTIME_TIER1=false",
+                          "PIE_CONTROLLER_RECONNECT_INITIAL=50ms",
+                          "PIE_CONTROLLER_RECONNECT_MAX=200ms",
+                          NULL};
+    pie_proc_opts lo = {.env = lenv};
+    c.lc = pie_proc_start("pie-lifecycle", &lo, START_MS, &st);
+    cr_assert(c.lc, "%s", st.msg);
+    c.ch = rpc_channel_create(pie_proc_addr(c.lc), NULL, &st);
+    cr_assert(c.ch, "%s", st.msg);
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    wait_linked(ctl, "tp-r", 1);
+    char *prog = e2e_upload(&c, "text_completion");
+    e2e_run before, after;
+    e2e_run_program(&c, prog, tc_args, NULL, &before);
+    e2e_assert_success(&before, "text_completion before the restart");
+
+    rpc_channel_destroy(ctl);
+    cr_assert_eq(pie_proc_stop(c.ctl, STOP_MS, &st), 0, "controller: %s", st.msg);
+    pie_proc_destroy(c.ctl);
+    cr_assert(pie_proc_wait_log(c.wrk, "event=wrk.link.lost ", 1, WAIT_MS),
+              "rank 0 never noticed the lost link");
+    c.ctl = pie_proc_start("pie-controller", &co, START_MS, &st);
+    cr_assert(c.ctl, "%s", st.msg);
+    ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    wait_linked(ctl, "tp-r", 1);
+    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0, "the lifecycle never learned a model");
+    e2e_run_program(&c, prog, tc_args, NULL, &after);
+    e2e_assert_success(&after, "text_completion after the restart");
+    cr_expect(after.n_msgs == before.n_msgs && after.msg_lens[0] == before.msg_lens[0] &&
+                  memcmp(after.msgs[0], before.msgs[0], before.msg_lens[0]) == 0,
+              "after the restart:\n  \"%s\"\nbefore:\n  \"%s\"", after.msgs[0], before.msgs[0]);
+    cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.link.registered "), 2,
+                 "the group did not register exactly twice");
+    cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_reset rank=1 "), 1,
+                 "rank 1 did not free its slots once with rank 0's (%zu resets)",
+                 pie_proc_log_count(c.wrk, "event=wrk.tp.rank_reset "));
+    e2e_run_free(&before);
+    e2e_run_free(&after);
+    free(prog);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c); /* every rank exits 0 */
+}
+
+/* ---- a rank that dies --------------------------------------------------------------------- */
+
+/* Launches sec_export with `alloc:1 wait`: the instance is placed on the group by its KV page
+ * and then waits for a client message. Returns once its allocation succeeded. */
+static rpc_stream *hold_a_page(e2e_cluster *c, const char *prog) {
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = 600000};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
+                                    &pie__v1__attach_response__descriptor, &o, &st);
+    cr_assert(s, "Run: %s", st.msg);
+    const char *args[] = {"alloc:1", "wait"};
+    Pie__V1__LaunchRequest l = PIE__V1__LAUNCH_REQUEST__INIT;
+    l.program_id = (char *)prog;
+    l.args = (char **)args;
+    l.n_args = 2;
+    Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
+    req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
+    req.launch = &l;
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &m, WAIT_MS), RPC_RECV_MESSAGE,
+                     "Run: the instance never reported its allocation");
+        const Pie__V1__AttachResponse *a = (const Pie__V1__AttachResponse *)m;
+        cr_assert_neq(a->msg_case, PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS,
+                      "the instance ended before its allocation was reported");
+        bool done = a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE;
+        if (done)
+            cr_assert(a->message.len == 8 && memcmp(a->message.data, "alloc=0|", 8) == 0,
+                      "the allocation failed: %.*s", (int)a->message.len, a->message.data);
+        rpc_msg_free(m);
+        if (done) return s;
+    }
+}
+
+/* Runs text_completion for up to 3000 tokens and returns once its first token streamed out:
+ * the group is in the middle of its decode steps. */
+static rpc_stream *generate_long(e2e_cluster *c, const char *prog) {
+    const char *args[] = {"--prompt", "Once upon a time", "--max-tokens", "3000", "--ignore-eos"};
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = 600000};
+    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
+                                    &pie__v1__attach_response__descriptor, &o, &st);
+    cr_assert(s, "Run: %s", st.msg);
+    Pie__V1__LaunchRequest l = PIE__V1__LAUNCH_REQUEST__INIT;
+    l.program_id = (char *)prog;
+    l.args = (char **)args;
+    l.n_args = 5;
+    Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
+    req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
+    req.launch = &l;
+    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        cr_assert_eq(rpc_stream_recv(s, &m, WAIT_MS), RPC_RECV_MESSAGE,
+                     "Run: the instance never streamed a token");
+        const Pie__V1__AttachResponse *a = (const Pie__V1__AttachResponse *)m;
+        cr_assert_neq(a->msg_case, PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS,
+                      "the instance ended before its first token");
+        bool done = a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA;
+        rpc_msg_free(m);
+        if (done) return s;
+    }
+}
+
+/* A group "tp-a" of 2 ranks with an instance placed on it (holding a page and waiting, or in
+ * the middle of a long generation); signal `sig` to rank `victim`. Expected: the instance ends
+ * UNAVAILABLE naming the group, the launcher says which rank took the group down (`culprit`)
+ * and exits 1 once both ranks ended, and the group leaves the controller. SIGSTOP: the stopped
+ * rank is alive, so rank 0's collective waits tp.timeout (1 s here), then rank 0 leaves (exit
+ * 3) naming the deadline. */
+static void signal_a_rank(uint32_t victim, int sig, bool mid_step, uint32_t culprit) {
+    const char *env[] = {"PIE_WORKER_GROUP_ID=tp-a", "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s", NULL};
+    e2e_cluster c;
+    e2e_cluster_start_full(&c, env, NULL, NULL);
+    pie_status st;
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    wait_workers(ctl, "tp-a", 2);
+    char *prog = mid_step
+                     ? e2e_upload(&c, "text_completion")
+                     : e2e_upload_path(&c, PIE_WASM_FIXTURES_DIR "/sec_export.wasm", "sec_export");
+    rpc_stream *s = mid_step ? generate_long(&c, prog) : hold_a_page(&c, prog);
+
+    int pid = rank_pid(c.wrk, victim);
+    cr_assert_eq(kill(pid, sig), 0, "signal %d to rank %u (pid %d)", sig, victim, pid);
+    e2e_run r;
+    e2e_run_collect(s, &r);
+    cr_expect_eq(r.status_code, PIE_UNAVAILABLE, "the instance ended with %u \"%s\"", r.status_code,
+                 r.status_msg ? r.status_msg : "");
+    cr_expect(r.status_msg && strstr(r.status_msg, "worker tp-a ("),
+              "the instance's status does not name the group: \"%s\"",
+              r.status_msg ? r.status_msg : "");
+    e2e_run_free(&r);
+
+    int rc = pie_proc_wait(c.wrk, STOP_MS, &st);
+    char *tail = pie_proc_log_tail(c.wrk, 3000);
+    cr_expect_eq(rc, 1, "the launcher exited with %d (%s); log:\n%s", rc, st.msg, tail);
+    char needle[64];
+    snprintf(needle, sizeof needle, "event=wrk.tp.group_failed rank=%u tp_size=2 ", culprit);
+    cr_expect_eq(pie_proc_log_count(c.wrk, needle), 1,
+                 "the launcher did not say that rank %u took the group down; log:\n%s", culprit,
+                 tail);
+    if (sig == SIGSTOP)
+        cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.group_failed group=tp-a rank=0 "
+                                               "tp_size=2 code=DEADLINE_EXCEEDED "),
+                     1, "rank 0 did not leave naming the deadline; log:\n%s", tail);
+    cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_exited "), 2,
+                 "the launcher did not reap both ranks; log:\n%s", tail);
+    cr_expect_eq(pie_proc_log_count(c.wrk, "AddressSanitizer") +
+                     pie_proc_log_count(c.wrk, "runtime error:"),
+                 0, "a sanitizer error:\n%s", tail);
+    free(tail);
+    wait_workers(ctl, NULL, 0); /* the group left the controller */
+    pie_proc_destroy(c.wrk);
+    c.wrk = NULL;
+    free(prog);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c);
+}
+
+Test(tp, a_killed_follower_takes_its_idle_group_out_and_the_instance_ends_unavailable) {
+    signal_a_rank(1, SIGKILL, false, 1);
+}
+
+Test(tp, a_killed_rank_0_takes_its_group_out_and_the_instance_ends_unavailable) {
+    signal_a_rank(0, SIGKILL, false, 0);
+}
+
+Test(tp, a_follower_killed_in_the_middle_of_decoding_ends_the_instance_unavailable) {
+    signal_a_rank(1, SIGKILL, true, 1);
+}
+
+Test(tp, a_follower_stalled_in_the_middle_of_decoding_fails_rank_0_at_the_timeout) {
+    signal_a_rank(1, SIGSTOP, true, 0);
+}
+
+/* ---- configurations that cannot work ------------------------------------------------------ */
+
+/* pie-worker with env exits 2 before serving, saying `says`. */
+static void refused(const char *const *env, const char *says) {
+    pie_proc_opts o = {.env = env};
+    pie_status st;
+    pie_proc *w = pie_proc_spawn("pie-worker", &o, &st);
+    cr_assert(w, "%s", st.msg);
+    int rc = pie_proc_wait(w, STOP_MS, &st);
+    char *log = pie_proc_log(w);
+    cr_expect_eq(rc, 2, "exit status %d (%s); log:\n%s", rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, says), "the refusal does not say \"%s\":\n%s", says,
+              log ? log : "");
+    free(log);
+    pie_proc_destroy(w);
+}
+
+Test(tp, groups_this_build_cannot_run_are_refused_with_a_reason) {
+    const char *model = "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL;
+    const char *lws[] = {model,
+                         "PIE_TP_SIZE=4",
+                         "LWS_GROUP_SIZE=2",
+                         "LWS_WORKER_INDEX=1",
+                         "LWS_LEADER_ADDRESS=pie-worker-0.pie:50054",
+                         NULL};
+    refused(lws, "a group across pods or nodes needs a TCP collective, which is not implemented");
+    const char *rank[] = {model, "PIE_TP_SIZE=2", "PIE_TP_RANK=1", NULL};
+    refused(rank, "tp.rank 1 with tp.size 2");
+    const char *cuda[] = {model, "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
+    refused(cuda, "tp.size 2 needs backend cpu");
+    const char *range[] = {model, "PIE_TP_RANK=1", NULL};
+    refused(range, "tp.rank 1 is out of range");
+}
