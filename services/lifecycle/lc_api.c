@@ -2,6 +2,7 @@
  * everything slow (validating and compiling an upload) runs on a thread of its own. */
 #include "lc_api.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,6 +18,8 @@
 #define LC_API_MAX_METHODS 16
 #define LC_API_CHUNK_MAX   (1u << 20) /* UploadProgramRequest.chunk: 1 byte .. 1 MiB */
 #define LC_API_MAX_UPLOADS 16u        /* programs.max_uploads default */
+#define LC_API_WORKERS     8u         /* threads running jobs (uploads, fetches, deletes, exports) */
+#define LC_API_JOB_QUEUE   256u       /* jobs waiting for one; more are refused */
 
 struct lc_api {
     lc_program_store *programs;
@@ -25,15 +28,26 @@ struct lc_api {
     lc_store *store; /* the controller's registry; NULL or disabled: programs stay local */
     rpc_method methods[LC_API_MAX_METHODS];
     size_t n_methods;
-    pthread_mutex_t mu; /* guards jobs */
+    pthread_mutex_t mu; /* guards the job fields below */
     pthread_cond_t cv;  /* jobs reached 0 */
-    size_t jobs;        /* job threads still running (uploads, fetches, deletes) */
+    size_t jobs;        /* jobs queued or running (uploads, fetches, deletes, exports) */
+    /* A fixed pool of job threads, started as needed (LC_API_WORKERS at most) and joined by
+     * lc_api_destroy, and a bounded queue in front of it: no thread per request. */
+    pthread_cond_t work_cv; /* a job was queued, or stopping */
+    pthread_t workers[LC_API_WORKERS];
+    size_t n_workers, idle;
+    struct {
+        void *(*fn)(void *);
+        void *arg;
+    } queue[LC_API_JOB_QUEUE];
+    size_t q_head, q_len;
+    bool stopping;
     uint32_t max_uploads;  /* programs.max_uploads */
     atomic_uint uploads;   /* UploadProgram calls in progress */
     pie_budget *budget;    /* limits.replica_memory: upload buffers are charged to it */
 };
 
-/* ---- jobs: what may block runs on a detached thread of its own ----------------------------- */
+/* ---- jobs: what may block runs on the pool's threads ------------------------------------------ */
 
 static void job_done(lc_api *a) {
     pthread_mutex_lock(&a->mu);
@@ -41,22 +55,51 @@ static void job_done(lc_api *a) {
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Starts fn(arg) on a detached thread counted in a->jobs (lc_api_destroy waits for them); fn
- * ends with job_done. 0 or the pthread error (nothing started). */
+static void *job_worker(void *arg) {
+    lc_api *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (a->q_len == 0 && !a->stopping) {
+            a->idle++;
+            pthread_cond_wait(&a->work_cv, &a->mu);
+            a->idle--;
+        }
+        if (a->q_len == 0) break; /* stopping, nothing left */
+        void *(*fn)(void *) = a->queue[a->q_head].fn;
+        void *job = a->queue[a->q_head].arg;
+        a->q_head = (a->q_head + 1) % LC_API_JOB_QUEUE;
+        a->q_len--;
+        pthread_mutex_unlock(&a->mu);
+        fn(job); /* ends with job_done */
+        pthread_mutex_lock(&a->mu);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* Queues fn(arg) for the pool (a thread is started when none is idle and the pool is not
+ * full), counted in a->jobs until fn's job_done (lc_api_destroy waits for them). 0, or EAGAIN
+ * when the queue is full or no thread could run it (nothing queued). */
 static int job_start(lc_api *a, void *(*fn)(void *), void *arg) {
     pthread_mutex_lock(&a->mu);
-    a->jobs++;
-    pthread_mutex_unlock(&a->mu);
-    pthread_t t;
-    pthread_attr_t attr;
-    int err = pthread_attr_init(&attr);
-    if (err == 0) {
-        err = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (err == 0) err = pthread_create(&t, &attr, fn, arg);
-        pthread_attr_destroy(&attr);
+    if (a->q_len == LC_API_JOB_QUEUE || a->stopping) {
+        pthread_mutex_unlock(&a->mu);
+        return EAGAIN;
     }
-    if (err != 0) job_done(a);
-    return err;
+    if (a->idle == 0 && a->n_workers < LC_API_WORKERS &&
+        pthread_create(&a->workers[a->n_workers], NULL, job_worker, a) == 0)
+        a->n_workers++;
+    if (a->n_workers == 0) {
+        pthread_mutex_unlock(&a->mu);
+        return EAGAIN;
+    }
+    a->queue[(a->q_head + a->q_len) % LC_API_JOB_QUEUE].fn = fn;
+    a->queue[(a->q_head + a->q_len) % LC_API_JOB_QUEUE].arg = arg;
+    a->q_len++;
+    a->jobs++;
+    pthread_cond_signal(&a->work_cv);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
 }
 
 static bool registry_on(const lc_api *a) { return lc_store_programs_enabled(a->store); }
@@ -275,7 +318,7 @@ static void upload_on_half_close(rpc_call *call, void *user) {
     rpc_call_ref(call);
     if (job_start(a, upload_finish_thread, u) != 0) {
         atomic_fetch_sub(&u->refs, 1);
-        upload_fail(u, PIE_RESOURCE_EXHAUSTED, "upload: cannot start a thread");
+        upload_fail(u, PIE_RESOURCE_EXHAUSTED, "upload: this replica has too many uploads, fetches and deletes in progress; retry later");
         rpc_call_unref(call);
     }
 }
@@ -377,7 +420,7 @@ static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *
         if (job_start(a, delete_thread, j) != 0) {
             rpc_call_unref(call);
             free(j);
-            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "delete: cannot start a thread");
+            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "delete: this replica has too many jobs in progress; retry later");
         }
         return false;
     }
@@ -452,7 +495,7 @@ static void export_job_start(lc_api *a, rpc_call *call, lc_export_job *j) {
     if (job_start(a, export_job_thread, j) != 0) {
         rpc_call_unref(call);
         export_job_free(j);
-        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "exports: cannot start a thread");
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "exports: this replica has too many jobs in progress; retry later");
     }
 }
 
@@ -571,7 +614,7 @@ static bool fetch_start(lc_api *a, rpc_call *call, Pie__V1__LaunchRequest *req, 
     if (job_start(a, fetch_thread, j) != 0) {
         rpc_call_unref(call);
         free(j);
-        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "launch: cannot start a thread");
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "launch: this replica has too many program fetches in progress; retry later");
         return false;
     }
     return true;
@@ -899,6 +942,13 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (pthread_cond_init(&a->work_cv, NULL) != 0) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        free(a);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     a->programs = programs;
     a->max_uploads = LC_API_MAX_UPLOADS;
     atomic_init(&a->uploads, 0);
@@ -953,7 +1003,11 @@ void lc_api_destroy(lc_api *a) {
     if (a == NULL) return;
     pthread_mutex_lock(&a->mu);
     while (a->jobs > 0) pthread_cond_wait(&a->cv, &a->mu);
+    a->stopping = true;
+    pthread_cond_broadcast(&a->work_cv);
     pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < a->n_workers; i++) pthread_join(a->workers[i], NULL);
+    pthread_cond_destroy(&a->work_cv);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     free(a);
