@@ -188,7 +188,7 @@ void pie_tenants_free(pie_tenants *t) {
     memset(t, 0, sizeof *t);
 }
 
-static bool secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
+bool pie_secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
     unsigned char diff = (unsigned char)(alen != blen);
     size_t n = alen < blen ? alen : blen;
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
@@ -198,7 +198,7 @@ static bool secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
 const pie_tenant *pie_tenants_find(const pie_tenants *t, const char *value, size_t len) {
     const pie_tenant *found = NULL;
     for (size_t i = 0; i < t->n; i++) /* no early exit: every tenant costs the same */
-        if (secret_eq(value, len, t->v[i].bearer, t->v[i].bearer_len)) found = &t->v[i];
+        if (pie_secret_eq(value, len, t->v[i].bearer, t->v[i].bearer_len)) found = &t->v[i];
     return found;
 }
 

@@ -63,6 +63,10 @@ void pie_tenants_free(pie_tenants *t);
  * tenant in constant time per tenant, so timing does not tell how much of a token matched. */
 const pie_tenant *pie_tenants_find(const pie_tenants *t, const char *value, size_t len);
 
+/* Constant-time equality of two byte strings (bearer tokens): the time depends on the lengths,
+ * never on where they differ. */
+bool pie_secret_eq(const char *a, size_t alen, const char *b, size_t blen);
+
 /* A tenant by name, or NULL. */
 const pie_tenant *pie_tenants_by_name(const pie_tenants *t, const char *name);
 

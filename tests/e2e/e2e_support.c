@@ -144,28 +144,53 @@ char *e2e_upload(e2e_cluster *c, const char *name) {
     return e2e_upload_path(c, path, name);
 }
 
-char *e2e_upload_path(e2e_cluster *c, const char *path, const char *name) {
-    size_t len;
-    uint8_t *bytes = read_file(path, &len);
+/* Sends one request message of s: true if sent, false if the call has already ended (the server
+ * finished it early: its status then comes from rpc_stream_finish). what names it in failures. */
+static bool stream_send(rpc_stream *s, const ProtobufCMessage *m, const char *what) {
     pie_status st;
-    rpc_call_opts o = {.timeout_ms = RUN_MS, .wait_for_ready = true};
+    pie_code rc = rpc_stream_send(s, m, &st);
+    cr_assert(rc == PIE_OK || rc == PIE_UNAVAILABLE, "%s: %s", what, st.msg);
+    return rc == PIE_OK;
+}
+
+rpc_stream *e2e_upload_begin(e2e_cluster *c, const char *name, uint64_t size_bytes,
+                             const uint8_t *bytes, size_t len, int64_t timeout_ms) {
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = timeout_ms, .wait_for_ready = true};
     rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
                                     &pie__v1__upload_program_response__descriptor, &o, &st);
     cr_assert(s, "UploadProgram: %s", st.msg);
     Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
     md.name = (char *)name;
-    md.size_bytes = len;
+    md.size_bytes = size_bytes;
     Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
     req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
     req.metadata = &md;
-    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "upload metadata: %s", st.msg);
+    if (!stream_send(s, &req.base, "upload metadata")) return s;
     for (size_t at = 0; at < len; at += 65536) {
         Pie__V1__UploadProgramRequest chunk = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
         chunk.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_CHUNK;
-        chunk.chunk.data = bytes + at;
+        chunk.chunk.data = (uint8_t *)bytes + at;
         chunk.chunk.len = len - at < 65536 ? len - at : 65536;
-        cr_assert_eq(rpc_stream_send(s, &chunk.base, &st), PIE_OK, "upload chunk: %s", st.msg);
+        if (!stream_send(s, &chunk.base, "upload chunk")) return s;
     }
+    return s;
+}
+
+pie_code e2e_upload_end(rpc_stream *s, pie_status *st) {
+    rpc_stream_close_send(s, st);
+    ProtobufCMessage *m = NULL;
+    while (rpc_stream_recv(s, &m, RUN_MS) == RPC_RECV_MESSAGE) rpc_msg_free(m);
+    pie_code rc = rpc_stream_finish(s, st);
+    rpc_stream_destroy(s);
+    return rc;
+}
+
+char *e2e_upload_path(e2e_cluster *c, const char *path, const char *name) {
+    size_t len;
+    uint8_t *bytes = read_file(path, &len);
+    pie_status st;
+    rpc_stream *s = e2e_upload_begin(c, name, len, bytes, len, RUN_MS);
     cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
     ProtobufCMessage *m = NULL;
     rpc_recv_result rr = rpc_stream_recv(s, &m, RUN_MS);
@@ -266,14 +291,6 @@ static void take_response(e2e_run *r, const Pie__V1__AttachResponse *a) {
     }
 }
 
-/* Sends one RunRequest: true if sent, false if the call has already ended. */
-static bool run_send(rpc_stream *s, const ProtobufCMessage *m, const char *what) {
-    pie_status st;
-    pie_code rc = rpc_stream_send(s, m, &st);
-    cr_assert(rc == PIE_OK || rc == PIE_UNAVAILABLE, "Run %s: %s", what, st.msg);
-    return rc == PIE_OK;
-}
-
 rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *const *args,
                          const char *const *in) {
     pie_status st;
@@ -292,19 +309,19 @@ rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *con
     req.launch = &launch;
     /* An instance may end (and the server finish the call) before all its input is sent: the
      * sends then fail UNAVAILABLE and e2e_run_collect still reads everything it said. */
-    if (!run_send(s, &req.base, "launch")) return s;
+    if (!stream_send(s, &req.base, "Run launch")) return s;
     for (size_t i = 0; in && in[i]; i++) {
         Pie__V1__RunRequest m = PIE__V1__RUN_REQUEST__INIT;
         m.msg_case = PIE__V1__RUN_REQUEST__MSG_MESSAGE;
         m.message.data = (uint8_t *)in[i];
         m.message.len = strlen(in[i]);
-        if (!run_send(s, &m.base, "message")) return s;
+        if (!stream_send(s, &m.base, "Run message")) return s;
     }
     Pie__V1__CloseInput ci = PIE__V1__CLOSE_INPUT__INIT;
     Pie__V1__RunRequest close = PIE__V1__RUN_REQUEST__INIT;
     close.msg_case = PIE__V1__RUN_REQUEST__MSG_CLOSE_INPUT;
     close.close_input = &ci;
-    run_send(s, &close.base, "close_input");
+    stream_send(s, &close.base, "Run close_input");
     return s;
 }
 

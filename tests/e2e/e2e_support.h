@@ -59,6 +59,14 @@ void e2e_cluster_stop(e2e_cluster *c);
 char *e2e_upload(e2e_cluster *c, const char *name);
 /* Uploads the .wasm at path under the program name `name`; returns the program id. */
 char *e2e_upload_path(e2e_cluster *c, const char *path, const char *name);
+/* The start of an upload, for tests of what the server refuses: opens UploadProgram (deadline
+ * timeout_ms), sends the metadata declaring size_bytes and then bytes[0, len) in chunks (it
+ * stops early if the server already ended the call) and leaves the stream open (half-close
+ * it, or e2e_upload_end). */
+rpc_stream *e2e_upload_begin(e2e_cluster *c, const char *name, uint64_t size_bytes,
+                             const uint8_t *bytes, size_t len, int64_t timeout_ms);
+/* Half-closes s, drains it and destroys it: the upload's final status (*st). */
+pie_code e2e_upload_end(rpc_stream *s, pie_status *st);
 
 typedef struct e2e_run {
     char **msgs; /* messages the inferlet sent, NUL-terminated copies */

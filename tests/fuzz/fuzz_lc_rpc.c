@@ -12,21 +12,14 @@
  * would be compiled, once per content, into a cache shared by the process).
  * Checks: no crash, leak, UB or deadlock; fuzz_rpc.h's checks on every handler. Seeds:
  * gen_corpus.py. */
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "fuzz_lc.h"
 #include "fuzz_rpc.h"
-#include "fuzz_util.h"
 #include "lc_api.h"
-#include "lc_host.h"
 #include "lc_inst.h"
-#include "lc_program.h"
-#include "lc_session.h"
-#include "lc_store.h"
-#include "lc_wasm.h"
-#include "pie_log.h"
 
 static lc_wasm_rt *the_rt;
 static char native_dir[600];
@@ -34,14 +27,8 @@ static char native_dir[600];
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    pie_log_set_level(PIE_LOG_DEBUG);
-    if (getenv("PIE_FUZZ_LOG") == NULL) pie_log_set_fd(open("/dev/null", O_WRONLY));
-    snprintf(native_dir, sizeof native_dir, "%s/native", fuzz_dir());
-    size_t n_fns = 0;
-    const lc_wasm_host_fn *fns = lc_host_fns(&n_fns);
-    lc_wasm_rt_opts ro = {.cache_dir = native_dir, .host_fns = fns, .n_host_fns = n_fns};
+    the_rt = fuzz_lc_runtime(native_dir, sizeof native_dir);
     pie_status st;
-    if (lc_wasm_rt_create(&ro, &the_rt, &st) != PIE_OK) fuzz_fail("lc_wasm_rt_create: %s", st.msg);
     /* One stored program (compiled once), so that launches get past "not stored": the seeds
      * launch it by its id (gen_corpus.py: TRIVIAL_SHA). */
     lc_program_store *ps = lc_program_store_create(fuzz_dir(), native_dir, the_rt, 64 << 10, &st);
@@ -59,22 +46,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pie_status st;
-    lc_session_config sc = {.replica_id = "fuzz", .advertise = ""};
-    lc_session *session = lc_session_create(&sc, NULL, &st);
-    if (session == NULL) fuzz_fail("lc_session_create: %s", st.msg);
-    lc_program_store *programs =
-        lc_program_store_create(fuzz_dir(), native_dir, the_rt, 64 << 10, &st);
-    if (programs == NULL) fuzz_fail("lc_program_store_create: %s", st.msg);
-    lc_store_config stc = {.programs = false,
-                           .max_program_bytes = 64 << 10,
-                           .max_tokenizer_bytes = 1 << 20,
-                           .call_timeout_ms = 1000};
-    lc_store *store = lc_store_create(&stc, session, programs, NULL, &st);
-    if (store == NULL) fuzz_fail("lc_store_create: %s", st.msg);
-    lc_host_config hc = {
-        .tokenizer_path = "", .http_allow = "", .http_timeout_ms = 1000, .http_max_bytes = 1 << 20};
-    lc_host *host = lc_host_create(&hc, session, NULL, &st);
-    if (host == NULL) fuzz_fail("lc_host_create: %s", st.msg);
+    fuzz_lc p;
+    fuzz_lc_open(&p, the_rt, native_dir);
     lc_limits lim = {.memory_bytes = 64 << 20,
                      .kv_pages = 64,
                      .embeddings = 256,
@@ -87,9 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                          .output_buffer_bytes = 1 << 16,
                          .retention_ms = 1000,
                          .thread_stack_bytes = 1 << 20};
-    lc_inst_mgr *insts = lc_inst_mgr_create(&ic, programs, host, session, &st);
+    lc_inst_mgr *insts = lc_inst_mgr_create(&ic, p.programs, p.host, p.session, &st);
     if (insts == NULL) fuzz_fail("lc_inst_mgr_create: %s", st.msg);
-    lc_api *api = lc_api_create(programs, insts, session, store, &st);
+    lc_api *api = lc_api_create(p.programs, insts, p.session, p.store, &st);
     if (api == NULL) fuzz_fail("lc_api_create: %s", st.msg);
 
     size_t n = 0;
@@ -102,10 +75,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lc_api_destroy(api);
     fz_rpc_destroy(f);
     lc_inst_mgr_destroy(insts);
-    lc_store_stop(store);
-    lc_session_destroy(session);
-    lc_host_destroy(host);
-    lc_store_destroy(store);
-    lc_program_store_destroy(programs);
+    fuzz_lc_close(&p);
     return 0;
 }

@@ -94,24 +94,7 @@ static rpc_stream *upload_start(e2e_cluster *c, const pie_wasmgen_opts *o, int64
     uint8_t *bytes = pie_wasmgen(o, &len);
     cr_assert(bytes, "pie_wasmgen: out of memory");
     pie_status st;
-    rpc_call_opts co = {.timeout_ms = timeout_ms, .wait_for_ready = true};
-    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
-                                    &pie__v1__upload_program_response__descriptor, &co, &st);
-    cr_assert(s, "UploadProgram: %s", st.msg);
-    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
-    md.name = "bomb";
-    md.size_bytes = len;
-    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
-    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
-    req.metadata = &md;
-    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "upload metadata: %s", st.msg);
-    for (size_t at = 0; at < len; at += 65536) {
-        Pie__V1__UploadProgramRequest chunk = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
-        chunk.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_CHUNK;
-        chunk.chunk.data = bytes + at;
-        chunk.chunk.len = len - at < 65536 ? len - at : 65536;
-        cr_assert_eq(rpc_stream_send(s, &chunk.base, &st), PIE_OK, "upload chunk: %s", st.msg);
-    }
+    rpc_stream *s = e2e_upload_begin(c, "bomb", len, bytes, len, timeout_ms);
     cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
     free(bytes);
     return s;

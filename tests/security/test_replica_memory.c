@@ -49,33 +49,6 @@ static void wait_exited(e2e_cluster *c, uint64_t id) {
     }
 }
 
-/* An UploadProgram stream with its metadata sent (declaring size bytes), left open. */
-static rpc_stream *upload_open(e2e_cluster *c, uint64_t size) {
-    pie_status st;
-    rpc_call_opts o = {.timeout_ms = WAIT_MS};
-    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/UploadProgram",
-                                    &pie__v1__upload_program_response__descriptor, &o, &st);
-    cr_assert(s, "UploadProgram: %s", st.msg);
-    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
-    md.name = "pending";
-    md.size_bytes = size;
-    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
-    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
-    req.metadata = &md;
-    rpc_stream_send(s, &req.base, &st);
-    return s;
-}
-
-/* Half-closes s and returns its final status. */
-static pie_code upload_finish(rpc_stream *s, pie_status *st) {
-    rpc_stream_close_send(s, st);
-    ProtobufCMessage *m = NULL;
-    while (rpc_stream_recv(s, &m, WAIT_MS) == RPC_RECV_MESSAGE) rpc_msg_free(m);
-    pie_code rc = rpc_stream_finish(s, st);
-    rpc_stream_destroy(s);
-    return rc;
-}
-
 Test(security, instances_share_the_replica_memory_budget) {
     e2e_cluster c;
     const char *env[] = {"PIE_LIMITS_REPLICA_MEMORY=64MiB", "PIE_PROGRAMS_MAX_UPLOADS=1", NULL};
@@ -89,11 +62,11 @@ Test(security, instances_share_the_replica_memory_budget) {
     wait_memory(&c, a, 900u << 16);
 
     /* one upload at a time here (programs.max_uploads): the second waits for nothing */
-    rpc_stream *up1 = upload_open(&c, 4u << 20);
-    rpc_stream *up2 = upload_open(&c, 1024);
-    cr_expect_eq(upload_finish(up2, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    rpc_stream *up1 = e2e_upload_begin(&c, "pending", 4u << 20, NULL, 0, WAIT_MS);
+    rpc_stream *up2 = e2e_upload_begin(&c, "pending", 1024, NULL, 0, WAIT_MS);
+    cr_expect_eq(e2e_upload_end(up2, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
     cr_expect(strstr(st.msg, "programs.max_uploads"), "%s", st.msg);
-    cr_expect_neq(upload_finish(up1, &st), PIE_OK, "an upload without its bytes was stored");
+    cr_expect_neq(e2e_upload_end(up1, &st), PIE_OK, "an upload without its bytes was stored");
 
     /* B starts (the budget has room for a launch) but cannot grow by 12.5 MiB */
     const char *b_args[] = {"hold", "200", "0", NULL};
@@ -112,8 +85,8 @@ Test(security, instances_share_the_replica_memory_budget) {
     cr_expect(strstr(st.msg, "limits.replica_memory"), "%s", st.msg);
 
     /* a 6 MiB upload does not fit what is left either: uploads hold their bytes until stored */
-    rpc_stream *up = upload_open(&c, 6u << 20);
-    cr_expect_eq(upload_finish(up, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    rpc_stream *up = e2e_upload_begin(&c, "pending", 6u << 20, NULL, 0, WAIT_MS);
+    cr_expect_eq(e2e_upload_end(up, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
     cr_expect(strstr(st.msg, "limits.replica_memory"), "a 6 MiB upload fit a spent budget: %s",
               st.msg);
 

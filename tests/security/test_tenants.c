@@ -81,11 +81,17 @@ static void env_stop(tenants_env *e) {
     free(e->dir);
 }
 
+/* The cluster as the tenant of ch sees it: e2e calls through ch. */
+static e2e_cluster as_caller(const tenants_env *e, rpc_channel *ch) {
+    e2e_cluster as = e->c;
+    as.ch = ch;
+    return as;
+}
+
 /* Runs prog with steps as the tenant of ch; r gets the outcome (asserted successful). */
 static void run_as(tenants_env *e, rpc_channel *ch, const char *prog, const char *const *steps,
                    e2e_run *r) {
-    e2e_cluster as = e->c;
-    as.ch = ch;
+    e2e_cluster as = as_caller(e, ch);
     e2e_run_program(&as, prog, steps, NULL, r);
     e2e_assert_success(r, steps[0]);
 }
@@ -209,42 +215,24 @@ Test(security, persistent_exports_are_bounded_owned_by_their_tenant_and_removabl
 
 static uint64_t launch(tenants_env *e, rpc_channel *ch, const char *prog,
                        const char *const *args, pie_code want, pie_status *st) {
-    e2e_cluster as = e->c;
-    as.ch = ch;
+    e2e_cluster as = as_caller(e, ch);
     return e2e_launch(&as, prog, args, want, st);
 }
 
 static pie_code terminate(tenants_env *e, rpc_channel *ch, uint64_t id, pie_status *st) {
-    e2e_cluster as = e->c;
-    as.ch = ch;
+    e2e_cluster as = as_caller(e, ch);
     return e2e_terminate(&as, id, st);
 }
 
-/* UploadProgram of a declared size_bytes (nothing else sent): its status. */
-static pie_code upload_size(rpc_channel *ch, uint64_t size, pie_status *st) {
-    rpc_call_opts o = {.timeout_ms = CALL_MS};
-    rpc_stream *s = rpc_stream_open(ch, "/pie.v1.Lifecycle/UploadProgram",
-                                    &pie__v1__upload_program_response__descriptor, &o, st);
-    cr_assert(s, "UploadProgram: %s", st->msg);
-    Pie__V1__ProgramMetadata md = PIE__V1__PROGRAM_METADATA__INIT;
-    md.name = "big";
-    md.size_bytes = size;
-    Pie__V1__UploadProgramRequest req = PIE__V1__UPLOAD_PROGRAM_REQUEST__INIT;
-    req.part_case = PIE__V1__UPLOAD_PROGRAM_REQUEST__PART_METADATA;
-    req.metadata = &md;
-    rpc_stream_send(s, &req.base, st);
-    rpc_stream_close_send(s, st);
-    ProtobufCMessage *m = NULL;
-    while (rpc_stream_recv(s, &m, CALL_MS) == RPC_RECV_MESSAGE) rpc_msg_free(m);
-    pie_code rc = rpc_stream_finish(s, st);
-    rpc_stream_destroy(s);
-    return rc;
+/* UploadProgram as ch's tenant declaring size bytes (nothing else sent): its status. */
+static pie_code upload_size(tenants_env *e, rpc_channel *ch, uint64_t size, pie_status *st) {
+    e2e_cluster as = as_caller(e, ch);
+    return e2e_upload_end(e2e_upload_begin(&as, "big", size, NULL, 0, CALL_MS), st);
 }
 
 /* Whether ch's tenant sees instance id in ListInstances. */
 static bool visible(tenants_env *e, rpc_channel *ch, uint64_t id) {
-    e2e_cluster as = e->c;
-    as.ch = ch;
+    e2e_cluster as = as_caller(e, ch);
     Pie__V1__ListInstancesResponse *r;
     bool seen = e2e_instance(&as, id, &r) != NULL;
     rpc_msg_free(&r->base);
@@ -282,7 +270,7 @@ Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_priv
     cr_expect_eq(terminate(&e, e.root, b1, &st), PIE_OK, "%s", st.msg);
 
     /* uploads: bob's are bounded by his quota; programs are shared, only an admin deletes */
-    cr_expect_eq(upload_size(e.bob, 65537, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect_eq(upload_size(&e, e.bob, 65537, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
     cr_expect(strstr(st.msg, "quota upload_bytes (65536)"), "%s", st.msg);
     Pie__V1__DeleteProgramRequest del = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
     del.program_id = prog;

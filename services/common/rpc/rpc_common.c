@@ -170,10 +170,3 @@ void rpc__args_add_string(rpc_args *a, const char *key, const char *value) {
     g->key = (char *)key;     /* gRPC copies args; it never writes through key or value */
     g->value.string = (char *)value;
 }
-
-int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen) {
-    unsigned char diff = (unsigned char)(alen != blen);
-    size_t n = alen < blen ? alen : blen;
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
-}

@@ -61,9 +61,6 @@ void rpc__args_add_string(rpc_args *a, const char *key, const char *value); /* v
  * backoff); a function of its own so a unit test can read them. */
 void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a);
 
-/* Constant-time string equality (auth tokens). */
-int rpc__secret_eq(const char *a, size_t alen, const char *b, size_t blen);
-
 /* Health service (rpc_health.c), owned by a server. */
 typedef struct rpc_health rpc_health;
 rpc_health *rpc__health_create(bool start_not_serving);

@@ -504,7 +504,7 @@ static const char *call_auth_refusal(rpc_call *c) {
         c->tenant = t;
         return NULL;
     }
-    if (!rpc__secret_eq(value, len, srv->auth_expected, srv->auth_len))
+    if (!pie_secret_eq(value, len, srv->auth_expected, srv->auth_len))
         return "missing or invalid bearer token";
     return NULL;
 }
