@@ -31,6 +31,7 @@ struct svc {
     char token[512];
     pie_tenants tenants; /* svc_load_tenants; empty without tenants */
     char *tls_cert, *tls_key, *tls_client_ca, *tls_ca; /* PEM text of the tls.* files, or NULL */
+    double call_bounds[20]; /* buckets of pie_grpc_server_handling_seconds: 100 µs .. 1 h */
     /* Health: "" is `serving`; each name of health[] is serving && its ready flag. Set from the
      * main thread (serving) and from the service's own threads (ready), hence the lock. */
     pthread_mutex_t health_mu;
@@ -254,6 +255,7 @@ svc *svc_create(const char *name, const svc_config *cfg, pie_status *st) {
         goto fail;
     }
     register_build_info(s);
+    pie_metrics_exponential_bounds(0.0001, 2.5, 20, s->call_bounds); /* streams: up to 1 h */
     return s;
 fail:
     svc_stop(s);
@@ -313,11 +315,9 @@ static void call_finished(void *user, const char *method, pie_code code, int64_t
                                         "gRPC calls finished, by method and status code.", l, 2,
                                         &st),
                     1);
-    double b[20];
-    pie_metrics_exponential_bounds(0.0001, 2.5, 20, b); /* 100 µs .. 1 h: streams too */
     pie_histogram_observe(pie_metrics_histogram(s->metrics, "pie_grpc_server_handling_seconds",
-                                                "gRPC call duration, arrival to status.", b, 20,
-                                                l, 1, &st),
+                                                "gRPC call duration, arrival to status.",
+                                                s->call_bounds, 20, l, 1, &st),
                           (double)dur_ns / 1e9);
 }
 

@@ -13,7 +13,6 @@ typedef struct sim {
     uint8_t state[WRK_SWAPSIM_MAX_LAYERS];
     double fetched_at[WRK_SWAPSIM_MAX_LAYERS];
     uint32_t cur;      /* layer computing or about to */
-    int32_t last_done; /* layer computed last (-1: none yet) */
     double in_until, out_until;
     int32_t in_layer, out_layer; /* -1: idle */
     double in_busy, slack;
@@ -111,7 +110,7 @@ wrk_swapsim_result wrk_swapsim_run(uint32_t n, uint32_t slots, double t_compute,
     if (n == 0 || n > WRK_SWAPSIM_MAX_LAYERS || steps == 0) return r;
     if (slots > n) slots = n;
     if (slots < 2 && slots < n) slots = 2 <= n ? 2 : n;
-    sim s = {.n = n, .slots = slots, .tc = t_compute, .ts = t_swap, .last_done = -1,
+    sim s = {.n = n, .slots = slots, .tc = t_compute, .ts = t_swap,
              .in_layer = -1, .out_layer = -1, .slack = DBL_MAX};
     for (uint32_t i = 0; i < n; i++) s.state[i] = i < slots ? RESIDENT : ON_HOST;
     double t = 0, t0 = 0, stall = 0;
@@ -139,7 +138,6 @@ wrk_swapsim_result wrk_swapsim_run(uint32_t n, uint32_t slots, double t_compute,
             s.fetched_at[l] = 0;
             run_until(&s, t + t_compute);
             t += t_compute;
-            s.last_done = (int32_t)l;
         }
     }
     double span = t - t0;
