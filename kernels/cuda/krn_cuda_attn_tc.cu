@@ -125,6 +125,9 @@ __global__ static void __launch_bounds__(TC_THREADS) tc_kernel(krn_cuda_attn_arg
                 sm.p[m][lane] = __float2bfloat16(p0);
                 sm.p[m][lane + 32] = __float2bfloat16(p1);
                 for (int d = lane; d < HD; d += 32) sm.o[m][d] *= corr;
+                /* every lane has read sm.m[m] above: shuffles order no shared memory
+                   (racecheck flagged the write below against those reads) */
+                __syncwarp();
                 if (lane == 0) {
                     sm.l[m] = sm.l[m] * corr + psum;
                     sm.m[m] = m_new;

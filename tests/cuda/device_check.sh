@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# tests/cuda/device_check.sh — docs/cuda.md's GPU checks as one prepared run on a lent GPU machine.
+#
+# The GPU machine has nvcc, CMake, PyTorch, transformers and the CUDA profilers, but none of the
+# Debian packages the build needs (gRPC, Criterion, OpenBLAS, ...), and nothing can be installed
+# there. So the binaries are built HERE (tests/cuda/stage.sh packs them, their non-system shared
+# libraries and the test models into .devrun/stage.tar.xz) and this script unpacks and runs them.
+#
+# Usage (on the GPU machine, from the repository root, .devrun carried):
+#   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault gen1b gen8b bggen waitgen
+#                 cmp1b cmp1b1500 cmp8b bench1b bench8b determ memcheck racecheck
+# Writes $OUT/summary.txt (one line per step: name, exit status, seconds) and $OUT/logs.tar.gz.
+set -u
+OUT=${OUT:-/tmp/pie-out}
+mkdir -p "$OUT"
+root=$PWD
+st=/tmp/pie-stage/stage
+logs=/tmp/pie-logs
+mkdir -p "$logs" /tmp/pie-stage
+
+if [ ! -x "$st/bin/unit_test_krn_cuda" ]; then
+  tar -xJf .devrun/stage.tar.xz -C /tmp/pie-stage || { echo "cannot unpack the stage"; exit 1; }
+fi
+# PIE_MODELS_DIR is compiled in as the build machine's absolute path.
+mdir=$(grep -aom1 '/[[:alnum:]_/.-]*/build-cuda/models' "$st/bin/unit_test_eng_cuda" || true)
+[ -n "$mdir" ] && [ ! -e "$mdir" ] && mkdir -p "$(dirname "$mdir")" && ln -sfn "$st/models" "$mdir"
+
+cublas=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -n 1)
+export LD_LIBRARY_PATH="$st/lib:$(dirname "${cublas:-/usr/local/cuda/lib64/x}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+py=python3
+B=$st/bin
+
+step() {  # step NAME TIMEOUT CMD...: runs CMD under a time limit, logs it, records the result
+  local name=$1 lim=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 5 "$lim" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-12s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$OUT/summary.txt"
+  grep -E "FAIL|CRASH|Synthesis|pass|rror|median|floor|graph|tok/s|ms" "$logs/$name.log" | tail -n 10 | cut -c1-220 | sed "s/^/  [$name] /"
+  tar -czf "$OUT/logs.tar.gz" -C "$logs" . 2>/dev/null  # after every step: a killed run keeps its logs
+}
+
+gen() {  # gen PRESET DIR: the random bf16 model of that preset, once
+  [ -f "$2/config.json" ] && return 0
+  step "gen_$1" 400 $py tools/tinymodel/gen_tiny_model.py --preset "$1" --dtype bf16 --out "$2" --quiet
+}
+gen_pid=
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  echo "cublas: ${cublas:-not found}"; } 2>&1 | tee "$OUT/summary.txt"
+
+cs="compute-sanitizer --target-processes all --error-exitcode 1"
+for s in "$@"; do
+  case $s in
+    device)    step device 60 "$B/unit_test_krn_cuda_device" --verbose ;;
+    krn)       step krn 150 "$B/unit_test_krn_cuda" --verbose --short-filename ;;
+    eng)       step eng 200 "$B/unit_test_eng_cuda" --verbose --short-filename ;;
+    fault)     step fault 60 "$B/unit_test_eng_cuda_fault" --verbose ;;
+    gen1b)     gen llama-3.2-1b /tmp/l1b ;;
+    gen8b)     gen llama-3.1-8b /tmp/l8b ;;
+    bggen)     { gen llama-3.2-1b /tmp/l1b; gen llama-3.1-8b /tmp/l8b; } & gen_pid=$! ;;
+    waitgen)   [ -n "$gen_pid" ] && wait "$gen_pid" ;;
+    cmp1b)     step cmp1b 240 $py tests/cuda/compare_transformers.py --runner "$B/pie-cuda-run" \
+                   --model /tmp/l1b --prompt-len 64 --greedy 32 ;;
+    cmp1b1500) step cmp1b1500 240 $py tests/cuda/compare_transformers.py --runner "$B/pie-cuda-run" \
+                   --model /tmp/l1b --prompt-len 1500 --greedy 32 ;;
+    cmp8b)     step cmp8b 300 $py tests/cuda/compare_transformers.py --runner "$B/pie-cuda-run" \
+                   --model /tmp/l8b --prompt-len 64 --greedy 16 ;;
+    bench1b)   step bench1b 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 64 --prefill 2048 --steps 32
+               step bench1b_b1 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
+    bench8b)   step bench8b 180 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 64 --prefill 2048 --steps 32
+               step bench8b_b1 120 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
+    determ)    toks=$(seq -s, 1 37 3000)  # fresh processes, graphs on, off, on: identical JSON
+               step determ 120 bash -c "set -e; for i in 1 2 3; do f=; [ \$i = 2 ] && f=--no-graphs; \
+                   '$B/pie-cuda-run' --model /tmp/l1b --tokens $toks --greedy 16 \$f >$logs/determ_\$i.json; \
+                   done; cmp $logs/determ_1.json $logs/determ_2.json; cmp $logs/determ_1.json $logs/determ_3.json" ;;
+    memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1
+               step memcheck_eng 300 $cs --tool memcheck "$B/unit_test_eng_cuda" -j1 \
+                   --filter '!(*device_fault*)' ;;
+    racecheck) step racecheck_krn 240 $cs --tool racecheck "$B/unit_test_krn_cuda" -j1
+               step synccheck_krn 240 $cs --tool synccheck "$B/unit_test_krn_cuda" -j1 ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+tar -czf "$OUT/logs.tar.gz" -C "$logs" . 2>/dev/null
+cat "$OUT/summary.txt"
