@@ -12,7 +12,7 @@
 #
 # Usage: bench/run.sh [--quick] [--build-dir DIR] [--no-build] [--models DIR] [--no-record]
 #                     [--dry-run] [--list] [BENCH...]
-#   BENCH       rpc tok kernels engine worker controller wasm lifecycle gateway cuda peers (default:
+#   BENCH       rpc tok kernels engine worker controller wasm lifecycle gateway tp cuda peers (default:
 #               all but cuda and peers, which run only when named: cuda needs an NVIDIA GPU, peers
 #               llama.cpp from bench/peers/setup.sh and an hour or more on 2 cores)
 #   --quick     the short form of each benchmark (a smoke run: seconds to a minute each)
@@ -29,7 +29,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-all=(rpc tok kernels engine worker controller wasm lifecycle gateway)
+all=(rpc tok kernels engine worker controller wasm lifecycle gateway tp)
 quick=0 build_dir="" do_build=1 models=/tmp/pie-bench-models record=1 dry=0 sel=()
 invocation="bench/run.sh${*:+ $*}"
 usage() { sed -n '/^# Usage:/,/^# shellcheck/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -99,6 +99,15 @@ cmds_gateway() { # inside a local cluster (1 worker, 1 lifecycle replica, 1 gate
   if [ $quick = 1 ]; then echo "$cluster $B/bench/bench_gateway --tokens 32 --rounds 5 --concurrency 32"
   else echo "$cluster $B/bench/bench_gateway --tokens 64 --rounds 30 --concurrency 256 --load-tokens 16 --load-requests 2"; fi
 }
+cmds_tp() { # the host collective, then the sharded cpu engine at tp 1 and 2 (bench/results/tp.md)
+  if [ $quick = 1 ]; then
+    echo "$B/bench/bench_tp coll --quick"
+    echo "$B/bench/bench_tp engine $models/llama1b-bf16 --tp 1,2 --prefill 32 --context 64 --batch 4 --steps 2"
+  else
+    echo "$B/bench/bench_tp coll"
+    echo "$B/bench/bench_tp engine $models/llama1b-bf16 --tp 1,2 --prefill 128 --context 256 --batch 8 --steps 8"
+  fi
+}
 cmds_cuda() {
   if [ $quick = 1 ]; then
     echo "$B/bench/bench_cuda $models/l1b --context 1024 --batch 64 --prefill 2048 --steps 8"
@@ -126,13 +135,14 @@ targets_of() {
     wasm) echo bench_wasm ;;
     lifecycle) echo bench_lifecycle pie-controller pie-worker pie-lifecycle pie_test_models inferlet_text_completion ;;
     gateway) echo bench_gateway pie-controller pie-worker pie-lifecycle pie-gateway piectl pie_test_models inferlet_openai_chat ;;
+    tp) echo bench_tp ;;
     cuda) echo bench_cuda ;;
     peers) echo bench_engine pie-engine-probe ;;
   esac
 }
 models_of() {
   case "$1" in
-    engine) echo "llama1b-bf16:llama-3.2-1b" ;;
+    engine|tp) echo "llama1b-bf16:llama-3.2-1b" ;;
     cuda) if [ $quick = 1 ]; then echo "l1b:llama-3.2-1b"; else echo "l1b:llama-3.2-1b l8b:llama-3.1-8b"; fi ;;
   esac
 }
