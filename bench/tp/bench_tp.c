@@ -12,6 +12,8 @@
  *            (embed + forward + next_dist top 256) at batch 1 and --batch over a --context token
  *            context, every rank with --threads / tp engine threads; median step times, the
  *            speed-up against the first tp of the list, and how many collectives a step makes.
+ *            --rounds runs the list that many times in turn (tp 1, tp 2, tp 1, ...): on a
+ *            shared machine a comparison within a round sees about the same load.
  * Does not own: what the collective or engine do (their own files); the recorded results and
  * their discussion (bench/results/tp.md).
  *
@@ -37,6 +39,7 @@
 #define BTP_REPS      5
 #define BTP_MAX_STEPS 64
 #define BTP_MAX_TP    8
+#define BTP_MAX_ROUNDS 9
 #define BTP_TOPK      256
 
 static double now_s(void) {
@@ -396,30 +399,59 @@ out:
 
 typedef struct eng_opts_cli {
     const char *model;
-    uint32_t tps[BTP_MAX_TP], n_tp, threads, prefill, context, batch, steps;
+    uint32_t tps[BTP_MAX_TP], n_tp, threads, prefill, context, batch, steps, rounds;
 } eng_opts_cli;
 
+/* Medians of one run of a group: prefill, decode b=1, decode b=B step seconds. */
+static void eng_medians(const eng_job *j, uint32_t steps, double m[3]) {
+    double p[BTP_REPS], d1[BTP_MAX_STEPS], dB[BTP_MAX_STEPS];
+    memcpy(p, j->prefill_s, sizeof p);
+    memcpy(d1, j->dec1_s, steps * sizeof *d1);
+    memcpy(dB, j->decB_s, steps * sizeof *dB);
+    m[0] = median(p, BTP_REPS), m[1] = median(d1, steps), m[2] = median(dB, steps);
+}
+
+static void eng_row(const char *label, uint32_t tp, uint32_t tpr, const double m[3],
+                    const double ref[3], uint32_t prefill, uint32_t batch) {
+    printf("| %s | %u | %u | %.1f ms (%.1f tok/s) | %.2f ms | %.2f ms (%.1f tok/s) | "
+           "%.2fx / %.2fx / %.2fx |\n",
+           label, tp, tpr, m[0] * 1e3, prefill / m[0], m[1] * 1e3, m[2] * 1e3, batch / m[2],
+           ref[0] / m[0], ref[1] / m[1], ref[2] / m[2]);
+}
+
+/* jobs[round * n_tp + i]: one row per run (speed-ups against the same round's first tp, run
+ * just before it), then the medians over rounds of each tp. */
 static void eng_print(const eng_opts_cli *o, eng_job *const *jobs) {
     const eng_info *m = &jobs[0]->info;
     printf("model %s: %s, %u layers, hidden %u, ffn %u, heads %u/%u, vocab %u; %u threads in "
-           "all; prefill %u tokens, decode over %u context tokens, %u steps\n\n",
+           "all; prefill %u tokens, decode over %u context tokens, %u steps; %u rounds, each "
+           "running every tp in turn\n\n",
            o->model, m->dtype, m->n_layers, m->hidden_size, m->intermediate_size, m->n_heads,
-           m->n_kv_heads, m->vocab_size, o->threads, o->prefill, o->context, o->steps);
-    printf("| tp | threads per rank | open | prefill %u tok (median of %d) | decode b=1 step | "
-           "decode b=%u step | speed-up vs tp %u: prefill / b=1 / b=%u |\n"
+           m->n_kv_heads, m->vocab_size, o->threads, o->prefill, o->context, o->steps, o->rounds);
+    printf("| run | tp | threads per rank | prefill %u tok (median of %d) | decode b=1 step "
+           "(median of %u) | decode b=%u step | speed-up vs tp %u: prefill / b=1 / b=%u |\n"
            "| --- | --- | --- | --- | --- | --- | --- |\n",
-           o->prefill, BTP_REPS, o->batch, o->tps[0], o->batch);
-    double p0 = 0, d10 = 0, dB0 = 0;
-    for (uint32_t i = 0; i < o->n_tp; i++) {
-        eng_job *j = jobs[i];
-        double p = median(j->prefill_s, BTP_REPS), d1 = median(j->dec1_s, o->steps),
-               dB = median(j->decB_s, o->steps);
-        if (i == 0) p0 = p, d10 = d1, dB0 = dB;
-        printf("| %u | %u | %.2f s | %.1f ms (%.1f tok/s) | %.2f ms | %.2f ms (%.1f tok/s) | "
-               "%.2fx / %.2fx / %.2fx |\n",
-               j->tp, j->threads_per_rank, j->open_s, p * 1e3, o->prefill / p, d1 * 1e3, dB * 1e3,
-               o->batch / dB, p0 / p, d10 / d1, dB0 / dB);
-    }
+           o->prefill, BTP_REPS, o->steps, o->batch, o->tps[0], o->batch);
+    double all[BTP_MAX_ROUNDS][BTP_MAX_TP][3];
+    for (uint32_t r = 0; r < o->rounds; r++)
+        for (uint32_t i = 0; i < o->n_tp; i++) {
+            const eng_job *j = jobs[r * o->n_tp + i];
+            eng_medians(j, o->steps, all[r][i]);
+            char label[48];
+            (void)snprintf(label, sizeof label, "round %u (open %.2f s)", r + 1, j->open_s);
+            eng_row(label, j->tp, j->threads_per_rank, all[r][i], all[r][0], o->prefill,
+                    o->batch);
+        }
+    double med[BTP_MAX_TP][3];
+    for (uint32_t i = 0; i < o->n_tp; i++)
+        for (int k = 0; k < 3; k++) {
+            double v[BTP_MAX_ROUNDS];
+            for (uint32_t r = 0; r < o->rounds; r++) v[r] = all[r][i][k];
+            med[i][k] = median(v, o->rounds);
+        }
+    for (uint32_t i = 0; i < o->n_tp; i++)
+        eng_row("median of the rounds", o->tps[i], jobs[i]->threads_per_rank, med[i], med[0],
+                o->prefill, o->batch);
     printf("\nCollectives per step at tp > 1: embed 1 all-reduce of [tokens, %u] f32, forward "
            "%u all-reduces (2 per layer), next_dist 2 all-gathers; a decode step of batch 1 "
            "thus makes %u all-reduces of %u KiB.\n",
@@ -442,7 +474,7 @@ static int parse_tps(const char *s, eng_opts_cli *o) {
 static int parse_engine(int argc, char **argv, eng_opts_cli *o) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (eng_opts_cli){.tps = {1, 2}, .n_tp = 2, .threads = cores > 0 ? (uint32_t)cores : 1,
-                        .prefill = 128, .context = 256, .batch = 8, .steps = 8};
+                        .prefill = 128, .context = 256, .batch = 8, .steps = 8, .rounds = 3};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-') {
@@ -462,37 +494,39 @@ static int parse_engine(int argc, char **argv, eng_opts_cli *o) {
         else if (strcmp(a, "--context") == 0) o->context = (uint32_t)x;
         else if (strcmp(a, "--batch") == 0 && x <= 64) o->batch = (uint32_t)x;
         else if (strcmp(a, "--steps") == 0 && x <= BTP_MAX_STEPS) o->steps = (uint32_t)x;
+        else if (strcmp(a, "--rounds") == 0 && x <= BTP_MAX_ROUNDS) o->rounds = (uint32_t)x;
         else return -1;
     }
     return o->model ? 0 : -1;
 }
 
 static int bench_engine_tp(const eng_opts_cli *o) {
-    eng_job *jobs[BTP_MAX_TP] = {0};
+    eng_job *jobs[BTP_MAX_ROUNDS * BTP_MAX_TP] = {0};
+    uint32_t n_jobs = o->rounds * o->n_tp;
     int rc = 0;
-    for (uint32_t i = 0; i < o->n_tp && rc == 0; i++) {
-        jobs[i] = shared_alloc(sizeof *jobs[i]);
-        if (!jobs[i]) {
+    for (uint32_t k = 0; k < n_jobs && rc == 0; k++) {
+        uint32_t tp = o->tps[k % o->n_tp], tpr = o->threads / tp;
+        jobs[k] = shared_alloc(sizeof *jobs[k]);
+        if (!jobs[k]) {
             fprintf(stderr, "bench_tp: out of memory\n");
             rc = 1;
             break;
         }
-        uint32_t tpr = o->threads / o->tps[i];
-        *jobs[i] = (eng_job){.model = o->model, .tp = o->tps[i],
-                             .threads_per_rank = tpr ? tpr : 1, .prefill = o->prefill,
-                             .context = o->context, .batch = o->batch, .steps = o->steps};
-        if (btp_run_ranks(o->tps[i], eng_rank, jobs[i]) != 0) rc = 1;
+        *jobs[k] = (eng_job){.model = o->model, .tp = tp, .threads_per_rank = tpr ? tpr : 1,
+                             .prefill = o->prefill, .context = o->context, .batch = o->batch,
+                             .steps = o->steps};
+        if (btp_run_ranks(tp, eng_rank, jobs[k]) != 0) rc = 1;
     }
     if (rc == 0) eng_print(o, jobs);
-    for (uint32_t i = 0; i < o->n_tp; i++)
-        if (jobs[i]) (void)munmap(jobs[i], sizeof *jobs[i]);
+    for (uint32_t k = 0; k < n_jobs; k++)
+        if (jobs[k]) (void)munmap(jobs[k], sizeof *jobs[k]);
     return rc;
 }
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--quick]\n"
                     "       bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] "
-                    "[--context 256] [--batch 8] [--steps 8]\n");
+                    "[--context 256] [--batch 8] [--steps 8] [--rounds 3]\n");
     return 2;
 }
 
