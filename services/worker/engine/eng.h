@@ -46,6 +46,18 @@ typedef struct eng_opts {
      * coll's error and leaves the group unusable. */
     uint32_t tp_rank, tp_size;
     struct wrk_coll *coll;
+    /* The swap policy (cpu backend; issue 13, services/worker/mem/wrk_tier.h; the cuda backend
+     * refuses swap_slots > 0). 0: every layer's KV in one region (policy gpu). Else the KV of
+     * at most swap_slots of the n layers is in the "device" region at once, the rest in a
+     * "host" region of swap_host_bytes, and a copy engine moves whole layers between them
+     * while the forward runs (FIFO, seed 000 Fig. 4). Results are bit for bit those of 0. */
+    uint32_t swap_slots;            /* layers on the device at start: swap_min_slots..n */
+    uint32_t swap_min_slots;        /* fewest eng_swap_set_slots accepts; 0: 2 (1 if n is 1) */
+    uint64_t swap_host_bytes;       /* host region: >= (n - swap_min_slots + 2) layer caches */
+    double swap_link_bytes_per_s;   /* emulated link each way; 0: memcpy speed */
+    /* NULL: memcpy; else copies one layer (tests inject failures through it) */
+    pie_code (*swap_copy)(void *user, void *dst, const void *src, size_t bytes, pie_status *st);
+    void *swap_copy_user;
 } eng_opts;
 
 typedef struct eng_info {
@@ -61,6 +73,9 @@ typedef struct eng_info {
     size_t kv_pool_bytes;   /* KV pages + masks */
     size_t embed_pool_bytes;
     size_t scratch_bytes;   /* activations sized for max_batch_tokens */
+    size_t kv_page_layer_bytes; /* one page of one layer: 2 * page_size * local_kv_heads *
+                                   head_dim * 4 */
+    uint32_t swap_min_slots;    /* 0 without the swap policy */
 } eng_info;
 
 typedef struct eng eng;
@@ -137,6 +152,24 @@ pie_code eng_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st)
 
 /* Raw logits [vocab] of a slot (tests and the reference comparison; every rank gets all). */
 pie_code eng_logits(eng *e, uint32_t slot, float *logits, pie_status *st);
+
+/* The swap policy (swap_slots > 0 at open; without it: stats all zero, set_slots refused). */
+typedef struct eng_swap_stats {
+    uint32_t slots;       /* layers the device region may hold now */
+    uint32_t on_device;   /* layers holding a device buffer */
+    uint32_t on_host;     /* layers whose KV is only in the host region */
+    uint64_t swap_in_bytes, swap_out_bytes, swaps_in, swaps_out;
+    uint64_t stalls;      /* layers the forward waited for */
+    uint64_t stall_ns;    /* time it waited */
+    uint64_t copy_failures;
+} eng_swap_stats;
+
+/* Between handlers: the device region holds at most `slots` layers from now on (clamped to
+ * swap_min_slots..n; *applied: what was set). Pages stay valid whatever the slot count. */
+pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st);
+void eng_swap_get_stats(eng *e, eng_swap_stats *out);
+/* Waits until the copy engine is idle (tests and benchmarks). */
+void eng_swap_quiesce(eng *e);
 
 /* Position stored with a slot (tests). */
 pie_code eng_slot_position(eng *e, uint32_t slot, uint32_t *pos, pie_status *st);

@@ -198,9 +198,15 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
                        (int)c->rope_orig_max_position);
 
     size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), sizeof(float));
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        rc = eng_cpu_map(&e->kv_regions[l], layer_bytes, "a layer of the KV pool", st);
+    if (opts->swap_slots) { /* layers live in the tier's buffers (eng_cpu_swap.c) */
+        rc = eng_swap_open(e, opts, layer_bytes, st);
         if (rc != PIE_OK) goto fail;
+    }
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        if (!e->tier) {
+            rc = eng_cpu_map(&e->kv_regions[l], layer_bytes, "a layer of the KV pool", st);
+            if (rc != PIE_OK) goto fail;
+        }
         e->kv[l] = (krn_kv_layer){.base = e->kv_regions[l].p,
                                   .page_size = (int)ps,
                                   .n_kv_heads = (int)e->shard.n_kv_heads,
@@ -225,8 +231,11 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     eng_carver carve = {.base = e->scratch.p};
     eng_carve_scratch(e, &carve);
 
+    /* under the swap policy: the device region's budget (swap_slots layers) */
     e->info.kv_pool_bytes =
-        eng_add(eng_mul(layer_bytes, c->n_layers), kv_tokens + (size_t)pages * sizeof(uint32_t));
+        eng_add(eng_mul(layer_bytes, e->tier ? opts->swap_slots : c->n_layers),
+                kv_tokens + (size_t)pages * sizeof(uint32_t));
+    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
     e->info.embed_pool_bytes = e->emb_region.bytes;
     e->info.scratch_bytes = e->scratch.bytes + eng_check_bytes(&e->chk);
     *out = e;
@@ -239,6 +248,7 @@ fail:
 
 void eng_close(eng *e) {
     if (!e) return;
+    eng_swap_close(e); /* first: its copy threads stop */
     if (e->kv_regions && e->m)
         for (uint32_t l = 0; l < e->m->cfg.n_layers; l++) eng_cpu_unmap(&e->kv_regions[l]);
     eng_cpu_unmap(&e->emb_region);
@@ -464,9 +474,12 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
         krn_cpu_rope(e->q, e->pos, (int)T, (int)e->shard.n_heads, (int)in->head_dim, e->inv_freq);
         krn_cpu_rope(e->k, e->pos, (int)T, (int)e->shard.n_kv_heads, (int)in->head_dim,
                      e->inv_freq);
+        rc = eng_kv_acquire(e, l, st); /* swap policy: wait for layer l's KV on the device */
+        if (rc != PIE_OK) return rc;
         eng_store_kv(e, items, n, l);
+        if (!(last && n_out == 0)) eng_attend(e, items, n, l, last);
+        eng_kv_release(e, l);
         if (last && n_out == 0) break; /* K/V stored; no state of this layer is read */
-        eng_attend(e, items, n, l, last);
         uint32_t rows = T;
         if (last) { /* only the output rows go on: the rest would be discarded */
             eng_compact(e->att, e->qd, e->out_rows, n_out);
@@ -506,6 +519,7 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
     if (rc != PIE_OK) return rc;
     uint32_t ps = e->info.kv_page_size;
     size_t kvd = e->kvd;
+    eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
         size_t bytes = (size_t)c->count * kvd * sizeof(float);
@@ -518,6 +532,7 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
         }
         eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
     }
+    eng_kv_resume(e);
     return PIE_OK;
 }
 
@@ -544,8 +559,10 @@ pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *
     /* A page of one layer is one block [2][page_size][kvd] (K then V). Below ENG_CLEAR_POOL_BYTES
      * in all, waking the pool costs more than the stores. */
     size_t total = (size_t)n * e->info.n_layers * 2 * ps * e->kvd * sizeof(float);
+    eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     krn_pool_run(total >= ENG_CLEAR_POOL_BYTES ? e->pool : NULL, eng_clear_task, &job,
                  (int)e->info.n_layers);
+    eng_kv_resume(e);
     for (uint32_t i = 0; i < n; i++) {
         memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
         e->page_n_masked[pages[i]] = 0;

@@ -47,9 +47,12 @@ struct eng {
     mdl_tensor lm_head;      /* [n_vocab, hidden] this rank's rows of lm_head */
     eng_region slices;
 
-    /* KV pool: one region per layer, [kv_pages][2][page_size][n_kv_heads][head_dim] f32 */
+    /* KV pool: one region per layer, [kv_pages][2][page_size][n_kv_heads][head_dim] f32; under
+     * the swap policy the layers live in `tier`'s buffers instead (kv_regions unmapped) and
+     * kv[l].base is set where layer l is whenever it is used */
     eng_region *kv_regions;  /* [n_layers] */
     krn_kv_layer *kv;        /* [n_layers] */
+    struct wrk_tier *tier;   /* NULL: policy gpu */
     uint8_t *page_mask;      /* [kv_pages * page_size], 1 = masked */
     uint32_t *page_n_masked; /* [kv_pages] masked tokens per page */
 
@@ -90,6 +93,18 @@ void eng_cpu_unmap(eng_region *r);
 
 /* lm_head over the states of items[0, rows)'s slots into e->logits [rows, n_vocab]. */
 void eng_cpu_lm_head(eng *e, const eng_dist_item *items, uint32_t rows);
+
+/* ---- eng_cpu_swap.c (each does nothing when e->tier is NULL, except open) ---- */
+
+/* Opens e->tier for o->swap_slots > 0 with layer buffers of layer_bytes. */
+pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st);
+void eng_swap_close(eng *e);
+/* Layer l on the device, pinned, kv[l].base pointing at it (the forward, before touching l). */
+pie_code eng_kv_acquire(eng *e, uint32_t l, pie_status *st);
+void eng_kv_release(eng *e, uint32_t l);
+/* Nothing moves between hold and resume; kv[*].base point where every layer is. */
+void eng_kv_hold(eng *e);
+void eng_kv_resume(eng *e);
 
 /* ---- eng_cpu_tp.c ---- */
 

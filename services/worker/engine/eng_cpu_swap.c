@@ -1,0 +1,93 @@
+/* eng_cpu_swap.c — the cpu engine under the swap policy (issue 13): its KV layers live in a
+ * wrk_tier (services/worker/mem/wrk_tier.h: a "device" and a "host" region of layer buffers
+ * and the copy engine moving layers between them), and the handlers reach a layer through it.
+ *
+ * Owns: opening the tier from eng_opts, pointing kv[l].base at layer l's buffer of the moment
+ * (acquire before a forward touches the layer, hold/resume around handlers that touch every
+ * layer), and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper here
+ * does nothing and kv[l] points at the layer's own region for good.
+ * Does not own: the FIFO decisions, the mapping table, the copy threads (wrk_tier.c). */
+#include <string.h>
+
+#include "eng.h"
+#include "eng_cpu_impl.h"
+#include "wrk_tier.h"
+
+pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st) {
+    uint32_t n = e->info.n_layers;
+    uint32_t min = o->swap_min_slots ? o->swap_min_slots : (n > 1 ? 2 : 1);
+    uint64_t host_buffers = layer_bytes ? o->swap_host_bytes / layer_bytes : 0;
+    wrk_tier_config tc = {
+        .n_layers = n,
+        .layer_bytes = layer_bytes,
+        .slots = o->swap_slots,
+        .min_slots = min,
+        .host_buffers = host_buffers > UINT32_MAX ? UINT32_MAX : (uint32_t)host_buffers,
+        .link_bytes_per_s = o->swap_link_bytes_per_s,
+        .copy = o->swap_copy,
+        .copy_user = o->swap_copy_user,
+    };
+    pie_code rc = wrk_tier_open(&tc, &e->tier, st);
+    if (rc != PIE_OK) return rc;
+    e->info.swap_min_slots = min;
+    return PIE_OK;
+}
+
+void eng_swap_close(eng *e) {
+    wrk_tier_close(e->tier);
+    e->tier = NULL;
+}
+
+pie_code eng_kv_acquire(eng *e, uint32_t l, pie_status *st) {
+    if (!e->tier) return PIE_OK;
+    void *base = NULL;
+    pie_code rc = wrk_tier_acquire(e->tier, l, &base, st);
+    if (rc == PIE_OK) e->kv[l].base = base;
+    return rc;
+}
+
+void eng_kv_release(eng *e, uint32_t l) {
+    if (e->tier) wrk_tier_release(e->tier, l);
+}
+
+void eng_kv_hold(eng *e) {
+    if (!e->tier) return;
+    wrk_tier_hold(e->tier);
+    for (uint32_t l = 0; l < e->info.n_layers; l++) e->kv[l].base = wrk_tier_where(e->tier, l);
+}
+
+void eng_kv_resume(eng *e) {
+    if (e->tier) wrk_tier_resume(e->tier);
+}
+
+pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st) {
+    if (!e->tier)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "swap_set_slots: the engine was opened without the swap policy");
+    uint32_t got = wrk_tier_set_slots(e->tier, slots);
+    if (applied) *applied = got;
+    return PIE_OK;
+}
+
+void eng_swap_get_stats(eng *e, eng_swap_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->tier) return;
+    wrk_tier_stats s;
+    wrk_tier_get_stats(e->tier, &s);
+    *out = (eng_swap_stats){
+        .slots = s.slots,
+        .on_device = s.on_device,
+        .on_host = s.on_host,
+        .swap_in_bytes = s.swap_in_bytes,
+        .swap_out_bytes = s.swap_out_bytes,
+        .swaps_in = s.swaps_in,
+        .swaps_out = s.swaps_out,
+        .stalls = s.stalls,
+        .stall_ns = s.stall_ns,
+        .copy_failures = s.copy_failures,
+    };
+}
+
+void eng_swap_quiesce(eng *e) {
+    if (e->tier) wrk_tier_quiesce(e->tier);
+}

@@ -1,0 +1,488 @@
+/* test_eng_swap.c — the swap policy on the cpu engine (issue 13; services/worker/mem/wrk_tier.h,
+ * services/worker/engine/eng_cpu_swap.c): a "device" region holding the KV of `slots` of the
+ * model's layers, a "host" region for the rest, and a copy engine moving whole layers between
+ * them while the forward runs.
+ *
+ * The promise tested: the swap policy changes where bytes are, never what is computed. One
+ * mixed workload (prefill, decode, a batch mixing appends and a non-appending item with an
+ * explicit tree mask, page masks, page copies, clear_pages of a reused page) runs on an engine
+ * without swapping (policy gpu) and on engines with 2 and 3 of small-f32's 4 layers on the
+ * device, with and without an emulated link slow enough that compute waits, and while the slot
+ * count changes between steps; every output's logits and distribution must be BIT-identical.
+ *
+ * Why these tests can fail. Every one of the 4 layers holds different K/V (different weights),
+ * and under the FIFO every layer leaves the device and comes back every step when slots < 4.
+ * A copy engine that skipped a swap (or moved the wrong layer) would hand a layer another
+ * layer's or stale K/V: `a_skipped_swap_is_caught` runs the workload with a copy that does
+ * nothing and asserts the outputs then DIFFER from policy gpu — so the equality assertions
+ * above compare something a broken swap changes. Each test also asserts that swaps happened
+ * (swap bytes > 0, layers seen on the host), so an engine that silently never swapped would
+ * not pass for one that swaps correctly. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng.h"
+#include "wrk_tier.h"
+
+#define PAGE    16
+#define PAGES   24
+#define SLOTS   256
+#define THREADS 2
+#define MODEL   "small-f32" /* 4 layers */
+#define N_OUT   16          /* outputs the workload records */
+
+/* ---- engines ------------------------------------------------------------------------------ */
+
+typedef struct swap_setup {
+    uint32_t slots;     /* 0: policy gpu */
+    double link_bps;    /* emulated link; 0: memcpy */
+    uint64_t host_bytes;
+    pie_code (*copy)(void *, void *, const void *, size_t, pie_status *);
+    void *copy_user;
+} swap_setup;
+
+static size_t layer_bytes(void) {
+    /* small-f32: 2 KV heads of 32 → [PAGES][2][PAGE][64] f32 */
+    return (size_t)PAGES * 2 * PAGE * 2 * 32 * sizeof(float);
+}
+
+static pie_code open_swap(const swap_setup *s, eng **out, pie_status *st) {
+    char dir[512];
+    int k = snprintf(dir, sizeof dir, "%s/%s", PIE_MODELS_DIR, MODEL);
+    cr_assert(k > 0 && (size_t)k < sizeof dir);
+    eng_opts o = {.model_dir = dir,
+                  .kv_page_size = PAGE,
+                  .kv_pages = PAGES,
+                  .embed_slots = SLOTS,
+                  .max_batch_tokens = 128,
+                  .n_threads = THREADS,
+                  .swap_slots = s->slots,
+                  .swap_host_bytes = s->host_bytes ? s->host_bytes : 8 * layer_bytes(),
+                  .swap_link_bytes_per_s = s->link_bps,
+                  .swap_copy = s->copy,
+                  .swap_copy_user = s->copy_user};
+    return eng_open(&o, out, st);
+}
+
+static eng *open_ok(const swap_setup *s) {
+    pie_status st = {0};
+    eng *e = NULL;
+    cr_assert_eq(open_swap(s, &e, &st), PIE_OK, "eng_open (slots %u): %s", s->slots, st.msg);
+    return e;
+}
+
+/* ---- the workload ------------------------------------------------------------------------- */
+
+/* What one run produced: the logits and top-8 distribution of every recorded output. */
+typedef struct run_out {
+    uint32_t vocab;
+    float *logits;     /* [N_OUT][vocab] */
+    uint32_t ids[N_OUT][8];
+    float probs[N_OUT][8];
+    uint32_t n;
+    uint32_t max_on_host; /* most layers seen only on the host between steps */
+} run_out;
+
+/* Called between steps with the step's number (changes the slot count in one test). */
+typedef void (*step_hook)(eng *e, uint32_t step);
+
+static uint32_t tok(uint32_t seq, uint32_t i) { return (seq * 7919u + i * 104729u + 13u) % 2048u; }
+
+static void embed(eng *e, uint32_t slot0, uint32_t seq, uint32_t from, uint32_t n) {
+    uint32_t slots[128], toks[128], pos[128];
+    cr_assert(n <= 128);
+    for (uint32_t i = 0; i < n; i++) slots[i] = slot0 + i, toks[i] = tok(seq, from + i), pos[i] = from + i;
+    pie_status st = {0};
+    cr_assert_eq(eng_embed_text(e, slots, toks, pos, n, &st), PIE_OK, "embed: %s", st.msg);
+}
+
+static const uint32_t *range(uint32_t *buf, uint32_t first, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) buf[i] = first + i;
+    return buf;
+}
+
+static eng_forward_item item(const uint32_t *pages, uint32_t seq_len, bool append,
+                             const uint32_t *in, uint32_t n_in, const uint32_t *out,
+                             uint32_t n_out) {
+    return (eng_forward_item){.kv_pages = pages,
+                              .n_kv_pages = (seq_len + PAGE - 1) / PAGE,
+                              .kv_last_page_len = seq_len ? (seq_len - 1) % PAGE + 1 : 0,
+                              .append_kv = append,
+                              .in_slots = in,
+                              .n_in = n_in,
+                              .out_slots = out,
+                              .n_out = n_out};
+}
+
+static pie_code forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st) {
+    return eng_forward(e, items, n, st);
+}
+
+static void forward_ok(eng *e, const eng_forward_item *items, uint32_t n) {
+    pie_status st = {0};
+    cr_assert_eq(forward(e, items, n, &st), PIE_OK, "forward: %s", st.msg);
+}
+
+/* Records slot's logits and top-8 distribution as output r->n. */
+static void record(eng *e, run_out *r, uint32_t slot) {
+    cr_assert(r->n < N_OUT);
+    pie_status st = {0};
+    cr_assert_eq(eng_logits(e, slot, r->logits + (size_t)r->n * r->vocab, &st), PIE_OK, "%s",
+                 st.msg);
+    eng_dist_item d = {.slot = slot, .top_k = 8, .temperature = 1.0f, .ids = r->ids[r->n],
+                       .probs = r->probs[r->n]};
+    cr_assert_eq(eng_next_dist(e, &d, 1, &st), PIE_OK, "%s", st.msg);
+    r->n++;
+}
+
+static void note_host(eng *e, run_out *r) {
+    eng_swap_stats s;
+    eng_swap_get_stats(e, &s);
+    if (s.on_host > r->max_on_host) r->max_on_host = s.on_host;
+}
+
+/* Sequence A in pages 0-2, B in 3-4, C in 5; decode steps; a batch of all; masks and copies;
+ * page 6 reused after clear_pages. */
+static void workload(eng *e, run_out *r, step_hook hook) {
+    uint32_t pa[] = {0, 1, 2}, pb[] = {3, 4}, pc[] = {5}, pd[] = {6, 7}, s[4][64];
+    uint32_t step = 0;
+    pie_status st = {0};
+#define STEP()                                   \
+    do {                                         \
+        note_host(e, r);                         \
+        if (hook) hook(e, step);                 \
+        step++;                                  \
+    } while (0)
+    /* prefill A (30 tokens) and B (20), one batch */
+    embed(e, 0, 1, 0, 30);
+    embed(e, 40, 2, 0, 20);
+    uint32_t oa = 100, ob = 101;
+    eng_forward_item pre[2] = {item(pa, 30, true, range(s[0], 0, 30), 30, &oa, 1),
+                               item(pb, 20, true, range(s[1], 40, 20), 20, &ob, 1)};
+    forward_ok(e, pre, 2);
+    record(e, r, 100);
+    record(e, r, 101);
+    STEP();
+    /* three decode steps of A and B together */
+    for (uint32_t t = 0; t < 3; t++) {
+        embed(e, 60, 1, 30 + t, 1);
+        embed(e, 61, 2, 20 + t, 1);
+        uint32_t ia = 60, ib = 61, o1 = 102, o2 = 103;
+        eng_forward_item dec[2] = {item(pa, 31 + t, true, &ia, 1, &o1, 1),
+                                   item(pb, 21 + t, true, &ib, 1, &o2, 1)};
+        forward_ok(e, dec, 2);
+        STEP();
+    }
+    record(e, r, 102);
+    record(e, r, 103);
+    /* C: prefill 9 tokens; then a mixed batch: A decodes, C runs 3 drafted tokens as a tree
+     * without appending, a new prompt D prefills into pages 6-7 */
+    embed(e, 70, 3, 0, 9);
+    uint32_t oc = 104;
+    eng_forward_item pc9 = item(pc, 9, true, range(s[2], 70, 9), 9, &oc, 1);
+    forward_ok(e, &pc9, 1);
+    STEP();
+    embed(e, 80, 1, 33, 1);
+    embed(e, 81, 3, 9, 3);
+    embed(e, 150, 4, 0, 18);
+    uint32_t ia = 80, oa2 = 105, ocs[] = {106, 107, 108}, od = 109, tree[] = {10, 11, 10, 1, 1};
+    eng_forward_item mixed[3] = {item(pa, 34, true, &ia, 1, &oa2, 1),
+                                 item(pc, 9, false, range(s[3], 81, 3), 3, ocs, 3),
+                                 item(pd, 18, true, range(s[0], 150, 18), 18, &od, 1)};
+    mixed[1].mask_runs = tree, mixed[1].n_mask_runs = 5;
+    forward_ok(e, mixed, 3);
+    for (uint32_t i = 105; i <= 109; i++) record(e, r, i);
+    STEP();
+    /* mask two tokens of A's first page, copy B's pages over pages 8-9, and read both */
+    bool m[PAGE] = {0};
+    m[3] = m[11] = true;
+    cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK, "%s", st.msg);
+    eng_copy_item cp[] = {{3, 8, 0, 0, 16}, {4, 9, 0, 0, 7}};
+    cr_assert_eq(eng_copy_pages(e, cp, 2, &st), PIE_OK, "%s", st.msg);
+    STEP();
+    uint32_t pcopy[] = {8, 9};
+    embed(e, 62, 1, 34, 1);
+    embed(e, 63, 2, 23, 1);
+    uint32_t i1 = 62, i2 = 63, o1 = 110, o2 = 111;
+    eng_forward_item rd[2] = {item(pa, 35, true, &i1, 1, &o1, 1),
+                              item(pcopy, 24, true, &i2, 1, &o2, 1)};
+    forward_ok(e, rd, 2);
+    record(e, r, 110);
+    record(e, r, 111);
+    STEP();
+    /* page 6 and 7 freed and reused by a new sequence (cleared as the worker does) */
+    uint32_t reuse[] = {6, 7};
+    cr_assert_eq(eng_clear_pages(e, reuse, 2, &st), PIE_OK, "%s", st.msg);
+    embed(e, 0, 5, 0, 12);
+    uint32_t oe = 112;
+    eng_forward_item pe = item(pd, 12, true, range(s[0], 0, 12), 12, &oe, 1);
+    forward_ok(e, &pe, 1);
+    record(e, r, 112);
+    STEP();
+    for (uint32_t t = 0; t < 4; t++) { /* decode B's copy alone */
+        embed(e, 64, 2, 24 + t, 1);
+        uint32_t in = 64, o = 113;
+        eng_forward_item dec = item(pcopy, 25 + t, true, &in, 1, &o, 1);
+        forward_ok(e, &dec, 1);
+        STEP();
+    }
+    record(e, r, 113);
+#undef STEP
+}
+
+static run_out run(const swap_setup *s, step_hook hook) {
+    eng *e = open_ok(s);
+    run_out r = {.vocab = eng_get_info(e)->vocab_size};
+    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
+    cr_assert_not_null(r.logits);
+    workload(e, &r, hook);
+    eng_close(e);
+    return r;
+}
+
+/* Number of outputs whose logits or distribution differ from the reference's. */
+static uint32_t n_differing(const run_out *a, const run_out *ref) {
+    cr_assert_eq(a->n, ref->n);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < a->n; i++) {
+        bool same = memcmp(a->logits + (size_t)i * a->vocab, ref->logits + (size_t)i * a->vocab,
+                           a->vocab * sizeof(float)) == 0 &&
+                    memcmp(a->ids[i], ref->ids[i], sizeof a->ids[i]) == 0 &&
+                    memcmp(a->probs[i], ref->probs[i], sizeof a->probs[i]) == 0;
+        bad += !same;
+    }
+    return bad;
+}
+
+static void assert_identical(const run_out *a, const run_out *ref, const char *what) {
+    uint32_t bad = n_differing(a, ref);
+    cr_assert_eq(bad, 0, "%s: %u of %u outputs differ from policy gpu", what, bad, ref->n);
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+Test(eng_swap, outputs_equal_policy_gpu_bit_for_bit_at_every_slot_count) {
+    swap_setup gpu = {0};
+    run_out ref = run(&gpu, NULL);
+    cr_assert_eq(ref.n, 13);
+    for (uint32_t slots = 2; slots <= 4; slots++) {
+        swap_setup sw = {.slots = slots};
+        run_out r = run(&sw, NULL);
+        char what[64];
+        snprintf(what, sizeof what, "%u of 4 layers on the device", slots);
+        assert_identical(&r, &ref, what);
+        /* 4 slots: nothing moves; fewer: the FIFO keeps 4 - slots layers on the host, one
+         * more while it moves in */
+        uint32_t lo = 4 - slots, hi = slots < 4 ? lo + 1 : 0;
+        cr_assert(r.max_on_host >= lo && r.max_on_host <= hi,
+                  "%s: at most %u layers seen on the host, expected %u..%u", what, r.max_on_host,
+                  lo, hi);
+        free(r.logits);
+    }
+    free(ref.logits);
+}
+
+/* 1 GB/s: one layer (PAGES pages: 192 KiB) takes ~0.2 ms each way, about a layer's compute on
+ * this model, so compute waits for some layers and the pipeline overlaps the rest. */
+Test(eng_swap, outputs_equal_policy_gpu_with_a_slow_emulated_link) {
+    swap_setup gpu = {0};
+    run_out ref = run(&gpu, NULL);
+    swap_setup sw = {.slots = 2, .link_bps = 1e9};
+    eng *e = open_ok(&sw);
+    run_out r = {.vocab = eng_get_info(e)->vocab_size};
+    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
+    cr_assert_not_null(r.logits);
+    workload(e, &r, NULL);
+    eng_swap_stats s;
+    eng_swap_get_stats(e, &s);
+    cr_assert_gt(s.swaps_in, 10, "swaps in: %llu", (unsigned long long)s.swaps_in);
+    cr_assert_eq(s.swap_in_bytes, s.swaps_in * layer_bytes());
+    cr_assert_eq(s.copy_failures, 0);
+    eng_close(e);
+    assert_identical(&r, &ref, "slots 2, 1 GB/s link");
+    free(r.logits);
+    free(ref.logits);
+}
+
+/* Between steps the slot count goes 4 → 2 → 3 → 2 → 4 → 3 ...: pages written under one count
+ * are read under another. */
+static void cycle_slots(eng *e, uint32_t step) {
+    static const uint32_t seq[] = {4, 2, 3, 2, 4, 3, 2, 2, 3, 4, 2, 3};
+    uint32_t got = 0;
+    pie_status st = {0};
+    cr_assert_eq(eng_swap_set_slots(e, seq[step % 12], &got, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(got, seq[step % 12]);
+}
+
+Test(eng_swap, outputs_equal_policy_gpu_while_the_slot_count_changes_between_steps) {
+    swap_setup gpu = {0};
+    run_out ref = run(&gpu, NULL);
+    swap_setup sw = {.slots = 4};
+    run_out r = run(&sw, cycle_slots);
+    assert_identical(&r, &ref, "slot count cycling 4/2/3");
+    cr_assert_geq(r.max_on_host, 1);
+    free(r.logits);
+    free(ref.logits);
+}
+
+Test(eng_swap, set_slots_clamps_to_the_budget_and_needs_the_policy) {
+    swap_setup sw = {.slots = 3};
+    eng *e = open_ok(&sw);
+    pie_status st = {0};
+    uint32_t got = 0;
+    cr_assert_eq(eng_swap_set_slots(e, 1, &got, &st), PIE_OK);
+    cr_assert_eq(got, 2, "below min_slots: clamped to 2, got %u", got);
+    cr_assert_eq(eng_swap_set_slots(e, 9, &got, &st), PIE_OK);
+    cr_assert_eq(got, 4);
+    cr_assert_eq(eng_get_info(e)->swap_min_slots, 2);
+    eng_close(e);
+    swap_setup gpu = {0};
+    e = open_ok(&gpu);
+    cr_assert_eq(eng_swap_set_slots(e, 2, &got, &st), PIE_FAILED_PRECONDITION);
+    cr_assert_str_eq(st.msg, "swap_set_slots: the engine was opened without the swap policy");
+    eng_swap_stats s;
+    eng_swap_get_stats(e, &s);
+    cr_assert_eq(s.slots + s.on_host + s.swaps_in, 0);
+    eng_close(e);
+}
+
+/* A copy that moves nothing: every swap is "skipped". */
+static pie_code copy_nothing(void *user, void *dst, const void *src, size_t bytes,
+                             pie_status *st) {
+    (void)user, (void)dst, (void)src, (void)bytes, (void)st;
+    return PIE_OK;
+}
+
+/* A copy that moves everything except one layer-sized move in every 7 (its data stays stale). */
+static pie_code copy_skip_some(void *user, void *dst, const void *src, size_t bytes,
+                               pie_status *st) {
+    (void)st;
+    atomic_uint *calls = user;
+    if (atomic_fetch_add(calls, 1) % 7 != 3) memcpy(dst, src, bytes);
+    return PIE_OK;
+}
+
+Test(eng_swap, a_skipped_swap_is_caught) {
+    swap_setup gpu = {0};
+    run_out ref = run(&gpu, NULL);
+    swap_setup none = {.slots = 2, .copy = copy_nothing};
+    run_out r = run(&none, NULL);
+    cr_assert_gt(n_differing(&r, &ref), ref.n / 2,
+                 "a copy engine that moves nothing must change most outputs (%u of %u differ)",
+                 n_differing(&r, &ref), ref.n);
+    free(r.logits);
+    atomic_uint calls = 0;
+    swap_setup some = {.slots = 3, .copy = copy_skip_some, .copy_user = &calls};
+    r = run(&some, NULL);
+    cr_assert_gt(n_differing(&r, &ref), 0,
+                 "skipping one move in 7 (%u moves) must change some output", (unsigned)calls);
+    free(r.logits);
+    free(ref.logits);
+}
+
+/* Fails the copies numbered [from, from + count) (0-based), succeeds otherwise. */
+typedef struct fail_plan {
+    atomic_uint calls;
+    unsigned from, count;
+} fail_plan;
+
+static pie_code copy_failing(void *user, void *dst, const void *src, size_t bytes,
+                             pie_status *st) {
+    fail_plan *p = user;
+    unsigned k = atomic_fetch_add(&p->calls, 1);
+    if (k >= p->from && k < p->from + p->count)
+        return pie_status_set(st, PIE_INTERNAL, "injected copy fault %u", k);
+    memcpy(dst, src, bytes);
+    return PIE_OK;
+}
+
+Test(eng_swap, a_failed_copy_fails_the_forward_clearly_and_the_engine_keeps_serving) {
+    swap_setup gpu = {0};
+    run_out ref = run(&gpu, NULL);
+    /* slots 2: the first forward needs layers 2 and 3 back; copy 0 is the first eviction */
+    fail_plan plan = {.from = 0, .count = 1};
+    swap_setup sw = {.slots = 2, .copy = copy_failing, .copy_user = &plan};
+    eng *e = open_ok(&sw);
+    eng_swap_quiesce(e);
+    embed(e, 0, 9, 0, 8);
+    uint32_t p[] = {20}, in[8], o = 120;
+    eng_forward_item it = item(p, 8, true, range(in, 0, 8), 8, &o, 1);
+    pie_status st = {0};
+    cr_assert_eq(forward(e, &it, 1, &st), PIE_INTERNAL, "code %d: %s", st.code, st.msg);
+    cr_assert(strstr(st.msg, "swap: moving layer ") && strstr(st.msg, "injected copy fault 0"),
+              "message: %s", st.msg);
+    eng_swap_stats s;
+    eng_swap_get_stats(e, &s);
+    cr_assert_eq(s.copy_failures, 1);
+    /* the engine serves on: the same workload afterwards equals policy gpu bit for bit */
+    run_out r = {.vocab = eng_get_info(e)->vocab_size};
+    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
+    cr_assert_not_null(r.logits);
+    workload(e, &r, NULL);
+    assert_identical(&r, &ref, "after a failed copy");
+    eng_close(e);
+    free(r.logits);
+    free(ref.logits);
+}
+
+Test(eng_swap, a_host_pool_too_small_is_refused_at_open) {
+    /* 4 layers, at least 2 on the device: the host region needs 4 layer caches */
+    swap_setup sw = {.slots = 2, .host_bytes = 3 * layer_bytes() + 100};
+    pie_status st = {0};
+    eng *e = (eng *)1;
+    cr_assert_eq(open_swap(&sw, &e, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert_null(e);
+    char want[256];
+    snprintf(want, sizeof want,
+             "swap: the host pool holds 3 layer caches of %zu bytes; 4 layers with 2 on the "
+             "device need 4",
+             layer_bytes());
+    cr_assert_str_eq(st.msg, want);
+    swap_setup bad = {.slots = 5};
+    cr_assert_eq(open_swap(&bad, &e, &st), PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_assert_str_eq(st.msg, "swap: slots 5 is out of range [2, 4]");
+}
+
+/* ---- the tier on its own ------------------------------------------------------------------ */
+
+/* After a step ends (cursor back at layer 0) the idle link prefetches the next step's first
+ * layers: with 3 of 6 layers' slots, layers 0, 1, 2 end up on the device, 3-5 on the host. */
+Test(wrk_tier, an_idle_link_prefetches_the_next_steps_first_layers) {
+    wrk_tier_config c = {.n_layers = 6, .layer_bytes = 4096, .slots = 3, .min_slots = 2,
+                         .host_buffers = 6};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    for (int step = 0; step < 3; step++)
+        for (uint32_t l = 0; l < 6; l++) {
+            void *base = NULL;
+            cr_assert_eq(wrk_tier_acquire(t, l, &base, &st), PIE_OK, "%s", st.msg);
+            unsigned char *b = base;
+            if (step == 0) memset(b, (int)(l + 1), 4096); /* each layer's own bytes */
+            cr_assert_eq(b[0], l + 1, "step %d layer %u holds layer %u's bytes", step, l, b[0] - 1u);
+            cr_assert_eq(b[4095], l + 1);
+            wrk_tier_release(t, l);
+        }
+    wrk_tier_quiesce(t);
+    wrk_tier_hold(t);
+    wrk_tier_stats s;
+    wrk_tier_get_stats(t, &s);
+    cr_assert_eq(s.on_device, 3);
+    cr_assert_eq(s.on_host, 3);
+    wrk_tier_resume(t);
+    for (uint32_t l = 0; l < 3; l++) { /* resident: no stall */
+        void *base = NULL;
+        uint64_t stalls = s.stalls;
+        cr_assert_eq(wrk_tier_acquire(t, l, &base, &st), PIE_OK);
+        wrk_tier_get_stats(t, &s);
+        cr_assert_eq(s.stalls, stalls, "layer %u was not prefetched", l);
+        wrk_tier_release(t, l);
+    }
+    wrk_tier_close(t);
+}
