@@ -83,7 +83,11 @@ const FIELD_STANDINS = {
   "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']": '0',
 };
 
-const docs = yaml.loadAll(fs.readFileSync(files[0], 'utf8')).filter((d) => d && typeof d === 'object');
+const renderText = fs.readFileSync(files[0], 'utf8');
+const docs = yaml.loadAll(renderText).filter((d) => d && typeof d === 'object');
+// A Secret the render itself names for the operator to create (helm/pie/templates/secret.yaml
+// on an offline render) counts as --external-secret.
+for (const m of renderText.matchAll(/^# pie: external Secret (\S+) /gm)) externalSecrets.add(m[1]);
 const byKind = (kind, name) => docs.find((d) => d.kind === kind && d.metadata && d.metadata.name === name);
 const subset = (sel, labels) => Object.entries(sel || {}).every(([k, v]) => labels && labels[k] === v);
 const errors = [];

@@ -68,6 +68,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when a cluster answers lookups (helm install/upgrade), "" for offline renders (helm
+template, GitOps tools), where every lookup is empty. Either a cluster-scoped read (the
+kube-system Namespace) or a namespaced one (the release namespace's Secrets, which a
+namespace-scoped installer can read) proves it. */}}
+{{- define "pie.online" -}}
+{{- if or (lookup "v1" "Namespace" "" "kube-system") (lookup "v1" "Secret" .Release.Namespace "") -}}true{{- end -}}
+{{- end -}}
+
 {{- define "pie.authSecretName" -}}
 {{- default (printf "%s-auth" (include "pie.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
