@@ -43,6 +43,7 @@ typedef struct bench_opts {
     const char *model;
     uint32_t context, batch, prefill, steps, bw_mib;
     bool graphs;
+    bool decode_only; /* only the context prefill and the b=1 decode: a short run for ncu */
 } bench_opts;
 
 static double now_s(void) {
@@ -127,9 +128,11 @@ static double prefill(eng_cuda *e, const uint32_t *pages, uint32_t n, uint32_t o
     return t;
 }
 
-/* One decode step of `batch` sequences at context ctx + step: forward + next_dist. */
+/* One decode step of `batch` sequences at context ctx + step: forward + next_dist; the time of
+ * next_dist alone goes to *dist_s (each handler ends with a stream sync, so host clocks split
+ * the step exactly). */
 static double decode_step(eng_cuda *e, uint32_t batch, uint32_t **pages, uint32_t ctx,
-                          uint32_t slot0, uint32_t *ids, float *probs) {
+                          uint32_t slot0, uint32_t *ids, float *probs, double *dist_s) {
     const eng_info *in = eng_cuda_get_info(e);
     uint32_t ps = in->kv_page_size, n = ctx + 1;
     enum { MAXB = 1024 };
@@ -156,8 +159,11 @@ static double decode_step(eng_cuda *e, uint32_t batch, uint32_t **pages, uint32_
     if (eng_cuda_embed_text(e, slots, toks, pos, batch, &st) != PIE_OK) die("embed", &st);
     double t0 = now_s();
     if (eng_cuda_forward(e, items, batch, &st) != PIE_OK) die("decode forward", &st);
+    double t1 = now_s();
     if (eng_cuda_next_dist(e, dist, batch, &st) != PIE_OK) die("next_dist", &st);
-    return now_s() - t0;
+    double t2 = now_s();
+    *dist_s = t2 - t1;
+    return t2 - t0;
 }
 
 static void parse(int argc, char **argv, bench_opts *o) {
@@ -175,6 +181,8 @@ static void parse(int argc, char **argv, bench_opts *o) {
             *u = (uint32_t)strtoul(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--no-graphs")) {
             o->graphs = false;
+        } else if (!strcmp(a, "--decode-only")) {
+            o->decode_only = true;
         } else if (a[0] != '-' && !o->model) {
             o->model = a;
         } else {
@@ -185,7 +193,8 @@ static void parse(int argc, char **argv, bench_opts *o) {
     if (!o->model || o->batch == 0 || o->batch > 1024 || o->steps == 0 || o->context == 0 ||
         o->prefill == 0 || o->bw_mib == 0) {
         fprintf(stderr, "usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64 (<= 1024)] "
-                        "[--prefill 2048] [--steps 32] [--bw-mib 1024] [--no-graphs]\n");
+                        "[--prefill 2048] [--steps 32] [--bw-mib 1024] [--no-graphs] "
+                        "[--decode-only]\n");
         exit(2);
     }
 }
@@ -281,17 +290,20 @@ int main(int argc, char **argv) {
     for (uint32_t j = 0; j < pre_pages; j++) pre[j] = (o.batch + 1) * per + j;
     uint32_t *ids = malloc(sizeof *ids * 256 * o.batch);
     float *probs = malloc(sizeof *probs * 256 * o.batch);
-    double *t = malloc(sizeof *t * o.steps);
-    if (!ids || !probs || !t) return 1;
+    double *t = malloc(sizeof *t * o.steps), *td = malloc(sizeof *td * o.steps), dist_s = 0;
+    if (!ids || !probs || !t || !td) return 1;
 
     /* prefill (a warm-up run first: cuBLAS picks its kernels) */
-    (void)prefill(e, pre, o.prefill, 0);
-    eng_cuda_get_stats(e, &s0);
-    double tp = prefill(e, pre, o.prefill, 0);
-    eng_cuda_get_stats(e, &s1);
-    printf("| prefill %u tokens | %.0f tok/s (%.1f ms) | transformers: bench_transformers.py | |\n",
-           o.prefill, o.prefill / tp, tp * 1e3);
-    print_graphs("prefill", &s0, &s1);
+    if (!o.decode_only) {
+        (void)prefill(e, pre, o.prefill, 0);
+        eng_cuda_get_stats(e, &s0);
+        double tp = prefill(e, pre, o.prefill, 0);
+        eng_cuda_get_stats(e, &s1);
+        printf("| prefill %u tokens | %.0f tok/s (%.1f ms) | transformers: bench_transformers.py "
+               "| |\n",
+               o.prefill, o.prefill / tp, tp * 1e3);
+        print_graphs("prefill", &s0, &s1);
+    }
 
     /* context for every sequence: prefill one, copy it to the others */
     (void)prefill(e, sp[0], o.context, 0);
@@ -305,22 +317,28 @@ int main(int argc, char **argv) {
     /* decode b=1 on sequence 1 (its context is a copy); step 0 warms up / captures */
     eng_cuda_get_stats(e, &s0);
     for (uint32_t s = 0; s <= o.steps; s++) {
-        double dt = decode_step(e, 1, &sp[1], o.context + s, max_t, ids, probs);
-        if (s > 0) t[s - 1] = dt;
+        double dt = decode_step(e, 1, &sp[1], o.context + s, max_t, ids, probs, &dist_s);
+        if (s > 0) t[s - 1] = dt, td[s - 1] = dist_s;
     }
     eng_cuda_get_stats(e, &s1);
-    double med1 = median(t, o.steps), best1 = t[0];
+    double med1 = median(t, o.steps), best1 = t[0], medd = median(td, o.steps);
     double floor_s = (w_bytes + kv_bytes) / bw;
     printf("| decode b=1 @%u ctx (forward + next_dist), median (best) of %u | %.3f (%.3f) "
            "ms/token | floor %.3f ms (%.1f MiB read / %.0f GB/s) | %.2fx |\n",
            o.context, o.steps, med1 * 1e3, best1 * 1e3, floor_s * 1e3,
            (w_bytes + kv_bytes) / 1048576.0, bw / 1e9, med1 / floor_s);
+    printf("| decode b=1: forward / next_dist (top-256 of %u), medians | %.3f / %.3f ms | | |\n",
+           in->vocab_size, (med1 - medd) * 1e3, medd * 1e3);
     print_graphs("decode b=1", &s0, &s1);
+    if (o.decode_only) {
+        printf("\n(--decode-only: no prefill, b=%u decode or clearing rows)\n", o.batch);
+        goto done;
+    }
 
     /* decode b=B: sequences 1..B; each step rewrites the same next position of each */
     eng_cuda_get_stats(e, &s0);
     for (uint32_t s = 0; s <= o.steps; s++) {
-        double dt = decode_step(e, o.batch, &sp[1], o.context + s, max_t, ids, probs);
+        double dt = decode_step(e, o.batch, &sp[1], o.context + s, max_t, ids, probs, &dist_s);
         if (s > 0) t[s - 1] = dt;
     }
     double medb = median(t, o.steps);
@@ -333,9 +351,9 @@ int main(int argc, char **argv) {
     printf("\ngraphs captured %u, capture failures %u%s%s; next_dist: 4 launches per call of up "
            "to 64 slots, not graphed\n",
            s1.graphs, s1.capture_failures, s1.capture_error[0] ? ": " : "", s1.capture_error);
-
+done:
     for (uint32_t b = 0; b <= o.batch; b++) free(sp[b]);
-    free(sp), free(pre), free(ids), free(probs), free(t);
+    free(sp), free(pre), free(ids), free(probs), free(t), free(td);
     eng_cuda_close(e);
     return 0;
 }

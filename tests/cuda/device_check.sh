@@ -8,7 +8,7 @@
 #
 # Usage (on the GPU machine, from the repository root, .devrun carried):
 #   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault gen1b gen8b bggen waitgen
-#                 cmp1b cmp1b1500 cmp8b bench1b bench8b determ memcheck racecheck
+#                 cmp1b cmp1b1500 cmp8b bench1b bench8b determ ncu1b ncu8b worker memcheck racecheck
 # Writes $OUT/summary.txt (one line per step: name, exit status, seconds) and $OUT/logs.tar.gz.
 set -u
 OUT=${OUT:-/tmp/pie-out}
@@ -49,6 +49,29 @@ gen_pid=
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   echo "cublas: ${cublas:-not found}"; } 2>&1 | tee "$OUT/summary.txt"
 
+# docs/cuda.md step 10, first half: pie-worker with backend cuda loads, names the GPU and
+# registers with a controller; piectl status shows it; SIGTERM stops both with status 0.
+worker_check() {  # BIN MODEL BACKEND
+  local bin=$1 model=$2 d=/tmp/pie-worker-check c w rc=0
+  rm -rf "$d" && mkdir -p "$d"
+  PIE_SERVER_LISTEN=127.0.0.1:50152 PIE_METRICS_LISTEN=127.0.0.1:50162 "$bin/pie-controller" \
+    >"$d/controller.log" 2>&1 &
+  c=$!
+  PIE_SERVER_LISTEN=127.0.0.1:50153 PIE_METRICS_LISTEN=127.0.0.1:50163 \
+    PIE_CONTROLLER_ADDRESS=127.0.0.1:50152 PIE_WORKER_GROUP_ID=worker-0 PIE_MODEL_PATH="$model" \
+    PIE_BACKEND="$3" "$bin/pie-worker" >"$d/worker.log" 2>&1 &
+  w=$!
+  for _ in $(seq 100); do grep -q wrk.link.registered "$d/worker.log" && break; sleep 0.2; done
+  "$bin/piectl" --addr 127.0.0.1:50152 status || rc=1
+  grep -E 'wrk.loaded|wrk.link.registered|level=error' "$d/worker.log"
+  kill -TERM "$w"; wait "$w" || { echo "pie-worker exited $?"; rc=1; }
+  kill -TERM "$c"; wait "$c" || { echo "pie-controller exited $?"; rc=1; }
+  grep -q "wrk.loaded backend=$3 .*device=\"$3: " "$d/worker.log" || { echo "no wrk.loaded with a $3 device"; rc=1; }
+  grep -q wrk.link.registered "$d/worker.log" || { echo "the worker did not register"; rc=1; }
+  return $rc
+}
+export -f worker_check
+
 cs="compute-sanitizer --target-processes all --error-exitcode 1"
 for s in "$@"; do
   case $s in
@@ -74,6 +97,11 @@ for s in "$@"; do
                step determ 120 bash -c "set -e; for i in 1 2 3; do f=; [ \$i = 2 ] && f=--no-graphs; \
                    '$B/pie-cuda-run' --model /tmp/l1b --tokens $toks --greedy 16 \$f >$logs/determ_\$i.json; \
                    done; cmp $logs/determ_1.json $logs/determ_2.json; cmp $logs/determ_1.json $logs/determ_3.json" ;;
+    ncu1b|ncu8b) m=/tmp/l${s#ncu}  # per-kernel GPU time of a short b=1 run (nsys is not installed)
+               step "$s" 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                   --print-summary per-kernel "$B/bench_cuda" "$m" --decode-only --batch 1 \
+                   --steps 2 --bw-mib 64 ;;
+    worker)    step worker 60 bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" "${PIE_CHECK_BACKEND:-cuda}" ;;
     memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1
                step memcheck_eng 300 $cs --tool memcheck "$B/unit_test_eng_cuda" -j1 \
                    --filter '!(*device_fault*)' ;;

@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 bin_targets=(unit_test_krn_cuda_device unit_test_krn_cuda unit_test_eng_cuda unit_test_eng_cuda_fault
-             pie-cuda-run bench_cuda)
+             pie-cuda-run bench_cuda pie-controller pie-worker piectl)
 
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIE_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${PIE_CUDA_ARCHS:-90}" >/dev/null
@@ -23,7 +23,7 @@ st=.devrun/stage
 rm -rf "$st" .devrun/stage.tar.xz
 mkdir -p "$st/bin" "$st/lib" "$st/models"
 for t in "${bin_targets[@]}"; do
-  f=$(find build-cuda/tests build-cuda/bench -maxdepth 1 -type f -name "$t" | head -n 1)
+  f=$(find build-cuda/tests build-cuda/bench build-cuda/bin -maxdepth 1 -type f -name "$t" | head -n 1)
   [ -n "$f" ] || { echo "stage: $t was not built" >&2; exit 1; }
   cp "$f" "$st/bin/"
 done
