@@ -8,7 +8,8 @@
 #
 # Usage (on the GPU machine, from the repository root, .devrun carried):
 #   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault gen1b gen8b bggen waitgen
-#                 cmp1b cmp1b1500 cmp8b bench1b bench8b determ ncu1b ncu8b worker memcheck racecheck
+#                 cmp1b cmp1b1500 cmp8b cmp8b1500 bench1b bench8b determ ncu1b ncu8b worker
+#                 memcheck initcheck racecheck
 # Writes $OUT/summary.txt (one line per step: name, exit status, seconds) and $OUT/logs.tar.gz.
 set -u
 OUT=${OUT:-/tmp/pie-out}
@@ -89,6 +90,8 @@ for s in "$@"; do
                    --model /tmp/l1b --prompt-len 1500 --greedy 32 ;;
     cmp8b)     step cmp8b 300 $py tests/cuda/compare_transformers.py --runner "$B/pie-cuda-run" \
                    --model /tmp/l8b --prompt-len 64 --greedy 16 ;;
+    cmp8b1500) step cmp8b1500 300 $py tests/cuda/compare_transformers.py --runner "$B/pie-cuda-run" \
+                   --model /tmp/l8b --prompt-len 1500 --greedy 16 ;;
     bench1b)   step bench1b 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 64 --prefill 2048 --steps 32
                step bench1b_b1 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
     bench8b)   step bench8b 180 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 64 --prefill 2048 --steps 32
@@ -105,6 +108,11 @@ for s in "$@"; do
     memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1
                step memcheck_eng 300 $cs --tool memcheck "$B/unit_test_eng_cuda" -j1 \
                    --filter '!(*device_fault*)' ;;
+    initcheck) step initcheck_krn 240 $cs --tool initcheck "$B/unit_test_krn_cuda" -j1
+               step initcheck_eng 300 env PIE_CUDA_GRAPHS=0 $cs --tool initcheck "$B/unit_test_eng_cuda" -j1 \
+                   --filter '!(*device_fault*)'
+               step memcheck_eng_nographs 300 env PIE_CUDA_GRAPHS=0 $cs --tool memcheck \
+                   "$B/unit_test_eng_cuda" -j1 --filter '!(*device_fault*)' ;;
     racecheck) step racecheck_krn 240 $cs --tool racecheck "$B/unit_test_krn_cuda" -j1
                step synccheck_krn 240 $cs --tool synccheck "$B/unit_test_krn_cuda" -j1 ;;
     *) echo "unknown step $s" ;;
