@@ -1280,6 +1280,8 @@ void ctl_core_status(ctl_core *c, void (*fn)(void *arg, const Pie__V1__ClusterSt
         s->stats = (Pie__V1__WorkerStats *)w->stats;
         s->kv_page_refs = w->pool.kv_refs_total;
         s->kv_pages_shared = w->pool.kv_shared;
+        s->n_ranks = reg->n_ranks; /* the registration lives as long as the worker */
+        s->ranks = reg->ranks;
         wp[resp.n_workers++] = s;
         for (size_t i = 0; i < resp.n_models; i++) {
             if (mp[i]->info != c->models[w->model].info) continue;

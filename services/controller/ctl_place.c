@@ -142,6 +142,15 @@ pie_code ctl_place_check_registration(ctl_core *c, const Pie__V1__WorkerRegistra
                               "at least 1",
                               p, cap->max_batch_items, cap->max_batch_tokens);
     if (r->tp_size == 0) return pie_status_set(st, PIE_INVALID_ARGUMENT, "%s: tp_size is 0", p);
+    if (r->n_ranks != 0 && r->n_ranks != r->tp_size)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "%s: ranks lists %zu ranks for tp_size %u (it must list all or none)",
+                              p, r->n_ranks, r->tp_size);
+    for (size_t i = 0; i < r->n_ranks; i++)
+        if (r->ranks[i]->rank != i)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "%s: ranks[%zu] is rank %u (the list must be in rank order)", p,
+                                  i, r->ranks[i]->rank);
     uint32_t idx = ctl_place_model(c, m->name);
     if (idx != UINT32_MAX && c->models[idx].workers > 0 && !model_equal(c->models[idx].info, m)) {
         char diff[200];

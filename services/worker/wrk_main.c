@@ -127,6 +127,7 @@ typedef struct wrk_loaded {
     eng *engine; /* cpu backend; NULL otherwise */
     wrk_backend backend;
     char device[128];
+    char rank_device[128]; /* a group's rank: its own share ("cpu: 1 threads") */
     uint64_t pool_bytes;
 } wrk_loaded;
 
@@ -166,6 +167,7 @@ static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_ra
                  "cpu: tensor-parallel group of %u ranks, %ld threads each", me->size, threads);
     else
         snprintf(l->device, sizeof l->device, "cpu: %ld threads", threads);
+    snprintf(l->rank_device, sizeof l->rank_device, "cpu: %ld threads", threads);
     l->pool_bytes = (uint64_t)ei->kv_pool_bytes + ei->embed_pool_bytes;
     return PIE_OK;
 }
@@ -278,7 +280,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     pie_code rc = PIE_OK;
     if (me->size > 1) rc = wrk_tp_group_open(tpc, me, cfg->group_id, &group, &st);
     if (rc == PIE_OK) rc = load(cfg, group, me, &loaded, &st);
-    if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, &st);
+    if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, loaded.rank_device, &st);
     if (rc != PIE_OK) {
         wrk_node_set_failed(node, &st);
         pie_log_error("wrk.load_failed", "backend=%s code=%s error=\"%s\"",
@@ -301,7 +303,10 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         .device = loaded.device,
         .device_pool_bytes = loaded.pool_bytes,
     };
-    if (group) ready.group = wrk_tp_group_leader_hooks(group);
+    if (group) {
+        ready.group = wrk_tp_group_leader_hooks(group);
+        ready.ranks = wrk_tp_group_ranks(group, &ready.n_ranks);
+    }
     if (wrk_node_set_ready(node, &ready, &st) != PIE_OK ||
         wrk_node_link_start(node, s, &cfg->dial, &st) != PIE_OK) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
@@ -359,7 +364,7 @@ static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_
     /* before the barrier: rank 0 registers only after this line is written */
     pie_log_info("wrk.tp.rank_loaded", "rank=%u tp_size=%u device=\"%s\" load_ms=%lld", me->rank,
                  me->size, loaded.device, (long long)((rpc_now_ns() - t0) / 1000000));
-    if (wrk_tp_group_loaded(group, &st) != PIE_OK) goto done;
+    if (wrk_tp_group_loaded(group, loaded.rank_device, &st) != PIE_OK) goto done;
     wrk_exec_opts eo = {
         .backend = loaded.backend,
         .group = wrk_tp_group_follower_hooks(group),

@@ -22,6 +22,7 @@
 #include "pie_log.h"
 #include "svc.h"
 #include "wrk_exec.h"
+#include "wrk_tp.h"
 
 #define WRK_DEFAULT_HEARTBEAT_MS 1000u /* WorkerRegistered.heartbeat_ms 0, and before it */
 
@@ -38,6 +39,10 @@ struct wrk_node {
     pie_status failed;
     wrk_node_ready ready;
     char device[128];
+    /* a group's ranks (wrk_node_ready.ranks copied) and their messages, which point into it */
+    wrk_tp_rank_info *rank_info;
+    Pie__V1__TpRank *rank_pb, **rank_ptrs;
+    size_t n_ranks;
 
     wrk_exec *exec;
     rpc_channel *ch;
@@ -125,6 +130,8 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.tp_size = w->cfg.tp_size;
     reg.device = w->device;
     reg.address = (char *)w->cfg.advertise;
+    reg.n_ranks = w->n_ranks;
+    reg.ranks = w->rank_ptrs;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.registration = &reg;
     attach_tokenizer(w, &up);
@@ -367,6 +374,8 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
         resp.device = w->device;
         resp.device_pool_bytes = w->ready.device_pool_bytes;
         resp.host_pool_bytes = w->ready.host_pool_bytes;
+        resp.n_ranks = w->n_ranks;
+        resp.ranks = w->rank_ptrs;
     } else if (state == PIE__V1__LOAD_STATE__LOAD_STATE_FAILED) {
         status.code = (uint32_t)w->failed.code;
         status.message = w->failed.msg;
@@ -466,8 +475,31 @@ void wrk_node_set_failed(wrk_node *w, const pie_status *why) {
     atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_FAILED);
 }
 
+/* Copies a group's rank reports and builds their messages (registration, Info). */
+static pie_code node_set_ranks(wrk_node *w, const wrk_tp_rank_info *ranks, uint32_t n,
+                               pie_status *st) {
+    if (n == 0) return PIE_OK;
+    w->rank_info = malloc(n * sizeof *w->rank_info);
+    w->rank_pb = calloc(n, sizeof *w->rank_pb);
+    w->rank_ptrs = calloc(n, sizeof *w->rank_ptrs);
+    if (!w->rank_info || !w->rank_pb || !w->rank_ptrs)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "worker: out of memory");
+    memcpy(w->rank_info, ranks, n * sizeof *ranks);
+    for (uint32_t i = 0; i < n; i++) {
+        pie__v1__tp_rank__init(&w->rank_pb[i]);
+        w->rank_pb[i].rank = w->rank_info[i].rank;
+        w->rank_pb[i].device = w->rank_info[i].device;
+        w->rank_pb[i].host = w->rank_info[i].host;
+        w->rank_pb[i].pid = w->rank_info[i].pid;
+        w->rank_ptrs[i] = &w->rank_pb[i];
+    }
+    w->n_ranks = n;
+    return PIE_OK;
+}
+
 pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st) {
     const wrk_desc *d = r->desc;
+    if (node_set_ranks(w, r->ranks, r->n_ranks, st) != PIE_OK) return st->code;
     wrk_exec_opts eo = {
         .backend = r->backend,
         .group = r->group,
@@ -482,6 +514,7 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
     w->ready = *r;
     snprintf(w->device, sizeof w->device, "%s", r->device ? r->device : "");
     w->ready.device = w->device;
+    w->ready.ranks = w->rank_info;
     atomic_store(&w->state, PIE__V1__LOAD_STATE__LOAD_STATE_READY);
     return PIE_OK;
 }
@@ -558,5 +591,8 @@ void wrk_node_destroy(wrk_node *w) {
     pthread_cond_destroy(&w->beat_cv);
     pthread_mutex_destroy(&w->beat_mu);
     pthread_mutex_destroy(&w->send_mu);
+    free(w->rank_info);
+    free(w->rank_pb);
+    free(w->rank_ptrs);
     free(w);
 }

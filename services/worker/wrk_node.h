@@ -50,6 +50,10 @@ typedef struct wrk_node_ready {
     const char *device;   /* e.g. "cpu: 16 threads" (copied) */
     uint64_t device_pool_bytes, host_pool_bytes;
     wrk_exec_group group; /* rank 0 of a tensor-parallel group: its hooks; zero otherwise */
+    /* rank 0 of a group: every rank's report, in rank order (copied; registration and Info
+     * carry them); NULL and 0 otherwise */
+    const struct wrk_tp_rank_info *ranks;
+    uint32_t n_ranks;
 } wrk_node_ready;
 
 /* The model is loaded: starts the executor; Info says READY. */

@@ -2,7 +2,8 @@
 # tests/deploy/local-cluster-tp.sh — a local cluster whose worker is a tensor-parallel group
 # (issue 14): deploy/local/pie-local.sh --tp 2 starts one pie-worker that forks 2 ranks; the
 # example inferlets text_completion and parallel_generation run through piectl and print exactly
-# what they print on a cluster started with --tp 1; `piectl status` shows the worker with tp=2;
+# what they print on a cluster started with --tp 1; `piectl status` shows the worker with tp=2
+# and each of its ranks;
 # both clusters stop cleanly (every service exits 0, no sanitizer report in any log).
 #
 # Owns: the scenario and its checks. Does not own: starting and stopping the processes
@@ -53,6 +54,13 @@ lc=${PIE_LOCAL_LIFECYCLES%% *}
 piectl() { "$PIE_LOCAL_BIN/piectl" --timeout 60000 "$@"; }
 piectl --addr "$PIE_LOCAL_CONTROLLER" status | grep -qE "^ +#[0-9]+ +worker-0 .* tp=$tp " ||
   fail "piectl status does not show worker-0 with tp=$tp"
+if [ "$tp" -gt 1 ]; then # every rank of the group, with its device, host and pid
+  status=$(piectl --addr "$PIE_LOCAL_CONTROLLER" status)
+  for r in $(seq 0 $((tp - 1))); do
+    grep -qE "^ +rank $r: device=cpu: .* host=.+ pid=[1-9]" <<<"$status" ||
+      fail "piectl status does not list rank $r of the tp=$tp group: $status"
+  done
+fi
 tc=$(piectl --addr "$lc" upload "$inferlets/text_completion.wasm" text_completion)
 pg=$(piectl --addr "$lc" upload "$inferlets/parallel_generation.wasm" parallel_generation)
 {

@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "e2e_support.h"
 #include "pie/v1/controller.pb-c.h"
@@ -125,6 +127,23 @@ static void run_programs(e2e_cluster *c, char *const ids[3], e2e_run out[N_RUNS]
     }
 }
 
+/* The ranks a tp 2 group reports (Info, ClusterStatus): both, in order, each its own process
+ * on this host with its own share of the cores. */
+static void expect_ranks(Pie__V1__TpRank *const *r, size_t n, const char *where) {
+    cr_assert_eq(n, 2, "%s lists %zu ranks", where, n);
+    char host[65] = "";
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        cr_expect_eq(r[i]->rank, i, "%s: ranks[%u] is rank %u", where, i, r[i]->rank);
+        cr_expect_str_eq(r[i]->host, host, "%s: rank %u's host", where, i);
+        cr_expect(strncmp(r[i]->device, "cpu: ", 5) == 0 && strstr(r[i]->device, " threads"),
+                  "%s: rank %u's device \"%s\"", where, i, r[i]->device);
+        cr_expect(r[i]->pid > 0 && kill((pid_t)r[i]->pid, 0) == 0,
+                  "%s: rank %u's pid %u is no live process", where, i, r[i]->pid);
+    }
+    cr_expect_neq(r[0]->pid, r[1]->pid, "%s: both ranks report pid %u", where, r[0]->pid);
+}
+
 Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says) {
     const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
     e2e_cluster c;
@@ -167,7 +186,12 @@ Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says)
     cr_expect_str_eq(info->group_id, "tp2");
     cr_expect_eq(info->state, PIE__V1__LOAD_STATE__LOAD_STATE_READY);
     cr_expect(strstr(info->device, "2 ranks"), "device \"%s\"", info->device);
+    expect_ranks(info->ranks, info->n_ranks, "Info");
     rpc_msg_free(m);
+    Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+    cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
+    expect_ranks(cs->workers[0]->ranks, cs->workers[0]->n_ranks, "ClusterStatus");
+    rpc_msg_free(&cs->base);
     rpc_channel_destroy(wch);
 
     run_programs(&c, ids, tp2);

@@ -1967,3 +1967,67 @@ Test(ctl_core, work_conserving_keeps_one_step_queued_behind_the_running_one_othe
         world_free(W);
     }
 }
+
+/* A tensor-parallel group registers its ranks (issue 14): ClusterStatus lists them; a list
+ * that does not name every rank in order is refused. */
+Test(ctl_core, a_group_registers_its_ranks_and_cluster_status_lists_them) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    Pie__V1__ModelInfo m = model_info("m");
+    Pie__V1__WorkerCapacity cap = PIE__V1__WORKER_CAPACITY__INIT;
+    cap.kv_pages_max = cap.kv_pages_effective = 4;
+    cap.embed_slots = 4;
+    cap.max_batch_items = cap.max_batch_tokens = 4;
+    Pie__V1__TpRank r0 = PIE__V1__TP_RANK__INIT, r1 = PIE__V1__TP_RANK__INIT;
+    r0.rank = 0, r0.device = "cpu: 1 threads", r0.host = "node-a", r0.pid = 100;
+    r1.rank = 1, r1.device = "cpu: 1 threads", r1.host = "node-b", r1.pid = 200;
+    Pie__V1__TpRank *ranks[2] = {&r1, &r0}; /* out of order first */
+    Pie__V1__WorkerRegistration reg = PIE__V1__WORKER_REGISTRATION__INIT;
+    reg.group_id = "grp";
+    reg.version = "pie-c/0.1.0";
+    reg.model = &m;
+    reg.capacity = &cap;
+    reg.tp_size = 2;
+    reg.n_ranks = 2;
+    reg.ranks = ranks;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.registration = &reg;
+    fworker *f = &W->wk[W->nw++]; /* world_free frees what the core sends it */
+    f->link.worker = true;
+    f->fail_item = -1;
+    f->kv_pages = 4;
+    flink *l = &f->link;
+    pie_status st;
+    Pie__V1__WorkerUp *copy = (Pie__V1__WorkerUp *)heap_copy(&up.base);
+    cr_assert_null(ctl_core_worker_join(W->core, l, copy, W->now, &st));
+    protobuf_c_message_free_unpacked(&copy->base, NULL);
+    cr_assert_eq(st.code, PIE_INVALID_ARGUMENT);
+    cr_assert_str_eq(st.msg, "WorkerLink registration: ranks[0] is rank 1 (the list must be in "
+                             "rank order)");
+    reg.n_ranks = 1; /* one rank of two */
+    ranks[0] = &r0;
+    copy = (Pie__V1__WorkerUp *)heap_copy(&up.base);
+    cr_assert_null(ctl_core_worker_join(W->core, l, copy, W->now, &st));
+    protobuf_c_message_free_unpacked(&copy->base, NULL);
+    cr_assert_eq(st.code, PIE_INVALID_ARGUMENT);
+    cr_assert_str_eq(st.msg, "WorkerLink registration: ranks lists 1 ranks for tp_size 2 (it "
+                             "must list all or none)");
+    reg.n_ranks = 2;
+    ranks[1] = &r1;
+    f->w = ctl_core_worker_join(W->core, l, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now,
+                                &st);
+    cr_assert_not_null(f->w, "%s", st.msg);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    const Pie__V1__WorkerStatus *ws = worker_of_group(s, "grp");
+    cr_assert_eq(ws->tp_size, 2);
+    cr_assert_eq(ws->n_ranks, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        const Pie__V1__TpRank *want = i ? &r1 : &r0, *got = ws->ranks[i];
+        cr_expect_eq(got->rank, i);
+        cr_expect_str_eq(got->device, want->device);
+        cr_expect_str_eq(got->host, want->host);
+        cr_expect_eq(got->pid, want->pid);
+    }
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}

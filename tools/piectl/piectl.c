@@ -153,6 +153,9 @@ static int cmd_status(const piectl_opts *o) {
         printf("  #%-3u %-28s model=%s backend=%s tp=%u kv_pages=%u/%u device=%s\n",
                w->worker_index, w->group_id, w->model, backend_name(w->backend), w->tp_size,
                w->kv_pages_used, w->capacity ? w->capacity->kv_pages_effective : 0, w->device);
+        for (size_t k = 0; k < w->n_ranks; k++) /* a tensor-parallel group: each rank */
+            printf("       rank %u: device=%s host=%s pid=%u\n", w->ranks[k]->rank,
+                   w->ranks[k]->device, w->ranks[k]->host, w->ranks[k]->pid);
     }
     printf("lifecycle replicas (%zu):\n", r->n_replicas);
     for (size_t i = 0; i < r->n_replicas; i++)

@@ -44,6 +44,7 @@ struct wrk_tp_group {
     uint8_t *buf;       /* a packed step; grows, reused */
     size_t cap;
     bool stepped; /* rank 0: a step went out since the last RESET (the followers may hold slots) */
+    wrk_tp_rank_info *ranks; /* [size] after wrk_tp_group_loaded */
 };
 
 /* ---- configuration ------------------------------------------------------------------------ */
@@ -281,9 +282,35 @@ struct wrk_coll *wrk_tp_group_coll(wrk_tp_group *g) {
     return g->coll;
 }
 
-pie_code wrk_tp_group_loaded(wrk_tp_group *g, pie_status *st) {
+pie_code wrk_tp_group_loaded(wrk_tp_group *g, const char *device, pie_status *st) {
     uint64_t ranks = g->size;
-    return wrk_coll_bcast_idle(g->coll, 0, &ranks, sizeof ranks, st);
+    pie_code rc = wrk_coll_bcast_idle(g->coll, 0, &ranks, sizeof ranks, st);
+    if (rc != PIE_OK) return rc;
+    /* every rank is here: the exchange of reports is bounded by the group's timeout */
+    wrk_tp_rank_info me;
+    memset(&me, 0, sizeof me); /* the record travels as bytes: no uninitialised padding */
+    me.rank = g->rank;
+    me.pid = (uint32_t)getpid();
+    snprintf(me.device, sizeof me.device, "%s", device ? device : "");
+    if (gethostname(me.host, sizeof me.host - 1) != 0) snprintf(me.host, sizeof me.host, "?");
+    free(g->ranks);
+    g->ranks = calloc(g->size, sizeof *g->ranks);
+    if (g->ranks == NULL) {
+        wrk_coll_abort(g->coll); /* the others would wait in the all-gather */
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "tp group: out of memory");
+    }
+    rc = wrk_coll_allgather(g->coll, &me, sizeof me, g->ranks, st);
+    if (rc != PIE_OK) return rc;
+    for (uint32_t r = 0; r < g->size; r++) { /* a report is text for humans: terminate it */
+        g->ranks[r].device[sizeof g->ranks[r].device - 1] = '\0';
+        g->ranks[r].host[sizeof g->ranks[r].host - 1] = '\0';
+    }
+    return PIE_OK;
+}
+
+const wrk_tp_rank_info *wrk_tp_group_ranks(const wrk_tp_group *g, uint32_t *n) {
+    *n = g->ranks ? g->size : 0;
+    return g->ranks;
 }
 
 static bool group_reserve(wrk_tp_group *g, size_t bytes) {
@@ -418,5 +445,6 @@ void wrk_tp_group_close(wrk_tp_group *g) {
     if (g == NULL) return;
     wrk_coll_close(g->coll);
     free(g->buf);
+    free(g->ranks);
     free(g);
 }

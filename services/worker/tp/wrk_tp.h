@@ -71,10 +71,21 @@ pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const 
                            wrk_tp_group **out, pie_status *st);
 struct wrk_coll *wrk_tp_group_coll(wrk_tp_group *g);
 
+/* What one rank reports of itself when the group forms (ClusterStatus, Info, piectl status). */
+typedef struct wrk_tp_rank_info {
+    uint32_t rank, pid;
+    char device[128]; /* e.g. "cpu: 1 threads" */
+    char host[65];    /* gethostname: the node or pod */
+} wrk_tp_rank_info;
+
 /* Every rank, once its shard is loaded: returns when all ranks are (no deadline: a load takes
- * what it takes; a rank that dies or fails ends the wait with UNAVAILABLE). Rank 0 goes READY
+ * what it takes; a rank that dies or fails ends the wait with UNAVAILABLE), then every rank
+ * learns every rank's wrk_tp_rank_info (its own: device, this host and pid). Rank 0 goes READY
  * only after it, so no step waits for a rank that is still loading. */
-pie_code wrk_tp_group_loaded(wrk_tp_group *g, pie_status *st);
+pie_code wrk_tp_group_loaded(wrk_tp_group *g, const char *device, pie_status *st);
+
+/* After wrk_tp_group_loaded: the size ranks' reports in rank order (owned by the group). */
+const wrk_tp_rank_info *wrk_tp_group_ranks(const wrk_tp_group *g, uint32_t *n);
 
 /* Rank 0: the executor hooks that broadcast steps and resets to the other ranks and make the
  * process leave (exit 3, the link closing with it) when the group fails. */
