@@ -405,10 +405,14 @@ static void run_forward(wrk_exec *x, wrk_batch *b, const Pie__V1__ForwardBatch *
         map[m++] = (uint32_t)i;
     }
     pie_status st;
+    int64_t t0 = rpc_now_ns();
     if (m > 0 && x->o.backend.forward(x->o.backend.ctx, items, m, &st) != PIE_OK) {
         backend_fail(x, b, &st, map, m);
         return;
     }
+    if (m > 0 && x->o.after_forward)
+        x->o.after_forward(x->o.mem_user, tokens, (uint64_t)(rpc_now_ns() - t0),
+                           atomic_load(&x->kv_live_count));
     atomic_fetch_add(&x->n_items, f->n_items);
     atomic_fetch_add(&x->n_forward_tokens, tokens);
     batch_finish(b, false);

@@ -69,6 +69,11 @@ typedef struct wrk_exec_opts {
     void (*drain)(void *user, uint64_t epoch, const Pie__V1__Drain *drain);
     void *user;
     pie_metrics *metrics; /* NULL: no metrics */
+    /* After each forward batch the backend ran: its input tokens, its time, the KV pages live
+     * now; on the thread that runs steps, between batches (the swap policy's adaptive
+     * expansion, wrk_memrt.h, may change the engine's slot count there). Optional. */
+    void (*after_forward)(void *mem_user, uint64_t tokens, uint64_t ns, uint32_t kv_live);
+    void *mem_user;
 } wrk_exec_opts;
 
 typedef struct wrk_exec wrk_exec;

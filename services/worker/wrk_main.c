@@ -23,6 +23,8 @@
 #include "svc.h"
 #include "wrk_backend.h"
 #include "wrk_desc.h"
+#include "wrk_memrt.h"
+#include "wrk_mempol.h"
 #include "wrk_node.h"
 #include "wrk_tp.h"
 
@@ -51,6 +53,11 @@ typedef struct wrk_config {
     char *tp_leader;           /* tp.leader */
     int64_t tp_timeout_ms;     /* tp.timeout */
     uint64_t tp_chunk_bytes;   /* tp.chunk */
+    int mem_policy;            /* memory.policy: wrk_mem_policy */
+    uint64_t mem_device_kv;    /* memory.device_kv */
+    uint64_t mem_host_pool;    /* memory.host_pool */
+    uint32_t mem_device_layers; /* memory.device_layers */
+    double mem_link_gbps;      /* memory.emulate_link_gbps */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -118,6 +125,25 @@ static const pie_config_field wrk_fields[] = {
      .min = "4KiB", .max = "256MiB",
      .doc = "bytes per rank per step of the group's shared-memory collective (/dev/shm needs "
             "2 * (tp.size + 1) * tp.chunk)"},
+    {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
+     .choices = wrk_mem_policy_names,
+     .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
+            "pool with adaptive expansion; cpu backend, tp.size 1 only so far); offload and "
+            "auto are not implemented yet and are refused"},
+    {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
+     .doc = "swap: device memory for KV (0 = what pool.kv_pages of every layer take); the "
+            "effective KV pages are device_kv / (layers on the device x one page of one layer)"},
+    {"memory.host_pool", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_host_pool), .def = "0",
+     .doc = "swap: host memory for KV; bounds the expansion (a pool that cannot hold 2 layer "
+            "caches fails the load, saying how much is needed)"},
+    {"memory.device_layers", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, mem_device_layers),
+     .def = "0", .max = "65536",
+     .doc = "swap: layers whose KV is on the device at once, fixed (2..layers); 0 = adaptive "
+            "expansion, starting with every layer on the device"},
+    {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
+     .def = "0", .min = "0", .max = "100000",
+     .doc = "swap on the cpu backend: emulated device-host link in gigabits/s each way (0 = "
+            "memory speed)"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -129,6 +155,7 @@ typedef struct wrk_loaded {
     char device[128];
     char rank_device[128]; /* a group's rank: its own share ("cpu: 1 threads") */
     uint64_t pool_bytes;
+    wrk_mem_plan plan; /* the memory policy's sizing */
 } wrk_loaded;
 
 /* Kernel threads of one rank: engine.threads, or the online cores shared by the ranks. */
@@ -139,23 +166,48 @@ static long rank_threads(const wrk_config *cfg) {
     return per > 0 ? per : 1;
 }
 
+/* The memory policy's sizing for the model in l->desc (wrk_mempol.h). */
+static pie_code plan_memory(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    wrk_mem_config mc = {.policy = (wrk_mem_policy)cfg->mem_policy,
+                         .device_kv = cfg->mem_device_kv,
+                         .host_pool = cfg->mem_host_pool,
+                         .device_layers = cfg->mem_device_layers,
+                         .link_gbps = cfg->mem_link_gbps};
+    uint32_t ps = cfg->kv_page_size ? cfg->kv_page_size : 16;
+    uint32_t by_tokens = (1u << 30) / ps; /* the engine's limit on pages x page size */
+    wrk_mem_shape sh = {
+        .n_layers = l->desc.num_layers,
+        .page_layer_bytes = (uint64_t)2 * ps * l->desc.num_kv_heads * l->desc.head_dim * 4,
+        .pool_pages = cfg->kv_pages,
+        .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
+    };
+    return wrk_mem_plan_make(&mc, &sh, &l->plan, st);
+}
+
 /* g: the group's collective when this is a rank of a tensor-parallel group, else NULL. */
 static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
                          wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
+    if (rc == PIE_OK) rc = plan_memory(cfg, l, st);
     if (rc != PIE_OK) return rc;
+    const wrk_mem_plan *mp = &l->plan;
+    bool swap = mp->policy == WRK_MEM_SWAP;
     long threads = rank_threads(cfg);
     eng_opts eo = {
         .model_dir = cfg->model_path,
         .backend = ENG_BACKEND_CPU,
         .kv_page_size = cfg->kv_page_size,
-        .kv_pages = cfg->kv_pages,
+        .kv_pages = mp->kv_pages_max, /* page ids: the most expanded point under swap */
         .embed_slots = cfg->embed_slots,
         .max_batch_tokens = cfg->max_batch_tokens,
         .n_threads = (int)threads,
         .tp_rank = g ? me->rank : 0,
         .tp_size = g ? me->size : 1,
         .coll = g ? wrk_tp_group_coll(g) : NULL,
+        .swap_slots = swap ? mp->start_slots : 0,
+        .swap_min_slots = swap ? mp->min_slots : 0,
+        .swap_host_bytes = swap ? mp->host_bytes : 0,
+        .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
@@ -221,9 +273,13 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
         rc = load_cpu(cfg, g, me, l, st);
         if (rc != PIE_OK) goto fail;
     }
+    if (cfg->backend != WRK_BACKEND_CPU) { /* policy gpu (main refuses the others) */
+        rc = plan_memory(cfg, l, st);
+        if (rc != PIE_OK) goto fail;
+    }
     rc = wrk_desc_finish(&l->desc, cfg->model_name, cfg->model_path, cfg->model_description,
-                         cfg->kv_page_size, cfg->kv_pages, cfg->embed_slots, cfg->max_batch_tokens,
-                         cfg->max_batch_items, st);
+                         cfg->kv_page_size, l->plan.kv_pages_max, cfg->embed_slots,
+                         cfg->max_batch_tokens, cfg->max_batch_items, st);
     if (rc == PIE_OK) return PIE_OK;
 fail:
     wrk_backend_release(&l->backend);
@@ -247,6 +303,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     pie_status st;
     wrk_node *node = NULL;
     wrk_tp_group *group = NULL;
+    wrk_memrt *mem = NULL;
     wrk_loaded loaded;
     memset(&loaded, 0, sizeof loaded);
     svc *s = svc_create("worker", &cfg->svc, &st);
@@ -297,7 +354,21 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
                  d->dtype, d->kv_pages, d->kv_page_size, d->embed_slots,
                  (unsigned long long)loaded.pool_bytes, loaded.device,
                  (long long)((rpc_now_ns() - t0) / 1000000));
+    mem = wrk_memrt_create(&loaded.plan, loaded.engine, svc_metrics(s), &st);
+    if (mem == NULL) {
+        fprintf(stderr, "pie-worker: %s\n", st.msg);
+        goto done;
+    }
+    if (loaded.plan.policy == WRK_MEM_SWAP)
+        pie_log_info("wrk.mem.swap",
+                     "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
+                     "device_layers=%u min_device_layers=%u adaptive=%s link_gbps=%g",
+                     (unsigned long long)loaded.plan.device_kv,
+                     (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
+                     loaded.plan.kv_pages_max, loaded.plan.start_slots, loaded.plan.min_slots,
+                     loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps);
     wrk_node_ready ready = {
+        .mem = mem,
         .desc = &loaded.desc,
         .backend = loaded.backend,
         .device = loaded.device,
@@ -334,6 +405,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
 done:
     svc_drain(s);             /* server first: no callback runs after it */
     wrk_node_destroy(node);   /* closes the controller link: the worker leaves the cluster */
+    wrk_memrt_destroy(mem);   /* after the executor (the node's) stopped */
     svc_stop(s);              /* last: threads stopped above may update its metrics */
     wrk_tp_group_stop(group); /* the executor is stopped: the other ranks may exit */
     unload(&loaded);
@@ -410,6 +482,20 @@ int main(int argc, char **argv) {
         .chunk_bytes = cfg.tp_chunk_bytes,
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
+    if (cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) {
+        fprintf(stderr,
+                "pie-worker: memory.policy %s is not implemented yet (issue 13): use gpu or "
+                "swap\n",
+                wrk_mem_policy_names[cfg.mem_policy]);
+        goto done;
+    }
+    if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend != WRK_BACKEND_CPU || cfg.tp_size > 1)) {
+        fprintf(stderr,
+                "pie-worker: memory.policy swap is implemented for backend cpu with tp.size 1 "
+                "only so far (backend %s, tp.size %u)\n",
+                wrk_backends[cfg.backend], cfg.tp_size);
+        goto done;
+    }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {
         fprintf(stderr,
                 "pie-worker: model.path is required with backend %s (set it in the config file "

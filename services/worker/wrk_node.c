@@ -22,6 +22,7 @@
 #include "pie_log.h"
 #include "svc.h"
 #include "wrk_exec.h"
+#include "wrk_memrt.h"
 #include "wrk_tp.h"
 
 #define WRK_DEFAULT_HEARTBEAT_MS 1000u /* WorkerRegistered.heartbeat_ms 0, and before it */
@@ -83,6 +84,7 @@ static void stats_of(wrk_node *w, Pie__V1__WorkerStats *s) {
     wrk_exec_stats(w->exec, s);
     s->device_memory_bytes = w->ready.device_pool_bytes;
     s->host_memory_bytes = w->ready.host_pool_bytes;
+    wrk_memrt_stats(w->ready.mem, s);
 }
 
 /* ---- WorkerLink (client side) -------------------------------------------------------------- */
@@ -125,7 +127,8 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.version = "pie-c/" PIE_VERSION;
     reg.model = &pb.model;
     reg.backend = backend_pb(w);
-    reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
+    reg.memory_policy = wrk_memrt_policy_pb(w->ready.mem);
+    wrk_memrt_capacity(w->ready.mem, &pb.capacity);
     reg.capacity = &pb.capacity;
     reg.tp_size = w->cfg.tp_size;
     reg.device = w->device;
@@ -311,6 +314,20 @@ static void exec_drain(void *user, uint64_t epoch, const Pie__V1__Drain *d) {
         pie_log_error("wrk.drain.shutdown", "kill: %s", strerror(errno));
 }
 
+/* Expansion moved the effective KV capacity (wrk_memrt, on the step thread): tell the
+ * controller now; a later registration carries it too. */
+static void send_capacity(void *user, uint32_t kv_pages_effective) {
+    wrk_node *w = user;
+    Pie__V1__CapacityChange cc = PIE__V1__CAPACITY_CHANGE__INIT;
+    cc.kv_pages_effective = kv_pages_effective;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.capacity = &cc;
+    pthread_mutex_lock(&w->send_mu);
+    if (w->worker_index != 0 && w->cur_link != NULL)
+        (void)rpc_link_send(w->cur_link, &up.base, NULL);
+    pthread_mutex_unlock(&w->send_mu);
+}
+
 /* ---- heartbeat ------------------------------------------------------------------------------ */
 
 static void send_stats(wrk_node *w) {
@@ -364,12 +381,15 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     resp.version = "pie-c/" PIE_VERSION;
     resp.backend = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY ? backend_pb(w)
                                                                    : PIE__V1__BACKEND__BACKEND_CPU;
-    resp.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
+    resp.memory_policy = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY
+                             ? wrk_memrt_policy_pb(w->ready.mem)
+                             : PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     resp.state = state;
     resp.status = &status;
     if (state == PIE__V1__LOAD_STATE__LOAD_STATE_READY) {
         wrk_desc_to_pb(w->ready.desc, &pb);
         resp.model = &pb.model;
+        wrk_memrt_capacity(w->ready.mem, &pb.capacity);
         resp.capacity = &pb.capacity;
         resp.device = w->device;
         resp.device_pool_bytes = w->ready.device_pool_bytes;
@@ -508,7 +528,12 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
         .drain = exec_drain,
         .user = w,
         .metrics = w->metrics,
+        .after_forward = wrk_memrt_after_forward,
+        .mem_user = r->mem,
     };
+    if (r->mem == NULL)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "wrk_node_set_ready: no memory policy");
+    wrk_memrt_on_capacity(r->mem, send_capacity, w);
     w->exec = wrk_exec_start(&eo, st);
     if (w->exec == NULL) return st->code;
     w->ready = *r;

@@ -54,6 +54,9 @@ typedef struct wrk_node_ready {
      * carry them); NULL and 0 otherwise */
     const struct wrk_tp_rank_info *ranks;
     uint32_t n_ranks;
+    /* the memory policy (borrowed; must outlive the node): registration, Info, stats, and
+     * CapacityChange when expansion moves the effective capacity */
+    struct wrk_memrt *mem;
 } wrk_node_ready;
 
 /* The model is loaded: starts the executor; Info says READY. */

@@ -13,7 +13,8 @@
  * per-item and per-batch errors with the worker serving on, the stats heartbeat, re-registration
  * after the link drops (all slots free, engine kept), Drain with shutdown, the null backend, and
  * start-up failures (bad model.path or backend cuda without a device: NOT_SERVING with Info
- * state FAILED, exit 1 on SIGTERM; missing model.path: exit 2). */
+ * state FAILED, exit 1 on SIGTERM; missing model.path: exit 2), and the memory policy (issue
+ * 13): swap's registration, outputs and swap counters; its refusals. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -234,11 +235,12 @@ typedef struct wopts {
     const char *credits;     /* NULL: 1 (these tests count credits one step at a time) */
     const char *listen;      /* NULL: an ephemeral port */
     const char *max_message; /* server.max_message; NULL: the default */
+    const char *const *env;  /* more VAR=value settings, NULL-terminated; NULL: none */
 } wopts;
 
 static pie_proc *spawn_worker(const fc *f, const wopts *o) {
     char ctl[64], model[512], backend[64], credits[64], listen[64], maxmsg[64];
-    const char *env[16];
+    const char *env[32];
     size_t n = 0;
     snprintf(ctl, sizeof ctl, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", f->port);
     env[n++] = ctl;
@@ -268,6 +270,10 @@ static pie_proc *spawn_worker(const fc *f, const wopts *o) {
     env[n++] = "PIE_WORKER_GROUP_ID=test-worker";
     env[n++] = "PIE_CONTROLLER_RECONNECT_INITIAL=50ms";
     env[n++] = "PIE_CONTROLLER_RECONNECT_MAX=200ms";
+    for (size_t i = 0; o && o->env && o->env[i]; i++) {
+        cr_assert(n + 1 < sizeof env / sizeof env[0], "too many settings");
+        env[n++] = o->env[i];
+    }
     env[n] = NULL;
     pie_status st;
     pie_proc_opts po = {.env = env};
@@ -505,10 +511,10 @@ static void assert_batch_ok(const Pie__V1__BatchResult *r, size_t n_items) {
 /* ---- the direct engine ------------------------------------------------------------------------
  */
 
-static eng *open_engine(void) {
-    eng_opts o = {.model_dir = MODEL_DIR,
+static eng *open_engine_at(const char *dir, uint32_t kv_pages) {
+    eng_opts o = {.model_dir = dir,
                   .kv_page_size = PAGE,
-                  .kv_pages = KV_PAGES,
+                  .kv_pages = kv_pages,
                   .embed_slots = EMBED_SLOTS,
                   .max_batch_tokens = MAX_TOKENS,
                   .n_threads = 1};
@@ -517,6 +523,8 @@ static eng *open_engine(void) {
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open: %s", st.msg);
     return e;
 }
+
+static eng *open_engine(void) { return open_engine_at(MODEL_DIR, KV_PAGES); }
 
 /* Distributions straight from the engine, computed in ONE call as the worker does for one
  * batch: lm_head runs over all rows of a call at once, and the rows of a call share its
@@ -1383,6 +1391,76 @@ Test(worker_link, backend_cuda_without_a_device_fails_the_load) {
     assert_load_fails(&(wopts){.backend = "cuda"}, PIE_UNIMPLEMENTED,
                       "backend cuda: not built into this worker (nvcc was not found at build time)");
 #endif
+}
+
+/* ---- tests: the memory policy (issue 13) ------------------------------------------------------ */
+
+#define SWAP_MODEL PIE_MODELS_DIR "/small-f32" /* 4 layers */
+
+/* memory.policy swap with 2 of small-f32's 4 layers on the device: the registration says SWAP
+ * with twice policy gpu's pages as the effective capacity (kv_pages_gpu is what pool.kv_pages
+ * of every layer take), and a prompt's distributions over the link are bit for bit those of
+ * the engine without swapping (policy gpu) in this process. */
+Test(worker_link, swap_policy_registers_its_capacities_and_serves_what_policy_gpu_serves) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_DEVICE_LAYERS=2",
+                         "PIE_MEMORY_HOST_POOL=64MiB", "PIE_MEMORY_EMULATE_LINK_GBPS=16", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
+    cr_assert(r->capacity);
+    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
+    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "4 layers / 2 on the device");
+    cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 100);
+    expect_credits(&f, w, 1);
+    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
+    prompt_step(&f, w, e);
+    eng_close(e);
+    /* the heartbeat's WorkerStats count the layers the forward swapped in and out */
+    uint64_t in = 0, out = 0;
+    for (int64_t end = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0) &&
+                                                    pie_test_now_ms() < end;) {
+        Pie__V1__WorkerUp *s = fc_recv_opt(&f, WAIT_MS, true);
+        cr_assert(s, "no heartbeat");
+        if (s->stats) in = s->stats->swap_in_bytes, out = s->stats->swap_out_bytes;
+        rpc_msg_free(&s->base);
+    }
+    cr_assert(in > 0 && out > 0, "swap bytes in %llu, out %llu", (unsigned long long)in,
+              (unsigned long long)out);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_what_it_needs) {
+    const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=4KiB", NULL};
+    assert_load_fails(&(wopts){.model_path = SWAP_MODEL, .env = env}, PIE_RESOURCE_EXHAUSTED,
+                      "memory.host_pool 4096 bytes is too small: 4 layers with 4 on the device "
+                      "need ");
+}
+
+Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=offload", NULL};
+    pie_proc *w = spawn_worker(&f, &(wopts){.env = env});
+    pie_status st;
+    int rc = pie_proc_wait(w, STOP_MS, &st);
+    cr_assert_eq(rc, 2, "exit %d", rc);
+    cr_assert(pie_proc_log_has_line(w, "pie-worker: memory.policy offload is not implemented yet "
+                                       "(issue 13): use gpu or swap"));
+    pie_proc_destroy(w);
+    const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=null", NULL};
+    w = spawn_worker(&f, &(wopts){.env = bad});
+    rc = pie_proc_wait(w, STOP_MS, &st);
+    cr_assert_eq(rc, 2, "exit %d", rc);
+    cr_assert(pie_proc_log_has_line(w, "pie-worker: memory.policy swap is implemented for backend "
+                                       "cpu with tp.size 1 only so far (backend null, tp.size 1)"));
+    pie_proc_destroy(w);
+    fc_stop(&f);
 }
 
 Test(worker_link, backend_cpu_without_model_path_exits_2) {

@@ -1,0 +1,42 @@
+/* wrk_memrt.h — the memory policy of a running worker (issue 13): what the registration, Info,
+ * WorkerStats and /metrics say about it, and the swap policy's adaptive expansion between
+ * steps.
+ *
+ * Owns: the plan the worker loaded with (mem/wrk_mempol.h), the slot count the engine runs at,
+ * the effective KV capacity the controller places by (sent again as a CapacityChange whenever
+ * expansion moves it), the metric families of the memory tiers (registered for every policy
+ * and backend, zero where nothing swaps). Does not own: the sizing rules and the decision
+ * (mem/), moving data (the engine's tier), sending (wrk_node.c, through on_capacity). */
+#ifndef WRK_MEMRT_H
+#define WRK_MEMRT_H
+
+#include <stdint.h>
+
+#include "eng.h"
+#include "pie/v1/controller.pb-c.h"
+#include "pie_metrics.h"
+#include "pie_status.h"
+#include "wrk_mempol.h"
+
+typedef struct wrk_memrt wrk_memrt;
+
+/* plan is copied; e: the cpu engine the plan was applied to (NULL for the other backends);
+ * metrics: NULL for none. */
+wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics,
+                            pie_status *st);
+void wrk_memrt_destroy(wrk_memrt *r);
+
+Pie__V1__MemoryPolicy wrk_memrt_policy_pb(const wrk_memrt *r);
+/* kv_pages_max, kv_pages_effective (now), kv_pages_gpu into c. */
+void wrk_memrt_capacity(const wrk_memrt *r, Pie__V1__WorkerCapacity *c);
+/* swap_in_bytes, swap_out_bytes into s. */
+void wrk_memrt_stats(const wrk_memrt *r, Pie__V1__WorkerStats *s);
+
+/* Called with the new effective capacity when expansion changes it (on the step thread). */
+void wrk_memrt_on_capacity(wrk_memrt *r, void (*fn)(void *user, uint32_t kv_pages_effective),
+                           void *user);
+
+/* wrk_exec_opts.after_forward: one forward batch ran (user: the wrk_memrt). */
+void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live);
+
+#endif
