@@ -35,7 +35,7 @@ chart="$root/helm/pie"
 release=pie namespace=pie kube_version=1.30.0
 # Worker keys the chart passes as PIE_* variables ahead of the work that defines them
 # (docs/deploy.md, "Forwarded keys"); the current binaries ignore unknown variables.
-forwarded="PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_SIZE PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
+forwarded="PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
 
 die() { echo "deploy-test: $*" >&2; exit 1; }
 need_tools() {
@@ -85,6 +85,7 @@ networkPolicy.enabled=true,networkPolicy.clientsFrom[0].namespaceSelector.matchL
 metrics.grafanaDashboard.enabled=true,metrics.prometheusRule.enabled=true,metrics.prometheusRule.labels.release=kps,lifecycle.autoscaling.waitingInstances=4
 worker.leaderWorkerSet.enabled=true,worker.replicas=3,worker.config.backend=cpu
 worker.config.backend=cpu,worker.config.engine.threads=8,worker.resources.requests.cpu=8
+worker.config.backend=cpu,worker.tensorParallel.size=4,worker.config.engine.threads=2,worker.resources.requests.cpu=8
 controller.port=6000,controller.metricsPort=6001,lifecycle.port=6002,lifecycle.metricsPort=6003,lifecycle.service.port=443,worker.port=6004,worker.metricsPort=6005,worker.tensorParallel.port=6006,clusterDomain=k8s.example.internal
 fullnameOverride=a-rather-long-release-name-for-pie-c-tests,worker.replicas=100
 image.registry=registry.local:5000/team/,image.tag=dev,tests.image=busybox:1.36,tests.gatewayImage=curlimages/curl:8.10.1
@@ -210,6 +211,7 @@ cpu 0 --set worker.config.backend=cpu
 null 0 --set-string worker.config.backend=null
 cuda 1 --set worker.leaderWorkerSet.enabled=true
 cpu 0 --set worker.leaderWorkerSet.enabled=true,worker.config.backend=cpu
+cpu 0 --set worker.tensorParallel.size=2,worker.config.backend=cpu
 cuda 1 -f $here/values-large-numbers.yaml
 CASES
     exit $rc
@@ -369,16 +371,17 @@ PY
       fi
       echo "ok: $* -> $want"
     }
-    # Tensor parallelism is not implemented: no group of several GPUs or nodes may render.
-    tp='tensor parallelism is not implemented yet (a pie-worker is one process on one GPU and cannot join a group)'
-    check "worker.tensorParallel.size is 4 and worker.tensorParallel.nodes is 1: $tp" \
-      --set worker.tensorParallel.size=4
-    check "worker.tensorParallel.size is 8 and worker.tensorParallel.nodes is 1: $tp" \
+    # Groups that cannot form: spanning pods (no cross-pod join yet), or on cuda (no NCCL yet).
+    pods='groups spanning several pods are not implemented yet'
+    cuda='only the cpu backend runs tensor-parallel groups so far'
+    check "worker.tensorParallel.size is 4 with backend cuda: $cuda" --set worker.tensorParallel.size=4
+    check "worker.tensorParallel.size is 8 with backend cuda: $cuda" \
       --set worker.tensorParallel.size=8,worker.leaderWorkerSet.enabled=true
-    check "worker.tensorParallel.size is 1 and worker.tensorParallel.nodes is 2: $tp" \
+    check "worker.tensorParallel.nodes is 2 (size 1): $pods" \
       --set worker.tensorParallel.nodes=2,worker.leaderWorkerSet.enabled=true
-    check "worker.tensorParallel.size is 16 and worker.tensorParallel.nodes is 2: $tp" \
-      -f "$here/values-tp-multinode.yaml"
+    check "worker.tensorParallel.nodes is 2 (size 4): $pods" \
+      --set worker.tensorParallel.size=4,worker.tensorParallel.nodes=2,worker.config.backend=cpu
+    check "worker.tensorParallel.nodes is 2 (size 16): $pods" -f "$here/values-tp-multinode.yaml"
     check 'lifecycle.podDisruptionBudget.minAvailable (2) must be below the lifecycle replica count (2)' \
       --set lifecycle.podDisruptionBudget.minAvailable=2
     check 'gateway.podDisruptionBudget.minAvailable (2) must be below the gateway replica count (2)' \

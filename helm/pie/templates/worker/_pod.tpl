@@ -73,8 +73,6 @@ spec:
           value: {{ $w.memory.policy | quote }}
         - name: PIE_MEMORY_HOST_POOL
           value: {{ $w.memory.hostPool | toString | quote }}
-        - name: PIE_TP_SIZE
-          value: {{ $w.tensorParallel.size | int | toString | quote }}
         {{- if ne .role "single" }}
         - name: PIE_TP_NODES
           value: {{ $w.tensorParallel.nodes | int | toString | quote }}
