@@ -1435,6 +1435,60 @@ Test(worker_link, swap_policy_registers_its_capacities_and_serves_what_policy_gp
     fc_stop(&f);
 }
 
+/* Adaptive expansion (memory.device_layers 0): the worker starts with all 4 layers on the
+ * device (effective = kv_pages_gpu = 64); after an epoch of 16 forward steps with nearly every
+ * page allocated and no stall it moves one layer to the host and tells the controller the new
+ * capacity, 64 * 4 / 3 = 85 pages, in a CapacityChange, before that step's results. The
+ * decision is deterministic: with every layer on the device nothing moves, so the first epoch
+ * cannot stall. */
+Test(worker_link, swap_adaptive_expansion_grows_the_capacity_and_tells_the_controller) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert_eq(up->registration->capacity->kv_pages_effective, KV_PAGES);
+    cr_assert_eq(up->registration->capacity->kv_pages_max, 2 * KV_PAGES, "down to 2 of 4 layers");
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 60000);
+    expect_credits(&f, w, 1);
+    static arena a;
+    uint32_t kv[KV_PAGES - 2], emb = 0;
+    for (uint32_t i = 0; i < KV_PAGES - 2; i++) kv[i] = i;
+    a.used = 0;
+    Pie__V1__Batch *sb[1] = {
+        b_slots(&a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = KV_PAGES - 2, .alloc_emb = &emb,
+                                    .n_alloc_emb = 1})};
+    send_step(&f, sb, 1);
+    up = expect_results(&f, w, sb, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+    uint32_t capacity = 0;
+    for (uint32_t t = 0; t < 16; t++) { /* one decode token per step into page 0 */
+        a.used = 0;
+        uint32_t tk = prompt_token(t);
+        eng_forward_item it = {.kv_pages = kv, .n_kv_pages = 1, .kv_last_page_len = t + 1,
+                               .append_kv = true, .in_slots = &emb, .n_in = 1,
+                               .out_slots = &emb, .n_out = 1};
+        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, &emb, &tk, &t, 1),
+                                b_forward(&a, 11 + 2 * t, &it, 1)};
+        send_step(&f, b, 2);
+        up = fc_recv(&f, w);
+        if (up->capacity) { /* sent before the results of the step that ended the epoch */
+            capacity = up->capacity->kv_pages_effective;
+            cr_assert_eq(t, 15, "a capacity change after step %u, not at the epoch's end", t);
+            rpc_msg_free(&up->base);
+            up = fc_recv(&f, w);
+        }
+        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+    }
+    cr_assert_eq(capacity, KV_PAGES * 4 / 3, "CapacityChange to %u pages", capacity);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
 Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_what_it_needs) {
     const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=4KiB", NULL};
     assert_load_fails(&(wopts){.model_path = SWAP_MODEL, .env = env}, PIE_RESOURCE_EXHAUSTED,

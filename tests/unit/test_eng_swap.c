@@ -302,7 +302,9 @@ Test(eng_swap, outputs_equal_policy_gpu_with_a_slow_emulated_link) {
     eng_swap_stats s;
     eng_swap_get_stats(e, &s);
     cr_assert_gt(s.swaps_in, 10, "swaps in: %llu", (unsigned long long)s.swaps_in);
-    cr_assert_eq(s.swap_in_bytes, s.swaps_in * layer_bytes());
+    /* moves carry the pages written so far (pages 0-9 of 24), never more than the layer */
+    cr_assert_leq(s.swap_in_bytes, s.swaps_in * layer_bytes());
+    cr_assert_geq(s.swap_in_bytes, s.swaps_in * (layer_bytes() / PAGES));
     cr_assert_eq(s.copy_failures, 0);
     eng_close(e);
     assert_identical(&r, &ref, "slots 2, 1 GB/s link");
@@ -459,6 +461,7 @@ Test(wrk_tier, an_idle_link_prefetches_the_next_steps_first_layers) {
     wrk_tier *t = NULL;
     pie_status st = {0};
     cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    wrk_tier_touch(t, 4096); /* the whole buffer is written below */
     for (int step = 0; step < 3; step++)
         for (uint32_t l = 0; l < 6; l++) {
             void *base = NULL;

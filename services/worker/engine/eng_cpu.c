@@ -462,6 +462,7 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
 
     const eng_info *in = &e->info;
     int d = (int)in->hidden_size;
+    eng_kv_touch_forward(e, items, n); /* swap policy: the pages the tier moves */
     uint32_t n_out = eng_gather(e, items, n);
     for (uint32_t l = 0; l < in->n_layers; l++) {
         const mdl_layer *L = &e->layers[l];
@@ -519,6 +520,7 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
     if (rc != PIE_OK) return rc;
     uint32_t ps = e->info.kv_page_size;
     size_t kvd = e->kvd;
+    eng_kv_touch_copies(e, items, n);
     eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];

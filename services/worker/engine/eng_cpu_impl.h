@@ -102,6 +102,10 @@ void eng_swap_close(eng *e);
 /* Layer l on the device, pinned, kv[l].base pointing at it (the forward, before touching l). */
 pie_code eng_kv_acquire(eng *e, uint32_t l, pie_status *st);
 void eng_kv_release(eng *e, uint32_t l);
+/* Before a forward or a page copy writes: the pages they write join the range the tier moves
+ * (clearing writes zeros, what is already beyond that range, so it needs none). */
+void eng_kv_touch_forward(eng *e, const eng_forward_item *items, uint32_t n);
+void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n);
 /* Nothing moves between hold and resume; kv[*].base point where every layer is. */
 void eng_kv_hold(eng *e);
 void eng_kv_resume(eng *e);

@@ -46,6 +46,28 @@ pie_code eng_kv_acquire(eng *e, uint32_t l, pie_status *st) {
     return rc;
 }
 
+/* The tier moves only the page range written so far: raise it to the pages these write. */
+static void eng_kv_touch(eng *e, uint32_t pages) {
+    wrk_tier_touch(e->tier, (size_t)pages * e->info.kv_page_layer_bytes);
+}
+
+void eng_kv_touch_forward(eng *e, const eng_forward_item *items, uint32_t n) {
+    if (!e->tier) return;
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; items[i].append_kv && j < items[i].n_kv_pages; j++)
+            if (items[i].kv_pages[j] >= top) top = items[i].kv_pages[j] + 1;
+    eng_kv_touch(e, top);
+}
+
+void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n) {
+    if (!e->tier) return;
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (items[i].dst >= top) top = items[i].dst + 1;
+    eng_kv_touch(e, top);
+}
+
 void eng_kv_release(eng *e, uint32_t l) {
     if (e->tier) wrk_tier_release(e->tier, l);
 }

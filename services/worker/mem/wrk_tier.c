@@ -34,6 +34,7 @@ typedef struct wrk_tier_link {
     bool started;
     bool busy;      /* a job is assigned (from prepare until publish) */
     uint32_t layer; /* the job's layer while busy */
+    size_t bytes;   /* the job's prefix of the layer (t->used when it started) */
     pthread_cond_t go;
 } wrk_tier_link;
 
@@ -54,6 +55,11 @@ struct wrk_tier {
     pthread_cond_t changed; /* a transfer was published */
     wrk_tier_link link[2];
     uint32_t slots;
+    /* Bytes of every layer buffer that may be non-zero: all writes ever went below it (the
+     * engine raises it before writing, wrk_tier_touch), and every buffer is zero above it (the
+     * regions start zeroed and copies move only this prefix), so moving the prefix moves the
+     * layer. */
+    size_t used;
     uint32_t cursor;  /* the next layer the engine computes */
     int64_t pinned;   /* layer being computed, or -1 */
     uint32_t holds;   /* wrk_tier_hold depth: nothing starts while > 0 */
@@ -154,6 +160,7 @@ static void wrk_tier_start(wrk_tier *t, int dir, uint32_t l) {
     }
     t->link[dir].busy = true;
     t->link[dir].layer = l;
+    t->link[dir].bytes = t->used;
     pthread_cond_signal(&t->link[dir].go);
 }
 
@@ -202,7 +209,7 @@ static void wrk_tier_publish(wrk_tier *t, int dir, uint32_t l, bool ok) {
         }
         L->state = to_dev ? WRK_TIER_ON_DEVICE : WRK_TIER_ON_HOST;
         uint64_t *bytes = to_dev ? &t->stats.swap_in_bytes : &t->stats.swap_out_bytes;
-        *bytes += t->cfg.layer_bytes;
+        *bytes += t->link[dir].bytes;
         (*(to_dev ? &t->stats.swaps_in : &t->stats.swaps_out))++;
     } else {
         if (to_dev) {
@@ -231,10 +238,10 @@ static void wrk_tier_sleep_until(uint64_t until_ns) {
     }
 }
 
-/* Moves one layer (outside mu): the data, then the emulated link time. */
-static pie_code wrk_tier_move(wrk_tier *t, void *dst, const void *src, pie_status *st) {
+/* Moves a layer's first `bytes` (outside mu): the data, then the emulated link time. */
+static pie_code wrk_tier_move(wrk_tier *t, void *dst, const void *src, size_t bytes,
+                             pie_status *st) {
     uint64_t t0 = wrk_tier_now_ns();
-    size_t bytes = t->cfg.layer_bytes;
     pie_code rc = PIE_OK;
     if (t->cfg.copy)
         rc = t->cfg.copy(t->cfg.copy_user, dst, src, bytes, st);
@@ -256,10 +263,11 @@ static void *wrk_tier_link_main(void *arg) {
         const wrk_tier_layer *L = &t->layers[l];
         void *dev = wrk_tier_buf(t, &t->dev, L->dev), *host = wrk_tier_buf(t, &t->host, L->host);
         bool in = k->dir == WRK_TIER_IN;
+        size_t bytes = k->bytes;
         pthread_mutex_unlock(&t->mu);
         pie_status st;
         pie_status_ok(&st);
-        pie_code rc = wrk_tier_move(t, in ? dev : host, in ? host : dev, &st);
+        pie_code rc = wrk_tier_move(t, in ? dev : host, in ? host : dev, bytes, &st);
         pthread_mutex_lock(&t->mu);
         if (rc != PIE_OK && !t->failed) {
             pie_status_set(&t->failure, rc, "swap: moving layer %u %s failed: %s", l,
@@ -387,6 +395,13 @@ pie_code wrk_tier_acquire(wrk_tier *t, uint32_t l, void **base, pie_status *st) 
     if (rc == PIE_OK) *base = wrk_tier_buf(t, &t->dev, t->layers[l].dev);
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+void wrk_tier_touch(wrk_tier *t, size_t bytes) {
+    pthread_mutex_lock(&t->mu);
+    if (bytes > t->cfg.layer_bytes) bytes = t->cfg.layer_bytes;
+    if (bytes > t->used) t->used = bytes;
+    pthread_mutex_unlock(&t->mu);
 }
 
 void wrk_tier_release(wrk_tier *t, uint32_t l) {

@@ -6,7 +6,9 @@
  * the mapping table (logical layer → the buffer holding it, updated in two phases: prepare sets
  * the destination and marks the layer moving; publish, after the copy ended, makes the
  * destination the layer's home and frees the source), and the copy engine: one thread per link
- * direction, each moving one whole layer at a time, with an optional emulated bandwidth.
+ * direction, each moving one layer at a time — the prefix of its buffer ever written
+ * (wrk_tier_touch: the pages in use so far; the rest is zero everywhere) — with an optional
+ * emulated bandwidth.
  *
  * Policy (the paper's, FIFO): the engine says which layer it computes next (acquire) and when it
  * is done with it (release). Distance of layer l from the cursor c is (l - c) mod n: the hottest
@@ -72,6 +74,10 @@ void wrk_tier_close(wrk_tier *t);
  * device and pins it there; *base is its buffer. Fails (the layer not acquired) when a copy
  * failed since the last call: the copy's message, once; the data stays where it was. */
 pie_code wrk_tier_acquire(wrk_tier *t, uint32_t l, void **base, pie_status *st);
+/* Before writing into any layer below byte offset `bytes` of its buffer: moves copy only the
+ * prefix of every layer buffer written so far (the used page range), so the engine raises it
+ * first. Never lowered. */
+void wrk_tier_touch(wrk_tier *t, size_t bytes);
 /* Unpins l; the cursor moves to l + 1 (mod n). */
 void wrk_tier_release(wrk_tier *t, uint32_t l);
 
