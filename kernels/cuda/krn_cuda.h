@@ -165,6 +165,13 @@ cudaError_t krn_cuda_page_copy(krn_bf16 *kv, size_t layer_elems, int n_layers, i
                                int kvd, uint8_t *page_mask, int src, int dst, int count,
                                cudaStream_t stream);
 
+/* Zeroes pages ids[0..n) (device array) in every layer (K and V) and their page-mask bytes: one
+ * launch however scattered the ids are (a memset per layer per run of consecutive ids cost
+ * 52-110 us per scattered page on an H100). */
+cudaError_t krn_cuda_clear_pages(krn_bf16 *kv, size_t layer_elems, int n_layers, int page_size,
+                                 int kvd, uint8_t *page_mask, const int32_t *ids, int n,
+                                 cudaStream_t stream);
+
 /* ---- distributions --------------------------------------------------------------------- */
 
 /* For each row r < n of logits [n, vocab]: softmax(logits / temp[r]) over the whole row,

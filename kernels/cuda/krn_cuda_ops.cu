@@ -211,6 +211,37 @@ extern "C" cudaError_t krn_cuda_page_copy(krn_bf16 *kv, size_t layer_elems, int 
     return cudaGetLastError();
 }
 
+/* blockIdx.x = i (page ids[i]), blockIdx.y = layer; block (i, n_layers) clears the mask bytes.
+ * A page of a layer is one contiguous run of 2 * page_size * kvd values (K then V). */
+__global__ static void clear_pages_kernel(krn_bf16 *kv, size_t layer_elems, int n_layers,
+                                          int page_size, int kvd, uint8_t *page_mask,
+                                          const int32_t *ids) {
+    size_t page = (size_t)ids[blockIdx.x], ps = (size_t)page_size;
+    if ((int)blockIdx.y == n_layers) {
+        for (size_t i = threadIdx.x; i < ps; i += blockDim.x) page_mask[page * ps + i] = 0;
+        return;
+    }
+    size_t elems = 2 * ps * (size_t)kvd;
+    krn_bf16 *p = kv + (size_t)blockIdx.y * layer_elems + page * elems;
+    if (elems % 8 == 0 && ((uintptr_t)p & 15u) == 0) { /* 16-byte stores */
+        uint4 *q = reinterpret_cast<uint4 *>(p);
+        for (size_t i = threadIdx.x; i < elems / 8; i += blockDim.x) q[i] = make_uint4(0, 0, 0, 0);
+    } else {
+        for (size_t i = threadIdx.x; i < elems; i += blockDim.x) p[i] = 0;
+    }
+}
+
+extern "C" cudaError_t krn_cuda_clear_pages(krn_bf16 *kv, size_t layer_elems, int n_layers,
+                                           int page_size, int kvd, uint8_t *page_mask,
+                                           const int32_t *ids, int n, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (n_layers < 0 || n > 65535 * 1024) return cudaErrorInvalidValue;
+    /* gridDim.x is up to 2^31 - 1; y (layers + 1) up to 65535 */
+    clear_pages_kernel<<<dim3((unsigned)n, (unsigned)n_layers + 1), 256, 0, stream>>>(
+        kv, layer_elems, n_layers, page_size, kvd, page_mask, ids);
+    return cudaGetLastError();
+}
+
 /* ---- test hook --------------------------------------------------------------------------- */
 
 __global__ static void trap_kernel(void) { __trap(); }

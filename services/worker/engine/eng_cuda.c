@@ -510,21 +510,24 @@ pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pi
     pie_code rc = eng_check_clear(&e->info, true, pages, n, st);
     if (rc != PIE_OK || n == 0) return rc;
     uint32_t ps = e->info.kv_page_size;
-    size_t page_elems = (size_t)2 * ps * e->kvd; /* one page of one layer: K then V */
     EC_CUDA(st, cudaSetDevice(e->dev));
-    for (uint32_t i = 0; i < n;) {
-        uint32_t len, lo = ec_next_run(pages, n, &i, &len);
-        for (uint32_t l = 0; l < e->info.n_layers; l++)
-            EC_CUDA(st, cudaMemsetAsync(e->kv + l * e->kv_layer_elems + lo * page_elems, 0,
-                                        len * page_elems * sizeof(krn_bf16), e->stream));
-        EC_CUDA(st,
-                cudaMemsetAsync(e->d_page_mask + (size_t)lo * ps, 0, (size_t)len * ps, e->stream));
+    /* the ids go through the per-batch table (checked ids are < kv_pages <= meta_words): every
+     * forward uploads its own tables before it runs, so nothing else reads them now */
+    for (uint32_t done = 0; done < n;) {
+        uint32_t k = n - done < e->meta_words ? n - done : (uint32_t)e->meta_words;
+        for (uint32_t i = 0; i < k; i++) e->h_meta[i] = (int32_t)pages[done + i];
+        EC_CUDA(st, cudaMemcpyAsync(e->d_meta, e->h_meta, (size_t)k * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, e->stream));
+        EC_CUDA(st, krn_cuda_clear_pages(e->kv, e->kv_layer_elems, (int)e->info.n_layers, (int)ps,
+                                         (int)e->kvd, e->d_page_mask, e->d_meta, (int)k,
+                                         e->stream));
+        EC_CUDA(st, cudaStreamSynchronize(e->stream)); /* before h_meta is written again */
+        done += k;
     }
     for (uint32_t i = 0; i < n; i++) {
         memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
         e->page_n_masked[pages[i]] = 0;
     }
-    EC_CUDA(st, cudaStreamSynchronize(e->stream));
     return PIE_OK;
 }
 
