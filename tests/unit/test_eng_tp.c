@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "eng.h"
 #include "pie_testranks.h"
@@ -50,7 +51,9 @@ typedef struct tp_result {
 
 typedef struct tp_run {
     const char *model;
-    tp_result *res; /* [n_ranks], shared with the parent */
+    tp_result *res;         /* [n_ranks], shared with the parent */
+    const char *tcp_leader; /* the collective's TCP transport (rank 0's listener); NULL: shm */
+    int listen_fd;          /* rank 0's listener when tcp_leader is set */
 } tp_run;
 
 /* ---- the scenario (runs in every rank) ---------------------------------------------------- */
@@ -212,6 +215,11 @@ static int rank_scenario(uint32_t rank, uint32_t n, const char *name, void *arg)
     if (n > 1) {
         wrk_coll_opts co = {
             .name = name, .epoch = 1, .rank = rank, .n_ranks = n, .timeout_ms = 60000};
+        if (run->tcp_leader) {
+            co.tcp_leader = run->tcp_leader;
+            co.tcp_listen_fd = rank == 0 ? run->listen_fd : -1;
+            if (rank != 0) close(run->listen_fd); /* rank 0's, inherited */
+        }
         PIE_RANK_CHECK(rank, wrk_coll_open(&co, &coll, &c.st) == PIE_OK, "wrk_coll_open: %s",
                        c.st.msg);
     }
@@ -493,4 +501,33 @@ Test(eng_tp, shapes_that_do_not_split_and_missing_collectives_are_refused) {
     expect_open_fails(&o, PIE_INVALID_ARGUMENT,
                       "eng_open: tp_rank 1 of tp_size 2, but the collective is rank 0 of 1");
     wrk_coll_close(one);
+}
+
+/* The group over the collective's TCP transport (ranks on different nodes) computes exactly
+ * what it computes over shared memory: both sum in rank order, so the bits are the same. */
+Test(eng_tp, tp_2_over_tcp_gives_the_bits_of_tp_2_over_shared_memory) {
+    tp_result *res = shared_results(2 + 2);
+    pie_status st = {0};
+    int fd = -1;
+    uint16_t port = 0;
+    cr_assert_eq(wrk_coll_tcp_listen("127.0.0.1:0", &fd, &port, &st), PIE_OK, "%s", st.msg);
+    char leader[64];
+    snprintf(leader, sizeof leader, "127.0.0.1:%u", port);
+    tp_run runs[2] = {{.model = "small-f32", .res = res},
+                      {.model = "small-f32", .res = res + 2, .tcp_leader = leader, .listen_fd = fd}};
+    for (int i = 0; i < 2; i++) {
+        int status[PIE_TESTRANKS_MAX];
+        int failed = pie_testranks_run(2, rank_scenario, &runs[i], status);
+        cr_assert_eq(failed, 0, "tp 2 over %s: %d rank(s) failed (their stderr says why)",
+                     i ? "TCP" : "shared memory", failed);
+    }
+    close(fd);
+    for (uint32_t r = 0; r < 2; r++) {
+        cr_assert_eq(res[2 + r].n_dists, res[r].n_dists);
+        cr_expect(memcmp(res[2 + r].dists, res[r].dists, sizeof res[r].dists) == 0,
+                  "rank %u: the distributions over TCP differ from those over shared memory", r);
+        cr_expect(memcmp(res[2 + r].logits, res[r].logits, sizeof res[r].logits) == 0,
+                  "rank %u: the logits over TCP differ from those over shared memory", r);
+    }
+    munmap(res, 4 * sizeof(tp_result));
 }

@@ -12,6 +12,7 @@
  * handle; another rank that finds no lock there while waiting for it knows it died (the kernel
  * releases OFD locks when the last descriptor closes, which a crash does). */
 #include "wrk_coll.h"
+#include "wrk_coll_tcp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -80,6 +81,7 @@ struct wrk_coll {
     uint32_t step;   /* steps taken: the buffer set is step & 1 */
     pie_code failed; /* PIE_OK until the group fails */
     char failed_msg[PIE_STATUS_MSG_MAX];
+    wrk_coll_tcp *tcp; /* the TCP transport (opts.tcp_leader): every operation goes there */
 };
 
 /* ---- small pieces ------------------------------------------------------------------------ */
@@ -138,6 +140,7 @@ static pie_code coll_fail(wrk_coll *c, pie_code code, pie_status *st, const char
         c->failed = code;
         (void)snprintf(c->failed_msg, sizeof c->failed_msg, "%s", msg);
     }
+    if (c->tcp) wrk_coll_tcp_abort(c->tcp); /* the other ranks learn it from rank 0 */
     if (c->hdr) {
         atomic_store(&c->hdr->aborted, 1u);
         for (uint32_t i = 0; i < c->n; i++) coll_wake(&c->ctl[i].seq);
@@ -148,6 +151,7 @@ static pie_code coll_fail(wrk_coll *c, pie_code code, pie_status *st, const char
 /* The sticky error of a failed handle, or of a group another rank marked failed, for
  * operation `op`. */
 static pie_code coll_check(wrk_coll *c, const char *op, pie_status *st) {
+    if (c->tcp) return wrk_coll_tcp_check(c->tcp, op, st);
     if (c->failed != PIE_OK)
         return pie_status_set(st, c->failed, "wrk_coll %s: the group failed earlier: %s", op,
                               c->failed_msg);
@@ -159,6 +163,10 @@ static pie_code coll_check(wrk_coll *c, const char *op, pie_status *st) {
 
 void wrk_coll_abort(wrk_coll *c) {
     if (!c) return;
+    if (c->tcp) {
+        wrk_coll_tcp_abort(c->tcp);
+        return;
+    }
     (void)coll_fail(c, PIE_UNAVAILABLE, NULL, "the group was aborted by rank %u", c->rank);
 }
 
@@ -247,7 +255,7 @@ static pie_code coll_check_opts(const wrk_coll_opts *o, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "wrk_coll_open: rank %u is out of range [0, %u)", o->rank,
                               o->n_ranks);
-    if (o->n_ranks == 1) return PIE_OK;
+    if (o->n_ranks == 1 || (o->tcp_leader && o->tcp_leader[0])) return PIE_OK;
     const char *nm = o->name;
     size_t len = nm ? strlen(nm) : 0;
     int ok = nm && nm[0] == '/' && len >= 2 && len <= COLL_NAME_MAX;
@@ -359,6 +367,12 @@ pie_code wrk_coll_open(const wrk_coll_opts *o, wrk_coll **out, pie_status *st) {
         *out = c;
         return PIE_OK;
     }
+    if (o->tcp_leader && o->tcp_leader[0]) {
+        rc = wrk_coll_tcp_open(o, c->chunk, c->timeout_ms, &c->tcp, st);
+        if (rc != PIE_OK) goto fail;
+        *out = c;
+        return PIE_OK;
+    }
     (void)snprintf(c->name, sizeof c->name, "%s", o->name);
     if (coll_segment_bytes(c->n, c->chunk) == 0) {
         rc = pie_status_set(st, PIE_INVALID_ARGUMENT, "wrk_coll_open: chunk_bytes %zu is too large",
@@ -388,6 +402,7 @@ fail:
 
 void wrk_coll_close(wrk_coll *c) {
     if (!c) return;
+    wrk_coll_tcp_close(c->tcp);
     if (c->map) (void)munmap(c->map, c->map_bytes);
     if (c->fd >= 0) (void)close(c->fd);
     free(c);
@@ -412,6 +427,7 @@ pie_code wrk_coll_allreduce_sum_f32(wrk_coll *c, float *buf, size_t n, pie_statu
     pie_code rc = coll_check(c, "all-reduce", st);
     if (rc != PIE_OK || c->n == 1 || n == 0) return rc;
     if (!buf) return coll_fail(c, PIE_INVALID_ARGUMENT, st, "wrk_coll all-reduce: buf is NULL");
+    if (c->tcp) return wrk_coll_tcp_allreduce_sum_f32(c->tcp, buf, n, st);
     size_t per = c->chunk / sizeof(float);
     for (size_t off = 0; off < n;) {
         size_t m = n - off < per ? n - off : per;
@@ -443,6 +459,7 @@ pie_code wrk_coll_allgather(wrk_coll *c, const void *in, size_t bytes, void *out
         memcpy(out, in, bytes);
         return PIE_OK;
     }
+    if (c->tcp) return wrk_coll_tcp_allgather(c->tcp, in, bytes, out, st);
     for (size_t off = 0; off < bytes;) {
         size_t m = bytes - off < c->chunk ? bytes - off : c->chunk;
         uint32_t set = c->step++ & 1u;
@@ -466,6 +483,7 @@ static pie_code coll_bcast(wrk_coll *c, uint32_t root, void *buf, size_t bytes, 
                          "wrk_coll broadcast: root %u is out of range [0, %u)", root, c->n);
     if (c->n == 1 || bytes == 0) return PIE_OK;
     if (!buf) return coll_fail(c, PIE_INVALID_ARGUMENT, st, "wrk_coll broadcast: buf is NULL");
+    if (c->tcp) return wrk_coll_tcp_bcast(c->tcp, root, buf, bytes, no_deadline, st);
     for (size_t off = 0; off < bytes;) {
         size_t m = bytes - off < c->chunk ? bytes - off : c->chunk;
         uint32_t set = c->step++ & 1u;
@@ -491,5 +509,6 @@ pie_code wrk_coll_check(wrk_coll *c, pie_status *st) { return coll_check(c, "che
 pie_code wrk_coll_barrier(wrk_coll *c, pie_status *st) {
     pie_code rc = coll_check(c, "barrier", st);
     if (rc != PIE_OK || c->n == 1) return rc;
+    if (c->tcp) return wrk_coll_tcp_barrier(c->tcp, st);
     return coll_barrier(c, "barrier", st);
 }

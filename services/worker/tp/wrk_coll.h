@@ -1,5 +1,7 @@
 /* wrk_coll.h — the host collective of a tensor-parallel worker group: all-reduce (sum, f32),
- * all-gather and broadcast between the N rank processes of one node, through shared memory.
+ * all-gather and broadcast between the N rank processes of one node, through shared memory,
+ * or between ranks on different nodes over TCP (opts.tcp_leader; wrk_coll_tcp.h: the same
+ * contract and the same bits, through rank 0).
  *
  * Owns: the group's shared segment (POSIX shm named by the group, created by rank 0, opened by
  * the others, unlinked once all have joined), the per-rank sequence counters the ranks wait on
@@ -51,9 +53,20 @@ typedef struct wrk_coll_opts {
     uint32_t n_ranks;    /* 1 .. WRK_COLL_MAX_RANKS; 1: every operation is local */
     size_t chunk_bytes;  /* bytes per rank per step; 0 → 1 MiB; rounded up to 64 */
     uint32_t timeout_ms; /* the longest wait for another rank (joining, each step); 0 → 30000 */
+    /* The TCP transport instead of shared memory, for ranks on different nodes
+     * (wrk_coll_tcp.h): "host:port" of rank 0's listener; NULL or "": shared memory (name).
+     * Rank 0 listens there itself, unless tcp_listen_fd > 0: a listening socket (from
+     * wrk_coll_tcp_listen) that the handle takes over and closes once the group has formed. */
+    const char *tcp_leader;
+    int tcp_listen_fd;
 } wrk_coll_opts;
 
 typedef struct wrk_coll wrk_coll;
+
+/* A listening TCP socket on hostport ("host:port"; port 0 = any free one) for rank 0 of a TCP
+ * group: *fd (pass it as tcp_listen_fd) and *port (the port bound), for whoever must know the
+ * port before the group forms (TpJoin's answer, tests). */
+pie_code wrk_coll_tcp_listen(const char *hostport, int *fd, uint16_t *port, pie_status *st);
 
 /* Joins the group: rank 0 creates the segment (replacing a stale one of the same name), the
  * others wait up to timeout_ms for a segment of this epoch to appear; returns when all
