@@ -393,6 +393,26 @@ static int unit_rows(const attn_unit *u) {
     return (u->q1 - u->q0) * (u->k1 - u->k0) * (u->h1 - u->h0);
 }
 
+/* Asks for the K and V rows (this unit's KV heads) of context keys [t0, t1) ahead of use. A
+ * decode unit reads one 256-byte slice of each 2 KiB token row per KV head, so consecutive
+ * loads are a row apart and the hardware prefetcher, which follows sequential lines, does not
+ * see them coming: the next block is fetched while this one is computed (8% less time for
+ * 32 sequences x 512 keys x 16 layers, 2 cores; bench/results/engine.md). */
+static void prefetch_keys(const krn_kv_layer *kv, const krn_attn_item *it, const attn_unit *u,
+                          int t0, int t1, int d) {
+    size_t off = (size_t)u->k0 * (size_t)d;
+    size_t bytes = (size_t)(u->k1 - u->k0) * (size_t)d * sizeof(float);
+    for (int t = t0; t < t1 && t < it->n_ctx; t++) {
+        uint32_t page = it->pages[t / kv->page_size];
+        const char *pk = (const char *)(krn_kv_k(kv, page, t % kv->page_size) + off);
+        const char *pv = (const char *)(krn_kv_v(kv, page, t % kv->page_size) + off);
+        for (size_t b = 0; b < bytes; b += 64) {
+            __builtin_prefetch(pk + b, 0, 3);
+            __builtin_prefetch(pv + b, 0, 3);
+        }
+    }
+}
+
 /* copy: NULL, or 2 * KRN_ATTN_BLOCK * KRN_ATTN_COPY_MAX_DIM floats of the worker's scratch. */
 static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
     const krn_attn_item *it = &c->items[u->item];
@@ -440,6 +460,7 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
             tk[j] = tk[0];
             tv[j] = tv[0];
         }
+        prefetch_keys(kv, it, u, b0 + blk, t_end < b0 + 2 * blk ? t_end : b0 + 2 * blk, d);
         for (int kvh = u->k0; kvh < u->k1; kvh++) {
             for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
                 kp[j] = tk[j] + (size_t)kvh * (size_t)d;

@@ -46,6 +46,10 @@
  * tile because each sgemm call packs its slice of x again: 2 * rows flops per packed float. */
 #define KRN_LINEAR_TILE_ROWS 512
 #define KRN_LINEAR_TILE_K    512
+/* How far ahead of its loads the n = 1 AVX-512 kernel prefetches each row of W: 512 bytes (8
+ * cache lines) measured best of 256-1024 (5-12% over no prefetch on the 1B shapes, 2 cores;
+ * bench/results/engine.md). */
+#define KRN_LINEAR_PF_BYTES 512
 /* Output rows per GEMV task: small enough for load balance, large enough to amortise a task. */
 #define KRN_LINEAR_GEMV_ROWS 64
 /* bf16 weights on AMX (krn_amx.c) from this many rows of x: below it the exact GEMV path
@@ -256,7 +260,42 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
         }                                                                 \
     } while (0)
 
-/* Rows of W in blocks of 8 for one row of x (8 independent streams and FMA chains), else in
+/* n = 1: rows [o, o + 8) of W against x. Each step takes one cache line (32 weights) of each
+ * of the 8 rows and prefetches the line KRN_LINEAR_PF_BYTES further on: at decode a row of W
+ * is 4-16 KiB, so the hardware prefetcher, which restarts at every 4 KiB page and follows few
+ * streams, leaves each core waiting on DRAM at the start of every row. Two accumulators per
+ * row keep 16 FMA chains in flight. */
+KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, const uint16_t *w,
+                                                     krn_dtype wt, float *y) {
+    const size_t ldw = (size_t)in;
+    __m512 a[8], b[8];
+    KRN_UNROLL for (int c = 0; c < 8; c++) {
+        a[c] = _mm512_setzero_ps();
+        b[c] = _mm512_setzero_ps();
+    }
+    const int pf = KRN_LINEAR_PF_BYTES / 2; /* weights ahead */
+    int k = 0;
+    for (; k + 32 <= in; k += 32) {
+        __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        int ahead = k + pf < in; /* never past the row: the address stays inside W */
+        KRN_UNROLL for (int c = 0; c < 8; c++) {
+            const uint16_t *p = w + (size_t)c * ldw + (size_t)k;
+            if (ahead) _mm_prefetch((const char *)(p + pf), _MM_HINT_T0);
+            a[c] = _mm512_fmadd_ps(load16_avx512(p, wt, 0xffff), x0, a[c]);
+            b[c] = _mm512_fmadd_ps(load16_avx512(p + 16, wt, 0xffff), x1, b[c]);
+        }
+    }
+    for (; k < in; k += 16) {
+        __mmask16 m = in - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - k)) - 1u);
+        __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
+        KRN_UNROLL for (int c = 0; c < 8; c++) {
+            a[c] = _mm512_fmadd_ps(load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, m), x0, a[c]);
+        }
+    }
+    KRN_UNROLL for (int c = 0; c < 8; c++) { y[c] = _mm512_reduce_add_ps(_mm512_add_ps(a[c], b[c])); }
+}
+
+/* Rows of W in blocks of 8 for one row of x (gemv1_rows8_avx512), else in
  * blocks of 4 against up to 6 rows of x at a time (24 accumulators: each converted weight
  * vector feeds 6 FMAs). */
 KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in,
@@ -265,8 +304,7 @@ KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in
     size_t ldw = (size_t)in, ldx = (size_t)in, ldy = (size_t)out;
     int o = o0;
     if (n == 1)
-        for (; o + 8 <= o1; o += 8)
-            tile_avx512(x, ldx, 1, w16 + (size_t)o * ldw, ldw, 8, in, wt, y + o, ldy);
+        for (; o + 8 <= o1; o += 8) gemv1_rows8_avx512(x, in, w16 + (size_t)o * ldw, wt, y + o);
     for (; o + 4 <= o1; o += 4) {
         const uint16_t *wo = w16 + (size_t)o * ldw;
         KRN_GEMV512_ROWS(4);

@@ -314,6 +314,8 @@ Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
             krn_pool *p = krn_pool_create(threads);
             cr_assert_not_null(p);
             check_linear(p, &r, KRN_BF16, 1, 300, 700, SIMD_PATHS[s]);
+            /* rows long enough for the n = 1 kernel's prefetch to run ahead, odd tail */
+            check_linear(p, &r, KRN_BF16, 1, 2088, 37, SIMD_PATHS[s]);
             check_linear(p, &r, KRN_BF16, 40, 4100, 100, SIMD_PATHS[s]);
             check_linear(p, &r, KRN_F16, 12, 520, 300, SIMD_PATHS[s]);
             check_linear(p, &r, KRN_F32, 3, 257, 301, SIMD_PATHS[s]);
