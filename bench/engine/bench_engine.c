@@ -11,6 +11,10 @@
  *               tokens/s, against the bandwidth bound (weight bytes / bandwidth)
  *   decode b=B  the same for B sequences of C context tokens in one batch (the context is
  *               prefilled once and copied to the other sequences' pages with copy_pages)
+ *   threads     where the pool's thread time goes during the decode steps (per-thread
+ *               /proc schedstat): running, runnable but waiting for a CPU (other load on the
+ *               machine), idle (nothing to do: serial work, waits between kernels); and the
+ *               running thread time per step, which other load moves less than wall time
  *   memory      VmRSS / VmHWM from /proc/self/status against the engine's own accounting
  *               (weights mapped + KV pool + embedding slots + scratch)
  *   clearing    eng_clear_pages of 1, 16 and 256 pages (what the worker does to every page a
@@ -23,6 +27,7 @@
  * Results are printed as one Markdown table row per measurement; bench/results/engine.md keeps
  * the recorded ones. */
 #include <cblas.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,6 +64,34 @@ static double cpu_s(void) {
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
     return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
            ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* Summed over this process's threads (/proc/self/task/<tid>/schedstat): seconds on a CPU and
+ * seconds runnable but waiting for one (other load on the machine). Both 0 when unreadable. */
+typedef struct sched_sum {
+    double run_s, wait_s;
+} sched_sum;
+
+static sched_sum sched_now(void) {
+    sched_sum t = {0, 0};
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return t;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        unsigned long long run = 0, wait = 0;
+        if (fscanf(f, "%llu %llu", &run, &wait) == 2) {
+            t.run_s += (double)run * 1e-9;
+            t.wait_s += (double)wait * 1e-9;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return t;
 }
 
 /* "VmRSS:" or "VmHWM:" of this process in bytes (0 when unreadable). */
@@ -459,14 +492,22 @@ int main(int argc, char **argv) {
     double *t1 = malloc(o.steps * sizeof *t1), *tB = malloc(o.steps * sizeof *tB);
     if (!t1 || !tB) die("step times", NULL);
     double bw_best = 0, best1 = 1e30, bestB = 1e30;
+    double run1 = 0, wait1 = 0, wall1 = 0, runB = 0, waitB = 0, wallB = 0;
     uint32_t slot0 = max_batch + 4; /* apart from the prefill's slots 0..max_batch-1 */
     for (uint32_t step = 0; step <= o.steps; step++) {
         double b = bw_pass(bw, pool);
         bw_best = b > bw_best ? b : bw_best;
         uint32_t len = o.context + step + 1;
+        sched_sum s0 = sched_now();
         double a1 = decode_step(e, pages, per, 1, len, slot0, &d1);
+        sched_sum s1 = sched_now();
         double aB = decode_step(e, pages, per, o.batch, len, slot0 + 1, &dB);
+        sched_sum s2 = sched_now();
         if (step == 0) continue;
+        /* thread time of the steps: on a CPU, waiting for one (other load), and the rest, in
+         * which a thread of the pool had nothing to do (serial work, waits between kernels) */
+        run1 += s1.run_s - s0.run_s, wait1 += s1.wait_s - s0.wait_s, wall1 += a1;
+        runB += s2.run_s - s1.run_s, waitB += s2.wait_s - s1.wait_s, wallB += aB;
         t1[step - 1] = a1, tB[step - 1] = aB;
         best1 = a1 < best1 ? a1 : best1;
         bestB = aB < bestB ? aB : bestB;
@@ -493,6 +534,15 @@ int main(int argc, char **argv) {
     printf("| decode b=%u @%u ctx, median (best) | %.2f (%.2f) tok/s | 8x b=1 = %.2f tok/s | "
            "%.1fx (%.1fx) b=1 |\n",
            o.batch, o.context, tpsB, btpsB, 8 * tps1, tpsB / tps1, btpsB / btps1);
+    int nt = krn_pool_size(pool);
+    /* thread-seconds on a CPU per step move much less with other load than wall time does */
+    printf("| thread time of the decode steps (%d threads): running / waiting for a CPU / idle "
+           "| b=1 %.0f%% / %.0f%% / %.0f%%, b=%u %.0f%% / %.0f%% / %.0f%% | CPU time per step: "
+           "b=1 %.1f ms, b=%u %.1f ms | |\n",
+           nt, 100 * run1 / (wall1 * nt), 100 * wait1 / (wall1 * nt),
+           100 * (1 - (run1 + wait1) / (wall1 * nt)), o.batch, 100 * runB / (wallB * nt),
+           100 * waitB / (wallB * nt), 100 * (1 - (runB + waitB) / (wallB * nt)),
+           1e3 * run1 / o.steps, o.batch, 1e3 * runB / o.steps);
     if (!o.skip_prefill) {
         double blas = sgemm_gflops(in, o.prefill, krn_pool_size(pool));
         printf("| prefill %u tokens | %.1f tok/s (%.2f s), linear layers %.1f GFLOP/s | "
