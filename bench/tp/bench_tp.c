@@ -36,11 +36,11 @@
 #include "eng.h"
 #include "wrk_coll.h"
 
-#define BTP_REPS      5
-#define BTP_MAX_STEPS 64
-#define BTP_MAX_TP    8
+#define BTP_REPS       5
+#define BTP_MAX_STEPS  64
+#define BTP_MAX_TP     8
 #define BTP_MAX_ROUNDS 9
-#define BTP_TOPK      256
+#define BTP_TOPK       256
 
 static double now_s(void) {
     struct timespec ts;
@@ -105,7 +105,7 @@ static pie_code coll_join(uint32_t rank, uint32_t n, const char *name, wrk_coll 
 
 /* ---- coll: all-reduce latency and throughput ----------------------------------------------- */
 
-static const size_t coll_sizes[] = {4,         64,       1024,      16384,     65536,
+static const size_t coll_sizes[] = {4,         64,       1024,     16384,     65536,
                                     256 << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
 #define N_COLL_SIZES (sizeof coll_sizes / sizeof coll_sizes[0])
 
@@ -244,12 +244,12 @@ typedef struct eng_bench {
     pie_status st;
 } eng_bench;
 
-#define EB_TRY(b, call, what)                                                          \
-    do {                                                                               \
-        if ((call) != PIE_OK) {                                                        \
+#define EB_TRY(b, call, what)                                                             \
+    do {                                                                                  \
+        if ((call) != PIE_OK) {                                                           \
             fprintf(stderr, "bench_tp: rank %u: %s: %s\n", (b)->rank, what, (b)->st.msg); \
-            return -1;                                                                 \
-        }                                                                              \
+            return -1;                                                                    \
+        }                                                                                 \
     } while (0)
 
 /* Embeds n tokens of a fixed sequence into slots slot0.. at positions pos0.. */
@@ -439,8 +439,7 @@ static void eng_print(const eng_opts_cli *o, eng_job *const *jobs) {
             eng_medians(j, o->steps, all[r][i]);
             char label[48];
             (void)snprintf(label, sizeof label, "round %u (open %.2f s)", r + 1, j->open_s);
-            eng_row(label, j->tp, j->threads_per_rank, all[r][i], all[r][0], o->prefill,
-                    o->batch);
+            eng_row(label, j->tp, j->threads_per_rank, all[r][i], all[r][0], o->prefill, o->batch);
         }
     double med[BTP_MAX_TP][3];
     for (uint32_t i = 0; i < o->n_tp; i++)
@@ -473,8 +472,14 @@ static int parse_tps(const char *s, eng_opts_cli *o) {
 
 static int parse_engine(int argc, char **argv, eng_opts_cli *o) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (eng_opts_cli){.tps = {1, 2}, .n_tp = 2, .threads = cores > 0 ? (uint32_t)cores : 1,
-                        .prefill = 128, .context = 256, .batch = 8, .steps = 8, .rounds = 3};
+    *o = (eng_opts_cli){.tps = {1, 2},
+                        .n_tp = 2,
+                        .threads = cores > 0 ? (uint32_t)cores : 1,
+                        .prefill = 128,
+                        .context = 256,
+                        .batch = 8,
+                        .steps = 8,
+                        .rounds = 3};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-') {
@@ -489,13 +494,20 @@ static int parse_engine(int argc, char **argv, eng_opts_cli *o) {
         }
         long x = strtol(v, NULL, 10);
         if (x < 1 || x > 100000) return -1;
-        if (strcmp(a, "--threads") == 0) o->threads = (uint32_t)x;
-        else if (strcmp(a, "--prefill") == 0) o->prefill = (uint32_t)x;
-        else if (strcmp(a, "--context") == 0) o->context = (uint32_t)x;
-        else if (strcmp(a, "--batch") == 0 && x <= 64) o->batch = (uint32_t)x;
-        else if (strcmp(a, "--steps") == 0 && x <= BTP_MAX_STEPS) o->steps = (uint32_t)x;
-        else if (strcmp(a, "--rounds") == 0 && x <= BTP_MAX_ROUNDS) o->rounds = (uint32_t)x;
-        else return -1;
+        if (strcmp(a, "--threads") == 0)
+            o->threads = (uint32_t)x;
+        else if (strcmp(a, "--prefill") == 0)
+            o->prefill = (uint32_t)x;
+        else if (strcmp(a, "--context") == 0)
+            o->context = (uint32_t)x;
+        else if (strcmp(a, "--batch") == 0 && x <= 64)
+            o->batch = (uint32_t)x;
+        else if (strcmp(a, "--steps") == 0 && x <= BTP_MAX_STEPS)
+            o->steps = (uint32_t)x;
+        else if (strcmp(a, "--rounds") == 0 && x <= BTP_MAX_ROUNDS)
+            o->rounds = (uint32_t)x;
+        else
+            return -1;
     }
     return o->model ? 0 : -1;
 }
@@ -512,8 +524,12 @@ static int bench_engine_tp(const eng_opts_cli *o) {
             rc = 1;
             break;
         }
-        *jobs[k] = (eng_job){.model = o->model, .tp = tp, .threads_per_rank = tpr ? tpr : 1,
-                             .prefill = o->prefill, .context = o->context, .batch = o->batch,
+        *jobs[k] = (eng_job){.model = o->model,
+                             .tp = tp,
+                             .threads_per_rank = tpr ? tpr : 1,
+                             .prefill = o->prefill,
+                             .context = o->context,
+                             .batch = o->batch,
                              .steps = o->steps};
         if (btp_run_ranks(tp, eng_rank, jobs[k]) != 0) rc = 1;
     }

@@ -11,8 +11,9 @@
  * tiny models have 4 heads and 2 KV heads: tp 2 splits the KV heads, tp 4 replicates them
  * (one query head per rank); small-f32 has 8 and 2 (at tp 4, two query heads per rank).
  * Expected: every rank of a group returns the same bits; the group's distributions equal tp
- * 1's (ids, and probabilities within 1e-5 relative: the sums run in another order), its
- * logits within 1e-5 relative, its KV pool a share of tp 1's.
+ * 1's (ids, and probabilities and logits within 1e-5 relative on f32 models, 1e-4 on bf16
+ * ones: the sums run in another order, and AMX picks its path per shape), its KV pool a share
+ * of tp 1's.
  * No test sets Criterion's .timeout: its watchdog now and then leaks an allocation in the runner
  * under LeakSanitizer; ctest's TIMEOUT bounds a hang, and every wait of the collective has its
  * own deadline. */
@@ -34,6 +35,11 @@
 #define MAX_K     300
 #define MAX_VOCAB 2048
 #define TOL_REL   1e-5
+/* bf16 weights: on a CPU with AMX the bf16 linear kernel rounds its activations to bf16 and is
+ * chosen per shape, so a rank's shard can take another path than tp 1's whole matrix (seen at
+ * tp 4 on tiny-bf16: 1.9e-5). The issue asks bf16 groups for the same greedy tokens (tested
+ * below, 64 of them); their distributions are held to this. */
+#define TOL_REL_BF16 1e-4
 
 typedef struct tp_dist {
     uint32_t k;
@@ -245,13 +251,13 @@ static int rank_scenario(uint32_t rank, uint32_t n, const char *name, void *arg)
 /* ---- comparison (in the test process) ---------------------------------------------------------
  */
 
-/* Whether got matches want: the same probabilities position by position within TOL_REL
+/* Whether got matches want: the same probabilities position by position within tol_rel
  * (relative), and the same ids, except that two ids whose probabilities are within that
  * tolerance of each other may trade places (a tie broken by a rounding difference). */
-static bool same_dist(const tp_dist *got, const tp_dist *want, char *why, size_t cap,
-                      double *worst) {
+static bool same_dist(const tp_dist *got, const tp_dist *want, double tol_rel, char *why,
+                      size_t cap, double *worst) {
     for (uint32_t j = 0; j < want->k; j++) {
-        double tol = TOL_REL * fabs((double)want->probs[j]) + 1e-12;
+        double tol = tol_rel * fabs((double)want->probs[j]) + 1e-12;
         double d = fabs((double)got->probs[j] - want->probs[j]);
         if (want->probs[j] > 0) *worst = fmax(*worst, d / want->probs[j]);
         if (d > tol) {
@@ -280,8 +286,9 @@ static tp_result *shared_results(size_t n) {
     return p;
 }
 
-/* Runs the scenario at tp 1, 2 and 4 on model and checks the groups against tp 1. */
-static void check_model(const char *model) {
+/* Runs the scenario at tp 1, 2 and 4 on model and checks the groups against tp 1 within tol
+ * (relative). */
+static void check_model(const char *model, double tol) {
     tp_result *res = shared_results(1 + 2 + 4);
     tp_result *at[5] = {NULL, res, res + 1, NULL, res + 3};
     for (uint32_t tp = 1; tp <= 4; tp *= 2) {
@@ -303,7 +310,7 @@ static void check_model(const char *model) {
         double worst = 0;
         for (uint32_t i = 0; i < ref->n_dists; i++) {
             char why[256];
-            cr_expect(same_dist(&g[0].dists[i], &ref->dists[i], why, sizeof why, &worst),
+            cr_expect(same_dist(&g[0].dists[i], &ref->dists[i], tol, why, sizeof why, &worst),
                       "%s at tp %u: distribution %u (top_k %u): %s", model, tp, i, ref->dists[i].k,
                       why);
         }
@@ -312,9 +319,8 @@ static void check_model(const char *model) {
             lw = fmax(lw, fabs((double)g[0].logits[v] - ref->logits[v]));
             scale = fmax(scale, fabs((double)ref->logits[v]));
         }
-        cr_expect(lw <= TOL_REL * scale,
-                  "%s at tp %u: logits differ by %.3g (relative), more than %g", model, tp,
-                  lw / scale, TOL_REL);
+        cr_expect(lw <= tol * scale, "%s at tp %u: logits differ by %.3g (relative), more than %g",
+                  model, tp, lw / scale, tol);
         /* KV heads: split at tp 2 (2 → 1 each), replicated at tp 4 (1 each) */
         for (uint32_t r = 0; r < tp; r++) {
             cr_expect_eq(g[r].info.tp_rank, r);
@@ -332,16 +338,18 @@ static void check_model(const char *model) {
     munmap(res, 7 * sizeof(tp_result));
 }
 
-Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_f32) { check_model("tiny-f32"); }
+Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_f32) { check_model("tiny-f32", TOL_REL); }
 
 Test(eng_tp, tp_2_and_4_give_tp_1_distributions_with_an_untied_lm_head) {
-    check_model("tiny-sharded");
+    check_model("tiny-sharded", TOL_REL);
 }
 
-Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_bf16) { check_model("tiny-bf16"); }
+Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_bf16) { check_model("tiny-bf16", TOL_REL_BF16); }
 
 /* 8 heads, 2 KV heads: at tp 4 two ranks share each KV head, two query heads each */
-Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_the_small_model) { check_model("small-f32"); }
+Test(eng_tp, tp_2_and_4_give_tp_1_distributions_on_the_small_model) {
+    check_model("small-f32", TOL_REL);
+}
 
 /* ---- greedy generation ------------------------------------------------------------------------
  */
@@ -513,8 +521,9 @@ Test(eng_tp, tp_2_over_tcp_gives_the_bits_of_tp_2_over_shared_memory) {
     cr_assert_eq(wrk_coll_tcp_listen("127.0.0.1:0", &fd, &port, &st), PIE_OK, "%s", st.msg);
     char leader[64];
     snprintf(leader, sizeof leader, "127.0.0.1:%u", port);
-    tp_run runs[2] = {{.model = "small-f32", .res = res},
-                      {.model = "small-f32", .res = res + 2, .tcp_leader = leader, .listen_fd = fd}};
+    tp_run runs[2] = {
+        {.model = "small-f32", .res = res},
+        {.model = "small-f32", .res = res + 2, .tcp_leader = leader, .listen_fd = fd}};
     for (int i = 0; i < 2; i++) {
         int status[PIE_TESTRANKS_MAX];
         int failed = pie_testranks_run(2, rank_scenario, &runs[i], status);

@@ -23,7 +23,7 @@
 #include "pie_testranks.h"
 #include "wrk_coll.h"
 
-#define CHUNK (64u << 10) /* rank 0's receive chunk in these tests: large sums take several */
+#define CHUNK   (64u << 10) /* rank 0's receive chunk in these tests: large sums take several */
 #define N_RANKS 3
 
 static const size_t SIZES[] = {1, 3, 1000, CHUNK / 4, CHUNK / 4 + 1, 5 * CHUNK / 4 + 7};
@@ -63,8 +63,8 @@ static void run_ranks(uint32_t n, pie_testranks_fn fn, tcp_world *w) {
     int failed = pie_testranks_run(n, fn, w, status);
     cr_assert_geq(failed, 0, "fork failed");
     for (uint32_t r = 0; r < n; r++)
-        cr_expect_eq(status[r], 0, "process %u of %u failed (status %d; its stderr says why)", r,
-                     n, status[r]);
+        cr_expect_eq(status[r], 0, "process %u of %u failed (status %d; its stderr says why)", r, n,
+                     status[r]);
 }
 
 /* A process that is not rank 0 closes its inherited copy of rank 0's listener first. */
@@ -75,9 +75,14 @@ static void drop_listener(const tcp_world *w, bool is_rank0) {
 /* Joins as `rank` of n with `epoch` (the world's transport); NULL with *st on failure. */
 static wrk_coll *join(tcp_world *w, uint32_t rank, uint32_t n, const char *name, uint64_t epoch,
                       uint32_t timeout_ms, pie_status *st) {
-    wrk_coll_opts o = {.name = name, .epoch = epoch, .rank = rank, .n_ranks = n,
-                       .chunk_bytes = CHUNK, .timeout_ms = timeout_ms,
-                       .tcp_leader = w->leader, .tcp_listen_fd = rank == 0 ? w->listen_fd : -1};
+    wrk_coll_opts o = {.name = name,
+                       .epoch = epoch,
+                       .rank = rank,
+                       .n_ranks = n,
+                       .chunk_bytes = CHUNK,
+                       .timeout_ms = timeout_ms,
+                       .tcp_leader = w->leader,
+                       .tcp_listen_fd = rank == 0 ? w->listen_fd : -1};
     wrk_coll *c = NULL;
     return wrk_coll_open(&o, &c, st) == PIE_OK ? c : NULL;
 }
@@ -119,8 +124,7 @@ static int ops_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
                        "all-gather: %s", st.msg);
         for (uint32_t r = 0; r < n; r++)
             PIE_RANK_CHECK(rank, all[2 * r] == r * 10 + 1 && all[2 * r + 1] == r * 10 + 2,
-                           "all-gather: rank %u's slot holds %u %u", r, all[2 * r],
-                           all[2 * r + 1]);
+                           "all-gather: rank %u's slot holds %u %u", r, all[2 * r], all[2 * r + 1]);
         char text[100] = "";
         if (rank == 2) snprintf(text, sizeof text, "from rank 2");
         PIE_RANK_CHECK(rank, wrk_coll_bcast(c, 2, text, sizeof text, &st) == PIE_OK,
@@ -177,13 +181,13 @@ static int join_rank(uint32_t proc, uint32_t n_procs, const char *name, void *ar
     drop_listener(w, proc == 0);
     if (proc == 2) {
         c = join(w, 1, N_RANKS, name, 99, 20000, &st);
-        PIE_RANK_CHECK(proc, !c && st.code == PIE_FAILED_PRECONDITION &&
-                                 strstr(st.msg, "another formation"),
-                       "a rank of epoch 99 was not refused: %s", st.msg);
+        PIE_RANK_CHECK(
+            proc, !c && st.code == PIE_FAILED_PRECONDITION && strstr(st.msg, "another formation"),
+            "a rank of epoch 99 was not refused: %s", st.msg);
         c = join(w, 1, N_RANKS + 1, name, 5, 20000, &st);
-        PIE_RANK_CHECK(proc, !c && st.code == PIE_FAILED_PRECONDITION &&
-                                 strstr(st.msg, "group of 4 ranks"),
-                       "a rank of a 4-rank group was not refused: %s", st.msg);
+        PIE_RANK_CHECK(
+            proc, !c && st.code == PIE_FAILED_PRECONDITION && strstr(st.msg, "group of 4 ranks"),
+            "a rank of a 4-rank group was not refused: %s", st.msg);
         w->flags[0] = 1;
         return 0;
     }
@@ -216,8 +220,7 @@ Test(wrk_coll_tcp, ranks_of_another_epoch_size_or_a_taken_rank_are_refused_and_t
     cr_expect_eq(w->codes[winner], 0, "both processes claiming rank 1 were refused");
     cr_expect_eq(w->codes[refused], PIE_ALREADY_EXISTS, "the second rank 1: code %d: %s",
                  w->codes[refused], w->msgs[refused]);
-    cr_expect(strstr(w->msgs[refused], "rank 1 already joined this epoch"), "%s",
-              w->msgs[refused]);
+    cr_expect(strstr(w->msgs[refused], "rank 1 already joined this epoch"), "%s", w->msgs[refused]);
     world_free(w);
 }
 

@@ -61,10 +61,10 @@ typedef struct tcp_frame {
 struct wrk_coll_tcp {
     uint32_t rank, n;
     uint32_t timeout_ms;
-    size_t chunk;     /* bytes of rank 0's receive scratch */
-    int *fd;          /* rank 0: [n] (fd[0] unused, -1); others: fd[0] is the link to rank 0 */
-    float *scratch;   /* rank 0: chunk bytes */
-    pie_code failed;  /* PIE_OK until the group fails (sticky) */
+    size_t chunk;    /* bytes of rank 0's receive scratch */
+    int *fd;         /* rank 0: [n] (fd[0] unused, -1); others: fd[0] is the link to rank 0 */
+    float *scratch;  /* rank 0: chunk bytes */
+    pie_code failed; /* PIE_OK until the group fails (sticky) */
     char failed_msg[PIE_STATUS_MSG_MAX];
 };
 
@@ -144,8 +144,8 @@ static struct addrinfo *resolve(const char *hostport, bool passive, pie_status *
     const char *colon = hostport ? strrchr(hostport, ':') : NULL;
     size_t hl = colon ? (size_t)(colon - hostport) : 0;
     if (!colon || hl == 0 || hl >= sizeof host || colon[1] == '\0') {
-        pie_status_set(st, PIE_INVALID_ARGUMENT,
-                       "wrk_coll: tcp leader '%.200s' must be host:port", hostport ? hostport : "");
+        pie_status_set(st, PIE_INVALID_ARGUMENT, "wrk_coll: tcp leader '%.200s' must be host:port",
+                       hostport ? hostport : "");
         return NULL;
     }
     memcpy(host, hostport, hl);
@@ -155,8 +155,8 @@ static struct addrinfo *resolve(const char *hostport, bool passive, pie_status *
         host[hl - 1] = '\0';
         h = host + 1;
     }
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = passive ? AI_PASSIVE : 0};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
     struct addrinfo *ai = NULL;
     int rc = getaddrinfo(h, colon + 1, &hints, &ai);
     if (rc != 0) {
@@ -237,7 +237,8 @@ static pie_code tcp_io(wrk_coll_tcp *t, uint32_t peer, void *buf, size_t len, bo
     return PIE_OK;
 }
 
-/* Reads exactly len bytes from fd (outside the group's failure handling) by deadline_ns; 0 on success. */
+/* Reads exactly len bytes from fd (outside the group's failure handling) by deadline_ns; 0 on
+ * success. */
 static int read_by(int fd, void *buf, size_t len, uint64_t deadline_ns) {
     char *p = buf;
     while (len > 0) {
@@ -276,8 +277,8 @@ static pie_code recv_header(wrk_coll_tcp *t, uint32_t peer, uint32_t op, uint32_
         char why[TCP_ABORT_MSG + 1] = "";
         size_t len = f.bytes < TCP_ABORT_MSG ? (size_t)f.bytes : TCP_ABORT_MSG;
         if (read_by(t->fd[0], why, len, deadline_in(1000)) == 0) why[len] = '\0';
-        return tcp_fail(t, PIE_UNAVAILABLE, st, "wrk_coll %s: the group failed: %s",
-                        op_name(op), why[0] ? why : "rank 0 aborted it");
+        return tcp_fail(t, PIE_UNAVAILABLE, st, "wrk_coll %s: the group failed: %s", op_name(op),
+                        why[0] ? why : "rank 0 aborted it");
     }
     if (f.op != op || f.root != root || f.bytes != bytes)
         return tcp_fail(t, PIE_INTERNAL, st,
@@ -291,8 +292,8 @@ static pie_code recv_header(wrk_coll_tcp *t, uint32_t peer, uint32_t op, uint32_
 static pie_code recv_frame(wrk_coll_tcp *t, uint32_t peer, uint32_t op, uint32_t root,
                            void *payload, uint64_t bytes, uint64_t deadline_ns, pie_status *st) {
     pie_code rc = recv_header(t, peer, op, root, bytes, deadline_ns, st);
-    if (rc == PIE_OK && bytes) rc = tcp_io(t, peer, payload, bytes, false, deadline_ns,
-                                           op_name(op), st);
+    if (rc == PIE_OK && bytes)
+        rc = tcp_io(t, peer, payload, bytes, false, deadline_ns, op_name(op), st);
     return rc;
 }
 
@@ -304,8 +305,7 @@ static pie_code reply(int fd, pie_code code, const char *msg) {
     tcp_reply r = {.magic = TCP_MAGIC, .code = (uint32_t)code, .len = (uint32_t)len};
     memcpy(buf, &r, sizeof r);
     memcpy(buf + sizeof r, msg, len);
-    return send(fd, buf, sizeof r + len, MSG_NOSIGNAL | MSG_DONTWAIT) ==
-                   (ssize_t)(sizeof r + len)
+    return send(fd, buf, sizeof r + len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(sizeof r + len)
                ? PIE_OK
                : PIE_UNAVAILABLE;
 }
@@ -348,8 +348,8 @@ static pie_code accept_ranks(wrk_coll_tcp *t, int lfd, uint64_t epoch, uint64_t 
         int to = poll_ms(deadline_ns);
         if (to == 0)
             return pie_status_set(st, PIE_DEADLINE_EXCEEDED,
-                                  "wrk_coll_open: %u of %u ranks joined within %u ms", joined,
-                                  t->n, t->timeout_ms);
+                                  "wrk_coll_open: %u of %u ranks joined within %u ms", joined, t->n,
+                                  t->timeout_ms);
         if (poll(&pf, 1, to) <= 0) continue;
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
@@ -407,16 +407,19 @@ static pie_code connect_leader(wrk_coll_tcp *t, const char *leader, uint64_t dea
             return pie_status_set(st, PIE_DEADLINE_EXCEEDED,
                                   "wrk_coll_open: rank %u could not reach rank 0 at %.200s within "
                                   "%u ms (%s)",
-                                  t->rank, leader, t->timeout_ms, err ? strerror(err) : "no answer");
+                                  t->rank, leader, t->timeout_ms,
+                                  err ? strerror(err) : "no answer");
         struct timespec ts = {0, (long)TCP_RETRY_NS};
         nanosleep(&ts, NULL);
     }
 }
 
 /* Ranks 1..n-1: says who it is and waits for rank 0's welcome or refusal. */
-static pie_code join_leader(wrk_coll_tcp *t, uint64_t epoch, uint64_t deadline_ns,
-                            pie_status *st) {
-    tcp_hello h = {.magic = TCP_MAGIC, .rank = t->rank, .n_ranks = t->n, .version = TCP_VERSION,
+static pie_code join_leader(wrk_coll_tcp *t, uint64_t epoch, uint64_t deadline_ns, pie_status *st) {
+    tcp_hello h = {.magic = TCP_MAGIC,
+                   .rank = t->rank,
+                   .n_ranks = t->n,
+                   .version = TCP_VERSION,
                    .epoch = epoch};
     tcp_reply r;
     if (tcp_io(t, 0, &h, sizeof h, true, deadline_ns, "join", st) != PIE_OK ||
@@ -486,8 +489,8 @@ static pie_code add_from(wrk_coll_tcp *t, uint32_t r, float *buf, size_t n, uint
     size_t per = t->chunk / sizeof(float);
     for (size_t off = 0; off < n;) {
         size_t m = n - off < per ? n - off : per;
-        pie_code rc = tcp_io(t, r, t->scratch, m * sizeof(float), false, deadline_ns,
-                             "all-reduce", st);
+        pie_code rc =
+            tcp_io(t, r, t->scratch, m * sizeof(float), false, deadline_ns, "all-reduce", st);
         if (rc != PIE_OK) return rc;
         for (size_t j = 0; j < m; j++) buf[off + j] += t->scratch[j];
         off += m;
