@@ -108,15 +108,16 @@ static const pie_config_field wrk_fields[] = {
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
      .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
-            "and the group registers as one worker; 1 = no tensor parallelism"},
+            "(or, with tp.rank, is one of them) and the group registers as one worker; 1 = no "
+            "tensor parallelism"},
     {"tp.rank", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, tp_rank), .def = "-1", .min = "-1",
      .max = "63",
-     .doc = "rank of this process in a group started rank by rank (-1 = not one: with tp.size "
-            "> 1 this process starts every rank itself; separate rank processes are not "
-            "implemented yet)"},
+     .doc = "rank of this process in a group started rank by rank, e.g. one pod each (-1 = not "
+            "one: with tp.size > 1 this process starts every rank itself); rank 0 serves "
+            "Worker/TpJoin, the others join it at tp.leader; LWS_WORKER_INDEX fills it"},
     {"tp.leader", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, tp_leader), .def = "",
-     .doc = "host:port of rank 0 for ranks in other pods (empty = LWS_LEADER_ADDRESS, if set; "
-            "groups across pods are not implemented yet)"},
+     .doc = "rank 0's gRPC host:port for ranks started on their own (empty = "
+            "LWS_LEADER_ADDRESS, if set; without a port, this worker's server.listen port)"},
     {"tp.timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(wrk_config, tp_timeout_ms), .def = "30s",
      .min = "100ms", .max = "1h",
      .doc = "longest wait for another rank of the group within a step (and for all ranks to "
@@ -296,6 +297,22 @@ static void unload(wrk_loaded *l) {
     memset(l, 0, sizeof *l);
 }
 
+/* Rank 0 of a group whose ranks start one by one: a fresh epoch and the collective's listener
+ * in *me, and TpJoin admits the others from now on. */
+static pie_code offer_join(const wrk_config *cfg, wrk_node *node, wrk_tp_rank *me,
+                           pie_status *st) {
+    wrk_tp_model_id id;
+    wrk_tp_offer offer;
+    pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
+    if (rc == PIE_OK) rc = wrk_tp_offer_open(cfg->group_id, &id, me, &offer, st);
+    if (rc != PIE_OK) return rc;
+    wrk_node_set_tp_offer(node, &offer);
+    pie_log_info("wrk.tp.offer", "group=%s tp_size=%u epoch=%016llx collective_port=%u model=%s",
+                 offer.group_id, offer.tp_size, (unsigned long long)offer.epoch, offer.port,
+                 id.name);
+    return PIE_OK;
+}
+
 /* The worker the cluster sees: a whole worker, or rank 0 of a group (me->size > 1). Returns
  * the exit status. */
 static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_rank *me) {
@@ -335,7 +352,11 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
                  wrk_backends[cfg->backend], cfg->model_path, me->size);
     int64_t t0 = rpc_now_ns();
     pie_code rc = PIE_OK;
-    if (me->size > 1) rc = wrk_tp_group_open(tpc, me, cfg->group_id, &group, &st);
+    wrk_tp_rank joined = *me; /* a group of ranks started one by one: rank 0 offers TpJoin */
+    if (me->size > 1 && tpc->rank == 0) rc = offer_join(cfg, node, &joined, &st);
+    if (rc == PIE_OK && me->size > 1)
+        rc = wrk_tp_group_open(tpc, &joined, cfg->group_id, &group, &st);
+    if (me->size > 1 && tpc->rank == 0) wrk_node_set_tp_offer(node, NULL); /* formed, or not */
     if (rc == PIE_OK) rc = load(cfg, group, me, &loaded, &st);
     if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, loaded.rank_device, &st);
     if (rc != PIE_OK) {
@@ -418,8 +439,27 @@ static void follower_emit(void *user, uint64_t epoch, const Pie__V1__WorkerUp *u
     (void)user, (void)epoch, (void)up;
 }
 
+/* A rank started on its own: joins rank 0 through Worker/TpJoin (*me gets the epoch and the
+ * collective's endpoint). */
+static pie_code join_leader(const wrk_config *cfg, const wrk_tp_config *tpc, wrk_tp_rank *me,
+                            pie_status *st) {
+    wrk_tp_model_id id;
+    pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
+    if (rc != PIE_OK) return rc;
+    svc *s = svc_create("worker", &cfg->svc, st); /* token and TLS of this service; no server */
+    if (!s) return st->code;
+    char device[64];
+    snprintf(device, sizeof device, "cpu: %ld threads", rank_threads(cfg));
+    rc = wrk_tp_join(tpc, s, cfg->svc.listen, cfg->group_id, &id, device, me, st);
+    svc_stop(s);
+    if (rc == PIE_OK)
+        pie_log_info("wrk.tp.joined", "rank=%u tp_size=%u epoch=%016llx collective=%s", me->rank,
+                     me->size, (unsigned long long)me->epoch, me->tcp_leader);
+    return rc;
+}
+
 /* Ranks 1..N-1 of a group: load the shard, then run what rank 0 broadcasts. Returns the exit
- * status: 0 when rank 0 stopped the group, 1 when it failed. */
+ * status: 0 when rank 0 stopped the group, 1 when it failed, 2 when it refused this rank. */
 static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_rank *me) {
     pie_log_set_level((pie_log_level)cfg->svc.log_level);
     pie_log_set_service("worker");
@@ -430,7 +470,12 @@ static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_
     memset(&loaded, 0, sizeof loaded);
     int status = 1;
     int64_t t0 = rpc_now_ns();
-    if (wrk_tp_group_open(tpc, me, cfg->group_id, &group, &st) != PIE_OK ||
+    wrk_tp_rank joined = *me;
+    if (tpc->rank > 0 && join_leader(cfg, tpc, &joined, &st) != PIE_OK) {
+        status = 2; /* refused, or rank 0 never answered: a configuration to fix */
+        goto done;
+    }
+    if (wrk_tp_group_open(tpc, &joined, cfg->group_id, &group, &st) != PIE_OK ||
         load(cfg, group, me, &loaded, &st) != PIE_OK)
         goto done;
     /* before the barrier: rank 0 registers only after this line is written */
@@ -508,7 +553,9 @@ int main(int argc, char **argv) {
         goto done;
     }
     cfg.tp_size = tpc.size;
-    if (tpc.size > 1) {
+    if (tpc.size > 1 && tpc.rank >= 0) { /* a rank started on its own: rank 0 or a joiner */
+        me = (wrk_tp_rank){.rank = (uint32_t)tpc.rank, .size = tpc.size};
+    } else if (tpc.size > 1) {
         pie_log_set_level((pie_log_level)cfg.svc.log_level);
         pie_log_set_service("worker");
         if (!wrk_tp_launch(&tpc, &me, &status)) goto done; /* the launcher: the group ended */

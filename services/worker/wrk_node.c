@@ -44,6 +44,10 @@ struct wrk_node {
     wrk_tp_rank_info *rank_info;
     Pie__V1__TpRank *rank_pb, **rank_ptrs;
     size_t n_ranks;
+    /* a group whose ranks start one by one: what TpJoin offers (rank 0), under tp_mu */
+    pthread_mutex_t tp_mu;
+    wrk_tp_offer tp_offer;
+    bool has_tp_offer;
 
     wrk_exec *exec;
     rpc_channel *ch;
@@ -405,9 +409,8 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     return false;
 }
 
-static bool tpjoin_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
-    wrk_node *w = user;
-    const Pie__V1__TpJoinRequest *r = (const Pie__V1__TpJoinRequest *)req;
+/* TpJoin without an offer: this worker forms no group from separate processes. */
+static bool tpjoin_refuse(rpc_call *call, wrk_node *w, const Pie__V1__TpJoinRequest *r) {
     char msg[400];
     if (w->cfg.tp_size <= 1)
         snprintf(msg, sizeof msg,
@@ -415,11 +418,50 @@ static bool tpjoin_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     else
         snprintf(msg, sizeof msg,
                  "TpJoin: rank %u asked to join, but worker group %s forms its %u ranks itself "
-                 "(one pie-worker with tp.size %u forks them); joining from another process is "
-                 "not implemented",
+                 "(one pie-worker with tp.size %u forks them), or has formed already",
                  r->rank, atomic_load(&w->group_id), w->cfg.tp_size, w->cfg.tp_size);
     rpc_call_finish(call, PIE_FAILED_PRECONDITION, msg);
     return false;
+}
+
+static bool tpjoin_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
+    wrk_node *w = user;
+    const Pie__V1__TpJoinRequest *r = (const Pie__V1__TpJoinRequest *)req;
+    pthread_mutex_lock(&w->tp_mu);
+    if (!w->has_tp_offer) {
+        pthread_mutex_unlock(&w->tp_mu);
+        return tpjoin_refuse(call, w, r);
+    }
+    pie_status st;
+    pie_code rc = wrk_tp_offer_admit(&w->tp_offer, r, &st);
+    Pie__V1__TpJoinResponse resp = PIE__V1__TP_JOIN_RESPONSE__INIT;
+    char endpoint[300], host[256] = "";
+    resp.tp_size = w->tp_offer.tp_size;
+    resp.epoch = w->tp_offer.epoch;
+    resp.collective = PIE__V1__COLLECTIVE__COLLECTIVE_HOST;
+    uint16_t port = w->tp_offer.port;
+    pthread_mutex_unlock(&w->tp_mu);
+    if (rc != PIE_OK) {
+        pie_log_warn("wrk.tp.join_refused", "rank=%u code=%s error=\"%s\"", r->rank,
+                     pie_code_name(rc), st.msg);
+        rpc_call_finish(call, rc, st.msg);
+        return false;
+    }
+    /* the rank connects to the host it reached us on; this one is for humans and logs */
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "rank0");
+    snprintf(endpoint, sizeof endpoint, "%s:%u", host, port);
+    resp.host_endpoint = endpoint;
+    pie_log_info("wrk.tp.rank_joined", "rank=%u device=\"%s\" epoch=%016llx", r->rank,
+                 r->device ? r->device : "", (unsigned long long)resp.epoch);
+    rpc_call_reply(call, &resp.base);
+    return false;
+}
+
+void wrk_node_set_tp_offer(wrk_node *w, const wrk_tp_offer *offer) {
+    pthread_mutex_lock(&w->tp_mu);
+    if (offer) w->tp_offer = *offer;
+    w->has_tp_offer = offer != NULL;
+    pthread_mutex_unlock(&w->tp_mu);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
@@ -462,6 +504,15 @@ wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_
         pthread_mutex_destroy(&w->send_mu);
         free(w);
         pie_status_set(st, PIE_INTERNAL, "pthread_cond_init failed");
+        return NULL;
+    }
+    if (pthread_mutex_init(&w->tp_mu, NULL) != 0) {
+        pthread_cond_destroy(&w->drain_cv);
+        pthread_cond_destroy(&w->beat_cv);
+        pthread_mutex_destroy(&w->beat_mu);
+        pthread_mutex_destroy(&w->send_mu);
+        free(w);
+        pie_status_set(st, PIE_INTERNAL, "pthread_mutex_init failed");
         return NULL;
     }
     w->g_linked = pie_metrics_gauge(metrics, "pie_worker_controller_linked",
@@ -616,6 +667,7 @@ void wrk_node_destroy(wrk_node *w) {
     pthread_cond_destroy(&w->beat_cv);
     pthread_mutex_destroy(&w->beat_mu);
     pthread_mutex_destroy(&w->send_mu);
+    pthread_mutex_destroy(&w->tp_mu);
     free(w->rank_info);
     free(w->rank_pb);
     free(w->rank_ptrs);

@@ -7,7 +7,8 @@
  * (results of a step received on an earlier connection are never sent on a later one), splitting
  * results larger than server.max_message at batch boundaries, Drain, the drain of SIGTERM
  * (WorkerUp.draining, then waiting for the controller's release),
- * Info and TpJoin (refused: a group's ranks are forked by its launcher, tp/wrk_tp.h). In a
+ * Info and TpJoin (rank 0 of a group whose ranks start one by one admits them against its
+ * offer, tp/wrk_tp.h; otherwise refused: a launcher forks its ranks itself). In a
  * tensor-parallel group only rank 0 has a node: it registers the group once with its tp_size.
  * Does not own: running batches (wrk_exec.c), what is announced (wrk_desc.c), loading the
  * model (wrk_main.c), the other ranks (tp/wrk_tp.c). */
@@ -40,6 +41,11 @@ wrk_node *wrk_node_create(const wrk_node_config *cfg, pie_metrics *metrics, pie_
 
 /* pie.v1.Worker methods bound to the node; *n gets the count. */
 const rpc_method *wrk_node_methods(wrk_node *w, size_t *n);
+
+struct wrk_tp_offer;
+/* Rank 0 of a group whose ranks start one by one (before the group forms): TpJoin admits
+ * ranks against this offer (copied) and answers with its epoch and collective endpoint. */
+void wrk_node_set_tp_offer(wrk_node *w, const struct wrk_tp_offer *offer); /* NULL: none */
 
 /* Loading failed: Info says FAILED with this status from now on. */
 void wrk_node_set_failed(wrk_node *w, const pie_status *why);

@@ -32,6 +32,16 @@
 pie_proc *e2e_worker_start(const char *ctl_env) { return e2e_worker_start_env(ctl_env, NULL); }
 
 pie_proc *e2e_worker_start_env(const char *ctl_env, const char *const *extra) {
+    pie_proc *w = e2e_worker_spawn_env(ctl_env, extra);
+    pie_status st;
+    if (pie_proc_wait_ready(w, START_MS, &st) != PIE_OK) {
+        pie_proc_destroy(w);
+        cr_assert_fail("%s", st.msg);
+    }
+    return w;
+}
+
+pie_proc *e2e_worker_spawn_env(const char *ctl_env, const char *const *extra) {
     const char *wenv[WRK_ENV_MAX] = {ctl_env,
                                      "PIE_MODEL_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
                                      "PIE_BACKEND=cpu",
@@ -45,7 +55,7 @@ pie_proc *e2e_worker_start_env(const char *ctl_env, const char *const *extra) {
     }
     pie_proc_opts wo = {.env = wenv};
     pie_status st;
-    pie_proc *w = pie_proc_start("pie-worker", &wo, START_MS, &st);
+    pie_proc *w = pie_proc_spawn("pie-worker", &wo, &st);
     cr_assert(w, "%s", st.msg);
     return w;
 }

@@ -50,6 +50,9 @@ void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const ch
 pie_proc *e2e_worker_start(const char *ctl_env);
 /* The same with extra settings (NULL-terminated "PIE_KEY=value", at most 9; NULL: none). */
 pie_proc *e2e_worker_start_env(const char *ctl_env, const char *const *extra);
+/* The same worker, started without waiting for it to serve (a rank of a group that forms only
+ * once its other ranks joined; pie_proc_wait_ready later). */
+pie_proc *e2e_worker_spawn_env(const char *ctl_env, const char *const *extra);
 /* Stops all three (each must exit 0) and frees. */
 void e2e_cluster_stop(e2e_cluster *c);
 

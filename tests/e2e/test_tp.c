@@ -478,11 +478,125 @@ Test(tp, groups_this_build_cannot_run_are_refused_with_a_reason) {
                          "LWS_WORKER_INDEX=1",
                          "LWS_LEADER_ADDRESS=pie-worker-0.pie:50054",
                          NULL};
-    refused(lws, "a group across pods or nodes needs a TCP collective, which is not implemented");
+    refused(lws, "tp.size 4 in a LeaderWorkerSet group of 2 pods: a group across pods runs one "
+                 "rank per pod, so tp.size must be 2");
     const char *rank[] = {model, "PIE_TP_SIZE=2", "PIE_TP_RANK=1", NULL};
-    refused(rank, "tp.rank 1 with tp.size 2");
+    refused(rank, "tp.rank 1 needs tp.leader");
+    const char *leader[] = {model, "PIE_TP_SIZE=2", "PIE_TP_LEADER=127.0.0.1:1", NULL};
+    refused(leader, "tp.leader \"127.0.0.1:1\" without tp.rank");
     const char *cuda[] = {model, "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
     refused(cuda, "tp.size 2 needs backend cpu");
     const char *range[] = {model, "PIE_TP_RANK=1", NULL};
     refused(range, "tp.rank 1 is out of range");
+}
+
+/* ---- ranks started one by one (a LeaderWorkerSet group of pods) --------------------------- */
+
+/* A rank of group "lws" started on its own: rank 0 serves on listen_env's address, the others
+ * join it there (TpJoin, then the collective over TCP). extra: more settings or NULL. */
+static pie_proc *lws_rank(const char *ctl_env, const char *listen_env, const char *leader_env,
+                          uint32_t rank, const char *size_env, const char *extra) {
+    char rank_env[32];
+    snprintf(rank_env, sizeof rank_env, "PIE_TP_RANK=%u", rank);
+    const char *env[] = {
+        "PIE_WORKER_GROUP_ID=lws", size_env, rank_env, rank == 0 ? listen_env : leader_env,
+        "PIE_TP_TIMEOUT=20s",      extra,    NULL};
+    return e2e_worker_spawn_env(ctl_env, env);
+}
+
+/* A rank that Worker/TpJoin refuses exits 2 and its log says why. */
+static void join_refused(pie_proc *p, const char *says) {
+    pie_status st;
+    int rc = pie_proc_wait(p, STOP_MS, &st);
+    char *log = pie_proc_log(p);
+    cr_expect_eq(rc, 2, "exit status %d (%s); log:\n%s", rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, says), "the refusal does not say \"%s\":\n%s", says,
+              log ? log : "");
+    free(log);
+    pie_proc_destroy(p);
+}
+
+/* Covers issue 14's LeaderWorkerSet case on loopback: rank 0 and rank 1 are separate pie-worker
+ * processes started one by one (tp.rank, tp.leader; TpJoin; the TCP collective). Ranks of
+ * another group size or model are refused with INVALID_ARGUMENT naming the field, and the group
+ * still forms; its inferlets print what a tp 1 worker prints; a rank killed in the middle of
+ * decoding takes the group out: the instance ends UNAVAILABLE naming the group and rank 0
+ * exits. */
+Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says) {
+    const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
+    e2e_cluster c;
+    e2e_cluster_start_full(&c, tp1_env, NULL, NULL);
+    pie_status st;
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    char *ids[3] = {e2e_upload(&c, "text_completion"), e2e_upload(&c, "parallel_generation"),
+                    e2e_upload(&c, "prefix_caching")};
+    wait_workers(ctl, "tp1", 1);
+    e2e_run tp1[N_RUNS], grp[N_RUNS];
+    run_programs(&c, ids, tp1);
+    cr_assert_eq(pie_proc_stop(c.wrk, STOP_MS, &st), 0, "the tp 1 worker: %s", st.msg);
+    pie_proc_destroy(c.wrk);
+
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char ctl_env[96], listen_env[64], leader_env[64];
+    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
+    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
+    c.wrk = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", NULL);
+    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=3", NULL),
+                 "tp_size 3, but group lws has 2 ranks");
+    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2",
+                          "PIE_MODEL_NAME=another-model"),
+                 "but group lws serves");
+    pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    cr_assert_eq(pie_proc_wait_ready(c.wrk, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
+    wait_workers(ctl, "lws", 2);
+    Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+    cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
+    expect_ranks(cs->workers[0]->ranks, cs->workers[0]->n_ranks, "ClusterStatus");
+    cr_expect_eq(cs->workers[0]->ranks[1]->pid, (uint32_t)pie_proc_pid(r1),
+                 "rank 1's pid is not the process started as rank 1");
+    rpc_msg_free(&cs->base);
+
+    run_programs(&c, ids, grp);
+    for (int i = 0; i < N_RUNS; i++) {
+        cr_expect_eq(grp[i].n_msgs, tp1[i].n_msgs, "run %d: %zu messages in the group, %zu at tp 1",
+                     i, grp[i].n_msgs, tp1[i].n_msgs);
+        for (size_t j = 0; j < tp1[i].n_msgs && j < grp[i].n_msgs; j++)
+            cr_expect(grp[i].msg_lens[j] == tp1[i].msg_lens[j] &&
+                          memcmp(grp[i].msgs[j], tp1[i].msgs[j], tp1[i].msg_lens[j]) == 0,
+                      "run %d, message %zu: the group sent\n  \"%s\"\ntp 1 sent\n  \"%s\"", i, j,
+                      grp[i].msgs[j], tp1[i].msgs[j]);
+    }
+
+    /* rank 1 dies in the middle of decoding: the group is out */
+    rpc_stream *s = generate_long(&c, ids[0]);
+    cr_assert_eq(kill((pid_t)pie_proc_pid(r1), SIGKILL), 0);
+    e2e_run r;
+    e2e_run_collect(s, &r);
+    cr_expect_eq(r.status_code, PIE_UNAVAILABLE, "the instance ended with %u \"%s\"", r.status_code,
+                 r.status_msg ? r.status_msg : "");
+    cr_expect(r.status_msg && strstr(r.status_msg, "worker lws ("),
+              "the instance's status does not name the group: \"%s\"",
+              r.status_msg ? r.status_msg : "");
+    e2e_run_free(&r);
+    int rc = pie_proc_wait(c.wrk, STOP_MS, &st);
+    char *tail = pie_proc_log_tail(c.wrk, 3000);
+    cr_expect_eq(rc, 3, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, tail);
+    cr_expect(tail && strstr(tail, "rank 1 of 2 is gone"),
+              "rank 0's log does not say that rank 1 is gone:\n%s", tail);
+    free(tail);
+    wait_workers(ctl, NULL, 0);
+    pie_proc_destroy(c.wrk);
+    c.wrk = NULL;
+    pie_proc_destroy(r1);
+
+    for (int i = 0; i < N_RUNS; i++) {
+        e2e_run_free(&tp1[i]);
+        e2e_run_free(&grp[i]);
+    }
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c);
 }

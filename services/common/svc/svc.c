@@ -410,6 +410,18 @@ pie_metrics *svc_metrics(svc *s) { return s->metrics; }
 int svc_port(const svc *s) { return rpc_server_port(s->server); }
 int svc_metrics_port(const svc *s) { return s->httpd ? (int)pie_httpd_port(s->httpd) : 0; }
 
+rpc_channel *svc_channel(const svc *s, const char *target, pie_status *st) {
+    int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX
+                                                                  : (int)s->cfg->max_message_bytes;
+    rpc_channel_opts co = {
+        .token = s->token[0] ? s->token : NULL,
+        .max_recv_bytes = max_msg,
+        .max_send_bytes = max_msg,
+    };
+    svc_tls_client(s, &co);
+    return rpc_channel_create(target, &co, st);
+}
+
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st) {
     int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX

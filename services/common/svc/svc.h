@@ -196,6 +196,10 @@ int svc_metrics_port(const svc *s); /* bound metrics port, 0 if off */
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st);
 
+/* A channel to another service at target ("host:port") with this service's token, TLS and
+ * message size (e.g. a tensor-parallel rank calling rank 0's Worker/TpJoin). NULL on failure. */
+rpc_channel *svc_channel(const svc *s, const char *target, pie_status *st);
+
 /* Graceful stop of the gRPC server (grace from the config) and the metrics endpoint; the
  * metrics registry stays valid, so threads that still update metrics (links to the
  * controller) can be stopped after it. Idempotent; NULL is fine. */

@@ -24,8 +24,11 @@
 #include <unistd.h>
 
 #include "pie/v1/controller.pb-c.h"
+#include "pie/v1/worker.pb-c.h"
 #include "pie_log.h"
+#include "pie_sha256.h"
 #include "rpc.h"
+#include "svc.h"
 #include "wrk_coll.h"
 
 #define WRK_TP_EXIT_GROUP_FAILED 3 /* a rank left because its group failed */
@@ -63,7 +66,8 @@ static long long env_index(const char *name) {
 
 pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st) {
     const char *lws_leader = getenv("LWS_LEADER_ADDRESS");
-    if ((c->leader == NULL || c->leader[0] == '\0') && lws_leader != NULL) c->leader = lws_leader;
+    bool explicit_leader = c->leader != NULL && c->leader[0] != '\0';
+    if (!explicit_leader && lws_leader != NULL) c->leader = lws_leader;
     if (c->leader == NULL) c->leader = "";
     long long index = env_index("LWS_WORKER_INDEX"), pods = env_index("LWS_GROUP_SIZE");
     if (index == -2 || pods == -2)
@@ -72,43 +76,48 @@ pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st) {
                               "(\"%s\", \"%s\")",
                               getenv("LWS_WORKER_INDEX") ? getenv("LWS_WORKER_INDEX") : "",
                               getenv("LWS_GROUP_SIZE") ? getenv("LWS_GROUP_SIZE") : "");
-    if (pods > 1 || index > 0)
-        return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "tp: this pod is pod %lld of a LeaderWorkerSet group of %lld pods "
-                              "(leader %s); a group across pods or nodes needs a TCP collective, "
-                              "which is not implemented: run the group in one pod (tp.size = "
-                              "the pod's ranks, tensorParallel.nodes 1)",
-                              index < 0 ? 0 : index, pods < 0 ? 1 : pods,
-                              c->leader[0] ? c->leader : "unknown");
+    if (pods > 1 || index > 0) { /* a LeaderWorkerSet group of pods: one rank per pod */
+        if (pods < 1) pods = index + 1;
+        if (c->size <= 1) c->size = (uint32_t)pods;
+        if (c->size != (uint64_t)pods)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "tp.size %u in a LeaderWorkerSet group of %lld pods: a group "
+                                  "across pods runs one rank per pod, so tp.size must be %lld",
+                                  c->size, pods, pods);
+        if (c->rank < 0) c->rank = (int32_t)(index < 0 ? 0 : index);
+    }
     if (c->size <= 1) {
         if (c->rank > 0)
             return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                   "tp.rank %d is out of range: tp.size is 1 (ranks 0 .. 0)",
                                   (int)c->rank);
         c->size = 1;
+        c->rank = -1;
         return PIE_OK;
     }
-    if (c->rank >= 0)
-        return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "tp.rank %d with tp.size %u: a rank started on its own would join "
-                              "rank 0 through Worker/TpJoin, which is not implemented; leave "
-                              "tp.rank unset and one pie-worker with tp.size %u starts all %u "
-                              "ranks itself",
-                              (int)c->rank, c->size, c->size, c->size);
-    if (c->leader[0] != '\0' && lws_leader == NULL)
-        return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "tp.leader \"%s\": joining a rank 0 in another process is not "
-                              "implemented (Worker/TpJoin); leave tp.leader empty and one "
-                              "pie-worker with tp.size %u starts all ranks itself",
+    if (c->size > WRK_COLL_MAX_RANKS)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "tp.size %u is more than %u ranks", c->size,
+                              WRK_COLL_MAX_RANKS);
+    if (c->rank >= (int32_t)c->size)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tp.rank %d is out of range: tp.size is %u (ranks 0 .. %u)",
+                              (int)c->rank, c->size, c->size - 1);
+    if (c->rank > 0 && c->leader[0] == '\0')
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tp.rank %d needs tp.leader: rank 0's host:port (its gRPC server), "
+                              "which LWS_LEADER_ADDRESS fills in a LeaderWorkerSet",
+                              (int)c->rank);
+    if (c->rank < 0 && explicit_leader)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "tp.leader \"%s\" without tp.rank: a rank started on its own says "
+                              "which it is; leave both unset and one pie-worker with tp.size %u "
+                              "starts all ranks itself",
                               c->leader, c->size);
     if (strcmp(backend, "cpu") != 0)
         return pie_status_set(st, PIE_UNIMPLEMENTED,
                               "tp.size %u needs backend cpu: the %s backend does not run "
                               "tensor-parallel groups yet (NCCL is not implemented)",
                               c->size, backend);
-    if (c->size > WRK_COLL_MAX_RANKS)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "tp.size %u is more than %u ranks", c->size,
-                              WRK_COLL_MAX_RANKS);
     return PIE_OK;
 }
 
@@ -252,6 +261,190 @@ bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status) {
     return false;
 }
 
+/* ---- ranks started one by one: TpJoin ---------------------------------------------------- */
+
+#define WRK_TP_JOIN_MIN_MS   120000 /* a rank looks for rank 0 at least this long */
+#define WRK_TP_JOIN_RETRY_MS 200
+
+pie_code wrk_tp_model_id_load(const char *model_path, const char *model_name, wrk_tp_model_id *out,
+                              pie_status *st) {
+    memset(out, 0, sizeof *out);
+    if (model_name && model_name[0]) {
+        snprintf(out->name, sizeof out->name, "%s", model_name);
+    } else { /* wrk_desc's default: the basename of model.path */
+        size_t len = strlen(model_path);
+        while (len > 1 && model_path[len - 1] == '/') len--;
+        size_t b = len;
+        while (b > 0 && model_path[b - 1] != '/') b--;
+        snprintf(out->name, sizeof out->name, "%.*s", (int)(len - b), model_path + b);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_path);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return pie_status_set(st, PIE_NOT_FOUND, "tp: cannot read %s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    pie_code rc = PIE_OK;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *nb = cap <= (64u << 20) ? realloc(buf, cap) : NULL;
+            if (!nb) {
+                rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "tp: %s is too large", path);
+                break;
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + len, 1, cap - len, f);
+        len += k;
+        if (k == 0) break;
+    }
+    if (rc == PIE_OK && ferror(f))
+        rc = pie_status_set(st, PIE_INTERNAL, "tp: reading %s failed", path);
+    if (rc == PIE_OK) rc = pie_sha256_hex(buf, len, out->config_sha256, st);
+    free(buf);
+    (void)fclose(f);
+    return rc;
+}
+
+pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, wrk_tp_rank *me,
+                           wrk_tp_offer *offer, pie_status *st) {
+    uint16_t port = 0;
+    me->epoch = random_epoch();
+    pie_code rc = wrk_coll_tcp_listen("0.0.0.0:0", &me->tcp_listen_fd, &port, st);
+    if (rc != PIE_OK) return rc;
+    /* rank 0 accepts on its listener: the address only marks the transport */
+    snprintf(me->tcp_leader, sizeof me->tcp_leader, "0.0.0.0:%u", port);
+    memset(offer, 0, sizeof *offer);
+    snprintf(offer->group_id, sizeof offer->group_id, "%s", group_id);
+    offer->tp_size = me->size;
+    offer->epoch = me->epoch;
+    offer->port = port;
+    offer->model = *id;
+    offer->joined = 1; /* rank 0 */
+    return PIE_OK;
+}
+
+/* "pie-c/1.2.3" → 1; -1 when it is not of that form. */
+static long version_major(const char *v) {
+    const char *p = v ? strchr(v, '/') : NULL;
+    if (!p || p[1] < '0' || p[1] > '9') return -1;
+    return strtol(p + 1, NULL, 10);
+}
+
+pie_code wrk_tp_offer_admit(wrk_tp_offer *o, const Pie__V1__TpJoinRequest *r, pie_status *st) {
+    const char *grp = r->group_id ? r->group_id : "", *model = r->model ? r->model : "";
+    const char *sha = r->config_sha256 ? r->config_sha256 : "";
+    if (strcmp(grp, o->group_id) != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u: group_id \"%.160s\" is not this group's (\"%s\")",
+                              r->rank, grp, o->group_id);
+    if (r->tp_size != o->tp_size)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u: tp_size %u, but group %s has %u ranks", r->rank,
+                              r->tp_size, o->group_id, o->tp_size);
+    if (r->rank == 0 || r->rank >= o->tp_size)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u is out of range [1, %u) for group %s", r->rank,
+                              o->tp_size, o->group_id);
+    if (strcmp(model, o->model.name) != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u: model \"%.160s\", but group %s serves \"%s\"",
+                              r->rank, model, o->group_id, o->model.name);
+    if (strcmp(sha, o->model.config_sha256) != 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u: config_sha256 %.64s differs from rank 0's %s (the "
+                              "model's config.json is not the same file)",
+                              r->rank, sha, o->model.config_sha256);
+    if (version_major(r->version) != version_major("pie-c/" PIE_VERSION))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "TpJoin: rank %u: version \"%.64s\" has another major version than "
+                              "rank 0's \"pie-c/%s\"",
+                              r->rank, r->version ? r->version : "", PIE_VERSION);
+    if (o->joined & (1ull << r->rank))
+        return pie_status_set(st, PIE_ALREADY_EXISTS,
+                              "TpJoin: rank %u of group %s already joined this epoch (%016llx)",
+                              r->rank, o->group_id, (unsigned long long)o->epoch);
+    o->joined |= 1ull << r->rank;
+    return PIE_OK;
+}
+
+/* target ← leader, with own_listen's port when leader has none ("host", "[v6]"). */
+static void join_target(const char *leader, const char *own_listen, char *out, size_t cap) {
+    bool has_port = leader[0] == '[' ? strstr(leader, "]:") != NULL
+                                     : strchr(leader, ':') != NULL; /* bare IPv6: left alone */
+    const char *port = own_listen ? strrchr(own_listen, ':') : NULL;
+    if (has_port || !port)
+        snprintf(out, cap, "%s", leader);
+    else
+        snprintf(out, cap, "%s%s", leader, port);
+}
+
+/* out ← target's host with the port of endpoint "host:port". */
+static pie_code coll_target(const char *target, const char *endpoint, char *out, size_t cap,
+                            pie_status *st) {
+    const char *ep = endpoint ? strrchr(endpoint, ':') : NULL, *tc = strrchr(target, ':');
+    if (!ep || ep[1] == '\0' || !tc)
+        return pie_status_set(st, PIE_INTERNAL,
+                              "TpJoin: rank 0 answered host_endpoint \"%.200s\", not host:port",
+                              endpoint ? endpoint : "");
+    snprintf(out, cap, "%.*s%s", (int)(tc - target), target, ep);
+    return PIE_OK;
+}
+
+pie_code wrk_tp_join(const wrk_tp_config *c, const svc *s, const char *own_listen,
+                     const char *group_id, const wrk_tp_model_id *id, const char *device,
+                     wrk_tp_rank *me, pie_status *st) {
+    char target[300];
+    join_target(c->leader, own_listen, target, sizeof target);
+    rpc_channel *ch = svc_channel(s, target, st);
+    if (!ch) return st->code;
+    Pie__V1__TpJoinRequest req = PIE__V1__TP_JOIN_REQUEST__INIT;
+    req.group_id = (char *)group_id;
+    req.rank = me->rank;
+    req.tp_size = me->size;
+    req.model = (char *)id->name;
+    req.config_sha256 = (char *)id->config_sha256;
+    req.version = "pie-c/" PIE_VERSION;
+    req.device = (char *)device;
+    uint64_t wait_ms = c->timeout_ms > WRK_TP_JOIN_MIN_MS ? c->timeout_ms : WRK_TP_JOIN_MIN_MS;
+    int64_t deadline = rpc_now_ns() + (int64_t)wait_ms * 1000000;
+    pie_code rc;
+    ProtobufCMessage *m = NULL;
+    for (;;) {
+        rpc_call_opts co = {.timeout_ms = 10000};
+        rc = rpc_unary(ch, "/pie.v1.Worker/TpJoin", &req.base,
+                       &pie__v1__tp_join_response__descriptor, &m, &co, st);
+        /* rank 0 not up yet (or still loading its server): try again */
+        bool retry = rc == PIE_UNAVAILABLE || rc == PIE_DEADLINE_EXCEEDED;
+        if (!retry || rpc_now_ns() > deadline) break;
+        struct timespec ts = {0, WRK_TP_JOIN_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (rc == PIE_OK) {
+        const Pie__V1__TpJoinResponse *r = (const Pie__V1__TpJoinResponse *)m;
+        if (r->tp_size != me->size || r->epoch == 0 ||
+            r->collective != PIE__V1__COLLECTIVE__COLLECTIVE_HOST)
+            rc = pie_status_set(st, PIE_FAILED_PRECONDITION,
+                                "TpJoin: rank 0 at %s answered tp_size %u, epoch %llx, collective "
+                                "%d: not a host collective of %u ranks",
+                                target, r->tp_size, (unsigned long long)r->epoch, r->collective,
+                                me->size);
+        else
+            rc = coll_target(target, r->host_endpoint, me->tcp_leader, sizeof me->tcp_leader, st);
+        me->epoch = r->epoch;
+        rpc_msg_free(m);
+    } else {
+        char why[PIE_STATUS_MSG_MAX];
+        snprintf(why, sizeof why, "%s", st->msg);
+        pie_status_set(st, rc, "tp: rank %u could not join rank 0 at %s: %s", me->rank, target,
+                       why);
+    }
+    rpc_channel_destroy(ch);
+    return rc;
+}
+
 /* ---- the group ---------------------------------------------------------------------------- */
 
 pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const char *group_id,
@@ -268,6 +461,8 @@ pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const 
         .n_ranks = me->size,
         .chunk_bytes = (size_t)c->chunk_bytes,
         .timeout_ms = c->timeout_ms,
+        .tcp_leader = me->tcp_leader[0] ? me->tcp_leader : NULL,
+        .tcp_listen_fd = me->tcp_listen_fd,
     };
     pie_code rc = wrk_coll_open(&o, &g->coll, st);
     if (rc != PIE_OK) {

@@ -3,13 +3,14 @@
  * collective (wrk_coll.h); rank 0 is the worker the controller sees.
  *
  * Owns: resolving the tp.* configuration with the LeaderWorkerSet environment and refusing what
- * cannot work yet (groups across pods or nodes, ranks started by someone else, backends other
- * than cpu); the launcher (fork the ranks, supervise them: a rank that ends badly takes the
- * group down and the launcher exits 1; SIGTERM/SIGINT go to rank 0, whose orderly stop ends
- * the others); the group's collective (a fresh shm segment per launch, named by the launcher's
- * pid and a random epoch); and the fan-out of steps: rank 0 broadcasts every WorkerDown that
- * holds batches (re-serialized), every reset of the slots and its stop, and ranks 1..N-1 run
- * the same executor steps on their shard and drop the results.
+ * cannot work (backends other than cpu, inconsistent ranks); the launcher (fork the ranks,
+ * supervise them: a rank that ends badly takes the group down and the launcher exits 1;
+ * SIGTERM/SIGINT go to rank 0, whose orderly stop ends the others); ranks started one by one
+ * (rank 0's TpJoin offer and its checks, a rank's TpJoin call; their collective is the TCP
+ * transport); the group's collective (a fresh shm segment per launch, named by the launcher's
+ * pid and a random epoch, or TCP); and the fan-out of steps: rank 0 broadcasts every
+ * WorkerDown that holds batches (re-serialized), every reset of the slots and its stop, and
+ * ranks 1..N-1 run the same executor steps on their shard and drop the results.
  * Does not own: the sharded math (engine/eng_cpu_tp.c), the link to the controller and the
  * registration (wrk_node.c, rank 0 only), running a step (wrk_exec.c).
  *
@@ -42,12 +43,13 @@ typedef struct wrk_tp_config {
     uint64_t chunk_bytes; /* tp.chunk: bytes per rank per collective step */
 } wrk_tp_config;
 
-/* Fills tp.leader from LWS_LEADER_ADDRESS when empty and refuses, with a message naming the key
- * or variable, what this build cannot run: a LeaderWorkerSet group of several pods
- * (LWS_GROUP_SIZE > 1 or LWS_WORKER_INDEX > 0: ranks on other nodes need a TCP collective), a
- * tp.rank given with tp.size > 1 (ranks started one by one join through Worker/TpJoin, not
- * implemented), tp.rank out of range, and tp.size > 1 on a backend other than cpu.
- * INVALID_ARGUMENT or UNIMPLEMENTED. */
+/* Fills tp.leader from LWS_LEADER_ADDRESS when empty, and tp.rank from LWS_WORKER_INDEX (and
+ * tp.size from LWS_GROUP_SIZE when it is 1) in a LeaderWorkerSet group of several pods, one
+ * rank per pod. Refuses, with a message naming the key or variable: tp.rank out of range, a
+ * rank above 0 without tp.leader, tp.leader without tp.rank, a group of pods whose tp.size is
+ * not its pod count, and tp.size > 1 on a backend other than cpu. INVALID_ARGUMENT or
+ * UNIMPLEMENTED. Afterwards tp.rank >= 0 with tp.size > 1 means "a rank started on its own":
+ * rank 0 serves TpJoin, the others call it (wrk_tp_join). */
 pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st);
 
 /* One rank of a launched group. */
@@ -55,7 +57,55 @@ typedef struct wrk_tp_rank {
     uint32_t rank, size;
     uint64_t epoch;     /* this launch's formation of the group */
     char coll_name[64]; /* the collective's shm name: "/pie-tp-<launcher pid>-<epoch hex>" */
+    /* Ranks started on their own: the collective's TCP transport ("" = shared memory).
+     * Rank 0: tcp_listen_fd is its listener (the group takes it over); the others:
+     * tcp_leader is rank 0's collective endpoint "host:port". */
+    char tcp_leader[320];
+    int tcp_listen_fd;
 } wrk_tp_rank;
+
+/* What a rank started on its own shows rank 0 (TpJoin): the model's name as this worker will
+ * announce it (model.name, or the basename of model.path) and the SHA-256 of its config.json. */
+typedef struct wrk_tp_model_id {
+    char name[160];
+    char config_sha256[65];
+} wrk_tp_model_id;
+
+pie_code wrk_tp_model_id_load(const char *model_path, const char *model_name, wrk_tp_model_id *out,
+                              pie_status *st);
+
+/* Rank 0 of a group whose ranks start one by one: what TpJoin checks and answers. */
+typedef struct wrk_tp_offer {
+    char group_id[160];
+    uint32_t tp_size;
+    uint64_t epoch;
+    uint16_t port; /* the collective's listener */
+    wrk_tp_model_id model;
+    uint64_t joined; /* bit r: rank r asked to join this epoch */
+} wrk_tp_offer;
+
+/* Rank 0: a fresh epoch and the collective's listener (all interfaces, any free port) in *me,
+ * the offer TpJoin makes in *offer. */
+pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, wrk_tp_rank *me,
+                           wrk_tp_offer *offer, pie_status *st);
+
+struct Pie__V1__TpJoinRequest;
+/* Rank 0's TpJoin check of one request against its offer (marks the rank joined): the
+ * contract's errors, INVALID_ARGUMENT naming the field that differs (group_id, tp_size, rank,
+ * model, config_sha256, version), ALREADY_EXISTS for a rank that joined this epoch. */
+pie_code wrk_tp_offer_admit(wrk_tp_offer *offer, const struct Pie__V1__TpJoinRequest *r,
+                            pie_status *st);
+
+struct svc;
+/* Ranks 1..N-1 started on their own: calls Worker/TpJoin on c->leader (a leader without a port,
+ * as LWS_LEADER_ADDRESS gives it, gets own_listen's: every rank has the same config), retrying
+ * while rank 0
+ * is not up yet (the pods of a group start in any order) for up to 2 minutes or tp.timeout,
+ * whichever is longer, and fills me->epoch and me->tcp_leader (rank 0's host, the endpoint's
+ * port). A refusal comes back with its code and rank 0's message. */
+pie_code wrk_tp_join(const wrk_tp_config *c, const struct svc *s, const char *own_listen,
+                     const char *group_id, const wrk_tp_model_id *id, const char *device,
+                     wrk_tp_rank *me, pie_status *st);
 
 /* Forks c->size rank processes and supervises them. Returns true in each rank (*me says which;
  * the rank carries on with main and, when it dies with its launcher, by PR_SET_PDEATHSIG), and
