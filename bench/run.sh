@@ -102,9 +102,11 @@ cmds_gateway() { # inside a local cluster (1 worker, 1 lifecycle replica, 1 gate
 cmds_tp() { # the host collective, then the sharded cpu engine at tp 1 and 2 (bench/results/tp.md)
   if [ $quick = 1 ]; then
     echo "$B/bench/bench_tp coll --quick"
+    echo "$B/bench/bench_tp coll --tcp --quick"
     echo "$B/bench/bench_tp engine $models/llama1b-bf16 --tp 1,2 --prefill 32 --context 64 --batch 4 --steps 2 --rounds 1"
   else
     echo "$B/bench/bench_tp coll"
+    echo "$B/bench/bench_tp coll --tcp"
     echo "$B/bench/bench_tp engine $models/llama1b-bf16 --tp 1,2 --prefill 128 --context 256 --batch 8 --steps 8"
   fi
 }

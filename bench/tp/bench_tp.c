@@ -7,7 +7,8 @@
  *            for large ones (256 KiB .. 64 MiB) between --ranks processes, against a memcpy
  *            of the same size in one process (the bound: a shared-memory all-reduce copies each
  *            rank's input in and the result out at least once); and a barrier (the floor of any
- *            step). Median per operation over 5 repetitions.
+ *            step). Median per operation over 5 repetitions. --tcp: the same over the
+ *            collective's TCP transport on loopback (ranks on different nodes).
  *   engine   for each tp in --tp (e.g. 1,2): a prefill of --prefill tokens and decode steps
  *            (embed + forward + next_dist top 256) at batch 1 and --batch over a --context token
  *            context, every rank with --threads / tp engine threads; median step times, the
@@ -17,7 +18,7 @@
  * Does not own: what the collective or engine do (their own files); the recorded results and
  * their discussion (bench/results/tp.md).
  *
- * Usage: bench_tp coll [--ranks 2] [--quick]
+ * Usage: bench_tp coll [--ranks 2] [--tcp] [--quick]
  *        bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] [--context 256]
  *                 [--batch 8] [--steps 8]
  * Output: Markdown tables. Ranks exchange results through an anonymous shared mapping made
@@ -111,6 +112,8 @@ static const size_t coll_sizes[] = {4,         64,       1024,     16384,     65
 
 typedef struct coll_job {
     int quick;
+    char tcp_leader[64];       /* "127.0.0.1:<port>": the TCP transport; "": shared memory */
+    int listen_fd;             /* rank 0's listener (TCP) */
     double ar_s[N_COLL_SIZES]; /* median seconds per all-reduce (rank 0's view) */
     double barrier_s;
 } coll_job;
@@ -150,7 +153,13 @@ static int coll_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
     coll_job *job = arg;
     pie_status st = {0};
     wrk_coll *c = NULL;
-    if (coll_join(rank, n, name, &c, &st) != PIE_OK) {
+    wrk_coll_opts o = {.name = name, .epoch = 1, .rank = rank, .n_ranks = n};
+    if (job->tcp_leader[0]) {
+        o.tcp_leader = job->tcp_leader;
+        o.tcp_listen_fd = rank == 0 ? job->listen_fd : -1;
+        if (rank != 0) close(job->listen_fd); /* rank 0's, inherited */
+    }
+    if (wrk_coll_open(&o, &c, &st) != PIE_OK) {
         fprintf(stderr, "bench_tp: rank %u: %s\n", rank, st.msg);
         return 1;
     }
@@ -194,7 +203,7 @@ static void print_size(size_t b) {
         printf("%zu B", b);
 }
 
-static int bench_coll(uint32_t ranks, int quick) {
+static int bench_coll(uint32_t ranks, int quick, int tcp) {
     coll_job *job = shared_alloc(sizeof *job);
     size_t top = coll_sizes[N_COLL_SIZES - 1];
     char *src = malloc(top), *dst = malloc(top);
@@ -203,6 +212,16 @@ static int bench_coll(uint32_t ranks, int quick) {
         return 1;
     }
     job->quick = quick;
+    job->listen_fd = -1;
+    if (tcp) {
+        pie_status st = {0};
+        uint16_t port = 0;
+        if (wrk_coll_tcp_listen("127.0.0.1:0", &job->listen_fd, &port, &st) != PIE_OK) {
+            fprintf(stderr, "bench_tp: %s\n", st.msg);
+            return 1;
+        }
+        snprintf(job->tcp_leader, sizeof job->tcp_leader, "127.0.0.1:%u", port);
+    }
     memset(src, 1, top);
     memset(dst, 2, top);
     double mc[N_COLL_SIZES];
@@ -210,10 +229,17 @@ static int bench_coll(uint32_t ranks, int quick) {
         mc[s] = memcpy_time(dst, src, coll_sizes[s], coll_iters(coll_sizes[s], quick));
     free(src);
     free(dst);
-    if (btp_run_ranks(ranks, coll_rank, job) != 0) return 1;
-    printf("host all-reduce (sum, f32) between %u processes (wrk_coll, shared memory; chunk 1 MiB, "
-           "direct path up to %u KiB per step); median of %d loops\n\n",
-           ranks, WRK_COLL_DIRECT_BYTES >> 10, BTP_REPS);
+    int rc = btp_run_ranks(ranks, coll_rank, job);
+    if (job->listen_fd >= 0) close(job->listen_fd);
+    if (rc != 0) return 1;
+    if (tcp)
+        printf("host all-reduce (sum, f32) between %u processes over TCP on loopback (wrk_coll's "
+               "TCP transport: a star through rank 0); median of %d loops\n\n",
+               ranks, BTP_REPS);
+    else
+        printf("host all-reduce (sum, f32) between %u processes (wrk_coll, shared memory; chunk 1 "
+               "MiB, direct path up to %u KiB per step); median of %d loops\n\n",
+               ranks, WRK_COLL_DIRECT_BYTES >> 10, BTP_REPS);
     printf("| message | all-reduce | memcpy of the same bytes (1 process) | all-reduce / memcpy | "
            "all-reduce throughput | memcpy throughput |\n| --- | --- | --- | --- | --- | --- |\n");
     for (size_t s = 0; s < N_COLL_SIZES; s++) {
@@ -540,7 +566,7 @@ static int bench_engine_tp(const eng_opts_cli *o) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--quick]\n"
+    fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--tcp] [--quick]\n"
                     "       bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] "
                     "[--context 256] [--batch 8] [--steps 8] [--rounds 3]\n");
     return 2;
@@ -549,10 +575,12 @@ static int usage(void) {
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "coll") == 0) {
         uint32_t ranks = 2;
-        int quick = 0;
+        int quick = 0, tcp = 0;
         for (int i = 2; i < argc; i++) {
             if (strcmp(argv[i], "--quick") == 0)
                 quick = 1;
+            else if (strcmp(argv[i], "--tcp") == 0)
+                tcp = 1;
             else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
                 long v = strtol(argv[++i], NULL, 10);
                 if (v < 2 || v > WRK_COLL_MAX_RANKS) return usage();
@@ -560,7 +588,7 @@ int main(int argc, char **argv) {
             } else
                 return usage();
         }
-        return bench_coll(ranks, quick);
+        return bench_coll(ranks, quick, tcp);
     }
     if (argc >= 2 && strcmp(argv[1], "engine") == 0) {
         eng_opts_cli o;
