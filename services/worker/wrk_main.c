@@ -363,6 +363,10 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         wrk_node_set_failed(node, &st);
         pie_log_error("wrk.load_failed", "backend=%s code=%s error=\"%s\"",
                       wrk_backends[cfg->backend], pie_code_name(st.code), st.msg);
+        /* Rank 0 of ranks started one by one whose group did not form (a rank never came, or
+         * died while loading): exit, so whoever restarts the group forms it under a new epoch;
+         * staying up FAILED would keep the group's pods from ever re-forming. */
+        if (me->size > 1 && tpc->rank == 0) goto done;
         int sig = svc_wait_for_signal();
         pie_log_info("wrk.signal", "signal=%d", sig);
         goto done; /* exit 1: the worker never served */

@@ -600,3 +600,23 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
     rpc_channel_destroy(ctl);
     e2e_cluster_stop(&c);
 }
+
+/* Rank 0 of ranks started one by one whose other ranks never come exits (status 1, saying how
+ * many joined), so that whoever restarts the group forms it again under a new epoch. */
+Test(tp, a_rank_0_whose_ranks_never_join_exits_so_the_group_can_form_again) {
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char listen_env[64];
+    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    const char *env[] = {"PIE_WORKER_GROUP_ID=alone", "PIE_TP_SIZE=2", "PIE_TP_RANK=0",
+                         "PIE_TP_TIMEOUT=1s",         listen_env,      NULL};
+    pie_proc *r0 = e2e_worker_spawn_env("PIE_CONTROLLER_ADDRESS=127.0.0.1:1", env);
+    pie_status st;
+    int rc = pie_proc_wait(r0, STOP_MS, &st);
+    char *log = pie_proc_log(r0);
+    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, "1 of 2 ranks joined within 1000 ms"),
+              "rank 0 does not say that its rank never joined:\n%s", log ? log : "");
+    free(log);
+    pie_proc_destroy(r0);
+}
