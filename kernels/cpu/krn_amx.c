@@ -231,10 +231,57 @@ KRN_TARGET_AMX static void block(const uint16_t *w, int in, const uint32_t *xp, 
     }
 }
 
+/* y[r, o] for o in [o, o + 16) and the rows of both groups (n in 17..32), W read once: one W
+ * tile (4) against four x tiles per 32 k, C tile 2q + part for group q. Only three B tiles are
+ * left (5-7), so group 1's lo part reuses tile 5 after group 0's hi product has read it. Reading
+ * W once matters: in the two-group form of block() the second group's pass over the same W
+ * rows took 20-70% more time than the first (2 cores, bench/results/engine.md), whether or not
+ * the lo products ran. Same products, same order per C tile: the result is bit-identical to
+ * block()'s. */
+KRN_TARGET_AMX static void block_pair(const uint16_t *w, int in, const uint32_t *xp, int n, int o,
+                                      float *y, int out) {
+    const uint16_t *w0 = w + (size_t)o * (size_t)in;
+    size_t ldw = (size_t)in * 2, kstride = 2 * 512;
+    int KB = in / 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int kb = 0; kb < KB; kb++) {
+        const uint32_t *b = xp + (size_t)kb * kstride; /* group 0 hi, lo; group 1 hi, lo */
+        _tile_loadd(4, w0 + (size_t)kb * 32, ldw);
+        _tile_loadd(5, b, 64);
+        _tile_loadd(6, b + 256, 64);
+        _tile_loadd(7, b + 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, b + 768, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    float c[4][256] __attribute__((aligned(64)));
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    for (int q = 0; q < 2; q++) {
+        const float *hi = c[2 * q], *lo = c[2 * q + 1];
+        int r0 = q * 16, rn = n - r0 < 16 ? n - r0 : 16;
+        for (int j = 0; j < rn; j++)
+            for (int i = 0; i < 16; i++)
+                y[(size_t)(r0 + j) * (size_t)out + (size_t)(o + i)] = hi[i * 16 + j] + lo[i * 16 + j];
+    }
+}
+
 KRN_TARGET_AMX void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1,
                                  float *y, int out) {
     load_config();
     int n_groups = (n + 15) / 16;
+    if (n_groups == 2) {
+        for (int o = o0; o + 16 <= o1; o += 16) block_pair(w, in, xp, n, o, y, out);
+        _tile_release();
+        return;
+    }
     for (int o = o0; o + 16 <= o1; o += 32) {
         int two_a = o + 32 <= o1;
         for (int q = 0; q < n_groups; q++) block(w, in, xp, n_groups, q, two_a, n, o, y, out);
