@@ -480,6 +480,8 @@ Test(tp, groups_this_build_cannot_run_are_refused_with_a_reason) {
                          NULL};
     refused(lws, "tp.size 4 in a LeaderWorkerSet group of 2 pods: a group across pods runs one "
                  "rank per pod, so tp.size must be 2");
+    const char *huge[] = {model, "LWS_GROUP_SIZE=100", "LWS_WORKER_INDEX=1", NULL};
+    refused(huge, "LWS_GROUP_SIZE 100 or LWS_WORKER_INDEX 1: a group has at most 64 ranks");
     const char *rank[] = {model, "PIE_TP_SIZE=2", "PIE_TP_RANK=1", NULL};
     refused(rank, "tp.rank 1 needs tp.leader");
     const char *leader[] = {model, "PIE_TP_SIZE=2", "PIE_TP_LEADER=127.0.0.1:1", NULL};

@@ -76,6 +76,11 @@ pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st) {
                               "(\"%s\", \"%s\")",
                               getenv("LWS_WORKER_INDEX") ? getenv("LWS_WORKER_INDEX") : "",
                               getenv("LWS_GROUP_SIZE") ? getenv("LWS_GROUP_SIZE") : "");
+    if (pods > WRK_COLL_MAX_RANKS || index >= WRK_COLL_MAX_RANKS)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "LWS_GROUP_SIZE %lld or LWS_WORKER_INDEX %lld: a group has at most "
+                              "%u ranks",
+                              pods, index, WRK_COLL_MAX_RANKS);
     if (pods > 1 || index > 0) { /* a LeaderWorkerSet group of pods: one rank per pod */
         if (pods < 1) pods = index + 1;
         if (c->size <= 1) c->size = (uint32_t)pods;
