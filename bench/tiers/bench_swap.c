@@ -179,8 +179,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_swap MODEL_DIR [seqs ctx steps warmup threads gbps...]\n");
         return 2;
     }
-    bench_cfg c = {.model = argv[1], .seqs = 16, .ctx = 1024, .steps = 24, .warmup = 4,
-                   .threads = 2};
+    bench_cfg c = {
+        .model = argv[1], .seqs = 16, .ctx = 1024, .steps = 24, .warmup = 4, .threads = 2};
     uint32_t *f[] = {&c.seqs, &c.ctx, &c.steps, &c.warmup, &c.threads};
     for (int i = 0; i < 5 && i + 2 < argc; i++) *f[i] = (uint32_t)strtoul(argv[i + 2], NULL, 10);
     double gbps[8] = {0};
@@ -191,8 +191,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_swap: seqs 1..256, ctx and steps >= 1\n");
         return 2;
     }
-    eng_opts probe = {.model_dir = c.model, .kv_pages = 1, .embed_slots = 1,
-                      .max_batch_tokens = 1, .n_threads = 1};
+    eng_opts probe = {.model_dir = c.model,
+                      .kv_pages = 1,
+                      .embed_slots = 1,
+                      .max_batch_tokens = 1,
+                      .n_threads = 1};
     pie_status st = {0};
     eng *e = NULL;
     if (!check(eng_open(&probe, &e, &st), &st, "eng_open")) return 1;

@@ -11,9 +11,9 @@
 struct wrk_memrt {
     wrk_mem_plan plan;
     eng *e;
-    wrk_mem_adapt adapt;       /* step thread only */
-    uint32_t slots;            /* step thread only */
-    uint64_t last_stall_ns;    /* step thread only */
+    wrk_mem_adapt adapt;    /* step thread only */
+    uint32_t slots;         /* step thread only */
+    uint64_t last_stall_ns; /* step thread only */
     atomic_uint effective;
     void (*on_capacity)(void *user, uint32_t eff);
     void *on_capacity_user;
@@ -81,9 +81,9 @@ static void wrk_memrt_collect(void *arg) {
 static pie_code wrk_memrt_metrics(wrk_memrt *r, pie_metrics *m, pie_status *st) {
     for (int i = 0; i < 4; i++) {
         pie_metric_label l = {"policy", wrk_mem_policy_names[i]};
-        r->g_policy[i] = pie_metrics_gauge(m, "pie_worker_memory_policy",
-                                           "1 for the worker's memory.policy, 0 for the others",
-                                           &l, 1, st);
+        r->g_policy[i] =
+            pie_metrics_gauge(m, "pie_worker_memory_policy",
+                              "1 for the worker's memory.policy, 0 for the others", &l, 1, st);
         if (!r->g_policy[i]) return st->code;
         pie_gauge_set(r->g_policy[i], (int)r->plan.policy == i);
     }

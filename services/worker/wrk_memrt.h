@@ -22,8 +22,7 @@ typedef struct wrk_memrt wrk_memrt;
 
 /* plan is copied; e: the cpu engine the plan was applied to (NULL for the other backends);
  * metrics: NULL for none. */
-wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics,
-                            pie_status *st);
+wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics, pie_status *st);
 void wrk_memrt_destroy(wrk_memrt *r);
 
 Pie__V1__MemoryPolicy wrk_memrt_policy_pb(const wrk_memrt *r);

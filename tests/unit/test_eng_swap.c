@@ -40,8 +40,8 @@
 /* ---- engines ------------------------------------------------------------------------------ */
 
 typedef struct swap_setup {
-    uint32_t slots;     /* 0: policy gpu */
-    double link_bps;    /* emulated link; 0: memcpy */
+    uint32_t slots;  /* 0: policy gpu */
+    double link_bps; /* emulated link; 0: memcpy */
     uint64_t host_bytes;
     pie_code (*copy)(void *, void *, const void *, size_t, pie_status *);
     void *copy_user;
@@ -82,7 +82,7 @@ static eng *open_ok(const swap_setup *s) {
 /* What one run produced: the logits and top-8 distribution of every recorded output. */
 typedef struct run_out {
     uint32_t vocab;
-    float *logits;     /* [N_OUT][vocab] */
+    float *logits; /* [N_OUT][vocab] */
     uint32_t ids[N_OUT][8];
     float probs[N_OUT][8];
     uint32_t n;
@@ -97,7 +97,8 @@ static uint32_t tok(uint32_t seq, uint32_t i) { return (seq * 7919u + i * 104729
 static void embed(eng *e, uint32_t slot0, uint32_t seq, uint32_t from, uint32_t n) {
     uint32_t slots[128], toks[128], pos[128];
     cr_assert(n <= 128);
-    for (uint32_t i = 0; i < n; i++) slots[i] = slot0 + i, toks[i] = tok(seq, from + i), pos[i] = from + i;
+    for (uint32_t i = 0; i < n; i++)
+        slots[i] = slot0 + i, toks[i] = tok(seq, from + i), pos[i] = from + i;
     pie_status st = {0};
     cr_assert_eq(eng_embed_text(e, slots, toks, pos, n, &st), PIE_OK, "embed: %s", st.msg);
 }
@@ -135,7 +136,10 @@ static void record(eng *e, run_out *r, uint32_t slot) {
     pie_status st = {0};
     cr_assert_eq(eng_logits(e, slot, r->logits + (size_t)r->n * r->vocab, &st), PIE_OK, "%s",
                  st.msg);
-    eng_dist_item d = {.slot = slot, .top_k = 8, .temperature = 1.0f, .ids = r->ids[r->n],
+    eng_dist_item d = {.slot = slot,
+                       .top_k = 8,
+                       .temperature = 1.0f,
+                       .ids = r->ids[r->n],
                        .probs = r->probs[r->n]};
     cr_assert_eq(eng_next_dist(e, &d, 1, &st), PIE_OK, "%s", st.msg);
     r->n++;
@@ -153,11 +157,11 @@ static void workload(eng *e, run_out *r, step_hook hook) {
     uint32_t pa[] = {0, 1, 2}, pb[] = {3, 4}, pc[] = {5}, pd[] = {6, 7}, s[4][64];
     uint32_t step = 0;
     pie_status st = {0};
-#define STEP()                                   \
-    do {                                         \
-        note_host(e, r);                         \
-        if (hook) hook(e, step);                 \
-        step++;                                  \
+#define STEP()                   \
+    do {                         \
+        note_host(e, r);         \
+        if (hook) hook(e, step); \
+        step++;                  \
     } while (0)
     /* prefill A (30 tokens) and B (20), one batch */
     embed(e, 0, 1, 0, 30);
@@ -355,8 +359,7 @@ Test(eng_swap, set_slots_clamps_to_the_budget_and_needs_the_policy) {
 }
 
 /* A copy that moves nothing: every swap is "skipped". */
-static pie_code copy_nothing(void *user, void *dst, const void *src, size_t bytes,
-                             pie_status *st) {
+static pie_code copy_nothing(void *user, void *dst, const void *src, size_t bytes, pie_status *st) {
     (void)user, (void)dst, (void)src, (void)bytes, (void)st;
     return PIE_OK;
 }
@@ -394,8 +397,7 @@ typedef struct fail_plan {
     unsigned from, count;
 } fail_plan;
 
-static pie_code copy_failing(void *user, void *dst, const void *src, size_t bytes,
-                             pie_status *st) {
+static pie_code copy_failing(void *user, void *dst, const void *src, size_t bytes, pie_status *st) {
     fail_plan *p = user;
     unsigned k = atomic_fetch_add(&p->calls, 1);
     if (k >= p->from && k < p->from + p->count)
@@ -456,8 +458,8 @@ Test(eng_swap, a_host_pool_too_small_is_refused_at_open) {
 /* After a step ends (cursor back at layer 0) the idle link prefetches the next step's first
  * layers: with 3 of 6 layers' slots, layers 0, 1, 2 end up on the device, 3-5 on the host. */
 Test(wrk_tier, an_idle_link_prefetches_the_next_steps_first_layers) {
-    wrk_tier_config c = {.n_layers = 6, .layer_bytes = 4096, .slots = 3, .min_slots = 2,
-                         .host_buffers = 6};
+    wrk_tier_config c = {
+        .n_layers = 6, .layer_bytes = 4096, .slots = 3, .min_slots = 2, .host_buffers = 6};
     wrk_tier *t = NULL;
     pie_status st = {0};
     cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
@@ -468,7 +470,8 @@ Test(wrk_tier, an_idle_link_prefetches_the_next_steps_first_layers) {
             cr_assert_eq(wrk_tier_acquire(t, l, &base, &st), PIE_OK, "%s", st.msg);
             unsigned char *b = base;
             if (step == 0) memset(b, (int)(l + 1), 4096); /* each layer's own bytes */
-            cr_assert_eq(b[0], l + 1, "step %d layer %u holds layer %u's bytes", step, l, b[0] - 1u);
+            cr_assert_eq(b[0], l + 1, "step %d layer %u holds layer %u's bytes", step, l,
+                         b[0] - 1u);
             cr_assert_eq(b[4095], l + 1);
             wrk_tier_release(t, l);
         }

@@ -56,20 +56,20 @@ Test(wrk_mempol, swap_grows_the_pages_by_the_expansion_up_to_what_the_host_pool_
     cr_assert_eq(wrk_mem_effective(&p, 2), 400);
     /* a host pool of 800 pages' caches: S = 4 needs 8 - 4 + 2 = 6 caches of 200 pages (1200),
      * S = 5 needs 5 caches of 160 (800): it fits from 5 layers on the device */
-    wrk_mem_plan q = plan_ok(&(wrk_mem_config){.policy = WRK_MEM_SWAP,
-                                               .host_pool = 5ull * 160 * B});
+    wrk_mem_plan q =
+        plan_ok(&(wrk_mem_config){.policy = WRK_MEM_SWAP, .host_pool = 5ull * 160 * B});
     cr_assert_eq(q.min_slots, 5, "the smallest slot count the host pool can back");
     cr_assert_eq(q.kv_pages_max, 160);
     /* device_kv set: half the default */
-    wrk_mem_plan h = plan_ok(&(wrk_mem_config){.policy = WRK_MEM_SWAP, .device_kv = 400ull * B,
-                                               .host_pool = 1ull << 30});
+    wrk_mem_plan h = plan_ok(&(wrk_mem_config){
+        .policy = WRK_MEM_SWAP, .device_kv = 400ull * B, .host_pool = 1ull << 30});
     cr_assert_eq(h.kv_pages_gpu, 50);
     cr_assert_eq(h.kv_pages_max, 200);
 }
 
 Test(wrk_mempol, a_fixed_device_layer_count_is_the_effective_capacity) {
-    wrk_mem_plan p = plan_ok(&(wrk_mem_config){.policy = WRK_MEM_SWAP, .device_layers = 4,
-                                               .host_pool = 1ull << 30, .link_gbps = 8});
+    wrk_mem_plan p = plan_ok(&(wrk_mem_config){
+        .policy = WRK_MEM_SWAP, .device_layers = 4, .host_pool = 1ull << 30, .link_gbps = 8});
     cr_assert(!p.adaptive);
     cr_assert_eq(p.start_slots, 4);
     cr_assert_eq(p.kv_pages_max, 200);

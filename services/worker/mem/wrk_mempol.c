@@ -22,13 +22,13 @@ static uint64_t wrk_mem_host_need(const wrk_mem_plan *p, uint32_t min) {
     return (uint64_t)(p->n_layers - min + 2) * pages * p->page_layer_bytes;
 }
 
-static pie_code wrk_mem_plan_swap(const wrk_mem_config *c, const wrk_mem_shape *s,
-                                  wrk_mem_plan *p, pie_status *st) {
+static pie_code wrk_mem_plan_swap(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_mem_plan *p,
+                                  pie_status *st) {
     uint32_t n = s->n_layers;
     if (n < 2)
-        return pie_status_set(st, PIE_FAILED_PRECONDITION,
-                              "memory.policy swap: the model has %u layer; swapping needs 2 or more",
-                              n);
+        return pie_status_set(
+            st, PIE_FAILED_PRECONDITION,
+            "memory.policy swap: the model has %u layer; swapping needs 2 or more", n);
     if (c->device_layers > n || c->device_layers == 1)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "memory.device_layers %u is out of range [2, %u] for this model "
@@ -54,8 +54,8 @@ static pie_code wrk_mem_plan_swap(const wrk_mem_config *c, const wrk_mem_shape *
     p->min_slots = min;
     p->adaptive = c->device_layers == 0;
     p->start_slots = p->adaptive ? n : c->device_layers;
-    p->kv_pages_max = wrk_mem_pages(p->device_kv, (uint64_t)min * s->page_layer_bytes,
-                                    s->max_pages);
+    p->kv_pages_max =
+        wrk_mem_pages(p->device_kv, (uint64_t)min * s->page_layer_bytes, s->max_pages);
     p->host_bytes = wrk_mem_host_need(p, min);
     p->link_bytes_per_s = c->link_gbps > 0 ? c->link_gbps * 1e9 / 8 : 0;
     return PIE_OK;
@@ -63,9 +63,8 @@ static pie_code wrk_mem_plan_swap(const wrk_mem_config *c, const wrk_mem_shape *
 
 pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_mem_plan *p,
                            pie_status *st) {
-    *p = (wrk_mem_plan){.policy = c->policy,
-                        .n_layers = s->n_layers,
-                        .page_layer_bytes = s->page_layer_bytes};
+    *p = (wrk_mem_plan){
+        .policy = c->policy, .n_layers = s->n_layers, .page_layer_bytes = s->page_layer_bytes};
     switch (c->policy) {
     case WRK_MEM_GPU:
         p->kv_pages_max = p->kv_pages_gpu = s->pool_pages;
@@ -89,8 +88,8 @@ void wrk_mem_adapt_init(wrk_mem_adapt *a, const wrk_mem_plan *p, uint32_t epoch_
     a->ex.slots = p->start_slots;
 }
 
-uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns,
-                            uint64_t stall_ns, uint32_t kv_live) {
+uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns, uint64_t stall_ns,
+                            uint32_t kv_live) {
     uint32_t eff = wrk_mem_effective(a->plan, a->ex.slots);
     uint32_t margin = eff / 16 ? eff / 16 : 1;
     a->steps++;

@@ -52,11 +52,11 @@ typedef struct wrk_mem_plan {
     wrk_mem_policy policy;
     uint32_t n_layers;
     uint64_t page_layer_bytes;
-    uint64_t device_kv;      /* D */
-    uint32_t kv_pages_max;   /* the engine's kv_pages */
+    uint64_t device_kv;    /* D */
+    uint32_t kv_pages_max; /* the engine's kv_pages */
     uint32_t kv_pages_gpu;
-    uint32_t min_slots;      /* swap: fewest layers on the device */
-    uint32_t start_slots;    /* swap: layers on the device at start (n when adaptive) */
+    uint32_t min_slots;   /* swap: fewest layers on the device */
+    uint32_t start_slots; /* swap: layers on the device at start (n when adaptive) */
     bool adaptive;
     uint64_t host_bytes;     /* swap: host region for the engine (0 otherwise) */
     double link_bytes_per_s; /* swap: emulated link (0: none) */
@@ -86,7 +86,7 @@ void wrk_mem_adapt_init(wrk_mem_adapt *a, const wrk_mem_plan *p, uint32_t epoch_
 /* One forward step: tokens it ran, its time, the time compute waited for swaps during it, the
  * KV pages live after it. Returns the slot count for the next steps (unchanged inside an
  * epoch; at an epoch's end wrk_expand's decision). */
-uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns,
-                            uint64_t stall_ns, uint32_t kv_live);
+uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns, uint64_t stall_ns,
+                            uint32_t kv_live);
 
 #endif

@@ -60,9 +60,9 @@ struct wrk_tier {
      * regions start zeroed and copies move only this prefix), so moving the prefix moves the
      * layer. */
     size_t used;
-    uint32_t cursor;  /* the next layer the engine computes */
-    int64_t pinned;   /* layer being computed, or -1 */
-    uint32_t holds;   /* wrk_tier_hold depth: nothing starts while > 0 */
+    uint32_t cursor; /* the next layer the engine computes */
+    int64_t pinned;  /* layer being computed, or -1 */
+    uint32_t holds;  /* wrk_tier_hold depth: nothing starts while > 0 */
     bool stopping;
     pie_status failure; /* the last copy failure not yet reported */
     bool failed;
@@ -81,8 +81,8 @@ uint32_t wrk_tier_host_buffers_needed(uint32_t n_layers, uint32_t min_slots) {
 
 /* ---- regions ----------------------------------------------------------------------------- */
 
-static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each,
-                                     const char *what, pie_status *st) {
+static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each, const char *what,
+                                     pie_status *st) {
     memset(r, 0, sizeof *r);
     if (n == 0) return PIE_OK;
     if (each == 0 || each > SIZE_MAX / n)
@@ -240,7 +240,7 @@ static void wrk_tier_sleep_until(uint64_t until_ns) {
 
 /* Moves a layer's first `bytes` (outside mu): the data, then the emulated link time. */
 static pie_code wrk_tier_move(wrk_tier *t, void *dst, const void *src, size_t bytes,
-                             pie_status *st) {
+                              pie_status *st) {
     uint64_t t0 = wrk_tier_now_ns();
     pie_code rc = PIE_OK;
     if (t->cfg.copy)
@@ -293,8 +293,8 @@ static pie_code wrk_tier_check(const wrk_tier_config *c, pie_status *st) {
                               "swap: min_slots %u is out of range [%u, %u] for %u layers",
                               c->min_slots, floor_slots, n, n);
     if (c->slots < c->min_slots || c->slots > n)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "swap: slots %u is out of range [%u, %u]", c->slots, c->min_slots, n);
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: slots %u is out of range [%u, %u]",
+                              c->slots, c->min_slots, n);
     uint32_t need = wrk_tier_host_buffers_needed(n, c->min_slots);
     if (c->host_buffers < need)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,

@@ -50,12 +50,12 @@ typedef struct wrk_tier_config {
 } wrk_tier_config;
 
 typedef struct wrk_tier_stats {
-    uint32_t slots;          /* the device budget in layers now */
-    uint32_t on_device;      /* layers holding a device buffer (moving ones included) */
-    uint32_t on_host;        /* layers whose only copy is on the host (moving in included) */
+    uint32_t slots;     /* the device budget in layers now */
+    uint32_t on_device; /* layers holding a device buffer (moving ones included) */
+    uint32_t on_host;   /* layers whose only copy is on the host (moving in included) */
     uint64_t swap_in_bytes, swap_out_bytes, swaps_in, swaps_out;
-    uint64_t stalls;         /* acquires that had to wait for a layer */
-    uint64_t stall_ns;       /* time the engine waited in them */
+    uint64_t stalls;   /* acquires that had to wait for a layer */
+    uint64_t stall_ns; /* time the engine waited in them */
     uint64_t copy_failures;
 } wrk_tier_stats;
 
