@@ -1496,24 +1496,27 @@ Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_w
                       "need ");
 }
 
+/* A worker started with o exits 2 at once, having printed `line`. */
+static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
+    pie_proc *w = spawn_worker(f, o);
+    pie_status st;
+    int rc = pie_proc_wait(w, STOP_MS, &st);
+    cr_assert_eq(rc, 2, "exit %d", rc);
+    cr_assert(pie_proc_log_has_line(w, line), "no line '%s'", line);
+    pie_proc_destroy(w);
+}
+
 Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     fc f;
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=offload", NULL};
-    pie_proc *w = spawn_worker(&f, &(wopts){.env = env});
-    pie_status st;
-    int rc = pie_proc_wait(w, STOP_MS, &st);
-    cr_assert_eq(rc, 2, "exit %d", rc);
-    cr_assert(pie_proc_log_has_line(w, "pie-worker: memory.policy offload is not implemented yet "
-                                       "(issue 13): use gpu or swap"));
-    pie_proc_destroy(w);
+    expect_exit_2(&f, &(wopts){.env = env},
+                  "pie-worker: memory.policy offload is not implemented yet (issue 13): use gpu or "
+                  "swap");
     const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=null", NULL};
-    w = spawn_worker(&f, &(wopts){.env = bad});
-    rc = pie_proc_wait(w, STOP_MS, &st);
-    cr_assert_eq(rc, 2, "exit %d", rc);
-    cr_assert(pie_proc_log_has_line(w, "pie-worker: memory.policy swap is implemented for backend "
-                                       "cpu with tp.size 1 only so far (backend null, tp.size 1)"));
-    pie_proc_destroy(w);
+    expect_exit_2(&f, &(wopts){.env = bad},
+                  "pie-worker: memory.policy swap is implemented for backend cpu with tp.size 1 "
+                  "only so far (backend null, tp.size 1)");
     fc_stop(&f);
 }
 
