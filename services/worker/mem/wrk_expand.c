@@ -45,7 +45,7 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
         return back_off(e);
     }
     switch (e->state) {
-    case WRK_EXPAND_TRYING:
+    case WRK_EXPAND_TRYING: {
         double pages_gain = 1.0 / (double)(e->base_slots > 1 ? e->base_slots - 1 : 1);
         if (o->tokens_per_s > e->base_tps * (1 + e->cfg.gain * pages_gain)) {
             /* it paid: go on while there is room and demand for pages */
@@ -59,6 +59,7 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
         e->state = WRK_EXPAND_PLATEAU;
         e->since_probe = 0;
         return e->slots;
+    }
     case WRK_EXPAND_GROWING:
         if (can_grow && (e->slots == e->cfg.n_layers || o->link_idle) && o->kv_limited)
             return try_further(e, o->tokens_per_s);
