@@ -47,7 +47,7 @@
 #define KRN_LINEAR_TILE_ROWS 512
 #define KRN_LINEAR_TILE_K    512
 /* How far ahead of its loads the n = 1 AVX-512 kernel prefetches each row of W: 512 bytes (8
- * cache lines) measured best of 256-1024 (5-12% over no prefetch on the 1B shapes, 2 cores;
+ * cache lines), about as good as 384-1024 and better than 256 (2 cores;
  * bench/results/engine.md). */
 #define KRN_LINEAR_PF_BYTES 512
 /* Output rows per GEMV task: small enough for load balance, large enough to amortise a task. */
@@ -261,8 +261,8 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
     } while (0)
 
 /* n = 1: rows [o, o + 8) of W against x. Each step takes one cache line (32 weights) of each
- * of the 8 rows and prefetches the line KRN_LINEAR_PF_BYTES further on (measured 5-12% less
- * time; likely because a decode row of W is only 4-16 KiB and the hardware prefetcher, which
+ * of the 8 rows and prefetches the line KRN_LINEAR_PF_BYTES further on (measured 5-14% less
+ * time on the MLP shapes; likely because a decode row of W is only 4-16 KiB and the hardware prefetcher, which
  * stops at 4 KiB pages, ramps up again for every row). Two accumulators per row keep 16 FMA
  * chains in flight. */
 KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, const uint16_t *w,
