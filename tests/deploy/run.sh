@@ -372,7 +372,7 @@ PY
       echo "ok: $* -> $want"
     }
     # Groups that cannot form: spanning pods (no cross-pod join yet), or on cuda (no NCCL yet).
-    pods='groups spanning several pods are not implemented yet'
+    pods='the chart does not render groups spanning several pods yet'
     cuda='only the cpu backend runs tensor-parallel groups so far'
     check "worker.tensorParallel.size is 4 with backend cuda: $cuda" --set worker.tensorParallel.size=4
     check "worker.tensorParallel.size is 8 with backend cuda: $cuda" \

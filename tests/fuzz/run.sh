@@ -55,9 +55,10 @@ fi
 
 t0=$(date +%s)
 if [ ! -f "$build/CMakeCache.txt" ]; then
+  mkdir -p "$build" # its log inside it, not beside it in the source tree
   cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DPIE_FUZZ=ON -DPIE_CUDA=OFF \
-    -DPIE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; echo "fuzz: configure failed"; exit 1; }
+    -DPIE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; echo "fuzz: configure failed"; exit 1; }
 fi
 if ! cmake --build "$build" --target fuzz_all -j"$jobs" >"$build/fuzz-build.log" 2>&1; then
   grep -E 'error|Error' "$build/fuzz-build.log" | head -30

@@ -307,14 +307,14 @@ affinity:
 
 {{/* Refuses worker groups that cannot form. A group of tensorParallel.size ranks in one pod works
 on the cpu backend (one pie-worker forks the ranks; they share a collective in /dev/shm:
-docs/tensor-parallel.md); groups spanning pods (nodes > 1) and cuda groups (NCCL) do not exist
-yet. */}}
+docs/tensor-parallel.md); cuda groups (NCCL) do not exist yet, and the chart does not render
+groups spanning pods (nodes > 1) yet. */}}
 {{- define "pie.worker.checkTensorParallel" -}}
 {{- $size := int .Values.worker.tensorParallel.size -}}
 {{- $nodes := int .Values.worker.tensorParallel.nodes -}}
 {{- $backend := include "pie.worker.backend" . -}}
 {{- if gt $nodes 1 -}}
-{{- fail (printf "worker.tensorParallel.nodes is %d (size %d): groups spanning several pods are not implemented yet (their ranks would need Worker/TpJoin and a cross-node collective), so such a group could never form; set worker.tensorParallel.nodes=1 (a group in one pod), and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $size) -}}
+{{- fail (printf "worker.tensorParallel.nodes is %d (size %d): the chart does not render groups spanning several pods yet (pie-worker can join ranks started one by one over Worker/TpJoin on the cpu backend, but the chart's LeaderWorkerSet, one rank per pod and the collective's network policy are not done), so such a group could never form; set worker.tensorParallel.nodes=1 (a group in one pod), and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $size) -}}
 {{- end -}}
 {{- if and (gt $size 1) (ne $backend "cpu") -}}
 {{- fail (printf "worker.tensorParallel.size is %d with backend %s: only the cpu backend runs tensor-parallel groups so far (the cuda backend's NCCL groups are not implemented yet); set worker.config.backend=cpu, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
