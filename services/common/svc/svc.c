@@ -410,7 +410,9 @@ pie_metrics *svc_metrics(svc *s) { return s->metrics; }
 int svc_port(const svc *s) { return rpc_server_port(s->server); }
 int svc_metrics_port(const svc *s) { return s->httpd ? (int)pie_httpd_port(s->httpd) : 0; }
 
-rpc_channel *svc_channel(const svc *s, const char *target, pie_status *st) {
+/* What every channel of this service to another one carries: its token, its message size
+ * limit and its TLS. */
+static rpc_channel_opts svc_client_opts(const svc *s) {
     int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX
                                                                   : (int)s->cfg->max_message_bytes;
     rpc_channel_opts co = {
@@ -419,23 +421,21 @@ rpc_channel *svc_channel(const svc *s, const char *target, pie_status *st) {
         .max_send_bytes = max_msg,
     };
     svc_tls_client(s, &co);
+    return co;
+}
+
+rpc_channel *svc_channel(const svc *s, const char *target, pie_status *st) {
+    rpc_channel_opts co = svc_client_opts(s);
     return rpc_channel_create(target, &co, st);
 }
 
 pie_code svc_dial_controller(const svc *s, const svc_dial_config *dc, const rpc_link_opts *lo,
                              rpc_channel **ch, rpc_link **link, pie_status *st) {
-    int max_msg = s->cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX
-                                                                  : (int)s->cfg->max_message_bytes;
-    rpc_channel_opts co = {
-        .token = s->token[0] ? s->token : NULL,
-        .max_recv_bytes = max_msg,
-        .max_send_bytes = max_msg,
-        .keepalive_time_ms = 10000,
-        .keepalive_without_calls = true,
-        .reconnect_initial_ms = (int)dc->reconnect_initial_ms,
-        .reconnect_max_ms = (int)dc->reconnect_max_ms,
-    };
-    svc_tls_client(s, &co);
+    rpc_channel_opts co = svc_client_opts(s);
+    co.keepalive_time_ms = 10000;
+    co.keepalive_without_calls = true;
+    co.reconnect_initial_ms = (int)dc->reconnect_initial_ms;
+    co.reconnect_max_ms = (int)dc->reconnect_max_ms;
     *link = NULL;
     *ch = rpc_channel_create(dc->address, &co, st);
     if (*ch == NULL) return st ? st->code : PIE_INTERNAL;
