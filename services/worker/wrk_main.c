@@ -53,6 +53,7 @@ typedef struct wrk_config {
     char *tp_leader;           /* tp.leader */
     int64_t tp_timeout_ms;     /* tp.timeout */
     uint64_t tp_chunk_bytes;   /* tp.chunk */
+    uint32_t tp_port;          /* tp.port */
     int mem_policy;            /* memory.policy: wrk_mem_policy */
     uint64_t mem_device_kv;    /* memory.device_kv */
     uint64_t mem_host_pool;    /* memory.host_pool */
@@ -126,6 +127,9 @@ static const pie_config_field wrk_fields[] = {
      .min = "4KiB", .max = "256MiB",
      .doc = "bytes per rank per step of the group's shared-memory collective (/dev/shm needs "
             "2 * (tp.size + 1) * tp.chunk)"},
+    {"tp.port", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_port), .def = "0", .max = "65535",
+     .doc = "rank 0 of ranks started one by one: TCP port of the group's collective, on all "
+            "interfaces (0 = any free port; fix it where a NetworkPolicy must allow it)"},
     {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
      .choices = wrk_mem_policy_names,
      .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
@@ -298,17 +302,16 @@ static void unload(wrk_loaded *l) {
 }
 
 /* Rank 0 of a group whose ranks start one by one: a fresh epoch and the collective's listener
- * in *me, and TpJoin admits the others from now on. */
-static pie_code offer_join(const wrk_config *cfg, wrk_node *node, wrk_tp_rank *me,
-                           pie_status *st) {
+ * in *me, and TpJoin admits the others from now on (*offer). */
+static pie_code offer_join(const wrk_config *cfg, uint16_t port, wrk_node *node, wrk_tp_rank *me,
+                           wrk_tp_offer *offer, pie_status *st) {
     wrk_tp_model_id id;
-    wrk_tp_offer offer;
     pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
-    if (rc == PIE_OK) rc = wrk_tp_offer_open(cfg->group_id, &id, me, &offer, st);
+    if (rc == PIE_OK) rc = wrk_tp_offer_open(cfg->group_id, &id, port, me, offer, st);
     if (rc != PIE_OK) return rc;
-    wrk_node_set_tp_offer(node, &offer);
+    wrk_node_set_tp_offer(node, offer);
     pie_log_info("wrk.tp.offer", "group=%s tp_size=%u epoch=%016llx collective_port=%u model=%s",
-                 offer.group_id, offer.tp_size, (unsigned long long)offer.epoch, offer.port,
+                 offer->group_id, offer->tp_size, (unsigned long long)offer->epoch, offer->port,
                  id.name);
     return PIE_OK;
 }
@@ -323,6 +326,12 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     wrk_memrt *mem = NULL;
     wrk_loaded loaded;
     memset(&loaded, 0, sizeof loaded);
+    /* A group of ranks started one by one: rank 0 offers TpJoin before its server answers, so
+     * an early rank never meets a worker that does not know yet that it forms a group. */
+    bool offering = me->size > 1 && tpc->rank == 0, offered = false;
+    wrk_tp_rank joined = *me;
+    wrk_tp_offer offer;
+    pie_code rc = PIE_OK;
     svc *s = svc_create("worker", &cfg->svc, &st);
     if (s == NULL) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
@@ -340,6 +349,10 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
+    if (offering) {
+        rc = offer_join(cfg, tpc->port, node, &joined, &offer, &st);
+        offered = rc == PIE_OK;
+    }
     size_t n_methods;
     const rpc_method *methods = wrk_node_methods(node, &n_methods);
     if (svc_serve(s, methods, n_methods, &st) != PIE_OK) {
@@ -351,12 +364,13 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     pie_log_info("wrk.loading", "backend=%s model_path=\"%s\" tp_size=%u",
                  wrk_backends[cfg->backend], cfg->model_path, me->size);
     int64_t t0 = rpc_now_ns();
-    pie_code rc = PIE_OK;
-    wrk_tp_rank joined = *me; /* a group of ranks started one by one: rank 0 offers TpJoin */
-    if (me->size > 1 && tpc->rank == 0) rc = offer_join(cfg, node, &joined, &st);
     if (rc == PIE_OK && me->size > 1)
         rc = wrk_tp_group_open(tpc, &joined, cfg->group_id, &group, &st);
-    if (me->size > 1 && tpc->rank == 0) wrk_node_set_tp_offer(node, NULL); /* formed, or not */
+    joined.tcp_listen_fd = -1; /* the collective took it over, in any case */
+    if (offered) { /* from now on TpJoin says the group formed, or to come back later */
+        offer.state = rc == PIE_OK ? WRK_TP_OFFER_FORMED : WRK_TP_OFFER_ENDED;
+        wrk_node_set_tp_offer(node, &offer);
+    }
     if (rc == PIE_OK) rc = load(cfg, group, me, &loaded, &st);
     if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, loaded.rank_device, &st);
     if (rc != PIE_OK) {
@@ -428,6 +442,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         status = 0;
     }
 done:
+    if (offered && joined.tcp_listen_fd > 0) (void)close(joined.tcp_listen_fd); /* not used */
     svc_drain(s);             /* server first: no callback runs after it */
     wrk_node_destroy(node);   /* closes the controller link: the worker leaves the cluster */
     wrk_memrt_destroy(mem);   /* after the executor (the node's) stopped */
@@ -529,6 +544,7 @@ int main(int argc, char **argv) {
         .leader = cfg.tp_leader,
         .timeout_ms = (uint32_t)cfg.tp_timeout_ms,
         .chunk_bytes = cfg.tp_chunk_bytes,
+        .port = (uint16_t)cfg.tp_port,
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
     if (cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) {

@@ -748,3 +748,115 @@ Test(tp, a_tp4_group_with_fewer_kv_heads_than_ranks_decodes_tp1s_64_greedy_bf16_
 Test(tp, a_tp4_group_with_fewer_kv_heads_than_ranks_gives_tp1s_f32_distributions_under_masks) {
     tp4_decodes_like_tp1("small-f32", 1e-5);
 }
+
+/* ---- a rank that comes late --------------------------------------------------------------- */
+
+/* The epoch rank 0's log offered ("event=wrk.tp.offer ... epoch=<hex>"), the n-th (from 1). */
+static unsigned long long offered_epoch(const pie_proc *p) {
+    char *log = pie_proc_log(p);
+    cr_assert(log);
+    const char *at = strstr(log, "event=wrk.tp.offer ");
+    at = at ? strstr(at, " epoch=") : NULL;
+    unsigned long long e = at ? strtoull(at + 7, NULL, 16) : 0;
+    free(log);
+    cr_assert_neq(e, 0, "rank 0 logged no offer");
+    return e;
+}
+
+/* Issue 14's late rank. Rank 0 whose rank 1 does not come within tp.timeout exits 1 (its
+ * formation ended); whoever restarts it (here the test, as Kubernetes restarts the pod) starts
+ * a new formation under a new epoch. Rank 1, started after that timeout, retries TpJoin while
+ * nobody answers and joins the new formation: the group registers with both ranks and its
+ * completion is the engine's greedy decoding (the restarted rank 0 has a fixed tp.port, and
+ * rank 1 reaches the collective there). A rank that asks once the group formed is refused
+ * (exit 2: FAILED_PRECONDITION "formed already"), and the group serves on. */
+Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_new_epoch) {
+    pie_status st;
+    e2e_cluster c = {0};
+    c.ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
+    cr_assert(c.ctl, "%s", st.msg);
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char ctl_env[96], listen_env[64], leader_env[64];
+    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
+    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
+
+    /* the first formation: rank 1 does not come within 1 s */
+    pie_proc *r0 = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s");
+    int rc = pie_proc_wait(r0, STOP_MS, &st);
+    char *log = pie_proc_log(r0);
+    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, "1 of 2 ranks joined within 1000 ms"), "rank 0's log:\n%s",
+              log ? log : "");
+    free(log);
+    unsigned long long first = offered_epoch(r0);
+    pie_proc_destroy(r0);
+
+    /* rank 1 comes late, while no rank 0 answers; then rank 0 is restarted */
+    pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    pie_test_sleep_ms(300);
+    int coll_port = pie_proc_free_port(); /* tp.port: a fixed collective port this time */
+    cr_assert_gt(coll_port, 0);
+    char coll_env[32], coll_log[48];
+    snprintf(coll_env, sizeof coll_env, "PIE_TP_PORT=%d", coll_port);
+    snprintf(coll_log, sizeof coll_log, " collective_port=%d ", coll_port);
+    c.wrk = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", coll_env);
+    cr_assert_eq(pie_proc_wait_ready(c.wrk, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    wait_workers(ctl, "lws", 2);
+    unsigned long long second = offered_epoch(c.wrk);
+    cr_expect_neq(second, first, "rank 0 formed the group again under its first epoch %016llx",
+                  first);
+    char joined[96];
+    snprintf(joined, sizeof joined, "event=wrk.tp.joined rank=1 tp_size=2 epoch=%016llx ", second);
+    cr_expect_eq(pie_proc_log_count(r1, joined), 1, "rank 1 did not join epoch %016llx", second);
+    cr_expect_eq(pie_proc_log_count(c.wrk, coll_log), 1, "rank 0 did not listen on tp.port %d",
+                 coll_port);
+    char coll_leader[64];
+    snprintf(coll_leader, sizeof coll_leader, " collective=127.0.0.1:%d", coll_port);
+    cr_expect_eq(pie_proc_log_count(r1, coll_leader), 1,
+                 "rank 1 did not reach the collective at tp.port %d", coll_port);
+
+    /* a rank 1 once the group formed: refused, saying so */
+    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL),
+                 "group lws formed already");
+
+    /* the group computes what the engine computes */
+    c.cache_dir = pie_proc_tmpdir(&st);
+    cr_assert(c.cache_dir, "%s", st.msg);
+    char cache_env[600];
+    snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c.cache_dir);
+    const char *lenv[] = {ctl_env, cache_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
+                          "PIE_RUNTIME_TIER1=false", NULL};
+    pie_proc_opts lo = {.env = lenv};
+    c.lc = pie_proc_start("pie-lifecycle", &lo, START_MS, &st);
+    cr_assert(c.lc, "%s", st.msg);
+    c.ch = rpc_channel_create(pie_proc_addr(c.lc), NULL, &st);
+    cr_assert(c.ch, "%s", st.msg);
+    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0, "the lifecycle never learned a model");
+    char *prog = e2e_upload(&c, "text_completion");
+    e2e_run r;
+    e2e_run_program(&c, prog, tc_args, NULL, &r);
+    e2e_assert_success(&r, "text_completion on the re-formed group");
+    e2e_ref *ref = e2e_ref_open();
+    const char *prompt = tc_args[1];
+    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
+    size_t np = e2e_ref_prompt(ref, &prompt, 1, p);
+    size_t nw = e2e_ref_greedy(ref, p, np, 32, true, want), len;
+    char *text = e2e_ref_text(ref, want, nw, &len);
+    cr_expect(r.n_msgs >= 1 && r.msg_lens[0] == len && memcmp(r.msgs[0], text, len) == 0,
+              "text_completion on the re-formed group:\n  \"%s\"\nthe engine's greedy decoding:\n"
+              "  \"%s\"",
+              r.n_msgs ? r.msgs[0] : "", text);
+    free(text);
+    e2e_ref_close(ref);
+    e2e_run_free(&r);
+    free(prog);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c); /* rank 0 exits 0 and stops rank 1 */
+    rc = pie_proc_wait(r1, STOP_MS, &st);
+    cr_expect_eq(rc, 0, "rank 1 exited with %d (%s)", rc, st.msg);
+    pie_proc_destroy(r1);
+}

@@ -313,11 +313,13 @@ pie_code wrk_tp_model_id_load(const char *model_path, const char *model_name, wr
     return rc;
 }
 
-pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, wrk_tp_rank *me,
-                           wrk_tp_offer *offer, pie_status *st) {
+pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, uint16_t want_port,
+                           wrk_tp_rank *me, wrk_tp_offer *offer, pie_status *st) {
     uint16_t port = 0;
     me->epoch = random_epoch();
-    pie_code rc = wrk_coll_tcp_listen("0.0.0.0:0", &me->tcp_listen_fd, &port, st);
+    char listen[32];
+    snprintf(listen, sizeof listen, "0.0.0.0:%u", want_port);
+    pie_code rc = wrk_coll_tcp_listen(listen, &me->tcp_listen_fd, &port, st);
     if (rc != PIE_OK) return rc;
     /* rank 0 accepts on its listener: the address only marks the transport */
     snprintf(me->tcp_leader, sizeof me->tcp_leader, "0.0.0.0:%u", port);
@@ -328,6 +330,7 @@ pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, wrk_
     offer->port = port;
     offer->model = *id;
     offer->joined = 1; /* rank 0 */
+    offer->state = WRK_TP_OFFER_OPEN;
     return PIE_OK;
 }
 
@@ -341,6 +344,17 @@ static long version_major(const char *v) {
 pie_code wrk_tp_offer_admit(wrk_tp_offer *o, const Pie__V1__TpJoinRequest *r, pie_status *st) {
     const char *grp = r->group_id ? r->group_id : "", *model = r->model ? r->model : "";
     const char *sha = r->config_sha256 ? r->config_sha256 : "";
+    if (o->state == WRK_TP_OFFER_FORMED)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "TpJoin: rank %u: group %s formed already (epoch %016llx, all %u "
+                              "ranks joined); a rank joins only while its group forms: restart "
+                              "the group's rank 0 to form it again",
+                              r->rank, o->group_id, (unsigned long long)o->epoch, o->tp_size);
+    if (o->state == WRK_TP_OFFER_ENDED)
+        return pie_status_set(st, PIE_UNAVAILABLE,
+                              "TpJoin: rank %u: group %s's formation %016llx ended without all "
+                              "its ranks; rank 0 exits and forms it again under a new epoch",
+                              r->rank, o->group_id, (unsigned long long)o->epoch);
     if (strcmp(grp, o->group_id) != 0)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "TpJoin: rank %u: group_id \"%.160s\" is not this group's (\"%s\")",

@@ -41,6 +41,8 @@ typedef struct wrk_tp_config {
     const char *leader;   /* tp.leader: rank 0's host:port for ranks in other pods ("" = none) */
     uint32_t timeout_ms;  /* tp.timeout: longest wait for another rank within a step */
     uint64_t chunk_bytes; /* tp.chunk: bytes per rank per collective step */
+    uint16_t port;        /* tp.port: rank 0's collective listener for ranks started one by
+                           * one (0 = any free port; fixed, a NetworkPolicy can allow it) */
 } wrk_tp_config;
 
 /* Fills tp.leader from LWS_LEADER_ADDRESS when empty, and tp.rank from LWS_WORKER_INDEX (and
@@ -74,6 +76,14 @@ typedef struct wrk_tp_model_id {
 pie_code wrk_tp_model_id_load(const char *model_path, const char *model_name, wrk_tp_model_id *out,
                               pie_status *st);
 
+/* Where rank 0's formation stands (what TpJoin answers a rank that asks now). */
+typedef enum wrk_tp_offer_state {
+    WRK_TP_OFFER_OPEN,   /* forming: ranks are admitted */
+    WRK_TP_OFFER_FORMED, /* every rank joined: FAILED_PRECONDITION, the group is complete */
+    WRK_TP_OFFER_ENDED,  /* the formation failed and rank 0 exits: UNAVAILABLE, try again (the
+                          * restarted rank 0 forms the group under a new epoch) */
+} wrk_tp_offer_state;
+
 /* Rank 0 of a group whose ranks start one by one: what TpJoin checks and answers. */
 typedef struct wrk_tp_offer {
     char group_id[160];
@@ -82,17 +92,20 @@ typedef struct wrk_tp_offer {
     uint16_t port; /* the collective's listener */
     wrk_tp_model_id model;
     uint64_t joined; /* bit r: rank r asked to join this epoch */
+    wrk_tp_offer_state state;
 } wrk_tp_offer;
 
-/* Rank 0: a fresh epoch and the collective's listener (all interfaces, any free port) in *me,
- * the offer TpJoin makes in *offer. */
-pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, wrk_tp_rank *me,
-                           wrk_tp_offer *offer, pie_status *st);
+/* Rank 0: a fresh epoch and the collective's listener (all interfaces, `port`, 0 = any free
+ * one) in *me, the offer TpJoin makes in *offer (OPEN). */
+pie_code wrk_tp_offer_open(const char *group_id, const wrk_tp_model_id *id, uint16_t port,
+                           wrk_tp_rank *me, wrk_tp_offer *offer, pie_status *st);
 
 struct Pie__V1__TpJoinRequest;
 /* Rank 0's TpJoin check of one request against its offer (marks the rank joined): the
  * contract's errors, INVALID_ARGUMENT naming the field that differs (group_id, tp_size, rank,
- * model, config_sha256, version), ALREADY_EXISTS for a rank that joined this epoch. */
+ * model, config_sha256, version), ALREADY_EXISTS for a rank that joined this epoch;
+ * FAILED_PRECONDITION once the group formed (a rank joins only a forming group), UNAVAILABLE
+ * once the formation ended without it (the caller retries and meets rank 0's next one). */
 pie_code wrk_tp_offer_admit(wrk_tp_offer *offer, const struct Pie__V1__TpJoinRequest *r,
                             pie_status *st);
 
