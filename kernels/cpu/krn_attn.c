@@ -618,10 +618,8 @@ static heads_block_fn pick_heads_block(int *shares_kv) {
     }
 }
 
-void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
-                          int n_items, int n_heads, float scale, int kv_chunk) {
-    int n_kv = kv->n_kv_heads, d = kv->head_dim;
-    if (n_items <= 0 || n_heads <= 0 || d <= 0) return;
+/* Aborts on a shape the kernel cannot run (see krn_cpu_attention_ex). */
+static void check_shape(int n_heads, int n_kv, int d) {
     if (n_kv <= 0 || n_heads % n_kv != 0 || d > KRN_ATTN_STATE_FLOATS) {
         fprintf(stderr,
                 "krn_cpu_attention: n_heads %d is not a multiple of n_kv_heads %d, or "
@@ -629,15 +627,19 @@ void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_it
                 n_heads, n_kv, d, KRN_ATTN_STATE_FLOATS);
         abort();
     }
-    int group = n_heads / n_kv;
-    int max_nq = 1;
-    for (int i = 0; i < n_items; i++)
-        if (items[i].n_q > max_nq) max_nq = items[i].n_q;
-    attn_shape shape = unit_shape(n_kv, group, d, max_nq);
-    attn_ctx c = {
-        .kv = kv, .items = items, .n_heads = n_heads, .group = group, .d = d, .scale = scale};
-    c.heads_block = pick_heads_block(&c.shares_kv);
+}
 
+krn_attn_plan krn_cpu_attention_plan(const krn_pool *p, const krn_kv_layer *kv,
+                                     const krn_attn_item *items, int n_items, int n_heads,
+                                     int kv_chunk) {
+    krn_attn_plan plan = {.max_nq = 1, .chunk = 0};
+    int n_kv = kv->n_kv_heads, d = kv->head_dim;
+    if (n_items <= 0 || n_heads <= 0 || d <= 0) return plan;
+    check_shape(n_heads, n_kv, d);
+    int group = n_heads / n_kv;
+    for (int i = 0; i < n_items; i++)
+        if (items[i].n_q > plan.max_nq) plan.max_nq = items[i].n_q;
+    attn_shape shape = unit_shape(n_kv, group, d, plan.max_nq);
     int n_groups = 0;
     FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
         (void)k1;
@@ -645,21 +647,47 @@ void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_it
         (void)h1;
         n_groups++;
     })
-
     /* chunk size in keys: forced, or enough chunks for every thread when groups are few */
     int threads = krn_pool_size(p);
-    int chunk = 0;
     if (kv_chunk > 0) {
-        chunk = kv_chunk;
+        plan.chunk = kv_chunk;
     } else if (kv_chunk == 0 && threads > 1 && n_groups < 4 * threads) {
         int max_keys = 0;
         for (int i = 0; i < n_items; i++)
             if (items[i].n_ctx + items[i].n_tail > max_keys)
                 max_keys = items[i].n_ctx + items[i].n_tail;
         int want = div_up(4 * threads, n_groups);
-        chunk = div_up(div_up(max_keys, want), KRN_ATTN_BLOCK) * KRN_ATTN_BLOCK;
-        if (chunk < KRN_ATTN_MIN_CHUNK) chunk = KRN_ATTN_MIN_CHUNK;
+        plan.chunk = div_up(div_up(max_keys, want), KRN_ATTN_BLOCK) * KRN_ATTN_BLOCK;
+        if (plan.chunk < KRN_ATTN_MIN_CHUNK) plan.chunk = KRN_ATTN_MIN_CHUNK;
     }
+    return plan;
+}
+
+void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
+                          int n_items, int n_heads, float scale, int kv_chunk) {
+    krn_attn_plan plan = krn_cpu_attention_plan(p, kv, items, n_items, n_heads, kv_chunk);
+    krn_cpu_attention_run(p, kv, items, n_items, n_heads, scale, &plan);
+}
+
+void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
+                           int n_items, int n_heads, float scale, const krn_attn_plan *plan) {
+    int n_kv = kv->n_kv_heads, d = kv->head_dim;
+    if (n_items <= 0 || n_heads <= 0 || d <= 0) return;
+    check_shape(n_heads, n_kv, d);
+    int group = n_heads / n_kv;
+    attn_shape shape = unit_shape(n_kv, group, d, plan->max_nq);
+    attn_ctx c = {
+        .kv = kv, .items = items, .n_heads = n_heads, .group = group, .d = d, .scale = scale};
+    c.heads_block = pick_heads_block(&c.shares_kv);
+    int threads = krn_pool_size(p);
+    int chunk = plan->chunk;
+    int n_groups = 0;
+    FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
+        (void)k1;
+        (void)q1;
+        (void)h1;
+        n_groups++;
+    })
 
     /* count units and partial row states */
     size_t n_units = 0, n_part_rows = 0;

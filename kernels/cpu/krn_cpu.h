@@ -131,6 +131,25 @@ void krn_cpu_attention(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item 
 void krn_cpu_attention_ex(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
                           int n_items, int n_heads, float scale, int kv_chunk);
 
+/* What krn_cpu_attention_ex decides for one call before it runs: the unit shape (from the
+ * most queries of any item) and the KV chunk size (from the threads of p and the number of
+ * (item, head) groups). Every item's result depends only on its own inputs and this plan, so
+ * a call split into parts, each run with the whole call's plan, writes the same bits as the
+ * whole call (the CPU attention offload runs some items on another pool this way) — provided
+ * each part runs on a pool (p != NULL: with p == NULL nothing is chunked) whose scratch could
+ * be allocated. */
+typedef struct krn_attn_plan {
+    int max_nq; /* the unit shape is chosen for this many query rows */
+    int chunk;  /* keys per chunk; 0: no item is split */
+} krn_attn_plan;
+
+krn_attn_plan krn_cpu_attention_plan(const krn_pool *p, const krn_kv_layer *kv,
+                                     const krn_attn_item *items, int n_items, int n_heads,
+                                     int kv_chunk);
+/* Runs items with a plan made for them or for a call they are part of (n_q <= plan->max_nq). */
+void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_item *items,
+                           int n_items, int n_heads, float scale, const krn_attn_plan *plan);
+
 /* ---- distributions ----------------------------------------------------------------------- */
 
 /* x[n] = softmax(x / temperature), numerically stable. NaN logits are left out of the max and

@@ -1020,6 +1020,46 @@ Test(krn_attention, decode_with_long_context_chunked_equals_unchunked) {
     attn_free(&s);
 }
 
+Test(krn_attention, a_call_split_in_parts_with_its_plan_writes_the_same_bits) {
+    /* a prefill among decodes changes the unit shape, 3 threads make chunks: each part, run
+     * on another pool with the whole call's plan, must write exactly what the whole call
+     * wrote (the CPU attention offload relies on it) */
+    attn_case c[4] = {{.n_q = 1, .n_ctx = 1000, .q_offset = 999},
+                      {.n_q = 9, .n_ctx = 300, .q_offset = 291},
+                      {.n_q = 1, .n_ctx = 700, .q_offset = 699},
+                      {.n_q = 1, .n_ctx = 77, .q_offset = 76}};
+    rng r = {21};
+    attn_setup s;
+    attn_build(&s, &r, c, 4, 16, 2, 64, 8);
+    krn_pool *p = krn_pool_create(3), *h = krn_pool_create(2);
+    cr_assert(p && h);
+    krn_attn_plan plan = krn_cpu_attention_plan(p, &s.kv, s.items, 4, 8, 0);
+    cr_assert_eq(plan.max_nq, 9);
+    cr_assert_gt(plan.chunk, 0, "3 threads and 8 groups: the keys are chunked");
+    krn_cpu_attention_ex(p, &s.kv, s.items, 4, 8, 0.125f, 0);
+    float *whole[4];
+    for (int i = 0; i < 4; i++) {
+        size_t n = (size_t)c[i].n_q * 8 * 64;
+        whole[i] = xmalloc(n * sizeof(float));
+        memcpy(whole[i], s.out[i], n * sizeof(float));
+        for (size_t k = 0; k < n; k++) s.out[i][k] = NAN;
+    }
+    krn_attn_item dev[2] = {s.items[1], s.items[3]}, host[2] = {s.items[0], s.items[2]};
+    krn_cpu_attention_run(p, &s.kv, dev, 2, 8, 0.125f, &plan);
+    krn_cpu_attention_run(h, &s.kv, host, 2, 8, 0.125f, &plan);
+    for (int i = 0; i < 4; i++) {
+        size_t n = (size_t)c[i].n_q * 8 * 64;
+        cr_assert(memcmp(whole[i], s.out[i], n * sizeof(float)) == 0, "item %d differs", i);
+        free(whole[i]);
+    }
+    /* the parts' own plans differ (no prefill among the decodes: another shape) */
+    krn_attn_plan own = krn_cpu_attention_plan(h, &s.kv, host, 2, 8, 0);
+    cr_assert_eq(own.max_nq, 1);
+    krn_pool_destroy(p);
+    krn_pool_destroy(h);
+    attn_free(&s);
+}
+
 Test(krn_attention, explicit_masks_and_fully_masked_rows_give_zeros) {
     attn_case c[2] = {{.n_q = 6, .n_ctx = 40, .n_tail = 3, .use_mask = 1},
                       {.n_q = 3, .n_ctx = 9, .use_mask = 1}};
