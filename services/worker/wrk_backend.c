@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "pie_log.h"
+#include "wrk_nulldev.h"
 
 #ifdef PIE_WITH_CUDA
 #include "eng_cuda.h"
@@ -76,11 +77,17 @@ static void sleep_us(uint64_t us) {
 
 static pie_code null_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
     (void)st;
-    const wrk_null_cost *cost = ctx;
-    if (cost == NULL || (cost->batch_us == 0 && cost->token_us == 0)) return PIE_OK;
-    uint64_t tokens = 0;
-    for (uint32_t i = 0; i < n; i++) tokens += items[i].n_in;
-    sleep_us(cost->batch_us + tokens * cost->token_us);
+    wrk_nulldev *dev = ctx;
+    if (dev == NULL) return PIE_OK;
+    uint32_t page = wrk_nulldev_config_of(dev)->page_size;
+    uint64_t tokens = 0, kv_tokens = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        tokens += items[i].n_in;
+        if (items[i].n_kv_pages)
+            kv_tokens += (uint64_t)(items[i].n_kv_pages - 1) * page + items[i].kv_last_page_len;
+    }
+    wrk_nulldev_batch b = wrk_nulldev_forward(dev, tokens, kv_tokens);
+    if (b.time_s > 0) sleep_us((uint64_t)(b.time_s * 1e6 + 0.5));
     return PIE_OK;
 }
 
@@ -114,10 +121,10 @@ static pie_code null_clear(void *ctx, const uint32_t *ids, uint32_t n, pie_statu
     return PIE_OK;
 }
 
-void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost) {
+void wrk_backend_null(wrk_backend *b, wrk_nulldev *dev) {
     *b = (wrk_backend){
         .name = "null",
-        .ctx = (void *)cost, /* read only */
+        .ctx = dev,
         .embed_text = null_embed_text,
         .forward = null_forward,
         .mask_page = null_mask_page,

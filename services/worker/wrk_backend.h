@@ -2,8 +2,8 @@
  * backend, or the benchmark-only null backend, behind one table of functions with eng.h's
  * signatures.
  *
- * Owns: the null backend (every handler succeeds at once, or after an emulated device time for
- * forward batches; next_dist returns token ids 0..k-1 with a fixed descending distribution; it
+ * Owns: the null backend (every handler succeeds at once, or after the emulated device's time
+ * for forward batches; next_dist returns token ids 0..k-1 with a fixed descending distribution; it
  * holds no storage, so clearing is nothing), the
  * adapters that call the engines, and opening the cuda engine (wrk_backend_open_cuda: present in
  * every build; without nvcc at build time it says so). Does not own: validation against capacities
@@ -21,7 +21,7 @@
 
 typedef struct wrk_backend {
     const char *name; /* "cpu", "cuda", "null" */
-    void *ctx;        /* the eng for "cpu", the eng_cuda for "cuda"; NULL for "null" */
+    void *ctx; /* the eng for "cpu", the eng_cuda for "cuda"; the wrk_nulldev (or NULL) for "null" */
     pie_code (*embed_text)(void *ctx, const uint32_t *slots, const uint32_t *tokens,
                            const uint32_t *positions, uint32_t n, pie_status *st);
     pie_code (*forward)(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st);
@@ -38,16 +38,22 @@ typedef struct wrk_backend {
 /* Handlers that call e (borrowed; it must outlive every use of *b). */
 void wrk_backend_engine(wrk_backend *b, eng *e);
 
-/* The null backend's emulated device: a forward batch of T input tokens sleeps
- * batch_us + T * token_us (a GPU's launch-bound fixed cost and its small per-token cost, without
- * using a host core), so that scheduling strategies can be compared as they would be on a GPU.
- * All zero = instant results (the control plane alone). */
+/* The null backend's emulated device (config keys null.*): a forward batch of T input tokens
+ * costs batch_us + T * token_us (a GPU's launch-bound fixed cost and its small per-token
+ * cost) plus, per layer, layer_us + T * layer_token_us + K * layer_kv_us (K: context tokens
+ * attended), with the swap policy's layer pipeline over memory.emulate_link_gbps in between
+ * (mem/wrk_nulldev.h); host_attn_kv_us: the host's attention per layer and context token
+ * (offload). The batch sleeps that long, without using a host core, so that scheduling
+ * strategies and memory policies can be compared as they would be on a GPU. All zero =
+ * instant results (the control plane alone). */
 typedef struct wrk_null_cost {
     uint32_t batch_us, token_us;
+    double layer_us, layer_token_us, layer_kv_us, host_attn_kv_us;
 } wrk_null_cost;
 
-/* The null backend; cost (borrowed; may be NULL = instant) must outlive every use of *b. */
-void wrk_backend_null(wrk_backend *b, const wrk_null_cost *cost);
+/* The null backend; dev (borrowed; NULL = instant results) must outlive every use of *b. */
+struct wrk_nulldev;
+void wrk_backend_null(wrk_backend *b, struct wrk_nulldev *dev);
 
 /* Opens the cuda engine with opts (backend field ignored) and makes *b call it; b->close
  * releases it. *info is set to its eng_info, *device to e.g. "cuda: NVIDIA H100 ... (sm_90)".

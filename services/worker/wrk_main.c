@@ -24,6 +24,7 @@
 #include "wrk_backend.h"
 #include "wrk_desc.h"
 #include "wrk_memrt.h"
+#include "wrk_nulldev.h"
 #include "wrk_mempol.h"
 #include "wrk_node.h"
 #include "wrk_tp.h"
@@ -47,7 +48,7 @@ typedef struct wrk_config {
     uint32_t max_batch_tokens; /* batch.max_tokens */
     uint32_t max_batch_items;  /* batch.max_items */
     uint32_t credits;          /* batch.credits */
-    wrk_null_cost null_cost;   /* null.batch_us, null.token_us */
+    wrk_null_cost null_cost;   /* null.*: the emulated device */
     uint32_t tp_size;          /* tp.size */
     int32_t tp_rank;           /* tp.rank */
     char *tp_leader;           /* tp.leader */
@@ -106,6 +107,21 @@ static const pie_config_field wrk_fields[] = {
      .max = "1000000",
      .doc = "null backend only: emulated device time per input token of a forward batch, in "
             "microseconds"},
+    {"null.layer_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.layer_us), .def = "0",
+     .min = "0", .max = "1000000",
+     .doc = "null backend only: emulated compute of one layer of a forward batch, fixed part in "
+            "microseconds (the swap policy's pipeline overlaps layer copies with it)"},
+    {"null.layer_token_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.layer_token_us),
+     .def = "0", .min = "0", .max = "1000000",
+     .doc = "null backend only: emulated compute of one layer per input token, microseconds"},
+    {"null.layer_kv_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.layer_kv_us),
+     .def = "0", .min = "0", .max = "1000000",
+     .doc = "null backend only: emulated attention of one layer per context token attended, "
+            "microseconds"},
+    {"null.host_attn_kv_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.host_attn_kv_us),
+     .def = "0", .min = "0", .max = "1000000",
+     .doc = "null backend only: emulated host (CPU) attention of one layer per context token, "
+            "microseconds (the offload policy's cost)"},
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
      .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
@@ -133,7 +149,7 @@ static const pie_config_field wrk_fields[] = {
     {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
      .choices = wrk_mem_policy_names,
      .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
-            "pool with adaptive expansion; cpu backend, tp.size 1 only so far); offload and "
+            "pool with adaptive expansion; cpu and null backends, tp.size 1 only so far); offload and "
             "auto are not implemented yet and are refused"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap: device memory for KV (0 = what pool.kv_pages of every layer take); the "
@@ -147,8 +163,8 @@ static const pie_config_field wrk_fields[] = {
             "expansion, starting with every layer on the device"},
     {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
      .def = "0", .min = "0", .max = "100000",
-     .doc = "swap on the cpu backend: emulated device-host link in gigabits/s each way (0 = "
-            "memory speed)"},
+     .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
+            "speed; null backend: the link of the emulated device, 0 = copies take no time)"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -161,6 +177,7 @@ typedef struct wrk_loaded {
     char rank_device[128]; /* a group's rank: its own share ("cpu: 1 threads") */
     uint64_t pool_bytes;
     wrk_mem_plan plan; /* the memory policy's sizing */
+    wrk_nulldev *nulldev; /* null backend: its emulated device */
 } wrk_loaded;
 
 /* Kernel threads of one rank: engine.threads, or the online cores shared by the ranks. */
@@ -248,6 +265,45 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
     return PIE_OK;
 }
 
+/* The null backend over its emulated device (mem/wrk_nulldev.h), sized by the memory plan:
+ * the swap policy's layers move over memory.emulate_link_gbps while the layers compute. */
+static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    pie_code rc = plan_memory(cfg, l, st);
+    if (rc != PIE_OK) return rc;
+    const wrk_null_cost *c = &cfg->null_cost;
+    const wrk_mem_plan *mp = &l->plan;
+    wrk_nulldev_config dc = {
+        .n_layers = l->desc.num_layers,
+        .page_size = cfg->kv_page_size,
+        .batch_us = c->batch_us,
+        .token_us = c->token_us,
+        .layer_us = c->layer_us,
+        .layer_token_us = c->layer_token_us,
+        .layer_kv_us = c->layer_kv_us,
+        .host_attn_kv_us = c->host_attn_kv_us,
+        .link_bytes_per_s = mp->policy == WRK_MEM_SWAP ? mp->link_bytes_per_s : 0,
+        .device_kv = mp->device_kv,
+        .slots = mp->start_slots,
+        .min_slots = mp->min_slots,
+    };
+    rc = wrk_nulldev_create(&dc, &l->nulldev, st);
+    if (rc != PIE_OK) return rc;
+    wrk_backend_null(&l->backend, l->nulldev);
+    if (c->batch_us || c->token_us || c->layer_us > 0 || c->layer_token_us > 0 ||
+        c->layer_kv_us > 0) {
+        snprintf(l->device, sizeof l->device, "null: emulated device (benchmarks only)");
+        pie_log_info("wrk.null.device",
+                     "batch_us=%u token_us=%u layers=%u layer_us=%g layer_token_us=%g "
+                     "layer_kv_us=%g host_attn_kv_us=%g link_bytes_per_s=%g device_kv=%llu",
+                     c->batch_us, c->token_us, dc.n_layers, c->layer_us, c->layer_token_us,
+                     c->layer_kv_us, c->host_attn_kv_us, dc.link_bytes_per_s,
+                     (unsigned long long)dc.device_kv);
+    }
+    else
+        snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
+    return PIE_OK;
+}
+
 /* Loads what cfg asks for into *l (zeroed first); g and me: as load_cpu. On failure *l holds
  * nothing to free. */
 static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me, wrk_loaded *l,
@@ -266,19 +322,14 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
         } else {
             wrk_desc_null_model(&l->desc);
         }
-        wrk_backend_null(&l->backend, &cfg->null_cost);
-        if (cfg->null_cost.batch_us || cfg->null_cost.token_us)
-            snprintf(l->device, sizeof l->device,
-                     "null: emulated device, forward %u us + %u us/token (benchmarks only)",
-                     cfg->null_cost.batch_us, cfg->null_cost.token_us);
-        else
-            snprintf(l->device, sizeof l->device, "null: no compute (benchmarks only)");
+        rc = load_null(cfg, l, st);
+        if (rc != PIE_OK) goto fail;
         break;
     default:
         rc = load_cpu(cfg, g, me, l, st);
         if (rc != PIE_OK) goto fail;
     }
-    if (cfg->backend != WRK_BACKEND_CPU) { /* policy gpu (main refuses the others) */
+    if (cfg->backend == WRK_BACKEND_CUDA) { /* policy gpu (main refuses the others) */
         rc = plan_memory(cfg, l, st);
         if (rc != PIE_OK) goto fail;
     }
@@ -289,6 +340,7 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
 fail:
     wrk_backend_release(&l->backend);
     eng_close(l->engine);
+    wrk_nulldev_destroy(l->nulldev);
     wrk_desc_free(&l->desc);
     memset(l, 0, sizeof *l);
     return rc;
@@ -297,6 +349,7 @@ fail:
 static void unload(wrk_loaded *l) {
     wrk_backend_release(&l->backend); /* the cuda engine; nothing for cpu and null */
     eng_close(l->engine);
+    wrk_nulldev_destroy(l->nulldev);
     wrk_desc_free(&l->desc);
     memset(l, 0, sizeof *l);
 }
@@ -398,6 +451,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
+    if (loaded.nulldev) wrk_memrt_use_nulldev(mem, loaded.nulldev);
     if (loaded.plan.policy == WRK_MEM_SWAP)
         pie_log_info("wrk.mem.swap",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
@@ -458,19 +512,16 @@ static void follower_emit(void *user, uint64_t epoch, const Pie__V1__WorkerUp *u
     (void)user, (void)epoch, (void)up;
 }
 
-/* A rank started on its own: joins rank 0 through Worker/TpJoin (*me gets the epoch and the
- * collective's endpoint). */
-static pie_code join_leader(const wrk_config *cfg, const wrk_tp_config *tpc, wrk_tp_rank *me,
-                            pie_status *st) {
+/* A rank started on its own: joins rank 0 through Worker/TpJoin with s's token and TLS (*me
+ * gets the epoch and the collective's endpoint). */
+static pie_code join_leader(const wrk_config *cfg, const wrk_tp_config *tpc, const svc *s,
+                            wrk_tp_rank *me, pie_status *st) {
     wrk_tp_model_id id;
     pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
     if (rc != PIE_OK) return rc;
-    svc *s = svc_create("worker", &cfg->svc, st); /* token and TLS of this service; no server */
-    if (!s) return st->code;
     char device[64];
     snprintf(device, sizeof device, "cpu: %ld threads", rank_threads(cfg));
     rc = wrk_tp_join(tpc, s, cfg->svc.listen, cfg->group_id, &id, device, me, st);
-    svc_stop(s);
     if (rc == PIE_OK)
         pie_log_info("wrk.tp.joined", "rank=%u tp_size=%u epoch=%016llx collective=%s", me->rank,
                      me->size, (unsigned long long)me->epoch, me->tcp_leader);
@@ -485,14 +536,23 @@ static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_
     pie_status st;
     wrk_tp_group *group = NULL;
     wrk_exec *x = NULL;
+    svc *s = NULL;
     wrk_loaded loaded;
     memset(&loaded, 0, sizeof loaded);
     int status = 1;
     int64_t t0 = rpc_now_ns();
     wrk_tp_rank joined = *me;
-    if (tpc->rank > 0 && join_leader(cfg, tpc, &joined, &st) != PIE_OK) {
-        status = 2; /* refused, or rank 0 never answered: a configuration to fix */
-        goto done;
+    if (tpc->rank > 0) {
+        /* A rank started on its own (a pod of its own) serves health only: NOT_SERVING until
+         * its shard is loaded in a formed group, so its pod's probes mean what rank 0's do
+         * (forked ranks share their launcher's pod and serve nothing). */
+        s = svc_create("worker", &cfg->svc, &st);
+        if (!s || svc_serve(s, NULL, 0, &st) != PIE_OK) goto done;
+        svc_add_health(s, "pie.v1.Worker");
+        if (join_leader(cfg, tpc, s, &joined, &st) != PIE_OK) {
+            status = 2; /* refused, or rank 0 never answered: a configuration to fix */
+            goto done;
+        }
     }
     if (wrk_tp_group_open(tpc, &joined, cfg->group_id, &group, &st) != PIE_OK ||
         load(cfg, group, me, &loaded, &st) != PIE_OK)
@@ -501,6 +561,7 @@ static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_
     pie_log_info("wrk.tp.rank_loaded", "rank=%u tp_size=%u device=\"%s\" load_ms=%lld", me->rank,
                  me->size, loaded.device, (long long)((rpc_now_ns() - t0) / 1000000));
     if (wrk_tp_group_loaded(group, loaded.rank_device, &st) != PIE_OK) goto done;
+    if (s) svc_set_serving(s, true);
     wrk_exec_opts eo = {
         .backend = loaded.backend,
         .group = wrk_tp_group_follower_hooks(group),
@@ -517,6 +578,7 @@ done:
         pie_log_error("wrk.tp.rank_failed", "rank=%u tp_size=%u code=%s error=\"%s\"", me->rank,
                       me->size, pie_code_name(st.code), st.msg);
     wrk_exec_stop(x);
+    svc_stop(s);
     unload(&loaded);
     wrk_tp_group_close(group);
     return status;
@@ -554,10 +616,10 @@ int main(int argc, char **argv) {
                 wrk_mem_policy_names[cfg.mem_policy]);
         goto done;
     }
-    if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend != WRK_BACKEND_CPU || cfg.tp_size > 1)) {
+    if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend == WRK_BACKEND_CUDA || cfg.tp_size > 1)) {
         fprintf(stderr,
-                "pie-worker: memory.policy swap is implemented for backend cpu with tp.size 1 "
-                "only so far (backend %s, tp.size %u)\n",
+                "pie-worker: memory.policy swap is implemented for backends cpu and null with "
+                "tp.size 1 only so far (backend %s, tp.size %u)\n",
                 wrk_backends[cfg.backend], cfg.tp_size);
         goto done;
     }

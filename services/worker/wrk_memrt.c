@@ -7,10 +7,12 @@
 #include <string.h>
 
 #include "pie_log.h"
+#include "wrk_nulldev.h"
 
 struct wrk_memrt {
     wrk_mem_plan plan;
     eng *e;
+    wrk_nulldev *nd;        /* the null backend's emulated device instead of e, or NULL */
     wrk_mem_adapt adapt;    /* step thread only */
     uint32_t slots;         /* step thread only */
     uint64_t last_stall_ns; /* step thread only */
@@ -42,10 +44,33 @@ void wrk_memrt_capacity(const wrk_memrt *r, Pie__V1__WorkerCapacity *c) {
 }
 
 static void wrk_memrt_swap_stats(const wrk_memrt *r, eng_swap_stats *s) {
-    if (r->e)
+    memset(s, 0, sizeof *s);
+    if (r->e) {
         eng_swap_get_stats(r->e, s);
-    else
-        memset(s, 0, sizeof *s);
+    } else if (r->nd) {
+        wrk_nulldev_stats n;
+        wrk_nulldev_get_stats(r->nd, &n);
+        *s = (eng_swap_stats){.slots = n.slots,
+                              .on_device = r->plan.n_layers - n.on_host,
+                              .on_host = n.on_host,
+                              .swap_in_bytes = n.swap_in_bytes,
+                              .swap_out_bytes = n.swap_out_bytes,
+                              .swaps_in = n.swaps_in,
+                              .swaps_out = n.swaps_out,
+                              .stalls = n.stalls,
+                              .stall_ns = n.stall_ns};
+    }
+}
+
+/* Moves the device's slot count (the engine's, or the emulated device's). */
+static pie_code wrk_memrt_set_slots(wrk_memrt *r, uint32_t want, uint32_t *got, pie_status *st) {
+    if (r->e) return eng_swap_set_slots(r->e, want, got, st);
+    *got = wrk_nulldev_set_slots(r->nd, want);
+    return PIE_OK;
+}
+
+void wrk_memrt_use_nulldev(wrk_memrt *r, wrk_nulldev *d) {
+    if (r->plan.policy == WRK_MEM_SWAP && r->e == NULL) r->nd = d;
 }
 
 void wrk_memrt_stats(const wrk_memrt *r, Pie__V1__WorkerStats *s) {
@@ -153,16 +178,16 @@ void wrk_memrt_destroy(wrk_memrt *r) {
 
 void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
     wrk_memrt *r = user;
-    if (!r || !r->e || !r->plan.adaptive) return;
+    if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;
     eng_swap_stats s;
-    eng_swap_get_stats(r->e, &s);
+    wrk_memrt_swap_stats(r, &s);
     uint64_t stall = s.stall_ns - r->last_stall_ns;
     r->last_stall_ns = s.stall_ns;
     uint32_t want = wrk_mem_adapt_step(&r->adapt, tokens, ns, stall, kv_live);
     if (want == r->slots) return;
     pie_status st;
     uint32_t got = want;
-    if (eng_swap_set_slots(r->e, want, &got, &st) != PIE_OK) {
+    if (wrk_memrt_set_slots(r, want, &got, &st) != PIE_OK) {
         pie_log_error("wrk.mem.set_slots", "slots=%u error=\"%s\"", want, st.msg);
         return;
     }

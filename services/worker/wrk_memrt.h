@@ -2,7 +2,8 @@
  * WorkerStats and /metrics say about it, and the swap policy's adaptive expansion between
  * steps.
  *
- * Owns: the plan the worker loaded with (mem/wrk_mempol.h), the slot count the engine runs at,
+ * Owns: the plan the worker loaded with (mem/wrk_mempol.h), the slot count the engine (or the
+ * null backend's emulated device, mem/wrk_nulldev.h) runs at,
  * the effective KV capacity the controller places by (sent again as a CapacityChange whenever
  * expansion moves it), the metric families of the memory tiers (registered for every policy
  * and backend, zero where nothing swaps). Does not own: the sizing rules and the decision
@@ -24,6 +25,11 @@ typedef struct wrk_memrt wrk_memrt;
  * metrics: NULL for none. */
 wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics, pie_status *st);
 void wrk_memrt_destroy(wrk_memrt *r);
+/* Policy swap on the null backend: the emulated device (borrowed; it must outlive r) stands
+ * in for the engine: its stalls feed adaptive expansion, its slot count follows it, its
+ * counters are the swap metrics. Nothing for the other policies or when r has an engine. */
+struct wrk_nulldev;
+void wrk_memrt_use_nulldev(wrk_memrt *r, struct wrk_nulldev *d);
 
 Pie__V1__MemoryPolicy wrk_memrt_policy_pb(const wrk_memrt *r);
 /* kv_pages_max, kv_pages_effective (now), kv_pages_gpu into c. */

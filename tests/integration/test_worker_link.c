@@ -34,6 +34,7 @@
 #include "pie_testutil.h"
 #include "rpc.h"
 #include "tok.h"
+#include "wrk_nulldev.h"
 
 #define START_MS    20000 /* the worker serves within this (generous: sanitizers, loaded CI) */
 #define WAIT_MS     10000 /* a message the worker must send arrives within this */
@@ -1489,6 +1490,97 @@ Test(worker_link, swap_adaptive_expansion_grows_the_capacity_and_tells_the_contr
     fc_stop(&f);
 }
 
+/* The null backend's emulated device (issue 13): the null model's 32 layers of 131072-byte
+ * pages (16 tokens x 8 KV heads x 128 x K,V x 4 bytes), 64 pages with every layer on the
+ * device, layers of 20 us over a 400 Gb/s link. The worker runs the real policy code: it
+ * registers SWAP with 64 effective pages of at most 1024 (2 layers on the device), grows by
+ * one layer after the first epoch (CapacityChange to 64 * 32 / 31 = 66), and its swap counters
+ * are exactly what the device model (mem/wrk_nulldev.h) run in this process on the same
+ * 32 forward batches says. */
+#define NULL_LAYER_BYTES 131072ull
+Test(worker_link, null_backend_swap_runs_the_policy_on_the_emulated_device) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=8GiB",
+                         "PIE_NULL_LAYER_US=20", "PIE_MEMORY_EMULATE_LINK_GBPS=400", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = "", .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
+    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
+    cr_assert_eq(r->capacity->kv_pages_effective, KV_PAGES);
+    cr_assert_eq(r->capacity->kv_pages_max, KV_PAGES * 32 / 2);
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 100);
+    expect_credits(&f, w, 1);
+    static arena a;
+    uint32_t kv[KV_PAGES - 2], emb = 0;
+    for (uint32_t i = 0; i < KV_PAGES - 2; i++) kv[i] = i;
+    a.used = 0;
+    Pie__V1__Batch *sb[1] = {
+        b_slots(&a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = KV_PAGES - 2, .alloc_emb = &emb,
+                                    .n_alloc_emb = 1})};
+    send_step(&f, sb, 1);
+    up = expect_results(&f, w, sb, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+    /* the same device in this process */
+    wrk_nulldev_config dc = {.n_layers = 32,
+                             .page_size = PAGE,
+                             .layer_us = 20,
+                             .link_bytes_per_s = 400e9 / 8,
+                             .device_kv = KV_PAGES * 32 * NULL_LAYER_BYTES,
+                             .slots = 32,
+                             .min_slots = 2};
+    pie_status st;
+    wrk_nulldev *d = NULL;
+    cr_assert_eq(wrk_nulldev_create(&dc, &d, &st), PIE_OK, "%s", st.msg);
+    uint32_t capacity = 0;
+    for (uint32_t t = 0; t < 32; t++) { /* one decode token per step into page 0 */
+        a.used = 0;
+        uint32_t tk = t;
+        eng_forward_item it = {.kv_pages = kv, .n_kv_pages = 1, .kv_last_page_len = t % PAGE + 1,
+                               .append_kv = true, .in_slots = &emb, .n_in = 1,
+                               .out_slots = &emb, .n_out = 1};
+        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, &emb, &tk, &t, 1),
+                                b_forward(&a, 11 + 2 * t, &it, 1)};
+        send_step(&f, b, 2);
+        up = fc_recv(&f, w);
+        if (up->capacity) {
+            if (capacity == 0) {
+                capacity = up->capacity->kv_pages_effective;
+                cr_assert_eq(t, 15, "a capacity change after step %u, not at the epoch's end", t);
+            }
+            rpc_msg_free(&up->base);
+            up = fc_recv(&f, w);
+        }
+        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+        wrk_nulldev_forward(d, 1, t % PAGE + 1);
+        if (t == 15) wrk_nulldev_set_slots(d, 31);
+    }
+    cr_assert_eq(capacity, KV_PAGES * 32 / 31, "CapacityChange to %u pages", capacity);
+    wrk_nulldev_stats want;
+    wrk_nulldev_get_stats(d, &want);
+    wrk_nulldev_destroy(d);
+    cr_assert_gt(want.swaps_in, 0, "the model moved nothing: the test proves nothing");
+    uint64_t in = 0, out = 0;
+    for (int64_t end = pie_test_now_ms() + WAIT_MS;
+         (in != want.swap_in_bytes || out != want.swap_out_bytes) && pie_test_now_ms() < end;) {
+        Pie__V1__WorkerUp *s = fc_recv_opt(&f, WAIT_MS, true);
+        cr_assert(s, "no heartbeat");
+        if (s->stats) in = s->stats->swap_in_bytes, out = s->stats->swap_out_bytes;
+        rpc_msg_free(&s->base);
+    }
+    cr_assert_eq(in, want.swap_in_bytes, "swapped in %llu bytes, the model %llu",
+                 (unsigned long long)in, (unsigned long long)want.swap_in_bytes);
+    cr_assert_eq(out, want.swap_out_bytes, "swapped out %llu bytes, the model %llu",
+                 (unsigned long long)out, (unsigned long long)want.swap_out_bytes);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
 Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_what_it_needs) {
     const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=4KiB", NULL};
     assert_load_fails(&(wopts){.model_path = SWAP_MODEL, .env = env}, PIE_RESOURCE_EXHAUSTED,
@@ -1513,10 +1605,10 @@ Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     expect_exit_2(&f, &(wopts){.env = env},
                   "pie-worker: memory.policy offload is not implemented yet (issue 13): use gpu or "
                   "swap");
-    const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=null", NULL};
+    const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = bad},
-                  "pie-worker: memory.policy swap is implemented for backend cpu with tp.size 1 "
-                  "only so far (backend null, tp.size 1)");
+                  "pie-worker: memory.policy swap is implemented for backends cpu and null with "
+                  "tp.size 1 only so far (backend cuda, tp.size 1)");
     fc_stop(&f);
 }
 

@@ -9,6 +9,7 @@
 
 #include "pie_testutil.h"
 #include "wrk_expand.h"
+#include "wrk_nulldev.h"
 #include "wrk_swapsim.h"
 
 TestSuite(wrk_expand, .fini = pie_test_leak_check);
@@ -129,4 +130,100 @@ Test(wrk_expand, without_demand_for_pages_nothing_moves_to_the_host) {
     run_epochs(&e, &m, 50, 0, &settled);
     cr_expect_eq(e.slots, 16, "layers went to the host without any demand for pages");
     cr_expect_eq(e.grows, 0);
+}
+
+/* ---- the null backend's emulated device (mem/wrk_nulldev.h) ---------------------------------- */
+
+/* Fig. 4's ratios on the emulated device: 9 layers of 1 ms; a 14 MB device KV memory over a
+ * 1 GB/s link, so that with 7 layers on the device a layer's 2 MB buffer moves in 2 ms. Every
+ * batch's time is what the pipeline model says, the swaps carry D/S bytes each, and the
+ * device's counters are the sums of its batches. */
+Test(wrk_expand, the_emulated_device_times_batches_by_the_pipeline_model) {
+    wrk_nulldev_config c = {.n_layers = 9,
+                            .page_size = 16,
+                            .batch_us = 100,
+                            .token_us = 2,
+                            .layer_us = 900,
+                            .layer_token_us = 10, /* 10 tokens: 1 ms a layer */
+                            .link_bytes_per_s = 1e9,
+                            .device_kv = 14000000,
+                            .slots = 9,
+                            .min_slots = 2};
+    pie_status st;
+    wrk_nulldev *d = NULL;
+    cr_assert_eq(wrk_nulldev_create(&c, &d, &st), PIE_OK, "%s", st.msg);
+    wrk_nulldev_batch b = wrk_nulldev_forward(d, 10, 0);
+    cr_expect_float_eq(b.t_layer_s, 1e-3, 1e-12);
+    cr_expect_float_eq(b.compute_s, 9e-3, 1e-12);
+    cr_expect_float_eq(b.time_s, 9e-3 + 120e-6, 1e-12, "every layer on the device: no stall");
+    cr_expect_float_eq(wrk_nulldev_compute_s(d, 10, 0), b.time_s, 1e-12);
+    wrk_nulldev_stats s;
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.swaps_in + s.swaps_out, 0);
+
+    cr_expect_eq(wrk_nulldev_set_slots(d, 7), 7);
+    double total = 0, stall = 0;
+    for (int i = 0; i < 13; i++) { /* 3 steps of warm-up (the layers leave), then 10 */
+        b = wrk_nulldev_forward(d, 10, 0);
+        cr_expect_float_eq(b.t_swap_s, 2e-3, 1e-12);
+        if (i >= 3) total += b.time_s - 120e-6, stall += b.stall_s;
+    }
+    wrk_swapsim_result want = wrk_swapsim_run(9, 7, 1e-3, 2e-3, 3, 10);
+    cr_expect_float_eq(total / 10, want.step_s, 1e-9, "step %.6f, model %.6f", total / 10,
+                       want.step_s);
+    cr_expect_float_eq(stall, 0, 1e-12, "two layers on the host are hidden (Fig. 4)");
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.slots, 7);
+    cr_expect_gt(s.swaps_in, 0);
+    cr_expect_eq(s.swap_in_bytes, s.swaps_in * (14000000 / 7));
+    cr_expect_eq(s.swap_out_bytes, s.swaps_out * (14000000 / 7));
+    cr_expect_eq(s.forwards, 14);
+
+    /* a third layer on the host stalls; the stall is in the batch's time and the counters */
+    wrk_nulldev_set_slots(d, 6);
+    double st6 = 0;
+    for (int i = 0; i < 6; i++) {
+        b = wrk_nulldev_forward(d, 10, 0);
+        cr_expect_float_eq(b.time_s, 120e-6 + b.compute_s + b.stall_s, 1e-12);
+        st6 += b.stall_s;
+    }
+    cr_expect_gt(st6, 1e-3, "three layers on the host must stall (%.6f s)", st6);
+    wrk_nulldev_stats s6;
+    wrk_nulldev_get_stats(d, &s6);
+    cr_expect_gt(s6.stalls, s.stalls);
+    cr_expect_gt(s6.stall_ns, s.stall_ns + 1000000);
+    cr_expect_geq(s6.on_host, 1);
+    cr_expect_leq(s6.on_host, 3);
+
+    /* halving the link doubles the swap time */
+    wrk_nulldev_set_link(d, 0.5e9);
+    b = wrk_nulldev_forward(d, 10, 0);
+    cr_expect_float_eq(b.t_swap_s, 2.0 * (14000000 / 6) / 1e9, 1e-12);
+    wrk_nulldev_destroy(d);
+
+    c.n_layers = 0;
+    cr_expect_eq(wrk_nulldev_create(&c, &d, &st), PIE_INVALID_ARGUMENT);
+    cr_expect_null(d);
+}
+
+/* Lowering the slot count with every layer on the device starts swapping (the over-budget
+ * layers leave, coldest first); raising it back brings them home. */
+Test(wrk_expand, the_pipeline_follows_the_slot_count_both_ways) {
+    wrk_swapsim_pipe p;
+    wrk_swapsim_pipe_init(&p, 8, 8);
+    wrk_swapsim_step s = wrk_swapsim_pipe_step(&p, 1.0, 0.5);
+    cr_expect_float_eq(s.step_s, 8.0, 1e-12);
+    cr_expect_eq(p.swaps_out, 0);
+    wrk_swapsim_pipe_set_slots(&p, 6);
+    for (int i = 0; i < 4; i++) s = wrk_swapsim_pipe_step(&p, 1.0, 0.5);
+    cr_expect_gt(p.swaps_out, 0, "no layer left the device");
+    cr_expect_float_eq(s.stall_s, 0, 1e-12, "a fast link hides two layers");
+    uint64_t in = p.swaps_in;
+    wrk_swapsim_pipe_set_slots(&p, 8);
+    for (int i = 0; i < 3; i++) s = wrk_swapsim_pipe_step(&p, 1.0, 0.5);
+    cr_expect_eq(wrk_swapsim_pipe_on_host(&p), 0, "the layers did not come back");
+    uint64_t in2 = p.swaps_in;
+    s = wrk_swapsim_pipe_step(&p, 1.0, 0.5);
+    cr_expect_eq(p.swaps_in, in2, "swapping went on with every layer on the device");
+    cr_expect_gt(in2, in);
 }

@@ -7,17 +7,7 @@
 
 enum { RESIDENT, ON_HOST, FETCHING, EVICTING };
 
-typedef struct sim {
-    uint32_t n, slots;
-    double tc, ts;
-    uint8_t state[WRK_SWAPSIM_MAX_LAYERS];
-    double fetched_at[WRK_SWAPSIM_MAX_LAYERS];
-    uint32_t cur;      /* layer computing or about to */
-    double in_until, out_until;
-    int32_t in_layer, out_layer; /* -1: idle */
-    double in_busy, slack;
-    bool measuring;
-} sim;
+typedef wrk_swapsim_pipe sim;
 
 static uint32_t occupied(const sim *s) {
     uint32_t k = 0;
@@ -56,23 +46,32 @@ static int32_t coldest_resident(const sim *s) {
     return best;
 }
 
+static void evict(sim *s, int32_t victim, double t) {
+    s->state[victim] = EVICTING;
+    s->out_layer = victim;
+    s->out_until = t + s->ts;
+    s->swaps_out++;
+}
+
 /* Starts what the idle directions can do at time t. */
 static void kick(sim *s, double t) {
+    if (s->out_layer < 0 && occupied(s) > s->slots) { /* the slot count was lowered */
+        int32_t victim = coldest_resident(s);
+        if (victim >= 0) evict(s, victim, t);
+    }
     int32_t want = hottest_on_host(s);
     if (want < 0) return; /* nothing on the host: no swapping at all */
     if (s->out_layer < 0 && occupied(s) >= s->slots) {
         int32_t victim = coldest_resident(s);
         /* evict only a layer needed later than the one it makes room for */
-        if (victim >= 0 && dist(s, s->cur, (uint32_t)victim) > dist(s, s->cur, (uint32_t)want)) {
-            s->state[victim] = EVICTING;
-            s->out_layer = victim;
-            s->out_until = t + s->ts;
-        }
+        if (victim >= 0 && dist(s, s->cur, (uint32_t)victim) > dist(s, s->cur, (uint32_t)want))
+            evict(s, victim, t);
     }
     if (s->in_layer < 0 && occupied(s) < s->slots) {
         s->state[want] = FETCHING;
         s->in_layer = want;
         s->in_until = t + s->ts;
+        s->swaps_in++;
         if (s->measuring) s->in_busy += s->ts;
     }
 }
@@ -104,47 +103,90 @@ static double next_event(const sim *s) {
     return next;
 }
 
+static uint32_t clamp_slots(uint32_t n, uint32_t slots) {
+    if (slots > n) slots = n;
+    if (slots < 2 && slots < n) slots = 2 <= n ? 2 : n;
+    return slots;
+}
+
+void wrk_swapsim_pipe_init(wrk_swapsim_pipe *p, uint32_t n, uint32_t slots) {
+    if (n > WRK_SWAPSIM_MAX_LAYERS) n = WRK_SWAPSIM_MAX_LAYERS;
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    p->slots = clamp_slots(n, slots);
+    p->in_layer = p->out_layer = -1;
+    p->slack = DBL_MAX;
+    for (uint32_t i = 0; i < n; i++) p->state[i] = i < p->slots ? RESIDENT : ON_HOST;
+}
+
+void wrk_swapsim_pipe_set_slots(wrk_swapsim_pipe *p, uint32_t slots) {
+    p->slots = clamp_slots(p->n, slots);
+}
+
+uint32_t wrk_swapsim_pipe_on_host(const wrk_swapsim_pipe *p) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < p->n; i++) k += p->state[i] == ON_HOST;
+    return k;
+}
+
+wrk_swapsim_step wrk_swapsim_pipe_step(wrk_swapsim_pipe *s, double t_compute, double t_swap) {
+    wrk_swapsim_step r = {0};
+    s->ts = t_swap;
+    double t0 = s->t;
+    for (uint32_t l = 0; l < s->n; l++) {
+        s->cur = l;
+        kick(s, s->t);
+        bool waited = false;
+        while (s->state[l] != RESIDENT) { /* stall until it is fetched */
+            double next = next_event(s);
+            if (next == DBL_MAX) { /* cannot happen: kick above started a transfer */
+                s->state[l] = RESIDENT;
+                break;
+            }
+            r.stall_s += next - s->t;
+            waited = true;
+            run_until(s, next);
+            s->t = next;
+        }
+        if (waited) {
+            r.stalls++;
+            s->stalls++;
+        }
+        if (s->measuring && s->fetched_at[l] > 0) {
+            double sl = s->t - s->fetched_at[l];
+            if (sl < s->slack) s->slack = sl;
+        }
+        s->fetched_at[l] = 0;
+        run_until(s, s->t + t_compute);
+        s->t += t_compute;
+    }
+    r.step_s = s->t - t0;
+    return r;
+}
+
 wrk_swapsim_result wrk_swapsim_run(uint32_t n, uint32_t slots, double t_compute, double t_swap,
                                    uint32_t warmup, uint32_t steps) {
     wrk_swapsim_result r = {0};
     if (n == 0 || n > WRK_SWAPSIM_MAX_LAYERS || steps == 0) return r;
-    if (slots > n) slots = n;
-    if (slots < 2 && slots < n) slots = 2 <= n ? 2 : n;
-    sim s = {.n = n, .slots = slots, .tc = t_compute, .ts = t_swap,
-             .in_layer = -1, .out_layer = -1, .slack = DBL_MAX};
-    for (uint32_t i = 0; i < n; i++) s.state[i] = i < slots ? RESIDENT : ON_HOST;
-    double t = 0, t0 = 0, stall = 0;
+    sim s;
+    wrk_swapsim_pipe_init(&s, n, slots);
+    s.ts = t_swap;
+    double t0 = 0, stall = 0;
     for (uint32_t step = 0; step < warmup + steps; step++) {
         if (step == warmup) {
             s.measuring = true;
-            t0 = t;
+            t0 = s.t;
             /* a transfer in flight counts from here */
-            if (s.in_layer >= 0) s.in_busy += s.in_until - t;
+            if (s.in_layer >= 0) s.in_busy += s.in_until - s.t;
         }
-        for (uint32_t l = 0; l < n; l++) {
-            s.cur = l;
-            kick(&s, t);
-            while (s.state[l] != RESIDENT) { /* stall until it is fetched */
-                double next = next_event(&s);
-                if (next == DBL_MAX) return r; /* cannot happen: kick above started a transfer */
-                if (s.measuring) stall += next - t;
-                run_until(&s, next);
-                t = next;
-            }
-            if (s.measuring && s.fetched_at[l] > 0) {
-                double sl = t - s.fetched_at[l];
-                if (sl < s.slack) s.slack = sl;
-            }
-            s.fetched_at[l] = 0;
-            run_until(&s, t + t_compute);
-            t += t_compute;
-        }
+        wrk_swapsim_step one = wrk_swapsim_pipe_step(&s, t_compute, t_swap);
+        if (s.measuring) stall += one.stall_s;
     }
-    double span = t - t0;
+    double span = s.t - t0;
     r.step_s = span / steps;
     r.stall_s = stall / steps;
     /* in-flight work past the end is not link time of the measured span */
-    if (s.in_layer >= 0 && s.in_until > t) s.in_busy -= s.in_until - t;
+    if (s.in_layer >= 0 && s.in_until > s.t) s.in_busy -= s.in_until - s.t;
     r.link_busy = span > 0 ? s.in_busy / span : 0;
     r.slack_s = s.slack == DBL_MAX ? 0 : s.slack;
     if (r.stall_s > 0 && r.slack_s > 0) r.slack_s = -r.stall_s;

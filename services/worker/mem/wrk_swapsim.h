@@ -11,6 +11,10 @@
  * waits for a slot, and the idle in-direction fetches the hottest host layer (the one needed
  * soonest, the next step's first layers included) into a free slot. A slot is free again once
  * its eviction ends. Computing a layer that is not resident waits (a stall).
+ * The pipeline can also run one step at a time with its state kept between steps
+ * (wrk_swapsim_pipe: the null backend's emulated device, mem/wrk_nulldev.h), the compute and
+ * swap times and the slot count changing between steps; a slot count lowered below the layers
+ * resident evicts the coldest ones first.
  * Does not own: real data (wrk_tier moves pages), the policy choosing S (wrk_expand.h). */
 #ifndef WRK_SWAPSIM_H
 #define WRK_SWAPSIM_H
@@ -27,6 +31,37 @@ typedef struct wrk_swapsim_result {
     double slack_s;     /* least time a fetched layer waited on the device before its compute
                            (negative: the shortest stall) */
 } wrk_swapsim_result;
+
+/* The pipeline's state between steps. */
+typedef struct wrk_swapsim_pipe {
+    uint32_t n, slots;
+    uint8_t state[WRK_SWAPSIM_MAX_LAYERS];
+    double fetched_at[WRK_SWAPSIM_MAX_LAYERS];
+    uint32_t cur; /* layer computing or about to */
+    double t;     /* now */
+    double ts;    /* the swap time of transfers started from now on */
+    double in_until, out_until;
+    int32_t in_layer, out_layer; /* -1: idle */
+    double in_busy, slack;       /* while measuring */
+    bool measuring;
+    uint64_t swaps_in, swaps_out, stalls; /* transfers started / layers waited for, ever */
+} wrk_swapsim_pipe;
+
+/* One step of the pipeline. */
+typedef struct wrk_swapsim_step {
+    double step_s;  /* its time: compute plus stall */
+    double stall_s; /* compute waited for a layer */
+    uint32_t stalls; /* layers waited for */
+} wrk_swapsim_step;
+
+/* n layers (1..WRK_SWAPSIM_MAX_LAYERS), the first `slots` resident (clamped as below). */
+void wrk_swapsim_pipe_init(wrk_swapsim_pipe *p, uint32_t n, uint32_t slots);
+/* From now on at most `slots` layer caches on the device (2..n, or n). */
+void wrk_swapsim_pipe_set_slots(wrk_swapsim_pipe *p, uint32_t slots);
+/* Runs one step of n layers, t_compute each, transfers started during it taking t_swap. */
+wrk_swapsim_step wrk_swapsim_pipe_step(wrk_swapsim_pipe *p, double t_compute, double t_swap);
+/* Layers whose cache is only on the host now. */
+uint32_t wrk_swapsim_pipe_on_host(const wrk_swapsim_pipe *p);
 
 /* Simulates warmup + steps steps of n layers (1..WRK_SWAPSIM_MAX_LAYERS) with slots layer
  * caches on the device (2..n; n: no swapping), measuring the last `steps`. */
