@@ -557,6 +557,8 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
                  "but group lws serves");
     pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
     cr_assert_eq(pie_proc_wait_ready(c.wrk, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
+    /* rank 1's own server answers health (its pod's probes): SERVING once the group formed */
+    cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
     wait_workers(ctl, "lws", 2);
     Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
     cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
@@ -795,7 +797,10 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
 
     /* rank 1 comes late, while no rank 0 answers; then rank 0 is restarted */
     pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    cr_assert(pie_proc_wait_log(r1, "event=svc.started ", 1, WAIT_MS), "rank 1 never served");
     pie_test_sleep_ms(300);
+    cr_expect_eq(pie_proc_log_count(r1, "serving=true"), 0,
+                 "rank 1 reported SERVING before its group formed");
     int coll_port = pie_proc_free_port(); /* tp.port: a fixed collective port this time */
     cr_assert_gt(coll_port, 0);
     char coll_env[32], coll_log[48];
@@ -811,6 +816,7 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
                   first);
     char joined[96];
     snprintf(joined, sizeof joined, "event=wrk.tp.joined rank=1 tp_size=2 epoch=%016llx ", second);
+    cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
     cr_expect_eq(pie_proc_log_count(r1, joined), 1, "rank 1 did not join epoch %016llx", second);
     cr_expect_eq(pie_proc_log_count(c.wrk, coll_log), 1, "rank 0 did not listen on tp.port %d",
                  coll_port);
