@@ -1,0 +1,117 @@
+/* wrk_offload.c — the load-aware scheduler of CPU attention offload (wrk_offload.h). */
+#include "wrk_offload.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Running totals of a split: n0/kv0 sub-batch 0's decodes (the prefill is added at estimate
+ * time), n1/kv1 sub-batch 1's, moved = KV tokens that cross the link. */
+typedef struct off_sums {
+    uint64_t n0, n1, kv0, kv1, moved;
+} off_sums;
+
+static double off_est(const wrk_off_costs *c, const wrk_off_batch *b, const off_sums *s) {
+    double tl0 = c->lin_tok * (double)((uint64_t)b->dev_tokens + s->n0);
+    double tl1 = c->lin_tok * (double)s->n1;
+    double tca1 = c->hattn_kv * (double)s->kv1;
+    double tga0 = c->dattn_kv * (double)(b->dev_kv + s->kv0);
+    double tx = c->xfer_tok * (double)s->moved;
+    if (s->n1 == 0) /* device-only: the transfers back overlap the whole step */
+        return fmax(tl0 + tga0, tx);
+    return fmax(fmax(tl0, tca1), tx) + tl1 + tga0;
+}
+
+/* Moves request r of the sums from sub-batch 0 to 1 (to = 1) or back (to = 0). */
+static void off_move(off_sums *s, const wrk_off_req *r, int to) {
+    if (to) {
+        s->n0--, s->kv0 -= r->kv, s->n1++, s->kv1 += r->kv;
+        if (r->on_host) s->moved -= r->kv;
+        else s->moved += r->kv;
+    } else {
+        s->n1--, s->kv1 -= r->kv, s->n0++, s->kv0 += r->kv;
+        if (r->on_host) s->moved += r->kv;
+        else s->moved -= r->kv;
+    }
+}
+
+static off_sums off_all_device(const wrk_off_batch *b) {
+    off_sums s = {0};
+    for (uint32_t i = 0; i < b->n_reqs; i++) {
+        s.n0++;
+        s.kv0 += b->reqs[i].kv;
+        if (b->reqs[i].on_host) s.moved += b->reqs[i].kv;
+    }
+    return s;
+}
+
+double wrk_off_estimate(const wrk_off_costs *c, const wrk_off_batch *b, const uint8_t *host) {
+    off_sums s = off_all_device(b);
+    for (uint32_t i = 0; i < b->n_reqs; i++)
+        if (host[i]) off_move(&s, &b->reqs[i], 1);
+    return off_est(c, b, &s);
+}
+
+double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b) {
+    off_sums s = off_all_device(b);
+    return off_est(c, b, &s);
+}
+
+/* Sub-batch 1's host attention stays hidden behind sub-batch 0's linear layers with r too. */
+static bool off_fits(const wrk_off_costs *c, const wrk_off_batch *b, const off_sums *s,
+                     const wrk_off_req *r) {
+    double tl0 = c->lin_tok * (double)((uint64_t)b->dev_tokens + s->n0 - 1);
+    return c->hattn_kv * (double)(s->kv1 + r->kv) <= tl0;
+}
+
+void wrk_off_decide(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *host,
+                    wrk_off_choice *out) {
+    memset(out, 0, sizeof *out);
+    if (b->n_reqs) memset(host, 0, b->n_reqs);
+    off_sums s = off_all_device(b);
+    double t_dev = off_est(c, b, &s);
+    /* memory: what the device cannot hold goes to the host, whatever it costs */
+    bool forced = false;
+    for (uint32_t i = 0; i < b->n_reqs && s.kv0 > b->device_kv_budget; i++) {
+        host[i] = 1;
+        off_move(&s, &b->reqs[i], 1);
+        forced = true;
+    }
+    /* hiding CPU: those already on the host first, then the rest */
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < b->n_reqs; i++) {
+            const wrk_off_req *r = &b->reqs[i];
+            if (host[i] || r->on_host != (pass == 0)) continue;
+            if (off_fits(c, b, &s, r)) {
+                host[i] = 1;
+                off_move(&s, r, 1);
+                continue;
+            }
+            if (!r->on_host) continue;
+            /* on the host but not hidden: stay (exposed host time) or come back (transfer) */
+            double back = off_est(c, b, &s);
+            off_move(&s, r, 1);
+            double stay = off_est(c, b, &s);
+            if (stay < back && s.kv0 <= b->device_kv_budget) {
+                host[i] = 1;
+            } else {
+                off_move(&s, r, 0);
+            }
+        }
+    /* a request that came back may overflow the device: then it stays on the host */
+    for (uint32_t i = 0; i < b->n_reqs && s.kv0 > b->device_kv_budget; i++)
+        if (!host[i]) {
+            host[i] = 1;
+            off_move(&s, &b->reqs[i], 1);
+            forced = true;
+        }
+    out->forced = forced;
+    out->t_dev = forced ? INFINITY : t_dev;
+    out->t_off = s.n1 ? off_est(c, b, &s) : INFINITY;
+    if (!forced && !(out->t_off < out->t_dev)) {
+        if (b->n_reqs) memset(host, 0, b->n_reqs);
+        return;
+    }
+    out->offload = true;
+    out->n_host = (uint32_t)s.n1;
+    out->host_kv = s.kv1;
+}

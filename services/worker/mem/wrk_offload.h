@@ -1,0 +1,70 @@
+/* wrk_offload.h — the load-aware scheduler of CPU attention offload (Neo, seed 004 §3.2–3.3;
+ * issue 13): per step, device-only or two asymmetric sub-batches, and which decode requests
+ * have their KV and attention on the host.
+ *
+ * Owns: the cost model (four per-token costs profiled at start) and the decision of one step.
+ * Sub-batch 0 holds every prefill and the decodes kept on the device, sub-batch 1 the decodes
+ * whose KV lives in the host pool (their attention runs on host cores). With L folded into the
+ * costs, the paper's estimate with no host attention in sub-batch 0 (Tca0 = 0) is
+ *   T_off = max(Tl0, Tca1, Tx) + Tl1 + Tga0
+ *   T_dev = max(Tl(all) + Tga(all), Tx(back))
+ * Tl = linear per token × tokens, Tga = device attention per KV token × KV tokens, Tca = host
+ * attention per KV token × KV tokens, Tx = transfer per token × tokens moved (layer by layer,
+ * overlapped with the compute as Neo does; it bounds the step when it is the longest). Rules:
+ *  - memory: decodes kept on the device may hold at most `device_kv_budget` KV tokens; the
+ *    first in batch order move to the host until they fit (then device-only is infeasible:
+ *    forced);
+ *  - hiding CPU (§3.3 step 4): decodes already on the host first, then the others, in batch
+ *    order, join sub-batch 1 while Tca1 <= Tl0; a decode already on the host that does not fit
+ *    stays there or comes back, whichever the estimate says costs less;
+ *  - greedy fall-back: the two sub-batches are chosen only when forced or when T_off < T_dev.
+ * Does not own: moving KV (the engine), measuring (the engine's profile at open). */
+#ifndef WRK_OFFLOAD_H
+#define WRK_OFFLOAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Seconds, for every layer of the model together. */
+typedef struct wrk_off_costs {
+    double lin_tok;   /* device linear layers per batch token */
+    double dattn_kv;  /* device attention per KV token read */
+    double hattn_kv;  /* host attention per KV token read */
+    double xfer_tok;  /* moving one token's KV between the device and the host */
+} wrk_off_costs;
+
+/* One decode request of the step (one new token). */
+typedef struct wrk_off_req {
+    uint32_t kv;  /* KV tokens its attention reads (context + the new token) */
+    bool on_host; /* its KV is in the host pool now */
+} wrk_off_req;
+
+typedef struct wrk_off_batch {
+    uint32_t dev_tokens;       /* tokens of the items that stay on the device (prefill) */
+    uint64_t dev_kv;           /* KV tokens their attention reads */
+    const wrk_off_req *reqs;   /* the decode requests that may go to the host */
+    uint32_t n_reqs;
+    uint64_t device_kv_budget; /* KV tokens decodes kept on the device may hold; UINT64_MAX */
+} wrk_off_batch;
+
+typedef struct wrk_off_choice {
+    bool offload;      /* two sub-batches (host[] says which requests are in sub-batch 1) */
+    bool forced;       /* the device could not hold every decode's KV */
+    uint32_t n_host;   /* requests in sub-batch 1 */
+    uint64_t host_kv;  /* their KV tokens */
+    double t_dev;      /* estimated device-only step (INFINITY when forced) */
+    double t_off;      /* estimated two-sub-batch step (INFINITY when nothing can go) */
+} wrk_off_choice;
+
+/* Decides one step: host[i] = 1 for the requests whose attention runs on the host (all 0 when
+ * device-only is chosen). host has n_reqs entries. */
+void wrk_off_decide(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *host,
+                    wrk_off_choice *out);
+
+/* The estimate of a given split (host[i] = 1: sub-batch 1), as above. */
+double wrk_off_estimate(const wrk_off_costs *c, const wrk_off_batch *b, const uint8_t *host);
+
+/* The device-only estimate (every request on the device, those on the host brought back). */
+double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
+
+#endif

@@ -1,0 +1,114 @@
+/* test_wrk_offload.c — the load-aware scheduler of CPU attention offload (issue 13; Neo,
+ * seed 004 §3.2-3.3) on constructed costs: it offloads when the host's attention hides behind
+ * the device's linear layers, never when the estimate says the two sub-batches are slower (the
+ * paper's fall-back to device-only), always when the device cannot hold every decode's KV. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "pie_testutil.h"
+#include "wrk_offload.h"
+
+TestSuite(wrk_offload, .fini = pie_test_leak_check);
+
+/* H100-like per-token costs (8B model, all layers): linear 20 us/token at small batches is the
+ * weights' read amortised; device attention reads 128 KiB/token at ~3 TB/s, the host at
+ * ~0.2 TB/s; the link moves 128 KiB/token at ~50 GB/s. Only the ratios matter here. */
+static const wrk_off_costs H100 = {
+    .lin_tok = 20e-6, .dattn_kv = 0.04e-6, .hattn_kv = 0.6e-6, .xfer_tok = 2.5e-6};
+
+Test(wrk_offload, offloads_decodes_whose_attention_hides_behind_the_prefill_linear_layers) {
+    wrk_off_req r[4] = {{.kv = 2000, .on_host = true}, {.kv = 3000}, {.kv = 500}, {.kv = 8000}};
+    wrk_off_batch b = {.dev_tokens = 2048, .dev_kv = 2048 * 1024, .reqs = r, .n_reqs = 4,
+                       .device_kv_budget = UINT64_MAX};
+    uint8_t host[4];
+    wrk_off_choice ch;
+    wrk_off_decide(&H100, &b, host, &ch);
+    cr_assert(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+    cr_assert_not(ch.forced);
+    cr_assert_eq(host[0], 1, "already on the host and hidden: it stays");
+    cr_assert_lt(ch.t_off, ch.t_dev);
+    cr_assert_float_eq(ch.t_off, wrk_off_estimate(&H100, &b, host), 1e-12);
+    /* hiding CPU: sub-batch 1's host attention fits in sub-batch 0's linear time */
+    uint64_t n0 = 0;
+    for (int i = 0; i < 4; i++) n0 += !host[i];
+    cr_assert_leq(H100.hattn_kv * (double)ch.host_kv, H100.lin_tok * (double)(b.dev_tokens + n0));
+}
+
+Test(wrk_offload, falls_back_to_device_only_when_the_host_is_too_slow) {
+    wrk_off_costs slow = H100;
+    slow.hattn_kv = 1.0; /* a second per KV token: nothing can hide */
+    wrk_off_req r[3] = {{.kv = 100}, {.kv = 200}, {.kv = 300, .on_host = true}};
+    wrk_off_batch b = {.dev_tokens = 16, .dev_kv = 256, .reqs = r, .n_reqs = 3,
+                       .device_kv_budget = UINT64_MAX};
+    uint8_t host[3] = {9, 9, 9};
+    wrk_off_choice ch;
+    wrk_off_decide(&slow, &b, host, &ch);
+    cr_assert_not(ch.offload);
+    cr_assert(host[0] == 0 && host[1] == 0 && host[2] == 0, "device-only: nothing on the host");
+    cr_assert_float_eq(ch.t_dev, wrk_off_estimate_dev(&slow, &b), 1e-12);
+}
+
+Test(wrk_offload, a_decode_only_step_without_linear_time_to_hide_behind_stays_on_the_device) {
+    /* decode-only, host attention 15x slower than the device's: Tca1 > Tl0 for any request */
+    wrk_off_req r[2] = {{.kv = 100000}, {.kv = 90000}};
+    wrk_off_batch b = {.reqs = r, .n_reqs = 2, .device_kv_budget = UINT64_MAX};
+    uint8_t host[2];
+    wrk_off_choice ch;
+    wrk_off_decide(&H100, &b, host, &ch);
+    cr_assert_not(ch.offload);
+    cr_assert_eq(ch.n_host, 0);
+}
+
+Test(wrk_offload, what_the_device_cannot_hold_goes_to_the_host_whatever_it_costs) {
+    wrk_off_costs slow = H100;
+    slow.hattn_kv = 1.0;
+    wrk_off_req r[3] = {{.kv = 1000}, {.kv = 1000}, {.kv = 1000}};
+    wrk_off_batch b = {.dev_tokens = 0, .reqs = r, .n_reqs = 3, .device_kv_budget = 1500};
+    uint8_t host[3];
+    wrk_off_choice ch;
+    wrk_off_decide(&slow, &b, host, &ch);
+    cr_assert(ch.offload && ch.forced);
+    cr_assert(isinf(ch.t_dev), "device-only is infeasible");
+    uint64_t kept = 0;
+    for (int i = 0; i < 3; i++) kept += host[i] ? 0 : r[i].kv;
+    cr_assert_leq(kept, 1500);
+    cr_assert_eq(ch.n_host, 2);
+}
+
+Test(wrk_offload, never_chooses_two_sub_batches_estimated_slower_over_random_steps) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    uint8_t host[64];
+    wrk_off_req r[64];
+    int offloaded = 0, fell_back = 0;
+    for (int it = 0; it < 5000; it++) {
+        wrk_off_costs c = {.lin_tok = (double)(RND() % 1000 + 1) * 1e-7,
+                           .dattn_kv = (double)(RND() % 1000) * 1e-10,
+                           .hattn_kv = (double)(RND() % 1000 + 1) * 1e-9,
+                           .xfer_tok = (double)(RND() % 1000) * 1e-9};
+        uint32_t n = (uint32_t)(RND() % 64);
+        for (uint32_t i = 0; i < n; i++)
+            r[i] = (wrk_off_req){.kv = (uint32_t)(RND() % 20000 + 1), .on_host = RND() % 3 == 0};
+        wrk_off_batch b = {.dev_tokens = (uint32_t)(RND() % 4096),
+                           .dev_kv = RND() % 1000000,
+                           .reqs = r,
+                           .n_reqs = n,
+                           .device_kv_budget = UINT64_MAX};
+        wrk_off_choice ch;
+        wrk_off_decide(&c, &b, host, &ch);
+        double dev = wrk_off_estimate_dev(&c, &b);
+        if (ch.offload) {
+            offloaded++;
+            double off = wrk_off_estimate(&c, &b, host);
+            cr_assert_lt(off, dev, "step %d: offload estimated %.9f, device-only %.9f", it, off,
+                         dev);
+        } else {
+            fell_back++;
+            for (uint32_t i = 0; i < n; i++) cr_assert_eq(host[i], 0);
+        }
+    }
+    cr_assert(offloaded > 100 && fell_back > 100, "both outcomes: %d offloaded, %d fell back",
+              offloaded, fell_back);
+#undef RND
+}
