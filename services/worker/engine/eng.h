@@ -27,6 +27,8 @@
 
 typedef enum eng_backend { ENG_BACKEND_CPU = 1, ENG_BACKEND_CUDA = 2 } eng_backend;
 
+struct eng_forward_item;
+
 typedef struct eng_opts {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer.json */
     eng_backend backend;    /* 0 → CPU */
@@ -58,6 +60,18 @@ typedef struct eng_opts {
     /* NULL: memcpy; else copies one layer (tests inject failures through it) */
     pie_code (*swap_copy)(void *user, void *dst, const void *src, size_t bytes, pie_status *st);
     void *swap_copy_user;
+    /* CPU attention offload (cpu backend; issue 13, Neo: engine/eng_cpu_offload.c and
+     * services/worker/mem/wrk_offload.h). 0: off. Else page ids [0, kv_pages) may each live in
+     * the "device" or the "host" region; at most offload_device_pages of them are meant for the
+     * device. A decode item (one input appended) whose pages all move to the host has its
+     * attention run by a pool of offload_host_threads host threads while the device pool runs
+     * the other items' attention. Results are bit for bit those of 0. Exclusive with swap. */
+    uint32_t offload_device_pages;
+    int offload_host_threads; /* 0 → 1 */
+    /* NULL: the load-aware scheduler decides; else asked for every decode item that may go to
+     * the host (item = its index in the forward batch): true sends it (tests) */
+    bool (*offload_pick)(void *user, uint32_t item, const struct eng_forward_item *it);
+    void *offload_pick_user;
 } eng_opts;
 
 typedef struct eng_info {
@@ -170,6 +184,23 @@ pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_statu
 void eng_swap_get_stats(eng *e, eng_swap_stats *out);
 /* Waits until the copy engine is idle (tests and benchmarks). */
 void eng_swap_quiesce(eng *e);
+
+/* CPU attention offload (offload_device_pages > 0 at open; without it: all zero). */
+typedef struct eng_offload_stats {
+    uint32_t device_pages;       /* the device's share of the page ids */
+    uint32_t pages_on_host;      /* written pages whose KV is in the host region now */
+    uint64_t steps;              /* forward batches */
+    uint64_t offload_steps;      /* ... that ran two sub-batches */
+    uint64_t forced_steps;       /* ... because the device could not hold every decode's KV */
+    uint64_t host_items;         /* decode items whose attention ran on the host, summed */
+    uint32_t last_host_items;    /* in the last forward batch */
+    uint64_t host_attn_ns;       /* host attention time, summed */
+    uint64_t last_host_attn_ns;  /* in the last forward batch */
+    uint64_t pages_to_host, pages_to_device;
+    /* the cost model profiled at open, seconds for all layers (wrk_offload.h) */
+    double lin_tok, dattn_kv, hattn_kv, xfer_tok;
+} eng_offload_stats;
+void eng_offload_get_stats(eng *e, eng_offload_stats *out);
 
 /* Position stored with a slot (tests). */
 pie_code eng_slot_position(eng *e, uint32_t slot, uint32_t *pos, pie_status *st);

@@ -212,6 +212,7 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
                                   .n_kv_heads = (int)e->shard.n_kv_heads,
                                   .head_dim = (int)c->head_dim};
     }
+    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
     size_t emb_bytes = eng_mul(eng_mul(slots, c->hidden_size), sizeof(float));
     rc = eng_cpu_map(&e->emb_region, eng_add(emb_bytes, eng_mul(slots, sizeof(uint32_t))),
                      "the embedding slots", st);
@@ -230,6 +231,10 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     if (rc != PIE_OK) goto fail;
     eng_carver carve = {.base = e->scratch.p};
     eng_carve_scratch(e, &carve);
+    if (opts->offload_device_pages) { /* CPU attention offload (eng_cpu_offload.c) */
+        rc = eng_offload_open(e, opts, layer_bytes, st);
+        if (rc != PIE_OK) goto fail;
+    }
 
     /* under the swap policy: the device region's budget (swap_slots layers) */
     e->info.kv_pool_bytes =
@@ -249,6 +254,7 @@ fail:
 void eng_close(eng *e) {
     if (!e) return;
     eng_swap_close(e); /* first: its copy threads stop */
+    eng_offload_close(e);
     if (e->kv_regions && e->m)
         for (uint32_t l = 0; l < e->m->cfg.n_layers; l++) eng_cpu_unmap(&e->kv_regions[l]);
     eng_cpu_unmap(&e->emb_region);
@@ -344,8 +350,6 @@ static void eng_fill_mask(const eng *e, const eng_forward_item *it, const eng_ch
  * the kernel runs whenever the scratch is full and once at the end. */
 static void eng_attend(eng *e, const eng_forward_item *items, uint32_t n, uint32_t layer,
                        bool outputs_only) {
-    const krn_kv_layer *kv = &e->kv[layer];
-    int nh = (int)e->shard.n_heads;
     size_t qd = e->qd, kvd = e->kvd;
     int n_att = 0;
     size_t used = 0;
@@ -368,6 +372,7 @@ static void eng_attend(eng *e, const eng_forward_item *items, uint32_t n, uint32
             a.out = e->att + (p->first + row) * qd;
             a.n_q = (int)(it->n_in - row);
             a.q_offset = (int)(p->ctx + row);
+            eng_attn_note(e, (uint32_t)n_att, i);
             e->attn[n_att++] = a;
             continue;
         }
@@ -379,7 +384,7 @@ static void eng_attend(eng *e, const eng_forward_item *items, uint32_t n, uint32
         while (row < it->n_in) {
             size_t fit = (e->mask_cap - used) / cols;
             if (fit == 0) {
-                krn_cpu_attention(e->pool, kv, e->attn, n_att, nh, e->attn_scale);
+                eng_attn_run(e, layer, n_att);
                 n_att = 0;
                 used = 0;
                 fit = e->mask_cap / cols; /* >= 8: mask_cap >= 8 * (kv tokens + T) */
@@ -393,21 +398,22 @@ static void eng_attend(eng *e, const eng_forward_item *items, uint32_t n, uint32
             a.n_q = (int)rows;
             a.q_offset = (int)(p->ctx + row);
             a.mask = m;
+            eng_attn_note(e, (uint32_t)n_att, i);
             e->attn[n_att++] = a;
             used += rows * cols;
             row += rows;
         }
     }
-    if (n_att > 0) krn_cpu_attention(e->pool, kv, e->attn, n_att, nh, e->attn_scale);
+    if (n_att > 0) eng_attn_run(e, layer, n_att);
 }
 
 /* K/V rows of the appended inputs into their pages. */
 static void eng_store_kv(eng *e, const eng_forward_item *items, uint32_t n, uint32_t layer) {
-    const krn_kv_layer *kv = &e->kv[layer];
     size_t kvd = e->kvd;
     for (uint32_t i = 0; i < n; i++) {
         const eng_forward_item *it = &items[i];
         if (!it->append_kv) continue;
+        const krn_kv_layer *kv = eng_item_kv(e, i, layer); /* offload: the host region */
         const eng_check_plan *p = &e->chk.plan[i];
         for (uint32_t t = 0; t < it->n_in; t++) {
             uint32_t page, off;
@@ -463,6 +469,8 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
     const eng_info *in = &e->info;
     int d = (int)in->hidden_size;
     eng_kv_touch_forward(e, items, n); /* swap policy: the pages the tier moves */
+    rc = eng_offload_prepare(e, items, n, st); /* offload: which items attend on the host */
+    if (rc != PIE_OK) return rc;
     uint32_t n_out = eng_gather(e, items, n);
     for (uint32_t l = 0; l < in->n_layers; l++) {
         const mdl_layer *L = &e->layers[l];
@@ -519,19 +527,11 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
     pie_code rc = eng_check_copy(&e->info, items, n, st);
     if (rc != PIE_OK) return rc;
     uint32_t ps = e->info.kv_page_size;
-    size_t kvd = e->kvd;
     eng_kv_touch_copies(e, items, n);
     eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
-        size_t bytes = (size_t)c->count * kvd * sizeof(float);
-        for (uint32_t l = 0; l < e->info.n_layers; l++) {
-            const krn_kv_layer *kv = &e->kv[l];
-            memcpy(krn_kv_k(kv, c->dst, (int)c->dst_off), krn_kv_k(kv, c->src, (int)c->src_off),
-                   bytes);
-            memcpy(krn_kv_v(kv, c->dst, (int)c->dst_off), krn_kv_v(kv, c->src, (int)c->src_off),
-                   bytes);
-        }
+        eng_offload_copy(e, c); /* every layer; offload: each page where it lives */
         eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
     }
     eng_kv_resume(e);
@@ -565,6 +565,7 @@ pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *
     krn_pool_run(total >= ENG_CLEAR_POOL_BYTES ? e->pool : NULL, eng_clear_task, &job,
                  (int)e->info.n_layers);
     eng_kv_resume(e);
+    eng_offload_cleared(e, pages, n); /* offload: the zeroed device copy is the page now */
     for (uint32_t i = 0; i < n; i++) {
         memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
         e->page_n_masked[pages[i]] = 0;

@@ -53,6 +53,7 @@ struct eng {
     eng_region *kv_regions;  /* [n_layers] */
     krn_kv_layer *kv;        /* [n_layers] */
     struct wrk_tier *tier;   /* NULL: policy gpu */
+    struct eng_offload *off; /* CPU attention offload (eng_cpu_offload.c); NULL: off */
     uint8_t *page_mask;      /* [kv_pages * page_size], 1 = masked */
     uint32_t *page_n_masked; /* [kv_pages] masked tokens per page */
 
@@ -109,6 +110,28 @@ void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n);
 /* Nothing moves between hold and resume; kv[*].base point where every layer is. */
 void eng_kv_hold(eng *e);
 void eng_kv_resume(eng *e);
+
+/* ---- eng_cpu_offload.c (each does what policy gpu does when e->off is NULL) ---- */
+
+typedef struct eng_offload eng_offload;
+/* Opens e->off for o->offload_device_pages > 0: host regions of layer_bytes per layer, the
+ * host attention pool and its driver, the cost model profiled. */
+pie_code eng_offload_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st);
+void eng_offload_close(eng *e);
+/* Before a forward's layers (after eng_check_forward): which items attend on the host; their
+ * pages moved there, every other item's pages to the device. */
+pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st);
+/* The KV layer item `item` of the forward reads and writes. */
+const krn_kv_layer *eng_item_kv(const eng *e, uint32_t item, uint32_t layer);
+/* e->attn[entry] is forward item `item`'s. */
+void eng_attn_note(eng *e, uint32_t entry, uint32_t item);
+/* Runs e->attn[0, n_att) of layer `layer`: the host items on the host pool while the device
+ * pool runs the rest, both with the plan of the whole call. */
+void eng_attn_run(eng *e, uint32_t layer, int n_att);
+/* One page copy (every layer), each page read or written where it lives. */
+void eng_offload_copy(eng *e, const eng_copy_item *c);
+/* After clear_pages zeroed the device region's copy of these pages: it is theirs now. */
+void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n);
 
 /* ---- eng_cpu_tp.c ---- */
 

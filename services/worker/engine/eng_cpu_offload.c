@@ -1,0 +1,459 @@
+/* eng_cpu_offload.c — the cpu engine under CPU attention offload (issue 13; Neo, seed 004):
+ * decode items whose KV lives wholly in the host region have their attention run by a host
+ * attention pool while the engine's ("device") pool runs the rest.
+ *
+ * Owns: where each page's KV is (loc: device or host region; both regions are indexed by page
+ * id over the whole id space, so page ids never change when KV moves), moving a page (every
+ * layer's block, one copy per layer each way), the per-step split (wrk_offload.h decides, or
+ * the test's pick callback), the host attention pool and its driver thread, the cost model
+ * profiled at open, the stats.
+ *
+ * One step (eng_forward): every item's pages are made to live where its attention runs (a
+ * page read by a device item and a host item of the same batch keeps the host item on the
+ * device: a fork's shared prefix). The linear layers run over the whole batch as before; in
+ * each layer, after K/V are stored (each item into its own region), one attention call's
+ * items are split: the host ones go to the driver thread, which runs them on the host pool,
+ * while the calling thread runs the device ones on the engine pool; both use the plan the
+ * whole call would have used (krn_cpu_attention_plan), so every item's output is bit for bit
+ * policy gpu's. On the cpu backend the linear layers are not split into the two sub-batches
+ * of Neo's asymmetric pipeline: the linear kernels' rounding depends on the row count
+ * (krn_linear.c picks its path by it), so splitting the rows would change the bits; what
+ * overlaps here is host attention with device attention, and the full layer schedule (one
+ * sub-batch's linear layers over the other's host attention) is modelled in wrk_offsim.h.
+ *
+ * Without offload (e->off NULL) every hook does what policy gpu does. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "eng.h"
+#include "eng_cpu_impl.h"
+#include "wrk_offload.h"
+
+#define OFF_PROFILE_PAGES 64u /* KV pages of the attention probes at open */
+#define OFF_PROFILE_ROWS  16u /* rows of the linear probe */
+#define OFF_PROFILE_COPY  (4u << 20)
+
+struct eng_offload {
+    uint32_t device_pages;
+    uint8_t *loc;     /* [kv_pages] 0 device, 1 host */
+    uint8_t *written; /* [kv_pages] 1 once K/V were stored or copied there (cleared: 0) */
+    uint8_t *mark;    /* [kv_pages] scratch of one step: 1 read by a device item */
+    eng_region *host_regions; /* [n_layers] */
+    krn_kv_layer *kv_host;    /* [n_layers] */
+    uint8_t *item_host;       /* [T] per forward item: its attention runs on the host */
+    uint32_t *attn_item;      /* [T] forward item of each entry of e->attn */
+    krn_attn_item *dev_items, *host_items; /* [T] */
+    wrk_off_req *reqs;        /* [T] */
+    uint32_t *req_item;       /* [T] */
+    uint8_t *req_host;        /* [T] */
+    wrk_off_costs costs;
+    bool (*pick)(void *user, uint32_t item, const eng_forward_item *it);
+    void *pick_user;
+    eng_offload_stats stats;
+
+    krn_pool *hpool;
+    pthread_t driver;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool has_job, job_done, stop;
+    const krn_kv_layer *job_kv;
+    int job_n, job_heads;
+    float job_scale;
+    krn_attn_plan job_plan;
+    uint64_t job_ns;
+};
+
+static uint64_t off_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the host attention driver -------------------------------------------------------------- */
+
+static void *off_driver(void *arg) {
+    eng_offload *o = arg;
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->has_job && !o->stop) pthread_cond_wait(&o->cv, &o->mu);
+        if (o->stop) break;
+        pthread_mutex_unlock(&o->mu);
+        uint64_t t0 = off_now_ns();
+        krn_cpu_attention_run(o->hpool, o->job_kv, o->host_items, o->job_n, o->job_heads,
+                              o->job_scale, &o->job_plan);
+        uint64_t ns = off_now_ns() - t0;
+        pthread_mutex_lock(&o->mu);
+        o->job_ns = ns;
+        o->has_job = false;
+        o->job_done = true;
+        pthread_cond_broadcast(&o->cv);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+void eng_attn_note(eng *e, uint32_t entry, uint32_t item) {
+    if (e->off) e->off->attn_item[entry] = item;
+}
+
+void eng_attn_run(eng *e, uint32_t layer, int n_att) {
+    eng_offload *o = e->off;
+    int nh = (int)e->shard.n_heads;
+    if (!o) {
+        krn_cpu_attention(e->pool, &e->kv[layer], e->attn, n_att, nh, e->attn_scale);
+        return;
+    }
+    krn_attn_plan plan = krn_cpu_attention_plan(e->pool, &e->kv[layer], e->attn, n_att, nh, 0);
+    int nd = 0, nhost = 0;
+    for (int a = 0; a < n_att; a++) {
+        if (o->item_host[o->attn_item[a]]) o->host_items[nhost++] = e->attn[a];
+        else o->dev_items[nd++] = e->attn[a];
+    }
+    if (nhost) {
+        pthread_mutex_lock(&o->mu);
+        o->job_kv = &o->kv_host[layer];
+        o->job_n = nhost;
+        o->job_heads = nh;
+        o->job_scale = e->attn_scale;
+        o->job_plan = plan;
+        o->job_done = false;
+        o->has_job = true;
+        pthread_cond_broadcast(&o->cv);
+        pthread_mutex_unlock(&o->mu);
+    }
+    if (nd) krn_cpu_attention_run(e->pool, &e->kv[layer], o->dev_items, nd, nh, e->attn_scale, &plan);
+    if (nhost) {
+        pthread_mutex_lock(&o->mu);
+        while (!o->job_done) pthread_cond_wait(&o->cv, &o->mu);
+        o->stats.last_host_attn_ns += o->job_ns;
+        o->stats.host_attn_ns += o->job_ns;
+        pthread_mutex_unlock(&o->mu);
+    }
+}
+
+const krn_kv_layer *eng_item_kv(const eng *e, uint32_t item, uint32_t layer) {
+    const eng_offload *o = e->off;
+    return o && o->item_host[item] ? &o->kv_host[layer] : &e->kv[layer];
+}
+
+/* ---- where pages live ---------------------------------------------------------------------- */
+
+static const krn_kv_layer *off_layer(const eng *e, uint32_t page, uint32_t layer) {
+    return e->off->loc[page] ? &e->off->kv_host[layer] : &e->kv[layer];
+}
+
+static void off_move_page(eng *e, uint32_t page, uint8_t to) {
+    eng_offload *o = e->off;
+    if (o->loc[page] == to) return;
+    if (o->written[page]) {
+        size_t bytes = e->info.kv_page_layer_bytes;
+        for (uint32_t l = 0; l < e->info.n_layers; l++) {
+            float *dev = krn_kv_k(&e->kv[l], page, 0), *host = krn_kv_k(&o->kv_host[l], page, 0);
+            memcpy(to ? host : dev, to ? dev : host, bytes);
+        }
+        if (to) o->stats.pages_to_host++;
+        else o->stats.pages_to_device++;
+        if (to) o->stats.pages_on_host++;
+        else o->stats.pages_on_host--;
+    }
+    o->loc[page] = to;
+}
+
+/* A decode that may go to the host: one input, appended. */
+static bool off_eligible(const eng_forward_item *it) {
+    return it->append_kv && it->n_in == 1 && it->n_kv_pages > 0;
+}
+
+pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
+                             pie_status *st) {
+    (void)st;
+    eng_offload *o = e->off;
+    if (!o) return PIE_OK;
+    o->stats.steps++;
+    o->stats.last_host_items = 0;
+    o->stats.last_host_attn_ns = 0;
+    uint32_t ps = e->info.kv_page_size;
+    /* the candidates and what the rest of the step costs */
+    uint32_t n_req = 0, dev_tokens = 0;
+    uint64_t dev_kv = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const eng_forward_item *it = &items[i];
+        const eng_check_plan *p = &e->chk.plan[i];
+        o->item_host[i] = 0;
+        uint32_t kv = p->ctx + it->n_in;
+        if (!off_eligible(it)) {
+            dev_tokens += it->n_in;
+            dev_kv += (uint64_t)kv * it->n_in;
+            continue;
+        }
+        bool all_host = true;
+        for (uint32_t j = 0; j < it->n_kv_pages && all_host; j++)
+            all_host = o->loc[it->kv_pages[j]] != 0;
+        o->reqs[n_req] = (wrk_off_req){.kv = kv, .on_host = all_host};
+        o->req_item[n_req++] = i;
+    }
+    if (o->pick) {
+        for (uint32_t r = 0; r < n_req; r++)
+            o->req_host[r] = o->pick(o->pick_user, o->req_item[r], &items[o->req_item[r]]) ? 1 : 0;
+    } else if (n_req) {
+        /* the device's room for decodes: its pages minus those written and not theirs */
+        uint64_t on_dev = 0, theirs = 0;
+        for (uint32_t pg = 0; pg < e->info.kv_pages; pg++)
+            on_dev += o->written[pg] && !o->loc[pg];
+        for (uint32_t r = 0; r < n_req; r++) {
+            const eng_forward_item *it = &items[o->req_item[r]];
+            for (uint32_t j = 0; j < it->n_kv_pages; j++)
+                theirs += o->written[it->kv_pages[j]] && !o->loc[it->kv_pages[j]];
+        }
+        uint64_t others = on_dev > theirs ? on_dev - theirs : 0;
+        uint64_t room = o->device_pages > others ? o->device_pages - others : 0;
+        wrk_off_batch b = {.dev_tokens = dev_tokens,
+                           .dev_kv = dev_kv,
+                           .reqs = o->reqs,
+                           .n_reqs = n_req,
+                           .device_kv_budget = room * ps};
+        wrk_off_choice ch;
+        wrk_off_decide(&o->costs, &b, o->req_host, &ch);
+        if (ch.forced) o->stats.forced_steps++;
+    }
+    for (uint32_t r = 0; r < n_req; r++) o->item_host[o->req_item[r]] = o->req_host[r];
+    /* a page a device item reads keeps every item reading it on the device (fixed point) */
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t i = 0; i < n; i++)
+            if (!o->item_host[i])
+                for (uint32_t j = 0; j < items[i].n_kv_pages; j++) o->mark[items[i].kv_pages[j]] = 1;
+        for (uint32_t i = 0; i < n; i++) {
+            if (!o->item_host[i]) continue;
+            for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
+                if (o->mark[items[i].kv_pages[j]]) {
+                    o->item_host[i] = 0;
+                    changed = true;
+                    break;
+                }
+        }
+    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < items[i].n_kv_pages; j++) o->mark[items[i].kv_pages[j]] = 0;
+    /* move the pages, then mark what this step writes */
+    uint32_t hosted = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        hosted += o->item_host[i];
+        for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
+            off_move_page(e, items[i].kv_pages[j], o->item_host[i]);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (items[i].append_kv)
+            for (uint32_t j = 0; j < items[i].n_kv_pages; j++) {
+                uint32_t pg = items[i].kv_pages[j];
+                if (!o->written[pg] && o->loc[pg]) o->stats.pages_on_host++;
+                o->written[pg] = 1;
+            }
+    if (hosted) o->stats.offload_steps++;
+    o->stats.last_host_items = hosted;
+    o->stats.host_items += hosted;
+    return PIE_OK;
+}
+
+void eng_offload_copy(eng *e, const eng_copy_item *c) {
+    eng_offload *o = e->off;
+    size_t bytes = (size_t)c->count * e->kvd * sizeof(float);
+    for (uint32_t l = 0; l < e->info.n_layers; l++) {
+        const krn_kv_layer *src = o ? off_layer(e, c->src, l) : &e->kv[l];
+        const krn_kv_layer *dst = o ? off_layer(e, c->dst, l) : &e->kv[l];
+        memcpy(krn_kv_k(dst, c->dst, (int)c->dst_off), krn_kv_k(src, c->src, (int)c->src_off),
+               bytes);
+        memcpy(krn_kv_v(dst, c->dst, (int)c->dst_off), krn_kv_v(src, c->src, (int)c->src_off),
+               bytes);
+    }
+    if (o) {
+        if (!o->written[c->dst] && o->loc[c->dst]) o->stats.pages_on_host++;
+        o->written[c->dst] = 1;
+    }
+}
+
+void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n) {
+    eng_offload *o = e->off;
+    if (!o) return;
+    for (uint32_t i = 0; i < n; i++) { /* the device copy was zeroed: it is the page now */
+        if (o->written[pages[i]] && o->loc[pages[i]]) o->stats.pages_on_host--;
+        o->loc[pages[i]] = 0;
+        o->written[pages[i]] = 0;
+    }
+}
+
+/* ---- open / close / stats ------------------------------------------------------------------ */
+
+/* Times fn's work per unit: a first run warms, the second is measured. */
+static void off_profile(eng *e) {
+    eng_offload *o = e->off;
+    const eng_info *in = &e->info;
+    double L = in->n_layers;
+    /* the linear layers of one layer over OFF_PROFILE_ROWS rows of the scratch */
+    uint32_t rows = in->max_batch_tokens < OFF_PROFILE_ROWS ? in->max_batch_tokens : OFF_PROFILE_ROWS;
+    if (in->n_layers && rows) {
+        const mdl_layer *Ly = &e->layers[0];
+        double best = 0;
+        for (int rep = 0; rep < 2; rep++) {
+            uint64_t t0 = off_now_ns();
+            eng_cpu_linear(e, e->xn, rows, &Ly->wq, e->q);
+            eng_cpu_linear(e, e->xn, rows, &Ly->wk, e->k);
+            eng_cpu_linear(e, e->xn, rows, &Ly->wv, e->v);
+            eng_cpu_linear(e, e->att, rows, &Ly->wo, e->x);
+            eng_cpu_linear(e, e->xn, rows, &Ly->w_gate, e->gate);
+            eng_cpu_linear(e, e->xn, rows, &Ly->w_up, e->up);
+            eng_cpu_linear(e, e->gate, rows, &Ly->w_down, e->x);
+            best = (double)(off_now_ns() - t0) * 1e-9;
+        }
+        o->costs.lin_tok = best * L / rows;
+    }
+    /* attention over OFF_PROFILE_PAGES pages of layer 0, one decode row, on either pool */
+    uint32_t pages = in->kv_pages < OFF_PROFILE_PAGES ? in->kv_pages : OFF_PROFILE_PAGES;
+    uint32_t *ids = malloc(pages * sizeof *ids);
+    if (ids && pages && in->n_layers && e->qd) {
+        for (uint32_t i = 0; i < pages; i++) ids[i] = i;
+        int ctx = (int)(pages * in->kv_page_size), nh = (int)e->shard.n_heads;
+        memset(e->q, 0, e->qd * sizeof(float));
+        krn_attn_item a = {.q = e->q, .out = e->att, .n_q = 1, .pages = ids, .n_ctx = ctx,
+                           .q_offset = ctx - 1};
+        for (int side = 0; side < 2; side++) {
+            krn_pool *p = side ? o->hpool : e->pool;
+            const krn_kv_layer *kv = side ? &o->kv_host[0] : &e->kv[0];
+            double t = 0;
+            for (int rep = 0; rep < 2; rep++) {
+                uint64_t t0 = off_now_ns();
+                krn_cpu_attention(p, kv, &a, 1, nh, e->attn_scale);
+                t = (double)(off_now_ns() - t0) * 1e-9;
+            }
+            if (side) o->costs.hattn_kv = t * L / ctx;
+            else o->costs.dattn_kv = t * L / ctx;
+        }
+    }
+    free(ids);
+    /* the "link": memcpy between two buffers */
+    char *a = malloc(OFF_PROFILE_COPY), *b = malloc(OFF_PROFILE_COPY);
+    if (a && b) {
+        memset(a, 1, OFF_PROFILE_COPY);
+        memset(b, 2, OFF_PROFILE_COPY);
+        uint64_t t0 = off_now_ns();
+        memcpy(b, a, OFF_PROFILE_COPY);
+        double t = (double)(off_now_ns() - t0) * 1e-9;
+        double tok_bytes = (double)in->kv_page_layer_bytes / in->kv_page_size * L;
+        o->costs.xfer_tok = t / OFF_PROFILE_COPY * tok_bytes;
+        if (b[OFF_PROFILE_COPY - 1] != 1) o->costs.xfer_tok = 0; /* cannot happen */
+    }
+    free(a);
+    free(b);
+    o->stats.lin_tok = o->costs.lin_tok;
+    o->stats.dattn_kv = o->costs.dattn_kv;
+    o->stats.hattn_kv = o->costs.hattn_kv;
+    o->stats.xfer_tok = o->costs.xfer_tok;
+}
+
+pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_status *st) {
+    if (opts->swap_slots)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_device_pages and swap_slots exclude each other");
+    if (opts->offload_device_pages > e->info.kv_pages)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_device_pages %u exceeds kv_pages %u",
+                              opts->offload_device_pages, e->info.kv_pages);
+    eng_offload *o = calloc(1, sizeof *o);
+    if (!o) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
+    e->off = o;
+    uint32_t pages = e->info.kv_pages, T = e->info.max_batch_tokens, L = e->info.n_layers;
+    o->device_pages = opts->offload_device_pages;
+    o->stats.device_pages = o->device_pages;
+    o->pick = opts->offload_pick;
+    o->pick_user = opts->offload_pick_user;
+    o->loc = calloc(pages, 1);
+    o->written = calloc(pages, 1);
+    o->mark = calloc(pages, 1);
+    o->host_regions = calloc(L ? L : 1, sizeof *o->host_regions);
+    o->kv_host = calloc(L ? L : 1, sizeof *o->kv_host);
+    o->item_host = calloc(T, 1);
+    o->attn_item = calloc(T, sizeof *o->attn_item);
+    o->dev_items = calloc(T, sizeof *o->dev_items);
+    o->host_items = calloc(T, sizeof *o->host_items);
+    o->reqs = calloc(T, sizeof *o->reqs);
+    o->req_item = calloc(T, sizeof *o->req_item);
+    o->req_host = calloc(T, 1);
+    if (!o->loc || !o->written || !o->mark || !o->host_regions || !o->kv_host || !o->item_host ||
+        !o->attn_item || !o->dev_items || !o->host_items || !o->reqs || !o->req_item ||
+        !o->req_host)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: out of memory for the offload tables");
+    for (uint32_t l = 0; l < L; l++) {
+        pie_code rc = eng_cpu_map(&o->host_regions[l], layer_bytes,
+                                  "a layer of the host KV region (offload)", st);
+        if (rc != PIE_OK) return rc;
+        o->kv_host[l] = e->kv[l];
+        o->kv_host[l].base = o->host_regions[l].p;
+    }
+    int threads = opts->offload_host_threads > 0 ? opts->offload_host_threads : 1;
+    o->hpool = krn_pool_create(threads);
+    if (!o->hpool)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: cannot start %d host attention threads", threads);
+    if (pthread_mutex_init(&o->mu, NULL) != 0) {
+        krn_pool_destroy(o->hpool);
+        o->hpool = NULL;
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: pthread_mutex_init failed");
+    }
+    if (pthread_cond_init(&o->cv, NULL) != 0) {
+        pthread_mutex_destroy(&o->mu);
+        krn_pool_destroy(o->hpool);
+        o->hpool = NULL;
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: pthread_cond_init failed");
+    }
+    if (pthread_create(&o->driver, NULL, off_driver, o) != 0) {
+        pthread_cond_destroy(&o->cv);
+        pthread_mutex_destroy(&o->mu);
+        krn_pool_destroy(o->hpool);
+        o->hpool = NULL;
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: cannot start the host attention driver");
+    }
+    o->started = true;
+    off_profile(e);
+    return PIE_OK;
+}
+
+void eng_offload_close(eng *e) {
+    eng_offload *o = e->off;
+    if (!o) return;
+    if (o->started) {
+        pthread_mutex_lock(&o->mu);
+        o->stop = true;
+        pthread_cond_broadcast(&o->cv);
+        pthread_mutex_unlock(&o->mu);
+        pthread_join(o->driver, NULL);
+        pthread_cond_destroy(&o->cv);
+        pthread_mutex_destroy(&o->mu);
+    }
+    krn_pool_destroy(o->hpool);
+    if (o->host_regions && e->m)
+        for (uint32_t l = 0; l < e->info.n_layers; l++) eng_cpu_unmap(&o->host_regions[l]);
+    free(o->host_regions);
+    free(o->kv_host);
+    free(o->loc);
+    free(o->written);
+    free(o->mark);
+    free(o->item_host);
+    free(o->attn_item);
+    free(o->dev_items);
+    free(o->host_items);
+    free(o->reqs);
+    free(o->req_item);
+    free(o->req_host);
+    free(o);
+    e->off = NULL;
+}
+
+void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (e && e->off) *out = e->off->stats;
+}
