@@ -100,6 +100,12 @@ typedef struct lc_wasm_rt_stats {
     uint64_t memory_hits;      /* loads served from modules already loaded in this runtime */
     uint32_t compiles_running; /* tier-0 compiles in progress now */
     uint32_t compiles_queued;  /* loads waiting now for one of them to end */
+    /* Where the wall time of the tier-0 compiles that succeeded went, summed over them (ns,
+     * CLOCK_MONOTONIC; the benchmark takes differences): */
+    uint64_t t0_files_ns;     /* cache entry: mkdir, lock, module.wasm, t0.h and wasm.h */
+    uint64_t t0_translate_ns; /* wasm2c | compiler started → wasm2c ended */
+    uint64_t t0_compile_ns;   /* the same start → the compiler ended (tcc overlaps wasm2c) */
+    uint64_t t0_open_ns;      /* dlopen of t0.so, its glue symbols, init_module */
 } lc_wasm_rt_stats;
 
 /* Creates a runtime: installs the fault and interrupt signal handlers (process-wide, shared by

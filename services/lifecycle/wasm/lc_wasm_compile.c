@@ -107,6 +107,7 @@ typedef struct lc_tool {
     int pidfd;  /* readable once the tool exits; -1 when none (old kernels: polled instead) */
     int log_fd; /* memfd: stderr, and stdout unless that goes to a pipe; -1 when none */
     int status; /* waitpid status once reaped; -1 before (neither exited nor signalled) */
+    uint64_t ended_ns; /* CLOCK_MONOTONIC when reaped (within a poll of its exit); 0 before */
 } lc_tool;
 
 static void tool_close(lc_tool *t) {
@@ -175,6 +176,7 @@ static bool tool_reaped(lc_tool *t) {
     while ((r = waitpid(t->pid, &t->status, WNOHANG)) < 0 && errno == EINTR) {}
     if (r == 0) return false;
     t->pid = 0; /* reaped (r == pid), or not our child any more (ECHILD): gone either way */
+    t->ended_ns = lc_wasm_now_ns(CLOCK_MONOTONIC);
     if (t->pidfd >= 0) close(t->pidfd);
     t->pidfd = -1;
     return true;
@@ -420,9 +422,13 @@ static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const ch
     return rc;
 }
 
-/* Translates module.wasm and compiles it into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1). */
-static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, pie_status *st) {
+/* Translates module.wasm and compiles it into t<tier>.so with tcc (tier 0) or cc -O2 (tier 1).
+ * Tier 0 adds where its time went to the runtime's t0_* sums (files_ns: time spent before it
+ * on the cache entry's files, added to the glue's). */
+static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, uint64_t files_ns,
+                        pie_status *st) {
     lc_wasm_rt *rt = m->rt;
+    uint64_t t_files = lc_wasm_now_ns(CLOCK_MONOTONIC);
     char final[PATH_MAX], tmp[PATH_MAX];
     if (path_join(final, m->dir, tier ? "t1.so" : "t0.so", st) != PIE_OK ||
         tmp_name(tmp, final, st) != PIE_OK)
@@ -444,6 +450,7 @@ static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, pie
                   .pidfd = -1,
                   .log_fd = -1,
                   .status = -1};
+    uint64_t t_start = lc_wasm_now_ns(CLOCK_MONOTONIC);
     pie_code rc = run_pipeline(rt, &w2c, &cc, m->dir, cancel,
                                tier ? rt->tier1_timeout_ms : rt->compile_timeout_ms,
                                tier ? "runtime.tier1_timeout" : "runtime.compile_timeout", st);
@@ -454,17 +461,24 @@ static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, pie
         return rc;
     }
     atomic_fetch_add(tier ? &rt->tier1_compiles : &rt->tier0_compiles, 1u);
+    if (tier == 0) {
+        atomic_fetch_add(&rt->t0_files_ns, files_ns + (t_start - t_files));
+        /* both were reaped after t_start (tools_wait returns once they are) */
+        atomic_fetch_add(&rt->t0_translate_ns, w2c.ended_ns > t_start ? w2c.ended_ns - t_start : 0);
+        atomic_fetch_add(&rt->t0_compile_ns, cc.ended_ns > t_start ? cc.ended_ns - t_start : 0);
+    }
     return PIE_OK;
 }
 
 /* Tier 0 from the bytes: module.wasm (which tier 1 translates again), the prelude, then the
  * pipeline. */
 static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t len,
-                                  lc_wasm_cancel *cancel, pie_status *st) {
+                                  lc_wasm_cancel *cancel, uint64_t files_ns, pie_status *st) {
+    uint64_t t0 = lc_wasm_now_ns(CLOCK_MONOTONIC);
     if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK ||
         write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
         return st->code;
-    return compile(m, 0, cancel, st);
+    return compile(m, 0, cancel, files_ns + (lc_wasm_now_ns(CLOCK_MONOTONIC) - t0), st);
 }
 
 /* ---- the tier-0 compile slots ----------------------------------------------------------------
@@ -623,6 +637,7 @@ static bool try_cached(lc_wasm_module *m, int tier) {
 pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len,
                               lc_wasm_cancel *cancel, pie_status *st) {
     lc_wasm_rt *rt = m->rt;
+    uint64_t t_entry = lc_wasm_now_ns(CLOCK_MONOTONIC);
     if (mkdir(m->dir, 0700) != 0 && errno != EEXIST)
         return pie_status_set(st, PIE_INTERNAL, "mkdir %s: %s", m->dir, strerror(errno));
     char lock_path[PATH_MAX];
@@ -635,12 +650,16 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
         return st->code;
     }
     pie_code rc = PIE_OK;
+    uint64_t entry_ns = lc_wasm_now_ns(CLOCK_MONOTONIC) - t_entry; /* mkdir, lock */
     if (try_cached(m, 1) || try_cached(m, 0)) {
         atomic_fetch_add(&rt->disk_hits, 1u);
     } else if ((rc = slot_acquire(rt, cancel, st)) == PIE_OK) {
-        rc = translate_compile(m, wasm, len, cancel, st);
+        rc = translate_compile(m, wasm, len, cancel, entry_ns, st);
         slot_release(rt);
+        uint64_t t_open = lc_wasm_now_ns(CLOCK_MONOTONIC);
         if (rc == PIE_OK) rc = code_open(m, 0, &m->code, st);
+        if (rc == PIE_OK)
+            atomic_fetch_add(&rt->t0_open_ns, lc_wasm_now_ns(CLOCK_MONOTONIC) - t_open);
     }
     flock(lock, LOCK_UN);
     close(lock);
@@ -657,7 +676,7 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
 static void tier1_build(lc_wasm_module *m) {
     pie_status st;
     lc_wasm_code *c = NULL;
-    pie_code rc = compile(m, 1, NULL, &st);
+    pie_code rc = compile(m, 1, NULL, 0, &st);
     if (rc == PIE_OK) rc = code_open(m, 1, &c, &st);
     pthread_mutex_lock(&m->mu);
     if (rc == PIE_OK) {

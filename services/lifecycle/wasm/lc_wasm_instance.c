@@ -255,6 +255,10 @@ lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
         .tier1_compiles = atomic_load(&rt->tier1_compiles),
         .disk_hits = atomic_load(&rt->disk_hits),
         .memory_hits = atomic_load(&rt->memory_hits),
+        .t0_files_ns = atomic_load(&rt->t0_files_ns),
+        .t0_translate_ns = atomic_load(&rt->t0_translate_ns),
+        .t0_compile_ns = atomic_load(&rt->t0_compile_ns),
+        .t0_open_ns = atomic_load(&rt->t0_open_ns),
     };
     pthread_mutex_lock(&rt->mu);
     s.compiles_running = rt->n_compiling;

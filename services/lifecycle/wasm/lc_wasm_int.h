@@ -123,6 +123,7 @@ struct lc_wasm_rt {
     bool t1_started;
     pthread_t t1_thread;
     _Atomic uint64_t translations, tier0_compiles, tier1_compiles, disk_hits, memory_hits;
+    _Atomic uint64_t t0_files_ns, t0_translate_ns, t0_compile_ns, t0_open_ns; /* see stats */
 };
 
 /* Makes m->code (tier 0 or 1) from the cache directory or by compiling; sets m->tier1 to QUEUED
