@@ -76,12 +76,16 @@ const GATEWAY_HTTP_PROBES = { startupProbe: ['/healthz'], readinessProbe: ['/rea
 // The health names the binaries register (svc_add_health in services/*/…_main.c).
 const READY_HEALTH = { controller: 'pie.v1.Controller', lifecycle: 'pie.v1.Lifecycle', worker: 'pie.v1.Worker' };
 // Stand-ins for the downward-API variables, so $(VAR) references expand as in a running pod.
+const GROUP_INDEX = "metadata.labels['leaderworkerset.sigs.k8s.io/group-index']";
+const WORKER_INDEX = "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']";
 const FIELD_STANDINS = {
   'metadata.name': 'podname-0',
   'status.podIP': '10.1.2.3',
-  "metadata.labels['leaderworkerset.sigs.k8s.io/group-index']": '0',
-  "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']": '0',
+  [GROUP_INDEX]: '0',
+  [WORKER_INDEX]: '0',
 };
+// A LeaderWorkerSet's workerTemplate makes the pods after the leader: worker index 1 stands in.
+const RANK_STANDINS = { ...FIELD_STANDINS, [WORKER_INDEX]: '1' };
 
 const renderText = fs.readFileSync(files[0], 'utf8');
 const docs = yaml.loadAll(renderText).filter((d) => d && typeof d === 'object');
@@ -102,7 +106,7 @@ function podTemplates(d) {
     case 'Deployment': case 'StatefulSet': return [{ id: `${id} spec.template`, t: s.template, owner: d }];
     case 'LeaderWorkerSet': {
       const lwt = s.leaderWorkerTemplate || {};
-      const out = [{ id: `${id} workerTemplate`, t: lwt.workerTemplate, owner: d }];
+      const out = [{ id: `${id} workerTemplate`, t: lwt.workerTemplate, owner: d, standins: RANK_STANDINS }];
       if (lwt.leaderTemplate) out.push({ id: `${id} leaderTemplate`, t: lwt.leaderTemplate, owner: d });
       return out;
     }
@@ -112,14 +116,14 @@ function podTemplates(d) {
 }
 
 // Literal env of a container with $(VAR) expanded (valueFrom fieldRef: stand-ins).
-function expandedEnv(c) {
+function expandedEnv(c, standins = FIELD_STANDINS) {
   const env = {};
   for (const e of c.env || []) {
     if (e.value !== undefined) {
       env[e.name] = String(e.value).replace(/(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g,
         (m, v) => (v in env ? env[v] : m));
     } else if (e.valueFrom && e.valueFrom.fieldRef) {
-      env[e.name] = FIELD_STANDINS[e.valueFrom.fieldRef.fieldPath] || 'x';
+      env[e.name] = standins[e.valueFrom.fieldRef.fieldPath] || 'x';
     }
   }
   return env;
@@ -133,10 +137,10 @@ function parseAddress(addr) { // "host:port" or "dns:///host:port" -> {host, por
 // The pods (component label, template, containers) and their effective configuration.
 const pods = [];
 for (const d of docs) {
-  for (const { id, t, owner } of podTemplates(d)) {
+  for (const { id, t, owner, standins } of podTemplates(d)) {
     const labels = (t.metadata || {}).labels || {};
     const spec = t.spec || {};
-    const pod = { id, owner, labels, spec, annotations: (t.metadata || {}).annotations || {},
+    const pod = { id, owner, labels, spec, standins: standins || FIELD_STANDINS, annotations: (t.metadata || {}).annotations || {},
       component: labels['app.kubernetes.io/component'], ports: {}, containers: spec.containers || [] };
     for (const c of pod.containers) for (const p of c.ports || []) if (p.name) pod.ports[p.name] = p.containerPort;
     if (SERVICES.includes(pod.component)) pod.svc = serviceContainer(pod);
@@ -160,7 +164,7 @@ function serviceContainer(pod) {
     errors.push(`${pod.id}: --config ${file} is not a key of a ConfigMap mounted at ${path.posix.dirname(file)}`);
     return null;
   }
-  const env = expandedEnv(c);
+  const env = expandedEnv(c, pod.standins);
   const cfgFile = path.join(tmp, `${pod.component}-${pods.length}.yaml`);
   fs.writeFileSync(cfgFile, cm.data[key]);
   const pieEnv = Object.fromEntries(Object.entries(env).filter(([k]) => k.startsWith('PIE_')));
@@ -340,17 +344,9 @@ for (const pod of svcPods) {
       if (!cfg.worker.advertise.includes(`.${pod.owner.spec.serviceName}.`)) errors.push(`${pod.id}: worker.advertise "${cfg.worker.advertise}" is not under the StatefulSet's serviceName ${pod.owner.spec.serviceName}`);
       checkAddress(`${pod.id}: worker.advertise`, cfg.worker.advertise, 'worker', { podPrefix: podName });
     }
-    const leader = pod.svc.env.PIE_TP_LEADER;
-    if (leader !== undefined) {
-      const a = parseAddress(leader);
-      const lead = peers.find((p) => p.labels['pie-tp-role'] === 'leader') || pod;
-      if (!a || a.port !== lead.ports.tp) errors.push(`${pod.id}: PIE_TP_LEADER "${leader}" is not the leader's "tp" port ${lead.ports.tp}`);
-      else {
-        const m = /^([a-z0-9-]+)\.([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.(.+)$/.exec(a.host);
-        if (!m || m[2] !== pod.owner.metadata.name || m[3] !== pod.owner.metadata.namespace) errors.push(`${pod.id}: PIE_TP_LEADER "${leader}" is not a pod of ${pod.owner.kind}/${pod.owner.metadata.name}`);
-        else domains.add(m[4]);
-      }
-    }
+    const tpSize = Number((cfg.tp || {}).size || 1);
+    if (isLws && (tpSize > 1 || Number((pod.owner.spec.leaderWorkerTemplate || {}).size) > 1)) checkGroup(pod, peers);
+    else if ((cfg.tp || {}).leader || Number((cfg.tp || {}).rank) >= 0) errors.push(`${pod.id}: tp.rank ${cfg.tp.rank} / tp.leader "${cfg.tp.leader}" outside a group of pods (a launched group's ranks are forked)`);
   }
   if (pod.component === 'lifecycle') {
     const a = parseAddress(cfg.replica.advertise);
@@ -359,6 +355,34 @@ for (const pod of svcPods) {
     }
   }
 }
+// A tensor-parallel group spanning the pods of a LeaderWorkerSet group, one rank each (worker
+// pod `pod` of it; peers: the templates of the same LeaderWorkerSet). tp.size is the group's pod
+// count; a pod's tp.rank is its worker index (the leader 0); every pod's tp.leader is the
+// leader's gRPC server (Worker/TpJoin): <lws>-<group index>.<lws>.<namespace>.svc.<domain>:<its
+// server.listen port>; the leader listens for the collective on tp.port, which its container
+// declares as "tp"; LeaderReady would never start the group (the leader is ready once the others
+// joined); a NetworkPolicy selecting the worker pods lets worker pods reach both ports.
+function checkGroup(pod, peers) {
+  const tp = pod.svc.cfg.tp || {}, name = pod.owner.metadata.name;
+  const pods_ = Number((pod.owner.spec.leaderWorkerTemplate || {}).size);
+  const role = pod.labels['pie-tp-role'];
+  if (Number(tp.size) !== pods_) errors.push(`${pod.id}: tp.size ${tp.size}, but a group of LeaderWorkerSet ${name} is ${pods_} pods, one rank each`);
+  const wantRank = role === 'leader' ? 0 : Number(pod.standins[WORKER_INDEX]);
+  if (Number(tp.rank) !== wantRank) errors.push(`${pod.id}: tp.rank ${tp.rank}, but this pod is worker index ${wantRank} of its group`);
+  if (pod.owner.spec.startupPolicy === 'LeaderReady') errors.push(`${pod.id}: startupPolicy LeaderReady: the leader turns ready only once every rank joined, which LeaderReady creates only after that`);
+  const lead = peers.find((p) => p.labels['pie-tp-role'] === 'leader' && p.svc);
+  if (!lead) { errors.push(`${pod.id}: LeaderWorkerSet ${name} has no leader template running pie-worker`); return; }
+  checkAddress(`${pod.id}: tp.leader`, tp.leader, 'worker', { podPrefix: `${name}-${pod.standins[GROUP_INDEX]}`, lwsName: name, owner: pod.owner, pods: [lead] });
+  const coll = Number((lead.svc.cfg.tp || {}).port);
+  if (pod === lead && (!coll || lead.ports.tp !== coll)) errors.push(`${pod.id}: tp.port ${coll} is not the leader container's port "tp" (${lead.ports.tp})`);
+  for (const np of docs.filter((d) => d.kind === 'NetworkPolicy' && subset((d.spec.podSelector || {}).matchLabels, lead.labels))) {
+    const open = (port) => (np.spec.ingress || []).some((r) => (!r.from || r.from.some((f) => f.podSelector && subset(f.podSelector.matchLabels, pod.labels))) &&
+      (!r.ports || r.ports.some((p) => p.port === port)));
+    for (const [what, port] of [['gRPC (Worker/TpJoin)', listenPort(lead, 'server')], ['collective (tp.port)', coll || lead.ports.tp]])
+      if (!open(port)) errors.push(`${pod.id}: NetworkPolicy/${np.metadata.name} does not let the group's pods reach the leader's ${what} port ${port}`);
+  }
+}
+
 // The `helm test` pod: every --addr it dials.
 for (const pod of pods.filter((p) => p.owner.kind === 'Pod')) {
   for (const c of [...(pod.spec.initContainers || []), ...pod.containers]) {

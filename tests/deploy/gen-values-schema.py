@@ -27,9 +27,11 @@ CHART_OWNED = {
     "controller": COMMON_OWNED,
     "lifecycle": COMMON_OWNED | {"controller.address", "replica.id", "replica.advertise",
                                  "tenants.dir"},
-    # memory.policy and memory.host_pool: from worker.memory.policy / hostPool (PIE_MEMORY_*)
+    # memory.policy and memory.host_pool: from worker.memory.policy / hostPool (PIE_MEMORY_*);
+    # tp.size and tp.port from worker.tensorParallel, tp.rank and tp.leader per pod (PIE_TP_*)
     "worker": COMMON_OWNED | {"controller.address", "worker.group_id", "worker.advertise",
-                              "model.name", "model.path", "memory.policy", "memory.host_pool"},
+                              "model.name", "model.path", "memory.policy", "memory.host_pool",
+                              "tp.size", "tp.port", "tp.rank", "tp.leader"},
     # The gateway holds no token (auth.* stays unset: it forwards each client's key).
     "gateway": COMMON_OWNED | {"http.listen", "lifecycle.address"},
 }

@@ -35,7 +35,7 @@ chart="$root/helm/pie"
 release=pie namespace=pie kube_version=1.30.0
 # Worker keys the chart passes as PIE_* variables ahead of the work that defines them
 # (docs/deploy.md, "Forwarded keys"); the current binaries ignore unknown variables.
-forwarded="PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL PIE_TP_NODES PIE_TP_NODE_RANK PIE_TP_LEADER"
+forwarded="PIE_MEMORY_POLICY PIE_MEMORY_HOST_POOL"
 
 die() { echo "deploy-test: $*" >&2; exit 1; }
 need_tools() {
@@ -212,6 +212,7 @@ null 0 --set-string worker.config.backend=null
 cuda 1 --set worker.leaderWorkerSet.enabled=true
 cpu 0 --set worker.leaderWorkerSet.enabled=true,worker.config.backend=cpu
 cpu 0 --set worker.tensorParallel.size=2,worker.config.backend=cpu
+cpu 0 -f $chart/ci/cpu-pods-values.yaml
 cuda 1 -f $here/values-large-numbers.yaml
 CASES
     exit $rc
@@ -372,16 +373,24 @@ PY
       echo "ok: $* -> $want"
     }
     # Groups that cannot form: spanning pods (no cross-pod join yet), or on cuda (no NCCL yet).
-    pods='the chart does not render groups spanning several pods yet'
     cuda='only the cpu backend runs tensor-parallel groups so far'
+    pods_cuda='groups spanning pods run on the cpu backend only so far'
     check "worker.tensorParallel.size is 4 with backend cuda: $cuda" --set worker.tensorParallel.size=4
     check "worker.tensorParallel.size is 8 with backend cuda: $cuda" \
       --set worker.tensorParallel.size=8,worker.leaderWorkerSet.enabled=true
-    check "worker.tensorParallel.nodes is 2 (size 1): $pods" \
+    check "worker.tensorParallel.nodes is 2 with backend cuda: $pods_cuda" \
       --set worker.tensorParallel.nodes=2,worker.leaderWorkerSet.enabled=true
-    check "worker.tensorParallel.nodes is 2 (size 4): $pods" \
-      --set worker.tensorParallel.size=4,worker.tensorParallel.nodes=2,worker.config.backend=cpu
-    check "worker.tensorParallel.nodes is 2 (size 16): $pods" -f "$here/values-tp-multinode.yaml"
+    check "worker.tensorParallel.nodes is 2 with backend cuda: $pods_cuda" -f "$here/values-tp-multinode.yaml"
+    # groups spanning pods on the cpu backend: one rank per pod, a LeaderWorkerSet, LeaderCreated
+    tp2='worker.tensorParallel.nodes=2,worker.config.backend=cpu'
+    check 'worker.tensorParallel.size is 4 with nodes 2: a group spanning pods runs one rank per pod' \
+      --set worker.tensorParallel.size=4,$tp2,worker.leaderWorkerSet.enabled=true
+    check 'worker.tensorParallel.size is 1 with nodes 2: a group spanning pods runs one rank per pod' \
+      --set $tp2,worker.leaderWorkerSet.enabled=true
+    check 'worker.tensorParallel.nodes is 2: a group spanning pods is a LeaderWorkerSet group' \
+      --set worker.tensorParallel.size=2,$tp2
+    check 'worker.leaderWorkerSet.startupPolicy LeaderReady cannot start a group spanning 2 pods' \
+      --set worker.tensorParallel.size=2,$tp2,worker.leaderWorkerSet.enabled=true,worker.leaderWorkerSet.startupPolicy=LeaderReady
     check 'lifecycle.podDisruptionBudget.minAvailable (2) must be below the lifecycle replica count (2)' \
       --set lifecycle.podDisruptionBudget.minAvailable=2
     check 'gateway.podDisruptionBudget.minAvailable (2) must be below the gateway replica count (2)' \

@@ -305,16 +305,27 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* Refuses worker groups that cannot form. A group of tensorParallel.size ranks in one pod works
-on the cpu backend (one pie-worker forks the ranks; they share a collective in /dev/shm:
-docs/tensor-parallel.md); cuda groups (NCCL) do not exist yet, and the chart does not render
-groups spanning pods (nodes > 1) yet. */}}
+{{/* Refuses worker groups that cannot form. On the cpu backend a group of tensorParallel.size
+ranks runs in one pod (one pie-worker forks the ranks; they share a collective in /dev/shm) or,
+with nodes = size, as a LeaderWorkerSet group of pods, one rank each (ranks join rank 0 over
+Worker/TpJoin and compute over a TCP collective on tensorParallel.port: docs/tensor-parallel.md).
+cuda groups (NCCL) do not exist yet. */}}
 {{- define "pie.worker.checkTensorParallel" -}}
 {{- $size := int .Values.worker.tensorParallel.size -}}
 {{- $nodes := int .Values.worker.tensorParallel.nodes -}}
 {{- $backend := include "pie.worker.backend" . -}}
-{{- if gt $nodes 1 -}}
-{{- fail (printf "worker.tensorParallel.nodes is %d (size %d): the chart does not render groups spanning several pods yet (pie-worker can join ranks started one by one over Worker/TpJoin on the cpu backend, but the chart's LeaderWorkerSet, one rank per pod and the collective's network policy are not done), so such a group could never form; set worker.tensorParallel.nodes=1 (a group in one pod), and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $size) -}}
+{{- $lws := .Values.worker.leaderWorkerSet -}}
+{{- if and (gt $nodes 1) (ne $backend "cpu") -}}
+{{- fail (printf "worker.tensorParallel.nodes is %d with backend %s: groups spanning pods run on the cpu backend only so far (the cuda backend's NCCL groups are not implemented yet); set worker.config.backend=cpu, or worker.tensorParallel.nodes=1 and size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $backend) -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (ne $size $nodes) -}}
+{{- fail (printf "worker.tensorParallel.size is %d with nodes %d: a group spanning pods runs one rank per pod, so size must equal nodes (pie-worker refuses another tp.size in a LeaderWorkerSet group); set worker.tensorParallel.size=%d, or nodes=1 for a group of %d ranks in one pod" $size $nodes $nodes $size) -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (not $lws.enabled) -}}
+{{- fail (printf "worker.tensorParallel.nodes is %d: a group spanning pods is a LeaderWorkerSet group (one pod per rank); set worker.leaderWorkerSet.enabled=true (the LeaderWorkerSet controller must be installed)" $nodes) -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (eq $lws.startupPolicy "LeaderReady") -}}
+{{- fail (printf "worker.leaderWorkerSet.startupPolicy LeaderReady cannot start a group spanning %d pods: the leader (rank 0) turns ready only once every rank joined it, and LeaderReady creates the other ranks only after that; use LeaderCreated" $nodes) -}}
 {{- end -}}
 {{- if and (gt $size 1) (ne $backend "cpu") -}}
 {{- fail (printf "worker.tensorParallel.size is %d with backend %s: only the cpu backend runs tensor-parallel groups so far (the cuda backend's NCCL groups are not implemented yet); set worker.config.backend=cpu, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
@@ -338,8 +349,15 @@ pod requests idle. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Whether the workers are a LeaderWorkerSet (groups of one pod until tensor parallelism
-exists). */}}
+{{/* The worker's tp section: size, and the collective's port for a group spanning pods. */}}
+{{- define "pie.worker.tpConfig" -}}
+size: {{ int .Values.worker.tensorParallel.size }}
+{{- if gt (int .Values.worker.tensorParallel.nodes) 1 }}
+port: {{ int .Values.worker.tensorParallel.port }}
+{{- end }}
+{{- end -}}
+
+{{/* Whether the workers are a LeaderWorkerSet (groups of tensorParallel.nodes pods). */}}
 {{- define "pie.worker.lws" -}}
 {{- include "pie.worker.checkTensorParallel" . -}}
 {{- if .Values.worker.leaderWorkerSet.enabled -}}

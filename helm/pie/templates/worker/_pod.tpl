@@ -1,14 +1,16 @@
 {{/*
 Pod template of a worker: include "pie.worker.podTemplate" (dict "ctx" $ "role" "single"|"leader"|"rank")
   single  one pod per tensor-parallel group (StatefulSet), all of the group's GPUs in the pod
-  leader  rank-0 pod of a LeaderWorkerSet group: holds the controller link, NCCL rendezvous
-  rank    another pod of a LeaderWorkerSet group
+  leader  rank-0 pod of a LeaderWorkerSet group: holds the controller link, serves Worker/TpJoin
+          and listens for the group's collective on tensorParallel.port (nodes > 1)
+  rank    another pod of a LeaderWorkerSet group: rank $(POD_WORKER_INDEX), joins the leader
 */}}
 {{- define "pie.worker.podTemplate" -}}
 {{- $ := .ctx -}}
 {{- $w := $.Values.worker -}}
 {{- $gpus := int (include "pie.worker.gpusPerPod" $) -}}
 {{- $name := include "pie.worker.fullname" $ -}}
+{{- $spans := gt (int $w.tensorParallel.nodes) 1 -}}
 {{- $resources := deepCopy (default (dict) $w.resources) -}}
 {{- $limits := default (dict) $resources.limits -}}
 {{- $requests := default (dict) $resources.requests -}}
@@ -67,19 +69,19 @@ spec:
         # CUDA's JIT cache; the root filesystem is read-only.
         - name: CUDA_CACHE_PATH
           value: /tmp/cuda-cache
-        # Forwarded keys (docs/deploy.md): read by the worker once the memory-tier and
-        # tensor-parallel work define them; ignored before.
+        # worker.memory as pie-worker's memory.policy and memory.host_pool (docs/deploy.md,
+        # "Forwarded keys").
         - name: PIE_MEMORY_POLICY
           value: {{ $w.memory.policy | quote }}
         - name: PIE_MEMORY_HOST_POOL
           value: {{ $w.memory.hostPool | toString | quote }}
-        {{- if ne .role "single" }}
-        - name: PIE_TP_NODES
-          value: {{ $w.tensorParallel.nodes | int | toString | quote }}
-        - name: PIE_TP_NODE_RANK
+        {{- if and (ne .role "single") $spans }}
+        # A group spanning pods, one rank each (what LWS_WORKER_INDEX and LWS_LEADER_ADDRESS
+        # say, explicitly): rank 0 serves Worker/TpJoin on its gRPC port, the others join it.
+        - name: PIE_TP_RANK
           value: "$(POD_WORKER_INDEX)"
         - name: PIE_TP_LEADER
-          value: "{{ $name }}-$(POD_GROUP_INDEX).{{ include "pie.svcFQDN" (dict "ctx" $ "name" $name) }}:{{ int $w.tensorParallel.port }}"
+          value: "{{ $name }}-$(POD_GROUP_INDEX).{{ include "pie.svcFQDN" (dict "ctx" $ "name" $name) }}:{{ int $w.port }}"
         {{- end }}
         {{- with include "pie.extraEnvItems" $w | trim }}{{ . | nindent 8 }}{{ end }}
       {{- with include "pie.envFrom" $w | trim }}{{ . | nindent 6 }}{{ end }}
@@ -90,13 +92,15 @@ spec:
         - name: metrics
           containerPort: {{ int $w.metricsPort }}
           protocol: TCP
-        {{- if ne .role "single" }}
+        {{- if and (eq .role "leader") $spans }}
         - name: tp
           containerPort: {{ int $w.tensorParallel.port }}
           protocol: TCP
         {{- end }}
       # SERVING only once the model is loaded: the startup probe allows a long load, the
       # readiness probe keeps a worker without its model out of the Service.
+      {{- /* A rank pod of a group spanning pods serves health only, SERVING once its shard is
+      loaded in a formed group (the leader: once the whole group is), so the same probes fit. */}}
       startupProbe:
         {{- include "pie.grpcProbe" (dict "tls" $.Values.tls "port" $w.port "service" "" "p" $w.startupProbe) | nindent 8 }}
       readinessProbe:
