@@ -8,6 +8,7 @@
 
 #include "pie_testutil.h"
 #include "wrk_offload.h"
+#include "wrk_offsim.h"
 
 TestSuite(wrk_offload, .fini = pie_test_leak_check);
 
@@ -111,4 +112,35 @@ Test(wrk_offload, never_chooses_two_sub_batches_estimated_slower_over_random_ste
     cr_assert(offloaded > 100 && fell_back > 100, "both outcomes: %d offloaded, %d fell back",
               offloaded, fell_back);
 #undef RND
+}
+
+/* ---- the analytic model of benchmark 3 (wrk_offsim.h) ------------------------------------- */
+
+Test(wrk_offload, the_model_falls_back_and_follows_neos_step_formula) {
+    /* a hand-computed point: w = 10, lin_tok = 1 (knee at 10 tokens), dattn = 0, hattn = 0.01;
+     * ctx = 100 + 100/2 = 150; gpu_kv 300 → 2 requests; prefill 1 token per decode token */
+    wrk_offsim_hw hw = {.name = "toy", .w = 10, .lin_tok = 1, .dattn = 0, .hattn = 0.01,
+                        .gpu_kv = 300, .cpu_kv = 1500, .max_batch = 64};
+    wrk_offsim_result r = wrk_offsim_run(&hw, 100, 100);
+    cr_assert_eq(r.n_gpu, 2);
+    cr_assert_float_eq(r.step_gpu, 10.0, 1e-9, "max(w, 2 + 2) = w");
+    cr_assert_float_eq(r.thr_gpu, 0.2, 1e-9);
+    /* n_c = 10: Tl0 = max(10, 2 + 12) = 14, Tca1 = 0.01 · 1500 = 15, Tl1 = max(10, 10) = 10:
+     * T = 25 for 12 tokens = 0.48/s; the best n_c is at most cpu_kv / ctx = 10 */
+    cr_assert_leq(r.n_cpu, 10);
+    cr_assert_float_eq(r.thr_off, (r.n_gpu + r.n_cpu) / r.step_off, 1e-9);
+    cr_assert_geq(r.thr_off, 12.0 / 25.0 - 1e-9);
+    cr_assert_gt(r.gain, 1.0);
+    /* a host too slow to hide anything: the fall-back keeps GPU-only's throughput */
+    hw.hattn = 100;
+    r = wrk_offsim_run(&hw, 100, 100);
+    cr_assert_eq(r.n_cpu, 0);
+    cr_assert_float_eq(r.gain, 0.0, 1e-12);
+    /* the testbeds never report a loss, over output lengths */
+    const wrk_offsim_hw *hws[] = {&wrk_offsim_t4, &wrk_offsim_a10g, &wrk_offsim_h100};
+    for (int h = 0; h < 3; h++)
+        for (double out = 16; out <= 4096; out *= 2) {
+            wrk_offsim_result t = wrk_offsim_run(hws[h], 1000, out);
+            cr_assert_geq(t.gain, 0.0, "%s at output %.0f: %.4f", hws[h]->name, out, t.gain);
+        }
 }
