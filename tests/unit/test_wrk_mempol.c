@@ -108,16 +108,45 @@ Test(wrk_mempol, the_epoch_loop_expands_while_pages_are_short_and_backs_off_on_a
         cr_assert_eq(wrk_mem_adapt_step(&a, 100, 1000000, 0, 100), 8, "inside the epoch");
     slots = wrk_mem_adapt_step(&a, 100, 1000000, 0, 100); /* every page live: kv-limited */
     cr_assert_eq(slots, 7, "end of a kv-limited, stall-free epoch: one layer to the host");
+    /* the steps right after a change are the pipeline's transient: not observed (a stall
+     * there, or a dip, would otherwise undo the change) */
+    for (int i = 0; i < WRK_MEM_SETTLE_STEPS; i++)
+        cr_assert_eq(wrk_mem_adapt_step(&a, 1, 1000000, 900000, 0), 7, "settling");
     /* the next epoch pays (throughput up by more than the gain rule) */
     for (int i = 0; i < 3; i++) wrk_mem_adapt_step(&a, 200, 1000000, 0, 114);
     slots = wrk_mem_adapt_step(&a, 200, 1000000, 0, 114);
     cr_assert_eq(slots, 6, "it paid: one more");
+    for (int i = 0; i < WRK_MEM_SETTLE_STEPS; i++) wrk_mem_adapt_step(&a, 1, 1000000, 900000, 0);
     /* an epoch where compute waited 10% of the time on swaps */
     for (int i = 0; i < 3; i++) wrk_mem_adapt_step(&a, 200, 1000000, 100000, 133);
     slots = wrk_mem_adapt_step(&a, 200, 1000000, 100000, 133);
     cr_assert_eq(slots, 7, "a stall: one layer back to the device");
+    for (int i = 0; i < WRK_MEM_SETTLE_STEPS; i++) wrk_mem_adapt_step(&a, 1, 1000000, 0, 0);
     /* pages not short (few live): no further expansion */
     for (int e = 0; e < 3; e++)
         for (int i = 0; i < 4; i++) slots = wrk_mem_adapt_step(&a, 200, 1000000, 0, 10);
     cr_assert_eq(slots, 7);
+}
+
+/* A try whose extra pages stay unused (one layer's gain admits no further request: the most
+ * pages live does not rise) is inconclusive: without a stall the loop goes one layer further
+ * from the same base until the pages are used and throughput rises, instead of stopping at
+ * the first step. */
+Test(wrk_mempol, a_try_too_small_to_admit_a_request_goes_on_until_pages_are_used) {
+    wrk_mem_plan p = plan_ok(&(wrk_mem_config){.policy = WRK_MEM_SWAP, .host_pool = 1ull << 30});
+    wrk_mem_adapt a;
+    wrk_mem_adapt_init(&a, &p, 2);
+    uint32_t eff8 = wrk_mem_effective(&p, 8);
+    /* requests of 32% of the gpu pool: 3 fit at 8 layers, a 4th needs 6 (4 x 0.32 x 8/6 < 1) */
+    uint32_t req = eff8 * 32 / 100, slots = 8, seen_min = 8;
+    for (int step = 0; step < 200; step++) {
+        uint32_t eff = wrk_mem_effective(&p, slots);
+        uint32_t running = eff / req;
+        uint32_t got = wrk_mem_adapt_step(&a, running * 100, 1000000, 0, running * req);
+        if (got < seen_min) seen_min = got;
+        slots = got;
+    }
+    cr_expect_leq(seen_min, 6, "stopped at %u layers: the 4th request never fit", seen_min);
+    cr_expect_geq(wrk_mem_effective(&p, slots) / req, 4, "ended at %u layers, %u requests",
+                  slots, wrk_mem_effective(&p, slots) / req);
 }

@@ -19,9 +19,10 @@ double wrk_expand_ratio(const wrk_expand *e) {
 }
 
 /* One more layer to the host, remembering where the try started. */
-static uint32_t try_further(wrk_expand *e, double tps) {
+static uint32_t try_further(wrk_expand *e, double tps, uint32_t live) {
     e->base_tps = tps;
     e->base_slots = e->slots;
+    e->base_live = live;
     e->slots--;
     e->grows++;
     e->state = WRK_EXPAND_TRYING;
@@ -49,9 +50,18 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
         double pages_gain = 1.0 / (double)(e->base_slots > 1 ? e->base_slots - 1 : 1);
         if (o->tokens_per_s > e->base_tps * (1 + e->cfg.gain * pages_gain)) {
             /* it paid: go on while there is room and demand for pages */
-            if (can_grow && o->link_idle && o->kv_limited) return try_further(e, o->tokens_per_s);
+            if (can_grow && o->link_idle && o->kv_limited)
+                return try_further(e, o->tokens_per_s, o->kv_live);
             e->state = WRK_EXPAND_PLATEAU;
             e->since_probe = 0;
+            return e->slots;
+        }
+        if (e->base_live && o->kv_live <= e->base_live &&
+            o->kv_live + e->base_live / 16 >= e->base_live && can_grow && o->link_idle) {
+            /* inconclusive: the same work holds the same pages and the extra ones went unused
+             * (too few for its next request): one more layer from the same base */
+            e->slots--;
+            e->grows++;
             return e->slots;
         }
         /* no gain: the previous count was as good and swapped less */
@@ -62,7 +72,7 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
     }
     case WRK_EXPAND_GROWING:
         if (can_grow && (e->slots == e->cfg.n_layers || o->link_idle) && o->kv_limited)
-            return try_further(e, o->tokens_per_s);
+            return try_further(e, o->tokens_per_s, o->kv_live);
         e->state = WRK_EXPAND_PLATEAU;
         e->since_probe = 0;
         return e->slots;
@@ -71,7 +81,7 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
         if (++e->since_probe >= e->cfg.probe_every && can_grow && o->kv_limited &&
             (e->slots == e->cfg.n_layers || o->link_idle)) {
             e->since_probe = 0;
-            return try_further(e, o->tokens_per_s);
+            return try_further(e, o->tokens_per_s, o->kv_live);
         }
         return e->slots;
     }

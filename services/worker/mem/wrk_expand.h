@@ -8,7 +8,10 @@
  * on the device (S = n), moves one more layer to the host while swaps finish before they are
  * needed and throughput still rises, moves one back when compute waited for a swap, stops where
  * throughput stops scaling, and probes one step further now and then (the workload or the link
- * may have changed). Does not own: measuring (the worker's step loop fills an observation),
+ * may have changed). A try whose extra pages went unused (the most pages live did not rise:
+ * the step was too small to admit one more request, e.g. a 1/S gain below one request's pages)
+ * is inconclusive, not a failure: while nothing stalls it goes one layer further from the same
+ * base, and is judged when the pages are used. Does not own: measuring (the worker's step loop fills an observation),
  * moving the data (the copy engine), the mapping table. */
 #ifndef WRK_EXPAND_H
 #define WRK_EXPAND_H
@@ -35,6 +38,7 @@ typedef struct wrk_expand_obs {
     bool link_idle;      /* the link had nothing to do at some point while layers were on the
                             host: swaps finished before they were needed (room to expand) */
     bool kv_limited;     /* some work waited for KV pages (more capacity would be used) */
+    uint32_t kv_live;    /* most KV pages live at once during the epoch (0: not known) */
 } wrk_expand_obs;
 
 typedef enum wrk_expand_state {
@@ -49,6 +53,7 @@ typedef struct wrk_expand {
     wrk_expand_state state;
     double base_tps;       /* throughput at the slot count a try started from */
     uint32_t base_slots;
+    uint32_t base_live;    /* most pages live then */
     uint32_t since_probe;  /* epochs at the plateau */
     uint64_t epochs, grows, shrinks, stalls;
 } wrk_expand;

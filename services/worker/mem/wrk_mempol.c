@@ -16,6 +16,12 @@ uint32_t wrk_mem_effective(const wrk_mem_plan *p, uint32_t slots) {
     return n < p->kv_pages_max ? n : p->kv_pages_max;
 }
 
+uint32_t wrk_mem_slots_for(const wrk_mem_plan *p, uint32_t pages) {
+    for (uint32_t s = p->n_layers; s >= p->min_slots && s > 0; s--)
+        if (wrk_mem_effective(p, s) >= pages) return s;
+    return 0;
+}
+
 /* Host bytes the FIFO needs with at least `min` layers on the device. */
 static uint64_t wrk_mem_host_need(const wrk_mem_plan *p, uint32_t min) {
     uint32_t pages = wrk_mem_pages(p->device_kv, (uint64_t)min * p->page_layer_bytes, UINT32_MAX);
@@ -90,6 +96,10 @@ void wrk_mem_adapt_init(wrk_mem_adapt *a, const wrk_mem_plan *p, uint32_t epoch_
 
 uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns, uint64_t stall_ns,
                             uint32_t kv_live) {
+    if (a->settle > 0) {
+        a->settle--;
+        return a->ex.slots;
+    }
     uint32_t eff = wrk_mem_effective(a->plan, a->ex.slots);
     uint32_t margin = eff / 16 ? eff / 16 : 1;
     a->steps++;
@@ -97,6 +107,7 @@ uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns,
     a->busy_ns += busy_ns;
     a->stall_ns += stall_ns;
     if (kv_live + margin >= eff) a->kv_limited = true;
+    if (kv_live > a->kv_live_max) a->kv_live_max = kv_live;
     if (a->steps < a->epoch_steps) return a->ex.slots;
     double busy_s = (double)a->busy_ns * 1e-9;
     wrk_expand_obs o = {
@@ -106,9 +117,26 @@ uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns,
         /* no wait for a swap over the whole epoch: the link kept ahead of compute */
         .link_idle = a->stall_ns == 0,
         .kv_limited = a->kv_limited,
+        .kv_live = a->kv_live_max,
     };
     a->steps = 0;
     a->tokens = a->busy_ns = a->stall_ns = 0;
     a->kv_limited = false;
-    return wrk_expand_observe(&a->ex, &o);
+    a->kv_live_max = 0;
+    uint32_t before = a->ex.slots;
+    uint32_t next = wrk_expand_observe(&a->ex, &o);
+    if (next != before) a->settle = WRK_MEM_SETTLE_STEPS;
+    return next;
+}
+
+void wrk_mem_adapt_force(wrk_mem_adapt *a, uint32_t slots) {
+    if (slots == a->ex.slots) return;
+    a->ex.slots = slots;
+    a->ex.state = WRK_EXPAND_PLATEAU;
+    a->ex.since_probe = 0;
+    a->steps = 0;
+    a->tokens = a->busy_ns = a->stall_ns = 0;
+    a->kv_limited = false;
+    a->kv_live_max = 0;
+    a->settle = WRK_MEM_SETTLE_STEPS;
 }

@@ -70,6 +70,9 @@ pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_
 
 /* Pages the controller may allocate with `slots` layers on the device (gpu: kv_pages_max). */
 uint32_t wrk_mem_effective(const wrk_mem_plan *p, uint32_t slots);
+/* The most layers on the device (min_slots..n) whose effective capacity holds `pages`; 0 if
+ * not even min_slots does (more pages than kv_pages_max). */
+uint32_t wrk_mem_slots_for(const wrk_mem_plan *p, uint32_t pages);
 
 /* Adaptive expansion between steps: observations gathered over epoch_steps forward steps. */
 typedef struct wrk_mem_adapt {
@@ -79,14 +82,26 @@ typedef struct wrk_mem_adapt {
     uint32_t steps;
     uint64_t tokens, busy_ns, stall_ns;
     bool kv_limited; /* some step of the epoch ran with nearly every effective page live */
+    uint32_t kv_live_max;
+    uint32_t settle; /* steps still to skip after a change of the slot count */
 } wrk_mem_adapt;
+
+/* Forward steps not observed after the slot count changes: the pipeline's transient (layers
+ * leaving or coming back) is the change's cost, not the new count's steady state (the pooling
+ * paper tolerates brief interference without adjusting, §3.4.2). */
+#define WRK_MEM_SETTLE_STEPS 2
 
 void wrk_mem_adapt_init(wrk_mem_adapt *a, const wrk_mem_plan *p, uint32_t epoch_steps);
 
 /* One forward step: tokens it ran, its time, the time compute waited for swaps during it, the
  * KV pages live after it. Returns the slot count for the next steps (unchanged inside an
- * epoch; at an epoch's end wrk_expand's decision). */
+ * epoch; at an epoch's end wrk_expand's decision). An epoch is epoch_steps observed steps;
+ * the WRK_MEM_SETTLE_STEPS after a change are not observed. */
 uint32_t wrk_mem_adapt_step(wrk_mem_adapt *a, uint64_t tokens, uint64_t busy_ns, uint64_t stall_ns,
                             uint32_t kv_live);
+/* The slot count was set from outside the epoch loop (a spill grew the capacity to hold the
+ * live pages, wrk_memrt.h): the loop goes on from `slots`, holding there (a plateau) with a
+ * fresh epoch after the settling steps. */
+void wrk_mem_adapt_force(wrk_mem_adapt *a, uint32_t slots);
 
 #endif
