@@ -2,8 +2,11 @@
  *
  * Measures, with the fixtures of tests/wasm (built by the normal build):
  *   cold    load of a new ~200 KB module made unique per iteration by a custom section: hash +
- *           checks + wasm2c | tcc (a pipeline) + dlopen; also wasm2c and tcc alone, and the
- *           tier-1 compile.
+ *           checks + wasm2c | tcc (a pipeline) + dlopen, with the phases of each load (the
+ *           runtime's t0_* stats: files, wasm2c ended, tcc ended, dlopen; the check timed on a
+ *           second load of the same bytes); also wasm2c (and when its first byte of C comes)
+ *           and tcc alone, and the tier-1 compile. Instruction counts of the same steps:
+ *           bench/wasm/cold_profile.sh; reuse between two builds: bench/wasm/fn_reuse.py.
  *           big.wasm is ~200 KB of code, big_dwarf.wasm ~200 KB as clang emits it (mostly DWARF);
  *   warm    create + run + free of trivial.wasm (module already loaded), tier 0 and tier 1,
  *           and the same plus lc_wasm_module_load of the bytes (hash + memory hit);
