@@ -67,6 +67,21 @@ Test(wrk_mempol, swap_grows_the_pages_by_the_expansion_up_to_what_the_host_pool_
     cr_assert_eq(h.kv_pages_max, 200);
 }
 
+Test(wrk_mempol, offload_offers_the_device_pages_plus_the_host_pools) {
+    /* 100 pages of every layer on the device (the default D), a host pool of 250.5 more */
+    wrk_mem_plan p = plan_ok(&(wrk_mem_config){.policy = WRK_MEM_OFFLOAD,
+                                               .host_pool = 250ull * 8 * B + 100});
+    cr_assert_eq(p.kv_pages_gpu, 100);
+    cr_assert_eq(p.kv_pages_max, 350);
+    cr_assert_eq(wrk_mem_effective(&p, 8), 350, "no expansion: the effective capacity is fixed");
+    cr_assert_eq(p.host_bytes, 250ull * 8 * B);
+    cr_assert_eq(p.start_slots, 8);
+    wrk_mem_plan h = plan_ok(&(wrk_mem_config){
+        .policy = WRK_MEM_OFFLOAD, .device_kv = 400ull * B, .host_pool = 1ull << 30});
+    cr_assert_eq(h.kv_pages_gpu, 50);
+    cr_assert_eq(h.kv_pages_max, 50 + (1u << 30) / (8 * B));
+}
+
 Test(wrk_mempol, a_fixed_device_layer_count_is_the_effective_capacity) {
     wrk_mem_plan p = plan_ok(&(wrk_mem_config){
         .policy = WRK_MEM_SWAP, .device_layers = 4, .host_pool = 1ull << 30, .link_gbps = 8});
@@ -78,10 +93,12 @@ Test(wrk_mempol, a_fixed_device_layer_count_is_the_effective_capacity) {
 }
 
 Test(wrk_mempol, refusals_name_the_key_and_the_numbers) {
-    plan_fails(&(wrk_mem_config){.policy = WRK_MEM_OFFLOAD}, PIE_UNIMPLEMENTED,
-               "memory.policy offload is not implemented yet (issue 13): use gpu or swap");
+    plan_fails(&(wrk_mem_config){.policy = WRK_MEM_OFFLOAD}, PIE_RESOURCE_EXHAUSTED,
+               "memory.host_pool 0 bytes is too small: offload needs at least one KV page of "
+               "every layer (32768 bytes)");
     plan_fails(&(wrk_mem_config){.policy = WRK_MEM_AUTO}, PIE_UNIMPLEMENTED,
-               "memory.policy auto is not implemented yet (issue 13): use gpu or swap");
+               "memory.policy auto has no plan of its own: the worker chooses swap or offload "
+               "(wrk_mem_auto_choose) and plans that");
     plan_fails(&(wrk_mem_config){.policy = WRK_MEM_SWAP, .host_pool = 1000}, PIE_RESOURCE_EXHAUSTED,
                "memory.host_pool 1000 bytes is too small: 8 layers with 8 on the device need "
                "819200 bytes of host memory");

@@ -144,3 +144,26 @@ Test(wrk_offload, the_model_falls_back_and_follows_neos_step_formula) {
             cr_assert_geq(t.gain, 0.0, "%s at output %.0f: %.4f", hws[h]->name, out, t.gain);
         }
 }
+
+/* ---- memory.policy auto ------------------------------------------------------------------- */
+
+Test(wrk_offload, auto_takes_swap_when_the_link_keeps_up_else_offload_when_the_host_hides) {
+    wrk_mem_auto_in in = {.costs = {.lin_tok = 1e-3, .dattn_kv = 0, .hattn_kv = 1e-6},
+                          .n_layers = 10,
+                          .batch_tokens = 100,
+                          .decode_ctx = 1000};
+    wrk_mem_auto_out out;
+    in.layer_swap_s = 5e-3; /* a layer computes in 100 · 1e-3 / 10 = 10 ms */
+    wrk_mem_auto_choose(&in, &out);
+    cr_assert_eq(out.policy, WRK_MEM_SWAP, "%s", out.why);
+    cr_assert_float_eq(out.swap_ratio, 0.5, 1e-9);
+    cr_assert(strstr(out.why, "transparent"), "%s", out.why);
+    in.layer_swap_s = 30e-3; /* swapping would stall; a decode's host attention is 1 ms */
+    wrk_mem_auto_choose(&in, &out);
+    cr_assert_eq(out.policy, WRK_MEM_OFFLOAD, "%s", out.why);
+    cr_assert_float_eq(out.host_share, 1.0, 1e-9);
+    in.costs.hattn_kv = 1e-4; /* 100 ms per host decode: 0.01 per device token */
+    wrk_mem_auto_choose(&in, &out);
+    cr_assert_eq(out.policy, WRK_MEM_SWAP, "%s", out.why);
+    cr_assert(strstr(out.why, "neither hides"), "%s", out.why);
+}

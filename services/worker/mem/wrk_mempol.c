@@ -67,6 +67,31 @@ static pie_code wrk_mem_plan_swap(const wrk_mem_config *c, const wrk_mem_shape *
     return PIE_OK;
 }
 
+/* Offload (Neo): whole pages live on the device or in the host pool; page ids cover both. */
+static pie_code wrk_mem_plan_offload(const wrk_mem_config *c, const wrk_mem_shape *s,
+                                     wrk_mem_plan *p, pie_status *st) {
+    uint32_t n = s->n_layers;
+    uint64_t page_all = (uint64_t)n * s->page_layer_bytes; /* one page of every layer */
+    p->device_kv = c->device_kv ? c->device_kv : (uint64_t)s->pool_pages * page_all;
+    p->kv_pages_gpu = wrk_mem_pages(p->device_kv, page_all, s->max_pages);
+    if (p->kv_pages_gpu == 0)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "memory.device_kv %" PRIu64 " bytes holds no KV page of every layer "
+                              "(%" PRIu64 " bytes)",
+                              p->device_kv, page_all);
+    uint32_t host = wrk_mem_pages(c->host_pool, page_all, s->max_pages);
+    if (host == 0)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "memory.host_pool %" PRIu64 " bytes is too small: offload needs at "
+                              "least one KV page of every layer (%" PRIu64 " bytes)",
+                              c->host_pool, page_all);
+    uint64_t max = (uint64_t)p->kv_pages_gpu + host;
+    p->kv_pages_max = max > s->max_pages ? s->max_pages : (uint32_t)max;
+    p->host_bytes = (uint64_t)(p->kv_pages_max - p->kv_pages_gpu) * page_all;
+    p->start_slots = p->min_slots = n;
+    return PIE_OK;
+}
+
 pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_mem_plan *p,
                            pie_status *st) {
     *p = (wrk_mem_plan){
@@ -78,11 +103,12 @@ pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_
         p->device_kv = (uint64_t)s->pool_pages * s->n_layers * s->page_layer_bytes;
         return PIE_OK;
     case WRK_MEM_SWAP: return wrk_mem_plan_swap(c, s, p, st);
-    case WRK_MEM_OFFLOAD:
+    case WRK_MEM_OFFLOAD: return wrk_mem_plan_offload(c, s, p, st);
     case WRK_MEM_AUTO:
     default:
         return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "memory.policy %s is not implemented yet (issue 13): use gpu or swap",
+                              "memory.policy %s has no plan of its own: the worker chooses swap or "
+                              "offload (wrk_mem_auto_choose) and plans that",
                               (unsigned)c->policy < 4 ? wrk_mem_policy_names[c->policy] : "?");
     }
 }

@@ -11,8 +11,12 @@
  *   kv_pages_max       = D / (min_slots·B)    (page ids: the most expanded point)
  * and the host region must hold n - min_slots + 2 layer caches of kv_pages_max pages (the FIFO
  * keeps one layer in flight each way): min_slots is the smallest count >= 2 for which
- * memory.host_pool suffices. Does not own: moving data (wrk_tier.h), the decision rule
- * (wrk_expand.h), measuring (the executor). */
+ * memory.host_pool suffices. Offload (Neo) moves whole pages, every layer at once:
+ *   kv_pages_gpu       = D / (n·B)            (pages the device holds)
+ *   kv_pages_max       = kv_pages_effective = kv_pages_gpu + host_pool / (n·B)
+ * and host_bytes = (kv_pages_max - kv_pages_gpu)·n·B. Does not own: moving data (wrk_tier.h,
+ * the engine's offload), the decision rules (wrk_expand.h, wrk_offload.h), measuring (the
+ * executor). */
 #ifndef WRK_MEMPOL_H
 #define WRK_MEMPOL_H
 
@@ -25,8 +29,8 @@
 typedef enum wrk_mem_policy {
     WRK_MEM_GPU = 0,
     WRK_MEM_SWAP = 1,
-    WRK_MEM_OFFLOAD = 2, /* not implemented: refused by wrk_mem_plan_make */
-    WRK_MEM_AUTO = 3,    /* not implemented: refused by wrk_mem_plan_make */
+    WRK_MEM_OFFLOAD = 2, /* CPU attention offload (Neo; wrk_offload.h) */
+    WRK_MEM_AUTO = 3,    /* swap or offload, chosen at load (wrk_mem_auto_choose) */
 } wrk_mem_policy;
 
 /* "gpu", "swap", "offload", "auto", NULL: the config's choices, in enum order. */
@@ -58,13 +62,14 @@ typedef struct wrk_mem_plan {
     uint32_t min_slots;   /* swap: fewest layers on the device */
     uint32_t start_slots; /* swap: layers on the device at start (n when adaptive) */
     bool adaptive;
-    uint64_t host_bytes;     /* swap: host region for the engine (0 otherwise) */
+    uint64_t host_bytes;     /* swap, offload: host region for the engine (0 otherwise) */
     double link_bytes_per_s; /* swap: emulated link (0: none) */
 } wrk_mem_plan;
 
 /* Sizes the pools for c over s. gpu: kv_pages_max = effective = gpu = pool_pages. Refuses
- * offload and auto (UNIMPLEMENTED), a device_kv that holds no page, and a host pool too small
- * for even two layers on the host, each with a message naming the key and the numbers. */
+ * auto (UNIMPLEMENTED: the worker chooses swap or offload first), a device_kv that holds no
+ * page, a host pool too small for even two layers on the host (swap) or one page of every
+ * layer (offload), each with a message naming the key and the numbers. */
 pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_mem_plan *p,
                            pie_status *st);
 

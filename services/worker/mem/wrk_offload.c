@@ -2,6 +2,7 @@
 #include "wrk_offload.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Running totals of a split: n0/kv0 sub-batch 0's decodes (the prefill is added at estimate
@@ -114,4 +115,35 @@ void wrk_off_decide(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *hos
     out->offload = true;
     out->n_host = (uint32_t)s.n1;
     out->host_kv = s.kv1;
+}
+
+void wrk_mem_auto_choose(const wrk_mem_auto_in *in, wrk_mem_auto_out *out) {
+    memset(out, 0, sizeof *out);
+    const wrk_off_costs *c = &in->costs;
+    double layer_compute =
+        in->n_layers ? (c->lin_tok * in->batch_tokens +
+                        c->dattn_kv * (double)in->batch_tokens * in->decode_ctx) /
+                           in->n_layers
+                     : 0;
+    out->swap_ratio = layer_compute > 0 ? in->layer_swap_s / layer_compute : INFINITY;
+    double host = c->hattn_kv * in->decode_ctx;
+    out->host_share = host > 0 ? c->lin_tok / host : INFINITY;
+    if (out->swap_ratio <= 1.0) {
+        out->policy = WRK_MEM_SWAP;
+        snprintf(out->why, sizeof out->why,
+                 "swap: a layer's KV moves in %.2f of a layer's compute (transparent)",
+                 out->swap_ratio);
+    } else if (out->host_share >= WRK_AUTO_MIN_HOST_SHARE) {
+        out->policy = WRK_MEM_OFFLOAD;
+        snprintf(out->why, sizeof out->why,
+                 "offload: swapping a layer takes %.2fx its compute (it would stall); host "
+                 "attention hides %.2f decodes per device token",
+                 out->swap_ratio, out->host_share);
+    } else {
+        out->policy = WRK_MEM_SWAP;
+        snprintf(out->why, sizeof out->why,
+                 "swap: neither hides (swap %.2fx a layer's compute, host %.3f decodes per "
+                 "device token); expansion backs off to every layer on the device",
+                 out->swap_ratio, out->host_share);
+    }
 }

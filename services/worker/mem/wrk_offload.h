@@ -23,7 +23,10 @@
 #define WRK_OFFLOAD_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "wrk_mempol.h"
 
 /* Seconds, for every layer of the model together. */
 typedef struct wrk_off_costs {
@@ -66,5 +69,32 @@ double wrk_off_estimate(const wrk_off_costs *c, const wrk_off_batch *b, const ui
 
 /* The device-only estimate (every request on the device, those on the host brought back). */
 double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
+
+/* memory.policy auto: swap or offload, from the costs profiled at open and the workload the
+ * pool is sized for. Swap is transparent when the link moves one layer's KV within one layer's
+ * compute (ratio = swap time / compute time <= 1; the pooling paper's condition, seed 000 §3.3);
+ * offload pays when the host's attention hides behind the device's linear layers for a useful
+ * share of decodes (host_share = host decodes one device token's linear time covers,
+ * lin_tok / (hattn_kv · decode_ctx), Neo's Tca1 <= Tl0, at least WRK_AUTO_MIN_HOST_SHARE).
+ * Swap first (transparent: no per-step cost), then offload, else swap (its adaptive expansion
+ * backs off to every layer on the device: policy gpu's speed). */
+#define WRK_AUTO_MIN_HOST_SHARE 0.1
+
+typedef struct wrk_mem_auto_in {
+    wrk_off_costs costs;        /* profiled */
+    uint32_t n_layers;
+    double layer_swap_s;        /* moving one layer's KV cache (the device's pages) one way */
+    uint32_t batch_tokens;      /* tokens of a typical step */
+    uint32_t decode_ctx;        /* KV tokens a typical decode reads */
+} wrk_mem_auto_in;
+
+typedef struct wrk_mem_auto_out {
+    wrk_mem_policy policy;      /* WRK_MEM_SWAP or WRK_MEM_OFFLOAD */
+    double swap_ratio;          /* layer swap time / layer compute time */
+    double host_share;          /* host decodes per device token */
+    char why[192];
+} wrk_mem_auto_out;
+
+void wrk_mem_auto_choose(const wrk_mem_auto_in *in, wrk_mem_auto_out *out);
 
 #endif
