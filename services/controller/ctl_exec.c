@@ -118,13 +118,35 @@ static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char
 
 /* ---- controller calls ---------------------------------------------------------------------- */
 
+/* Spill (issue 13): a worker whose memory policy keeps KV in its host pool too (not gpu) grows
+ * its effective capacity on demand, up to kv_pages_max (the host pool full): the allocation is
+ * granted, and the worker, holding more live pages than its effective capacity, moves layers to
+ * the host until they fit and reports the new capacity (CapacityChange). True if it did. */
+static bool spill(ctl_worker *w, uint32_t n, const char *op) {
+    Pie__V1__MemoryPolicy p = w->reg->memory_policy;
+    if (p == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU ||
+        p == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_UNSPECIFIED)
+        return false;
+    uint64_t need = (uint64_t)w->pool.kv_used + n;
+    if (need > w->pool.kv_max) return false;
+    pie_log_info("ctl.kv.spill",
+                 "worker_index=%u group=%s op=%s requested=%u used=%u kv_pages_effective=%u->%llu "
+                 "kv_pages_max=%u",
+                 w->index, w->reg->group_id, op, n, w->pool.kv_used, w->pool.kv_effective,
+                 (unsigned long long)need, w->pool.kv_max);
+    w->pool.kv_effective = (uint32_t)need;
+    return true;
+}
+
 /* Frees KV pages (kv) or embedding slots (!kv) on w for inst by the contention policy; true
- * if n are available after. Both kinds of memory follow the same FCFS rule (paper §5.2). */
+ * if n are available after. Both kinds of memory follow the same FCFS rule (paper §5.2); KV
+ * pages spill to the worker's host pool first where its memory policy has one. */
 static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, bool kv, uint32_t n, const char *op,
                     pie_status *st) {
     const char *what = kv ? "KV pages" : "embedding slots";
     uint32_t avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
     if (avail >= n) return true;
+    if (kv && spill(w, n, op)) return true;
     if (c->cfg.contention == CTL_CONTENTION_FAIL_CALL) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                        "%s: %u %s requested, worker %s has %u free (contention.policy fail_call)",

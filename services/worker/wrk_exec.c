@@ -281,6 +281,7 @@ static void run_slots(wrk_exec *x, wrk_batch *b, const Pie__V1__SlotBatch *s) {
         atomic_fetch_sub(&x->kv_live_count, (unsigned)(fk - ak));
     atomic_fetch_add(&x->n_items, s->n_alloc_kv_slots + s->n_free_kv_slots +
                                       s->n_alloc_embed_slots + s->n_free_embed_slots);
+    if (ak > 0 && x->o.after_slots) x->o.after_slots(x->o.mem_user, atomic_load(&x->kv_live_count));
     return;
 undo: /* reverse order, so a slot freed and reallocated in this batch ends as it began */
     while (ae > 0) x->emb_live[s->alloc_embed_slots[--ae]] = 0;

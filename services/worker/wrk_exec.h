@@ -73,6 +73,10 @@ typedef struct wrk_exec_opts {
      * now; on the thread that runs steps, between batches (the swap policy's adaptive
      * expansion, wrk_memrt.h, may change the engine's slot count there). Optional. */
     void (*after_forward)(void *mem_user, uint64_t tokens, uint64_t ns, uint32_t kv_live);
+    /* After each SlotBatch that allocated KV pages: the KV pages live now (the swap policy
+     * grows its effective capacity to hold them when the controller spilled, wrk_memrt.h); on
+     * the thread that runs steps, before the next batch. Optional. */
+    void (*after_slots)(void *mem_user, uint32_t kv_live);
     void *mem_user;
 } wrk_exec_opts;
 

@@ -176,15 +176,9 @@ void wrk_memrt_destroy(wrk_memrt *r) {
 
 /* ---- adaptive expansion ------------------------------------------------------------------ */
 
-void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
-    wrk_memrt *r = user;
-    if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;
-    eng_swap_stats s;
-    wrk_memrt_swap_stats(r, &s);
-    uint64_t stall = s.stall_ns - r->last_stall_ns;
-    r->last_stall_ns = s.stall_ns;
-    uint32_t want = wrk_mem_adapt_step(&r->adapt, tokens, ns, stall, kv_live);
-    if (want == r->slots) return;
+/* Runs the device at `want` layers (the engine or the emulated device may clamp it), updates
+ * the effective capacity and tells the controller when it moved. */
+static void wrk_memrt_apply(wrk_memrt *r, uint32_t want, const char *why) {
     pie_status st;
     uint32_t got = want;
     if (wrk_memrt_set_slots(r, want, &got, &st) != PIE_OK) {
@@ -192,10 +186,41 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
         return;
     }
     uint32_t eff = wrk_mem_effective(&r->plan, got);
-    pie_log_info("wrk.mem.expansion", "device_layers=%u->%u of %u kv_pages_effective=%u->%u",
-                 r->slots, got, r->plan.n_layers, atomic_load(&r->effective), eff);
+    pie_log_info("wrk.mem.expansion",
+                 "device_layers=%u->%u of %u kv_pages_effective=%u->%u reason=%s", r->slots, got,
+                 r->plan.n_layers, atomic_load(&r->effective), eff, why);
     r->slots = got;
     if (r->c_changes) pie_counter_add(r->c_changes, 1);
     if (eff == atomic_exchange(&r->effective, eff)) return;
     if (r->on_capacity) r->on_capacity(r->on_capacity_user, eff);
+}
+
+void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
+    wrk_memrt *r = user;
+    if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;
+    eng_swap_stats s;
+    wrk_memrt_swap_stats(r, &s);
+    uint64_t stall = s.stall_ns - r->last_stall_ns;
+    r->last_stall_ns = s.stall_ns;
+    /* A back-off may leave fewer effective pages than live ones: those stay valid, the
+     * controller allocates no more until enough are freed (or spills again). */
+    uint32_t want = wrk_mem_adapt_step(&r->adapt, tokens, ns, stall, kv_live);
+    if (want == r->slots) return;
+    wrk_memrt_apply(r, want, want < r->slots ? "expand" : "back_off");
+}
+
+void wrk_memrt_after_slots(void *user, uint32_t kv_live) {
+    wrk_memrt *r = user;
+    if (!r || (!r->e && !r->nd) || kv_live <= atomic_load(&r->effective)) return;
+    /* the controller spilled: more pages live than the capacity; move layers to the host
+     * until they fit (the controller never goes beyond kv_pages_max, which min_slots holds) */
+    uint32_t want = wrk_mem_slots_for(&r->plan, kv_live);
+    if (want == 0) {
+        pie_log_error("wrk.mem.spill", "kv_live=%u exceeds kv_pages_max=%u", kv_live,
+                      r->plan.kv_pages_max);
+        want = r->plan.min_slots;
+    }
+    if (want >= r->slots) return;
+    wrk_mem_adapt_force(&r->adapt, want);
+    wrk_memrt_apply(r, want, "spill");
 }

@@ -43,5 +43,10 @@ void wrk_memrt_on_capacity(wrk_memrt *r, void (*fn)(void *user, uint32_t kv_page
 
 /* wrk_exec_opts.after_forward: one forward batch ran (user: the wrk_memrt). */
 void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live);
+/* wrk_exec_opts.after_slots: a SlotBatch allocated KV pages. More live than the effective
+ * capacity means the controller spilled (it may allocate up to kv_pages_max rather than
+ * terminate an instance): the device moves to the most layers that hold them — fewer on the
+ * device, more on the host — and the controller gets a CapacityChange. */
+void wrk_memrt_after_slots(void *user, uint32_t kv_live);
 
 #endif

@@ -580,6 +580,7 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
         .user = w,
         .metrics = w->metrics,
         .after_forward = wrk_memrt_after_forward,
+        .after_slots = wrk_memrt_after_slots,
         .mem_user = r->mem,
     };
     if (r->mem == NULL)

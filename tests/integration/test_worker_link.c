@@ -1581,6 +1581,64 @@ Test(worker_link, null_backend_swap_runs_the_policy_on_the_emulated_device) {
     fc_stop(&f);
 }
 
+/* Spill (issue 13): the controller may allocate beyond kv_pages_effective, up to kv_pages_max,
+ * instead of terminating an instance. The null swap worker (64 pages with all 32 layers on the
+ * device) given 100 live pages moves to 20 layers on the device (64 * 32 / 20 = 102 pages: 21
+ * would hold 97) and says so in a CapacityChange before the SlotBatch's results; forward
+ * batches over the new pages run; compute then waits on swaps (12 layers of 13 MB over
+ * 50 GB/s per 0.64 ms step), so adaptive expansion backs off one layer after its first epoch
+ * (97 pages: fewer than the 100 live, which stay valid — the controller allocates no more
+ * until enough are freed, or spills again), and the forward batches over page 99 go on. */
+Test(worker_link, null_swap_worker_grows_its_capacity_when_the_controller_spills) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=8GiB",
+                         "PIE_NULL_LAYER_US=20", "PIE_MEMORY_EMULATE_LINK_GBPS=400", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = "", .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert_eq(up->registration->capacity->kv_pages_effective, KV_PAGES);
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 60000);
+    expect_credits(&f, w, 1);
+    static arena a;
+    uint32_t kv[100], emb = 0;
+    for (uint32_t i = 0; i < 100; i++) kv[i] = i;
+    a.used = 0;
+    Pie__V1__Batch *sb[1] = {b_slots(
+        &a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = 100, .alloc_emb = &emb, .n_alloc_emb = 1})};
+    send_step(&f, sb, 1);
+    up = fc_recv(&f, w);
+    cr_assert(up->capacity, "no CapacityChange before the results of the spilling SlotBatch");
+    cr_assert_eq(up->capacity->kv_pages_effective, KV_PAGES * 32 / 20);
+    rpc_msg_free(&up->base);
+    up = expect_results(&f, w, sb, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+    uint32_t shrunk = 0;
+    for (uint32_t t = 0; t < 24; t++) { /* decode into page 99, the last one spilled */
+        a.used = 0;
+        uint32_t tk = t;
+        eng_forward_item it = {.kv_pages = &kv[99], .n_kv_pages = 1,
+                               .kv_last_page_len = t % PAGE + 1, .append_kv = true,
+                               .in_slots = &emb, .n_in = 1, .out_slots = &emb, .n_out = 1};
+        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, &emb, &tk, &t, 1),
+                                b_forward(&a, 11 + 2 * t, &it, 1)};
+        send_step(&f, b, 2);
+        up = fc_recv(&f, w);
+        while (up->capacity) {
+            shrunk = up->capacity->kv_pages_effective;
+            rpc_msg_free(&up->base);
+            up = fc_recv(&f, w);
+        }
+        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+    }
+    cr_assert_eq(shrunk, KV_PAGES * 32 / 21, "no back-off to 21 layers (last change: %u)", shrunk);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
 Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_what_it_needs) {
     const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=4KiB", NULL};
     assert_load_fails(&(wopts){.model_path = SWAP_MODEL, .env = env}, PIE_RESOURCE_EXHAUSTED,

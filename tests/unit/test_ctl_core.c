@@ -185,8 +185,10 @@ static Pie__V1__ModelInfo model_info(const char *name) {
     return m;
 }
 
-/* A worker group serving `model` with KV_PAGES pages (or kv_pages if non-zero). */
-static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t credits) {
+/* A worker group serving `model` with KV_PAGES pages (or kv_pages if non-zero) under policy
+ * gpu, or (kv_effective non-zero) a swap worker offering kv_effective of them now. */
+static int add_worker_mem(world *W, const char *model, uint32_t kv_pages, uint32_t credits,
+                          uint32_t kv_effective) {
     int i = W->nw++;
     fworker *f = &W->wk[i];
     f->link.worker = true;
@@ -196,6 +198,7 @@ static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t
     Pie__V1__ModelInfo m = model_info(model);
     Pie__V1__WorkerCapacity cap = PIE__V1__WORKER_CAPACITY__INIT;
     cap.kv_pages_max = cap.kv_pages_effective = cap.kv_pages_gpu = f->kv_pages;
+    if (kv_effective) cap.kv_pages_effective = cap.kv_pages_gpu = kv_effective;
     cap.embed_slots = EMB_SLOTS;
     cap.max_batch_items = MAX_ITEMS;
     cap.max_batch_tokens = MAX_TOKENS;
@@ -204,7 +207,8 @@ static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t
     reg.version = "pie-c/0.1.0";
     reg.model = &m;
     reg.backend = PIE__V1__BACKEND__BACKEND_CPU;
-    reg.memory_policy = PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
+    reg.memory_policy = kv_effective ? PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP
+                                     : PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     reg.capacity = &cap;
     reg.tp_size = 1;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
@@ -219,6 +223,10 @@ static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t
     cr_assert_not_null(d->registered);
     f->link.read = 1;
     return i;
+}
+
+static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t credits) {
+    return add_worker_mem(W, model, kv_pages, credits, 0);
 }
 
 static int add_worker(world *W, const char *model) { return add_worker_n(W, model, 0, 1); }
@@ -1279,6 +1287,65 @@ Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go
                  "alloc_kv_pages: 3 KV pages requested, worker g1 has 2 free and instances "
                  "launched after this one hold 0 there");
     cr_assert_null(terminated(W, 0, a));
+    world_free(W);
+}
+
+/* Issue 13: a swap worker (8 pages now, 16 with its host pool full) takes an allocation
+ * beyond its effective capacity by spilling — growing the capacity it is told to hold — and
+ * nobody is terminated; the worker's CapacityChange then says what it really offers. Beyond
+ * kv_pages_max the FCFS kill happens as before. */
+Test(ctl_core, contention_spills_to_a_swap_workers_host_pool_before_killing) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_worker_mem(W, "m", KV_PAGES, 1, 8);
+    add_replica(W);
+    uint64_t a = std_instance(W, 0, 1, 4, 1);
+    uint64_t b = std_instance(W, 0, 2, 2, 1);
+    uint64_t c = std_instance(W, 0, 3, 2, 1); /* the effective capacity (8) is full */
+    serve_all(W);
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20, 21), 2));
+    serve_all(W);
+    expect_no_result(W, 0, more);
+    cr_assert_null(terminated(W, 0, b), "b was killed although the host pool had room");
+    cr_assert_null(terminated(W, 0, c), "c was killed although the host pool had room");
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->kv_pages_used, 10);
+    cr_assert_eq(worker_status(s, 1)->capacity->kv_pages_effective, 10, "grown to hold them");
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* the new pages work: a decode step of a into page 21 */
+    ub u;
+    ub_init(&u);
+    uint64_t d = ub_decode(W, &u, a, 0, 21, 0);
+    send_up(W, 0, &u);
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0);
+    /* the worker reports what it moved to (more than asked: whole layers) */
+    Pie__V1__CapacityChange cc = PIE__V1__CAPACITY_CHANGE__INIT;
+    cc.kv_pages_effective = 12;
+    Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
+    up.capacity = &cc;
+    ctl_core_worker_up(W->core, W->wk[0].w, (Pie__V1__WorkerUp *)heap_copy(&up.base), W->now);
+    serve_all(W);
+    s = status(W);
+    cr_assert_eq(worker_status(s, 1)->capacity->kv_pages_effective, 12);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* up to kv_pages_max (16) it goes on spilling: b takes 6 more */
+    uint64_t mb = one(W, 0, b, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(30, 31, 32, 33, 34, 35), 6));
+    serve_all(W);
+    expect_no_result(W, 0, mb);
+    cr_assert_null(terminated(W, 0, c));
+    s = status(W);
+    cr_assert_eq(worker_status(s, 1)->capacity->kv_pages_effective, 16);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    /* the host pool is full too (16 of 16 used): the newest later instance is terminated */
+    uint64_t last = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(22), 1));
+    serve_all(W);
+    expect_no_result(W, 0, last);
+    Pie__V1__InstanceTerminated *t = terminated(W, 0, c);
+    cr_assert_not_null(t, "with the host pool full the FCFS kill must happen");
+    cr_assert(strstr(t->status->message, "terminated by the system due to resource contention"),
+              "%s", t->status->message);
+    cr_assert_null(terminated(W, 0, b));
     world_free(W);
 }
 
