@@ -26,6 +26,8 @@
 #include "wrk_memrt.h"
 #include "wrk_nulldev.h"
 #include "wrk_mempol.h"
+#include "wrk_offload.h"
+#include "wrk_offrt.h"
 #include "wrk_node.h"
 #include "wrk_tp.h"
 
@@ -149,14 +151,18 @@ static const pie_config_field wrk_fields[] = {
     {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
      .choices = wrk_mem_policy_names,
      .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
-            "pool with adaptive expansion; cpu and null backends, tp.size 1 only so far); offload and "
-            "auto are not implemented yet and are refused"},
+            "pool with adaptive expansion; cpu and null backends, tp.size 1 only so far), offload "
+            "(CPU attention offload: decodes whose KV is in the host pool attend on host cores; "
+            "cpu backend, tp.size 1 only so far), auto (swap or offload, chosen at load from "
+            "costs profiled then; cpu backend, tp.size 1)"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
-     .doc = "swap: device memory for KV (0 = what pool.kv_pages of every layer take); the "
-            "effective KV pages are device_kv / (layers on the device x one page of one layer)"},
+     .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
+            "swap's effective KV pages are device_kv / (layers on the device x one page of one "
+            "layer), offload's device_kv / (one page of every layer) plus the host pool's"},
     {"memory.host_pool", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_host_pool), .def = "0",
-     .doc = "swap: host memory for KV; bounds the expansion (a pool that cannot hold 2 layer "
-            "caches fails the load, saying how much is needed)"},
+     .doc = "swap, offload: host memory for KV; bounds swap's expansion (a pool that cannot hold "
+            "2 layer caches fails the load, saying how much is needed) and adds host_pool / (one "
+            "page of every layer) pages under offload"},
     {"memory.device_layers", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, mem_device_layers),
      .def = "0", .max = "65536",
      .doc = "swap: layers whose KV is on the device at once, fixed (2..layers); 0 = adaptive "
@@ -177,6 +183,8 @@ typedef struct wrk_loaded {
     char rank_device[128]; /* a group's rank: its own share ("cpu: 1 threads") */
     uint64_t pool_bytes;
     wrk_mem_plan plan; /* the memory policy's sizing */
+    wrk_mem_policy auto_choice; /* memory.policy auto: what it chose (else WRK_MEM_GPU) */
+    char auto_why[192];
     wrk_nulldev *nulldev; /* null backend: its emulated device */
 } wrk_loaded;
 
@@ -189,8 +197,9 @@ static long rank_threads(const wrk_config *cfg) {
 }
 
 /* The memory policy's sizing for the model in l->desc (wrk_mempol.h). */
-static pie_code plan_memory(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
-    wrk_mem_config mc = {.policy = (wrk_mem_policy)cfg->mem_policy,
+static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_loaded *l,
+                            pie_status *st) {
+    wrk_mem_config mc = {.policy = policy,
                          .device_kv = cfg->mem_device_kv,
                          .host_pool = cfg->mem_host_pool,
                          .device_layers = cfg->mem_device_layers,
@@ -206,14 +215,48 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_loaded *l, pie_status *st
     return wrk_mem_plan_make(&mc, &sh, &l->plan, st);
 }
 
+/* memory.policy auto on the cpu backend: l->engine was opened under offload (its open profiled
+ * the costs); chooses (mem/wrk_offload.h) and, for swap, re-plans l->plan. */
+static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+    eng_offload_stats os;
+    eng_offload_get_stats(l->engine, &os);
+    const wrk_mem_plan *op = &l->plan;
+    uint32_t ps = cfg->kv_page_size ? cfg->kv_page_size : 16;
+    /* the link: emulated, or memory speed (what the profile's transfer cost says) */
+    double tok_bytes = (double)op->page_layer_bytes / ps * op->n_layers;
+    double link = cfg->mem_link_gbps > 0 ? cfg->mem_link_gbps * 1e9 / 8
+                  : os.xfer_tok > 0     ? tok_bytes / os.xfer_tok
+                                        : 0;
+    double layer_bytes = (double)op->kv_pages_gpu * op->page_layer_bytes;
+    uint32_t batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 4096;
+    wrk_mem_auto_in in = {
+        .costs = {.lin_tok = os.lin_tok, .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
+                  .xfer_tok = os.xfer_tok},
+        .n_layers = op->n_layers,
+        .layer_swap_s = link > 0 ? layer_bytes / link : 0,
+        .batch_tokens = batch,
+        /* a typical decode: the device's pages shared by 16 sequences */
+        .decode_ctx = op->kv_pages_gpu * ps / 16 ? op->kv_pages_gpu * ps / 16 : ps,
+    };
+    wrk_mem_auto_out out;
+    wrk_mem_auto_choose(&in, &out);
+    l->auto_choice = out.policy;
+    snprintf(l->auto_why, sizeof l->auto_why, "%s", out.why);
+    if (out.policy == WRK_MEM_SWAP) return plan_memory(cfg, WRK_MEM_SWAP, l, st);
+    return PIE_OK;
+}
+
 /* g: the group's collective when this is a rank of a tensor-parallel group, else NULL. */
 static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
                          wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
-    if (rc == PIE_OK) rc = plan_memory(cfg, l, st);
+    wrk_mem_policy policy = (wrk_mem_policy)cfg->mem_policy;
+    /* auto: open under offload first (its open profiles the costs), then choose */
+    if (rc == PIE_OK) rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_mem_plan *mp = &l->plan;
-    bool swap = mp->policy == WRK_MEM_SWAP;
+again:;
+    bool swap = mp->policy == WRK_MEM_SWAP, offload = mp->policy == WRK_MEM_OFFLOAD;
     long threads = rank_threads(cfg);
     eng_opts eo = {
         .model_dir = cfg->model_path,
@@ -230,9 +273,20 @@ static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_ra
         .swap_min_slots = swap ? mp->min_slots : 0,
         .swap_host_bytes = swap ? mp->host_bytes : 0,
         .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
+        .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
+        .offload_host_threads = offload ? (int)threads : 0,
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
+    if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
+        rc = choose_auto(cfg, l, st);
+        if (rc != PIE_OK) return rc;
+        if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
+            eng_close(l->engine);
+            l->engine = NULL;
+            goto again;
+        }
+    }
     const eng_info *ei = eng_get_info(l->engine);
     wrk_desc_set_engine(&l->desc, ei);
     wrk_backend_engine(&l->backend, l->engine);
@@ -268,7 +322,7 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
 /* The null backend over its emulated device (mem/wrk_nulldev.h), sized by the memory plan:
  * the swap policy's layers move over memory.emulate_link_gbps while the layers compute. */
 static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
-    pie_code rc = plan_memory(cfg, l, st);
+    pie_code rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_null_cost *c = &cfg->null_cost;
     const wrk_mem_plan *mp = &l->plan;
@@ -330,7 +384,7 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
         if (rc != PIE_OK) goto fail;
     }
     if (cfg->backend == WRK_BACKEND_CUDA) { /* policy gpu (main refuses the others) */
-        rc = plan_memory(cfg, l, st);
+        rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
         if (rc != PIE_OK) goto fail;
     }
     rc = wrk_desc_finish(&l->desc, cfg->model_name, cfg->model_path, cfg->model_description,
@@ -377,6 +431,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     wrk_node *node = NULL;
     wrk_tp_group *group = NULL;
     wrk_memrt *mem = NULL;
+    wrk_offrt *off = NULL;
     wrk_loaded loaded;
     memset(&loaded, 0, sizeof loaded);
     /* A group of ranks started one by one: rank 0 offers TpJoin before its server answers, so
@@ -452,6 +507,26 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         goto done;
     }
     if (loaded.nulldev) wrk_memrt_use_nulldev(mem, loaded.nulldev);
+    off = wrk_offrt_create(loaded.engine, loaded.auto_choice, svc_metrics(s), &st);
+    if (off == NULL) {
+        fprintf(stderr, "pie-worker: %s\n", st.msg);
+        goto done;
+    }
+    if (loaded.auto_choice != WRK_MEM_GPU)
+        pie_log_info("wrk.mem.auto", "policy=%s reason=\"%s\"",
+                     wrk_mem_policy_names[loaded.auto_choice], loaded.auto_why);
+    if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
+        eng_offload_stats os;
+        eng_offload_get_stats(loaded.engine, &os);
+        pie_log_info("wrk.mem.offload",
+                     "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
+                     "cost_us: linear_per_token=%.3f device_attn_per_kv=%.5f "
+                     "host_attn_per_kv=%.5f transfer_per_token=%.4f",
+                     (unsigned long long)loaded.plan.device_kv,
+                     (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
+                     loaded.plan.kv_pages_max, os.lin_tok * 1e6, os.dattn_kv * 1e6,
+                     os.hattn_kv * 1e6, os.xfer_tok * 1e6);
+    }
     if (loaded.plan.policy == WRK_MEM_SWAP)
         pie_log_info("wrk.mem.swap",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
@@ -500,6 +575,7 @@ done:
     svc_drain(s);             /* server first: no callback runs after it */
     wrk_node_destroy(node);   /* closes the controller link: the worker leaves the cluster */
     wrk_memrt_destroy(mem);   /* after the executor (the node's) stopped */
+    wrk_offrt_destroy(off);
     svc_stop(s);              /* last: threads stopped above may update its metrics */
     wrk_tp_group_stop(group); /* the executor is stopped: the other ranks may exit */
     unload(&loaded);
@@ -609,11 +685,12 @@ int main(int argc, char **argv) {
         .port = (uint16_t)cfg.tp_port,
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
-    if (cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) {
+    if ((cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) &&
+        (cfg.backend != WRK_BACKEND_CPU || cfg.tp_size > 1)) {
         fprintf(stderr,
-                "pie-worker: memory.policy %s is not implemented yet (issue 13): use gpu or "
-                "swap\n",
-                wrk_mem_policy_names[cfg.mem_policy]);
+                "pie-worker: memory.policy %s is implemented for backend cpu with tp.size 1 only "
+                "so far (backend %s, tp.size %u)\n",
+                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend], cfg.tp_size);
         goto done;
     }
     if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend == WRK_BACKEND_CUDA || cfg.tp_size > 1)) {

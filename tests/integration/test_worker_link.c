@@ -1646,6 +1646,53 @@ Test(worker_link, swap_policy_with_a_host_pool_too_small_fails_the_load_saying_w
                       "need ");
 }
 
+/* Offload (issue 13, Neo): 64 device pages (pool.kv_pages) plus a 2 MiB host pool of 64 pages
+ * of every layer (small-f32: 4 layers x 8 KiB): the controller may place on 128; a prompt's
+ * distributions equal policy gpu's engine's; the log says the profiled costs. */
+Test(worker_link, offload_policy_registers_device_plus_host_pages_and_serves_what_gpu_serves) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_HOST_POOL=2MiB", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
+    cr_assert(r->capacity);
+    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
+    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "64 device + 64 host pages");
+    cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 100);
+    expect_credits(&f, w, 1);
+    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
+    prompt_step(&f, w, e);
+    eng_close(e);
+    cr_assert_eq(pie_proc_log_count(w, "wrk.mem.offload"), 1, "the offload line at load");
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* Auto: the worker chooses swap or offload at load, registers the one it chose and says why. */
+Test(worker_link, auto_policy_chooses_registers_and_says_why) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=auto", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert(r->memory_policy == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP ||
+                  r->memory_policy == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD,
+              "policy %d", (int)r->memory_policy);
+    cr_assert_gt(r->capacity->kv_pages_max, KV_PAGES, "a larger pool either way");
+    rpc_msg_free(&up->base);
+    cr_assert_eq(pie_proc_log_count(w, "wrk.mem.auto"), 1, "the choice and its reason");
+    cr_assert_eq(pie_proc_log_count(w, "reason=\""), 1);
+    send_registered(&f, 1, 100);
+    expect_credits(&f, w, 1);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
 /* A worker started with o exits 2 at once, having printed `line`. */
 static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
     pie_proc *w = spawn_worker(f, o);
@@ -1659,10 +1706,10 @@ static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
 Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     fc f;
     fc_start(&f);
-    const char *env[] = {"PIE_MEMORY_POLICY=offload", NULL};
+    const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_BACKEND=null", NULL};
     expect_exit_2(&f, &(wopts){.env = env},
-                  "pie-worker: memory.policy offload is not implemented yet (issue 13): use gpu or "
-                  "swap");
+                  "pie-worker: memory.policy offload is implemented for backend cpu with tp.size 1 "
+                  "only so far (backend null, tp.size 1)");
     const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = bad},
                   "pie-worker: memory.policy swap is implemented for backends cpu and null with "
