@@ -112,6 +112,7 @@ static const size_t coll_sizes[] = {4,         64,       1024,     16384,     65
 
 typedef struct coll_job {
     int quick;
+    int stepwise;              /* shared memory: the earlier two-barrier steps (wrk_coll_opts) */
     char tcp_leader[64];       /* "127.0.0.1:<port>": the TCP transport; "": shared memory */
     int listen_fd;             /* rank 0's listener (TCP) */
     double ar_s[N_COLL_SIZES]; /* median seconds per all-reduce (rank 0's view) */
@@ -153,7 +154,8 @@ static int coll_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
     coll_job *job = arg;
     pie_status st = {0};
     wrk_coll *c = NULL;
-    wrk_coll_opts o = {.name = name, .epoch = 1, .rank = rank, .n_ranks = n};
+    wrk_coll_opts o = {.name = name, .epoch = 1, .rank = rank, .n_ranks = n,
+                       .allreduce_stepwise = job->stepwise != 0};
     if (job->tcp_leader[0]) {
         o.tcp_leader = job->tcp_leader;
         o.tcp_listen_fd = rank == 0 ? job->listen_fd : -1;
@@ -203,7 +205,7 @@ static void print_size(size_t b) {
         printf("%zu B", b);
 }
 
-static int bench_coll(uint32_t ranks, int quick, int tcp) {
+static int bench_coll(uint32_t ranks, int quick, int tcp, int stepwise) {
     coll_job *job = shared_alloc(sizeof *job);
     size_t top = coll_sizes[N_COLL_SIZES - 1];
     char *src = malloc(top), *dst = malloc(top);
@@ -212,6 +214,7 @@ static int bench_coll(uint32_t ranks, int quick, int tcp) {
         return 1;
     }
     job->quick = quick;
+    job->stepwise = stepwise;
     job->listen_fd = -1;
     if (tcp) {
         pie_status st = {0};
@@ -238,8 +241,12 @@ static int bench_coll(uint32_t ranks, int quick, int tcp) {
                ranks, BTP_REPS);
     else
         printf("host all-reduce (sum, f32) between %u processes (wrk_coll, shared memory; chunk 1 "
-               "MiB, direct path up to %u KiB per step); median of %d loops\n\n",
-               ranks, WRK_COLL_DIRECT_BYTES >> 10, BTP_REPS);
+               "MiB, direct path up to %u KiB per step; messages of several steps %s); median "
+               "of %d loops\n\n",
+               ranks, WRK_COLL_DIRECT_BYTES >> 10,
+               stepwise ? "step by step, two barriers each (--stepwise)"
+                        : "pipelined, one barrier per step",
+               BTP_REPS);
     printf("| message | all-reduce | memcpy of the same bytes (1 process) | all-reduce / memcpy | "
            "all-reduce throughput | memcpy throughput |\n| --- | --- | --- | --- | --- | --- |\n");
     for (size_t s = 0; s < N_COLL_SIZES; s++) {
@@ -250,6 +257,101 @@ static int bench_coll(uint32_t ranks, int quick, int tcp) {
                coll_sizes[s] / mc[s] * 1e-9);
     }
     printf("| barrier (no data) | %.2f us | | | | |\n", job->barrier_s * 1e6);
+    (void)munmap(job, sizeof *job);
+    return 0;
+}
+
+/* ---- coll-ab: the pipelined all-reduce against the stepwise one, paired ------------------- */
+
+/* Messages of one step (the control: both handles run the same code) and of several. */
+static const size_t ab_sizes[] = {1u << 20, 2u << 20, 4u << 20, 16u << 20, 64u << 20};
+#define N_AB_SIZES (sizeof ab_sizes / sizeof ab_sizes[0])
+#define AB_MAX_ROUNDS 15
+
+typedef struct ab_job {
+    uint32_t rounds;
+    double t[2][N_AB_SIZES][AB_MAX_ROUNDS]; /* rank 0's seconds per call: [pipelined, stepwise] */
+} ab_job;
+
+/* One timed loop of `iters` all-reduces on c, after a barrier. */
+static int ab_loop(wrk_coll *c, float *buf, size_t n, uint32_t iters, double *out) {
+    pie_status st = {0};
+    if (wrk_coll_barrier(c, &st) != PIE_OK) goto fail;
+    double t0 = now_s();
+    for (uint32_t i = 0; i < iters; i++)
+        if (wrk_coll_allreduce_sum_f32(c, buf, n, &st) != PIE_OK) goto fail;
+    *out = (now_s() - t0) / iters;
+    for (size_t i = 0; i < n; i++) buf[i] = 1.0f;
+    return 0;
+fail:
+    fprintf(stderr, "bench_tp: collective: %s\n", st.msg);
+    return -1;
+}
+
+/* Each rank joins two groups, pipelined and stepwise, and alternates them loop by loop, so
+ * both see the same moments of the machine's load. */
+static int ab_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
+    ab_job *job = arg;
+    pie_status st = {0};
+    wrk_coll *c[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s-%c", name, k ? 's' : 'p');
+        wrk_coll_opts o = {.name = nm, .epoch = 1, .rank = rank, .n_ranks = n,
+                           .allreduce_stepwise = k == 1};
+        if (wrk_coll_open(&o, &c[k], &st) != PIE_OK) {
+            fprintf(stderr, "bench_tp: rank %u: %s\n", rank, st.msg);
+            wrk_coll_close(c[0]);
+            return 1;
+        }
+    }
+    float *buf = malloc(ab_sizes[N_AB_SIZES - 1]);
+    int rc = buf ? 0 : -1;
+    for (size_t s = 0; rc == 0 && s < N_AB_SIZES; s++) {
+        size_t cnt = ab_sizes[s] / sizeof(float);
+        uint32_t iters = (uint32_t)((128u << 20) / ab_sizes[s]);
+        for (size_t i = 0; i < cnt; i++) buf[i] = 1.0f;
+        double warm;
+        for (int k = 0; rc == 0 && k < 2; k++) rc = ab_loop(c[k], buf, cnt, 2, &warm);
+        for (uint32_t r = 0; rc == 0 && r < job->rounds; r++)
+            for (int k = 0; rc == 0 && k < 2; k++) {
+                int kk = (int)(r & 1u) ^ k; /* alternate which one goes first */
+                double t = 0;
+                rc = ab_loop(c[kk], buf, cnt, iters < 2 ? 2 : iters, &t);
+                if (rank == 0) job->t[kk][s][r] = t;
+            }
+    }
+    free(buf);
+    wrk_coll_close(c[0]);
+    wrk_coll_close(c[1]);
+    return rc == 0 ? 0 : 1;
+}
+
+static int bench_coll_ab(uint32_t ranks, uint32_t rounds) {
+    ab_job *job = shared_alloc(sizeof *job);
+    if (!job) return 1;
+    job->rounds = rounds;
+    if (btp_run_ranks(ranks, ab_rank, job) != 0) return 1;
+    printf("host all-reduce (sum, f32, shared memory, chunk 1 MiB) between %u processes: the "
+           "pipelined path (one barrier per step) against the stepwise one (two), %u paired "
+           "rounds, alternating which runs first; 128 MiB moved per timed loop\n\n",
+           ranks, rounds);
+    printf("| message | steps | pipelined (median) | stepwise (median) | stepwise / pipelined: "
+           "median of the rounds | min | max |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    for (size_t s = 0; s < N_AB_SIZES; s++) {
+        double p[AB_MAX_ROUNDS], q[AB_MAX_ROUNDS], ratio[AB_MAX_ROUNDS], lo = 1e9, hi = 0;
+        for (uint32_t r = 0; r < rounds; r++) {
+            p[r] = job->t[0][s][r];
+            q[r] = job->t[1][s][r];
+            ratio[r] = q[r] / p[r];
+            lo = ratio[r] < lo ? ratio[r] : lo;
+            hi = ratio[r] > hi ? ratio[r] : hi;
+        }
+        printf("| ");
+        print_size(ab_sizes[s]);
+        printf(" | %zu | %.0f us | %.0f us | %.3f | %.2f | %.2f |\n", ab_sizes[s] >> 20,
+               median(p, rounds) * 1e6, median(q, rounds) * 1e6, median(ratio, rounds), lo, hi);
+    }
     (void)munmap(job, sizeof *job);
     return 0;
 }
@@ -566,7 +668,8 @@ static int bench_engine_tp(const eng_opts_cli *o) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--tcp] [--quick]\n"
+    fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--tcp] [--stepwise] [--quick]\n"
+                    "       bench_tp coll-ab [--ranks 2] [--rounds 9]\n"
                     "       bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] "
                     "[--context 256] [--batch 8] [--steps 8] [--rounds 3]\n");
     return 2;
@@ -575,10 +678,12 @@ static int usage(void) {
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "coll") == 0) {
         uint32_t ranks = 2;
-        int quick = 0, tcp = 0;
+        int quick = 0, tcp = 0, stepwise = 0;
         for (int i = 2; i < argc; i++) {
             if (strcmp(argv[i], "--quick") == 0)
                 quick = 1;
+            else if (strcmp(argv[i], "--stepwise") == 0)
+                stepwise = 1;
             else if (strcmp(argv[i], "--tcp") == 0)
                 tcp = 1;
             else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
@@ -588,7 +693,21 @@ int main(int argc, char **argv) {
             } else
                 return usage();
         }
-        return bench_coll(ranks, quick, tcp);
+        return bench_coll(ranks, quick, tcp, stepwise);
+    }
+    if (argc >= 2 && strcmp(argv[1], "coll-ab") == 0) {
+        uint32_t ranks = 2, rounds = 9;
+        for (int i = 2; i + 1 < argc; i += 2) {
+            long v = strtol(argv[i + 1], NULL, 10);
+            if (strcmp(argv[i], "--ranks") == 0 && v >= 2 && v <= WRK_COLL_MAX_RANKS)
+                ranks = (uint32_t)v;
+            else if (strcmp(argv[i], "--rounds") == 0 && v >= 1 && v <= AB_MAX_ROUNDS)
+                rounds = (uint32_t)v;
+            else
+                return usage();
+        }
+        if (argc % 2) return usage(); /* an option without its value */
+        return bench_coll_ab(ranks, rounds);
     }
     if (argc >= 2 && strcmp(argv[1], "engine") == 0) {
         eng_opts_cli o;

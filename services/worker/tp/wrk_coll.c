@@ -79,6 +79,7 @@ struct wrk_coll {
     char *data;      /* [2][n + 1][chunk] */
     uint32_t seq;    /* barriers this rank has passed */
     uint32_t step;   /* steps taken: the buffer set is step & 1 */
+    bool stepwise;   /* opts.allreduce_stepwise */
     pie_code failed; /* PIE_OK until the group fails */
     char failed_msg[PIE_STATUS_MSG_MAX];
     wrk_coll_tcp *tcp; /* the TCP transport (opts.tcp_leader): every operation goes there */
@@ -363,6 +364,7 @@ pie_code wrk_coll_open(const wrk_coll_opts *o, wrk_coll **out, pie_status *st) {
                               : COLL_DEFAULT_CHUNK;
     if (c->chunk < o->chunk_bytes) c->chunk = SIZE_MAX; /* rounding overflowed: refused below */
     c->timeout_ms = o->timeout_ms ? o->timeout_ms : COLL_DEFAULT_TMO;
+    c->stepwise = o->allreduce_stepwise;
     if (c->n == 1) {
         *out = c;
         return PIE_OK;
@@ -423,12 +425,41 @@ static void coll_sum(const wrk_coll *c, uint32_t set, size_t lo, size_t hi, floa
     }
 }
 
+/* An all-reduce of several steps, pipelined: step s copies its input in, passes the step's
+ * barrier, copies step s-1's result out (every rank reduced its slice of it before reaching
+ * this barrier), then reduces its own slice of step s; one barrier after the last step. One
+ * barrier per step instead of two. Buffers: step s writes slot set s&1 and result s&1; their
+ * last readers (step s-2's reduction and its copy-out, which a rank does before reaching step
+ * s's barrier) are done once this rank passed step s-1's barrier (the slots) or step s's (the
+ * result, written only after it). */
+static pie_code coll_allreduce_pipelined(wrk_coll *c, float *buf, size_t n, pie_status *st) {
+    size_t per = c->chunk / sizeof(float), prev_off = 0, prev_m = 0;
+    uint32_t prev_set = 0;
+    for (size_t off = 0; off < n;) {
+        size_t m = n - off < per ? n - off : per;
+        uint32_t set = c->step++ & 1u;
+        memcpy(coll_slot(c, set, c->rank), buf + off, m * sizeof(float));
+        pie_code rc = coll_barrier(c, "all-reduce", st);
+        if (rc != PIE_OK) return rc;
+        if (prev_m) memcpy(buf + prev_off, coll_slot(c, prev_set, c->n), prev_m * sizeof(float));
+        coll_sum(c, set, m * c->rank / c->n, m * (c->rank + 1) / c->n,
+                 (float *)coll_slot(c, set, c->n));
+        prev_off = off, prev_m = m, prev_set = set;
+        off += m;
+    }
+    pie_code rc = coll_barrier(c, "all-reduce", st);
+    if (rc != PIE_OK) return rc;
+    memcpy(buf + prev_off, coll_slot(c, prev_set, c->n), prev_m * sizeof(float));
+    return PIE_OK;
+}
+
 pie_code wrk_coll_allreduce_sum_f32(wrk_coll *c, float *buf, size_t n, pie_status *st) {
     pie_code rc = coll_check(c, "all-reduce", st);
     if (rc != PIE_OK || c->n == 1 || n == 0) return rc;
     if (!buf) return coll_fail(c, PIE_INVALID_ARGUMENT, st, "wrk_coll all-reduce: buf is NULL");
     if (c->tcp) return wrk_coll_tcp_allreduce_sum_f32(c->tcp, buf, n, st);
     size_t per = c->chunk / sizeof(float);
+    if (n > per && !c->stepwise) return coll_allreduce_pipelined(c, buf, n, st);
     for (size_t off = 0; off < n;) {
         size_t m = n - off < per ? n - off : per;
         uint32_t set = c->step++ & 1u;

@@ -24,8 +24,10 @@
  * writes into one of two buffer sets (alternating), then passes a barrier (every rank
  * publishes its step count and waits for all others to reach it); an all-reduce of more than
  * WRK_COLL_DIRECT_BYTES per step reduces a 1/N slice per rank into a shared result and passes a
- * second barrier. Alternating buffers make a barrier at the end of a step unnecessary: a rank
- * writing step s's buffers has seen every rank reach step s-1, so all are done with step s-2's.
+ * second barrier — except in an all-reduce of several steps, which is pipelined: step s's
+ * result is copied out after step s+1's barrier, one barrier per step and one at the end.
+ * Alternating buffers make a barrier at the end of a step unnecessary: a rank writing step s's
+ * buffers has seen every rank reach step s-1, so all are done with step s-2's.
  *
  * Threads: a handle is used by one thread at a time. The process must keep the handle's file
  * descriptor open (it holds the liveness lock); closing the handle releases it. Open the
@@ -34,6 +36,7 @@
 #ifndef WRK_COLL_H
 #define WRK_COLL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +62,11 @@ typedef struct wrk_coll_opts {
      * wrk_coll_tcp_listen) that the handle takes over and closes once the group has formed. */
     const char *tcp_leader;
     int tcp_listen_fd;
+    /* Shared memory, all-reduces of several steps: false (the default) pipelines them, one
+     * barrier per step (step s's result is copied out after step s+1's barrier); true keeps
+     * two barriers per step (reduce, wait, copy out), the earlier path, for benchmarks and
+     * tests that compare both. The bits are the same either way. */
+    bool allreduce_stepwise;
 } wrk_coll_opts;
 
 typedef struct wrk_coll wrk_coll;
