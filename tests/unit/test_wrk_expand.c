@@ -227,3 +227,26 @@ Test(wrk_expand, the_pipeline_follows_the_slot_count_both_ways) {
     cr_expect_eq(p.swaps_in, in2, "swapping went on with every layer on the device");
     cr_expect_gt(in2, in);
 }
+
+/* "Throughput still scales" is judged against the pages the work came to hold, when the
+ * observations carry them: one more layer of 8 adds 1/7 = 14% pages, but whole requests used
+ * only 4% more (96 -> 100 pages) and throughput rose 1.5% — 37% of that rise, above the gain
+ * share (25%), though below 25% of 14%. The try paid: the controller goes one further. */
+Test(wrk_expand, a_try_pays_when_throughput_follows_the_pages_actually_used) {
+    wrk_expand e;
+    wrk_expand_config cfg = {.n_layers = 8};
+    wrk_expand_init(&e, &cfg);
+    wrk_expand_obs o = {.tokens_per_s = 1000, .busy_s = 1, .link_idle = true,
+                        .kv_limited = true, .kv_live = 96};
+    cr_assert_eq(wrk_expand_observe(&e, &o), 7);
+    o.tokens_per_s = 1015;
+    o.kv_live = 100;
+    cr_expect_eq(wrk_expand_observe(&e, &o), 6, "the try was judged against one layer's pages");
+    /* the same rise without page counts is judged against what one layer adds: undone */
+    wrk_expand f;
+    wrk_expand_init(&f, &cfg);
+    o = (wrk_expand_obs){.tokens_per_s = 1000, .busy_s = 1, .link_idle = true, .kv_limited = true};
+    cr_assert_eq(wrk_expand_observe(&f, &o), 7);
+    o.tokens_per_s = 1015;
+    cr_expect_eq(wrk_expand_observe(&f, &o), 8);
+}

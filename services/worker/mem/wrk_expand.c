@@ -47,7 +47,10 @@ uint32_t wrk_expand_observe(wrk_expand *e, const wrk_expand_obs *o) {
     }
     switch (e->state) {
     case WRK_EXPAND_TRYING: {
-        double pages_gain = 1.0 / (double)(e->base_slots > 1 ? e->base_slots - 1 : 1);
+        /* the pages the work holds rose by this share (without counts: what one layer adds) */
+        double pages_gain = e->base_live && o->kv_live > e->base_live
+                                ? (double)(o->kv_live - e->base_live) / e->base_live
+                                : 1.0 / (double)(e->base_slots > 1 ? e->base_slots - 1 : 1);
         if (o->tokens_per_s > e->base_tps * (1 + e->cfg.gain * pages_gain)) {
             /* it paid: go on while there is room and demand for pages */
             if (can_grow && o->link_idle && o->kv_limited)

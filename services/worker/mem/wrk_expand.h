@@ -8,11 +8,14 @@
  * on the device (S = n), moves one more layer to the host while swaps finish before they are
  * needed and throughput still rises, moves one back when compute waited for a swap, stops where
  * throughput stops scaling, and probes one step further now and then (the workload or the link
- * may have changed). A try whose extra pages went unused (the most pages live did not rise:
- * the step was too small to admit one more request, e.g. a 1/S gain below one request's pages)
- * is inconclusive, not a failure: while nothing stalls it goes one layer further from the same
- * base, and is judged when the pages are used. Does not own: measuring (the worker's step loop fills an observation),
- * moving the data (the copy engine), the mapping table. */
+ * may have changed). Whether throughput still scales is judged against the rise of the pages
+ * the work holds (kv_live), not the capacity added: whole requests use capacity in steps. A
+ * try whose extra pages went unused while the same work held the same pages (the most pages
+ * live stayed within 1/16 below the base's, not above: one layer's gain was too small to admit
+ * the next request) is inconclusive, not a failure: while nothing stalls it goes one layer
+ * further from the same base, and is judged when the pages are used. Does not own: measuring
+ * (the worker's step loop fills an observation), moving the data (the copy engine), the
+ * mapping table. */
 #ifndef WRK_EXPAND_H
 #define WRK_EXPAND_H
 
@@ -20,13 +23,13 @@
 #include <stdint.h>
 
 typedef struct wrk_expand_config {
-    uint32_t n_layers;   /* n */
-    uint32_t min_slots;  /* fewest layers on the device (the swap pipeline needs >= 2); 0: 2 */
-    double stall_frac;   /* compute waited for swaps more than this share of an epoch: too
-                            far (0: 0.01) */
-    double gain;         /* a step from S to S-1 slots adds 1/(S-1) to the pool's pages; it
-                            counts as scaling when throughput rises by more than this share of
-                            that (0: 0.25) */
+    uint32_t n_layers;    /* n */
+    uint32_t min_slots;   /* fewest layers on the device (the swap pipeline needs >= 2); 0: 2 */
+    double stall_frac;    /* compute waited for swaps more than this share of an epoch: too
+                             far (0: 0.01) */
+    double gain;          /* a try counts as scaling when throughput rises by more than this
+                             share of the rise of the pages live (kv_live; without counts: of
+                             the 1/(S-1) a step from S to S-1 slots adds) (0: 0.25) */
     uint32_t probe_every; /* epochs between probes one step further at a plateau (0: 20) */
 } wrk_expand_config;
 
@@ -49,12 +52,12 @@ typedef enum wrk_expand_state {
 
 typedef struct wrk_expand {
     wrk_expand_config cfg;
-    uint32_t slots;        /* layers on the device now (n: no swapping) */
+    uint32_t slots; /* layers on the device now (n: no swapping) */
     wrk_expand_state state;
-    double base_tps;       /* throughput at the slot count a try started from */
+    double base_tps; /* throughput at the slot count a try started from */
     uint32_t base_slots;
-    uint32_t base_live;    /* most pages live then */
-    uint32_t since_probe;  /* epochs at the plateau */
+    uint32_t base_live;   /* most pages live then */
+    uint32_t since_probe; /* epochs at the plateau */
     uint64_t epochs, grows, shrinks, stalls;
 } wrk_expand;
 
