@@ -79,6 +79,7 @@ typedef struct run_out {
     float probs[N_OUT][8];
     uint32_t n;
     uint64_t host_items, to_host, to_device; /* offload stats after the last step */
+    uint32_t written; /* pages written and not cleared, on either region */
 } run_out;
 
 /* Called between steps with the step's number (changes the slot count in one test). */
@@ -143,6 +144,7 @@ static void note_host(eng *e, run_out *r) {
     r->host_items = s.host_items;
     r->to_host = s.pages_to_host;
     r->to_device = s.pages_to_device;
+    r->written = s.pages_on_host + s.pages_on_device;
 }
 
 /* Sequence A in pages 0-2, B in 3-4, C in 5; decode steps; a batch of all; masks and copies;
@@ -297,6 +299,8 @@ Test(eng_offload, outputs_equal_policy_gpu_when_every_decode_attends_on_the_host
     off_setup all = {.device_pages = 8, .pick = pick_all};
     run_out r = run(&all);
     assert_identical(&r, &ref, "every decode on the host");
+    /* A 0-2, B 3-4, C 5, D 6 (7 cleared, not rewritten), B's copy 8-9, the fork's 10 */
+    cr_assert_eq(r.written, 10, "written pages counted on the two regions: %u", r.written);
     /* 3 + 3 + 1 + 1 + 4 decodes, A's and the fork's last decode share a page: both go */
     cr_assert_geq(r.host_items, 12, "decode items attended on the host: %llu",
                   (unsigned long long)r.host_items);
@@ -312,6 +316,7 @@ Test(eng_offload, outputs_equal_policy_gpu_when_decodes_move_back_and_forth) {
     off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls};
     run_out r = run(&alt);
     assert_identical(&r, &ref, "decodes alternating between the regions");
+    cr_assert_eq(r.written, 10, "written pages counted on the two regions: %u", r.written);
     cr_assert_gt(r.host_items, 0);
     cr_assert_gt(r.to_host, 0);
     cr_assert_gt(r.to_device, 0, "pages came back to the device");

@@ -189,6 +189,7 @@ void eng_swap_quiesce(eng *e);
 typedef struct eng_offload_stats {
     uint32_t device_pages;       /* the device's share of the page ids */
     uint32_t pages_on_host;      /* written pages whose KV is in the host region now */
+    uint32_t pages_on_device;    /* written pages whose KV is in the device region now */
     uint64_t steps;              /* forward batches */
     uint64_t offload_steps;      /* ... that ran two sub-batches */
     uint64_t forced_steps;       /* ... because the device could not hold every decode's KV */

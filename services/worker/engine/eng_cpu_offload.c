@@ -40,6 +40,7 @@ struct eng_offload {
     uint8_t *loc;     /* [kv_pages] 0 device, 1 host */
     uint8_t *written; /* [kv_pages] 1 once K/V were stored or copied there (cleared: 0) */
     uint8_t *mark;    /* [kv_pages] scratch of one step: 1 read by a device item */
+    uint32_t dev_written; /* pages written and on the device (the device's pages in use) */
     eng_region *host_regions; /* [n_layers] */
     krn_kv_layer *kv_host;    /* [n_layers] */
     uint8_t *item_host;       /* [T] per forward item: its attention runs on the host */
@@ -154,10 +155,11 @@ static void off_move_page(eng *e, uint32_t page, uint8_t to) {
             float *dev = krn_kv_k(&e->kv[l], page, 0), *host = krn_kv_k(&o->kv_host[l], page, 0);
             memcpy(to ? host : dev, to ? dev : host, bytes);
         }
-        if (to) o->stats.pages_to_host++;
-        else o->stats.pages_to_device++;
-        if (to) o->stats.pages_on_host++;
-        else o->stats.pages_on_host--;
+        if (to) {
+            o->stats.pages_to_host++, o->stats.pages_on_host++, o->dev_written--;
+        } else {
+            o->stats.pages_to_device++, o->stats.pages_on_host--, o->dev_written++;
+        }
     }
     o->loc[page] = to;
 }
@@ -200,9 +202,7 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
             o->req_host[r] = o->pick(o->pick_user, o->req_item[r], &items[o->req_item[r]]) ? 1 : 0;
     } else if (n_req) {
         /* the device's room for decodes: its pages minus those written and not theirs */
-        uint64_t on_dev = 0, theirs = 0;
-        for (uint32_t pg = 0; pg < e->info.kv_pages; pg++)
-            on_dev += o->written[pg] && !o->loc[pg];
+        uint64_t on_dev = o->dev_written, theirs = 0;
         for (uint32_t r = 0; r < n_req; r++) {
             const eng_forward_item *it = &items[o->req_item[r]];
             for (uint32_t j = 0; j < it->n_kv_pages; j++)
@@ -250,6 +250,7 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
             for (uint32_t j = 0; j < items[i].n_kv_pages; j++) {
                 uint32_t pg = items[i].kv_pages[j];
                 if (!o->written[pg] && o->loc[pg]) o->stats.pages_on_host++;
+                if (!o->written[pg] && !o->loc[pg]) o->dev_written++;
                 o->written[pg] = 1;
             }
     if (hosted) o->stats.offload_steps++;
@@ -271,6 +272,7 @@ void eng_offload_copy(eng *e, const eng_copy_item *c) {
     }
     if (o) {
         if (!o->written[c->dst] && o->loc[c->dst]) o->stats.pages_on_host++;
+        if (!o->written[c->dst] && !o->loc[c->dst]) o->dev_written++;
         o->written[c->dst] = 1;
     }
 }
@@ -280,6 +282,7 @@ void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n) {
     if (!o) return;
     for (uint32_t i = 0; i < n; i++) { /* the device copy was zeroed: it is the page now */
         if (o->written[pages[i]] && o->loc[pages[i]]) o->stats.pages_on_host--;
+        if (o->written[pages[i]] && !o->loc[pages[i]]) o->dev_written--;
         o->loc[pages[i]] = 0;
         o->written[pages[i]] = 0;
     }
@@ -455,5 +458,8 @@ void eng_offload_close(eng *e) {
 
 void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) *out = e->off->stats;
+    if (e && e->off) {
+        *out = e->off->stats;
+        out->pages_on_device = e->off->dev_written;
+    }
 }
