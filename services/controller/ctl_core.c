@@ -994,6 +994,11 @@ ctl_core *ctl_core_create(const ctl_core_config *cfg, const ctl_sink *sink, pie_
         c->m_terminated = pie_metrics_counter(
             metrics, "pie_controller_instances_terminated_total",
             "Instances the controller ended (contention, worker loss).", NULL, 0, &ms);
+        c->m_kv_spills = pie_metrics_counter(
+            metrics, "pie_controller_kv_spills_total",
+            "KV allocations granted past a worker's effective capacity (up to kv_pages_max: its "
+            "host pool) instead of settling contention.",
+            NULL, 0, &ms);
         c->m_instances =
             pie_metrics_gauge(metrics, "pie_controller_instances", "Live instances.", NULL, 0, &ms);
         c->m_workers = pie_metrics_gauge(metrics, "pie_controller_workers",
@@ -1023,6 +1028,7 @@ void ctl_core_destroy(ctl_core *c) {
     if (c == NULL) return;
     /* The metrics registry may be gone already (svc_stop frees it first): touch it no more. */
     c->m_calls = c->m_batches = c->m_steps = c->m_items = c->m_terminated = NULL;
+    c->m_kv_spills = NULL;
     c->m_instances = c->m_workers = c->m_replicas = c->m_waiting = NULL;
     c->m_wait = c->m_batch_size = NULL;
     c->metrics = NULL;

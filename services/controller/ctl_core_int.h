@@ -140,6 +140,7 @@ struct ctl_core {
     char drain_reason[128];
     /* metrics (may be NULL) */
     pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
+    pie_counter *m_kv_spills; /* KV allocations granted past a worker's effective capacity */
     pie_gauge *m_instances, *m_workers, *m_replicas, *m_waiting;
     pie_histogram *m_wait;       /* GPU call: arrival → taken into a batch, seconds */
     pie_histogram *m_batch_size; /* items per batch sent */

@@ -122,7 +122,7 @@ static ctl_place *place_for(ctl_core *c, ctl_queue *q, ctl_worker *w, const char
  * its effective capacity on demand, up to kv_pages_max (the host pool full): the allocation is
  * granted, and the worker, holding more live pages than its effective capacity, moves layers to
  * the host until they fit and reports the new capacity (CapacityChange). True if it did. */
-static bool spill(ctl_worker *w, uint32_t n, const char *op) {
+static bool spill(ctl_core *c, ctl_worker *w, uint32_t n, const char *op) {
     Pie__V1__MemoryPolicy p = w->reg->memory_policy;
     if (p == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU ||
         p == PIE__V1__MEMORY_POLICY__MEMORY_POLICY_UNSPECIFIED)
@@ -135,6 +135,7 @@ static bool spill(ctl_worker *w, uint32_t n, const char *op) {
                  w->index, w->reg->group_id, op, n, w->pool.kv_used, w->pool.kv_effective,
                  (unsigned long long)need, w->pool.kv_max);
     w->pool.kv_effective = (uint32_t)need;
+    if (c->m_kv_spills) pie_counter_add(c->m_kv_spills, 1);
     return true;
 }
 
@@ -146,7 +147,7 @@ static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, bool kv, uint32_
     const char *what = kv ? "KV pages" : "embedding slots";
     uint32_t avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
     if (avail >= n) return true;
-    if (kv && spill(w, n, op)) return true;
+    if (kv && spill(c, w, n, op)) return true;
     if (c->cfg.contention == CTL_CONTENTION_FAIL_CALL) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                        "%s: %u %s requested, worker %s has %u free (contention.policy fail_call)",
