@@ -822,7 +822,10 @@ void wrk_exec_submit(wrk_exec *x, Pie__V1__WorkerDown *down, uint64_t epoch) {
         run_step(x, &s);
         pthread_mutex_lock(&x->mu);
         x->running = false;
-        pthread_cond_broadcast(&x->cv); /* the executor (anything queued), or a waiting stop */
+        /* Wake the executor only when it has work (a reset came in meanwhile) or a stop waits:
+         * an unconditional broadcast woke the idle executor thread once per decode step for
+         * nothing (a futex wake and a context switch on the step's critical path). */
+        if (x->reset_pending || x->q_len > 0 || x->stop) pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);
         return;
     }
