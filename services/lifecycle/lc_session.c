@@ -50,6 +50,7 @@ struct lc_session {
     ProtobufCMessageUnknownField *fields;
     lc_session_test_hooks hooks; /* test-only injection points; zero in services */
     bool gathering;              /* the sender waits for woken instances (lc_session_gather_add) */
+    bool sending; /* a thread is in sender_send (the sender, or an instance sending inline) */
     pthread_t sender;
     /* Instances woken by results that have not flushed since (lc_session_gather_add): the
      * sender holds a send while this is above 0, for at most gather_ns. Signed: an instance
@@ -242,6 +243,8 @@ void lc_session_stage_free(lc_session_stage *sg) {
     *sg = (lc_session_stage){0};
 }
 
+static void sender_send(lc_session *s, uint64_t epoch, const uint8_t *buf, size_t len);
+
 void lc_session_gather_add(lc_session *s) { atomic_fetch_add(&s->gather_pending, 1); }
 
 /* Counts a woken instance as done (out_mu held); wakes a gathering sender when it was the last. */
@@ -282,6 +285,21 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, b
         s->epoch = 0;
         s->out.len = s->out.n = 0;
         rc = pie_status_set(st, PIE_UNAVAILABLE, "controller session lost: %s", s->lost_why);
+    } else if (!s->sending && s->out.len == 0 && atomic_load(&s->gather_pending) <= 0) {
+        /* Nothing queued, no send under way and no woken instance about to add parts: there
+         * is nothing to coalesce with, so this instance sends its parts itself. Handing them
+         * to the sender thread would cost a wake-up of that thread on every decode step of a
+         * lone instance (issue 17 item 3: a futex wake and a context switch on the critical
+         * path). Parts stay in order: one instance flushes one stage at a time, and
+         * `sending` keeps the sender thread out until this send is done. */
+        s->sending = true;
+        uint64_t e = s->epoch;
+        pthread_mutex_unlock(&s->out_mu);
+        if (s->hooks.before_send) s->hooks.before_send(s->hooks.ctx, e, sg->n);
+        sender_send(s, e, sg->buf, sg->len);
+        pthread_mutex_lock(&s->out_mu);
+        s->sending = false;
+        if (s->out.len > 0 || s->stop) pthread_cond_signal(&s->out_cv); /* parts queued meanwhile */
     } else {
         memcpy(s->out.buf + s->out.len, sg->buf, sg->len);
         s->out.len += sg->len;
@@ -382,7 +400,7 @@ static void *sender_main(void *arg) {
     lc_session_stage mine = {0};
     pthread_mutex_lock(&s->out_mu);
     for (;;) {
-        while (!s->stop && (s->out.len == 0 || s->epoch == 0))
+        while ((!s->stop && (s->out.len == 0 || s->epoch == 0)) || s->sending)
             pthread_cond_wait(&s->out_cv, &s->out_mu);
         if (s->out.len == 0 || s->epoch == 0) break; /* stopping with nothing to send */
         sender_gather(s);
@@ -392,10 +410,12 @@ static void *sender_main(void *arg) {
         s->out.len = s->out.n = 0;
         mine = t;
         uint64_t epoch = s->epoch; /* what mine was filled for: it goes on that stream or none */
+        s->sending = true;
         pthread_mutex_unlock(&s->out_mu);
         if (s->hooks.before_send) s->hooks.before_send(s->hooks.ctx, epoch, mine.n);
         sender_send(s, epoch, mine.buf, mine.len);
         pthread_mutex_lock(&s->out_mu);
+        s->sending = false;
     }
     pthread_mutex_unlock(&s->out_mu);
     lc_session_stage_free(&mine);

@@ -304,20 +304,39 @@ static pie_status wait_lost(harness *h, int64_t t0) {
 
 /* ---- tests ----------------------------------------------------------------------------------- */
 
+/* An instance thread flushing one stage (lc_session_flush may send on the caller's thread). */
+typedef struct flusher {
+    lc_session *s;
+    uint64_t epoch;
+    lc_session_stage *sg;
+    pie_code rc;
+    pie_status st;
+} flusher;
+
+static void *flusher_main(void *arg) {
+    flusher *f = arg;
+    f->rc = lc_session_flush(f->s, f->epoch, f->sg, false, &f->st);
+    return NULL;
+}
+
 Test(lc_session, parts_taken_for_a_stream_never_leave_on_the_stream_of_a_reconnect) {
     harness h;
     harness_start(&h);
     uint64_t e1 = wait_connected(&h, 0);
     cr_assert_eq(fake_n_streams(h.ctl), 1);
 
-    /* The sender takes the parts of stream 1 out of the outbox and is held before sending. */
+    /* The parts of stream 1 are taken for sending and held before they go. Nothing else is
+     * queued, so the flushing instance's own thread sends them (lc_session_flush): it is the
+     * one held, as the sender thread is when parts wait in the outbox. */
     pthread_mutex_lock(&h.mu);
     h.hold = true;
     pthread_mutex_unlock(&h.mu);
     lc_session_stage sg = {0};
     stage_instance(&sg, (1ull << 48) | 7, 3, 8);
     pie_status st;
-    cr_assert_eq(lc_session_flush(h.s, e1, &sg, false, &st), PIE_OK, "%s", st.msg);
+    flusher fl = {.s = h.s, .epoch = e1, .sg = &sg};
+    pthread_t fth;
+    cr_assert_eq(pthread_create(&fth, NULL, flusher_main, &fl), 0);
     pthread_mutex_lock(&h.mu);
     int64_t deadline = pie_test_now_ms() + WAIT_MS;
     while (!h.held && pie_test_now_ms() < deadline) {
@@ -330,6 +349,12 @@ Test(lc_session, parts_taken_for_a_stream_never_leave_on_the_stream_of_a_reconne
     pthread_mutex_unlock(&h.mu);
     cr_assert(held, "the sender never took the staged parts");
     cr_assert_eq(held_epoch, e1);
+    /* A second instance flushes while that send is held: its parts wait in the outbox for the
+     * sender thread, which must not carry them onto the next stream either. */
+    lc_session_stage sg2 = {0};
+    stage_instance(&sg2, (1ull << 48) | 6, 2, 8);
+    cr_assert_eq(lc_session_flush(h.s, e1, &sg2, false, &st), PIE_OK, "%s", st.msg);
+    lc_session_stage_free(&sg2);
 
     /* Meanwhile the controller ends stream 1 and the session reconnects on stream 2. */
     rpc_call_cancel(fake_get(h.ctl, 0).call, PIE_UNAVAILABLE, "test: stream 1 ends");
@@ -343,6 +368,8 @@ Test(lc_session, parts_taken_for_a_stream_never_leave_on_the_stream_of_a_reconne
     h.held = false;
     pthread_cond_broadcast(&h.cv);
     pthread_mutex_unlock(&h.mu);
+    cr_assert_eq(pthread_join(fth, NULL), 0);
+    cr_assert_eq(fl.rc, PIE_OK, "the flush was accepted before the stream ended: %s", fl.st.msg);
     pie_test_sleep_ms(300); /* room for a stale send to arrive, if one were made */
 
     fake_stream s1 = fake_get(h.ctl, 0), s2 = fake_get(h.ctl, 1);
