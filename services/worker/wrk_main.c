@@ -170,7 +170,8 @@ static const pie_config_field wrk_fields[] = {
     {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
      .def = "0", .min = "0", .max = "100000",
      .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
-            "speed; null backend: the link of the emulated device, 0 = copies take no time)"},
+            "speed; null backend: the link of the emulated device, 0 = copies take no time); "
+            "auto weighs it against a layer's compute"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
