@@ -231,8 +231,8 @@ static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st
     double layer_bytes = (double)op->kv_pages_gpu * op->page_layer_bytes;
     uint32_t batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 4096;
     wrk_mem_auto_in in = {
-        .costs = {.lin_tok = os.lin_tok, .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
-                  .xfer_tok = os.xfer_tok},
+        .costs = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed, .dattn_kv = os.dattn_kv,
+                  .hattn_kv = os.hattn_kv, .xfer_tok = os.xfer_tok},
         .n_layers = op->n_layers,
         .layer_swap_s = link > 0 ? layer_bytes / link : 0,
         .batch_tokens = batch,
@@ -521,11 +521,12 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         eng_offload_get_stats(loaded.engine, &os);
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
-                     "cost_us: linear_per_token=%.3f device_attn_per_kv=%.5f "
+                     "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "
                      "host_attn_per_kv=%.5f transfer_per_token=%.4f",
                      (unsigned long long)loaded.plan.device_kv,
                      (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
-                     loaded.plan.kv_pages_max, os.lin_tok * 1e6, os.dattn_kv * 1e6,
+                     loaded.plan.kv_pages_max, os.lin_tok * 1e6, os.lin_fixed * 1e6,
+                     os.dattn_kv * 1e6,
                      os.hattn_kv * 1e6, os.xfer_tok * 1e6);
     }
     if (loaded.plan.policy == WRK_MEM_SWAP)

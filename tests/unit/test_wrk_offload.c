@@ -50,6 +50,28 @@ Test(wrk_offload, falls_back_to_device_only_when_the_host_is_too_slow) {
     cr_assert_float_eq(ch.t_dev, wrk_off_estimate_dev(&slow, &b), 1e-12);
 }
 
+Test(wrk_offload, sub_batch_1s_own_pass_over_the_weights_is_counted) {
+    /* a device whose linear pass costs 20 ms at any small batch (weights read once): 8 decodes
+     * of 1000 tokens, host attention 1 us per KV token — one decode's 1 ms hides behind the
+     * 20 ms pass, but sub-batch 1's own pass costs another 20 ms, more than the device
+     * attention it saves (8 x 1000 x 0.1 us = 0.8 ms): device-only */
+    wrk_off_costs c = {.lin_tok = 1e-5, .lin_fixed = 20e-3, .dattn_kv = 0.1e-6, .hattn_kv = 1e-6};
+    wrk_off_req r[8];
+    for (int i = 0; i < 8; i++) r[i] = (wrk_off_req){.kv = 1000};
+    wrk_off_batch b = {.reqs = r, .n_reqs = 8, .device_kv_budget = UINT64_MAX};
+    uint8_t host[8];
+    wrk_off_choice ch;
+    wrk_off_decide(&c, &b, host, &ch);
+    cr_assert_not(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+    cr_assert_float_eq(ch.t_dev, 20e-3 + 0.8e-3, 1e-12);
+    cr_assert_gt(ch.t_off, ch.t_dev);
+    /* without the fixed pass (a compute-bound device) the same step offloads */
+    c.lin_fixed = 0;
+    c.lin_tok = 3e-3; /* 8 tokens: 24 ms of linear work to hide behind */
+    wrk_off_decide(&c, &b, host, &ch);
+    cr_assert(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+}
+
 Test(wrk_offload, a_decode_only_step_without_linear_time_to_hide_behind_stays_on_the_device) {
     /* decode-only, host attention 15x slower than the device's: Tca1 > Tl0 for any request */
     wrk_off_req r[2] = {{.kv = 100000}, {.kv = 90000}};
@@ -85,6 +107,7 @@ Test(wrk_offload, never_chooses_two_sub_batches_estimated_slower_over_random_ste
     int offloaded = 0, fell_back = 0;
     for (int it = 0; it < 5000; it++) {
         wrk_off_costs c = {.lin_tok = (double)(RND() % 1000 + 1) * 1e-7,
+                           .lin_fixed = RND() % 2 ? (double)(RND() % 1000) * 1e-5 : 0,
                            .dattn_kv = (double)(RND() % 1000) * 1e-10,
                            .hattn_kv = (double)(RND() % 1000 + 1) * 1e-9,
                            .xfer_tok = (double)(RND() % 1000) * 1e-9};

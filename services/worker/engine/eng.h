@@ -199,7 +199,7 @@ typedef struct eng_offload_stats {
     uint64_t last_host_attn_ns;  /* in the last forward batch */
     uint64_t pages_to_host, pages_to_device;
     /* the cost model profiled at open, seconds for all layers (wrk_offload.h) */
-    double lin_tok, dattn_kv, hattn_kv, xfer_tok;
+    double lin_tok, lin_fixed, dattn_kv, hattn_kv, xfer_tok;
 } eng_offload_stats;
 void eng_offload_get_stats(eng *e, eng_offload_stats *out);
 

@@ -295,23 +295,28 @@ static void off_profile(eng *e) {
     eng_offload *o = e->off;
     const eng_info *in = &e->info;
     double L = in->n_layers;
-    /* the linear layers of one layer over OFF_PROFILE_ROWS rows of the scratch */
+    /* the linear layers of one layer over 1 row (the pass over the weights) and over
+     * OFF_PROFILE_ROWS rows of the scratch (the slope) */
     uint32_t rows = in->max_batch_tokens < OFF_PROFILE_ROWS ? in->max_batch_tokens : OFF_PROFILE_ROWS;
     if (in->n_layers && rows) {
         const mdl_layer *Ly = &e->layers[0];
-        double best = 0;
-        for (int rep = 0; rep < 2; rep++) {
-            uint64_t t0 = off_now_ns();
-            eng_cpu_linear(e, e->xn, rows, &Ly->wq, e->q);
-            eng_cpu_linear(e, e->xn, rows, &Ly->wk, e->k);
-            eng_cpu_linear(e, e->xn, rows, &Ly->wv, e->v);
-            eng_cpu_linear(e, e->att, rows, &Ly->wo, e->x);
-            eng_cpu_linear(e, e->xn, rows, &Ly->w_gate, e->gate);
-            eng_cpu_linear(e, e->xn, rows, &Ly->w_up, e->up);
-            eng_cpu_linear(e, e->gate, rows, &Ly->w_down, e->x);
-            best = (double)(off_now_ns() - t0) * 1e-9;
-        }
-        o->costs.lin_tok = best * L / rows;
+        uint32_t counts[2] = {1, rows};
+        double t[2] = {0, 0};
+        for (int k = 0; k < 2; k++)
+            for (int rep = 0; rep < 2; rep++) { /* the first run warms */
+                uint32_t r = counts[k];
+                uint64_t t0 = off_now_ns();
+                eng_cpu_linear(e, e->xn, r, &Ly->wq, e->q);
+                eng_cpu_linear(e, e->xn, r, &Ly->wk, e->k);
+                eng_cpu_linear(e, e->xn, r, &Ly->wv, e->v);
+                eng_cpu_linear(e, e->att, r, &Ly->wo, e->x);
+                eng_cpu_linear(e, e->xn, r, &Ly->w_gate, e->gate);
+                eng_cpu_linear(e, e->xn, r, &Ly->w_up, e->up);
+                eng_cpu_linear(e, e->gate, r, &Ly->w_down, e->x);
+                t[k] = (double)(off_now_ns() - t0) * 1e-9;
+            }
+        o->costs.lin_fixed = t[0] * L;
+        o->costs.lin_tok = t[1] * L / rows;
     }
     /* attention over OFF_PROFILE_PAGES pages of layer 0, one decode row, on either pool */
     uint32_t pages = in->kv_pages < OFF_PROFILE_PAGES ? in->kv_pages : OFF_PROFILE_PAGES;
@@ -351,6 +356,7 @@ static void off_profile(eng *e) {
     free(a);
     free(b);
     o->stats.lin_tok = o->costs.lin_tok;
+    o->stats.lin_fixed = o->costs.lin_fixed;
     o->stats.dattn_kv = o->costs.dattn_kv;
     o->stats.hattn_kv = o->costs.hattn_kv;
     o->stats.xfer_tok = o->costs.xfer_tok;

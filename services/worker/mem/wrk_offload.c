@@ -11,9 +11,16 @@ typedef struct off_sums {
     uint64_t n0, n1, kv0, kv1, moved;
 } off_sums;
 
+/* The linear layers over `tokens` rows: a roofline (wrk_offload.h). */
+static double off_lin(const wrk_off_costs *c, uint64_t tokens) {
+    if (tokens == 0) return 0;
+    double t = c->lin_tok * (double)tokens;
+    return t > c->lin_fixed ? t : c->lin_fixed;
+}
+
 static double off_est(const wrk_off_costs *c, const wrk_off_batch *b, const off_sums *s) {
-    double tl0 = c->lin_tok * (double)((uint64_t)b->dev_tokens + s->n0);
-    double tl1 = c->lin_tok * (double)s->n1;
+    double tl0 = off_lin(c, (uint64_t)b->dev_tokens + s->n0);
+    double tl1 = off_lin(c, s->n1);
     double tca1 = c->hattn_kv * (double)s->kv1;
     double tga0 = c->dattn_kv * (double)(b->dev_kv + s->kv0);
     double tx = c->xfer_tok * (double)s->moved;
@@ -60,7 +67,7 @@ double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b) {
 /* Sub-batch 1's host attention stays hidden behind sub-batch 0's linear layers with r too. */
 static bool off_fits(const wrk_off_costs *c, const wrk_off_batch *b, const off_sums *s,
                      const wrk_off_req *r) {
-    double tl0 = c->lin_tok * (double)((uint64_t)b->dev_tokens + s->n0 - 1);
+    double tl0 = off_lin(c, (uint64_t)b->dev_tokens + s->n0 - 1);
     return c->hattn_kv * (double)(s->kv1 + r->kv) <= tl0;
 }
 
@@ -121,13 +128,15 @@ void wrk_mem_auto_choose(const wrk_mem_auto_in *in, wrk_mem_auto_out *out) {
     memset(out, 0, sizeof *out);
     const wrk_off_costs *c = &in->costs;
     double layer_compute =
-        in->n_layers ? (c->lin_tok * in->batch_tokens +
+        in->n_layers ? (off_lin(c, in->batch_tokens) +
                         c->dattn_kv * (double)in->batch_tokens * in->decode_ctx) /
                            in->n_layers
                      : 0;
     out->swap_ratio = layer_compute > 0 ? in->layer_swap_s / layer_compute : INFINITY;
     double host = c->hattn_kv * in->decode_ctx;
-    out->host_share = host > 0 ? c->lin_tok / host : INFINITY;
+    /* per device token of a typical batch: its share of the linear pass */
+    double lin_per_token = in->batch_tokens ? off_lin(c, in->batch_tokens) / in->batch_tokens : 0;
+    out->host_share = host > 0 ? lin_per_token / host : INFINITY;
     if (out->swap_ratio <= 1.0) {
         out->policy = WRK_MEM_SWAP;
         snprintf(out->why, sizeof out->why,

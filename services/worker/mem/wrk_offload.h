@@ -8,7 +8,10 @@
  * costs, the paper's estimate with no host attention in sub-batch 0 (Tca0 = 0) is
  *   T_off = max(Tl0, Tca1, Tx) + Tl1 + Tga0
  *   T_dev = max(Tl(all) + Tga(all), Tx(back))
- * Tl = linear per token × tokens, Tga = device attention per KV token × KV tokens, Tca = host
+ * Tl(b) = max(lin_fixed, lin_tok · b) for b > 0 tokens (a roofline: a linear pass reads the
+ * weights once whatever the batch, so sub-batch 1's own pass costs at least lin_fixed — the
+ * price of two sub-batches on a device whose small batches are bound by weight reads), 0 for
+ * none; Tga = device attention per KV token × KV tokens, Tca = host
  * attention per KV token × KV tokens, Tx = transfer per token × tokens moved (layer by layer,
  * overlapped with the compute as Neo does; it bounds the step when it is the longest). Rules:
  *  - memory: decodes kept on the device may hold at most `device_kv_budget` KV tokens; the
@@ -30,7 +33,8 @@
 
 /* Seconds, for every layer of the model together. */
 typedef struct wrk_off_costs {
-    double lin_tok;   /* device linear layers per batch token */
+    double lin_tok;   /* device linear layers per batch token (compute-bound slope) */
+    double lin_fixed; /* one pass of the device linear layers over the weights, any batch */
     double dattn_kv;  /* device attention per KV token read */
     double hattn_kv;  /* host attention per KV token read */
     double xfer_tok;  /* moving one token's KV between the device and the host */
@@ -75,7 +79,8 @@ double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
  * compute (ratio = swap time / compute time <= 1; the pooling paper's condition, seed 000 §3.3);
  * offload pays when the host's attention hides behind the device's linear layers for a useful
  * share of decodes (host_share = host decodes one device token's linear time covers,
- * lin_tok / (hattn_kv · decode_ctx), Neo's Tca1 <= Tl0, at least WRK_AUTO_MIN_HOST_SHARE).
+ * (linear pass of a typical batch / its tokens) / (hattn_kv · decode_ctx), Neo's
+ * Tca1 <= Tl0, at least WRK_AUTO_MIN_HOST_SHARE).
  * Swap first (transparent: no per-step cost), then offload, else swap (its adaptive expansion
  * backs off to every layer on the device: policy gpu's speed). */
 #define WRK_AUTO_MIN_HOST_SHARE 0.1
