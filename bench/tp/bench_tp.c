@@ -154,7 +154,10 @@ static int coll_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
     coll_job *job = arg;
     pie_status st = {0};
     wrk_coll *c = NULL;
-    wrk_coll_opts o = {.name = name, .epoch = 1, .rank = rank, .n_ranks = n,
+    wrk_coll_opts o = {.name = name,
+                       .epoch = 1,
+                       .rank = rank,
+                       .n_ranks = n,
                        .allreduce_stepwise = job->stepwise != 0};
     if (job->tcp_leader[0]) {
         o.tcp_leader = job->tcp_leader;
@@ -265,7 +268,7 @@ static int bench_coll(uint32_t ranks, int quick, int tcp, int stepwise) {
 
 /* Messages of one step (the control: both handles run the same code) and of several. */
 static const size_t ab_sizes[] = {1u << 20, 2u << 20, 4u << 20, 16u << 20, 64u << 20};
-#define N_AB_SIZES (sizeof ab_sizes / sizeof ab_sizes[0])
+#define N_AB_SIZES    (sizeof ab_sizes / sizeof ab_sizes[0])
 #define AB_MAX_ROUNDS 15
 
 typedef struct ab_job {
@@ -297,8 +300,8 @@ static int ab_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
     for (int k = 0; k < 2; k++) {
         char nm[96];
         snprintf(nm, sizeof nm, "%s-%c", name, k ? 's' : 'p');
-        wrk_coll_opts o = {.name = nm, .epoch = 1, .rank = rank, .n_ranks = n,
-                           .allreduce_stepwise = k == 1};
+        wrk_coll_opts o = {
+            .name = nm, .epoch = 1, .rank = rank, .n_ranks = n, .allreduce_stepwise = k == 1};
         if (wrk_coll_open(&o, &c[k], &st) != PIE_OK) {
             fprintf(stderr, "bench_tp: rank %u: %s\n", rank, st.msg);
             wrk_coll_close(c[0]);

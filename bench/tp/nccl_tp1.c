@@ -16,23 +16,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK_CUDA(x)                                                                          \
-    do {                                                                                    \
-        cudaError_t e_ = (x);                                                               \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "nccl_tp1: %s: %s (line %d)\n", #x, cudaGetErrorString(e_),    \
-                    __LINE__);                                                              \
-            exit(1);                                                                        \
-        }                                                                                   \
+#define CK_CUDA(x)                                                                                 \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "nccl_tp1: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define CK_NCCL(x)                                                                          \
-    do {                                                                                    \
-        ncclResult_t r_ = (x);                                                              \
-        if (r_ != ncclSuccess) {                                                            \
-            fprintf(stderr, "nccl_tp1: %s: %s (line %d)\n", #x, ncclGetErrorString(r_),    \
-                    __LINE__);                                                              \
-            exit(1);                                                                        \
-        }                                                                                   \
+#define CK_NCCL(x)                                                                                 \
+    do {                                                                                           \
+        ncclResult_t r_ = (x);                                                                     \
+        if (r_ != ncclSuccess) {                                                                   \
+            fprintf(stderr, "nccl_tp1: %s: %s (line %d)\n", #x, ncclGetErrorString(r_), __LINE__); \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 #define REPS 5
@@ -56,14 +54,9 @@ static void run_op(enum op op, void *d_in, void *d_out, size_t bytes, ncclComm_t
     case OP_ALLREDUCE_BF16:
         CK_NCCL(ncclAllReduce(d_in, d_out, bytes / 2, ncclBfloat16, ncclSum, comm, s));
         break;
-    case OP_ALLGATHER:
-        CK_NCCL(ncclAllGather(d_in, d_out, bytes, ncclUint8, comm, s));
-        break;
-    case OP_BCAST:
-        CK_NCCL(ncclBroadcast(d_in, d_out, bytes, ncclUint8, 0, comm, s));
-        break;
-    default:
-        CK_CUDA(cudaGraphLaunch(graph, s));
+    case OP_ALLGATHER: CK_NCCL(ncclAllGather(d_in, d_out, bytes, ncclUint8, comm, s)); break;
+    case OP_BCAST: CK_NCCL(ncclBroadcast(d_in, d_out, bytes, ncclUint8, 0, comm, s)); break;
+    default: CK_CUDA(cudaGraphLaunch(graph, s));
     }
 }
 
@@ -113,9 +106,12 @@ int main(void) {
         CK_NCCL(ncclAllReduce(d_in, d_out, bytes / 4, ncclFloat32, ncclSum, comm, s));
         CK_CUDA(cudaStreamEndCapture(s, &g));
         CK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-        if (bytes >= (1u << 20)) printf("| %zu MiB", bytes >> 20);
-        else if (bytes >= 1024) printf("| %zu KiB", bytes >> 10);
-        else printf("| %zu B", bytes);
+        if (bytes >= (1u << 20))
+            printf("| %zu MiB", bytes >> 20);
+        else if (bytes >= 1024)
+            printf("| %zu KiB", bytes >> 10);
+        else
+            printf("| %zu B", bytes);
         for (int op = 0; op < N_OPS; op++) {
             /* check: at one rank every operation copies its input */
             /* all on s: the legacy default stream does not order against a non-blocking one */
@@ -156,6 +152,7 @@ int main(void) {
     CK_CUDA(cudaFree(d_out));
     free(h_in);
     free(h_out);
-    printf("\n%s\n", failed ? "FAIL: an operation changed the data" : "ok: every operation left the data as it was (1 rank)");
+    printf("\n%s\n", failed ? "FAIL: an operation changed the data"
+                            : "ok: every operation left the data as it was (1 rank)");
     return failed;
 }

@@ -55,6 +55,7 @@ typedef struct wrk_config {
     int32_t tp_rank;           /* tp.rank */
     char *tp_leader;           /* tp.leader */
     int64_t tp_timeout_ms;     /* tp.timeout */
+    int64_t tp_form_timeout_ms; /* tp.form_timeout */
     uint64_t tp_chunk_bytes;   /* tp.chunk */
     uint32_t tp_port;          /* tp.port */
     int mem_policy;            /* memory.policy: wrk_mem_policy */
@@ -140,7 +141,12 @@ static const pie_config_field wrk_fields[] = {
     {"tp.timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(wrk_config, tp_timeout_ms), .def = "30s",
      .min = "100ms", .max = "1h",
      .doc = "longest wait for another rank of the group within a step (and for all ranks to "
-            "join); a rank that dies is noticed at once"},
+            "join, unless tp.form_timeout says otherwise); a rank that dies is noticed at once"},
+    {"tp.form_timeout", PIE_CFG_DURATION, PIE_CONFIG_AT(wrk_config, tp_form_timeout_ms),
+     .def = "0s", .max = "24h",
+     .doc = "longest wait for the group to form: rank 0 for every rank to join, the others for "
+            "rank 0 to answer (0 = tp.timeout); ranks started one by one in pods that start "
+            "far apart need more than a step's tp.timeout"},
     {"tp.chunk", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, tp_chunk_bytes), .def = "1MiB",
      .min = "4KiB", .max = "256MiB",
      .doc = "bytes per rank per step of the group's shared-memory collective (/dev/shm needs "
@@ -690,6 +696,7 @@ int main(int argc, char **argv) {
         .rank = cfg.tp_rank,
         .leader = cfg.tp_leader,
         .timeout_ms = (uint32_t)cfg.tp_timeout_ms,
+        .form_timeout_ms = (uint32_t)cfg.tp_form_timeout_ms,
         .chunk_bytes = cfg.tp_chunk_bytes,
         .port = (uint16_t)cfg.tp_port,
     };

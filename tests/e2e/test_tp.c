@@ -170,6 +170,9 @@ Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says)
     const char *tp2_env[] = {"PIE_WORKER_GROUP_ID=tp2", "PIE_TP_SIZE=2", NULL};
     c.wrk = e2e_worker_start_env(ctl_env, tp2_env);
     wait_workers(ctl, "tp2", 2);
+    /* the lifecycle learns the new worker's model after the controller: wait for it too */
+    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
+                 "the lifecycle never learned the group's model");
     cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_started "), 2,
                  "the launcher did not start 2 ranks");
     cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_loaded rank=1 "), 1,
@@ -560,6 +563,9 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
     /* rank 1's own server answers health (its pod's probes): SERVING once the group formed */
     cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
     wait_workers(ctl, "lws", 2);
+    /* the lifecycle learns the new worker's model after the controller: wait for it too */
+    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
+                 "the lifecycle never learned the group's model");
     Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
     cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
     expect_ranks(cs->workers[0]->ranks, cs->workers[0]->n_ranks, "ClusterStatus");
@@ -625,6 +631,54 @@ Test(tp, a_rank_0_whose_ranks_never_join_exits_so_the_group_can_form_again) {
     cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
     cr_expect(log && strstr(log, "1 of 2 ranks joined within 1000 ms"),
               "rank 0 does not say that its rank never joined:\n%s", log ? log : "");
+    free(log);
+    pie_proc_destroy(r0);
+}
+
+/* tp.form_timeout bounds the formation apart from a step's tp.timeout: rank 0 with tp.timeout
+ * 1 s and tp.form_timeout 30 s still forms its group with a rank started 2 s after it (both
+ * turn SERVING; the stop ends both with 0); with tp.form_timeout 2 s and no rank it exits 1
+ * saying so after those 2 s. */
+Test(tp, tp_form_timeout_lets_ranks_join_later_than_a_steps_timeout) {
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    char listen_env[64], leader_env[64];
+    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
+    const char *ctl = "PIE_CONTROLLER_ADDRESS=127.0.0.1:1";
+    const char *r0_env[] = {"PIE_WORKER_GROUP_ID=lws",
+                            "PIE_TP_SIZE=2",
+                            "PIE_TP_RANK=0",
+                            listen_env,
+                            "PIE_TP_TIMEOUT=1s",
+                            "PIE_TP_FORM_TIMEOUT=30s",
+                            NULL};
+    pie_proc *r0 = e2e_worker_spawn_env(ctl, r0_env);
+    cr_assert(pie_proc_wait_log(r0, "event=wrk.tp.offer ", 1, WAIT_MS), "rank 0 offered nothing");
+    pie_test_sleep_ms(2000);
+    pie_proc *r1 = lws_rank(ctl, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    pie_status st;
+    cr_assert_eq(pie_proc_wait_ready(r0, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
+    cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
+    cr_expect_eq(pie_proc_stop(r0, STOP_MS, &st), 0, "rank 0: %s", st.msg);
+    cr_expect_eq(pie_proc_wait(r1, STOP_MS, &st), 0, "rank 1: %s", st.msg);
+    pie_proc_destroy(r0);
+    pie_proc_destroy(r1);
+
+    const char *alone[] = {"PIE_WORKER_GROUP_ID=alone",
+                           "PIE_TP_SIZE=2",
+                           "PIE_TP_RANK=0",
+                           listen_env,
+                           "PIE_TP_TIMEOUT=1s",
+                           "PIE_TP_FORM_TIMEOUT=2s",
+                           NULL};
+    r0 = e2e_worker_spawn_env(ctl, alone);
+    int rc = pie_proc_wait(r0, STOP_MS, &st);
+    char *log = pie_proc_log(r0);
+    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, "1 of 2 ranks joined within 2000 ms"),
+              "rank 0 does not say that its rank never joined within tp.form_timeout:\n%s",
+              log ? log : "");
     free(log);
     pie_proc_destroy(r0);
 }
@@ -710,6 +764,9 @@ static void tp4_decodes_like_tp1(const char *model, double tol_rel) {
     const char *tp4_env[] = {"PIE_WORKER_GROUP_ID=tp4", "PIE_TP_SIZE=4", model_env, NULL};
     c.wrk = e2e_worker_start_env(ctl_env, tp4_env);
     wait_workers(ctl, "tp4", 4);
+    /* the lifecycle learns the new worker's model after the controller: wait for it too */
+    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
+                 "the lifecycle never learned the group's model");
     e2e_run_program(&c, prog, args, NULL, &r4);
     e2e_assert_success(&r4, "tp_decode at tp 4");
 
@@ -742,7 +799,8 @@ static void tp4_decodes_like_tp1(const char *model, double tol_rel) {
 /* Issue 14's bf16 check through the worker: the same 64 greedy tokens (and distributions
  * within 1e-4, the engine test's bf16 bound) at tp 4 as at tp 1, with explicit attention masks
  * and a KV page mask; small-bf16 has 8 heads and 2 KV heads, so two ranks share each KV head. */
-Test(tp, a_tp4_group_with_fewer_kv_heads_than_ranks_decodes_tp1s_64_greedy_bf16_tokens_under_masks) {
+Test(tp,
+     a_tp4_group_with_fewer_kv_heads_than_ranks_decodes_tp1s_64_greedy_bf16_tokens_under_masks) {
     tp4_decodes_like_tp1("small-bf16", 1e-4);
 }
 
@@ -785,7 +843,8 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
     snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
 
     /* the first formation: rank 1 does not come within 1 s */
-    pie_proc *r0 = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s");
+    pie_proc *r0 =
+        lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s");
     int rc = pie_proc_wait(r0, STOP_MS, &st);
     char *log = pie_proc_log(r0);
     cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");

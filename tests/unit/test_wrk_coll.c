@@ -167,13 +167,18 @@ Test(wrk_coll, allreduce_of_random_data_matches_the_serial_sum_on_every_rank) {
  * last result is read while the next operation writes the other buffer set. */
 static int rank_sum_bits(uint32_t rank, uint32_t n, const char *name, void *arg) {
     bool stepwise = *(const bool *)arg;
-    wrk_coll_opts o = {.name = name, .epoch = 9, .rank = rank, .n_ranks = n,
-                       .chunk_bytes = CHUNK, .timeout_ms = 20000, .allreduce_stepwise = stepwise};
+    wrk_coll_opts o = {.name = name,
+                       .epoch = 9,
+                       .rank = rank,
+                       .n_ranks = n,
+                       .chunk_bytes = CHUNK,
+                       .timeout_ms = 20000,
+                       .allreduce_stepwise = stepwise};
     pie_status st = {0};
     wrk_coll *c = NULL;
     PIE_RANK_CHECK(rank, wrk_coll_open(&o, &c, &st) == PIE_OK, "wrk_coll_open: %s", st.msg);
-    static const size_t lens[] = {5 * CHUNK / 4 + 3, 1000, 2 * CHUNK / 4, CHUNK / 4 + 1, 17,
-                                  4 * CHUNK / 4 + 64};
+    static const size_t lens[] = {5 * CHUNK / 4 + 3, 1000, 2 * CHUNK / 4,
+                                  CHUNK / 4 + 1,     17,   4 * CHUNK / 4 + 64};
     size_t cap = 5 * CHUNK / 4 + 3; /* the largest of lens */
     float *buf = malloc(cap * sizeof(float));
     uint64_t *hashes = malloc(n * sizeof *hashes);

@@ -21,14 +21,14 @@
 
 #include "pie_abi.h"
 
-#define Q       1u
-#define F       2u
-#define PROMPT  20u
-#define TOP_K   8u
+#define Q         1u
+#define F         2u
+#define PROMPT    20u
+#define TOP_K     8u
 #define MAX_STEPS 256u
-#define OUT_EMB 500u /* the embedding the last input writes */
-#define IN_EMB  501u /* a decode step's input */
-#define ADDR(p) ((uint32_t)(uintptr_t)(p)) /* a linear-memory address */
+#define OUT_EMB   500u                       /* the embedding the last input writes */
+#define IN_EMB    501u                       /* a decode step's input */
+#define ADDR(p)   ((uint32_t)(uintptr_t)(p)) /* a linear-memory address */
 
 static char out[1024];
 static char err[512];
@@ -116,7 +116,8 @@ int main(int argc, char **argv) {
     check(n, "model_name");
     model[n] = '\0';
     check(pie_model_info(model, (uint32_t)n, &info), "model_info");
-    if (info.kv_page_size < 8 || info.kv_page_size > 256 || pages_for(PROMPT + steps) > sizeof pages / sizeof pages[0]) {
+    if (info.kv_page_size < 8 || info.kv_page_size > 256 ||
+        pages_for(PROMPT + steps) > sizeof pages / sizeof pages[0]) {
         snprintf(out, sizeof out, "error kv_page_size %u", info.kv_page_size);
         pie_send(out, (uint32_t)strlen(out));
         return 1;

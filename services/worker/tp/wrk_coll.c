@@ -370,7 +370,7 @@ pie_code wrk_coll_open(const wrk_coll_opts *o, wrk_coll **out, pie_status *st) {
         return PIE_OK;
     }
     if (o->tcp_leader && o->tcp_leader[0]) {
-        rc = wrk_coll_tcp_open(o, c->chunk, c->timeout_ms, &c->tcp, st);
+        rc = wrk_coll_tcp_open(o, c->chunk, c->timeout_ms, &c->tcp, st); /* join: its own */
         if (rc != PIE_OK) goto fail;
         *out = c;
         return PIE_OK;
@@ -381,6 +381,8 @@ pie_code wrk_coll_open(const wrk_coll_opts *o, wrk_coll **out, pie_status *st) {
                             o->chunk_bytes);
         goto fail;
     }
+    uint32_t step_ms = c->timeout_ms; /* joining waits join_timeout_ms instead */
+    if (o->join_timeout_ms) c->timeout_ms = o->join_timeout_ms;
     uint64_t deadline = coll_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     rc = c->rank == 0 ? coll_create(c, o->epoch, st) : coll_attach(c, o->epoch, deadline, st);
     if (rc != PIE_OK) goto fail;
@@ -392,6 +394,7 @@ pie_code wrk_coll_open(const wrk_coll_opts *o, wrk_coll **out, pie_status *st) {
     }
     rc = coll_barrier(c, "join", st); /* barrier 1: every rank has mapped the segment */
     if (rc != PIE_OK) goto fail;
+    c->timeout_ms = step_ms;
     if (c->rank == 0) (void)shm_unlink(c->name); /* nothing stays behind in /dev/shm */
     *out = c;
     return PIE_OK;

@@ -56,6 +56,8 @@ typedef struct wrk_coll_opts {
     uint32_t n_ranks;    /* 1 .. WRK_COLL_MAX_RANKS; 1: every operation is local */
     size_t chunk_bytes;  /* bytes per rank per step; 0 → 1 MiB; rounded up to 64 */
     uint32_t timeout_ms; /* the longest wait for another rank (joining, each step); 0 → 30000 */
+    /* joining only (every rank there, or rank 0 reached); 0 → timeout_ms */
+    uint32_t join_timeout_ms;
     /* The TCP transport instead of shared memory, for ranks on different nodes
      * (wrk_coll_tcp.h): "host:port" of rank 0's listener; NULL or "": shared memory (name).
      * Rank 0 listens there itself, unless tcp_listen_fd > 0: a listening socket (from

@@ -443,7 +443,7 @@ pie_code wrk_coll_tcp_open(const wrk_coll_opts *o, size_t chunk_bytes, uint32_t 
     if (!t) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "wrk_coll_open: out of memory");
     t->rank = o->rank;
     t->n = o->n_ranks;
-    t->timeout_ms = timeout_ms;
+    t->timeout_ms = o->join_timeout_ms ? o->join_timeout_ms : timeout_ms; /* joining */
     t->chunk = chunk_bytes;
     t->fd = malloc(t->n * sizeof *t->fd);
     pie_code rc = PIE_OK;
@@ -464,6 +464,7 @@ pie_code wrk_coll_tcp_open(const wrk_coll_opts *o, size_t chunk_bytes, uint32_t 
     }
     if (rc != PIE_OK) goto fail;
     if (lfd >= 0) (void)close(lfd); /* a group does not re-form on its listener */
+    t->timeout_ms = timeout_ms;     /* each operation's */
     *out = t;
     return PIE_OK;
 fail:

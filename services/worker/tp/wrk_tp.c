@@ -427,7 +427,8 @@ pie_code wrk_tp_join(const wrk_tp_config *c, const svc *s, const char *own_liste
     req.config_sha256 = (char *)id->config_sha256;
     req.version = "pie-c/" PIE_VERSION;
     req.device = (char *)device;
-    uint64_t wait_ms = c->timeout_ms > WRK_TP_JOIN_MIN_MS ? c->timeout_ms : WRK_TP_JOIN_MIN_MS;
+    uint64_t form_ms = c->form_timeout_ms ? c->form_timeout_ms : c->timeout_ms;
+    uint64_t wait_ms = form_ms > WRK_TP_JOIN_MIN_MS ? form_ms : WRK_TP_JOIN_MIN_MS;
     int64_t deadline = rpc_now_ns() + (int64_t)wait_ms * 1000000;
     pie_code rc;
     ProtobufCMessage *m = NULL;
@@ -480,6 +481,7 @@ pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const 
         .n_ranks = me->size,
         .chunk_bytes = (size_t)c->chunk_bytes,
         .timeout_ms = c->timeout_ms,
+        .join_timeout_ms = c->form_timeout_ms,
         .tcp_leader = me->tcp_leader[0] ? me->tcp_leader : NULL,
         .tcp_listen_fd = me->tcp_listen_fd,
     };

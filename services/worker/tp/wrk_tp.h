@@ -36,13 +36,15 @@ struct wrk_coll;
 
 /* The tp.* keys of pie-worker (wrk_main.c). */
 typedef struct wrk_tp_config {
-    uint32_t size;        /* tp.size: ranks in the group (1 = no tensor parallelism) */
-    int32_t rank;         /* tp.rank: -1 = not given (this process launches the group) */
-    const char *leader;   /* tp.leader: rank 0's host:port for ranks in other pods ("" = none) */
-    uint32_t timeout_ms;  /* tp.timeout: longest wait for another rank within a step */
-    uint64_t chunk_bytes; /* tp.chunk: bytes per rank per collective step */
-    uint16_t port;        /* tp.port: rank 0's collective listener for ranks started one by
-                           * one (0 = any free port; fixed, a NetworkPolicy can allow it) */
+    uint32_t size;       /* tp.size: ranks in the group (1 = no tensor parallelism) */
+    int32_t rank;        /* tp.rank: -1 = not given (this process launches the group) */
+    const char *leader;  /* tp.leader: rank 0's host:port for ranks in other pods ("" = none) */
+    uint32_t timeout_ms; /* tp.timeout: longest wait for another rank within a step */
+    uint32_t form_timeout_ms; /* tp.form_timeout: longest wait for the group to form (rank 0:
+                               * every rank joined; the others: rank 0 answering); 0 = timeout_ms */
+    uint64_t chunk_bytes;     /* tp.chunk: bytes per rank per collective step */
+    uint16_t port;            /* tp.port: rank 0's collective listener for ranks started one by
+                               * one (0 = any free port; fixed, a NetworkPolicy can allow it) */
 } wrk_tp_config;
 
 /* Fills tp.leader from LWS_LEADER_ADDRESS when empty, and tp.rank from LWS_WORKER_INDEX (and
@@ -113,9 +115,10 @@ struct svc;
 /* Ranks 1..N-1 started on their own: calls Worker/TpJoin on c->leader (a leader without a port,
  * as LWS_LEADER_ADDRESS gives it, gets own_listen's: every rank has the same config), retrying
  * while rank 0
- * is not up yet (the pods of a group start in any order) for up to 2 minutes or tp.timeout,
- * whichever is longer, and fills me->epoch and me->tcp_leader (rank 0's host, the endpoint's
- * port). A refusal comes back with its code and rank 0's message. */
+ * is not up yet (the pods of a group start in any order) for up to 2 minutes or
+ * tp.form_timeout (tp.timeout when that is 0), whichever is longer, and fills me->epoch and
+ * me->tcp_leader (rank 0's host, the endpoint's port). A refusal comes back with its code and rank
+ * 0's message. */
 pie_code wrk_tp_join(const wrk_tp_config *c, const struct svc *s, const char *own_listen,
                      const char *group_id, const wrk_tp_model_id *id, const char *device,
                      wrk_tp_rank *me, pie_status *st);
