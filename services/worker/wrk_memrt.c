@@ -8,12 +8,16 @@
 
 #include "pie_log.h"
 #include "wrk_nulldev.h"
+#include "wrk_offload.h"
 
 struct wrk_memrt {
     wrk_mem_plan plan;
     eng *e;
     wrk_nulldev *nd;        /* the null backend's emulated device instead of e, or NULL */
     wrk_mem_adapt adapt;    /* step thread only */
+    eng *oe;                /* policy offload: the engine whose host share adapts, or NULL */
+    wrk_off_adapt oadapt;   /* step thread only */
+    uint64_t last_wait_ns;  /* step thread only */
     uint32_t slots;         /* step thread only */
     uint64_t last_stall_ns; /* step thread only */
     atomic_uint effective;
@@ -160,6 +164,8 @@ wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metri
     r->slots = plan->start_slots;
     atomic_store(&r->effective, wrk_mem_effective(&r->plan, r->slots));
     wrk_mem_adapt_init(&r->adapt, &r->plan, 0);
+    r->oe = plan->policy == WRK_MEM_OFFLOAD ? e : NULL;
+    wrk_off_adapt_init(&r->oadapt, plan->kv_pages_gpu, plan->kv_pages_max, 0);
     pthread_mutex_init(&r->scrape_mu, NULL);
     if (metrics && wrk_memrt_metrics(r, metrics, st) != PIE_OK) {
         wrk_memrt_destroy(r);
@@ -195,8 +201,28 @@ static void wrk_memrt_apply(wrk_memrt *r, uint32_t want, const char *why) {
     if (r->on_capacity) r->on_capacity(r->on_capacity_user, eff);
 }
 
+/* Offload: the effective capacity moved to eff (why: "exposed", "hidden", "spill"). */
+static void wrk_memrt_offload_capacity(wrk_memrt *r, uint32_t eff, const char *why) {
+    uint32_t was = atomic_exchange(&r->effective, eff);
+    if (eff == was) return;
+    pie_log_info("wrk.mem.offload_capacity", "kv_pages_effective=%u->%u of %u reason=%s", was,
+                 eff, r->plan.kv_pages_max, why);
+    if (r->c_changes) pie_counter_add(r->c_changes, 1);
+    if (r->on_capacity) r->on_capacity(r->on_capacity_user, eff);
+}
+
 void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
     wrk_memrt *r = user;
+    if (r && r->oe) { /* offload: the host's share follows what its attention hides */
+        eng_offload_stats os;
+        eng_offload_get_stats(r->oe, &os);
+        uint64_t wait = os.host_wait_ns - r->last_wait_ns;
+        r->last_wait_ns = os.host_wait_ns;
+        uint32_t was = atomic_load(&r->effective);
+        uint32_t eff = wrk_off_adapt_step(&r->oadapt, ns, wait, kv_live);
+        if (eff != was) wrk_memrt_offload_capacity(r, eff, eff < was ? "exposed" : "hidden");
+        return;
+    }
     if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;
     eng_swap_stats s;
     wrk_memrt_swap_stats(r, &s);
@@ -211,6 +237,10 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
 
 void wrk_memrt_after_slots(void *user, uint32_t kv_live) {
     wrk_memrt *r = user;
+    if (r && r->oe && kv_live > atomic_load(&r->effective)) { /* offload: the controller spilled */
+        wrk_memrt_offload_capacity(r, wrk_off_adapt_spill(&r->oadapt, kv_live), "spill");
+        return;
+    }
     if (!r || (!r->e && !r->nd) || kv_live <= atomic_load(&r->effective)) return;
     /* the controller spilled: more pages live than the capacity; move layers to the host
      * until they fit (the controller never goes beyond kv_pages_max, which min_slots holds) */

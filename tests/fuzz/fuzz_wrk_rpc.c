@@ -15,7 +15,7 @@
 #include "eng.h"
 #include "wrk_node.h"
 
-/* The memory policy's runtime (wrk_memrt.c) asks the cpu engine for its swap state; a node that
+/* The memory policy's runtime (wrk_memrt.c) asks the cpu engine for its swap and offload state; a node that
  * is still loading has no engine, so these are never reached here. Stand-ins rather than the
  * engine library: its SIMD kernels do not build with the fuzz build's clang. */
 pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st) {
@@ -25,6 +25,10 @@ pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_statu
 void eng_swap_get_stats(eng *e, eng_swap_stats *out) {
     (void)e, (void)out;
     fuzz_fail("eng_swap_get_stats reached without an engine");
+}
+void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
+    (void)e, (void)out;
+    fuzz_fail("eng_offload_get_stats reached without an engine");
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

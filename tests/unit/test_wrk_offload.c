@@ -190,3 +190,33 @@ Test(wrk_offload, auto_takes_swap_when_the_link_keeps_up_else_offload_when_the_h
     cr_assert_eq(out.policy, WRK_MEM_SWAP, "%s", out.why);
     cr_assert(strstr(out.why, "neither hides"), "%s", out.why);
 }
+
+/* ---- offload's effective capacity ---------------------------------------------------------- */
+
+Test(wrk_offload, the_capacity_shrinks_while_host_attention_is_exposed_and_grows_back) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 4); /* 800 host pages: steps of 100 */
+    cr_assert_eq(a.pages, 900, "every page at start");
+    /* an epoch with the device waiting 10% of the time: one eighth of the host goes */
+    uint32_t p = 0;
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 10);
+    cr_assert_eq(p, 800);
+    for (int e = 0; e < 20; e++)
+        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 10);
+    cr_assert_eq(p, 100, "never below the device's pages");
+    /* hidden (1% is not below the grow threshold) and kv-limited: stays */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 10, 99);
+    cr_assert_eq(p, 100);
+    /* hidden and kv-limited: grows an eighth per epoch */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 0, 99);
+    cr_assert_eq(p, 200);
+    /* hidden but not kv-limited: stays */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 0, 10);
+    cr_assert_eq(p, 200);
+    /* inside an epoch nothing moves */
+    cr_assert_eq(wrk_off_adapt_step(&a, 1000, 1000, 10), 200);
+    /* a spill raises it to the live pages, at most every page */
+    cr_assert_eq(wrk_off_adapt_spill(&a, 450), 450);
+    cr_assert_eq(wrk_off_adapt_spill(&a, 5000), 900);
+    cr_assert_eq(wrk_off_adapt_spill(&a, 10), 900, "a spill never lowers it");
+}

@@ -197,6 +197,7 @@ typedef struct eng_offload_stats {
     uint32_t last_host_items;    /* in the last forward batch */
     uint64_t host_attn_ns;       /* host attention time, summed */
     uint64_t last_host_attn_ns;  /* in the last forward batch */
+    uint64_t host_wait_ns;       /* the device side waited for host attention, summed */
     uint64_t pages_to_host, pages_to_device;
     /* the cost model profiled at open, seconds for all layers (wrk_offload.h) */
     double lin_tok, lin_fixed, dattn_kv, hattn_kv, xfer_tok;

@@ -127,8 +127,10 @@ void eng_attn_run(eng *e, uint32_t layer, int n_att) {
     }
     if (nd) krn_cpu_attention_run(e->pool, &e->kv[layer], o->dev_items, nd, nh, e->attn_scale, &plan);
     if (nhost) {
+        uint64_t w0 = off_now_ns();
         pthread_mutex_lock(&o->mu);
         while (!o->job_done) pthread_cond_wait(&o->cv, &o->mu);
+        o->stats.host_wait_ns += off_now_ns() - w0;
         o->stats.last_host_attn_ns += o->job_ns;
         o->stats.host_attn_ns += o->job_ns;
         pthread_mutex_unlock(&o->mu);

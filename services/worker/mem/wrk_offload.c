@@ -156,3 +156,40 @@ void wrk_mem_auto_choose(const wrk_mem_auto_in *in, wrk_mem_auto_out *out) {
                  out->swap_ratio, out->host_share);
     }
 }
+
+void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
+                        uint32_t epoch_steps) {
+    *a = (wrk_off_adapt){.gpu_pages = gpu_pages,
+                         .max_pages = max_pages > gpu_pages ? max_pages : gpu_pages,
+                         .epoch_steps = epoch_steps ? epoch_steps : 16};
+    a->pages = a->max_pages;
+}
+
+uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
+                            uint32_t kv_live) {
+    uint32_t margin = a->pages / 16 ? a->pages / 16 : 1;
+    a->steps++;
+    a->busy_ns += busy_ns;
+    a->wait_ns += wait_ns;
+    if (kv_live + margin >= a->pages) a->kv_limited = true;
+    if (a->steps < a->epoch_steps) return a->pages;
+    double exposed = a->busy_ns ? (double)a->wait_ns / (double)a->busy_ns : 0;
+    uint32_t host = a->max_pages - a->gpu_pages;
+    uint32_t step = host / 8 ? host / 8 : 1;
+    if (exposed > WRK_OFF_EXPOSED_MAX)
+        a->pages = a->pages - a->gpu_pages > step ? a->pages - step : a->gpu_pages;
+    else if (exposed < WRK_OFF_EXPOSED_GROW && a->kv_limited)
+        a->pages = a->max_pages - a->pages > step ? a->pages + step : a->max_pages;
+    a->steps = 0;
+    a->busy_ns = a->wait_ns = 0;
+    a->kv_limited = false;
+    return a->pages;
+}
+
+uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live) {
+    if (kv_live > a->pages) a->pages = kv_live < a->max_pages ? kv_live : a->max_pages;
+    a->steps = 0;
+    a->busy_ns = a->wait_ns = 0;
+    a->kv_limited = false;
+    return a->pages;
+}

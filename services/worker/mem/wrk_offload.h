@@ -74,6 +74,33 @@ double wrk_off_estimate(const wrk_off_costs *c, const wrk_off_batch *b, const ui
 /* The device-only estimate (every request on the device, those on the host brought back). */
 double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
 
+/* Offload's effective capacity between steps (the worker cannot defer a host request as Neo
+ * does: the controller's batches run whole, so what it may place on the host is the lever).
+ * It starts at every page (device + host); over an epoch of forward batches, when the device
+ * waited for host attention more than WRK_OFF_EXPOSED_MAX of the busy time, the host's share
+ * shrinks by an eighth of the host pages (never below the device's pages; pages already live
+ * stay valid); when it waited less than WRK_OFF_EXPOSED_GROW and the pages were nearly all
+ * live (within 1/16), it grows back by as much (never above every page). */
+#define WRK_OFF_EXPOSED_MAX  0.05
+#define WRK_OFF_EXPOSED_GROW 0.01
+
+typedef struct wrk_off_adapt {
+    uint32_t gpu_pages, max_pages; /* the device's pages; device + host */
+    uint32_t pages;                /* effective now */
+    uint32_t epoch_steps, steps;
+    uint64_t busy_ns, wait_ns;
+    bool kv_limited;
+} wrk_off_adapt;
+
+void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
+                        uint32_t epoch_steps);
+/* One forward batch: its time, the time the device waited for host attention in it, the pages
+ * live after it. Returns the effective capacity for the next steps. */
+uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
+                            uint32_t kv_live);
+/* The controller spilled past the capacity: it becomes min(kv_live, max_pages). */
+uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live);
+
 /* memory.policy auto: swap or offload, from the costs profiled at open and the workload the
  * pool is sized for. Swap is transparent when the link moves one layer's KV within one layer's
  * compute (ratio = swap time / compute time <= 1; the pooling paper's condition, seed 000 §3.3);
