@@ -35,7 +35,7 @@ typedef uint16_t krn_bf16; /* bf16 bits: the high half of an f32 */
 #define KRN_CUDA_MAX_HEAD_DIM  256 /* attention keeps a query in 8 f32 per lane */
 #define KRN_CUDA_MAX_GROUP     32  /* n_heads / n_kv_heads */
 #define KRN_CUDA_ATTN_QVECS    32  /* query vectors (rows x heads of one kv head) per block */
-#define KRN_CUDA_MAX_SPLITS    16  /* split-KV partitions of one tile */
+#define KRN_CUDA_MAX_SPLITS    64  /* split-KV partitions of one tile */
 #define KRN_CUDA_GEMV_MAX_ROWS 8   /* krn_cuda_gemv handles 1..8 rows */
 #define KRN_CUDA_TOPK_MAX      1024
 #define KRN_CUDA_TC_QVECS      64 /* query vectors per block of the tensor-core attention */

@@ -2,7 +2,7 @@
  * kernels/cpu, which the CPU backend uses), and attention and top-k against the shared checks
  * of tests/kcheck — the same checks tests/unit/test_kcheck.c runs in CI against the CPU kernels
  * and shows failing on broken variants: the sharpened attention case at head_dim 64/128/256
- * with 1, 4 and 16 splits, per-tile split counts in one launch, and the tensor-core kernel;
+ * with 1, 4, 16 and 64 splits, per-tile split counts in one launch, and the tensor-core kernel;
  * the top-k edges (+inf, NaN, underflowed ties). Each test skips visibly where there is no
  * CUDA device. Inputs are deterministic pseudo-random values. */
 #include <math.h>
@@ -237,8 +237,9 @@ Test(krn_cuda, kv_append_and_page_copy_move_k_v_and_masks_in_every_layer) {
 /* ---- attention ------------------------------------------------------------------------------- */
 
 /* How a case's tiles split their keys: every tile into `splits` chunks (1: none), or as the
- * engine does (SPLIT_PER_TILE: long tiles into up to 16, short ones not at all, in one launch
- * of 16 split blocks per tile — the shape of a captured graph). */
+ * engine does (SPLIT_PER_TILE: tiles over 128 keys or more into chunks of 64 keys or more, up to
+ * KRN_CUDA_MAX_SPLITS, short ones not at all, in one launch of KRN_CUDA_MAX_SPLITS split blocks
+ * per tile — the shape of a captured graph). */
 #define SPLIT_PER_TILE (-1)
 
 /* Runs the CUDA-core (tc false) or tensor-core kernel on the case; out [rows][qd] f32. */
@@ -271,7 +272,7 @@ static void run_cuda_attention(const kc_attn_case *c, int splits, bool tc, float
                                     .n_split = 1,
                                     .part_row = q->q_row + r};
             int lim = t.n_ctx + t.n_tail < t.q_seq + t.n_q ? t.n_ctx + t.n_tail : t.q_seq + t.n_q;
-            int want = splits == SPLIT_PER_TILE ? (lim >= 512 ? lim / 256 : 1) : splits;
+            int want = splits == SPLIT_PER_TILE ? (lim >= 128 ? lim / 64 : 1) : splits;
             if (want > KRN_CUDA_MAX_SPLITS) want = KRN_CUDA_MAX_SPLITS;
             if (!tc && want > 1) {
                 t.kv_chunk = ((lim + want - 1) / want + 31) / 32 * 32;
@@ -332,9 +333,9 @@ static void check_case(int hd, bool uniform, int splits, bool tc) {
     kc_attn_free(&c);
 }
 
-Test(krn_cuda, sharpened_attention_at_head_dim_64_128_256_with_1_4_16_splits) {
+Test(krn_cuda, sharpened_attention_at_head_dim_64_128_256_with_1_4_16_64_splits) {
     CUDA_TEST_REQUIRE_DEVICE();
-    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, SPLIT_PER_TILE};
+    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
     for (size_t h = 0; h < 3; h++) {
         size_t need = 0, limit = 0;
         CUDA_OK(krn_cuda_attn_smem(hds[h], &need, &limit));
@@ -343,18 +344,18 @@ Test(krn_cuda, sharpened_attention_at_head_dim_64_128_256_with_1_4_16_splits) {
                     need, limit);
             continue;
         }
-        for (size_t s = 0; s < 4; s++) check_case(hds[h], false, splits[s], false);
+        for (size_t s = 0; s < 5; s++) check_case(hds[h], false, splits[s], false);
     }
 }
 
-Test(krn_cuda, near_uniform_attention_at_head_dim_64_128_256_with_1_4_16_splits) {
+Test(krn_cuda, near_uniform_attention_at_head_dim_64_128_256_with_1_4_16_64_splits) {
     CUDA_TEST_REQUIRE_DEVICE();
-    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, SPLIT_PER_TILE};
+    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
     for (size_t h = 0; h < 3; h++) {
         size_t need = 0, limit = 0;
         CUDA_OK(krn_cuda_attn_smem(hds[h], &need, &limit));
         if (need > limit) continue;
-        for (size_t s = 0; s < 4; s++) check_case(hds[h], true, splits[s], false);
+        for (size_t s = 0; s < 5; s++) check_case(hds[h], true, splits[s], false);
     }
 }
 

@@ -150,7 +150,7 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
     e->att = EC_CARVE(c, ec_mul(T, e->qd), krn_bf16);
     e->h = EC_CARVE(c, ec_mul(T, e->ffn), krn_bf16);
     e->logits = EC_CARVE(c, ec_mul(e->dist_rows, V), float);
-    size_t parts = ec_mul(ec_mul(KRN_CUDA_MAX_SPLITS, e->split_rows), cf->n_heads);
+    size_t parts = ec_mul(ec_mul(EC_PART_SPLITS, e->split_rows), cf->n_heads);
     e->part_acc = EC_CARVE(c, ec_mul(parts, cf->head_dim), float);
     e->part_ml = EC_CARVE(c, ec_mul(parts, 2), float);
     e->d_meta = EC_CARVE(c, e->meta_words, int32_t);

@@ -98,27 +98,32 @@ static bool ec_use_tc(const eng_cuda *e, bool graph, uint32_t rows) {
 static uint32_t ec_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 /* Split blocks per tile for a CUDA-core launch of n_tiles tiles: enough (tile, KV head, split)
- * blocks for two per SM, at most KRN_CUDA_MAX_SPLITS. */
+ * blocks for four per SM, at most KRN_CUDA_MAX_SPLITS and at most the partial buffers' pairs.
+ * (Two per SM and splits of at least 256 keys left a batch-1 decode of the 8B shape at 32 of
+ * 132 SMs: its attention took 3.1 of 10 ms per token at 1k context and 19 of 29 ms at 32k on
+ * an H100 — bench/results/cuda.md.) */
 static uint32_t ec_split_cap(const eng_cuda *e, uint32_t n_tiles) {
-    uint64_t units = (uint64_t)n_tiles * e->info.n_kv_heads, target = 2ull * (uint64_t)e->n_sms;
+    uint64_t units = (uint64_t)n_tiles * e->info.n_kv_heads, target = 4ull * (uint64_t)e->n_sms;
     if (units == 0 || units >= target) return 1;
-    uint64_t want = (target + units - 1) / units;
-    return want > KRN_CUDA_MAX_SPLITS ? KRN_CUDA_MAX_SPLITS : (uint32_t)want;
+    uint64_t want = (target + units - 1) / units, pairs = (uint64_t)EC_PART_SPLITS * e->split_rows;
+    if (want > KRN_CUDA_MAX_SPLITS) want = KRN_CUDA_MAX_SPLITS;
+    return want > pairs ? (uint32_t)pairs : (uint32_t)want;
 }
 
-/* Each tile's split-KV: a tile over at least 512 keys takes up to cap splits of at least 256
- * keys (chunks a multiple of 32) while partial rows last; the others are not split. Returns the
- * most splits a tile took. */
+/* Each tile's split-KV: a tile over at least 128 keys takes up to cap splits of at least 64
+ * keys (chunks a multiple of 32) while the launch's partial rows last (EC_PART_SPLITS *
+ * split_rows / cap: a launch of cap splits); the others are not split. Returns the most splits
+ * a tile took. */
 static uint32_t ec_split_tiles(const eng_cuda *e, krn_cuda_attn_tile *t, uint32_t n, uint32_t cap) {
-    uint32_t part_rows = 0, most = 1;
+    uint32_t part_rows = 0, most = 1, row_lim = cap > 1 ? EC_PART_SPLITS * e->split_rows / cap : 0;
     for (uint32_t i = 0; i < n; i++) {
         t[i].n_split = 1, t[i].kv_chunk = 0, t[i].part_row = 0;
         if (t[i].n_q <= 0 || cap <= 1) continue;
         uint32_t lim = (uint32_t)(t[i].n_ctx + t[i].n_tail),
                  causal = (uint32_t)(t[i].q_seq + t[i].n_q);
         if (causal < lim) lim = causal;
-        if (lim < 512 || part_rows + (uint32_t)t[i].n_q > e->split_rows) continue;
-        uint32_t s = lim / 256 < cap ? lim / 256 : cap;
+        if (lim < 128 || part_rows + (uint32_t)t[i].n_q > row_lim) continue;
+        uint32_t s = lim / 64 < cap ? lim / 64 : cap;
         uint32_t chunk = ec_ceil_div(ec_ceil_div(lim, s), 32) * 32;
         s = ec_ceil_div(lim, chunk);
         if (s <= 1) continue;
@@ -159,8 +164,11 @@ static void ec_region_close(const eng_cuda *e, ec_region *g, bool graph, uint32_
     for (uint32_t k = g->n_cc; k < n_cc; k++) g->tiles[k] = empty;
     uint32_t cap = ec_split_cap(e, n_cc);
     uint32_t most = ec_split_tiles(e, g->tiles, n_cc, cap);
-    *cc = (ec_tiles){.at = g->at, .n = n_cc, .splits = graph ? cap : most};
-    *tc = (ec_tiles){.at = g->at + (size_t)(R - g->tc_cap) * tw, .n = g->n_tc, .splits = 1};
+    uint32_t splits = graph ? cap : most; /* the graph's launch shape is fixed by the bucket */
+    *cc = (ec_tiles){.at = g->at, .n = n_cc, .splits = splits,
+                     .part_rows = EC_PART_SPLITS * e->split_rows / splits};
+    *tc = (ec_tiles){.at = g->at + (size_t)(R - g->tc_cap) * tw, .n = g->n_tc, .splits = 1,
+                     .part_rows = EC_PART_SPLITS * e->split_rows};
 }
 
 /* Fills the host tables for rows R >= T (R > T pads a graph bucket). */
@@ -267,7 +275,7 @@ static krn_cuda_attn_args ec_attn_args(const eng_cuda *e, uint32_t layer, const 
         .n_splits = (int)tl->splits,
         .part_acc = e->part_acc,
         .part_ml = e->part_ml,
-        .split_rows = (int)e->split_rows,
+        .split_rows = (int)tl->part_rows,
     };
 }
 

@@ -18,6 +18,11 @@
 #define EC_ALIGN       256u /* every carved device buffer */
 #define EC_DIST_ROWS   64u  /* slots per lm_head call in next_dist */
 #define EC_SPLIT_ROWS  256u /* rows of split-KV partials: split tiles share these */
+/* The partial buffers hold EC_PART_SPLITS * split_rows (split, row) pairs: a launch of s
+ * splits has (that / s) partial rows, so few rows can take many splits (a batch-1 decode
+ * over a long context: 64 splits keep every SM busy) in the memory 16 splits of every row
+ * took before. */
+#define EC_PART_SPLITS 16u
 #define EC_GRAPH_MAX_T 128u /* decode batches up to this many items replay graphs */
 #define EC_GRAPHS      8u   /* one graph per bucket 1, 2, 4, ..., EC_GRAPH_MAX_T */
 _Static_assert(1u << (EC_GRAPHS - 1) == EC_GRAPH_MAX_T, "a graph for every bucket");
@@ -68,6 +73,7 @@ typedef struct ec_tiles {
     size_t at;       /* int32 offset of its first tile in the tables */
     uint32_t n;      /* tiles (0: nothing to launch) */
     uint32_t splits; /* split blocks per tile in the launch (CUDA-core list; 1 for tensor cores) */
+    uint32_t part_rows; /* partial rows of the launch: EC_PART_SPLITS * split_rows / splits */
 } ec_tiles;
 
 /* What one forward call runs: counts that fix kernel launch shapes. Attention tiles are cut
