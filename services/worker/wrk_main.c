@@ -669,13 +669,6 @@ done:
 }
 
 int main(int argc, char **argv) {
-    /* The worker's link thread and its server thread both wait on gRPC completion queues.
-     * Under gRPC's default epoll1 engine they share one epoll set and pass the poller role
-     * to each other on every message (futex wake-ups and context switches on every decode
-     * step); the poll engine polls each queue's own descriptors. CPU per decode step ~70 ->
-     * ~50 µs (bench/results/controller.md, "Control plane CPU per step"). The controller, one
-     * polling thread, stays on epoll1. An operator's GRPC_POLL_STRATEGY wins. */
-    if (setenv("GRPC_POLL_STRATEGY", "poll", 0) != 0) perror("pie-worker: setenv");
     svc_block_signals();
     svc_args args;
     int rc = svc_parse_args(argc, argv, "pie-worker", &args);
