@@ -607,6 +607,19 @@ static int min_int(int a, int b) { return a < b ? a : b; }
                     __VA_ARGS__                                           \
                 }
 
+/* Work units of a call: (item, KV-head block, query block, head block) groups. */
+static int count_groups(const krn_attn_item *items, int n_items, int n_kv, int group,
+                        attn_shape shape) {
+    int n = 0;
+    FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
+        (void)k1;
+        (void)q1;
+        (void)h1;
+        n++;
+    })
+    return n;
+}
+
 static heads_block_fn pick_heads_block(int *shares_kv) {
     *shares_kv = 0;
     switch (krn_simd_level()) {
@@ -640,13 +653,7 @@ krn_attn_plan krn_cpu_attention_plan(const krn_pool *p, const krn_kv_layer *kv,
     for (int i = 0; i < n_items; i++)
         if (items[i].n_q > plan.max_nq) plan.max_nq = items[i].n_q;
     attn_shape shape = unit_shape(n_kv, group, d, plan.max_nq);
-    int n_groups = 0;
-    FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
-        (void)k1;
-        (void)q1;
-        (void)h1;
-        n_groups++;
-    })
+    int n_groups = count_groups(items, n_items, n_kv, group, shape);
     /* chunk size in keys: forced, or enough chunks for every thread when groups are few */
     int threads = krn_pool_size(p);
     if (kv_chunk > 0) {
@@ -681,13 +688,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
     c.heads_block = pick_heads_block(&c.shares_kv);
     int threads = krn_pool_size(p);
     int chunk = plan->chunk;
-    int n_groups = 0;
-    FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
-        (void)k1;
-        (void)q1;
-        (void)h1;
-        n_groups++;
-    })
+    int n_groups = count_groups(items, n_items, n_kv, group, shape);
 
     /* count units and partial row states */
     size_t n_units = 0, n_part_rows = 0;
