@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "eng.h"
+#include "pie_testeng.h"
 
 #define PAGE    16
 #define THREADS 2
@@ -65,31 +66,6 @@ static void embed_seq(eng *e, uint32_t slot0, uint32_t seq, uint32_t from, uint3
     }
     pie_status st = {0};
     cr_assert_eq(eng_embed_text(e, slots, toks, pos, n, &st), PIE_OK, "embed: %s", st.msg);
-}
-
-/* An item over `pages` holding seq_len tokens (the appended inputs included when append). */
-static eng_forward_item seq_item(const uint32_t *pages, uint32_t seq_len, bool append,
-                                 const uint32_t *in, uint32_t n_in, const uint32_t *out,
-                                 uint32_t n_out) {
-    return (eng_forward_item){.kv_pages = pages,
-                              .n_kv_pages = (seq_len + PAGE - 1) / PAGE,
-                              .kv_last_page_len = seq_len ? (seq_len - 1) % PAGE + 1 : 0,
-                              .append_kv = append,
-                              .in_slots = in,
-                              .n_in = n_in,
-                              .out_slots = out,
-                              .n_out = n_out};
-}
-
-static void forward_ok(eng *e, const eng_forward_item *items, uint32_t n) {
-    pie_status st = {0};
-    cr_assert_eq(eng_forward(e, items, n, &st), PIE_OK, "forward: %s", st.msg);
-}
-
-/* Consecutive ids first..first+n-1 into buf. */
-static const uint32_t *range(uint32_t *buf, uint32_t first, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) buf[i] = first + i;
-    return buf;
 }
 
 static float *logits_of(eng *e, uint32_t slot) {
@@ -135,9 +111,9 @@ static void prefill(eng *e, const uint32_t *pages, uint32_t seq, uint32_t len, u
                     uint32_t out_slot) {
     uint32_t in[4096];
     embed_seq(e, slot0, seq, 0, len);
-    eng_forward_item it = seq_item(pages, len, true, range(in, slot0, len), len, &out_slot,
-                                   out_slot == UINT32_MAX ? 0 : 1);
-    forward_ok(e, &it, 1);
+    eng_forward_item it = pie_test_item(PAGE, pages, len, true, pie_test_range(in, slot0, len), len,
+                                        &out_slot, out_slot == UINT32_MAX ? 0 : 1);
+    pie_test_forward_ok(e, &it, 1);
 }
 
 /* ---- (1) validation ----------------------------------------------------------------------------
@@ -231,46 +207,46 @@ Test(eng, forward_refuses_bad_pages_and_counts) {
     eng *e = open_model("tiny-f32", 8, 32, 64);
     embed_seq(e, 0, 0, 0, 20);
     uint32_t p0[] = {0}, p01[] = {0, 1}, p18[] = {0, 8}, p303[] = {3, 0, 3}, s[64];
-    eng_forward_item good = seq_item(p0, 7, true, range(s, 0, 7), 7, NULL, 0);
+    eng_forward_item good = pie_test_item(PAGE, p0, 7, true, pie_test_range(s, 0, 7), 7, NULL, 0);
     eng_forward_item it;
 
     expect_fwd(e, NULL, 1, "forward: items is NULL");
     it = good, it.kv_pages = NULL;
     expect_fwd(e, &it, 1, "forward: item 0: kv_pages is NULL");
-    eng_forward_item two[2] = {good, seq_item(p18, 17, false, s, 1, NULL, 0)};
+    eng_forward_item two[2] = {good, pie_test_item(PAGE, p18, 17, false, s, 1, NULL, 0)};
     expect_fwd(e, two, 2, "forward: item 1: kv_pages[1] = 8 is out of range [0, 8)");
-    it = seq_item(p303, 40, false, s, 1, NULL, 0);
+    it = pie_test_item(PAGE, p303, 40, false, s, 1, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: kv page 3 appears twice (kv_pages[0] and kv_pages[2])");
-    it = seq_item(NULL, 0, false, s, 1, NULL, 0), it.kv_last_page_len = 3;
+    it = pie_test_item(PAGE, NULL, 0, false, s, 1, NULL, 0), it.kv_last_page_len = 3;
     expect_fwd(e, &it, 1, "forward: item 0: kv_last_page_len 3 must be 0 when kv_pages is empty");
-    eng_forward_item three[3] = {good, seq_item(p01, 20, false, s, 1, NULL, 0),
-                                 seq_item(p0, 7, false, s, 1, NULL, 0)};
+    eng_forward_item three[3] = {good, pie_test_item(PAGE, p01, 20, false, s, 1, NULL, 0),
+                                 pie_test_item(PAGE, p0, 7, false, s, 1, NULL, 0)};
     three[2].kv_last_page_len = 17;
     expect_fwd(e, three, 3, "forward: item 2: kv_last_page_len 17 is out of range [1, 16]");
-    it = seq_item(p0, 7, false, s, 1, NULL, 0), it.kv_last_page_len = 0;
+    it = pie_test_item(PAGE, p0, 7, false, s, 1, NULL, 0), it.kv_last_page_len = 0;
     expect_fwd(e, &it, 1, "forward: item 0: kv_last_page_len 0 is out of range [1, 16]");
-    it = seq_item(p0, 7, false, s, 0, NULL, 0);
+    it = pie_test_item(PAGE, p0, 7, false, s, 0, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: in_slots is empty");
-    it = seq_item(p0, 7, false, NULL, 1, NULL, 0);
+    it = pie_test_item(PAGE, p0, 7, false, NULL, 1, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: in_slots is NULL");
-    it = seq_item(p0, 7, false, s, 1, s, 2);
+    it = pie_test_item(PAGE, p0, 7, false, s, 1, s, 2);
     expect_fwd(e, &it, 1, "forward: item 0: out_slots has 2 entries, more than the 1 of in_slots");
-    it = seq_item(p0, 7, false, s, 1, NULL, 1);
+    it = pie_test_item(PAGE, p0, 7, false, s, 1, NULL, 1);
     expect_fwd(e, &it, 1, "forward: item 0: out_slots is NULL");
     uint32_t zeros[64] = {0};
-    eng_forward_item big[2] = {seq_item(NULL, 0, false, zeros, 40, NULL, 0),
-                               seq_item(NULL, 0, false, zeros, 30, NULL, 0)};
+    eng_forward_item big[2] = {pie_test_item(PAGE, NULL, 0, false, zeros, 40, NULL, 0),
+                               pie_test_item(PAGE, NULL, 0, false, zeros, 30, NULL, 0)};
     expect_fwd(e, big, 2,
                "forward: item 1: the batch reaches 70 input tokens, more than max_batch_tokens 64");
     uint32_t in_bad[] = {0, 32}, out_bad[] = {1, 40};
-    it = seq_item(p0, 7, false, in_bad, 2, NULL, 0);
+    it = pie_test_item(PAGE, p0, 7, false, in_bad, 2, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: in_slots[1] = 32 is out of range [0, 32)");
-    it = seq_item(p0, 7, false, s, 2, out_bad, 2);
+    it = pie_test_item(PAGE, p0, 7, false, s, 2, out_bad, 2);
     expect_fwd(e, &it, 1, "forward: item 0: out_slots[1] = 40 is out of range [0, 32)");
     uint32_t p1[] = {1};
-    it = seq_item(p1, 2, true, range(s, 0, 3), 3, NULL, 0);
+    it = pie_test_item(PAGE, p1, 2, true, pie_test_range(s, 0, 3), 3, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: append_kv with n_in 3 but kv_pages hold only 2 tokens");
-    it = seq_item(NULL, 0, true, s, 1, NULL, 0);
+    it = pie_test_item(PAGE, NULL, 0, true, s, 1, NULL, 0);
     expect_fwd(e, &it, 1, "forward: item 0: append_kv with n_in 1 but kv_pages hold only 0 tokens");
     eng_close(e);
 }
@@ -282,21 +258,21 @@ Test(eng, forward_refuses_conflicting_items) {
     uint32_t o55[] = {5, 5}, o5[] = {5}, i5[] = {5}, i3[] = {3}, o6[] = {6};
     eng_forward_item two[2];
 
-    eng_forward_item it = seq_item(p0, 7, false, range(s, 0, 2), 2, o55, 2);
+    eng_forward_item it = pie_test_item(PAGE, p0, 7, false, pie_test_range(s, 0, 2), 2, o55, 2);
     expect_fwd(e, &it, 1, "forward: item 0: out_slots[1] = 5 is also an output of item 0");
-    two[0] = seq_item(p0, 7, false, i3, 1, o5, 1);
-    two[1] = seq_item(p0, 7, false, range(s, 0, 2), 2, o5, 1);
+    two[0] = pie_test_item(PAGE, p0, 7, false, i3, 1, o5, 1);
+    two[1] = pie_test_item(PAGE, p0, 7, false, pie_test_range(s, 0, 2), 2, o5, 1);
     expect_fwd(e, two, 2, "forward: item 1: out_slots[0] = 5 is also an output of item 0");
     /* both append token 4 of page 0 (item 1's page list is [2, 0]: sequence index 20) */
-    two[0] = seq_item(p0, 5, true, i3, 1, NULL, 0);
-    two[1] = seq_item(p20, 21, true, range(s, 0, 1), 1, NULL, 0);
+    two[0] = pie_test_item(PAGE, p0, 5, true, i3, 1, NULL, 0);
+    two[1] = pie_test_item(PAGE, p20, 21, true, pie_test_range(s, 0, 1), 1, NULL, 0);
     expect_fwd(e, two, 2, "forward: item 1: input 0 writes kv page 0 offset 4, as does item 0");
     /* item 0 reads the output of item 1 (an item may read its own output slot) */
-    two[0] = seq_item(p0, 7, false, i5, 1, o6, 1);
-    two[1] = seq_item(p0, 7, false, i3, 1, o5, 1);
+    two[0] = pie_test_item(PAGE, p0, 7, false, i5, 1, o6, 1);
+    two[1] = pie_test_item(PAGE, p0, 7, false, i3, 1, o5, 1);
     expect_fwd(e, two, 2, "forward: item 0: in_slots[0] = 5 is an output of item 1");
-    it = seq_item(p0, 7, false, i5, 1, o5, 1);
-    forward_ok(e, &it, 1);
+    it = pie_test_item(PAGE, p0, 7, false, i5, 1, o5, 1);
+    pie_test_forward_ok(e, &it, 1);
     eng_close(e);
 }
 
@@ -304,7 +280,8 @@ Test(eng, forward_refuses_malformed_masks) {
     eng *e = open_model("tiny-f32", 8, 32, 64);
     embed_seq(e, 0, 0, 0, 20);
     uint32_t p0[] = {0}, s[4] = {10, 11, 12, 13};
-    eng_forward_item it = seq_item(p0, 7, false, s, 1, NULL, 0); /* C = 7, row 0 has 8 tokens */
+    eng_forward_item it =
+        pie_test_item(PAGE, p0, 7, false, s, 1, NULL, 0); /* C = 7, row 0 has 8 tokens */
     it.n_mask_runs = 2;
     expect_fwd(e, &it, 1, "forward: item 0: mask_runs is NULL with n_mask_runs 2");
     uint32_t cross[] = {3, 1, 5}, left[] = {8, 4}, hide[] = {7, 1}, zero_left[] = {8, 0};
@@ -319,14 +296,14 @@ Test(eng, forward_refuses_malformed_masks) {
     expect_fwd(e, &it, 1, "forward: item 0: mask row 0 hides its own token (the last of its 8)");
     it.mask_runs = hide, it.n_mask_runs = 0;
     expect_fwd(e, &it, 1, "forward: item 0: mask runs end in row 0 (0 of its 8 tokens covered)");
-    eng_forward_item two = seq_item(p0, 7, false, s, 2, NULL, 0);
+    eng_forward_item two = pie_test_item(PAGE, p0, 7, false, s, 2, NULL, 0);
     uint32_t short_runs[] = {8};
     two.mask_runs = short_runs, two.n_mask_runs = 1;
     expect_fwd(e, &two, 1, "forward: item 0: mask runs end in row 1 (0 of its 9 tokens covered)");
     /* valid: a zero first run starts a row masked; rows end exactly at their length */
     uint32_t fine[] = {0, 2, 6, 9};
     two.mask_runs = fine, two.n_mask_runs = 4;
-    forward_ok(e, &two, 1);
+    pie_test_forward_ok(e, &two, 1);
     eng_close(e);
 }
 
@@ -340,8 +317,8 @@ Test(eng, refused_forward_changes_no_page_and_no_slot) {
     }
     float *before = logits_of(e, 20);
     /* item 0 alone would write page 0 offset 7 and slot 20 */
-    eng_forward_item bad[2] = {seq_item(p0, 8, true, &in10, 1, &o20, 1),
-                               seq_item(p0, 7, false, &in10, 1, &o21, 1)};
+    eng_forward_item bad[2] = {pie_test_item(PAGE, p0, 8, true, &in10, 1, &o20, 1),
+                               pie_test_item(PAGE, p0, 7, false, &in10, 1, &o21, 1)};
     bad[1].mask_runs = runs_bad, bad[1].n_mask_runs = 3;
     expect_fwd(e, bad, 2,
                "forward: item 1: mask run 2 (length 5) crosses the end of row 0 (8 tokens)");
@@ -350,8 +327,9 @@ Test(eng, refused_forward_changes_no_page_and_no_slot) {
     /* reading page 0 with 8 tokens sees offset 7 as the twin does (never written) */
     for (int k = 0; k < 2; k++) {
         eng *x = k ? twin : e;
-        eng_forward_item rd = seq_item(p0, 8, false, range(s, 10, 1), 1, &o21, 1);
-        forward_ok(x, &rd, 1);
+        eng_forward_item rd =
+            pie_test_item(PAGE, p0, 8, false, pie_test_range(s, 10, 1), 1, &o21, 1);
+        pie_test_forward_ok(x, &rd, 1);
     }
     assert_same(e, 21, twin, 21, "page 0 after a refused forward");
     free(before);
@@ -441,8 +419,8 @@ static void prefill_decode_chunked(const char *model) {
     prefill(e, pb, 0, N - 1, 0, UINT32_MAX);
     embed_seq(e, 60, 0, N - 1, 1);
     uint32_t o = 101;
-    eng_forward_item dec = seq_item(pb, N, true, range(s, 60, 1), 1, &o, 1);
-    forward_ok(e, &dec, 1);
+    eng_forward_item dec = pie_test_item(PAGE, pb, N, true, pie_test_range(s, 60, 1), 1, &o, 1);
+    pie_test_forward_ok(e, &dec, 1);
     assert_close(e, 101, e, 100, 1e-5, "prefill + decode vs one-shot prefill");
     /* chunks of 10, 16, 11 */
     uint32_t done = 0, chunks[] = {10, 16, 11};
@@ -450,9 +428,9 @@ static void prefill_decode_chunked(const char *model) {
         embed_seq(e, 0, 0, done, chunks[c]);
         done += chunks[c];
         o = 102;
-        eng_forward_item it =
-            seq_item(pc, done, true, range(s, 0, chunks[c]), chunks[c], &o, c == 2 ? 1 : 0);
-        forward_ok(e, &it, 1);
+        eng_forward_item it = pie_test_item(PAGE, pc, done, true, pie_test_range(s, 0, chunks[c]),
+                                            chunks[c], &o, c == 2 ? 1 : 0);
+        pie_test_forward_ok(e, &it, 1);
     }
     assert_close(e, 102, e, 100, 1e-5, "chunked prefill vs one-shot prefill");
     uint32_t pos;
@@ -494,13 +472,15 @@ Test(eng, cleared_pages_and_slots_read_as_never_written) {
         if (round == 0)
             cr_assert_eq(eng_clear_pages(e, p_rev, 2, &st), PIE_OK, "%s", st.msg);
         else
-            cr_assert_eq(eng_clear_pages(e, range(all, 0, 160), 160, &st), PIE_OK, "%s", st.msg);
-        cr_assert_eq(eng_clear_embeds(e, range(slots, 0, 21), 21, &st), PIE_OK, "%s", st.msg);
+            cr_assert_eq(eng_clear_pages(e, pie_test_range(all, 0, 160), 160, &st), PIE_OK, "%s",
+                         st.msg);
+        cr_assert_eq(eng_clear_embeds(e, pie_test_range(slots, 0, 21), 21, &st), PIE_OK, "%s",
+                     st.msg);
         for (int k = 0; k < 2; k++) { /* token 20 over the 20-token context the pages "hold" */
             eng *m2 = k ? fresh : e;
             embed_seq(m2, x, 2, 20, 1);
-            eng_forward_item rd = seq_item(p, 20, false, &x, 1, &o, 1);
-            forward_ok(m2, &rd, 1);
+            eng_forward_item rd = pie_test_item(PAGE, p, 20, false, &x, 1, &o, 1);
+            pie_test_forward_ok(m2, &rd, 1);
         }
         assert_same(e, o, fresh, o, round ? "pages cleared with the pool" : "pages cleared");
         assert_same(e, 20, fresh, 20, "a cleared embedding slot");
@@ -522,8 +502,8 @@ Test(eng, outputs_are_the_last_inputs_with_their_positions) {
     eng *e = open_model("tiny-f32", 8, 64, 64);
     uint32_t p[] = {0, 1}, s[32], outs[3] = {40, 41, 42};
     embed_seq(e, 0, 3, 0, 20);
-    eng_forward_item it = seq_item(p, 20, true, range(s, 0, 20), 20, outs, 3);
-    forward_ok(e, &it, 1);
+    eng_forward_item it = pie_test_item(PAGE, p, 20, true, pie_test_range(s, 0, 20), 20, outs, 3);
+    pie_test_forward_ok(e, &it, 1);
     /* each output equals a one-shot prefill of the prefix that ends at its input */
     for (uint32_t j = 0; j < 3; j++) {
         uint32_t pos;
@@ -543,13 +523,13 @@ Test(eng, items_sharing_context_pages_read_the_same) {
     prefill(e, p, 1, 20, 0, UINT32_MAX);
     embed_seq(e, 30, 1, 20, 1);
     embed_seq(e, 31, 1, 20, 1);
-    eng_forward_item two[2] = {seq_item(p, 20, false, &i0, 1, &o0, 1),
-                               seq_item(p, 20, false, &i1, 1, &o1, 1)};
-    forward_ok(e, two, 2);
+    eng_forward_item two[2] = {pie_test_item(PAGE, p, 20, false, &i0, 1, &o0, 1),
+                               pie_test_item(PAGE, p, 20, false, &i1, 1, &o1, 1)};
+    pie_test_forward_ok(e, two, 2);
     assert_close(e, 40, e, 41, 1e-6, "two items over the same pages");
     /* and the same as the item alone */
-    eng_forward_item one = seq_item(p, 20, false, &i0, 1, &o2, 1);
-    forward_ok(e, &one, 1);
+    eng_forward_item one = pie_test_item(PAGE, p, 20, false, &i0, 1, &o2, 1);
+    pie_test_forward_ok(e, &one, 1);
     assert_close(e, 42, e, 40, 1e-6, "item alone vs in a pair");
     eng_close(e);
 }
@@ -563,16 +543,16 @@ Test(eng, append_false_leaves_pages_untouched_and_equals_append) {
         embed_seq(m, 30, 2, 20, 1);
         embed_seq(m, 31, 2, 21, 1);
     }
-    eng_forward_item no_app = seq_item(p, 20, false, &x, 1, &o, 1);
-    forward_ok(e, &no_app, 1);
+    eng_forward_item no_app = pie_test_item(PAGE, p, 20, false, &x, 1, &o, 1);
+    pie_test_forward_ok(e, &no_app, 1);
     /* both read token 20 (page 1 offset 4), which only an append could have written */
     for (int k = 0; k < 2; k++) {
-        eng_forward_item rd = seq_item(p, 21, false, &y, 1, &o_rd, 1);
-        forward_ok(k ? twin : e, &rd, 1);
+        eng_forward_item rd = pie_test_item(PAGE, p, 21, false, &y, 1, &o_rd, 1);
+        pie_test_forward_ok(k ? twin : e, &rd, 1);
     }
     assert_same(e, 41, twin, 41, "page read after an append_kv=false forward");
-    eng_forward_item app = seq_item(p, 21, true, &x, 1, &o_app, 1);
-    forward_ok(e, &app, 1);
+    eng_forward_item app = pie_test_item(PAGE, p, 21, true, &x, 1, &o_app, 1);
+    pie_test_forward_ok(e, &app, 1);
     assert_close(e, 42, e, 40, 1e-6, "append_kv true vs false");
     eng_close(e);
     eng_close(twin);
@@ -587,18 +567,18 @@ Test(eng, page_masks_equal_explicit_masks_and_combine_with_them) {
     pie_status st = {0};
 
     o = 40; /* no mask */
-    eng_forward_item it = seq_item(p, 20, false, &x, 1, &o, 1);
-    forward_ok(e, &it, 1);
+    eng_forward_item it = pie_test_item(PAGE, p, 20, false, &x, 1, &o, 1);
+    pie_test_forward_ok(e, &it, 1);
     m[3] = m[4] = true;
     cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK);
     o = 41; /* page mask hides tokens 3, 4 */
-    forward_ok(e, &it, 1);
+    pie_test_forward_ok(e, &it, 1);
     memset(m, 0, sizeof m);
     cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK);
     uint32_t runs[] = {3, 2, 16};
     o = 42; /* explicit mask hides tokens 3, 4 */
     it.mask_runs = runs, it.n_mask_runs = 3;
-    forward_ok(e, &it, 1);
+    pie_test_forward_ok(e, &it, 1);
     assert_close(e, 41, e, 42, 1e-6, "page mask vs explicit mask");
     float *a = logits_of(e, 40), *b = logits_of(e, 41);
     cr_assert_gt(rel_diff(a, b, 512), 1e-4, "hiding two tokens changed nothing");
@@ -613,13 +593,13 @@ Test(eng, page_masks_equal_explicit_masks_and_combine_with_them) {
     cr_assert_eq(eng_mask_page(e, 1, m, &st), PIE_OK);
     uint32_t runs10[] = {10, 1, 10};
     it.mask_runs = runs10, it.n_mask_runs = 3, o = 43;
-    forward_ok(e, &it, 1);
+    pie_test_forward_ok(e, &it, 1);
     memset(m, 0, sizeof m);
     cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK);
     cr_assert_eq(eng_mask_page(e, 1, m, &st), PIE_OK);
     uint32_t all[] = {3, 2, 5, 1, 7, 1, 2};
     it.mask_runs = all, it.n_mask_runs = 7, o = 44;
-    forward_ok(e, &it, 1);
+    pie_test_forward_ok(e, &it, 1);
     assert_close(e, 43, e, 44, 1e-6, "page masks AND explicit mask");
     eng_close(e);
 }
@@ -638,11 +618,11 @@ Test(eng, copied_pages_read_as_their_source) {
     eng_copy_item c[] = {{0, 5, 0, 0, 16}, {1, 7, 0, 9, 4}, {7, 7, 9, 0, 4}, {7, 6, 0, 0, 4}};
     cr_assert_eq(eng_copy_pages(e, c, 4, &st), PIE_OK, "%s", st.msg);
     o = 40;
-    eng_forward_item it = seq_item(p, 20, false, &x, 1, &o, 1);
-    forward_ok(e, &it, 1);
+    eng_forward_item it = pie_test_item(PAGE, p, 20, false, &x, 1, &o, 1);
+    pie_test_forward_ok(e, &it, 1);
     o = 41;
     it.kv_pages = q;
-    forward_ok(e, &it, 1);
+    pie_test_forward_ok(e, &it, 1);
     assert_same(e, 41, e, 40, "forward over copied pages (mask copied too)");
     eng_close(e);
 }
@@ -668,15 +648,15 @@ Test(eng, mixed_batch_equals_each_item_alone) {
     /* C: a tree — inputs 1 and 2 both follow input 0: rows [10], [11], [10, 1, 1] */
     uint32_t tree[] = {10, 11, 10, 1, 1};
     eng_forward_item items[5] = {
-        seq_item(pa, 12, true, range(s[0], 100, 12), 12, oa, 2),
-        seq_item(pb, 21, true, range(s[1], 120, 1), 1, ob, 1),
-        seq_item(pc, 9, false, range(s[2], 130, 3), 3, oc, 3),
-        seq_item(NULL, 0, false, range(s[3], 140, 4), 4, od, 1),
-        seq_item(pb, 20, false, (uint32_t[]){150}, 1, oe, 1),
+        pie_test_item(PAGE, pa, 12, true, pie_test_range(s[0], 100, 12), 12, oa, 2),
+        pie_test_item(PAGE, pb, 21, true, pie_test_range(s[1], 120, 1), 1, ob, 1),
+        pie_test_item(PAGE, pc, 9, false, pie_test_range(s[2], 130, 3), 3, oc, 3),
+        pie_test_item(PAGE, NULL, 0, false, pie_test_range(s[3], 140, 4), 4, od, 1),
+        pie_test_item(PAGE, pb, 20, false, (uint32_t[]){150}, 1, oe, 1),
     };
     items[2].mask_runs = tree, items[2].n_mask_runs = 5;
-    forward_ok(e, items, 5);
-    for (int i = 0; i < 5; i++) forward_ok(twin, &items[i], 1);
+    pie_test_forward_ok(e, items, 5);
+    for (int i = 0; i < 5; i++) pie_test_forward_ok(twin, &items[i], 1);
     uint32_t outs[] = {200, 201, 202, 203, 204, 205, 206, 207};
     for (int i = 0; i < 8; i++) assert_close(e, outs[i], twin, outs[i], 1e-5, "batched vs alone");
     /* the tree rows 1 and 2 see the same tokens but differ in their own input */
@@ -697,11 +677,11 @@ Test(eng, an_item_reads_kv_that_another_item_of_the_batch_writes) {
         embed_seq(m, 30, 6, 20, 2); /* slots 30, 31: tokens 20, 21 */
     }
     /* item 1 (listed first) reads token 20, which item 0 appends in the same batch */
-    eng_forward_item batch[2] = {seq_item(q, 21, false, &b_in, 1, &ob, 1),
-                                 seq_item(p, 21, true, &a_in, 1, &oa, 1)};
-    forward_ok(e, batch, 2);
-    forward_ok(twin, &batch[1], 1);
-    forward_ok(twin, &batch[0], 1);
+    eng_forward_item batch[2] = {pie_test_item(PAGE, q, 21, false, &b_in, 1, &ob, 1),
+                                 pie_test_item(PAGE, p, 21, true, &a_in, 1, &oa, 1)};
+    pie_test_forward_ok(e, batch, 2);
+    pie_test_forward_ok(twin, &batch[1], 1);
+    pie_test_forward_ok(twin, &batch[0], 1);
     assert_close(e, 41, twin, 41, 1e-5, "reader in the writer's batch vs after it");
     assert_close(e, 40, twin, 40, 1e-5, "writer");
     eng_close(e);
@@ -720,10 +700,11 @@ Test(eng, explicit_masks_larger_than_the_mask_scratch_are_cut_into_row_chunks) {
     eng_forward_item items[3];
     for (uint32_t k = 0; k < 3; k++) {
         embed_seq(e, k * N, 20 + k, 0, N);
-        items[k] = seq_item(pages + k * PER, N, true, range(in + k * N, k * N, N), N, &outs[k], 1);
+        items[k] = pie_test_item(PAGE, pages + k * PER, N, true,
+                                 pie_test_range(in + k * N, k * N, N), N, &outs[k], 1);
         items[k].mask_runs = runs, items[k].n_mask_runs = N;
     }
-    forward_ok(e, items, 3);
+    pie_test_forward_ok(e, items, 3);
     /* each last output equals its last token run again, unmasked, over the other N - 1 */
     for (uint32_t k = 0; k < 3; k++) {
         eng_forward_item it = items[k];
@@ -735,7 +716,7 @@ Test(eng, explicit_masks_larger_than_the_mask_scratch_are_cut_into_row_chunks) {
         embed_seq(e, k * N + N - 1, 20 + k, N - 1, 1);
         it.n_in = 1;
         it.out_slots = &outs[3 + k];
-        forward_ok(e, &it, 1);
+        pie_test_forward_ok(e, &it, 1);
         assert_close(e, outs[k], e, outs[3 + k], 1e-5, "masked prefill vs unmasked decode");
     }
     free(runs);
@@ -834,8 +815,8 @@ static void twin_close(const char *twin, double tol) {
         prefill(m, p, 9, 40, 0, 50);
         embed_seq(m, 45, 9, 40, 1);
         uint32_t in = 45;
-        eng_forward_item it = seq_item(p, 41, true, &in, 1, &o, 1);
-        forward_ok(m, &it, 1);
+        eng_forward_item it = pie_test_item(PAGE, p, 41, true, &in, 1, &o, 1);
+        pie_test_forward_ok(m, &it, 1);
     }
     assert_close(h, 50, f, 50, tol, twin);
     eng_close(f);
@@ -906,9 +887,9 @@ Test(eng, probe_follows_its_protocol_and_matches_the_engine) {
     uint32_t p0[] = {0}, p3[] = {3}, s[8], o = 20;
     uint32_t toks[] = {5, 6, 7, 8, 9}, pos[] = {0, 1, 2, 3, 4};
     pie_status st = {0};
-    cr_assert_eq(eng_embed_text(e, range(s, 0, 5), toks, pos, 5, &st), PIE_OK);
-    eng_forward_item it = seq_item(p0, 5, true, s, 5, &o, 1);
-    forward_ok(e, &it, 1);
+    cr_assert_eq(eng_embed_text(e, pie_test_range(s, 0, 5), toks, pos, 5, &st), PIE_OK);
+    eng_forward_item it = pie_test_item(PAGE, p0, 5, true, s, 5, &o, 1);
+    pie_test_forward_ok(e, &it, 1);
     float *lg = logits_of(e, 20);
     json_t *jl = json_object_get(json_array_get(res, 2), "logits");
     cr_assert_eq(json_array_size(jl), 512);
@@ -945,11 +926,11 @@ Test(eng, probe_follows_its_protocol_and_matches_the_engine) {
     /* greedy: prefill [11, 12, 13] into page 3 then argmax decodes */
     uint32_t gt[] = {11, 12, 13}, gs[] = {30, 31, 32}, gp[] = {0, 1, 2}, out = 32;
     cr_assert_eq(eng_embed_text(e, gs, gt, gp, 3, &st), PIE_OK);
-    eng_forward_item g = seq_item(p3, 3, true, gs, 3, &out, 1);
+    eng_forward_item g = pie_test_item(PAGE, p3, 3, true, gs, 3, &out, 1);
     json_t *jg = json_object_get(json_array_get(res, 7), "tokens");
     cr_assert_eq(json_array_size(jg), 6);
     for (uint32_t step = 0; step < 6; step++) {
-        forward_ok(e, &g, 1);
+        pie_test_forward_ok(e, &g, 1);
         float *l = logits_of(e, 32);
         uint32_t best = 0;
         for (uint32_t v = 1; v < 512; v++)
@@ -958,7 +939,7 @@ Test(eng, probe_follows_its_protocol_and_matches_the_engine) {
         cr_assert_eq(json_integer_value(json_array_get(jg, step)), best, "greedy step %u", step);
         uint32_t next_pos = 3 + step;
         cr_assert_eq(eng_embed_text(e, gs, &best, &next_pos, 1, &st), PIE_OK);
-        g = seq_item(p3, 4 + step, true, gs, 1, &out, 1);
+        g = pie_test_item(PAGE, p3, 4 + step, true, gs, 1, &out, 1);
     }
     free(lg);
     json_decref(doc);

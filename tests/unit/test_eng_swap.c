@@ -30,14 +30,14 @@
 #include <time.h>
 
 #include "eng.h"
+#include "pie_testeng.h"
 #include "wrk_tier.h"
 
-#define PAGE    16
+#define PAGE    PIE_TESTWORK_PAGE
 #define PAGES   24
 #define SLOTS   256
 #define THREADS 2
 #define MODEL   "small-f32" /* 4 layers */
-#define N_OUT   16          /* outputs the workload records */
 
 /* ---- engines ------------------------------------------------------------------------------ */
 
@@ -81,172 +81,39 @@ static eng *open_ok(const swap_setup *s) {
 
 /* ---- the workload ------------------------------------------------------------------------- */
 
-/* What one run produced: the logits and top-8 distribution of every recorded output. */
+/* What one run produced: the workload's outputs, and the most layers seen only on the host
+ * between steps. */
 typedef struct run_out {
-    uint32_t vocab;
-    float *logits; /* [N_OUT][vocab] */
-    uint32_t ids[N_OUT][8];
-    float probs[N_OUT][8];
-    uint32_t n;
-    uint32_t max_on_host; /* most layers seen only on the host between steps */
+    pie_testwork_out o;
+    uint32_t max_on_host;
 } run_out;
 
 /* Called between steps with the step's number (changes the slot count in one test). */
 typedef void (*step_hook)(eng *e, uint32_t step);
 
-static uint32_t tok(uint32_t seq, uint32_t i) { return (seq * 7919u + i * 104729u + 13u) % 2048u; }
+typedef struct stepper {
+    run_out *r;
+    step_hook hook;
+} stepper;
 
-static void embed(eng *e, uint32_t slot0, uint32_t seq, uint32_t from, uint32_t n) {
-    uint32_t slots[128], toks[128], pos[128];
-    cr_assert(n <= 128);
-    for (uint32_t i = 0; i < n; i++)
-        slots[i] = slot0 + i, toks[i] = tok(seq, from + i), pos[i] = from + i;
-    pie_status st = {0};
-    cr_assert_eq(eng_embed_text(e, slots, toks, pos, n, &st), PIE_OK, "embed: %s", st.msg);
-}
-
-static const uint32_t *range(uint32_t *buf, uint32_t first, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) buf[i] = first + i;
-    return buf;
-}
-
-static eng_forward_item item(const uint32_t *pages, uint32_t seq_len, bool append,
-                             const uint32_t *in, uint32_t n_in, const uint32_t *out,
-                             uint32_t n_out) {
-    return (eng_forward_item){.kv_pages = pages,
-                              .n_kv_pages = (seq_len + PAGE - 1) / PAGE,
-                              .kv_last_page_len = seq_len ? (seq_len - 1) % PAGE + 1 : 0,
-                              .append_kv = append,
-                              .in_slots = in,
-                              .n_in = n_in,
-                              .out_slots = out,
-                              .n_out = n_out};
-}
-
-static pie_code forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st) {
-    return eng_forward(e, items, n, st);
-}
-
-static void forward_ok(eng *e, const eng_forward_item *items, uint32_t n) {
-    pie_status st = {0};
-    cr_assert_eq(forward(e, items, n, &st), PIE_OK, "forward: %s", st.msg);
-}
-
-/* Records slot's logits and top-8 distribution as output r->n. */
-static void record(eng *e, run_out *r, uint32_t slot) {
-    cr_assert(r->n < N_OUT);
-    pie_status st = {0};
-    cr_assert_eq(eng_logits(e, slot, r->logits + (size_t)r->n * r->vocab, &st), PIE_OK, "%s",
-                 st.msg);
-    eng_dist_item d = {.slot = slot,
-                       .top_k = 8,
-                       .temperature = 1.0f,
-                       .ids = r->ids[r->n],
-                       .probs = r->probs[r->n]};
-    cr_assert_eq(eng_next_dist(e, &d, 1, &st), PIE_OK, "%s", st.msg);
-    r->n++;
-}
-
-static void note_host(eng *e, run_out *r) {
+static void note_host(eng *e, uint32_t step, void *user) {
+    stepper *sp = user;
     eng_swap_stats s;
     eng_swap_get_stats(e, &s);
-    if (s.on_host > r->max_on_host) r->max_on_host = s.on_host;
+    if (s.on_host > sp->r->max_on_host) sp->r->max_on_host = s.on_host;
+    if (sp->hook) sp->hook(e, step);
 }
 
-/* Sequence A in pages 0-2, B in 3-4, C in 5; decode steps; a batch of all; masks and copies;
- * page 6 reused after clear_pages. */
+/* The workload without the fork (13 outputs; tests/support/pie_testeng.h). */
 static void workload(eng *e, run_out *r, step_hook hook) {
-    uint32_t pa[] = {0, 1, 2}, pb[] = {3, 4}, pc[] = {5}, pd[] = {6, 7}, s[4][64];
-    uint32_t step = 0;
-    pie_status st = {0};
-#define STEP()                   \
-    do {                         \
-        note_host(e, r);         \
-        if (hook) hook(e, step); \
-        step++;                  \
-    } while (0)
-    /* prefill A (30 tokens) and B (20), one batch */
-    embed(e, 0, 1, 0, 30);
-    embed(e, 40, 2, 0, 20);
-    uint32_t oa = 100, ob = 101;
-    eng_forward_item pre[2] = {item(pa, 30, true, range(s[0], 0, 30), 30, &oa, 1),
-                               item(pb, 20, true, range(s[1], 40, 20), 20, &ob, 1)};
-    forward_ok(e, pre, 2);
-    record(e, r, 100);
-    record(e, r, 101);
-    STEP();
-    /* three decode steps of A and B together */
-    for (uint32_t t = 0; t < 3; t++) {
-        embed(e, 60, 1, 30 + t, 1);
-        embed(e, 61, 2, 20 + t, 1);
-        uint32_t ia = 60, ib = 61, o1 = 102, o2 = 103;
-        eng_forward_item dec[2] = {item(pa, 31 + t, true, &ia, 1, &o1, 1),
-                                   item(pb, 21 + t, true, &ib, 1, &o2, 1)};
-        forward_ok(e, dec, 2);
-        STEP();
-    }
-    record(e, r, 102);
-    record(e, r, 103);
-    /* C: prefill 9 tokens; then a mixed batch: A decodes, C runs 3 drafted tokens as a tree
-     * without appending, a new prompt D prefills into pages 6-7 */
-    embed(e, 70, 3, 0, 9);
-    uint32_t oc = 104;
-    eng_forward_item pc9 = item(pc, 9, true, range(s[2], 70, 9), 9, &oc, 1);
-    forward_ok(e, &pc9, 1);
-    STEP();
-    embed(e, 80, 1, 33, 1);
-    embed(e, 81, 3, 9, 3);
-    embed(e, 150, 4, 0, 18);
-    uint32_t ia = 80, oa2 = 105, ocs[] = {106, 107, 108}, od = 109, tree[] = {10, 11, 10, 1, 1};
-    eng_forward_item mixed[3] = {item(pa, 34, true, &ia, 1, &oa2, 1),
-                                 item(pc, 9, false, range(s[3], 81, 3), 3, ocs, 3),
-                                 item(pd, 18, true, range(s[0], 150, 18), 18, &od, 1)};
-    mixed[1].mask_runs = tree, mixed[1].n_mask_runs = 5;
-    forward_ok(e, mixed, 3);
-    for (uint32_t i = 105; i <= 109; i++) record(e, r, i);
-    STEP();
-    /* mask two tokens of A's first page, copy B's pages over pages 8-9, and read both */
-    bool m[PAGE] = {0};
-    m[3] = m[11] = true;
-    cr_assert_eq(eng_mask_page(e, 0, m, &st), PIE_OK, "%s", st.msg);
-    eng_copy_item cp[] = {{3, 8, 0, 0, 16}, {4, 9, 0, 0, 7}};
-    cr_assert_eq(eng_copy_pages(e, cp, 2, &st), PIE_OK, "%s", st.msg);
-    STEP();
-    uint32_t pcopy[] = {8, 9};
-    embed(e, 62, 1, 34, 1);
-    embed(e, 63, 2, 23, 1);
-    uint32_t i1 = 62, i2 = 63, o1 = 110, o2 = 111;
-    eng_forward_item rd[2] = {item(pa, 35, true, &i1, 1, &o1, 1),
-                              item(pcopy, 24, true, &i2, 1, &o2, 1)};
-    forward_ok(e, rd, 2);
-    record(e, r, 110);
-    record(e, r, 111);
-    STEP();
-    /* page 6 and 7 freed and reused by a new sequence (cleared as the worker does) */
-    uint32_t reuse[] = {6, 7};
-    cr_assert_eq(eng_clear_pages(e, reuse, 2, &st), PIE_OK, "%s", st.msg);
-    embed(e, 0, 5, 0, 12);
-    uint32_t oe = 112;
-    eng_forward_item pe = item(pd, 12, true, range(s[0], 0, 12), 12, &oe, 1);
-    forward_ok(e, &pe, 1);
-    record(e, r, 112);
-    STEP();
-    for (uint32_t t = 0; t < 4; t++) { /* decode B's copy alone */
-        embed(e, 64, 2, 24 + t, 1);
-        uint32_t in = 64, o = 113;
-        eng_forward_item dec = item(pcopy, 25 + t, true, &in, 1, &o, 1);
-        forward_ok(e, &dec, 1);
-        STEP();
-    }
-    record(e, r, 113);
-#undef STEP
+    stepper sp = {.r = r, .hook = hook};
+    pie_testwork_run(e, &r->o, false, note_host, &sp);
 }
 
 static run_out run(const swap_setup *s, step_hook hook) {
     eng *e = open_ok(s);
-    run_out r = {.vocab = eng_get_info(e)->vocab_size};
-    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
-    cr_assert_not_null(r.logits);
+    run_out r = {0};
+    pie_testwork_out_init(&r.o, e);
     workload(e, &r, hook);
     eng_close(e);
     return r;
@@ -254,21 +121,12 @@ static run_out run(const swap_setup *s, step_hook hook) {
 
 /* Number of outputs whose logits or distribution differ from the reference's. */
 static uint32_t n_differing(const run_out *a, const run_out *ref) {
-    cr_assert_eq(a->n, ref->n);
-    uint32_t bad = 0;
-    for (uint32_t i = 0; i < a->n; i++) {
-        bool same = memcmp(a->logits + (size_t)i * a->vocab, ref->logits + (size_t)i * a->vocab,
-                           a->vocab * sizeof(float)) == 0 &&
-                    memcmp(a->ids[i], ref->ids[i], sizeof a->ids[i]) == 0 &&
-                    memcmp(a->probs[i], ref->probs[i], sizeof a->probs[i]) == 0;
-        bad += !same;
-    }
-    return bad;
+    return pie_testwork_n_differing(&a->o, &ref->o);
 }
 
 static void assert_identical(const run_out *a, const run_out *ref, const char *what) {
     uint32_t bad = n_differing(a, ref);
-    cr_assert_eq(bad, 0, "%s: %u of %u outputs differ from policy gpu", what, bad, ref->n);
+    cr_assert_eq(bad, 0, "%s: %u of %u outputs differ from policy gpu", what, bad, ref->o.n);
 }
 
 /* ---- tests -------------------------------------------------------------------------------- */
@@ -276,7 +134,7 @@ static void assert_identical(const run_out *a, const run_out *ref, const char *w
 Test(eng_swap, outputs_equal_policy_gpu_bit_for_bit_at_every_slot_count) {
     swap_setup gpu = {0};
     run_out ref = run(&gpu, NULL);
-    cr_assert_eq(ref.n, 13);
+    cr_assert_eq(ref.o.n, 13);
     for (uint32_t slots = 2; slots <= 4; slots++) {
         swap_setup sw = {.slots = slots};
         run_out r = run(&sw, NULL);
@@ -290,9 +148,9 @@ Test(eng_swap, outputs_equal_policy_gpu_bit_for_bit_at_every_slot_count) {
         cr_assert(r.max_on_host >= lo && r.max_on_host <= hi,
                   "%s: at most %u layers seen on the host, expected %u..%u", what, r.max_on_host,
                   lo, hi);
-        free(r.logits);
+        free(r.o.logits);
     }
-    free(ref.logits);
+    free(ref.o.logits);
 }
 
 /* 1 GB/s: one layer (PAGES pages: 192 KiB) takes ~0.2 ms each way, about a layer's compute on
@@ -302,9 +160,8 @@ Test(eng_swap, outputs_equal_policy_gpu_with_a_slow_emulated_link) {
     run_out ref = run(&gpu, NULL);
     swap_setup sw = {.slots = 2, .link_bps = 1e9};
     eng *e = open_ok(&sw);
-    run_out r = {.vocab = eng_get_info(e)->vocab_size};
-    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
-    cr_assert_not_null(r.logits);
+    run_out r = {0};
+    pie_testwork_out_init(&r.o, e);
     workload(e, &r, NULL);
     eng_swap_stats s;
     eng_swap_get_stats(e, &s);
@@ -315,8 +172,8 @@ Test(eng_swap, outputs_equal_policy_gpu_with_a_slow_emulated_link) {
     cr_assert_eq(s.copy_failures, 0);
     eng_close(e);
     assert_identical(&r, &ref, "slots 2, 1 GB/s link");
-    free(r.logits);
-    free(ref.logits);
+    free(r.o.logits);
+    free(ref.o.logits);
 }
 
 /* Between steps the slot count goes 4 → 2 → 3 → 2 → 4 → 3 ...: pages written under one count
@@ -336,8 +193,8 @@ Test(eng_swap, outputs_equal_policy_gpu_while_the_slot_count_changes_between_ste
     run_out r = run(&sw, cycle_slots);
     assert_identical(&r, &ref, "slot count cycling 4/2/3");
     cr_assert_geq(r.max_on_host, 1);
-    free(r.logits);
-    free(ref.logits);
+    free(r.o.logits);
+    free(ref.o.logits);
 }
 
 Test(eng_swap, set_slots_clamps_to_the_budget_and_needs_the_policy) {
@@ -381,17 +238,17 @@ Test(eng_swap, a_skipped_swap_is_caught) {
     run_out ref = run(&gpu, NULL);
     swap_setup none = {.slots = 2, .copy = copy_nothing};
     run_out r = run(&none, NULL);
-    cr_assert_gt(n_differing(&r, &ref), ref.n / 2,
+    cr_assert_gt(n_differing(&r, &ref), ref.o.n / 2,
                  "a copy engine that moves nothing must change most outputs (%u of %u differ)",
-                 n_differing(&r, &ref), ref.n);
-    free(r.logits);
+                 n_differing(&r, &ref), ref.o.n);
+    free(r.o.logits);
     atomic_uint calls = 0;
     swap_setup some = {.slots = 3, .copy = copy_skip_some, .copy_user = &calls};
     r = run(&some, NULL);
     cr_assert_gt(n_differing(&r, &ref), 0,
                  "skipping one move in 7 (%u moves) must change some output", (unsigned)calls);
-    free(r.logits);
-    free(ref.logits);
+    free(r.o.logits);
+    free(ref.o.logits);
 }
 
 /* Fails the copies numbered [from, from + count) (0-based), succeeds otherwise. */
@@ -417,25 +274,24 @@ Test(eng_swap, a_failed_copy_fails_the_forward_clearly_and_the_engine_keeps_serv
     swap_setup sw = {.slots = 2, .copy = copy_failing, .copy_user = &plan};
     eng *e = open_ok(&sw);
     eng_swap_quiesce(e);
-    embed(e, 0, 9, 0, 8);
+    pie_testwork_embed(e, 0, 9, 0, 8);
     uint32_t p[] = {20}, in[8], o = 120;
-    eng_forward_item it = item(p, 8, true, range(in, 0, 8), 8, &o, 1);
+    eng_forward_item it = pie_test_item(PAGE, p, 8, true, pie_test_range(in, 0, 8), 8, &o, 1);
     pie_status st = {0};
-    cr_assert_eq(forward(e, &it, 1, &st), PIE_INTERNAL, "code %d: %s", st.code, st.msg);
+    cr_assert_eq(eng_forward(e, &it, 1, &st), PIE_INTERNAL, "code %d: %s", st.code, st.msg);
     cr_assert(strstr(st.msg, "swap: moving layer ") && strstr(st.msg, "injected copy fault 0"),
               "message: %s", st.msg);
     eng_swap_stats s;
     eng_swap_get_stats(e, &s);
     cr_assert_eq(s.copy_failures, 1);
     /* the engine serves on: the same workload afterwards equals policy gpu bit for bit */
-    run_out r = {.vocab = eng_get_info(e)->vocab_size};
-    r.logits = calloc((size_t)N_OUT * r.vocab, sizeof *r.logits);
-    cr_assert_not_null(r.logits);
+    run_out r = {0};
+    pie_testwork_out_init(&r.o, e);
     workload(e, &r, NULL);
     assert_identical(&r, &ref, "after a failed copy");
     eng_close(e);
-    free(r.logits);
-    free(ref.logits);
+    free(r.o.logits);
+    free(ref.o.logits);
 }
 
 /* A copy that, from the `hold_from`-th move on, waits inside the copy until the gate opens:
@@ -479,12 +335,12 @@ static void *open_gate_later(void *arg) {
  * the move, the copy lands after the clear and this test fails (1 of 2 outputs differ). */
 static void reuse_while_moving(eng *e, gate *g, run_out *r) {
     uint32_t pa[] = {0, 1}, pb[] = {2}, s[32], oa = 100, ob = 101;
-    embed(e, 0, 1, 0, 20);
-    eng_forward_item a = item(pa, 20, true, range(s, 0, 20), 20, &oa, 1);
-    forward_ok(e, &a, 1);
-    embed(e, 40, 2, 0, 10);
-    eng_forward_item b = item(pb, 10, true, range(s, 40, 10), 10, &ob, 1);
-    forward_ok(e, &b, 1);
+    pie_testwork_embed(e, 0, 1, 0, 20);
+    eng_forward_item a = pie_test_item(PAGE, pa, 20, true, pie_test_range(s, 0, 20), 20, &oa, 1);
+    pie_test_forward_ok(e, &a, 1);
+    pie_testwork_embed(e, 40, 2, 0, 10);
+    eng_forward_item b = pie_test_item(PAGE, pb, 10, true, pie_test_range(s, 40, 10), 10, &ob, 1);
+    pie_test_forward_ok(e, &b, 1);
     pthread_t opener;
     pie_status st = {0};
     if (g) { /* one slot more, then one less again: the pipeline evicts a layer (to the host),
@@ -506,39 +362,35 @@ static void reuse_while_moving(eng *e, gate *g, run_out *r) {
     if (g) cr_assert_eq(pthread_join(opener, NULL), 0);
     /* the new owner reads the page's 10 positions before writing any: zeros, not B's K/V
      * (in the layer that was moving too) */
-    embed(e, 60, 3, 10, 1);
+    pie_testwork_embed(e, 60, 3, 10, 1);
     uint32_t ic = 60, oc = 102;
-    eng_forward_item c = item(pb, 10, false, &ic, 1, &oc, 1);
-    forward_ok(e, &c, 1);
-    embed(e, 70, 1, 20, 1); /* and A decodes on */
+    eng_forward_item c = pie_test_item(PAGE, pb, 10, false, &ic, 1, &oc, 1);
+    pie_test_forward_ok(e, &c, 1);
+    pie_testwork_embed(e, 70, 1, 20, 1); /* and A decodes on */
     uint32_t in = 70, od = 103;
-    eng_forward_item d = item(pa, 21, true, &in, 1, &od, 1);
-    forward_ok(e, &d, 1);
-    record(e, r, 102);
-    record(e, r, 103);
+    eng_forward_item d = pie_test_item(PAGE, pa, 21, true, &in, 1, &od, 1);
+    pie_test_forward_ok(e, &d, 1);
+    pie_testwork_record(e, &r->o, 102);
+    pie_testwork_record(e, &r->o, 103);
 }
 
 Test(eng_swap, a_page_reused_while_its_layers_move_reads_as_never_written) {
     run_out ref = {0}, got = {0};
     swap_setup gpu = {0};
     eng *e = open_ok(&gpu);
-    ref.vocab = eng_get_info(e)->vocab_size;
-    ref.logits = calloc((size_t)N_OUT * ref.vocab, sizeof *ref.logits);
-    cr_assert_not_null(ref.logits);
+    pie_testwork_out_init(&ref.o, e);
     reuse_while_moving(e, NULL, &ref);
     eng_close(e);
     gate g = {
         .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .hold_from = UINT32_MAX};
     swap_setup sw = {.slots = 2, .copy = copy_gated, .copy_user = &g};
     e = open_ok(&sw);
-    got.vocab = ref.vocab;
-    got.logits = calloc((size_t)N_OUT * got.vocab, sizeof *got.logits);
-    cr_assert_not_null(got.logits);
+    pie_testwork_out_init(&got.o, e);
     reuse_while_moving(e, &g, &got);
     eng_close(e);
     assert_identical(&got, &ref, "page reused while a layer moved");
-    free(ref.logits);
-    free(got.logits);
+    free(ref.o.logits);
+    free(got.o.logits);
 }
 
 Test(eng_swap, a_host_pool_too_small_is_refused_at_open) {
