@@ -83,6 +83,13 @@ cudaError_t krn_cuda_rope_qkv(float *qkv, const int32_t *pos, int n, int nh, int
                               const float *inv_freq, krn_bf16 *kb, krn_bf16 *vb,
                               cudaStream_t stream);
 
+/* krn_cuda_rope_qkv and krn_cuda_kv_append of kb / vb into one layer's pool region in one
+ * launch (the decode step's form): the same kb, vb and pool contents as the two calls. */
+cudaError_t krn_cuda_rope_qkv_append(float *qkv, const int32_t *pos, int n, int nh, int nkv, int hd,
+                                     const float *inv_freq, krn_bf16 *kb, krn_bf16 *vb,
+                                     krn_bf16 *layer, int page_size, const int32_t *dst,
+                                     cudaStream_t stream);
+
 /* Writes row i of kb / vb ([n, kvd] bf16) into the pool token dst[i] (page * page_size +
  * offset) of one layer's region ([pages][2][page_size][kvd], K then V); dst[i] < 0 skips. */
 cudaError_t krn_cuda_kv_append(krn_bf16 *layer, int page_size, int kvd, const krn_bf16 *kb,

@@ -1,6 +1,8 @@
 /* krn_cuda_ops.cu — the element-wise and per-row kernels of krn_cuda.h: embedding gather, row
  * gather/scatter, bf16 conversion, RMSNorm fused with the residual add, RoPE on the fused qkv
- * rows, KV append, SiLU-multiply and page copy.
+ * rows (with the KV append fused in, the engine's form), KV append, SiLU-multiply and page copy.
+ * The per-row kernels use several blocks per row (RoPE, KV append) or up to 1024 threads per
+ * row (RMSNorm) so that a batch-1 decode step is not a chain of one-block launches.
  * Does not own: attention (krn_cuda_attn.cu), GEMV (krn_cuda_linear.cu), top-k
  * (krn_cuda_dist.cu). */
 #include "krn_cuda.h"
@@ -71,7 +73,76 @@ extern "C" cudaError_t krn_cuda_to_bf16(const float *x, size_t n, krn_bf16 *y,
 
 /* ---- per-row math ---------------------------------------------------------------------- */
 
-/* One block per row: the sum of squares is reduced over the block, the row stays in L1/L2. */
+static bool krn_aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+/* 4 f32 → 4 bf16 in 8 bytes (the first value in the low half), and back. */
+__device__ __forceinline__ uint2 krn_pack4(float a, float b, float c, float d) {
+    return make_uint2((uint32_t)krn_f32_to_bf16(a) | ((uint32_t)krn_f32_to_bf16(b) << 16),
+                      (uint32_t)krn_f32_to_bf16(c) | ((uint32_t)krn_f32_to_bf16(d) << 16));
+}
+
+__device__ __forceinline__ float4 krn_unpack4(uint2 v) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+}
+
+/* add + RMSNorm with 16-byte accesses: one block per row, thread t holding the float4 columns
+ * t + k * blockDim.x (k < V) in registers from the loads to the stores — every load of x, r and
+ * w is issued before the first store, so a row costs about one memory round trip whatever the
+ * batch. The block size and V depend on d only (krn_cuda_add_rmsnorm), so a row's result does
+ * not depend on how many rows the launch has (graph buckets pad the batch). */
+template <int V>
+__global__ static void __launch_bounds__(1024)
+    add_rmsnorm_vec_kernel(float *x, const float *r, const krn_bf16 *w, int d, float eps,
+                           krn_bf16 *yb, float *yf) {
+    __shared__ float red[32];
+    int d4 = d >> 2;
+    size_t base = (size_t)blockIdx.x * (size_t)d;
+    float4 *xr = reinterpret_cast<float4 *>(x + base);
+    const float4 *rr = r ? reinterpret_cast<const float4 *>(r + base) : nullptr;
+    const uint2 *wr = reinterpret_cast<const uint2 *>(w);
+    float4 v[V], a[V];
+    uint2 wv[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = (int)threadIdx.x + k * (int)blockDim.x;
+        v[k] = a[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wv[k] = make_uint2(0, 0);
+        if (c < d4) {
+            v[k] = xr[c];
+            if (rr) a[k] = rr[c];
+            wv[k] = wr[c];
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = (int)threadIdx.x + k * (int)blockDim.x;
+        if (c >= d4) continue;
+        if (rr) {
+            v[k].x += a[k].x, v[k].y += a[k].y, v[k].z += a[k].z, v[k].w += a[k].w;
+            xr[c] = v[k];
+        }
+        ss += v[k].x * v[k].x;
+        ss += v[k].y * v[k].y;
+        ss += v[k].z * v[k].z;
+        ss += v[k].w * v[k].w;
+    }
+    ss = krn_block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = (int)threadIdx.x + k * (int)blockDim.x;
+        if (c >= d4) continue;
+        float4 wf = krn_unpack4(wv[k]);
+        float4 y = make_float4(v[k].x * inv * wf.x, v[k].y * inv * wf.y, v[k].z * inv * wf.z,
+                               v[k].w * inv * wf.w);
+        if (yb) reinterpret_cast<uint2 *>(yb + base)[c] = krn_pack4(y.x, y.y, y.z, y.w);
+        if (yf) reinterpret_cast<float4 *>(yf + base)[c] = y;
+    }
+}
+
+/* The general case (d % 4 != 0, unaligned pointers, d > 16384): one block per row, two passes. */
 __global__ static void add_rmsnorm_kernel(float *x, const float *r, const krn_bf16 *w, int d,
                                           float eps, krn_bf16 *yb, float *yf) {
     __shared__ float red[32];
@@ -99,68 +170,190 @@ extern "C" cudaError_t krn_cuda_add_rmsnorm(float *x, const float *r, const krn_
                                             int d, float eps, krn_bf16 *yb, float *yf,
                                             cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    add_rmsnorm_kernel<<<n, 256, 0, stream>>>(x, r, w, d, eps, yb, yf);
+    bool vec = d > 0 && d % 4 == 0 && d <= 4 * 4 * 1024 && krn_aligned(x, 16) &&
+               (!r || krn_aligned(r, 16)) && (!yf || krn_aligned(yf, 16)) && krn_aligned(w, 8) &&
+               (!yb || krn_aligned(yb, 8));
+    if (!vec) {
+        add_rmsnorm_kernel<<<n, 256, 0, stream>>>(x, r, w, d, eps, yb, yf);
+        return cudaGetLastError();
+    }
+    int d4 = d / 4, v = d4 <= 1024 ? 1 : d4 <= 2048 ? 2 : 4;
+    int threads = ((d4 + v - 1) / v + 31) / 32 * 32; /* up to 1024 */
+    if (v == 1)
+        add_rmsnorm_vec_kernel<1><<<n, threads, 0, stream>>>(x, r, w, d, eps, yb, yf);
+    else if (v == 2)
+        add_rmsnorm_vec_kernel<2><<<n, threads, 0, stream>>>(x, r, w, d, eps, yb, yf);
+    else
+        add_rmsnorm_vec_kernel<4><<<n, threads, 0, stream>>>(x, r, w, d, eps, yb, yf);
     return cudaGetLastError();
 }
 
-/* One block per row; thread j of a head handles the pair (j, j + hd/2). */
-__global__ static void rope_qkv_kernel(float *qkv, const int32_t *pos, int nh, int nkv, int hd,
-                                       const float *inv_freq, krn_bf16 *kb, krn_bf16 *vb) {
-    int row = blockIdx.x;
-    int half = hd / 2, kvd = nkv * hd;
-    size_t stride = (size_t)(nh + 2 * nkv) * (size_t)hd;
-    float *q = qkv + (size_t)row * stride;
-    float *k = q + (size_t)nh * hd;
-    const float *v = k + kvd;
-    float p = (float)pos[row];
-    for (int i = threadIdx.x; i < (nh + nkv) * half; i += blockDim.x) {
-        int h = i / half, j = i % half;
-        float s, c;
-        sincosf(p * inv_freq[j], &s, &c); /* the angle rounded to f32, as HF computes it */
-        if (h < nh) {
-            float *lo = q + h * hd + j, *hi = lo + half;
-            float a = *lo, b = *hi;
-            *lo = a * c - b * s;
-            *hi = b * c + a * s;
-        } else {
-            int kh = h - nh;
-            const float *lo = k + kh * hd + j, *hi = lo + half;
-            float a = *lo, b = *hi;
-            kb[(size_t)row * kvd + kh * hd + j] = krn_f32_to_bf16(a * c - b * s);
-            kb[(size_t)row * kvd + kh * hd + j + half] = krn_f32_to_bf16(b * c + a * s);
+/* RoPE on the fused qkv rows, v into bf16 and (when layer is not NULL) the KV append, in one
+ * launch: grid (rows, chunks of ROPE_THREADS items). A row's items are first the rotations —
+ * (nh + nkv) heads × hd / 2 / W groups of W pairs (j, j + hd/2), q heads then k heads, which lie
+ * at the same offsets h · hd of the row — then kvd / W groups of W values of v. W = 4 uses
+ * 16-byte loads and 8-byte bf16 stores (hd % 8 == 0 and aligned pointers), W = 1 is the
+ * general case; the arithmetic per value is the same. K and V go to kb / vb and, where
+ * dst[row] >= 0, to that pool token of the layer (the values written to both are the same). */
+enum { ROPE_THREADS = 128 };
+
+template <int W> __device__ __forceinline__ void krn_ld(const float *p, float *o) {
+    if (W == 4) {
+        float4 v = *reinterpret_cast<const float4 *>(p);
+        o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) o[i] = p[i];
+    }
+}
+
+template <int W> __device__ __forceinline__ void krn_st(float *p, const float *v) {
+    if (W == 4) {
+        *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) p[i] = v[i];
+    }
+}
+
+/* Stores W values as bf16 at p and, when p2 is not NULL, at p2. */
+template <int W>
+__device__ __forceinline__ void krn_st_bf16(krn_bf16 *p, krn_bf16 *p2, const float *v) {
+    if (W == 4) {
+        uint2 b = krn_pack4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<uint2 *>(p) = b;
+        if (p2) *reinterpret_cast<uint2 *>(p2) = b;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) {
+            krn_bf16 b = krn_f32_to_bf16(v[i]);
+            p[i] = b;
+            if (p2) p2[i] = b;
         }
     }
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x)
-        vb[(size_t)row * kvd + i] = krn_f32_to_bf16(v[i]);
+}
+
+template <int W>
+__global__ static void __launch_bounds__(ROPE_THREADS)
+    rope_qkv_kernel(float *qkv, const int32_t *pos, int nh, int nkv, int hd, const float *inv_freq,
+                    krn_bf16 *kb, krn_bf16 *vb, krn_bf16 *layer, int page_size,
+                    const int32_t *dst) {
+    int row = blockIdx.x;
+    int i = (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    int half = hd / 2, groups = half / W, kvd = nkv * hd;
+    int nrot = (nh + nkv) * groups;
+    if (i >= nrot + kvd / W) return;
+    float *q = qkv + (size_t)row * (size_t)(nh + 2 * nkv) * (size_t)hd;
+    krn_bf16 *pk = nullptr; /* the pool token's K (its V is page_size * kvd further) */
+    if (layer) {
+        int t = dst[row];
+        if (t >= 0) {
+            size_t page = (size_t)t / (size_t)page_size, off = (size_t)t % (size_t)page_size;
+            pk = layer + (page * 2 * (size_t)page_size + off) * (size_t)kvd;
+        }
+    }
+    if (i < nrot) {
+        int h = i / groups, j = (i % groups) * W;
+        float p = (float)pos[row], f[W], s[W], c[W], a[W], b[W], lo[W], hi[W];
+        krn_ld<W>(inv_freq + j, f);
+        float *src = q + (size_t)h * hd + j;
+        krn_ld<W>(src, a);
+        krn_ld<W>(src + half, b);
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+            sincosf(p * f[e], &s[e], &c[e]); /* the angle rounded to f32, as HF computes it */
+            lo[e] = a[e] * c[e] - b[e] * s[e];
+            hi[e] = b[e] * c[e] + a[e] * s[e];
+        }
+        if (h < nh) {
+            krn_st<W>(src, lo);
+            krn_st<W>(src + half, hi);
+        } else {
+            size_t o = (size_t)(h - nh) * hd + j;
+            krn_bf16 *kr = kb + (size_t)row * kvd + o;
+            krn_st_bf16<W>(kr, pk ? pk + o : nullptr, lo);
+            krn_st_bf16<W>(kr + half, pk ? pk + o + half : nullptr, hi);
+        }
+    } else {
+        size_t j = (size_t)(i - nrot) * W;
+        float v[W];
+        krn_ld<W>(q + (size_t)(nh + nkv) * hd + j, v);
+        krn_st_bf16<W>(vb + (size_t)row * kvd + j, pk ? pk + (size_t)page_size * kvd + j : nullptr,
+                       v);
+    }
+}
+
+static cudaError_t rope_qkv(float *qkv, const int32_t *pos, int n, int nh, int nkv, int hd,
+                            const float *inv_freq, krn_bf16 *kb, krn_bf16 *vb, krn_bf16 *layer,
+                            int page_size, const int32_t *dst, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (hd <= 0 || hd % 2 != 0 || nh < 0 || nkv < 0) return cudaErrorInvalidValue;
+    bool vec = hd % 8 == 0 && krn_aligned(qkv, 16) && krn_aligned(inv_freq, 16) &&
+               krn_aligned(kb, 8) && krn_aligned(vb, 8) && (!layer || krn_aligned(layer, 8));
+    int w = vec ? 4 : 1;
+    long long items = (long long)(nh + nkv) * (hd / 2 / w) + (long long)nkv * hd / w;
+    long long chunks = (items + ROPE_THREADS - 1) / ROPE_THREADS;
+    if (chunks == 0) return cudaSuccess;
+    if (chunks > 65535) return cudaErrorInvalidValue;
+    dim3 grid((unsigned)n, (unsigned)chunks);
+    if (vec)
+        rope_qkv_kernel<4><<<grid, ROPE_THREADS, 0, stream>>>(qkv, pos, nh, nkv, hd, inv_freq, kb,
+                                                              vb, layer, page_size, dst);
+    else
+        rope_qkv_kernel<1><<<grid, ROPE_THREADS, 0, stream>>>(qkv, pos, nh, nkv, hd, inv_freq, kb,
+                                                              vb, layer, page_size, dst);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t krn_cuda_rope_qkv(float *qkv, const int32_t *pos, int n, int nh, int nkv,
                                          int hd, const float *inv_freq, krn_bf16 *kb, krn_bf16 *vb,
                                          cudaStream_t stream) {
-    if (n <= 0) return cudaSuccess;
-    rope_qkv_kernel<<<n, 256, 0, stream>>>(qkv, pos, nh, nkv, hd, inv_freq, kb, vb);
-    return cudaGetLastError();
+    return rope_qkv(qkv, pos, n, nh, nkv, hd, inv_freq, kb, vb, nullptr, 0, nullptr, stream);
 }
 
+extern "C" cudaError_t krn_cuda_rope_qkv_append(float *qkv, const int32_t *pos, int n, int nh,
+                                                int nkv, int hd, const float *inv_freq,
+                                                krn_bf16 *kb, krn_bf16 *vb, krn_bf16 *layer,
+                                                int page_size, const int32_t *dst,
+                                                cudaStream_t stream) {
+    if (!layer || !dst || page_size <= 0) return cudaErrorInvalidValue;
+    return rope_qkv(qkv, pos, n, nh, nkv, hd, inv_freq, kb, vb, layer, page_size, dst, stream);
+}
+
+/* grid (rows, chunks): item i of a row copies W bf16 of K (i < kvd / W) or of V. W = 8 is one
+ * 16-byte copy (kvd % 8 == 0 and aligned pointers). */
+template <int W>
 __global__ static void kv_append_kernel(krn_bf16 *layer, int page_size, int kvd, const krn_bf16 *kb,
                                         const krn_bf16 *vb, const int32_t *dst) {
-    int i = blockIdx.x;
-    int t = dst[i];
-    if (t < 0) return;
+    int row = blockIdx.x;
+    int i = (int)(blockIdx.y * blockDim.x + threadIdx.x), per = kvd / W;
+    int t = dst[row];
+    if (t < 0 || i >= 2 * per) return;
+    int which = i >= per;
+    size_t j = (size_t)(i - which * per) * W;
     size_t page = (size_t)t / (size_t)page_size, off = (size_t)t % (size_t)page_size;
-    krn_bf16 *k = layer + (page * 2 * (size_t)page_size + off) * (size_t)kvd;
-    krn_bf16 *v = k + (size_t)page_size * (size_t)kvd;
-    for (int j = threadIdx.x; j < kvd; j += blockDim.x) {
-        k[j] = kb[(size_t)i * kvd + j];
-        v[j] = vb[(size_t)i * kvd + j];
+    krn_bf16 *to = layer + ((page * 2 + (size_t)which) * (size_t)page_size + off) * (size_t)kvd + j;
+    const krn_bf16 *from = (which ? vb : kb) + (size_t)row * kvd + j;
+    if (W == 8) {
+        *reinterpret_cast<uint4 *>(to) = *reinterpret_cast<const uint4 *>(from);
+    } else {
+#pragma unroll
+        for (int e = 0; e < W; e++) to[e] = from[e];
     }
 }
 
 extern "C" cudaError_t krn_cuda_kv_append(krn_bf16 *layer, int page_size, int kvd,
                                           const krn_bf16 *kb, const krn_bf16 *vb,
                                           const int32_t *dst, int n, cudaStream_t stream) {
-    if (n <= 0) return cudaSuccess;
-    kv_append_kernel<<<n, 128, 0, stream>>>(layer, page_size, kvd, kb, vb, dst);
+    if (n <= 0 || kvd <= 0) return cudaSuccess;
+    bool vec = kvd % 8 == 0 && krn_aligned(layer, 16) && krn_aligned(kb, 16) && krn_aligned(vb, 16);
+    long long items = 2LL * kvd / (vec ? 8 : 1), chunks = (items + 127) / 128;
+    if (chunks > 65535) return cudaErrorInvalidValue;
+    dim3 grid((unsigned)n, (unsigned)chunks);
+    if (vec)
+        kv_append_kernel<8><<<grid, 128, 0, stream>>>(layer, page_size, kvd, kb, vb, dst);
+    else
+        kv_append_kernel<1><<<grid, 128, 0, stream>>>(layer, page_size, kvd, kb, vb, dst);
     return cudaGetLastError();
 }
 
@@ -232,8 +425,8 @@ __global__ static void clear_pages_kernel(krn_bf16 *kv, size_t layer_elems, int 
 }
 
 extern "C" cudaError_t krn_cuda_clear_pages(krn_bf16 *kv, size_t layer_elems, int n_layers,
-                                           int page_size, int kvd, uint8_t *page_mask,
-                                           const int32_t *ids, int n, cudaStream_t stream) {
+                                            int page_size, int kvd, uint8_t *page_mask,
+                                            const int32_t *ids, int n, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     if (n_layers < 0 || n > 65535 * 1024) return cudaErrorInvalidValue;
     /* gridDim.x is up to 2^31 - 1; y (layers + 1) up to 65535 */

@@ -157,6 +157,199 @@ Test(krn_cuda, rope_qkv_matches_the_cpu_rope_with_llama3_frequencies) {
     free(qkv), free(got);
 }
 
+/* add + RMSNorm of n rows of d against a double computation; the vectorised kernel (d % 4 == 0,
+ * d <= 16384: one row in registers, up to 1024 threads) and the general one (d % 4 != 0 or
+ * d > 16384). with_r = 0 leaves x alone. Then row 0 alone, in a 1-row launch: bitwise the same
+ * outputs as in the n-row launch (a graph bucket pads the batch; a row must not depend on it). */
+static void check_rmsnorm(int n, int d, int with_r) {
+    size_t nd = (size_t)n * (size_t)d;
+    float *x = f_rand(nd, 2.0f), *r = f_rand(nd, 1.0f);
+    uint16_t *w = bf_rand((size_t)d, 1.0f);
+    float *dx = cuda_test_up(x, sizeof(float) * nd), *dr = cuda_test_up(r, sizeof(float) * nd);
+    void *dw = cuda_test_up(w, 2 * (size_t)d);
+    float *dyf = cuda_test_up(NULL, sizeof(float) * nd);
+    uint16_t *dyb = cuda_test_up(NULL, 2 * nd);
+    CUDA_OK(krn_cuda_add_rmsnorm(dx, with_r ? dr : NULL, dw, n, d, 1e-5f, dyb, dyf, 0));
+    float *x2 = malloc(sizeof(float) * nd), *yf = malloc(sizeof(float) * nd);
+    uint16_t *yb = malloc(2 * nd);
+    cr_assert(x2 && yf && yb);
+    cuda_test_down(x2, dx, sizeof(float) * nd);
+    cuda_test_down(yf, dyf, sizeof(float) * nd);
+    cuda_test_down(yb, dyb, 2 * nd);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * d, *ri = r + (size_t)i * d;
+        double ss = 0;
+        for (int j = 0; j < d; j++) {
+            double v = (double)xi[j] + (with_r ? ri[j] : 0.0);
+            cr_assert(fabs(x2[(size_t)i * d + j] - v) <= 1e-6 * (1 + fabs(v)),
+                      "n=%d d=%d: residual row %d col %d", n, d, i, j);
+            ss += v * v;
+        }
+        double inv = 1.0 / sqrt(ss / d + 1e-5);
+        for (int j = 0; j < d; j++) {
+            double ref = ((double)xi[j] + (with_r ? ri[j] : 0.0)) * inv * bf2f(w[j]);
+            size_t o = (size_t)i * d + j;
+            cr_assert(fabs(yf[o] - ref) <= 1e-4 * (1 + fabs(ref)),
+                      "n=%d d=%d row %d col %d: %g vs %g", n, d, i, j, yf[o], ref);
+            cr_assert(fabs(bf2f(yb[o]) - ref) <= 1e-2 * (1 + fabs(ref)),
+                      "n=%d d=%d: bf16 row %d col %d", n, d, i, j);
+        }
+    }
+    /* row 0 again, alone */
+    float *one_f = malloc(sizeof(float) * (size_t)d), *one_x = malloc(sizeof(float) * (size_t)d);
+    uint16_t *one_b = malloc(2 * (size_t)d);
+    cr_assert(one_f && one_b && one_x);
+    CUDA_OK(cudaMemcpy(dx, x, sizeof(float) * (size_t)d, cudaMemcpyHostToDevice));
+    CUDA_OK(krn_cuda_add_rmsnorm(dx, with_r ? dr : NULL, dw, 1, d, 1e-5f, dyb, dyf, 0));
+    cuda_test_down(one_f, dyf, sizeof(float) * (size_t)d);
+    cuda_test_down(one_b, dyb, 2 * (size_t)d);
+    cuda_test_down(one_x, dx, sizeof(float) * (size_t)d);
+    cr_assert(memcmp(one_f, yf, sizeof(float) * (size_t)d) == 0,
+              "d=%d: row 0 of %d rows differs alone", d, n);
+    cr_assert(memcmp(one_b, yb, 2 * (size_t)d) == 0, "d=%d: bf16 row 0 of %d rows differs alone", d,
+              n);
+    cr_assert(memcmp(one_x, x2, sizeof(float) * (size_t)d) == 0, "d=%d: residual row 0", d);
+    cudaFree(dx), cudaFree(dr), cudaFree(dw), cudaFree(dyf), cudaFree(dyb);
+    free(x), free(r), free(w), free(x2), free(yf), free(yb), free(one_f), free(one_b), free(one_x);
+}
+
+Test(krn_cuda, add_rmsnorm_at_decode_and_prefill_shapes_and_a_row_independent_of_the_batch) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    check_rmsnorm(1, 4096, 1);  /* 8B decode: 1024 threads, one float4 each */
+    check_rmsnorm(64, 4096, 1); /* batch 64 */
+    check_rmsnorm(8, 2048, 1);  /* 1B: 512 threads */
+    check_rmsnorm(3, 8192, 0);  /* two float4 per thread, no residual (layer 0) */
+    check_rmsnorm(2, 16384, 1); /* four float4 per thread */
+    check_rmsnorm(2, 16388, 1); /* beyond: the general kernel */
+    check_rmsnorm(5, 1002, 1);  /* d % 4 != 0: the general kernel */
+    check_rmsnorm(17, 40, 1);   /* a tiny model: one warp, 10 of its lanes working */
+}
+
+/* RoPE with and without the fused KV append, n rows of an (nh, nkv, hd) model: q and kb against
+ * kernels/cpu's RoPE, vb exact; the fused call gives bitwise the same q, kb and vb as the plain
+ * one, and the pool holds bitwise kb / vb rows at dst (the -1 rows nowhere, the rest of the pool
+ * untouched). hd % 8 == 0 takes the 16-byte path, other hd the general one. */
+static void check_rope(int n, int nh, int nkv, int hd) {
+    enum { PS = 16 };
+    int w = (nh + 2 * nkv) * hd, kvd = nkv * hd, pages = (n + 3 + PS - 1) / PS + 1;
+    size_t nw = (size_t)n * w, nk = (size_t)n * kvd, pool = (size_t)pages * 2 * PS * kvd;
+    float *inv_freq = malloc(sizeof(float) * (size_t)(hd / 2));
+    cr_assert(inv_freq);
+    krn_cpu_rope_freqs(inv_freq, hd, 500000.0f, 8.0f, 1.0f, 4.0f, 8192);
+    float *qkv = f_rand(nw, 1.0f);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *dst = malloc(sizeof(int32_t) * (size_t)n);
+    uint32_t *upos = malloc(sizeof(uint32_t) * (size_t)n);
+    cr_assert(pos && dst && upos);
+    for (int i = 0; i < n; i++) {
+        pos[i] = i == 0 ? 1023 : (i * 7919) % 32768; /* a 1k decode position, then spread */
+        upos[i] = (uint32_t)pos[i];
+        dst[i] = i % 5 == 3 ? -1 : (n - 1 - i) + 3; /* reversed, from token 3, some not stored */
+    }
+    float *dqkv = cuda_test_up(qkv, sizeof(float) * nw),
+          *dqkv2 = cuda_test_up(qkv, sizeof(float) * nw),
+          *df = cuda_test_up(inv_freq, sizeof(float) * (size_t)(hd / 2));
+    int32_t *dpos = cuda_test_up(pos, sizeof(int32_t) * (size_t)n),
+            *ddst = cuda_test_up(dst, sizeof(int32_t) * (size_t)n);
+    uint16_t *dkb = cuda_test_up(NULL, 2 * nk), *dvb = cuda_test_up(NULL, 2 * nk),
+             *dkb2 = cuda_test_up(NULL, 2 * nk), *dvb2 = cuda_test_up(NULL, 2 * nk),
+             *dpool = cuda_test_up(NULL, 2 * pool);
+    CUDA_OK(krn_cuda_rope_qkv(dqkv, dpos, n, nh, nkv, hd, df, dkb, dvb, 0));
+    CUDA_OK(
+        krn_cuda_rope_qkv_append(dqkv2, dpos, n, nh, nkv, hd, df, dkb2, dvb2, dpool, PS, ddst, 0));
+    float *got = malloc(sizeof(float) * nw), *got2 = malloc(sizeof(float) * nw);
+    uint16_t *kb = malloc(2 * nk), *vb = malloc(2 * nk), *kb2 = malloc(2 * nk),
+             *vb2 = malloc(2 * nk), *pl = malloc(2 * pool);
+    float *q = malloc(sizeof(float) * (size_t)n * nh * hd), *k = malloc(sizeof(float) * nk);
+    cr_assert(got && got2 && kb && vb && kb2 && vb2 && pl && q && k);
+    cuda_test_down(got, dqkv, sizeof(float) * nw);
+    cuda_test_down(got2, dqkv2, sizeof(float) * nw);
+    cuda_test_down(kb, dkb, 2 * nk);
+    cuda_test_down(vb, dvb, 2 * nk);
+    cuda_test_down(kb2, dkb2, 2 * nk);
+    cuda_test_down(vb2, dvb2, 2 * nk);
+    cuda_test_down(pl, dpool, 2 * pool);
+    for (int i = 0; i < n; i++) {
+        memcpy(q + (size_t)i * nh * hd, qkv + (size_t)i * w, sizeof(float) * (size_t)nh * hd);
+        memcpy(k + (size_t)i * kvd, qkv + (size_t)i * w + (size_t)nh * hd,
+               sizeof(float) * (size_t)kvd);
+    }
+    krn_cpu_rope(q, upos, n, nh, hd, inv_freq);
+    krn_cpu_rope(k, upos, n, nkv, hd, inv_freq);
+    cr_assert(memcmp(got, got2, sizeof(float) * nw) == 0, "(%d, %d, %d) n=%d: fused q differs", nh,
+              nkv, hd, n);
+    cr_assert(memcmp(kb, kb2, 2 * nk) == 0 && memcmp(vb, vb2, 2 * nk) == 0,
+              "(%d, %d, %d) n=%d: fused kb/vb differ", nh, nkv, hd, n);
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < nh * hd; j++)
+            cr_assert(fabs(got[(size_t)i * w + j] - q[(size_t)i * nh * hd + j]) <= 1e-4,
+                      "(%d, %d, %d) n=%d: q row %d dim %d", nh, nkv, hd, n, i, j);
+        for (int j = 0; j < kvd; j++) {
+            size_t o = (size_t)i * kvd + j;
+            cr_assert(fabs(bf2f(kb[o]) - k[o]) <= 1e-2 * (1 + fabs(k[o])),
+                      "(%d, %d, %d) n=%d: k row %d dim %d", nh, nkv, hd, n, i, j);
+            cr_assert_eq(vb[o], f2bf(qkv[(size_t)i * w + (size_t)(nh + nkv) * hd + j]),
+                         "(%d, %d, %d) n=%d: v row %d dim %d", nh, nkv, hd, n, i, j);
+        }
+    }
+    /* the pool: every token either a stored row's K/V or zero */
+    for (int t = 0; t < pages * PS; t++) {
+        int row = -1;
+        for (int i = 0; i < n; i++)
+            if (dst[i] == t) row = i;
+        const uint16_t *pk = pl + ((size_t)(t / PS) * 2 * PS + (size_t)(t % PS)) * kvd,
+                       *pv = pk + (size_t)PS * kvd;
+        for (int j = 0; j < kvd; j++) {
+            uint16_t ek = row < 0 ? 0 : kb[(size_t)row * kvd + j],
+                     ev = row < 0 ? 0 : vb[(size_t)row * kvd + j];
+            cr_assert(pk[j] == ek && pv[j] == ev,
+                      "(%d, %d, %d) n=%d: pool token %d (row %d) dim %d", nh, nkv, hd, n, t, row,
+                      j);
+        }
+    }
+    cudaFree(dqkv), cudaFree(dqkv2), cudaFree(df), cudaFree(dpos), cudaFree(ddst);
+    cudaFree(dkb), cudaFree(dvb), cudaFree(dkb2), cudaFree(dvb2), cudaFree(dpool);
+    free(inv_freq), free(qkv), free(pos), free(dst), free(upos), free(got), free(got2);
+    free(kb), free(vb), free(kb2), free(vb2), free(pl), free(q), free(k);
+}
+
+Test(krn_cuda, rope_qkv_append_at_the_1b_and_8b_shapes_equals_rope_then_kv_append) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    for (int n = 1; n <= 17; n += 16) {
+        check_rope(n, 32, 8, 64);  /* llama-3.2-1b */
+        check_rope(n, 32, 8, 128); /* llama-3.1-8b */
+        check_rope(n, 3, 1, 12);   /* hd % 8 != 0: the general kernel */
+    }
+}
+
+Test(krn_cuda, kv_append_of_17_rows_at_the_8b_kv_width) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    enum { PS = 16, KVD = 1024, N = 17, P = 3 };
+    size_t layer = (size_t)P * 2 * PS * KVD;
+    uint16_t *k = bf_rand(N * KVD, 1.0f), *v = bf_rand(N * KVD, 1.0f);
+    int32_t dst[N];
+    for (int i = 0; i < N; i++) dst[i] = i == 5 ? -1 : 2 * i + 1;
+    uint16_t *dkv = cuda_test_up(NULL, 2 * layer);
+    void *dk = cuda_test_up(k, 2 * N * KVD), *dv = cuda_test_up(v, 2 * N * KVD),
+         *ddst = cuda_test_up(dst, sizeof dst);
+    CUDA_OK(krn_cuda_kv_append(dkv, PS, KVD, dk, dv, ddst, N, 0));
+    uint16_t *kv = malloc(2 * layer);
+    cr_assert(kv);
+    cuda_test_down(kv, dkv, 2 * layer);
+    for (int t = 0; t < P * PS; t++) {
+        int row = -1;
+        for (int i = 0; i < N; i++)
+            if (dst[i] == t) row = i;
+        const uint16_t *pk = kv + ((size_t)(t / PS) * 2 * PS + (size_t)(t % PS)) * KVD,
+                       *pv = pk + (size_t)PS * KVD;
+        for (int j = 0; j < KVD; j++) {
+            cr_assert_eq(pk[j], row < 0 ? 0 : k[row * KVD + j], "token %d K dim %d", t, j);
+            cr_assert_eq(pv[j], row < 0 ? 0 : v[row * KVD + j], "token %d V dim %d", t, j);
+        }
+    }
+    cudaFree(dkv), cudaFree(dk), cudaFree(dv), cudaFree(ddst);
+    free(k), free(v), free(kv);
+}
+
 Test(krn_cuda, silu_mul_and_embed_and_row_moves) {
     CUDA_TEST_REQUIRE_DEVICE();
     enum { N = 3, F = 700, V = 50, D = 40 };

@@ -331,13 +331,11 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
                                          c->rms_eps, e->xn, NULL, e->stream));
         pie_code rc = ec_linear(e, e->xn, R, (uint32_t)d, Ly->wqkv, e->qkvd, e->qkv, st);
         if (rc != PIE_OK) return rc;
-        EC_CUDA(st,
-                krn_cuda_rope_qkv(e->qkv, M + L->pos, (int)R, (int)c->n_heads, (int)c->n_kv_heads,
-                                  (int)c->head_dim, e->inv_freq, e->kb, e->vb, e->stream));
-        EC_CUDA(st,
-                krn_cuda_kv_append(e->kv + (size_t)l * e->kv_layer_elems, (int)e->info.kv_page_size,
-                                   (int)e->kvd, e->kb, e->vb, M + L->kv_dst, (int)R, e->stream));
-        e->step_launches += 3;
+        EC_CUDA(st, krn_cuda_rope_qkv_append(e->qkv, M + L->pos, (int)R, (int)c->n_heads,
+                                             (int)c->n_kv_heads, (int)c->head_dim, e->inv_freq,
+                                             e->kb, e->vb, e->kv + (size_t)l * e->kv_layer_elems,
+                                             (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
+        e->step_launches += 2;
         if (last && run->n_out == 0) return PIE_OK; /* K/V stored; nothing else is read */
         rc = ec_attention(e, l, run, last, st);
         if (rc != PIE_OK) return rc;
