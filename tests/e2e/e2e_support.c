@@ -11,6 +11,7 @@
 
 #include "eng.h"
 #include "mdl.h"
+#include "pie/v1/controller.pb-c.h"
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie_testutil.h"
 #include "tok.h"
@@ -18,6 +19,7 @@
 #define START_MS 60000
 #define STOP_MS  30000
 #define RUN_MS   240000 /* sanitizer builds on 2 shared cores are slow */
+#define WAIT_MS  60000  /* hang guard of every poll */
 
 /* ---- cluster ------------------------------------------------------------------------------ */
 
@@ -77,6 +79,13 @@ void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const ch
     char ctl_env[96];
     pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
     c->wrk = e2e_worker_start_env(ctl_env, wrk_env);
+    e2e_cluster_start_lifecycle(c, lc_env, token);
+}
+
+void e2e_cluster_start_lifecycle(e2e_cluster *c, const char *const *lc_env, const char *token) {
+    pie_status st;
+    char ctl_env[96];
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
     c->cache_dir = pie_proc_tmpdir(&st);
     cr_assert(c->cache_dir, "%s", st.msg);
     char cache_env[600];
@@ -129,6 +138,40 @@ void e2e_cluster_stop(e2e_cluster *c) {
         free(c->cache_dir);
     }
     *c = (e2e_cluster){0};
+}
+
+Pie__V1__ClusterStatusResponse *e2e_cluster_status(rpc_channel *ctl, int64_t timeout_ms) {
+    Pie__V1__ClusterStatusRequest req = PIE__V1__CLUSTER_STATUS_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = timeout_ms};
+    if (rpc_unary(ctl, "/pie.v1.Controller/ClusterStatus", &req.base,
+                  &pie__v1__cluster_status_response__descriptor, &m, &o, &st) != PIE_OK)
+        return NULL;
+    return (Pie__V1__ClusterStatusResponse *)m;
+}
+
+Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group) {
+    int64_t until = pie_test_now_ms() + WAIT_MS;
+    for (;;) {
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, WAIT_MS);
+        bool ok = cs && cs->n_workers == 1 && strcmp(cs->workers[0]->group_id, group) == 0;
+        Pie__V1__MemoryPolicy p = ok ? cs->workers[0]->memory_policy : 0;
+        rpc_msg_free(cs ? &cs->base : NULL);
+        if (ok) return p;
+        cr_assert(pie_test_now_ms() < until, "worker %s never linked alone", group);
+        pie_test_sleep_ms(10);
+    }
+}
+
+void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env) {
+    pie_status st;
+    int rc = pie_proc_stop(c->wrk, WAIT_MS, &st);
+    cr_assert_eq(rc, 0, "%s exited with %d: %s", what, rc, st.msg);
+    pie_proc_destroy(c->wrk);
+    char ctl_env[96];
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+    c->wrk = e2e_worker_start_env(ctl_env, env);
 }
 
 /* ---- Lifecycle API ------------------------------------------------------------------------ */
@@ -370,6 +413,53 @@ void e2e_run_free(e2e_run *r) {
     free(r->err);
     free(r->status_msg);
     *r = (e2e_run){0};
+}
+
+/* ---- the same programs on two workers ----------------------------------------------------- */
+
+void e2e_upload_programs(e2e_cluster *c, char *ids[3]) {
+    ids[0] = e2e_upload(c, "text_completion");
+    ids[1] = e2e_upload(c, "parallel_generation");
+    ids[2] = e2e_upload(c, "prefix_caching");
+}
+
+const char *const e2e_tc_args[] = {"--prompt", E2E_TC_PROMPT,  "--max-tokens",
+                                   "32",       "--ignore-eos", NULL};
+
+void e2e_run_programs(e2e_cluster *c, char *const ids[3], const char *prefix_name,
+                      e2e_run out[E2E_N_RUNS]) {
+    const char *const pg_args[] = {
+        "--prompt",     "In a small village by the sea there lived an old fisherman who",
+        "--n",          "3",
+        "--suffixes",   " one day| never|",
+        "--max-tokens", "20",
+        "--ignore-eos", NULL};
+    const char *const pc_args[] = {
+        "--prefix",     "You are a helpful assistant who answers briefly and precisely.",
+        "--prompt",     " Question: what is the color of the sky? Answer:",
+        "--max-tokens", "16",
+        "--ignore-eos", "--name",
+        prefix_name,    NULL};
+    const char *const pc_unexport[] = {"--unexport", "--name", prefix_name, NULL};
+    const char *const *args[E2E_N_RUNS] = {e2e_tc_args, pg_args, pc_args, pc_args, pc_unexport};
+    const int prog[E2E_N_RUNS] = {0, 1, 2, 2, 2};
+    for (int i = 0; i < E2E_N_RUNS; i++) {
+        e2e_run_program(c, ids[prog[i]], args[i], NULL, &out[i]);
+        char what[32];
+        snprintf(what, sizeof what, "run %d", i);
+        e2e_assert_success(&out[i], what);
+    }
+}
+
+void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *what,
+                          const char *got_side, const char *want_side) {
+    cr_expect_eq(got->n_msgs, want->n_msgs, "%s: %zu messages from %s, %zu from %s", what,
+                 got->n_msgs, got_side, want->n_msgs, want_side);
+    for (size_t j = 0; j < got->n_msgs && j < want->n_msgs; j++)
+        cr_expect(got->msg_lens[j] == want->msg_lens[j] &&
+                      memcmp(got->msgs[j], want->msgs[j], want->msg_lens[j]) == 0,
+                  "%s, message %zu: %s sent\n  \"%s\"\n%s sent\n  \"%s\"", what, j, got_side,
+                  got->msgs[j], want_side, want->msgs[j]);
 }
 
 /* ---- reference engine --------------------------------------------------------------------- */

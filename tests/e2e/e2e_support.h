@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pie/v1/controller.pb-c.h"
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie_proc.h"
 #include "rpc.h"
@@ -45,6 +46,10 @@ void e2e_cluster_start_token(e2e_cluster *c, const char *const *lc_env, const ch
  * settings, at most 9, e.g. PIE_TP_SIZE=2; NULL: none). */
 void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const char *const *lc_env,
                             const char *token);
+/* The lifecycle part of e2e_cluster_start_full, for a test that started c->ctl (and its
+ * workers) itself: a pie-lifecycle linked to c->ctl with a cache directory of its own and
+ * lc_env, c->ch to it (sending token), waiting until it knows a model. */
+void e2e_cluster_start_lifecycle(e2e_cluster *c, const char *const *lc_env, const char *token);
 /* A CPU worker serving E2E_MODEL that links to the controller named by ctl_env
  * ("PIE_CONTROLLER_ADDRESS=host:port"); asserts on failure. */
 pie_proc *e2e_worker_start(const char *ctl_env);
@@ -55,6 +60,16 @@ pie_proc *e2e_worker_start_env(const char *ctl_env, const char *const *extra);
 pie_proc *e2e_worker_spawn_env(const char *ctl_env, const char *const *extra);
 /* Stops all three (each must exit 0) and frees. */
 void e2e_cluster_stop(e2e_cluster *c);
+
+/* Controller.ClusterStatus on ctl (a channel to the controller), waiting at most timeout_ms;
+ * NULL while it does not answer. Free with rpc_msg_free. */
+Pie__V1__ClusterStatusResponse *e2e_cluster_status(rpc_channel *ctl, int64_t timeout_ms);
+/* Polls ClusterStatus until worker `group` is the only one linked (asserts within 60 s);
+ * returns its memory policy. */
+Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group);
+/* Stops c's worker (it must exit 0; `what` names it in the failure) and starts one with env
+ * (e2e_worker_start_env) in its place. */
+void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env);
 
 /* ---- Lifecycle API ------------------------------------------------------------------------ */
 
@@ -96,8 +111,8 @@ rpc_stream *e2e_run_open(e2e_cluster *c, const char *program_id, const char *con
 void e2e_run_collect(rpc_stream *s, e2e_run *r);
 /* Launch (detached) of program_id with args as c->ch's caller: the instance id, or 0 when the
  * call ends with another code than OK; asserts that the code is want (*st gets the status). */
-uint64_t e2e_launch(e2e_cluster *c, const char *program_id, const char *const *args,
-                    pie_code want, pie_status *st);
+uint64_t e2e_launch(e2e_cluster *c, const char *program_id, const char *const *args, pie_code want,
+                    pie_status *st);
 /* Terminate of id: its status code. */
 pie_code e2e_terminate(e2e_cluster *c, uint64_t id, pie_status *st);
 /* The instance id as ListInstances shows it to c->ch's caller (NULL: not listed); free with
@@ -108,6 +123,26 @@ const Pie__V1__InstanceInfo *e2e_instance(e2e_cluster *c, uint64_t id,
 /* Asserts that the instance ended with OK and exit code 0 (the message shows its stderr). */
 void e2e_assert_success(const e2e_run *r, const char *what);
 void e2e_run_free(e2e_run *r);
+
+/* ---- the same programs on two workers ----------------------------------------------------- */
+
+#define E2E_N_RUNS    5
+#define E2E_TC_PROMPT "The quick brown fox jumps over the lazy dog."
+
+/* text_completion's arguments in run 0: 32 tokens after E2E_TC_PROMPT, eos ignored. */
+extern const char *const e2e_tc_args[];
+
+/* Uploads text_completion, parallel_generation and prefix_caching into ids (free each). */
+void e2e_upload_programs(e2e_cluster *c, char *ids[3]);
+/* Runs the programs of e2e_upload_programs, each asserted to succeed: text completion of
+ * E2E_TC_PROMPT; parallel generation (a fork into 3); prefix caching of a prefix named
+ * prefix_name: miss (export), hit (import), unexport. */
+void e2e_run_programs(e2e_cluster *c, char *const ids[3], const char *prefix_name,
+                      e2e_run out[E2E_N_RUNS]);
+/* Expects got's messages to be want's byte for byte; failures name what and the two sides
+ * (got_side, want_side: "tp 2", "policy gpu"). */
+void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *what,
+                          const char *got_side, const char *want_side);
 
 /* ---- reference engine --------------------------------------------------------------------- */
 

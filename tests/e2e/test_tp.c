@@ -35,25 +35,14 @@
 #include "pie/v1/worker.pb-c.h"
 #include "pie_testutil.h"
 
-#define START_MS 60000
-#define STOP_MS  60000
-#define WAIT_MS  60000 /* hang guard of every poll: sanitizer builds on 2 shared cores */
+#define START_MS  60000
+#define STOP_MS   60000
+#define WAIT_MS   60000 /* hang guard of every poll: sanitizer builds on 2 shared cores */
+#define STATUS_MS 5000  /* one ClusterStatus call */
 
 TestSuite(tp, .fini = pie_test_leak_check, .timeout = 600);
 
 /* ---- probes ------------------------------------------------------------------------------- */
-
-/* Controller.ClusterStatus (free with rpc_msg_free), or NULL while it does not answer. */
-static Pie__V1__ClusterStatusResponse *cluster_status(rpc_channel *ch) {
-    Pie__V1__ClusterStatusRequest req = PIE__V1__CLUSTER_STATUS_REQUEST__INIT;
-    ProtobufCMessage *m = NULL;
-    pie_status st;
-    rpc_call_opts o = {.timeout_ms = 5000};
-    if (rpc_unary(ch, "/pie.v1.Controller/ClusterStatus", &req.base,
-                  &pie__v1__cluster_status_response__descriptor, &m, &o, &st) != PIE_OK)
-        return NULL;
-    return (Pie__V1__ClusterStatusResponse *)m;
-}
 
 /* Polls ClusterStatus until it lists exactly the worker `group` (with tp_size), or none when
  * group is NULL. */
@@ -61,7 +50,7 @@ static void wait_workers(rpc_channel *ctl, const char *group, uint32_t tp_size) 
     int64_t until = pie_test_now_ms() + WAIT_MS;
     char seen[256] = "no answer";
     while (pie_test_now_ms() < until) {
-        Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, STATUS_MS);
         bool ok = false;
         if (cs) {
             ok = group ? cs->n_workers == 1 && strcmp(cs->workers[0]->group_id, group) == 0 &&
@@ -92,44 +81,15 @@ static int rank_pid(const pie_proc *launcher, uint32_t rank) {
     return pid;
 }
 
-/* ---- the same programs on a tp 1 and a tp 2 worker ---------------------------------------- */
-
-#define N_RUNS 5
-
-static const char *const tc_args[] = {
-    "--prompt",     "The quick brown fox jumps over the lazy dog.",
-    "--max-tokens", "32",
-    "--ignore-eos", NULL};
-static const char *const pg_args[] = {"--prompt",
-                                      "In a small village by the sea there lived an old "
-                                      "fisherman who",
-                                      "--n",
-                                      "3",
-                                      "--suffixes",
-                                      " one day| never|",
-                                      "--max-tokens",
-                                      "20",
-                                      "--ignore-eos",
-                                      NULL};
-static const char *const pc_args[] = {
-    "--prefix",     "You are a helpful assistant who answers briefly and precisely.",
-    "--prompt",     " Question: what is the color of the sky? Answer:",
-    "--max-tokens", "16",
-    "--ignore-eos", "--name",
-    "tp-prefix",    NULL};
-static const char *const pc_unexport[] = {"--unexport", "--name", "tp-prefix", NULL};
-
-/* text completion; parallel generation; prefix caching: miss (export), hit (import); unexport */
-static void run_programs(e2e_cluster *c, char *const ids[3], e2e_run out[N_RUNS]) {
-    const char *const *args[N_RUNS] = {tc_args, pg_args, pc_args, pc_args, pc_unexport};
-    const int prog[N_RUNS] = {0, 1, 2, 2, 2};
-    for (int i = 0; i < N_RUNS; i++) {
-        e2e_run_program(c, ids[prog[i]], args[i], NULL, &out[i]);
-        char what[32];
-        snprintf(what, sizeof what, "run %d", i);
-        e2e_assert_success(&out[i], what);
-    }
+/* Waits until the controller lists the worker `group` alone (with tp_size), and then until c's
+ * lifecycle knows its model (it learns a new worker's model after the controller). */
+static void wait_group(e2e_cluster *c, rpc_channel *ctl, const char *group, uint32_t tp_size) {
+    wait_workers(ctl, group, tp_size);
+    cr_assert_gt(pie_test_wait_models(c->ch, START_MS), 0,
+                 "the lifecycle never learned the group's model");
 }
+
+/* ---- the same programs on a tp 1 and a tp 2 worker ---------------------------------------- */
 
 /* The ranks a tp 2 group reports (Info, ClusterStatus): both, in order, each its own process
  * on this host with its own share of the cores. */
@@ -148,6 +108,31 @@ static void expect_ranks(Pie__V1__TpRank *const *r, size_t n, const char *where)
     cr_expect_neq(r[0]->pid, r[1]->pid, "%s: both ranks report pid %u", where, r[0]->pid);
 }
 
+/* Expects every run's messages in got (E2E_N_RUNS of them, from side) to be tp1's. */
+static void expect_same_runs(const e2e_run *got, const e2e_run *tp1, const char *side) {
+    for (int i = 0; i < E2E_N_RUNS; i++) {
+        char what[16];
+        snprintf(what, sizeof what, "run %d", i);
+        e2e_expect_same_msgs(&got[i], &tp1[i], what, side, "tp 1");
+    }
+}
+
+/* Expects r, a run of text_completion with e2e_tc_args, to have sent the engine's own greedy
+ * decoding of the prompt. */
+static void expect_greedy_completion(const e2e_run *r, const char *what) {
+    e2e_ref *ref = e2e_ref_open();
+    const char *prompt = E2E_TC_PROMPT;
+    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
+    size_t np = e2e_ref_prompt(ref, &prompt, 1, p);
+    size_t nw = e2e_ref_greedy(ref, p, np, 32, true, want), len;
+    char *text = e2e_ref_text(ref, want, nw, &len);
+    cr_expect(r->n_msgs >= 1 && r->msg_lens[0] == len && memcmp(r->msgs[0], text, len) == 0,
+              "%s:\n  \"%s\"\nthe engine's greedy decoding:\n  \"%s\"", what,
+              r->n_msgs ? r->msgs[0] : "", text);
+    free(text);
+    e2e_ref_close(ref);
+}
+
 Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says) {
     const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
     e2e_cluster c;
@@ -155,24 +140,16 @@ Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says)
     pie_status st;
     rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
     cr_assert(ctl, "%s", st.msg);
-    char *ids[3] = {e2e_upload(&c, "text_completion"), e2e_upload(&c, "parallel_generation"),
-                    e2e_upload(&c, "prefix_caching")};
+    char *ids[3];
+    e2e_upload_programs(&c, ids);
     wait_workers(ctl, "tp1", 1);
-    e2e_run tp1[N_RUNS], tp2[N_RUNS];
-    run_programs(&c, ids, tp1);
+    e2e_run tp1[E2E_N_RUNS], tp2[E2E_N_RUNS];
+    e2e_run_programs(&c, ids, "tp-prefix", tp1);
 
     /* the tp 1 worker leaves; a tp 2 group of the same model takes its place */
-    int rc = pie_proc_stop(c.wrk, STOP_MS, &st);
-    cr_assert_eq(rc, 0, "the tp 1 worker exited with %d: %s", rc, st.msg);
-    pie_proc_destroy(c.wrk);
-    char ctl_env[96];
-    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
     const char *tp2_env[] = {"PIE_WORKER_GROUP_ID=tp2", "PIE_TP_SIZE=2", NULL};
-    c.wrk = e2e_worker_start_env(ctl_env, tp2_env);
-    wait_workers(ctl, "tp2", 2);
-    /* the lifecycle learns the new worker's model after the controller: wait for it too */
-    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
-                 "the lifecycle never learned the group's model");
+    e2e_worker_replace(&c, "the tp 1 worker", tp2_env);
+    wait_group(&c, ctl, "tp2", 2);
     cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_started "), 2,
                  "the launcher did not start 2 ranks");
     cr_expect_eq(pie_proc_log_count(c.wrk, "event=wrk.tp.rank_loaded rank=1 "), 1,
@@ -195,39 +172,21 @@ Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says)
     cr_expect(strstr(info->device, "2 ranks"), "device \"%s\"", info->device);
     expect_ranks(info->ranks, info->n_ranks, "Info");
     rpc_msg_free(m);
-    Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+    Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, STATUS_MS);
     cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
     expect_ranks(cs->workers[0]->ranks, cs->workers[0]->n_ranks, "ClusterStatus");
     rpc_msg_free(&cs->base);
     rpc_channel_destroy(wch);
 
-    run_programs(&c, ids, tp2);
-    for (int i = 0; i < N_RUNS; i++) {
-        cr_expect_eq(tp2[i].n_msgs, tp1[i].n_msgs, "run %d: %zu messages at tp 2, %zu at tp 1", i,
-                     tp2[i].n_msgs, tp1[i].n_msgs);
-        for (size_t j = 0; j < tp1[i].n_msgs && j < tp2[i].n_msgs; j++)
-            cr_expect(tp2[i].msg_lens[j] == tp1[i].msg_lens[j] &&
-                          memcmp(tp2[i].msgs[j], tp1[i].msgs[j], tp1[i].msg_lens[j]) == 0,
-                      "run %d, message %zu: tp 2 sent\n  \"%s\"\ntp 1 sent\n  \"%s\"", i, j,
-                      tp2[i].msgs[j], tp1[i].msgs[j]);
-    }
+    e2e_run_programs(&c, ids, "tp-prefix", tp2);
+    expect_same_runs(tp2, tp1, "tp 2");
     cr_expect_str_eq(tp2[2].msgs[0], "miss", "the first prefix_caching instance");
     cr_expect_str_eq(tp2[3].msgs[0], "hit", "the second prefix_caching instance");
 
     /* and the completion is the engine's own greedy decoding */
-    e2e_ref *ref = e2e_ref_open();
-    const char *prompt = tc_args[1];
-    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
-    size_t np = e2e_ref_prompt(ref, &prompt, 1, p);
-    size_t nw = e2e_ref_greedy(ref, p, np, 32, true, want), len;
-    char *text = e2e_ref_text(ref, want, nw, &len);
-    cr_expect(tp2[0].msg_lens[0] == len && memcmp(tp2[0].msgs[0], text, len) == 0,
-              "text_completion at tp 2:\n  \"%s\"\nthe engine's greedy decoding:\n  \"%s\"",
-              tp2[0].msgs[0], text);
-    free(text);
-    e2e_ref_close(ref);
+    expect_greedy_completion(&tp2[0], "text_completion at tp 2");
 
-    for (int i = 0; i < N_RUNS; i++) {
+    for (int i = 0; i < E2E_N_RUNS; i++) {
         e2e_run_free(&tp1[i]);
         e2e_run_free(&tp2[i]);
     }
@@ -243,7 +202,7 @@ static void wait_linked(rpc_channel *ctl, const char *group, size_t replicas) {
     int64_t until = pie_test_now_ms() + WAIT_MS;
     bool ok = false;
     while (!ok && pie_test_now_ms() < until) {
-        Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, STATUS_MS);
         ok = cs && cs->n_workers == 1 && strcmp(cs->workers[0]->group_id, group) == 0 &&
              cs->n_replicas == replicas;
         rpc_msg_free(cs ? &cs->base : NULL);
@@ -292,7 +251,7 @@ Test(tp, a_group_whose_controller_restarts_registers_again_and_computes_the_same
     wait_linked(ctl, "tp-r", 1);
     char *prog = e2e_upload(&c, "text_completion");
     e2e_run before, after;
-    e2e_run_program(&c, prog, tc_args, NULL, &before);
+    e2e_run_program(&c, prog, e2e_tc_args, NULL, &before);
     e2e_assert_success(&before, "text_completion before the restart");
 
     rpc_channel_destroy(ctl);
@@ -306,7 +265,7 @@ Test(tp, a_group_whose_controller_restarts_registers_again_and_computes_the_same
     cr_assert(ctl, "%s", st.msg);
     wait_linked(ctl, "tp-r", 1);
     cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0, "the lifecycle never learned a model");
-    e2e_run_program(&c, prog, tc_args, NULL, &after);
+    e2e_run_program(&c, prog, e2e_tc_args, NULL, &after);
     e2e_assert_success(&after, "text_completion after the restart");
     cr_expect(after.n_msgs == before.n_msgs && after.msg_lens[0] == before.msg_lens[0] &&
                   memcmp(after.msgs[0], before.msgs[0], before.msg_lens[0]) == 0,
@@ -325,67 +284,74 @@ Test(tp, a_group_whose_controller_restarts_registers_again_and_computes_the_same
 
 /* ---- a rank that dies --------------------------------------------------------------------- */
 
-/* Launches sec_export with `alloc:1 wait`: the instance is placed on the group by its KV page
- * and then waits for a client message. Returns once its allocation succeeded. */
-static rpc_stream *hold_a_page(e2e_cluster *c, const char *prog) {
+/* Opens Run of prog with args (input left open) and reads until a response of kind `until`,
+ * asserting that the instance does not end first; returns that response (free it with
+ * rpc_msg_free) and the stream in *s. `what`: the awaited event, for the failures. */
+static Pie__V1__AttachResponse *launch_until(e2e_cluster *c, const char *prog,
+                                             const char *const *args, size_t n_args,
+                                             Pie__V1__AttachResponse__MsgCase until,
+                                             const char *what, rpc_stream **s) {
     pie_status st;
     rpc_call_opts o = {.timeout_ms = 600000};
-    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
-                                    &pie__v1__attach_response__descriptor, &o, &st);
-    cr_assert(s, "Run: %s", st.msg);
-    const char *args[] = {"alloc:1", "wait"};
+    *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run", &pie__v1__attach_response__descriptor, &o,
+                         &st);
+    cr_assert(*s, "Run: %s", st.msg);
     Pie__V1__LaunchRequest l = PIE__V1__LAUNCH_REQUEST__INIT;
     l.program_id = (char *)prog;
     l.args = (char **)args;
-    l.n_args = 2;
+    l.n_args = n_args;
     Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
     req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
     req.launch = &l;
-    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
+    cr_assert_eq(rpc_stream_send(*s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
     for (;;) {
         ProtobufCMessage *m = NULL;
-        cr_assert_eq(rpc_stream_recv(s, &m, WAIT_MS), RPC_RECV_MESSAGE,
-                     "Run: the instance never reported its allocation");
-        const Pie__V1__AttachResponse *a = (const Pie__V1__AttachResponse *)m;
+        cr_assert_eq(rpc_stream_recv(*s, &m, WAIT_MS), RPC_RECV_MESSAGE,
+                     "Run: the instance never %s", what);
+        Pie__V1__AttachResponse *a = (Pie__V1__AttachResponse *)m;
         cr_assert_neq(a->msg_case, PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS,
-                      "the instance ended before its allocation was reported");
-        bool done = a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE;
-        if (done)
-            cr_assert(a->message.len == 8 && memcmp(a->message.data, "alloc=0|", 8) == 0,
-                      "the allocation failed: %.*s", (int)a->message.len, a->message.data);
+                      "the instance ended before it %s", what);
+        if (a->msg_case == until) return a;
         rpc_msg_free(m);
-        if (done) return s;
     }
+}
+
+/* Launches sec_export with `alloc:1 wait`: the instance is placed on the group by its KV page
+ * and then waits for a client message. Returns once its allocation succeeded. */
+static rpc_stream *hold_a_page(e2e_cluster *c, const char *prog) {
+    const char *args[] = {"alloc:1", "wait"};
+    rpc_stream *s;
+    Pie__V1__AttachResponse *a = launch_until(
+        c, prog, args, 2, PIE__V1__ATTACH_RESPONSE__MSG_MESSAGE, "reported its allocation", &s);
+    cr_assert(a->message.len == 8 && memcmp(a->message.data, "alloc=0|", 8) == 0,
+              "the allocation failed: %.*s", (int)a->message.len, a->message.data);
+    rpc_msg_free(&a->base);
+    return s;
 }
 
 /* Runs text_completion for up to 3000 tokens and returns once its first token streamed out:
  * the group is in the middle of its decode steps. */
 static rpc_stream *generate_long(e2e_cluster *c, const char *prog) {
     const char *args[] = {"--prompt", "Once upon a time", "--max-tokens", "3000", "--ignore-eos"};
-    pie_status st;
-    rpc_call_opts o = {.timeout_ms = 600000};
-    rpc_stream *s = rpc_stream_open(c->ch, "/pie.v1.Lifecycle/Run",
-                                    &pie__v1__attach_response__descriptor, &o, &st);
-    cr_assert(s, "Run: %s", st.msg);
-    Pie__V1__LaunchRequest l = PIE__V1__LAUNCH_REQUEST__INIT;
-    l.program_id = (char *)prog;
-    l.args = (char **)args;
-    l.n_args = 5;
-    Pie__V1__RunRequest req = PIE__V1__RUN_REQUEST__INIT;
-    req.msg_case = PIE__V1__RUN_REQUEST__MSG_LAUNCH;
-    req.launch = &l;
-    cr_assert_eq(rpc_stream_send(s, &req.base, &st), PIE_OK, "Run launch: %s", st.msg);
-    for (;;) {
-        ProtobufCMessage *m = NULL;
-        cr_assert_eq(rpc_stream_recv(s, &m, WAIT_MS), RPC_RECV_MESSAGE,
-                     "Run: the instance never streamed a token");
-        const Pie__V1__AttachResponse *a = (const Pie__V1__AttachResponse *)m;
-        cr_assert_neq(a->msg_case, PIE__V1__ATTACH_RESPONSE__MSG_EXIT_STATUS,
-                      "the instance ended before its first token");
-        bool done = a->msg_case == PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA;
-        rpc_msg_free(m);
-        if (done) return s;
-    }
+    rpc_stream *s;
+    Pie__V1__AttachResponse *a = launch_until(
+        c, prog, args, 5, PIE__V1__ATTACH_RESPONSE__MSG_STDOUT_DATA, "streamed a token", &s);
+    rpc_msg_free(&a->base);
+    return s;
+}
+
+/* The instance on stream s ends UNAVAILABLE, its status naming the worker group. */
+static void expect_group_out(rpc_stream *s, const char *group) {
+    e2e_run r;
+    e2e_run_collect(s, &r);
+    cr_expect_eq(r.status_code, PIE_UNAVAILABLE, "the instance ended with %u \"%s\"", r.status_code,
+                 r.status_msg ? r.status_msg : "");
+    char name[64];
+    snprintf(name, sizeof name, "worker %s (", group);
+    cr_expect(r.status_msg && strstr(r.status_msg, name),
+              "the instance's status does not name the group: \"%s\"",
+              r.status_msg ? r.status_msg : "");
+    e2e_run_free(&r);
 }
 
 /* A group "tp-a" of 2 ranks with an instance placed on it (holding a page and waiting, or in
@@ -409,14 +375,7 @@ static void signal_a_rank(uint32_t victim, int sig, bool mid_step, uint32_t culp
 
     int pid = rank_pid(c.wrk, victim);
     cr_assert_eq(kill(pid, sig), 0, "signal %d to rank %u (pid %d)", sig, victim, pid);
-    e2e_run r;
-    e2e_run_collect(s, &r);
-    cr_expect_eq(r.status_code, PIE_UNAVAILABLE, "the instance ended with %u \"%s\"", r.status_code,
-                 r.status_msg ? r.status_msg : "");
-    cr_expect(r.status_msg && strstr(r.status_msg, "worker tp-a ("),
-              "the instance's status does not name the group: \"%s\"",
-              r.status_msg ? r.status_msg : "");
-    e2e_run_free(&r);
+    expect_group_out(s, "tp-a");
 
     int rc = pie_proc_wait(c.wrk, STOP_MS, &st);
     char *tail = pie_proc_log_tail(c.wrk, 3000);
@@ -501,27 +460,47 @@ Test(tp, groups_this_build_cannot_run_are_refused_with_a_reason) {
 
 /* ---- ranks started one by one (a LeaderWorkerSet group of pods) --------------------------- */
 
-/* A rank of group "lws" started on its own: rank 0 serves on listen_env's address, the others
- * join it there (TpJoin, then the collective over TCP). extra: more settings or NULL. */
-static pie_proc *lws_rank(const char *ctl_env, const char *listen_env, const char *leader_env,
-                          uint32_t rank, const char *size_env, const char *extra) {
+/* Where the ranks of a group started one by one meet: rank 0 serves on a free port, the others
+ * join it there. */
+typedef struct lws_addr {
+    char listen[64]; /* rank 0's PIE_SERVER_LISTEN */
+    char leader[64]; /* the others' PIE_TP_LEADER */
+} lws_addr;
+
+static lws_addr lws_addr_free_port(void) {
+    int port = pie_proc_free_port();
+    cr_assert_gt(port, 0);
+    lws_addr a;
+    snprintf(a.listen, sizeof a.listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(a.leader, sizeof a.leader, "PIE_TP_LEADER=127.0.0.1:%d", port);
+    return a;
+}
+
+/* A rank of group "lws" started on its own: rank 0 serves on a's address, the others join it
+ * there (TpJoin, then the collective over TCP). extra: more settings or NULL. */
+static pie_proc *lws_rank(const char *ctl_env, const lws_addr *a, uint32_t rank,
+                          const char *size_env, const char *extra) {
     char rank_env[32];
     snprintf(rank_env, sizeof rank_env, "PIE_TP_RANK=%u", rank);
     const char *env[] = {
-        "PIE_WORKER_GROUP_ID=lws", size_env, rank_env, rank == 0 ? listen_env : leader_env,
+        "PIE_WORKER_GROUP_ID=lws", size_env, rank_env, rank == 0 ? a->listen : a->leader,
         "PIE_TP_TIMEOUT=20s",      extra,    NULL};
     return e2e_worker_spawn_env(ctl_env, env);
 }
 
-/* A rank that Worker/TpJoin refuses exits 2 and its log says why. */
-static void join_refused(pie_proc *p, const char *says) {
+/* p exits with status want and its log says `says`; failures name who. */
+static void expect_exit_saying(pie_proc *p, int want, const char *says, const char *who) {
     pie_status st;
     int rc = pie_proc_wait(p, STOP_MS, &st);
     char *log = pie_proc_log(p);
-    cr_expect_eq(rc, 2, "exit status %d (%s); log:\n%s", rc, st.msg, log ? log : "");
-    cr_expect(log && strstr(log, says), "the refusal does not say \"%s\":\n%s", says,
-              log ? log : "");
+    cr_expect_eq(rc, want, "%s exited with %d (%s); log:\n%s", who, rc, st.msg, log ? log : "");
+    cr_expect(log && strstr(log, says), "%s does not say \"%s\":\n%s", who, says, log ? log : "");
     free(log);
+}
+
+/* A rank that Worker/TpJoin refuses exits 2 and its log says why. */
+static void join_refused(pie_proc *p, const char *says) {
+    expect_exit_saying(p, 2, says, "the refused rank");
     pie_proc_destroy(p);
 }
 
@@ -538,63 +517,41 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
     pie_status st;
     rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
     cr_assert(ctl, "%s", st.msg);
-    char *ids[3] = {e2e_upload(&c, "text_completion"), e2e_upload(&c, "parallel_generation"),
-                    e2e_upload(&c, "prefix_caching")};
+    char *ids[3];
+    e2e_upload_programs(&c, ids);
     wait_workers(ctl, "tp1", 1);
-    e2e_run tp1[N_RUNS], grp[N_RUNS];
-    run_programs(&c, ids, tp1);
+    e2e_run tp1[E2E_N_RUNS], grp[E2E_N_RUNS];
+    e2e_run_programs(&c, ids, "tp-prefix", tp1);
     cr_assert_eq(pie_proc_stop(c.wrk, STOP_MS, &st), 0, "the tp 1 worker: %s", st.msg);
     pie_proc_destroy(c.wrk);
 
-    int port = pie_proc_free_port();
-    cr_assert_gt(port, 0);
-    char ctl_env[96], listen_env[64], leader_env[64];
+    char ctl_env[96];
     pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
-    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
-    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
-    c.wrk = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", NULL);
-    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=3", NULL),
+    lws_addr a = lws_addr_free_port();
+    c.wrk = lws_rank(ctl_env, &a, 0, "PIE_TP_SIZE=2", NULL);
+    join_refused(lws_rank(ctl_env, &a, 1, "PIE_TP_SIZE=3", NULL),
                  "tp_size 3, but group lws has 2 ranks");
-    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2",
-                          "PIE_MODEL_NAME=another-model"),
+    join_refused(lws_rank(ctl_env, &a, 1, "PIE_TP_SIZE=2", "PIE_MODEL_NAME=another-model"),
                  "but group lws serves");
-    pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    pie_proc *r1 = lws_rank(ctl_env, &a, 1, "PIE_TP_SIZE=2", NULL);
     cr_assert_eq(pie_proc_wait_ready(c.wrk, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
     /* rank 1's own server answers health (its pod's probes): SERVING once the group formed */
     cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
-    wait_workers(ctl, "lws", 2);
-    /* the lifecycle learns the new worker's model after the controller: wait for it too */
-    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
-                 "the lifecycle never learned the group's model");
-    Pie__V1__ClusterStatusResponse *cs = cluster_status(ctl);
+    wait_group(&c, ctl, "lws", 2);
+    Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, STATUS_MS);
     cr_assert(cs && cs->n_workers == 1, "ClusterStatus");
     expect_ranks(cs->workers[0]->ranks, cs->workers[0]->n_ranks, "ClusterStatus");
     cr_expect_eq(cs->workers[0]->ranks[1]->pid, (uint32_t)pie_proc_pid(r1),
                  "rank 1's pid is not the process started as rank 1");
     rpc_msg_free(&cs->base);
 
-    run_programs(&c, ids, grp);
-    for (int i = 0; i < N_RUNS; i++) {
-        cr_expect_eq(grp[i].n_msgs, tp1[i].n_msgs, "run %d: %zu messages in the group, %zu at tp 1",
-                     i, grp[i].n_msgs, tp1[i].n_msgs);
-        for (size_t j = 0; j < tp1[i].n_msgs && j < grp[i].n_msgs; j++)
-            cr_expect(grp[i].msg_lens[j] == tp1[i].msg_lens[j] &&
-                          memcmp(grp[i].msgs[j], tp1[i].msgs[j], tp1[i].msg_lens[j]) == 0,
-                      "run %d, message %zu: the group sent\n  \"%s\"\ntp 1 sent\n  \"%s\"", i, j,
-                      grp[i].msgs[j], tp1[i].msgs[j]);
-    }
+    e2e_run_programs(&c, ids, "tp-prefix", grp);
+    expect_same_runs(grp, tp1, "the group");
 
     /* rank 1 dies in the middle of decoding: the group is out */
     rpc_stream *s = generate_long(&c, ids[0]);
     cr_assert_eq(kill((pid_t)pie_proc_pid(r1), SIGKILL), 0);
-    e2e_run r;
-    e2e_run_collect(s, &r);
-    cr_expect_eq(r.status_code, PIE_UNAVAILABLE, "the instance ended with %u \"%s\"", r.status_code,
-                 r.status_msg ? r.status_msg : "");
-    cr_expect(r.status_msg && strstr(r.status_msg, "worker lws ("),
-              "the instance's status does not name the group: \"%s\"",
-              r.status_msg ? r.status_msg : "");
-    e2e_run_free(&r);
+    expect_group_out(s, "lws");
     int rc = pie_proc_wait(c.wrk, STOP_MS, &st);
     char *tail = pie_proc_log_tail(c.wrk, 3000);
     cr_expect_eq(rc, 3, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, tail);
@@ -606,7 +563,7 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
     c.wrk = NULL;
     pie_proc_destroy(r1);
 
-    for (int i = 0; i < N_RUNS; i++) {
+    for (int i = 0; i < E2E_N_RUNS; i++) {
         e2e_run_free(&tp1[i]);
         e2e_run_free(&grp[i]);
     }
@@ -618,20 +575,11 @@ Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says)
 /* Rank 0 of ranks started one by one whose other ranks never come exits (status 1, saying how
  * many joined), so that whoever restarts the group forms it again under a new epoch. */
 Test(tp, a_rank_0_whose_ranks_never_join_exits_so_the_group_can_form_again) {
-    int port = pie_proc_free_port();
-    cr_assert_gt(port, 0);
-    char listen_env[64];
-    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
+    lws_addr a = lws_addr_free_port();
     const char *env[] = {"PIE_WORKER_GROUP_ID=alone", "PIE_TP_SIZE=2", "PIE_TP_RANK=0",
-                         "PIE_TP_TIMEOUT=1s",         listen_env,      NULL};
+                         "PIE_TP_TIMEOUT=1s",         a.listen,        NULL};
     pie_proc *r0 = e2e_worker_spawn_env("PIE_CONTROLLER_ADDRESS=127.0.0.1:1", env);
-    pie_status st;
-    int rc = pie_proc_wait(r0, STOP_MS, &st);
-    char *log = pie_proc_log(r0);
-    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
-    cr_expect(log && strstr(log, "1 of 2 ranks joined within 1000 ms"),
-              "rank 0 does not say that its rank never joined:\n%s", log ? log : "");
-    free(log);
+    expect_exit_saying(r0, 1, "1 of 2 ranks joined within 1000 ms", "rank 0");
     pie_proc_destroy(r0);
 }
 
@@ -640,23 +588,19 @@ Test(tp, a_rank_0_whose_ranks_never_join_exits_so_the_group_can_form_again) {
  * turn SERVING; the stop ends both with 0); with tp.form_timeout 2 s and no rank it exits 1
  * saying so after those 2 s. */
 Test(tp, tp_form_timeout_lets_ranks_join_later_than_a_steps_timeout) {
-    int port = pie_proc_free_port();
-    cr_assert_gt(port, 0);
-    char listen_env[64], leader_env[64];
-    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
-    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
+    lws_addr a = lws_addr_free_port();
     const char *ctl = "PIE_CONTROLLER_ADDRESS=127.0.0.1:1";
     const char *r0_env[] = {"PIE_WORKER_GROUP_ID=lws",
                             "PIE_TP_SIZE=2",
                             "PIE_TP_RANK=0",
-                            listen_env,
+                            a.listen,
                             "PIE_TP_TIMEOUT=1s",
                             "PIE_TP_FORM_TIMEOUT=30s",
                             NULL};
     pie_proc *r0 = e2e_worker_spawn_env(ctl, r0_env);
     cr_assert(pie_proc_wait_log(r0, "event=wrk.tp.offer ", 1, WAIT_MS), "rank 0 offered nothing");
     pie_test_sleep_ms(2000);
-    pie_proc *r1 = lws_rank(ctl, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    pie_proc *r1 = lws_rank(ctl, &a, 1, "PIE_TP_SIZE=2", NULL);
     pie_status st;
     cr_assert_eq(pie_proc_wait_ready(r0, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
     cr_assert_eq(pie_proc_wait_ready(r1, START_MS, &st), PIE_OK, "rank 1: %s", st.msg);
@@ -668,18 +612,12 @@ Test(tp, tp_form_timeout_lets_ranks_join_later_than_a_steps_timeout) {
     const char *alone[] = {"PIE_WORKER_GROUP_ID=alone",
                            "PIE_TP_SIZE=2",
                            "PIE_TP_RANK=0",
-                           listen_env,
+                           a.listen,
                            "PIE_TP_TIMEOUT=1s",
                            "PIE_TP_FORM_TIMEOUT=2s",
                            NULL};
     r0 = e2e_worker_spawn_env(ctl, alone);
-    int rc = pie_proc_wait(r0, STOP_MS, &st);
-    char *log = pie_proc_log(r0);
-    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
-    cr_expect(log && strstr(log, "1 of 2 ranks joined within 2000 ms"),
-              "rank 0 does not say that its rank never joined within tp.form_timeout:\n%s",
-              log ? log : "");
-    free(log);
+    expect_exit_saying(r0, 1, "1 of 2 ranks joined within 2000 ms", "rank 0");
     pie_proc_destroy(r0);
 }
 
@@ -757,16 +695,9 @@ static void tp4_decodes_like_tp1(const char *model, double tol_rel) {
     e2e_run_program(&c, prog, causal_args, NULL, &causal);
     e2e_assert_success(&causal, "tp_decode --no-masks at tp 1");
 
-    cr_assert_eq(pie_proc_stop(c.wrk, STOP_MS, &st), 0, "the tp 1 worker: %s", st.msg);
-    pie_proc_destroy(c.wrk);
-    char ctl_env[96];
-    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
     const char *tp4_env[] = {"PIE_WORKER_GROUP_ID=tp4", "PIE_TP_SIZE=4", model_env, NULL};
-    c.wrk = e2e_worker_start_env(ctl_env, tp4_env);
-    wait_workers(ctl, "tp4", 4);
-    /* the lifecycle learns the new worker's model after the controller: wait for it too */
-    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0,
-                 "the lifecycle never learned the group's model");
+    e2e_worker_replace(&c, "the tp 1 worker", tp4_env);
+    wait_group(&c, ctl, "tp4", 4);
     e2e_run_program(&c, prog, args, NULL, &r4);
     e2e_assert_success(&r4, "tp_decode at tp 4");
 
@@ -835,27 +766,18 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
     e2e_cluster c = {0};
     c.ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
     cr_assert(c.ctl, "%s", st.msg);
-    int port = pie_proc_free_port();
-    cr_assert_gt(port, 0);
-    char ctl_env[96], listen_env[64], leader_env[64];
+    char ctl_env[96];
     pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
-    snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:%d", port);
-    snprintf(leader_env, sizeof leader_env, "PIE_TP_LEADER=127.0.0.1:%d", port);
+    lws_addr a = lws_addr_free_port();
 
     /* the first formation: rank 1 does not come within 1 s */
-    pie_proc *r0 =
-        lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s");
-    int rc = pie_proc_wait(r0, STOP_MS, &st);
-    char *log = pie_proc_log(r0);
-    cr_expect_eq(rc, 1, "rank 0 exited with %d (%s); log:\n%s", rc, st.msg, log ? log : "");
-    cr_expect(log && strstr(log, "1 of 2 ranks joined within 1000 ms"), "rank 0's log:\n%s",
-              log ? log : "");
-    free(log);
+    pie_proc *r0 = lws_rank(ctl_env, &a, 0, "PIE_TP_SIZE=2", "PIE_TP_TIMEOUT=1s");
+    expect_exit_saying(r0, 1, "1 of 2 ranks joined within 1000 ms", "rank 0");
     unsigned long long first = offered_epoch(r0);
     pie_proc_destroy(r0);
 
     /* rank 1 comes late, while no rank 0 answers; then rank 0 is restarted */
-    pie_proc *r1 = lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL);
+    pie_proc *r1 = lws_rank(ctl_env, &a, 1, "PIE_TP_SIZE=2", NULL);
     cr_assert(pie_proc_wait_log(r1, "event=svc.started ", 1, WAIT_MS), "rank 1 never served");
     pie_test_sleep_ms(300);
     cr_expect_eq(pie_proc_log_count(r1, "serving=true"), 0,
@@ -865,7 +787,7 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
     char coll_env[32], coll_log[48];
     snprintf(coll_env, sizeof coll_env, "PIE_TP_PORT=%d", coll_port);
     snprintf(coll_log, sizeof coll_log, " collective_port=%d ", coll_port);
-    c.wrk = lws_rank(ctl_env, listen_env, leader_env, 0, "PIE_TP_SIZE=2", coll_env);
+    c.wrk = lws_rank(ctl_env, &a, 0, "PIE_TP_SIZE=2", coll_env);
     cr_assert_eq(pie_proc_wait_ready(c.wrk, START_MS, &st), PIE_OK, "rank 0: %s", st.msg);
     rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
     cr_assert(ctl, "%s", st.msg);
@@ -885,43 +807,20 @@ Test(tp, a_rank_joining_after_rank_0s_timeout_joins_its_next_formation_under_a_n
                  "rank 1 did not reach the collective at tp.port %d", coll_port);
 
     /* a rank 1 once the group formed: refused, saying so */
-    join_refused(lws_rank(ctl_env, listen_env, leader_env, 1, "PIE_TP_SIZE=2", NULL),
-                 "group lws formed already");
+    join_refused(lws_rank(ctl_env, &a, 1, "PIE_TP_SIZE=2", NULL), "group lws formed already");
 
     /* the group computes what the engine computes */
-    c.cache_dir = pie_proc_tmpdir(&st);
-    cr_assert(c.cache_dir, "%s", st.msg);
-    char cache_env[600];
-    snprintf(cache_env, sizeof cache_env, "PIE_RUNTIME_CACHE_DIR=%s", c.cache_dir);
-    const char *lenv[] = {ctl_env, cache_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR "/" E2E_MODEL,
-                          "PIE_RUNTIME_TIER1=false", NULL};
-    pie_proc_opts lo = {.env = lenv};
-    c.lc = pie_proc_start("pie-lifecycle", &lo, START_MS, &st);
-    cr_assert(c.lc, "%s", st.msg);
-    c.ch = rpc_channel_create(pie_proc_addr(c.lc), NULL, &st);
-    cr_assert(c.ch, "%s", st.msg);
-    cr_assert_gt(pie_test_wait_models(c.ch, START_MS), 0, "the lifecycle never learned a model");
+    e2e_cluster_start_lifecycle(&c, NULL, NULL);
     char *prog = e2e_upload(&c, "text_completion");
     e2e_run r;
-    e2e_run_program(&c, prog, tc_args, NULL, &r);
+    e2e_run_program(&c, prog, e2e_tc_args, NULL, &r);
     e2e_assert_success(&r, "text_completion on the re-formed group");
-    e2e_ref *ref = e2e_ref_open();
-    const char *prompt = tc_args[1];
-    uint32_t p[E2E_MAX_TOKENS], want[E2E_MAX_TOKENS];
-    size_t np = e2e_ref_prompt(ref, &prompt, 1, p);
-    size_t nw = e2e_ref_greedy(ref, p, np, 32, true, want), len;
-    char *text = e2e_ref_text(ref, want, nw, &len);
-    cr_expect(r.n_msgs >= 1 && r.msg_lens[0] == len && memcmp(r.msgs[0], text, len) == 0,
-              "text_completion on the re-formed group:\n  \"%s\"\nthe engine's greedy decoding:\n"
-              "  \"%s\"",
-              r.n_msgs ? r.msgs[0] : "", text);
-    free(text);
-    e2e_ref_close(ref);
+    expect_greedy_completion(&r, "text_completion on the re-formed group");
     e2e_run_free(&r);
     free(prog);
     rpc_channel_destroy(ctl);
     e2e_cluster_stop(&c); /* rank 0 exits 0 and stops rank 1 */
-    rc = pie_proc_wait(r1, STOP_MS, &st);
+    int rc = pie_proc_wait(r1, STOP_MS, &st);
     cr_expect_eq(rc, 0, "rank 1 exited with %d (%s)", rc, st.msg);
     pie_proc_destroy(r1);
 }
