@@ -1,6 +1,7 @@
 /* pie_testranks.c — see pie_testranks.h. */
 #include "pie_testranks.h"
 
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -45,4 +46,20 @@ int pie_testranks_run(uint32_t n_ranks, pie_testranks_fn fn, void *arg, int *sta
         if (failed >= 0 && status[r] != 0) failed++;
     }
     return failed;
+}
+
+void pie_testranks_expect_ok(uint32_t n_ranks, pie_testranks_fn fn, void *arg) {
+    int status[PIE_TESTRANKS_MAX];
+    int failed = pie_testranks_run(n_ranks, fn, arg, status);
+    cr_assert_geq(failed, 0, "fork failed");
+    for (uint32_t r = 0; r < n_ranks; r++)
+        cr_expect_eq(status[r], 0, "rank %u of %u failed (status %d; its stderr says why)", r,
+                     n_ranks, status[r]);
+}
+
+uint64_t pie_testranks_hash(const void *bytes, size_t n) {
+    const unsigned char *b = bytes;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
 }

@@ -1,10 +1,10 @@
 /* pie_testranks.h — running one function as N forked "rank" processes (the tensor-parallel
  * tests: tests/unit/test_wrk_coll.c, tests/unit/test_eng_tp.c).
  *
- * Owns: forking the ranks, a name for their shared segment that no other test shares, and
- * collecting their exit statuses. A rank reports failure by returning non-zero after writing
- * what differed to stderr (Criterion's asserts belong to the test process, not to its
- * children); the parent asserts on the statuses. */
+ * Owns: forking the ranks, a name for their shared segment that no other test shares,
+ * collecting their exit statuses, and a hash the ranks report results by. A rank reports failure by
+ * returning non-zero after writing what differed to stderr (Criterion's asserts belong to the test
+ * process, not to its children); the parent asserts on the statuses. */
 #ifndef PIE_TESTRANKS_H
 #define PIE_TESTRANKS_H
 
@@ -30,6 +30,13 @@ void pie_testranks_next_name(char *buf, size_t cap);
  * the signal that ended it. Returns the number of ranks whose status is not 0; -1 when fork
  * fails. */
 int pie_testranks_run(uint32_t n_ranks, pie_testranks_fn fn, void *arg, int *status);
+
+/* pie_testranks_run in a Criterion test: asserts that the fork worked and expects every rank
+ * to exit 0 (a failure names the rank; its stderr says why). */
+void pie_testranks_expect_ok(uint32_t n_ranks, pie_testranks_fn fn, void *arg);
+
+/* FNV-1a of bytes[0, n): how ranks leave a result for the test process to compare. */
+uint64_t pie_testranks_hash(const void *bytes, size_t n);
 
 /* Inside a rank: when cond is false, prints the rank and the message and returns 1. */
 #define PIE_RANK_CHECK(rank, cond, ...)                     \

@@ -27,15 +27,6 @@
 
 #define CHUNK (256u << 10) /* bytes per step in these tests: large messages take several */
 
-static void run_ranks(uint32_t n, pie_testranks_fn fn, void *arg) {
-    int status[PIE_TESTRANKS_MAX];
-    int failed = pie_testranks_run(n, fn, arg, status);
-    cr_assert_geq(failed, 0, "fork failed");
-    for (uint32_t r = 0; r < n; r++)
-        cr_expect_eq(status[r], 0, "rank %u of %u failed (status %d; its stderr says why)", r, n,
-                     status[r]);
-}
-
 static wrk_coll *open_rank(uint32_t rank, uint32_t n, const char *name, uint32_t timeout_ms) {
     wrk_coll_opts o = {.name = name,
                        .epoch = 7,
@@ -60,13 +51,6 @@ static float rnd(uint32_t rank, uint32_t iter, size_t j) {
     x *= 0xD6E9F8CC1ull;
     x ^= x >> 29;
     return (float)((double)(x & 0xFFFFFF) / (double)0x800000 - 1.0);
-}
-
-static uint64_t fnv(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
 }
 
 /* Sizes (floats): tiny, odd, just below/above the one-barrier threshold, above one step. */
@@ -111,12 +95,12 @@ static int rank_sum_integers(uint32_t rank, uint32_t n, const char *name, void *
 }
 
 Test(wrk_coll, allreduce_of_integers_is_exact_with_2_and_4_ranks) {
-    run_ranks(2, rank_sum_integers, NULL);
-    run_ranks(4, rank_sum_integers, NULL);
+    pie_testranks_expect_ok(2, rank_sum_integers, NULL);
+    pie_testranks_expect_ok(4, rank_sum_integers, NULL);
 }
 
 Test(wrk_coll, allreduce_with_3_ranks_splits_uneven_slices) {
-    run_ranks(3, rank_sum_integers, NULL);
+    pie_testranks_expect_ok(3, rank_sum_integers, NULL);
 }
 
 static int rank_sum_random(uint32_t rank, uint32_t n, const char *name, void *arg) {
@@ -141,7 +125,7 @@ static int rank_sum_random(uint32_t rank, uint32_t n, const char *name, void *ar
                                "all-reduce of %zu floats: [%zu] = %.9g, serial sum %.9g", len, j,
                                buf[j], want);
             }
-            uint64_t h = fnv(buf, len * sizeof(float));
+            uint64_t h = pie_testranks_hash(buf, len * sizeof(float));
             PIE_RANK_CHECK(rank, wrk_coll_allgather(c, &h, sizeof h, hashes, &st) == PIE_OK,
                            "all-gather: %s", st.msg);
             for (uint32_t r = 0; r < n; r++)
@@ -156,8 +140,8 @@ static int rank_sum_random(uint32_t rank, uint32_t n, const char *name, void *ar
 }
 
 Test(wrk_coll, allreduce_of_random_data_matches_the_serial_sum_on_every_rank) {
-    run_ranks(2, rank_sum_random, NULL);
-    run_ranks(4, rank_sum_random, NULL);
+    pie_testranks_expect_ok(2, rank_sum_random, NULL);
+    pie_testranks_expect_ok(4, rank_sum_random, NULL);
 }
 
 /* The bits of every all-reduce, on both paths for messages of several steps (pipelined, one
@@ -200,7 +184,7 @@ static int rank_sum_bits(uint32_t rank, uint32_t n, const char *name, void *arg)
                                "%s all-reduce of %zu floats: [%zu] = %a, the rank-order sum %a",
                                stepwise ? "stepwise" : "pipelined", len, j, buf[j], want);
             }
-            uint64_t h = fnv(buf, len * sizeof(float));
+            uint64_t h = pie_testranks_hash(buf, len * sizeof(float));
             PIE_RANK_CHECK(rank, wrk_coll_allgather(c, &h, sizeof h, hashes, &st) == PIE_OK,
                            "all-gather: %s", st.msg);
             for (uint32_t r = 0; r < n; r++)
@@ -216,8 +200,8 @@ static int rank_sum_bits(uint32_t rank, uint32_t n, const char *name, void *arg)
 
 Test(wrk_coll, allreduce_bits_are_the_rank_order_sum_on_the_pipelined_and_stepwise_paths) {
     bool pipelined = false, stepwise = true;
-    run_ranks(3, rank_sum_bits, &pipelined);
-    run_ranks(3, rank_sum_bits, &stepwise);
+    pie_testranks_expect_ok(3, rank_sum_bits, &pipelined);
+    pie_testranks_expect_ok(3, rank_sum_bits, &stepwise);
 }
 
 /* ---- all-gather, broadcast, mixed --------------------------------------------------------------
@@ -267,8 +251,8 @@ static int rank_gather_bcast(uint32_t rank, uint32_t n, const char *name, void *
 }
 
 Test(wrk_coll, allgather_and_broadcast_deliver_exact_bytes) {
-    run_ranks(2, rank_gather_bcast, NULL);
-    run_ranks(4, rank_gather_bcast, NULL);
+    pie_testranks_expect_ok(2, rank_gather_bcast, NULL);
+    pie_testranks_expect_ok(4, rank_gather_bcast, NULL);
 }
 
 /* Thousands of small operations of every kind back to back: a rank that ran ahead into a
@@ -306,8 +290,8 @@ static int rank_mixed(uint32_t rank, uint32_t n, const char *name, void *arg) {
 }
 
 Test(wrk_coll, thousands_of_mixed_operations_stay_in_step) {
-    run_ranks(2, rank_mixed, NULL);
-    run_ranks(4, rank_mixed, NULL);
+    pie_testranks_expect_ok(2, rank_mixed, NULL);
+    pie_testranks_expect_ok(4, rank_mixed, NULL);
 }
 
 Test(wrk_coll, one_rank_needs_no_segment) {
@@ -355,9 +339,9 @@ static int rank_one_dies(uint32_t rank, uint32_t n, const char *name, void *arg)
 
 Test(wrk_coll, a_rank_that_dies_fails_the_others_instead_of_hanging) {
     uint32_t dead = 1;
-    run_ranks(2, rank_one_dies, &dead);
+    pie_testranks_expect_ok(2, rank_one_dies, &dead);
     dead = 2;
-    run_ranks(4, rank_one_dies, &dead);
+    pie_testranks_expect_ok(4, rank_one_dies, &dead);
 }
 
 /* Rank 1 stays alive but does not arrive; rank 0 times out, and rank 1 finds the group failed. */
@@ -386,7 +370,9 @@ static int rank_one_stalls(uint32_t rank, uint32_t n, const char *name, void *ar
     return 0;
 }
 
-Test(wrk_coll, a_rank_that_does_not_arrive_times_out) { run_ranks(2, rank_one_stalls, NULL); }
+Test(wrk_coll, a_rank_that_does_not_arrive_times_out) {
+    pie_testranks_expect_ok(2, rank_one_stalls, NULL);
+}
 
 /* An idle wait: rank 0 broadcasts only after 4 times the ranks' timeout (the followers of a
  * worker group between steps); the others, in wrk_coll_bcast_idle, get the bytes instead of
@@ -417,8 +403,8 @@ static int rank_idle_bcast(uint32_t rank, uint32_t n, const char *name, void *ar
 }
 
 Test(wrk_coll, an_idle_broadcast_waits_past_the_timeout) {
-    run_ranks(2, rank_idle_bcast, NULL);
-    run_ranks(3, rank_idle_bcast, NULL);
+    pie_testranks_expect_ok(2, rank_idle_bcast, NULL);
+    pie_testranks_expect_ok(3, rank_idle_bcast, NULL);
 }
 
 /* Rank 0 dies while the others wait for it without a deadline: the wait ends UNAVAILABLE
@@ -448,8 +434,8 @@ static int rank_root_dies_idle(uint32_t rank, uint32_t n, const char *name, void
 }
 
 Test(wrk_coll, an_idle_broadcast_ends_when_the_root_dies) {
-    run_ranks(2, rank_root_dies_idle, NULL);
-    run_ranks(3, rank_root_dies_idle, NULL);
+    pie_testranks_expect_ok(2, rank_root_dies_idle, NULL);
+    pie_testranks_expect_ok(3, rank_root_dies_idle, NULL);
 }
 
 /* Rank 1 expects 4 ranks where rank 0 made a segment for 2. */
@@ -483,7 +469,7 @@ static int rank_mismatched(uint32_t rank, uint32_t n, const char *name, void *ar
 }
 
 Test(wrk_coll, a_rank_expecting_another_group_shape_is_refused) {
-    run_ranks(2, rank_mismatched, NULL);
+    pie_testranks_expect_ok(2, rank_mismatched, NULL);
 }
 
 /* A segment left under the group's name by an earlier formation (a rank 0 that crashed before
@@ -513,7 +499,7 @@ Test(wrk_coll, a_stale_segment_under_the_same_name_is_replaced) {
     cr_assert_eq(ftruncate(fd, 1 << 16), 0);
     cr_assert_eq(pwrite(fd, garbage, strlen(garbage), 0), (ssize_t)strlen(garbage));
     close(fd);
-    run_ranks(3, rank_after_stale, NULL);
+    pie_testranks_expect_ok(3, rank_after_stale, NULL);
     cr_expect(shm_unlink(name) != 0 && errno == ENOENT, "%s is left behind", name);
 }
 
@@ -544,7 +530,9 @@ static int rank_other_epoch(uint32_t rank, uint32_t n, const char *name, void *a
     return 0;
 }
 
-Test(wrk_coll, a_rank_of_another_epoch_does_not_join) { run_ranks(2, rank_other_epoch, NULL); }
+Test(wrk_coll, a_rank_of_another_epoch_does_not_join) {
+    pie_testranks_expect_ok(2, rank_other_epoch, NULL);
+}
 
 /* Once every rank has joined, the segment's name is gone (nothing is left in /dev/shm). */
 static int rank_check_unlinked(uint32_t rank, uint32_t n, const char *name, void *arg) {
@@ -560,7 +548,7 @@ static int rank_check_unlinked(uint32_t rank, uint32_t n, const char *name, void
 }
 
 Test(wrk_coll, the_segment_name_is_removed_once_all_ranks_joined) {
-    run_ranks(3, rank_check_unlinked, NULL);
+    pie_testranks_expect_ok(3, rank_check_unlinked, NULL);
 }
 
 Test(wrk_coll, bad_options_are_refused_with_the_field_named) {

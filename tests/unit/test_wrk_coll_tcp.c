@@ -58,15 +58,6 @@ static void world_free(tcp_world *w) {
     munmap(w, sizeof *w);
 }
 
-static void run_ranks(uint32_t n, pie_testranks_fn fn, tcp_world *w) {
-    int status[PIE_TESTRANKS_MAX];
-    int failed = pie_testranks_run(n, fn, w, status);
-    cr_assert_geq(failed, 0, "fork failed");
-    for (uint32_t r = 0; r < n; r++)
-        cr_expect_eq(status[r], 0, "process %u of %u failed (status %d; its stderr says why)", r, n,
-                     status[r]);
-}
-
 /* A process that is not rank 0 closes its inherited copy of rank 0's listener first. */
 static void drop_listener(const tcp_world *w, bool is_rank0) {
     if (!is_rank0 && w->listen_fd >= 0) close(w->listen_fd);
@@ -95,13 +86,6 @@ static float rnd(uint32_t rank, size_t j) {
     return (float)((double)(x & 0xFFFFFF) / (double)0x800000 - 1.0);
 }
 
-static uint64_t fnv(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 /* ---- every operation ---------------------------------------------------------------------- */
 
 static int ops_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
@@ -116,7 +100,7 @@ static int ops_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
         for (size_t j = 0; j < SIZES[s]; j++) buf[j] = rnd(rank, j);
         PIE_RANK_CHECK(rank, wrk_coll_allreduce_sum_f32(c, buf, SIZES[s], &st) == PIE_OK,
                        "all-reduce of %zu: %s", SIZES[s], st.msg);
-        w->hash[rank][s] = fnv(buf, SIZES[s] * sizeof *buf);
+        w->hash[rank][s] = pie_testranks_hash(buf, SIZES[s] * sizeof *buf);
     }
     if (w->leader[0]) { /* the other operations, on TCP */
         uint32_t mine[2] = {rank * 10 + 1, rank * 10 + 2}, all[2 * PIE_TESTRANKS_MAX];
@@ -144,8 +128,8 @@ static int ops_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
 
 Test(wrk_coll_tcp, every_rank_gets_the_bits_the_shared_memory_transport_gives) {
     tcp_world *shm = world_new(false), *tcp = world_new(true);
-    run_ranks(N_RANKS, ops_rank, shm);
-    run_ranks(N_RANKS, ops_rank, tcp);
+    pie_testranks_expect_ok(N_RANKS, ops_rank, shm);
+    pie_testranks_expect_ok(N_RANKS, ops_rank, tcp);
     for (size_t s = 0; s < N_SIZES; s++)
         for (uint32_t r = 0; r < N_RANKS; r++) {
             cr_expect_eq(tcp->hash[r][s], tcp->hash[0][s],
@@ -215,7 +199,7 @@ static int join_rank(uint32_t proc, uint32_t n_procs, const char *name, void *ar
 
 Test(wrk_coll_tcp, ranks_of_another_epoch_size_or_a_taken_rank_are_refused_and_the_group_forms) {
     tcp_world *w = world_new(true);
-    run_ranks(5, join_rank, w);
+    pie_testranks_expect_ok(5, join_rank, w);
     int refused = w->codes[1] ? 1 : 3, winner = refused == 1 ? 3 : 1;
     cr_expect_eq(w->codes[winner], 0, "both processes claiming rank 1 were refused");
     cr_expect_eq(w->codes[refused], PIE_ALREADY_EXISTS, "the second rank 1: code %d: %s",
@@ -248,7 +232,7 @@ static int dying_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
 
 Test(wrk_coll_tcp, a_rank_that_exits_fails_the_others_with_unavailable_naming_it) {
     tcp_world *w = world_new(true);
-    run_ranks(N_RANKS, dying_rank, w);
+    pie_testranks_expect_ok(N_RANKS, dying_rank, w);
     for (uint32_t r = 0; r < 2; r++) {
         cr_expect_eq(w->codes[r], PIE_UNAVAILABLE, "rank %u: code %d: %s", r, w->codes[r],
                      w->msgs[r]);
@@ -274,7 +258,7 @@ static int dead_root(uint32_t rank, uint32_t n, const char *name, void *arg) {
 
 Test(wrk_coll_tcp, a_dead_rank_0_ends_an_idle_wait) {
     tcp_world *w = world_new(true);
-    run_ranks(2, dead_root, w);
+    pie_testranks_expect_ok(2, dead_root, w);
     cr_expect_eq(w->codes[1], PIE_UNAVAILABLE, "code %d: %s", w->codes[1], w->msgs[1]);
     cr_expect(strstr(w->msgs[1], "rank 0 of 2 is gone"), "%s", w->msgs[1]);
     world_free(w);
