@@ -462,6 +462,44 @@ void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *w
                   got->msgs[j], want_side, want->msgs[j]);
 }
 
+/* ---- a memory policy against policy gpu -------------------------------------------------- */
+
+void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
+                    Pie__V1__MemoryPolicy policy) {
+    *v = (e2e_vs_gpu){0};
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
+    e2e_cluster_start_full(&v->c, gpu_env, NULL, NULL);
+    pie_status st;
+    v->ctl = rpc_channel_create(pie_proc_addr(v->c.ctl), NULL, &st);
+    cr_assert(v->ctl, "%s", st.msg);
+    e2e_upload_programs(&v->c, v->ids);
+    cr_assert_eq(e2e_wait_worker(v->ctl, "gpu"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s-prefix", group);
+    e2e_run_programs(&v->c, v->ids, prefix, v->gpu);
+
+    e2e_worker_replace(&v->c, "the worker", env);
+    cr_assert_eq(e2e_wait_worker(v->ctl, group), policy);
+    e2e_run_programs(&v->c, v->ids, prefix, v->got);
+    const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
+                                    "prefix_caching (export)", "prefix_caching (import)",
+                                    "prefix_caching (unexport)"};
+    for (int i = 0; i < E2E_N_RUNS; i++)
+        e2e_expect_same_msgs(&v->got[i], &v->gpu[i], what[i], group, "gpu");
+    cr_expect_str_eq(v->got[2].msgs[0], "miss", "the first prefix_caching instance");
+    cr_expect_str_eq(v->got[3].msgs[0], "hit", "the second prefix_caching instance");
+}
+
+void e2e_vs_gpu_end(e2e_vs_gpu *v) {
+    for (int i = 0; i < E2E_N_RUNS; i++) {
+        e2e_run_free(&v->gpu[i]);
+        e2e_run_free(&v->got[i]);
+    }
+    for (int i = 0; i < 3; i++) free(v->ids[i]);
+    rpc_channel_destroy(v->ctl);
+    e2e_cluster_stop(&v->c);
+}
+
 /* ---- reference engine --------------------------------------------------------------------- */
 
 struct e2e_ref {

@@ -144,6 +144,24 @@ void e2e_run_programs(e2e_cluster *c, char *const ids[3], const char *prefix_nam
 void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *what,
                           const char *got_side, const char *want_side);
 
+/* ---- a memory policy against policy gpu (test_swap.c, test_offload.c) ------------------------ */
+
+typedef struct e2e_vs_gpu {
+    e2e_cluster c;
+    rpc_channel *ctl; /* to the controller */
+    char *ids[3];     /* e2e_upload_programs */
+    e2e_run gpu[E2E_N_RUNS], got[E2E_N_RUNS];
+} e2e_vs_gpu;
+
+/* Starts a cluster whose worker (group "gpu") runs e2e_run_programs, then replaces it by one
+ * started with env (group `group`, which must report memory policy `policy`) that runs them
+ * again (both with the prefix "<group>-prefix"); expects each run's messages to be the gpu worker's
+ * byte for byte and prefix caching to miss, then hit. The cluster stays up for the caller's checks
+ * of the second worker; e2e_vs_gpu_end stops it. */
+void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
+                    Pie__V1__MemoryPolicy policy);
+void e2e_vs_gpu_end(e2e_vs_gpu *v);
+
 /* ---- reference engine --------------------------------------------------------------------- */
 
 typedef struct e2e_ref e2e_ref;

@@ -43,33 +43,13 @@ static double metric(int port, const char *series) {
 }
 
 Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
-    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
-    e2e_cluster c;
-    e2e_cluster_start_full(&c, gpu_env, NULL, NULL);
-    pie_status st;
-    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
-    cr_assert(ctl, "%s", st.msg);
-    char *ids[3];
-    e2e_upload_programs(&c, ids);
-    cr_assert_eq(e2e_wait_worker(ctl, "gpu"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU);
-    e2e_run gpu[E2E_N_RUNS], off[E2E_N_RUNS];
-    e2e_run_programs(&c, ids, "offload-prefix", gpu);
-
+    e2e_vs_gpu v;
     /* 4 device pages of every layer (128 KiB), the rest of the pages in the host pool */
     const char *off_env[] = {"PIE_WORKER_GROUP_ID=offload", "PIE_MEMORY_POLICY=offload",
                              "PIE_MEMORY_DEVICE_KV=128KiB", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
-    e2e_worker_replace(&c, "the worker", off_env);
-    cr_assert_eq(e2e_wait_worker(ctl, "offload"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
-    e2e_run_programs(&c, ids, "offload-prefix", off);
-    const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
-                                    "prefix_caching (export)", "prefix_caching (import)",
-                                    "prefix_caching (unexport)"};
-    for (int i = 0; i < E2E_N_RUNS; i++)
-        e2e_expect_same_msgs(&off[i], &gpu[i], what[i], "offload", "gpu");
-    cr_expect_str_eq(off[2].msgs[0], "miss", "the first prefix_caching instance");
-    cr_expect_str_eq(off[3].msgs[0], "hit", "the second prefix_caching instance");
+    e2e_vs_gpu_run(&v, "offload", off_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
     /* decodes did attend on the host, and pages did move there */
-    int port = pie_proc_metrics_port(c.wrk);
+    int port = pie_proc_metrics_port(v.c.wrk);
     cr_assert_gt(port, 0, "the worker serves no metrics");
     double hosted = metric(port, "pie_worker_offload_host_instances_total");
     double moved = metric(port, "pie_worker_offload_pages_moved_total{direction=\"to_host\"}");
@@ -78,11 +58,5 @@ Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
     cr_expect_gt(moved, 0, "no page moved to the host");
     cr_expect_gt(forced, 0, "4 device pages never forced a decode to the host");
 
-    for (int i = 0; i < E2E_N_RUNS; i++) {
-        e2e_run_free(&gpu[i]);
-        e2e_run_free(&off[i]);
-    }
-    for (int i = 0; i < 3; i++) free(ids[i]);
-    rpc_channel_destroy(ctl);
-    e2e_cluster_stop(&c);
+    e2e_vs_gpu_end(&v);
 }

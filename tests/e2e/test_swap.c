@@ -21,36 +21,16 @@
 TestSuite(swap, .timeout = 600);
 
 Test(swap, layers_in_the_host_pool_change_no_output_of_fork_export_and_import) {
-    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
-    e2e_cluster c;
-    e2e_cluster_start_full(&c, gpu_env, NULL, NULL);
-    pie_status st;
-    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
-    cr_assert(ctl, "%s", st.msg);
-    char *ids[3];
-    e2e_upload_programs(&c, ids);
-    cr_assert_eq(e2e_wait_worker(ctl, "gpu"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU);
-    e2e_run gpu[E2E_N_RUNS], swp[E2E_N_RUNS];
-    e2e_run_programs(&c, ids, "swap-prefix", gpu);
-
+    e2e_vs_gpu v;
     /* 2 of small-f32's 4 layers on the device, the other 2 in the host pool, a 16 Gb/s link */
     const char *swap_env[] = {"PIE_WORKER_GROUP_ID=swap",        "PIE_MEMORY_POLICY=swap",
                               "PIE_MEMORY_DEVICE_LAYERS=2",      "PIE_MEMORY_HOST_POOL=64MiB",
                               "PIE_MEMORY_EMULATE_LINK_GBPS=16", NULL};
-    e2e_worker_replace(&c, "the worker", swap_env);
-    cr_assert_eq(e2e_wait_worker(ctl, "swap"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
-    e2e_run_programs(&c, ids, "swap-prefix", swp);
-    const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
-                                    "prefix_caching (export)", "prefix_caching (import)",
-                                    "prefix_caching (unexport)"};
-    for (int i = 0; i < E2E_N_RUNS; i++)
-        e2e_expect_same_msgs(&swp[i], &gpu[i], what[i], "swap", "gpu");
-    cr_expect_str_eq(swp[2].msgs[0], "miss", "the first prefix_caching instance");
-    cr_expect_str_eq(swp[3].msgs[0], "hit", "the second prefix_caching instance");
+    e2e_vs_gpu_run(&v, "swap", swap_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
     /* the layers did move: the worker's counters (its heartbeat, in ClusterStatus) */
     uint64_t in = 0, out = 0;
     for (int64_t until = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0);) {
-        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, WAIT_MS);
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(v.ctl, WAIT_MS);
         if (cs && cs->n_workers == 1 && cs->workers[0]->stats)
             in = cs->workers[0]->stats->swap_in_bytes, out = cs->workers[0]->stats->swap_out_bytes;
         rpc_msg_free(cs ? &cs->base : NULL);
@@ -61,13 +41,7 @@ Test(swap, layers_in_the_host_pool_change_no_output_of_fork_export_and_import) {
         }
     }
 
-    for (int i = 0; i < E2E_N_RUNS; i++) {
-        e2e_run_free(&gpu[i]);
-        e2e_run_free(&swp[i]);
-    }
-    for (int i = 0; i < 3; i++) free(ids[i]);
-    rpc_channel_destroy(ctl);
-    e2e_cluster_stop(&c);
+    e2e_vs_gpu_end(&v);
 }
 
 /* Two completions of ~110 tokens (7 pages of 16 each) at once on 8 device pages: a gpu worker
