@@ -2,6 +2,7 @@
 #include "pie_testeng.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,17 @@ void pie_test_forward_ok(eng *e, const eng_forward_item *items, uint32_t n) {
 }
 
 /* ---- the mixed workload -------------------------------------------------------------------- */
+
+eng_opts pie_testwork_opts(char *dir, size_t cap) {
+    int k = snprintf(dir, cap, "%s/%s", PIE_MODELS_DIR, PIE_TESTWORK_MODEL);
+    cr_assert(k > 0 && (size_t)k < cap);
+    return (eng_opts){.model_dir = dir,
+                      .kv_page_size = PIE_TESTWORK_PAGE,
+                      .kv_pages = PIE_TESTWORK_PAGES,
+                      .embed_slots = 256,
+                      .max_batch_tokens = 128,
+                      .n_threads = 2};
+}
 
 void pie_testwork_out_init(pie_testwork_out *r, eng *e) {
     memset(r, 0, sizeof *r);

@@ -11,6 +11,7 @@
 #define PIE_TESTENG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "eng.h"
@@ -29,8 +30,12 @@ void pie_test_forward_ok(eng *e, const eng_forward_item *items, uint32_t n);
 
 /* ---- the mixed workload -------------------------------------------------------------------- */
 
-/* The engine's kv_page_size; the workload uses page ids 0-10 and embed slots 0-167. */
+/* The engine the workload runs on (pie_testwork_opts): small-f32 (4 layers), pages of
+ * PIE_TESTWORK_PAGE tokens, PIE_TESTWORK_PAGES of them (the workload uses ids 0-10), 256 embed
+ * slots (it uses 0-167). */
+#define PIE_TESTWORK_MODEL   "small-f32"
 #define PIE_TESTWORK_PAGE    16
+#define PIE_TESTWORK_PAGES   24
 #define PIE_TESTWORK_MAX_OUT 20
 
 /* What one run produced: the logits and top-8 distribution of every recorded output. */
@@ -44,6 +49,10 @@ typedef struct pie_testwork_out {
 
 /* Called after each of the workload's steps with the step's number (0, 1, ...). */
 typedef void (*pie_testwork_step_fn)(eng *e, uint32_t step, void *user);
+
+/* The options of that engine without a memory policy (policy gpu), 2 threads, batches of up to
+ * 128 tokens; dir (cap bytes) receives the model's path, which the options point to. */
+eng_opts pie_testwork_opts(char *dir, size_t cap);
 
 /* *r ← no outputs, room for PIE_TESTWORK_MAX_OUT of e's vocabulary (free r->logits). */
 void pie_testwork_out_init(pie_testwork_out *r, eng *e);

@@ -27,11 +27,8 @@
 #include "pie_testeng.h"
 #include "pie_testutil.h"
 
-#define PAGE    PIE_TESTWORK_PAGE
-#define PAGES   24
-#define SLOTS   256
-#define THREADS 2
-#define MODEL   "small-f32" /* 4 layers */
+#define PAGE  PIE_TESTWORK_PAGE
+#define PAGES PIE_TESTWORK_PAGES /* of small-f32 (4 layers): pie_testwork_opts */
 
 TestSuite(eng_offload, .fini = pie_test_leak_check);
 
@@ -46,20 +43,13 @@ typedef struct off_setup {
 
 static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
     char dir[512];
-    int k = snprintf(dir, sizeof dir, "%s/%s", PIE_MODELS_DIR, MODEL);
-    cr_assert(k > 0 && (size_t)k < sizeof dir);
-    eng_opts o = {.model_dir = dir,
-                  .kv_page_size = PAGE,
-                  .kv_pages = PAGES,
-                  .embed_slots = SLOTS,
-                  .max_batch_tokens = 128,
-                  .n_threads = THREADS,
-                  .swap_slots = s->swap_slots,
-                  .swap_host_bytes = s->swap_slots ? 1u << 24 : 0,
-                  .offload_device_pages = s->device_pages,
-                  .offload_host_threads = 2,
-                  .offload_pick = s->pick,
-                  .offload_pick_user = s->pick_user};
+    eng_opts o = pie_testwork_opts(dir, sizeof dir);
+    o.swap_slots = s->swap_slots;
+    o.swap_host_bytes = s->swap_slots ? 1u << 24 : 0;
+    o.offload_device_pages = s->device_pages;
+    o.offload_host_threads = 2;
+    o.offload_pick = s->pick;
+    o.offload_pick_user = s->pick_user;
     return eng_open(&o, out, st);
 }
 

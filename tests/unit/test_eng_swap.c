@@ -33,11 +33,8 @@
 #include "pie_testeng.h"
 #include "wrk_tier.h"
 
-#define PAGE    PIE_TESTWORK_PAGE
-#define PAGES   24
-#define SLOTS   256
-#define THREADS 2
-#define MODEL   "small-f32" /* 4 layers */
+#define PAGE  PIE_TESTWORK_PAGE
+#define PAGES PIE_TESTWORK_PAGES /* of small-f32 (4 layers): pie_testwork_opts */
 
 /* ---- engines ------------------------------------------------------------------------------ */
 
@@ -56,19 +53,12 @@ static size_t layer_bytes(void) {
 
 static pie_code open_swap(const swap_setup *s, eng **out, pie_status *st) {
     char dir[512];
-    int k = snprintf(dir, sizeof dir, "%s/%s", PIE_MODELS_DIR, MODEL);
-    cr_assert(k > 0 && (size_t)k < sizeof dir);
-    eng_opts o = {.model_dir = dir,
-                  .kv_page_size = PAGE,
-                  .kv_pages = PAGES,
-                  .embed_slots = SLOTS,
-                  .max_batch_tokens = 128,
-                  .n_threads = THREADS,
-                  .swap_slots = s->slots,
-                  .swap_host_bytes = s->host_bytes ? s->host_bytes : 8 * layer_bytes(),
-                  .swap_link_bytes_per_s = s->link_bps,
-                  .swap_copy = s->copy,
-                  .swap_copy_user = s->copy_user};
+    eng_opts o = pie_testwork_opts(dir, sizeof dir);
+    o.swap_slots = s->slots;
+    o.swap_host_bytes = s->host_bytes ? s->host_bytes : 8 * layer_bytes();
+    o.swap_link_bytes_per_s = s->link_bps;
+    o.swap_copy = s->copy;
+    o.swap_copy_user = s->copy_user;
     return eng_open(&o, out, st);
 }
 
