@@ -22,6 +22,7 @@
 #include "eng.h"
 #include "eng_cuda.h"
 #include "kcheck.h"
+#include "pie_testeng.h"
 
 #define PAGE 16
 
@@ -101,19 +102,6 @@ static void embed_seq(pair *p, uint32_t slot0, uint32_t seq, uint32_t from, uint
                  st.msg);
 }
 
-static eng_forward_item seq_item(const uint32_t *pages, uint32_t seq_len, bool append,
-                                 const uint32_t *in, uint32_t n_in, const uint32_t *out,
-                                 uint32_t n_out) {
-    return (eng_forward_item){.kv_pages = pages,
-                              .n_kv_pages = (seq_len + PAGE - 1) / PAGE,
-                              .kv_last_page_len = seq_len ? (seq_len - 1) % PAGE + 1 : 0,
-                              .append_kv = append,
-                              .in_slots = in,
-                              .n_in = n_in,
-                              .out_slots = out,
-                              .n_out = n_out};
-}
-
 static void forward(pair *p, const eng_forward_item *items, uint32_t n) {
     pie_status st = {0};
     cr_assert_eq(eng_forward(p->c, items, n, &st), PIE_OK, "cpu forward: %s", st.msg);
@@ -124,11 +112,6 @@ static void mask_page(pair *p, uint32_t page, const bool *m) {
     pie_status st = {0};
     cr_assert_eq(eng_mask_page(p->c, page, m, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_mask_page(p->g, page, m, &st), PIE_OK, "%s", st.msg);
-}
-
-static const uint32_t *range(uint32_t *buf, uint32_t first, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) buf[i] = first + i;
-    return buf;
 }
 
 /* The slot's logits agree between the backends, and so do their positions. */
@@ -153,8 +136,8 @@ static void prefill(pair *p, const uint32_t *pages, uint32_t seq, uint32_t len, 
                     uint32_t out_slot) {
     static uint32_t in[4096];
     embed_seq(p, slot0, seq, 0, len);
-    eng_forward_item it = seq_item(pages, len, true, range(in, slot0, len), len, &out_slot,
-                                   out_slot == UINT32_MAX ? 0 : 1);
+    eng_forward_item it = pie_test_item(PAGE, pages, len, true, pie_test_range(in, slot0, len), len,
+                                        &out_slot, out_slot == UINT32_MAX ? 0 : 1);
     forward(p, &it, 1);
 }
 
@@ -169,7 +152,7 @@ static void prefill_decode_chunked(const char *model) {
     prefill(&p, pb, 0, N - 1, 0, UINT32_MAX);
     embed_seq(&p, 60, 0, N - 1, 1);
     uint32_t o = 101;
-    eng_forward_item dec = seq_item(pb, N, true, range(s, 60, 1), 1, &o, 1);
+    eng_forward_item dec = pie_test_item(PAGE, pb, N, true, pie_test_range(s, 60, 1), 1, &o, 1);
     forward(&p, &dec, 1);
     assert_agree(&p, 101, "prefill + decode");
     uint32_t done = 0, chunks[] = {10, 16, 11};
@@ -177,8 +160,8 @@ static void prefill_decode_chunked(const char *model) {
         embed_seq(&p, 0, 0, done, chunks[c]);
         done += chunks[c];
         o = 102;
-        eng_forward_item it =
-            seq_item(pc, done, true, range(s, 0, chunks[c]), chunks[c], &o, c == 2 ? 1 : 0);
+        eng_forward_item it = pie_test_item(PAGE, pc, done, true, pie_test_range(s, 0, chunks[c]),
+                                            chunks[c], &o, c == 2 ? 1 : 0);
         forward(&p, &it, 1);
     }
     assert_agree(&p, 102, "chunked prefill");
@@ -200,7 +183,7 @@ Test(eng_cuda, several_outputs_of_one_item_agree_with_cpu) {
     pair p = open_pair("tiny-bf16", 8, 64, 64);
     uint32_t pg[] = {0, 1}, s[32], outs[3] = {40, 41, 42};
     embed_seq(&p, 0, 3, 0, 20);
-    eng_forward_item it = seq_item(pg, 20, true, range(s, 0, 20), 20, outs, 3);
+    eng_forward_item it = pie_test_item(PAGE, pg, 20, true, pie_test_range(s, 0, 20), 20, outs, 3);
     forward(&p, &it, 1);
     for (int j = 0; j < 3; j++) assert_agree(&p, outs[j], "output of a middle input");
     close_pair(&p);
@@ -213,8 +196,8 @@ Test(eng_cuda, items_sharing_pages_and_append_false_agree_with_cpu) {
     prefill(&p, pg, 1, 20, 0, UINT32_MAX);
     embed_seq(&p, 30, 1, 20, 1);
     embed_seq(&p, 31, 1, 20, 1);
-    eng_forward_item two[2] = {seq_item(pg, 20, false, &i0, 1, &o0, 1),
-                               seq_item(pg, 20, false, &i1, 1, &o1, 1)};
+    eng_forward_item two[2] = {pie_test_item(PAGE, pg, 20, false, &i0, 1, &o0, 1),
+                               pie_test_item(PAGE, pg, 20, false, &i1, 1, &o1, 1)};
     forward(&p, two, 2);
     assert_agree(&p, 40, "first of two items over the same pages");
     assert_agree(&p, 41, "second of two items over the same pages");
@@ -231,7 +214,7 @@ Test(eng_cuda, page_masks_and_explicit_masks_agree_with_cpu) {
     m[3] = m[4] = true;
     mask_page(&p, 0, m);
     o = 41;
-    eng_forward_item it = seq_item(pg, 20, false, &x, 1, &o, 1);
+    eng_forward_item it = pie_test_item(PAGE, pg, 20, false, &x, 1, &o, 1);
     forward(&p, &it, 1);
     assert_agree(&p, 41, "page mask");
     memset(m, 0, sizeof m);
@@ -258,7 +241,7 @@ Test(eng_cuda, copied_and_masked_pages_agree_with_cpu) {
     cr_assert_eq(eng_copy_pages(p.c, c, 4, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_copy_pages(p.g, c, 4, &st), PIE_OK, "%s", st.msg);
     o = 40;
-    eng_forward_item it = seq_item(q, 20, false, &x, 1, &o, 1);
+    eng_forward_item it = pie_test_item(PAGE, q, 20, false, &x, 1, &o, 1);
     forward(&p, &it, 1);
     assert_agree(&p, 40, "forward over copied pages (mask copied too)");
     close_pair(&p);
@@ -277,7 +260,8 @@ Test(eng_cuda, cleared_pages_and_slots_agree_with_cpu_and_hold_nothing_old) {
     mask_page(&p, 0, m);
     cr_assert_eq(eng_clear_pages(p.c, pg, 4, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_clear_pages(p.g, pg, 4, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(eng_clear_embeds(p.c, range(slots, 0, 21), 21, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_clear_embeds(p.c, pie_test_range(slots, 0, 21), 21, &st), PIE_OK, "%s",
+                 st.msg);
     cr_assert_eq(eng_cuda_clear_embeds(p.g, slots, 21, &st), PIE_OK, "%s", st.msg);
     float *z = malloc(p.vocab * sizeof *z);
     cr_assert(z);
@@ -286,7 +270,7 @@ Test(eng_cuda, cleared_pages_and_slots_agree_with_cpu_and_hold_nothing_old) {
         cr_assert(z[i] == 0.0f, "a cleared slot's logit %u is %g, not 0", i, (double)z[i]);
     free(z);
     embed_seq(&p, x, 6, 20, 1);
-    eng_forward_item it = seq_item(ctx, 20, false, &x, 1, &o, 1);
+    eng_forward_item it = pie_test_item(PAGE, ctx, 20, false, &x, 1, &o, 1);
     forward(&p, &it, 1);
     assert_agree(&p, 40, "forward over cleared pages");
     cr_assert_eq(eng_cuda_clear_pages(p.g, (uint32_t[]){8}, 1, &st), PIE_INVALID_ARGUMENT);
@@ -313,11 +297,11 @@ Test(eng_cuda, a_mixed_batch_with_a_tree_mask_agrees_with_cpu) {
     uint32_t oa[] = {200, 201}, ob[] = {202}, oc[] = {203, 204, 205}, od[] = {206}, oe[] = {207};
     uint32_t tree[] = {10, 11, 10, 1, 1};
     eng_forward_item items[5] = {
-        seq_item(pa, 12, true, range(s[0], 100, 12), 12, oa, 2),
-        seq_item(pb, 21, true, range(s[1], 120, 1), 1, ob, 1),
-        seq_item(pc, 9, false, range(s[2], 130, 3), 3, oc, 3),
-        seq_item(NULL, 0, false, range(s[3], 140, 4), 4, od, 1),
-        seq_item(pb, 20, false, &e_in, 1, oe, 1),
+        pie_test_item(PAGE, pa, 12, true, pie_test_range(s[0], 100, 12), 12, oa, 2),
+        pie_test_item(PAGE, pb, 21, true, pie_test_range(s[1], 120, 1), 1, ob, 1),
+        pie_test_item(PAGE, pc, 9, false, pie_test_range(s[2], 130, 3), 3, oc, 3),
+        pie_test_item(PAGE, NULL, 0, false, pie_test_range(s[3], 140, 4), 4, od, 1),
+        pie_test_item(PAGE, pb, 20, false, &e_in, 1, oe, 1),
     };
     items[2].mask_runs = tree, items[2].n_mask_runs = 5;
     forward(&p, items, 5);
@@ -341,7 +325,7 @@ static void decode_batch(pair *p, uint32_t batch, uint32_t ctx, uint32_t steps,
             in[b] = 3000 + b;
             out[b] = 3100 + b;
             embed_seq(p, in[b], b, ctx + t, 1);
-            items[b] = seq_item(pages[b], ctx + t + 1, true, &in[b], 1, &out[b], 1);
+            items[b] = pie_test_item(PAGE, pages[b], ctx + t + 1, true, &in[b], 1, &out[b], 1);
         }
         forward(p, items, batch);
         for (uint32_t b = 0; b < batch; b++) assert_agree(p, out[b], "decode step");
@@ -367,7 +351,7 @@ Test(eng_cuda, graphs_on_and_off_give_identical_logits) {
     uint32_t pg[] = {0, 1, 2}, in = 60, o1 = 101, o2 = 102;
     prefill(&p, pg, 0, 36, 0, UINT32_MAX);
     embed_seq(&p, in, 0, 36, 1);
-    eng_forward_item it = seq_item(pg, 37, true, &in, 1, &o1, 1);
+    eng_forward_item it = pie_test_item(PAGE, pg, 37, true, &in, 1, &o1, 1);
     forward(&p, &it, 1);
     eng_cuda_set_graphs(p.g, false);
     it.out_slots = &o2;
@@ -447,7 +431,7 @@ static void greedy_within_margin(const char *model) {
         cr_assert_eq(eng_embed_text(p.c, &in, &idc, &pos, 1, &st), PIE_OK);
         cr_assert_eq(eng_cuda_embed_text(p.g, &in, &idc, &pos, 1, &st), PIE_OK);
         n++;
-        eng_forward_item it = seq_item(pg, n, true, &in, 1, &out, 1);
+        eng_forward_item it = pie_test_item(PAGE, pg, n, true, &in, 1, &out, 1);
         forward(&p, &it, 1);
     }
     fprintf(stderr, "%s: greedy top-1 differed from the cpu's at %u of 24 steps (near ties)\n",
@@ -594,7 +578,7 @@ static uint32_t decode_step_batch(pair *p, uint32_t first_page, uint32_t batch, 
     for (uint32_t b = 0; b < batch; b++) {
         in[b] = 3000 + b, out[b] = 3100 + b;
         embed_seq(p, in[b], 100 + b, ctx, 1);
-        items[b] = seq_item(pages[b], ctx + 1, true, &in[b], 1, &out[b], 1);
+        items[b] = pie_test_item(PAGE, pages[b], ctx + 1, true, &in[b], 1, &out[b], 1);
     }
     forward(p, items, batch);
     for (uint32_t b = 0; b < batch; b++) assert_agree(p, out[b], "decode step of a batch");
@@ -613,10 +597,11 @@ Test(eng_cuda, decode_graphs_stay_one_per_bucket_across_split_counts_and_cover_e
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
         uint32_t n = lens[k] - 1 - at; /* prefill up to the token before the decode */
         embed_seq(&p, 0, 7, at, n);
-        eng_forward_item chunk = seq_item(pages, at + n, true, range(s, 0, n), n, NULL, 0);
+        eng_forward_item chunk =
+            pie_test_item(PAGE, pages, at + n, true, pie_test_range(s, 0, n), n, NULL, 0);
         forward(&p, &chunk, 1);
         embed_seq(&p, in, 7, lens[k] - 1, 1);
-        eng_forward_item dec = seq_item(pages, lens[k], true, &in, 1, &out, 1);
+        eng_forward_item dec = pie_test_item(PAGE, pages, lens[k], true, &in, 1, &out, 1);
         forward(&p, &dec, 1);
         assert_agree(&p, out, "decode step over a growing context");
         at = lens[k];
@@ -647,8 +632,9 @@ Test(eng_cuda, a_prefill_and_a_long_decode_in_one_batch_each_get_their_kernel_an
     embed_seq(&p, 2000, 4, 0, 40);           /* the prefill: 40 rows, tensor cores */
     embed_seq(&p, 2100, 3, 1500, 1);         /* the decode: 1 row over 1500 keys, split */
     uint32_t oa = 2200, ob = 2201, ib = 2100;
-    eng_forward_item items[2] = {seq_item(pa, 40, true, range(s, 2000, 40), 40, &oa, 1),
-                                 seq_item(pb, 1501, true, &ib, 1, &ob, 1)};
+    eng_forward_item items[2] = {
+        pie_test_item(PAGE, pa, 40, true, pie_test_range(s, 2000, 40), 40, &oa, 1),
+        pie_test_item(PAGE, pb, 1501, true, &ib, 1, &ob, 1)};
     forward(&p, items, 2);
     assert_agree(&p, oa, "prefill beside a long decode");
     assert_agree(&p, ob, "long decode beside a prefill");
@@ -672,7 +658,7 @@ Test(eng_cuda, a_device_fault_fails_the_call_and_every_later_one_with_its_reason
     for (uint32_t i = 0; i < 20; i++) slots[i] = i, toks[i] = i + 1, pos[i] = i;
     pie_status st = {0};
     cr_assert_eq(eng_cuda_embed_text(g, slots, toks, pos, 20, &st), PIE_OK, "%s", st.msg);
-    eng_forward_item it = seq_item(pg, 20, true, slots, 20, &out, 1);
+    eng_forward_item it = pie_test_item(PAGE, pg, 20, true, slots, 20, &out, 1);
     cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "first forward: %s", st.msg);
     cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_INTERNAL);
     cr_assert(strstr(st.msg, "cuda: device fault: ") == st.msg, "message: %s", st.msg);
@@ -693,7 +679,7 @@ Test(eng_cuda, refused_calls_give_the_cpu_backends_messages) {
     pair p = open_pair("tiny-bf16", 8, 32, 64);
     pie_status sc = {0}, sg = {0};
     uint32_t pg[] = {0, 9}, in = 1, out = 2;
-    eng_forward_item bad = seq_item(pg, 20, true, &in, 1, &out, 1);
+    eng_forward_item bad = pie_test_item(PAGE, pg, 20, true, &in, 1, &out, 1);
     cr_assert_eq(eng_forward(p.c, &bad, 1, &sc), PIE_INVALID_ARGUMENT);
     cr_assert_eq(eng_cuda_forward(p.g, &bad, 1, &sg), PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(sg.msg, sc.msg);
