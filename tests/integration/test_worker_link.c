@@ -1389,14 +1389,62 @@ Test(worker_link, backend_cuda_without_a_device_fails_the_load) {
 #if PIE_TEST_WORKER_HAS_CUDA
     assert_load_fails(&(wopts){.backend = "cuda"}, PIE_UNAVAILABLE, "backend cuda: no CUDA device");
 #else
-    assert_load_fails(&(wopts){.backend = "cuda"}, PIE_UNIMPLEMENTED,
-                      "backend cuda: not built into this worker (nvcc was not found at build time)");
+    assert_load_fails(
+        &(wopts){.backend = "cuda"}, PIE_UNIMPLEMENTED,
+        "backend cuda: not built into this worker (nvcc was not found at build time)");
 #endif
 }
 
-/* ---- tests: the memory policy (issue 13) ------------------------------------------------------ */
+/* ---- tests: the memory policy (issue 13) ------------------------------------------------------
+ */
 
 #define SWAP_MODEL PIE_MODELS_DIR "/small-f32" /* 4 layers */
+
+/* One SlotBatch allocating pages 0..KV_PAGES-3 (into kv, KV_PAGES - 2 of them) and embed
+ * slot 0 (*emb): nearly every page live, as an expansion epoch requires. */
+static void alloc_nearly_all(fc *f, pie_proc *w, arena *a, uint32_t *kv, uint32_t *emb) {
+    for (uint32_t i = 0; i < KV_PAGES - 2; i++) kv[i] = i;
+    *emb = 0;
+    a->used = 0;
+    Pie__V1__Batch *sb[1] = {b_slots(
+        a, 1,
+        (slots_spec){
+            .alloc_kv = kv, .n_alloc_kv = KV_PAGES - 2, .alloc_emb = emb, .n_alloc_emb = 1})};
+    send_step(f, sb, 1);
+    Pie__V1__WorkerUp *up = expect_results(f, w, sb, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+}
+
+/* Step t of a decode into page kv[0]: token tk at position t into slot *emb, the page then
+ * holding len tokens; asserts both batches' results. Returns the effective pages of a
+ * CapacityChange that came before the results, 0 if none did. */
+static uint32_t decode_in_page_0(fc *f, pie_proc *w, arena *a, const uint32_t *kv, uint32_t *emb,
+                                 uint32_t t, uint32_t tk, uint32_t len) {
+    a->used = 0;
+    eng_forward_item it = {.kv_pages = kv,
+                           .n_kv_pages = 1,
+                           .kv_last_page_len = len,
+                           .append_kv = true,
+                           .in_slots = emb,
+                           .n_in = 1,
+                           .out_slots = emb,
+                           .n_out = 1};
+    Pie__V1__Batch *b[2] = {b_embed(a, 10 + 2 * t, emb, &tk, &t, 1),
+                            b_forward(a, 11 + 2 * t, &it, 1)};
+    send_step(f, b, 2);
+    uint32_t capacity = 0;
+    Pie__V1__WorkerUp *up = fc_recv(f, w);
+    if (up->capacity) {
+        capacity = up->capacity->kv_pages_effective;
+        rpc_msg_free(&up->base);
+        up = fc_recv(f, w);
+    }
+    cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
+    assert_batch_ok(up->results[1], 0);
+    rpc_msg_free(&up->base);
+    return capacity;
+}
 
 /* memory.policy swap with 2 of small-f32's 4 layers on the device: the registration says SWAP
  * with twice policy gpu's pages as the effective capacity (kv_pages_gpu is what pool.kv_pages
@@ -1455,35 +1503,14 @@ Test(worker_link, swap_adaptive_expansion_grows_the_capacity_and_tells_the_contr
     expect_credits(&f, w, 1);
     static arena a;
     uint32_t kv[KV_PAGES - 2], emb = 0;
-    for (uint32_t i = 0; i < KV_PAGES - 2; i++) kv[i] = i;
-    a.used = 0;
-    Pie__V1__Batch *sb[1] = {
-        b_slots(&a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = KV_PAGES - 2, .alloc_emb = &emb,
-                                    .n_alloc_emb = 1})};
-    send_step(&f, sb, 1);
-    up = expect_results(&f, w, sb, 1);
-    assert_batch_ok(up->results[0], 0);
-    rpc_msg_free(&up->base);
+    alloc_nearly_all(&f, w, &a, kv, &emb);
     uint32_t capacity = 0;
     for (uint32_t t = 0; t < 16; t++) { /* one decode token per step into page 0 */
-        a.used = 0;
-        uint32_t tk = prompt_token(t);
-        eng_forward_item it = {.kv_pages = kv, .n_kv_pages = 1, .kv_last_page_len = t + 1,
-                               .append_kv = true, .in_slots = &emb, .n_in = 1,
-                               .out_slots = &emb, .n_out = 1};
-        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, &emb, &tk, &t, 1),
-                                b_forward(&a, 11 + 2 * t, &it, 1)};
-        send_step(&f, b, 2);
-        up = fc_recv(&f, w);
-        if (up->capacity) { /* sent before the results of the step that ended the epoch */
-            capacity = up->capacity->kv_pages_effective;
+        uint32_t changed = decode_in_page_0(&f, w, &a, kv, &emb, t, prompt_token(t), t + 1);
+        if (changed) { /* sent before the results of the step that ended the epoch */
+            capacity = changed;
             cr_assert_eq(t, 15, "a capacity change after step %u, not at the epoch's end", t);
-            rpc_msg_free(&up->base);
-            up = fc_recv(&f, w);
         }
-        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
-        assert_batch_ok(up->results[1], 0);
-        rpc_msg_free(&up->base);
     }
     cr_assert_eq(capacity, KV_PAGES * 4 / 3, "CapacityChange to %u pages", capacity);
     stop_worker(w, 0);
@@ -1515,15 +1542,7 @@ Test(worker_link, null_backend_swap_runs_the_policy_on_the_emulated_device) {
     expect_credits(&f, w, 1);
     static arena a;
     uint32_t kv[KV_PAGES - 2], emb = 0;
-    for (uint32_t i = 0; i < KV_PAGES - 2; i++) kv[i] = i;
-    a.used = 0;
-    Pie__V1__Batch *sb[1] = {
-        b_slots(&a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = KV_PAGES - 2, .alloc_emb = &emb,
-                                    .n_alloc_emb = 1})};
-    send_step(&f, sb, 1);
-    up = expect_results(&f, w, sb, 1);
-    assert_batch_ok(up->results[0], 0);
-    rpc_msg_free(&up->base);
+    alloc_nearly_all(&f, w, &a, kv, &emb);
     /* the same device in this process */
     wrk_nulldev_config dc = {.n_layers = 32,
                              .page_size = PAGE,
@@ -1537,26 +1556,11 @@ Test(worker_link, null_backend_swap_runs_the_policy_on_the_emulated_device) {
     cr_assert_eq(wrk_nulldev_create(&dc, &d, &st), PIE_OK, "%s", st.msg);
     uint32_t capacity = 0;
     for (uint32_t t = 0; t < 32; t++) { /* one decode token per step into page 0 */
-        a.used = 0;
-        uint32_t tk = t;
-        eng_forward_item it = {.kv_pages = kv, .n_kv_pages = 1, .kv_last_page_len = t % PAGE + 1,
-                               .append_kv = true, .in_slots = &emb, .n_in = 1,
-                               .out_slots = &emb, .n_out = 1};
-        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, &emb, &tk, &t, 1),
-                                b_forward(&a, 11 + 2 * t, &it, 1)};
-        send_step(&f, b, 2);
-        up = fc_recv(&f, w);
-        if (up->capacity) {
-            if (capacity == 0) {
-                capacity = up->capacity->kv_pages_effective;
-                cr_assert_eq(t, 15, "a capacity change after step %u, not at the epoch's end", t);
-            }
-            rpc_msg_free(&up->base);
-            up = fc_recv(&f, w);
+        uint32_t changed = decode_in_page_0(&f, w, &a, kv, &emb, t, t, t % PAGE + 1);
+        if (changed && capacity == 0) {
+            capacity = changed;
+            cr_assert_eq(t, 15, "a capacity change after step %u, not at the epoch's end", t);
         }
-        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
-        assert_batch_ok(up->results[1], 0);
-        rpc_msg_free(&up->base);
         wrk_nulldev_forward(d, 1, t % PAGE + 1);
         if (t == 15) wrk_nulldev_set_slots(d, 31);
     }
