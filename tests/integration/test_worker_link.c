@@ -1446,6 +1446,30 @@ static uint32_t decode_in_page_0(fc *f, pie_proc *w, arena *a, const uint32_t *k
     return capacity;
 }
 
+/* A worker of SWAP_MODEL with memory policy `policy` (env): it registers the policy with
+ * kv_pages_gpu = KV_PAGES and twice that as its effective and maximum capacity (`why`), and one
+ * prompt step over the link gives policy gpu's engine's distributions bit for bit. Returns the
+ * registered worker. */
+static pie_proc *policy_worker_serves_what_gpu_serves(fc *f, const char **env,
+                                                       Pie__V1__MemoryPolicy policy,
+                                                       const char *why) {
+    pie_proc *w = start_worker(f, &(wopts){.model_path = SWAP_MODEL, .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_eq(r->memory_policy, policy);
+    cr_assert(r->capacity);
+    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
+    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "%s", why);
+    cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
+    rpc_msg_free(&up->base);
+    send_registered(f, 1, 100);
+    expect_credits(f, w, 1);
+    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
+    prompt_step(f, w, e);
+    eng_close(e);
+    return w;
+}
+
 /* memory.policy swap with 2 of small-f32's 4 layers on the device: the registration says SWAP
  * with twice policy gpu's pages as the effective capacity (kv_pages_gpu is what pool.kv_pages
  * of every layer take), and a prompt's distributions over the link are bit for bit those of
@@ -1455,20 +1479,8 @@ Test(worker_link, swap_policy_registers_its_capacities_and_serves_what_policy_gp
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_DEVICE_LAYERS=2",
                          "PIE_MEMORY_HOST_POOL=64MiB", "PIE_MEMORY_EMULATE_LINK_GBPS=16", NULL};
-    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
-    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
-    const Pie__V1__WorkerRegistration *r = up->registration;
-    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
-    cr_assert(r->capacity);
-    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
-    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "4 layers / 2 on the device");
-    cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
-    rpc_msg_free(&up->base);
-    send_registered(&f, 1, 100);
-    expect_credits(&f, w, 1);
-    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
-    prompt_step(&f, w, e);
-    eng_close(e);
+    pie_proc *w = policy_worker_serves_what_gpu_serves(
+        &f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP, "4 layers / 2 on the device");
     /* the heartbeat's WorkerStats count the layers the forward swapped in and out */
     uint64_t in = 0, out = 0;
     for (int64_t end = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0) &&
@@ -1657,20 +1669,8 @@ Test(worker_link, offload_policy_registers_device_plus_host_pages_and_serves_wha
     fc f;
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_HOST_POOL=2MiB", NULL};
-    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = env});
-    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
-    const Pie__V1__WorkerRegistration *r = up->registration;
-    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
-    cr_assert(r->capacity);
-    cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
-    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "64 device + 64 host pages");
-    cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
-    rpc_msg_free(&up->base);
-    send_registered(&f, 1, 100);
-    expect_credits(&f, w, 1);
-    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
-    prompt_step(&f, w, e);
-    eng_close(e);
+    pie_proc *w = policy_worker_serves_what_gpu_serves(
+        &f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD, "64 device + 64 host pages");
     cr_assert_eq(pie_proc_log_count(w, "wrk.mem.offload"), 1, "the offload line at load");
     stop_worker(w, 0);
     fc_stop(&f);
