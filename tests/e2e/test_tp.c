@@ -133,18 +133,26 @@ static void expect_greedy_completion(const e2e_run *r, const char *what) {
     e2e_ref_close(ref);
 }
 
-Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says) {
+/* A cluster with a tp 1 worker (group tp1), the example programs uploaded (ids), and what they
+ * print on it (tp1): the reference a group must reproduce. *ctl is a channel to the controller. */
+static void tp1_reference(e2e_cluster *c, rpc_channel **ctl, char *ids[3], e2e_run tp1[]) {
     const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
-    e2e_cluster c;
-    e2e_cluster_start_full(&c, tp1_env, NULL, NULL);
+    e2e_cluster_start_full(c, tp1_env, NULL, NULL);
     pie_status st;
-    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
-    cr_assert(ctl, "%s", st.msg);
+    *ctl = rpc_channel_create(pie_proc_addr(c->ctl), NULL, &st);
+    cr_assert(*ctl, "%s", st.msg);
+    e2e_upload_programs(c, ids);
+    wait_workers(*ctl, "tp1", 1);
+    e2e_run_programs(c, ids, "tp-prefix", tp1);
+}
+
+Test(tp, a_tp2_group_is_one_worker_and_its_inferlets_say_what_a_tp1_worker_says) {
+    e2e_cluster c;
+    rpc_channel *ctl;
     char *ids[3];
-    e2e_upload_programs(&c, ids);
-    wait_workers(ctl, "tp1", 1);
     e2e_run tp1[E2E_N_RUNS], tp2[E2E_N_RUNS];
-    e2e_run_programs(&c, ids, "tp-prefix", tp1);
+    tp1_reference(&c, &ctl, ids, tp1);
+    pie_status st;
 
     /* the tp 1 worker leaves; a tp 2 group of the same model takes its place */
     const char *tp2_env[] = {"PIE_WORKER_GROUP_ID=tp2", "PIE_TP_SIZE=2", NULL};
@@ -511,17 +519,12 @@ static void join_refused(pie_proc *p, const char *says) {
  * decoding takes the group out: the instance ends UNAVAILABLE naming the group and rank 0
  * exits. */
 Test(tp, ranks_started_one_by_one_form_a_group_that_says_what_a_tp1_worker_says) {
-    const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", NULL};
     e2e_cluster c;
-    e2e_cluster_start_full(&c, tp1_env, NULL, NULL);
-    pie_status st;
-    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
-    cr_assert(ctl, "%s", st.msg);
+    rpc_channel *ctl;
     char *ids[3];
-    e2e_upload_programs(&c, ids);
-    wait_workers(ctl, "tp1", 1);
     e2e_run tp1[E2E_N_RUNS], grp[E2E_N_RUNS];
-    e2e_run_programs(&c, ids, "tp-prefix", tp1);
+    tp1_reference(&c, &ctl, ids, tp1);
+    pie_status st;
     cr_assert_eq(pie_proc_stop(c.wrk, STOP_MS, &st), 0, "the tp 1 worker: %s", st.msg);
     pie_proc_destroy(c.wrk);
 
