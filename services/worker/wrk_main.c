@@ -669,6 +669,17 @@ done:
 }
 
 int main(int argc, char **argv) {
+    /* The worker's link thread and its server thread both wait on gRPC completion queues.
+     * Under gRPC's default epoll1 engine they share one epoll set and hand the poller role to
+     * each other on every message (futex wake-ups and context switches on every decode step);
+     * the poll engine polls each queue's own descriptors (bench/results/controller.md, "Control
+     * plane CPU per decode step"). Under it a connection being set up while no call waits on
+     * it (the link in backoff, a fail-fast retry) is polled only by gRPC's backup poller, every
+     * 5 s by default, which delayed re-registration after a controller restart by ~5 s; 25 ms
+     * bounds that delay at ~40 idle wake-ups a second. An operator's settings win. */
+    if (setenv("GRPC_POLL_STRATEGY", "poll", 0) != 0 ||
+        setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "25", 0) != 0)
+        perror("pie-worker: setenv");
     svc_block_signals();
     svc_args args;
     int rc = svc_parse_args(argc, argv, "pie-worker", &args);
