@@ -675,10 +675,10 @@ int main(int argc, char **argv) {
      * the poll engine polls each queue's own descriptors (bench/results/controller.md, "Control
      * plane CPU per decode step"). Under it a connection being set up while no call waits on
      * it (the link in backoff, a fail-fast retry) is polled only by gRPC's backup poller, every
-     * 5 s by default, which delayed re-registration after a controller restart by ~5 s; 25 ms
-     * bounds that delay at ~40 idle wake-ups a second. An operator's settings win. */
+     * 5 s by default, which delayed re-registration after a controller restart by ~5 s; 100 ms
+     * bounds that delay for ~40 idle context switches a second. An operator's settings win. */
     if (setenv("GRPC_POLL_STRATEGY", "poll", 0) != 0 ||
-        setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "25", 0) != 0)
+        setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", 0) != 0)
         perror("pie-worker: setenv");
     svc_block_signals();
     svc_args args;
