@@ -1,7 +1,7 @@
 /* test_krn_cuda.c — kernels/cuda against simple CPU computations written here (RoPE against
  * kernels/cpu, which the CPU backend uses), and attention and top-k against the shared checks
  * of tests/kcheck — the same checks tests/unit/test_kcheck.c runs in CI against the CPU kernels
- * and shows failing on broken variants: the sharpened attention case at head_dim 64/128/256
+ * and shows failing on broken variants: the sharpened attention case at head_dim 32/64/128/256
  * with 1, 4, 16 and 64 splits, per-tile split counts in one launch, and the tensor-core kernel;
  * the top-k edges (+inf, NaN, underflowed ties). Each test skips visibly where there is no
  * CUDA device. Inputs are deterministic pseudo-random values. */
@@ -526,10 +526,11 @@ static void check_case(int hd, bool uniform, int splits, bool tc) {
     kc_attn_free(&c);
 }
 
-Test(krn_cuda, sharpened_attention_at_head_dim_64_128_256_with_1_4_16_64_splits) {
+Test(krn_cuda, sharpened_attention_at_head_dim_32_64_128_256_with_1_4_16_64_splits) {
     CUDA_TEST_REQUIRE_DEVICE();
-    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
-    for (size_t h = 0; h < 3; h++) {
+    /* 32 to 256: every accumulator width of the CUDA-core kernel (1, 2, 4, 8 dims a lane) */
+    static const int hds[] = {32, 64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
+    for (size_t h = 0; h < 4; h++) {
         size_t need = 0, limit = 0;
         CUDA_OK(krn_cuda_attn_smem(hds[h], &need, &limit));
         if (need > limit) { /* eng_open refuses this head_dim on this device, and says so */
@@ -541,10 +542,11 @@ Test(krn_cuda, sharpened_attention_at_head_dim_64_128_256_with_1_4_16_64_splits)
     }
 }
 
-Test(krn_cuda, near_uniform_attention_at_head_dim_64_128_256_with_1_4_16_64_splits) {
+Test(krn_cuda, near_uniform_attention_at_head_dim_32_64_128_256_with_1_4_16_64_splits) {
     CUDA_TEST_REQUIRE_DEVICE();
-    static const int hds[] = {64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
-    for (size_t h = 0; h < 3; h++) {
+    /* 32 to 256: every accumulator width of the CUDA-core kernel (1, 2, 4, 8 dims a lane) */
+    static const int hds[] = {32, 64, 128, 256}, splits[] = {1, 4, 16, 64, SPLIT_PER_TILE};
+    for (size_t h = 0; h < 4; h++) {
         size_t need = 0, limit = 0;
         CUDA_OK(krn_cuda_attn_smem(hds[h], &need, &limit));
         if (need > limit) continue;
