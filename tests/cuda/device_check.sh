@@ -9,6 +9,7 @@
 # Usage (on the GPU machine, from the repository root, .devrun carried):
 #   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault gen1b gen8b bggen waitgen
 #                 cmp1b cmp1b1500 cmp8b cmp8b1500 bench1b bench8b ctx1b ctx8b tf1b tf8b determ ncu1b ncu8b
+#                 gemm ncupre1b ncupre8b
 #                 worker memcheck initcheck racecheck
 # Writes $OUT/summary.txt (one line per step: name, exit status, seconds) and $OUT/logs.tar.gz.
 set -u
@@ -112,6 +113,13 @@ for s in "$@"; do
                step "$s" 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
                    --print-summary per-kernel "$B/bench_cuda" "$m" --decode-only --batch 1 \
                    --steps 2 --bw-mib 64 ;;
+    gemm)      # cuBLAS at the engine's linear shapes, f32 vs bf16 output (prefill's 0.60x of transformers)
+               step gemm 60 "$B/bench_gemm" --shape 8b
+               step gemm1b 60 "$B/bench_gemm" --shape 1b ;;
+    ncupre1b|ncupre8b) m=/tmp/l${s#ncupre}  # per-kernel GPU time of prefill 2048 (two forwards)
+               step "$s" 400 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+                   --print-summary per-kernel "$B/bench_cuda" "$m" --batch 1 --context 64 \
+                   --prefill 2048 --steps 1 --bw-mib 64 ;;
     worker)    step worker 60 bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" "${PIE_CHECK_BACKEND:-cuda}" ;;
     memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1
                step memcheck_eng 300 $cs --tool memcheck "$B/unit_test_eng_cuda" -j1 \

@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 bin_targets=(unit_test_krn_cuda_device unit_test_krn_cuda unit_test_eng_cuda unit_test_eng_cuda_fault
-             pie-cuda-run bench_cuda pie-controller pie-worker piectl)
+             pie-cuda-run bench_cuda bench_gemm pie-controller pie-worker piectl)
 
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIE_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${PIE_CUDA_ARCHS:-90}" >/dev/null
