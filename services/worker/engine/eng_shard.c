@@ -42,3 +42,10 @@ pie_code eng_shard_plan(const mdl_config *c, uint32_t rank, uint32_t size, eng_s
     *out = s;
     return PIE_OK;
 }
+
+mdl_tensor eng_shard_rows(const mdl_tensor *t, uint32_t r0, uint32_t n) {
+    mdl_tensor v = *t;
+    v.data = (const char *)t->data + (size_t)r0 * t->cols * mdl_dtype_size(t->dtype);
+    v.rows = n;
+    return v;
+}

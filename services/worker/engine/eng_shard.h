@@ -7,7 +7,8 @@
  * ([ffn * r / N, ffn * (r + 1) / N)); the vocabulary cut into slices of ceil(vocab / N) rows
  * (the last may be shorter; every rank needs one row at least), so rank r's slice starts at
  * r * vocab_stride and a gather of [N][vocab_stride] is the vocabulary in order.
- * Does not own: slicing the weights (the backends), the collective (services/worker/tp). */
+ * Also: eng_shard_rows, the row view both backends slice with.
+ * Does not own: copying column slices (the backends), the collective (services/worker/tp). */
 #ifndef ENG_SHARD_H
 #define ENG_SHARD_H
 
@@ -34,5 +35,8 @@ typedef struct eng_shard {
  *   "eng_open: tp_size N leaves rank R no rows of the vocabulary (vocab_size V)". */
 pie_code eng_shard_plan(const mdl_config *c, uint32_t rank, uint32_t size, eng_shard *out,
                         pie_status *st);
+
+/* Rows [r0, r0 + n) of t: a view of the same data (no copy). */
+mdl_tensor eng_shard_rows(const mdl_tensor *t, uint32_t r0, uint32_t n);
 
 #endif
