@@ -132,6 +132,22 @@ pie_code wrk_nccl_check(wrk_nccl *c, pie_status *st) {
     return pie_status_set(st, PIE_UNAVAILABLE, "%s", why.msg);
 }
 
+pie_code wrk_nccl_device_ok(int device, pie_status *st) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess)
+        return pie_status_set(
+            st, PIE_UNAVAILABLE, "no CUDA device (%s; CUDA_VISIBLE_DEVICES=%.64s)",
+            cudaGetErrorString(err),
+            getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
+    if (device < 0 || device >= n)
+        return pie_status_set(
+            st, PIE_UNAVAILABLE,
+            "no CUDA device %d: this process sees %d (CUDA_VISIBLE_DEVICES=%.64s)", device, n,
+            getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "(unset)");
+    return PIE_OK;
+}
+
 void wrk_nccl_version(char *out, size_t cap) {
     int v = 0;
     if (ncclGetVersion(&v) != ncclSuccess) {

@@ -60,6 +60,10 @@ pie_code wrk_nccl_bcast(wrk_nccl *c, void *buf, size_t bytes, uint32_t root,
  * aborted and UNAVAILABLE from here on). Call after the stream's work was waited for. */
 pie_code wrk_nccl_check(wrk_nccl *c, pie_status *st);
 
+/* OK when CUDA device `device` exists for this process; UNAVAILABLE naming the driver's
+ * reason or "this process sees N CUDA devices" otherwise. */
+pie_code wrk_nccl_device_ok(int device, pie_status *st);
+
 /* "2.28.3": the NCCL library loaded at run time (ncclGetVersion). */
 void wrk_nccl_version(char *out, size_t cap);
 
