@@ -372,8 +372,8 @@ PY
       fi
       echo "ok: $* -> $want"
     }
-    # Groups that cannot form: spanning pods (no cross-pod join yet), or on cuda (no NCCL yet).
-    cuda='only the cpu backend runs tensor-parallel groups so far'
+    # Groups the chart cannot render: cuda groups (GPUs per rank, NCCL's ports not wired yet).
+    cuda='the chart renders cpu groups only so far'
     pods_cuda='groups spanning pods run on the cpu backend only so far'
     check "worker.tensorParallel.size is 4 with backend cuda: $cuda" --set worker.tensorParallel.size=4
     check "worker.tensorParallel.size is 8 with backend cuda: $cuda" \
