@@ -17,7 +17,8 @@ cd "$root"
 bin_targets=(unit_test_krn_cuda_device unit_test_krn_cuda unit_test_eng_cuda unit_test_eng_cuda_fault
              unit_test_eng_cuda_nccl pie-cuda-run bench_cuda pie-controller pie-worker piectl)
 
-cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIE_CUDA=ON \
+# PIE_NCCL=OFF stages binaries that do not link libnccl (for a GPU machine without NCCL)
+cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIE_CUDA=ON -DPIE_NCCL="${PIE_NCCL:-ON}" \
       -DCMAKE_CUDA_ARCHITECTURES="${PIE_CUDA_ARCHS:-90}" >/dev/null
 cmake --build build-cuda -j"$(nproc)" --target "${bin_targets[@]}" pie_test_models >/dev/null
 
