@@ -131,9 +131,9 @@ static const pie_config_field wrk_fields[] = {
             "microseconds (the offload policy's cost)"},
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
-     .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
-            "(or, with tp.rank, is one of them) and the group registers as one worker; 1 = no "
-            "tensor parallelism"},
+     .doc = "tensor-parallel ranks of this worker group (cpu backend; cuda where NCCL was "
+            "built: one GPU per rank): this process forks them (or, with tp.rank, is one of "
+            "them) and the group registers as one worker; 1 = no tensor parallelism"},
     {"tp.rank", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, tp_rank), .def = "-1", .min = "-1",
      .max = "63",
      .doc = "rank of this process in a group started rank by rank, e.g. one pod each (-1 = not "
