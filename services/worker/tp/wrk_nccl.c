@@ -73,12 +73,11 @@ pie_code wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_BYTES], uint32_t rank, uint3
 void wrk_nccl_close(wrk_nccl *c) {
     if (!c) return;
     if (c->comm) {
+        /* abort, not finalize + destroy: a finalize waits for the peers, and at close a peer
+         * may be gone (the group is closed when it failed or stops); abort frees this rank's
+         * resources without them */
         (void)cudaSetDevice(c->device);
-        if (c->failed)
-            (void)ncclCommAbort(c->comm);
-        else if (ncclCommFinalize(c->comm) != ncclSuccess ||
-                 ncclCommDestroy(c->comm) != ncclSuccess)
-            (void)ncclCommAbort(c->comm); /* a destroy that fails leaves nothing to release */
+        (void)ncclCommAbort(c->comm);
     }
     free(c);
 }

@@ -40,7 +40,9 @@ pie_code wrk_nccl_unique_id(uint8_t id[WRK_NCCL_ID_BYTES], pie_status *st);
  * every rank called it (ncclCommInitRank). INVALID_ARGUMENT for rank >= size. */
 pie_code wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_BYTES], uint32_t rank, uint32_t size,
                        int device, wrk_nccl **out, pie_status *st);
-void wrk_nccl_close(wrk_nccl *c); /* NULL is fine; aborts the communicator if it failed */
+/* Releases this rank's communicator without waiting for the others (ncclCommAbort). NULL is
+ * fine. */
+void wrk_nccl_close(wrk_nccl *c);
 
 uint32_t wrk_nccl_rank(const wrk_nccl *c);
 uint32_t wrk_nccl_size(const wrk_nccl *c);
