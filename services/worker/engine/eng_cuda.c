@@ -175,14 +175,6 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
 
 /* ---- weights ----------------------------------------------------------------------------- */
 
-uint16_t ec_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                     /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
 /* Copies tensor t (any dtype) as bf16 to dst on the device, through the pinned stage. */
 pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st) {
     size_t n = (size_t)t->rows * t->cols;
@@ -193,7 +185,7 @@ pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *
         if (t->dtype == MDL_BF16)
             memcpy(s, (const uint16_t *)t->data + at, len * sizeof(uint16_t));
         else
-            for (size_t i = 0; i < len; i++) s[i] = ec_f32_to_bf16(mdl_tensor_at(t, at + i));
+            for (size_t i = 0; i < len; i++) s[i] = eng_bf16_from_f32(mdl_tensor_at(t, at + i));
         EC_CUDA(st, cudaMemcpy(dst + at, s, len * sizeof(uint16_t), cudaMemcpyHostToDevice));
     }
     return PIE_OK;

@@ -180,8 +180,6 @@ pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, c
 /* eng_cuda_fwd.c: releases every captured graph. */
 void ec_graphs_free(eng_cuda *e);
 
-/* eng_cuda.c: f to bf16 bits, rounding to nearest even (NaN stays a NaN). */
-uint16_t ec_f32_to_bf16(float f);
 /* eng_cuda.c: tensor t (any dtype) as bf16 to dst on the device, through the pinned stage. */
 pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st);
 

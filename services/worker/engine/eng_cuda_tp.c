@@ -45,14 +45,7 @@ static pie_code ec_tp_upload_cols(eng_cuda *e, const mdl_tensor *t, uint32_t c0,
     uint16_t *s = (uint16_t *)e->h_stage;
     for (size_t r0 = 0; r0 < t->rows; r0 += rows_per) {
         size_t rows = t->rows - r0 < rows_per ? t->rows - r0 : rows_per;
-        for (size_t r = 0; r < rows; r++) {
-            size_t at = (r0 + r) * t->cols + c0; /* row r0 + r, column c0 */
-            if (t->dtype == MDL_BF16)
-                memcpy(s + r * n, (const uint16_t *)t->data + at, (size_t)n * sizeof(uint16_t));
-            else
-                for (uint32_t k = 0; k < n; k++)
-                    s[r * n + k] = ec_f32_to_bf16(mdl_tensor_at(t, at + k));
-        }
+        eng_shard_cols_bf16(t, c0, n, r0, rows, s);
         EC_CUDA(st,
                 cudaMemcpy(dst + r0 * n, s, rows * n * sizeof(uint16_t), cudaMemcpyHostToDevice));
     }
