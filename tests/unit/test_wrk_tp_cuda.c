@@ -82,6 +82,9 @@ Test(wrk_tp_cuda, answers_without_a_whole_id_or_for_another_backend_are_refused)
     cr_assert_eq(wrk_tp_cuda_read_answer(&host, false, got, &st), PIE_OK, "a cpu group");
     cr_assert_eq(wrk_tp_cuda_read_answer(&host, true, got, &st), PIE_FAILED_PRECONDITION,
                  "a cuda rank answered by a cpu rank 0");
+    Pie__V1__TpJoinResponse none = PIE__V1__TP_JOIN_RESPONSE__INIT; /* COLLECTIVE_UNSPECIFIED */
+    cr_assert_eq(wrk_tp_cuda_read_answer(&none, false, got, &st), PIE_FAILED_PRECONDITION);
+    cr_assert_eq(wrk_tp_cuda_read_answer(&none, true, got, &st), PIE_FAILED_PRECONDITION);
     uint8_t short_id[16] = {1};
     Pie__V1__TpJoinResponse cut = PIE__V1__TP_JOIN_RESPONSE__INIT;
     cut.collective = PIE__V1__COLLECTIVE__COLLECTIVE_NCCL;

@@ -60,7 +60,8 @@ void wrk_tp_cuda_answer(struct Pie__V1__TpJoinResponse *resp, const uint8_t *id)
 pie_code wrk_tp_cuda_read_answer(const struct Pie__V1__TpJoinResponse *resp, bool want_nccl,
                                  uint8_t id[WRK_TP_NCCL_ID_BYTES], pie_status *st) {
     bool nccl = resp->collective == PIE__V1__COLLECTIVE__COLLECTIVE_NCCL;
-    if (nccl != want_nccl)
+    bool host = resp->collective == PIE__V1__COLLECTIVE__COLLECTIVE_HOST;
+    if (want_nccl ? !nccl : !host)
         return pie_status_set(st, PIE_FAILED_PRECONDITION,
                               "TpJoin: rank 0 answered collective %d, but this rank runs backend "
                               "%s (rank 0 runs another backend: every rank needs the same one)",

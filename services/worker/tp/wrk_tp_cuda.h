@@ -39,8 +39,8 @@ void wrk_tp_cuda_answer(struct Pie__V1__TpJoinResponse *resp, const uint8_t *id)
 
 /* A joining rank: checks the answer's collective against what this rank runs (want_nccl: a
  * cuda rank) and copies the id. FAILED_PRECONDITION for a cuda rank answered without an id of
- * WRK_TP_NCCL_ID_BYTES bytes or a cpu rank answered COLLECTIVE_NCCL (rank 0 runs another
- * backend). */
+ * WRK_TP_NCCL_ID_BYTES bytes, a cpu rank answered anything but COLLECTIVE_HOST (rank 0 runs
+ * another backend). */
 pie_code wrk_tp_cuda_read_answer(const struct Pie__V1__TpJoinResponse *resp, bool want_nccl,
                                  uint8_t id[WRK_TP_NCCL_ID_BYTES], pie_status *st);
 
