@@ -309,8 +309,10 @@ affinity:
 ranks runs in one pod (one pie-worker forks the ranks; they share a collective in /dev/shm) or,
 with nodes = size, as a LeaderWorkerSet group of pods, one rank each (ranks join rank 0 over
 Worker/TpJoin and compute over a TCP collective on tensorParallel.port: docs/tensor-parallel.md).
-pie-worker runs cuda groups over NCCL (one GPU per rank), but the chart does not render them
-yet: each rank's GPU and NCCL's ports between pods are not wired. */}}
+A cuda group of size ranks in one pod (nodes 1) requests size GPUs; pie-worker forks one rank
+per GPU (each rank's CUDA_VISIBLE_DEVICES one of the pod's) and the ranks use NCCL over the
+pod's /dev/shm (worker.shmSizeLimit). cuda groups spanning pods are refused: NCCL's bootstrap
+and transport ports between the pods are not wired. */}}
 {{- define "pie.worker.checkTensorParallel" -}}
 {{- $size := int .Values.worker.tensorParallel.size -}}
 {{- $nodes := int .Values.worker.tensorParallel.nodes -}}
@@ -325,11 +327,14 @@ yet: each rank's GPU and NCCL's ports between pods are not wired. */}}
 {{- if and (gt $nodes 1) (not $lws.enabled) -}}
 {{- fail (printf "worker.tensorParallel.nodes is %d: a group spanning pods is a LeaderWorkerSet group (one pod per rank); set worker.leaderWorkerSet.enabled=true (the LeaderWorkerSet controller must be installed)" $nodes) -}}
 {{- end -}}
+{{- if and (gt $size 1) (eq $nodes 1) $lws.enabled -}}
+{{- fail (printf "worker.tensorParallel.size is %d with nodes 1 in a LeaderWorkerSet: a group in one pod is that pod's pie-worker forking its ranks, and a LeaderWorkerSet group of one pod gives it nothing; set worker.leaderWorkerSet.enabled=false, or nodes=%d for one rank per pod (backend cpu)" $size $size) -}}
+{{- end -}}
 {{- if and (gt $nodes 1) (eq $lws.startupPolicy "LeaderReady") -}}
 {{- fail (printf "worker.leaderWorkerSet.startupPolicy LeaderReady cannot start a group spanning %d pods: the leader (rank 0) turns ready only once every rank joined it, and LeaderReady creates the other ranks only after that; use LeaderCreated" $nodes) -}}
 {{- end -}}
-{{- if and (gt $size 1) (ne $backend "cpu") -}}
-{{- fail (printf "worker.tensorParallel.size is %d with backend %s: the chart renders cpu groups only so far (pie-worker runs cuda groups over NCCL, one GPU per rank, but the chart does not yet give each rank its GPU); set worker.config.backend=cpu, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
+{{- if and (gt $size 1) (ne $backend "cpu") (ne $backend "cuda") -}}
+{{- fail (printf "worker.tensorParallel.size is %d with backend %s: tensor-parallel groups run on the cpu and cuda backends; set worker.config.backend, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
 {{- end -}}
 {{- end -}}
 
