@@ -16,8 +16,10 @@
  * multiplies by 1 / sum as the kernel does, so they are expected equal: 2 ulp leaves room for a
  * compiler contracting differently, and the largest difference is printed). (3) Decode steps
  * replayed from CUDA graphs whose captures hold the all-reduces: no capture failure, graph
- * steps counted, results those of the plain engine replaying its own graphs.
- * Skips visibly without a device; (2) and (3) skip visibly in a build without NCCL. */
+ * steps counted, results those of the plain engine replaying its own graphs. (4) wrk_nccl
+ * alone at one rank: each collective gives its input back, in a graph too; refusals (one of
+ * them needs no device and runs in CI).
+ * Skips visibly without a device; (2) to (4) skip visibly in a build without NCCL. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -299,6 +301,68 @@ Test(eng_cuda_nccl, a_wrong_rank_or_a_missing_communicator_is_refused) {
     cr_assert(strstr(st.msg, "NCCL communicator is rank 0 of 1"), "%s", st.msg);
     cr_assert_null(e);
     wrk_nccl_close(comm);
+}
+
+/* The wrapper itself at one rank: every collective copies its input (in place, f32 and bf16;
+ * all-gather; broadcast), an all-reduce replayed from a CUDA graph too, the async check, the
+ * refusal of a root out of range. */
+Test(eng_cuda_nccl, wrk_nccls_collectives_at_one_rank_give_their_input) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    enum { N = 1000 };
+    static float in[N], out[N];
+    for (int i = 0; i < N; i++) in[i] = (float)i * 0.25f - 3.0f;
+    uint8_t id[WRK_NCCL_ID_BYTES];
+    wrk_nccl *c = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_nccl_unique_id(id, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(wrk_nccl_open(id, 0, 1, 0, &c, &st), PIE_OK, "%s", st.msg);
+    char version[32];
+    wrk_nccl_version(version, sizeof version);
+    fprintf(stderr, "NCCL %s\n", version);
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float *d = cuda_test_up(in, sizeof in), *g = cuda_test_up(NULL, sizeof in);
+    cr_assert_eq(wrk_nccl_allreduce_sum(c, d, N, WRK_NCCL_F32, s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(wrk_nccl_allreduce_sum(c, d, N / 2, WRK_NCCL_BF16, s, &st), PIE_OK, "%s",
+                 st.msg); /* the same bytes as N / 2 bf16 pairs: one rank leaves them alone */
+    cr_assert_eq(wrk_nccl_allgather(c, d, g, sizeof in, s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(wrk_nccl_bcast(c, g, sizeof in, 0, s, &st), PIE_OK, "%s", st.msg);
+    CUDA_OK(cudaStreamSynchronize(s));
+    cr_assert_eq(wrk_nccl_check(c, &st), PIE_OK, "%s", st.msg);
+    cuda_test_down(out, g, sizeof out);
+    cr_assert_eq(memcmp(in, out, sizeof in), 0, "one rank's collectives changed the data");
+    /* an all-reduce captured in a graph and replayed twice */
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    pie_code rc = wrk_nccl_allreduce_sum(c, d, N, WRK_NCCL_F32, s, &st);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    cr_assert_eq(rc, PIE_OK, "captured: %s", st.msg);
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    cuda_test_down(out, d, sizeof out);
+    cr_assert_eq(memcmp(in, out, sizeof in), 0, "the replayed all-reduce changed the data");
+    cr_assert_eq(wrk_nccl_bcast(c, g, 4, 1, s, &st), PIE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "broadcast root 1 is out of range [0, 1)"), "%s", st.msg);
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaFree(g));
+    CUDA_OK(cudaStreamDestroy(s));
+    wrk_nccl_close(c);
+}
+
+/* No device needed: a rank out of range is refused before NCCL or CUDA is touched (runs in CI). */
+Test(eng_cuda_nccl, wrk_nccl_refuses_a_rank_out_of_range) {
+    uint8_t id[WRK_NCCL_ID_BYTES] = {0};
+    wrk_nccl *c = (wrk_nccl *)&id; /* must be reset to NULL */
+    pie_status st = {0};
+    cr_assert_eq(wrk_nccl_open(id, 2, 2, 0, &c, &st), PIE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "nccl: rank 2 is out of range [0, 2)"), "%s", st.msg);
+    cr_assert_null(c);
+    cr_assert_eq(wrk_nccl_open(id, 0, 0, 0, &c, &st), PIE_INVALID_ARGUMENT);
 }
 
 #else
