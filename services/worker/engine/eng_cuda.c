@@ -591,6 +591,23 @@ pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st) {
     return ec_linear(e, e->xn, rows, d, e->lm_head, e->nv, e->logits, st);
 }
 
+pie_code ec_dist_upload(eng_cuda *e, const eng_dist_item *items, uint32_t rows, uint32_t k_cap,
+                        pie_status *st) {
+    uint32_t R = e->dist_rows;
+    for (uint32_t r = 0; r < rows; r++) {
+        e->h_dist_f[r] = items[r].temperature;
+        e->h_dist_i[r] = (int32_t)(items[r].top_k < k_cap ? items[r].top_k : k_cap);
+        e->h_dist_i[R + r] = (int32_t)items[r].slot;
+    }
+    EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
+                                cudaMemcpyHostToDevice, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, e->stream));
+    return PIE_OK;
+}
+
 pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st) {
     if (n == 0) return PIE_OK;
     pie_code rc = eng_check_dist(&e->info, items, n, ENG_CUDA_TOPK_MAX, st);
@@ -600,18 +617,8 @@ pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_s
     if (e->nccl) return ec_tp_next_dist(e, items, n, st); /* merged from the ranks' slices */
     for (uint32_t start = 0; start < n; start += R) {
         uint32_t rows = n - start < R ? n - start : R;
-        for (uint32_t r = 0; r < rows; r++) {
-            e->h_dist_f[r] = items[start + r].temperature;
-            e->h_dist_i[r] = (int32_t)items[start + r].top_k;
-            e->h_dist_i[R + r] = (int32_t)items[start + r].slot;
-        }
-        EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        rc = ec_lm_head(e, rows, st);
+        rc = ec_dist_upload(e, &items[start], rows, e->info.vocab_size, st);
+        if (rc == PIE_OK) rc = ec_lm_head(e, rows, st);
         if (rc != PIE_OK) return rc;
         EC_CUDA(st, krn_cuda_topk(e->logits, (int)rows, (int)e->info.vocab_size, e->d_temp,
                                   e->d_topk, e->d_top_ids, e->d_top_probs, e->stream));

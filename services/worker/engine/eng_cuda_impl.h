@@ -193,6 +193,10 @@ pie_code ec_tp_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_stat
 pie_code ec_tp_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st);
 /* After the stream was waited for: the communicator's asynchronous errors. */
 pie_code ec_tp_check(eng_cuda *e, pie_status *st);
+/* eng_cuda.c: next_dist's per-row arguments of items[rows] to the device (d_temp, d_topk with
+ * each top_k capped at k_cap, d_slot_idx). */
+pie_code ec_dist_upload(eng_cuda *e, const eng_dist_item *items, uint32_t rows, uint32_t k_cap,
+                        pie_status *st);
 /* eng_cuda.c: the lm_head of the slots in d_slot_idx[rows] into logits [rows, nv]. */
 pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st);
 

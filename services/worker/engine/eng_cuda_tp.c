@@ -205,19 +205,9 @@ pie_code ec_tp_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_stat
     uint32_t R = e->dist_rows, N = e->shard.size;
     for (uint32_t start = 0; start < n; start += R) {
         uint32_t rows = n - start < R ? n - start : R;
-        for (uint32_t r = 0; r < rows; r++) {
-            const eng_dist_item *it = &items[start + r];
-            e->h_dist_f[r] = it->temperature;
-            e->h_dist_i[r] = (int32_t)(it->top_k < e->nv ? it->top_k : e->nv); /* local k */
-            e->h_dist_i[R + r] = (int32_t)it->slot;
-        }
-        EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        pie_code rc = ec_lm_head(e, rows, st);
+        /* a slice's top k holds at most its rows */
+        pie_code rc = ec_dist_upload(e, &items[start], rows, e->nv, st);
+        if (rc == PIE_OK) rc = ec_lm_head(e, rows, st);
         if (rc == PIE_OK) rc = ec_tp_shift(e, rows, st);
         if (rc != PIE_OK) return rc;
         /* step 2: this slice's exponentials against the row's maximum, their top k and sum */
