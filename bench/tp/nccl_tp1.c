@@ -4,7 +4,8 @@
  * At one rank every result equals the input: the program checks that bit for bit, then times
  * each operation per message size (median of 5 loops, CUDA events).
  *
- * Standalone: not part of the CMake build (NCCL is not linked by any target yet). Built by hand
+ * Standalone: not part of the CMake build (the engine's NCCL wrapper is services/worker/tp/
+ * wrk_nccl.c; this program measures NCCL alone, as it was before that existed). Built by hand
  * where the CUDA toolkit and NCCL are (bench/results/tp.md has the run):
  *   cc -O2 -std=c11 -I/usr/local/cuda/include bench/tp/nccl_tp1.c -o nccl_tp1 \
  *      -L/usr/local/cuda/lib64 -lnccl -lcudart -Wl,-rpath,/usr/local/cuda/lib64

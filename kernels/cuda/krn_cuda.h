@@ -192,6 +192,22 @@ cudaError_t krn_cuda_clear_pages(krn_bf16 *kv, size_t layer_elems, int n_layers,
 cudaError_t krn_cuda_topk(float *logits, int n, int vocab, const float *temp, const int32_t *k,
                           uint32_t *ids, float *probs, cudaStream_t stream);
 
+/* A tensor-parallel rank's part of krn_cuda_topk (engine/eng_cuda_tp.c): logits [n, vocab] is
+ * its slice of each row and the whole row's largest number is given, shift[2 r] (NaN: the row
+ * has no number anywhere), with shift[2 r + 1] = 1 in the one slice that holds the row's first
+ * largest number. Writes exp((l - max) / temp[r]) over the slice (NOT normalised; the limits
+ * of krn_cuda_topk: 1 on that first largest number if it is here, 0 on every other number),
+ * the top k[r] of those into ids / vals [n, KRN_CUDA_TOPK_MAX] (ids within the slice; the
+ * same order and ties as krn_cuda_topk) and sums[r], their sum over the slice's numbers. The
+ * ranks' lists merged with the sums added give krn_cuda_topk's result over the whole row
+ * (engine/eng_tp_dist.h). */
+cudaError_t krn_cuda_topk_shifted(float *logits, int n, int vocab, const float *temp,
+                                  const int32_t *k, const float *shift, uint32_t *ids, float *vals,
+                                  float *sums, cudaStream_t stream);
+
+/* out[r] = the largest number of row r of x [n, vocab] (NaN left out; NaN when it has none). */
+cudaError_t krn_cuda_row_max(const float *x, int n, int vocab, float *out, cudaStream_t stream);
+
 /* ---- test hook --------------------------------------------------------------------------- */
 
 /* Launches a kernel that traps: the device fault a test needs (the CUDA context is lost for

@@ -1,6 +1,7 @@
 /* krn_cuda_dist.cu — next-token distributions: softmax over the vocabulary and its top k.
  *
- * Owns: krn_cuda_topk. One block per row. The softmax's max (of the numbers: NaN is left out),
+ * Owns: krn_cuda_topk, its tensor-parallel form krn_cuda_topk_shifted, krn_cuda_row_max. One
+ * block per row. The softmax's max (of the numbers: NaN is left out),
  * the first index holding it and the sum are block reductions; the probabilities are written
  * over the logits. The k-th largest probability is found by a radix select over 32-bit keys
  * that order the probabilities (NaN below every number: key 0), four 8-bit passes with a
@@ -65,7 +66,7 @@ __device__ static int block_min_int(int v, int *red) {
 
 __global__ static void __launch_bounds__(TOPK_THREADS)
     topk_kernel(float *logits, int vocab, const float *temp, const int32_t *kk, uint32_t *ids,
-                float *probs) {
+                float *probs, const float *shift, float *sums) {
     __shared__ float red[32];
     __shared__ int red_i[32];
     __shared__ uint32_t hist[256];
@@ -77,23 +78,39 @@ __global__ static void __launch_bounds__(TOPK_THREADS)
     const int k = kk[blockIdx.x];
     const float t = temp[blockIdx.x], inv_t = 1.0f / t;
 
-    /* the largest number (fmaxf drops NaN) and the first index holding it */
-    float m = -INFINITY;
-    for (int i = tid; i < vocab; i += TOPK_THREADS) m = fmaxf(m, x[i]);
-    m = krn_block_max(m, red);
+    float m;
     int arg = vocab;
-    for (int i = tid; i < vocab && arg == vocab; i += TOPK_THREADS)
-        if (x[i] == m) arg = i;
-    arg = block_min_int(arg, red_i); /* vocab: every logit NaN */
-    const bool one_hot = !(t > 0.0f) || isinf(m) || isinf(inv_t);
+    bool one_hot;
+    if (!shift) {
+        /* the largest number (fmaxf drops NaN) and the first index holding it */
+        m = -INFINITY;
+        for (int i = tid; i < vocab; i += TOPK_THREADS) m = fmaxf(m, x[i]);
+        m = krn_block_max(m, red);
+        for (int i = tid; i < vocab && arg == vocab; i += TOPK_THREADS)
+            if (x[i] == m) arg = i;
+        arg = block_min_int(arg, red_i); /* vocab: every logit NaN */
+        one_hot = !(t > 0.0f) || isinf(m) || isinf(inv_t);
+    } else {
+        /* krn_cuda_topk_shifted: the whole row's maximum is given (NaN: no number anywhere);
+         * in the limits the 1 goes to the first one only in the slice that holds it */
+        m = shift[2 * blockIdx.x];
+        one_hot = !isnan(m) && (!(t > 0.0f) || isinf(m) || isinf(inv_t));
+        if (one_hot && shift[2 * blockIdx.x + 1] != 0.0f) { /* the same for the whole block */
+            for (int i = tid; i < vocab && arg == vocab; i += TOPK_THREADS)
+                if (x[i] == m) arg = i;
+            arg = block_min_int(arg, red_i);
+        }
+    }
     float s = 0.0f;
     if (!one_hot) {
         for (int i = tid; i < vocab; i += TOPK_THREADS)
             if (!isnan(x[i])) s += expf((x[i] - m) * inv_t);
         s = krn_block_sum(s, red);
     }
-    /* the probabilities, over the logits: each thread rewrites only elements it alone reads */
-    const float inv_s = one_hot ? 0.0f : 1.0f / s;
+    if (sums && tid == 0) sums[blockIdx.x] = one_hot ? (arg < vocab ? 1.0f : 0.0f) : s;
+    /* the probabilities, over the logits: each thread rewrites only elements it alone reads
+     * (shifted: the exponentials, not normalised) */
+    const float inv_s = one_hot ? 0.0f : shift ? 1.0f : 1.0f / s;
     for (int i = tid; i < vocab; i += TOPK_THREADS) {
         float v = x[i];
         if (isnan(v)) continue;
@@ -186,6 +203,36 @@ extern "C" cudaError_t krn_cuda_topk(float *logits, int n, int vocab, const floa
                                      const int32_t *k, uint32_t *ids, float *probs,
                                      cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(logits, vocab, temp, k, ids, probs);
+    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(logits, vocab, temp, k, ids, probs, NULL, NULL);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t krn_cuda_topk_shifted(float *logits, int n, int vocab, const float *temp,
+                                             const int32_t *k, const float *shift, uint32_t *ids,
+                                             float *vals, float *sums, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    topk_kernel<<<n, TOPK_THREADS, 0, stream>>>(logits, vocab, temp, k, ids, vals, shift, sums);
+    return cudaGetLastError();
+}
+
+/* One block per row: the largest number (NaN left out), NaN when there is none. */
+__global__ static void __launch_bounds__(TOPK_THREADS)
+    row_max_kernel(const float *x, int vocab, float *out) {
+    __shared__ float red[32];
+    __shared__ int red_i[32];
+    const float *row = x + (size_t)blockIdx.x * vocab;
+    float m = -INFINITY;
+    int none = 1;
+    for (int i = threadIdx.x; i < vocab; i += TOPK_THREADS)
+        if (!isnan(row[i])) m = fmaxf(m, row[i]), none = 0;
+    m = krn_block_max(m, red);
+    none = block_min_int(none, red_i); /* 0: some thread saw a number */
+    if (threadIdx.x == 0) out[blockIdx.x] = none ? __int_as_float(0x7fc00000) : m;
+}
+
+extern "C" cudaError_t krn_cuda_row_max(const float *x, int n, int vocab, float *out,
+                                        cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    row_max_kernel<<<n, TOPK_THREADS, 0, stream>>>(x, vocab, out);
     return cudaGetLastError();
 }

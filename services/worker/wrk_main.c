@@ -30,6 +30,10 @@
 #include "wrk_offrt.h"
 #include "wrk_node.h"
 #include "wrk_tp.h"
+#include "wrk_tp_cuda.h"
+#ifdef PIE_WITH_NCCL
+#include "wrk_nccl.h"
+#endif
 
 enum { WRK_BACKEND_CPU = 0, WRK_BACKEND_CUDA = 1, WRK_BACKEND_NULL = 2 };
 static const char *const wrk_backends[] = {"cpu", "cuda", "null", NULL};
@@ -127,9 +131,9 @@ static const pie_config_field wrk_fields[] = {
             "microseconds (the offload policy's cost)"},
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
-     .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
-            "(or, with tp.rank, is one of them) and the group registers as one worker; 1 = no "
-            "tensor parallelism"},
+     .doc = "tensor-parallel ranks of this worker group (cpu backend; cuda where NCCL was "
+            "built: one GPU per rank): this process forks them (or, with tp.rank, is one of "
+            "them) and the group registers as one worker; 1 = no tensor parallelism"},
     {"tp.rank", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, tp_rank), .def = "-1", .min = "-1",
      .max = "63",
      .doc = "rank of this process in a group started rank by rank, e.g. one pod each (-1 = not "
@@ -307,8 +311,12 @@ again:;
     return PIE_OK;
 }
 
-static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+/* g and me: as load_cpu; a group's ranks join its NCCL communicator first (each rank one
+ * process, one GPU: device 0 of its CUDA_VISIBLE_DEVICES). */
+static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
+                          wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
+    if (rc == PIE_OK && g) rc = wrk_tp_group_open_nccl(g, me, st);
     if (rc != PIE_OK) return rc;
     eng_opts eo = {
         .model_dir = cfg->model_path,
@@ -317,10 +325,17 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
         .kv_pages = cfg->kv_pages,
         .embed_slots = cfg->embed_slots,
         .max_batch_tokens = cfg->max_batch_tokens,
+        .tp_rank = g ? me->rank : 0,
+        .tp_size = g ? me->size : 1,
+        .nccl = g ? wrk_tp_group_nccl(g) : NULL,
     };
     const eng_info *ei = NULL;
     rc = wrk_backend_open_cuda(&l->backend, &eo, &ei, l->device, sizeof l->device, st);
     if (rc != PIE_OK) return rc;
+    snprintf(l->rank_device, sizeof l->rank_device, "%.120s", l->device);
+    if (g)
+        snprintf(l->device, sizeof l->device, "cuda: tensor-parallel group of %u ranks on %.70s",
+                 me->size, l->rank_device + strlen("cuda: "));
     wrk_desc_set_engine(&l->desc, ei);
     l->pool_bytes = (uint64_t)ei->kv_pool_bytes + ei->embed_pool_bytes;
     return PIE_OK;
@@ -373,7 +388,7 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
     pie_code rc;
     switch (cfg->backend) {
     case WRK_BACKEND_CUDA:
-        rc = load_cuda(cfg, l, st);
+        rc = load_cuda(cfg, g, me, l, st);
         if (rc != PIE_OK) goto fail;
         break;
     case WRK_BACKEND_NULL:
@@ -422,6 +437,13 @@ static pie_code offer_join(const wrk_config *cfg, uint16_t port, wrk_node *node,
     wrk_tp_model_id id;
     pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
     if (rc == PIE_OK) rc = wrk_tp_offer_open(cfg->group_id, &id, port, me, offer, st);
+#ifdef PIE_WITH_NCCL
+    if (rc == PIE_OK && cfg->backend == WRK_BACKEND_CUDA) { /* this epoch's NCCL id, in TpJoin */
+        rc = wrk_nccl_unique_id(offer->nccl_id, st);
+        offer->has_nccl_id = me->nccl = me->has_nccl_id = rc == PIE_OK;
+        memcpy(me->nccl_id, offer->nccl_id, sizeof me->nccl_id);
+    }
+#endif
     if (rc != PIE_OK) return rc;
     wrk_node_set_tp_offer(node, offer);
     pie_log_info("wrk.tp.offer", "group=%s tp_size=%u epoch=%016llx collective_port=%u model=%s",
@@ -486,7 +508,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         offer.state = rc == PIE_OK ? WRK_TP_OFFER_FORMED : WRK_TP_OFFER_ENDED;
         wrk_node_set_tp_offer(node, &offer);
     }
-    if (rc == PIE_OK) rc = load(cfg, group, me, &loaded, &st);
+    if (rc == PIE_OK) rc = load(cfg, group, &joined, &loaded, &st);
     if (rc == PIE_OK && group) rc = wrk_tp_group_loaded(group, loaded.rank_device, &st);
     if (rc != PIE_OK) {
         wrk_node_set_failed(node, &st);
@@ -604,7 +626,11 @@ static pie_code join_leader(const wrk_config *cfg, const wrk_tp_config *tpc, con
     pie_code rc = wrk_tp_model_id_load(cfg->model_path, cfg->model_name, &id, st);
     if (rc != PIE_OK) return rc;
     char device[64];
-    snprintf(device, sizeof device, "cpu: %ld threads", rank_threads(cfg));
+    me->nccl = cfg->backend == WRK_BACKEND_CUDA; /* TpJoin's answer then carries the NCCL id */
+    if (me->nccl)
+        snprintf(device, sizeof device, "cuda"); /* its GPU is named once the shard is loaded */
+    else
+        snprintf(device, sizeof device, "cpu: %ld threads", rank_threads(cfg));
     rc = wrk_tp_join(tpc, s, cfg->svc.listen, cfg->group_id, &id, device, me, st);
     if (rc == PIE_OK)
         pie_log_info("wrk.tp.joined", "rank=%u tp_size=%u epoch=%016llx collective=%s", me->rank,
@@ -639,7 +665,7 @@ static int follow(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_
         }
     }
     if (wrk_tp_group_open(tpc, &joined, cfg->group_id, &group, &st) != PIE_OK ||
-        load(cfg, group, me, &loaded, &st) != PIE_OK)
+        load(cfg, group, &joined, &loaded, &st) != PIE_OK)
         goto done;
     /* before the barrier: rank 0 registers only after this line is written */
     pie_log_info("wrk.tp.rank_loaded", "rank=%u tp_size=%u device=\"%s\" load_ms=%lld", me->rank,
@@ -737,7 +763,30 @@ int main(int argc, char **argv) {
     } else if (tpc.size > 1) {
         pie_log_set_level((pie_log_level)cfg.svc.log_level);
         pie_log_set_service("worker");
+        /* a cuda group on one node: one GPU per rank, each rank's CUDA_VISIBLE_DEVICES one
+         * entry of the launcher's (all checked before any rank starts) */
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        char mine[128] = "";
+        if (cfg.backend == WRK_BACKEND_CUDA &&
+            wrk_tp_cuda_visible(visible, 0, tpc.size, mine, sizeof mine, &st) != PIE_OK) {
+            fprintf(stderr, "pie-worker: %s\n", st.msg);
+            goto done;
+        }
         if (!wrk_tp_launch(&tpc, &me, &status)) goto done; /* the launcher: the group ended */
+        if (cfg.backend == WRK_BACKEND_CUDA) { /* a rank, before any CUDA call */
+            if (wrk_tp_cuda_visible(visible, me.rank, me.size, mine, sizeof mine, &st) != PIE_OK)
+                pie_log_error("wrk.tp.rank_failed", "rank=%u error=\"%s\"", me.rank, st.msg);
+            else if (setenv("CUDA_VISIBLE_DEVICES", mine, 1) != 0)
+                pie_log_error("wrk.tp.rank_failed",
+                              "rank=%u error=\"cannot set CUDA_VISIBLE_DEVICES\"", me.rank);
+            else
+                pie_log_info("wrk.tp.rank_gpu", "rank=%u CUDA_VISIBLE_DEVICES=%s", me.rank, mine);
+            const char *now = getenv("CUDA_VISIBLE_DEVICES");
+            if (!now || strcmp(now, mine) != 0) {
+                status = 1; /* the launcher takes the group down */
+                goto done;
+            }
+        }
     }
     status = me.rank == 0 ? serve(&cfg, &tpc, &me) : follow(&cfg, &tpc, &me);
 done:

@@ -24,6 +24,7 @@
 #include "wrk_exec.h"
 #include "wrk_memrt.h"
 #include "wrk_tp.h"
+#include "wrk_tp_cuda.h"
 
 #define WRK_DEFAULT_HEARTBEAT_MS 1000u /* WorkerRegistered.heartbeat_ms 0, and before it */
 
@@ -384,7 +385,7 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     resp.group_id = (char *)atomic_load(&w->group_id);
     resp.version = "pie-c/" PIE_VERSION;
     resp.backend = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY ? backend_pb(w)
-                                                                   : PIE__V1__BACKEND__BACKEND_CPU;
+                                                                  : PIE__V1__BACKEND__BACKEND_CPU;
     resp.memory_policy = state == PIE__V1__LOAD_STATE__LOAD_STATE_READY
                              ? wrk_memrt_policy_pb(w->ready.mem)
                              : PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
@@ -439,6 +440,11 @@ static bool tpjoin_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     resp.tp_size = w->tp_offer.tp_size;
     resp.epoch = w->tp_offer.epoch;
     resp.collective = PIE__V1__COLLECTIVE__COLLECTIVE_HOST;
+    uint8_t nccl_id[sizeof w->tp_offer.nccl_id]; /* a cuda group's, copied under the lock */
+    if (w->tp_offer.has_nccl_id) {
+        memcpy(nccl_id, w->tp_offer.nccl_id, sizeof nccl_id);
+        wrk_tp_cuda_answer(&resp, nccl_id);
+    }
     uint16_t port = w->tp_offer.port;
     pthread_mutex_unlock(&w->tp_mu);
     if (rc != PIE_OK) {

@@ -7,7 +7,7 @@
 # libraries and the test models into .devrun/stage.tar.xz) and this script unpacks and runs them.
 #
 # Usage (on the GPU machine, from the repository root, .devrun carried):
-#   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault gen1b gen8b bggen waitgen
+#   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault nccl1 gen1b gen8b bggen waitgen
 #                 cmp1b cmp1b1500 cmp8b cmp8b1500 bench1b bench8b ctx1b ctx8b tf1b tf8b determ ncu1b ncu8b
 #                 gemm ncupre1b ncupre8b
 #                 worker memcheck initcheck racecheck
@@ -28,7 +28,10 @@ mdir=$(grep -aom1 '/[[:alnum:]_/.-]*/build-cuda/models' "$st/bin/unit_test_eng_c
 [ -n "$mdir" ] && [ ! -e "$mdir" ] && mkdir -p "$(dirname "$mdir")" && ln -sfn "$st/models" "$mdir"
 
 cublas=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -n 1)
-export LD_LIBRARY_PATH="$st/lib:$(dirname "${cublas:-/usr/local/cuda/lib64/x}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL is not in the stage (218 MB): every binary that links the cuda engine needs this
+# machine's own libnccl.so.2 (NCCL 2.28.3 in /usr/local/cuda on the H100 machine)
+nccl=$(find /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -n 1)
+export LD_LIBRARY_PATH="$st/lib:$(dirname "${cublas:-/usr/local/cuda/lib64/x}"):$(dirname "${nccl:-/usr/local/cuda/lib64/x}"):/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 py=python3
 B=$st/bin
 
@@ -49,7 +52,7 @@ gen() {  # gen PRESET DIR: the random bf16 model of that preset, once
 gen_pid=
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  echo "cublas: ${cublas:-not found}"; } 2>&1 | tee "$OUT/summary.txt"
+  echo "cublas: ${cublas:-not found}"; echo "nccl: ${nccl:-not found}"; } 2>&1 | tee "$OUT/summary.txt"
 
 # docs/cuda.md step 10, first half: pie-worker with backend cuda loads, names the GPU and
 # registers with a controller; piectl status shows it; SIGTERM stops both with status 0.
@@ -81,6 +84,9 @@ for s in "$@"; do
     krn)       step krn 150 "$B/unit_test_krn_cuda" --verbose --short-filename ;;
     eng)       step eng 200 "$B/unit_test_eng_cuda" --verbose --short-filename ;;
     fault)     step fault 60 "$B/unit_test_eng_cuda_fault" --verbose ;;
+    nccl1)     # issue 14: the engine over a one-rank NCCL communicator = the plain engine, the
+               # decode graphs capturing its all-reduces, the next_dist split over 1-4 slices
+               step nccl1 120 "$B/unit_test_eng_cuda_nccl" --verbose --short-filename ;;
     gen1b)     gen llama-3.2-1b /tmp/l1b ;;
     gen8b)     gen llama-3.1-8b /tmp/l8b ;;
     bggen)     { gen llama-3.2-1b /tmp/l1b; gen llama-3.1-8b /tmp/l8b; } & gen_pid=$! ;;

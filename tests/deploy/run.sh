@@ -214,6 +214,8 @@ cpu 0 --set worker.leaderWorkerSet.enabled=true,worker.config.backend=cpu
 cpu 0 --set worker.tensorParallel.size=2,worker.config.backend=cpu
 cpu 0 -f $chart/ci/cpu-pods-values.yaml
 cuda 1 -f $here/values-large-numbers.yaml
+cuda 4 --set worker.tensorParallel.size=4
+cuda 8 --set worker.tensorParallel.size=8,worker.config.backend=cuda
 CASES
     exit $rc
     ;;
@@ -372,12 +374,13 @@ PY
       fi
       echo "ok: $* -> $want"
     }
-    # Groups that cannot form: spanning pods (no cross-pod join yet), or on cuda (no NCCL yet).
-    cuda='only the cpu backend runs tensor-parallel groups so far'
+    # Groups the chart cannot render: cuda groups spanning pods (NCCL's ports not wired yet),
+    # groups on the null backend.
     pods_cuda='groups spanning pods run on the cpu backend only so far'
-    check "worker.tensorParallel.size is 4 with backend cuda: $cuda" --set worker.tensorParallel.size=4
-    check "worker.tensorParallel.size is 8 with backend cuda: $cuda" \
-      --set worker.tensorParallel.size=8,worker.leaderWorkerSet.enabled=true
+    check "worker.tensorParallel.size is 2 with backend null: tensor-parallel groups run on the cpu and cuda backends" \
+      --set worker.tensorParallel.size=2 --set-string worker.config.backend=null
+    check "worker.tensorParallel.size is 4 with nodes 1 in a LeaderWorkerSet" \
+      --set worker.tensorParallel.size=4,worker.leaderWorkerSet.enabled=true
     check "worker.tensorParallel.nodes is 2 with backend cuda: $pods_cuda" \
       --set worker.tensorParallel.nodes=2,worker.leaderWorkerSet.enabled=true
     check "worker.tensorParallel.nodes is 2 with backend cuda: $pods_cuda" -f "$here/values-tp-multinode.yaml"

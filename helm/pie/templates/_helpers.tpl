@@ -309,14 +309,17 @@ affinity:
 ranks runs in one pod (one pie-worker forks the ranks; they share a collective in /dev/shm) or,
 with nodes = size, as a LeaderWorkerSet group of pods, one rank each (ranks join rank 0 over
 Worker/TpJoin and compute over a TCP collective on tensorParallel.port: docs/tensor-parallel.md).
-cuda groups (NCCL) do not exist yet. */}}
+A cuda group of size ranks in one pod (nodes 1) requests size GPUs; pie-worker forks one rank
+per GPU (each rank's CUDA_VISIBLE_DEVICES one of the pod's) and the ranks use NCCL over the
+pod's /dev/shm (worker.shmSizeLimit). cuda groups spanning pods are refused: NCCL's bootstrap
+and transport ports between the pods are not wired. */}}
 {{- define "pie.worker.checkTensorParallel" -}}
 {{- $size := int .Values.worker.tensorParallel.size -}}
 {{- $nodes := int .Values.worker.tensorParallel.nodes -}}
 {{- $backend := include "pie.worker.backend" . -}}
 {{- $lws := .Values.worker.leaderWorkerSet -}}
 {{- if and (gt $nodes 1) (ne $backend "cpu") -}}
-{{- fail (printf "worker.tensorParallel.nodes is %d with backend %s: groups spanning pods run on the cpu backend only so far (the cuda backend's NCCL groups are not implemented yet); set worker.config.backend=cpu, or worker.tensorParallel.nodes=1 and size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $backend) -}}
+{{- fail (printf "worker.tensorParallel.nodes is %d with backend %s: groups spanning pods run on the cpu backend only so far (cuda groups across pods also need NCCL's bootstrap and transport ports open between the pods, which the chart does not wire yet); set worker.config.backend=cpu, or worker.tensorParallel.nodes=1 and size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $nodes $backend) -}}
 {{- end -}}
 {{- if and (gt $nodes 1) (ne $size $nodes) -}}
 {{- fail (printf "worker.tensorParallel.size is %d with nodes %d: a group spanning pods runs one rank per pod, so size must equal nodes (pie-worker refuses another tp.size in a LeaderWorkerSet group); set worker.tensorParallel.size=%d, or nodes=1 for a group of %d ranks in one pod" $size $nodes $nodes $size) -}}
@@ -324,11 +327,14 @@ cuda groups (NCCL) do not exist yet. */}}
 {{- if and (gt $nodes 1) (not $lws.enabled) -}}
 {{- fail (printf "worker.tensorParallel.nodes is %d: a group spanning pods is a LeaderWorkerSet group (one pod per rank); set worker.leaderWorkerSet.enabled=true (the LeaderWorkerSet controller must be installed)" $nodes) -}}
 {{- end -}}
+{{- if and (gt $size 1) (eq $nodes 1) $lws.enabled -}}
+{{- fail (printf "worker.tensorParallel.size is %d with nodes 1 in a LeaderWorkerSet: a group in one pod is that pod's pie-worker forking its ranks, and a LeaderWorkerSet group of one pod gives it nothing; set worker.leaderWorkerSet.enabled=false, or nodes=%d for one rank per pod (backend cpu)" $size $size) -}}
+{{- end -}}
 {{- if and (gt $nodes 1) (eq $lws.startupPolicy "LeaderReady") -}}
 {{- fail (printf "worker.leaderWorkerSet.startupPolicy LeaderReady cannot start a group spanning %d pods: the leader (rank 0) turns ready only once every rank joined it, and LeaderReady creates the other ranks only after that; use LeaderCreated" $nodes) -}}
 {{- end -}}
-{{- if and (gt $size 1) (ne $backend "cpu") -}}
-{{- fail (printf "worker.tensorParallel.size is %d with backend %s: only the cpu backend runs tensor-parallel groups so far (the cuda backend's NCCL groups are not implemented yet); set worker.config.backend=cpu, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
+{{- if and (gt $size 1) (ne $backend "cpu") (ne $backend "cuda") -}}
+{{- fail (printf "worker.tensorParallel.size is %d with backend %s: tensor-parallel groups run on the cpu and cuda backends; set worker.config.backend, or worker.tensorParallel.size=1 and scale out with worker.replicas (docs/tensor-parallel.md)" $size $backend) -}}
 {{- end -}}
 {{- end -}}
 

@@ -37,7 +37,7 @@ typedef struct eng_opts {
     uint32_t embed_slots;   /* embedding slots; 0 → 1024 */
     uint32_t max_batch_tokens; /* most input tokens of one forward call; 0 → 4096 */
     int n_threads;          /* CPU threads (the caller included); 0 → online cores */
-    /* Tensor parallelism (cpu backend; the cuda backend refuses tp_size > 1): this engine is
+    /* Tensor parallelism (cpu backend over coll; cuda backend over nccl, below): this engine is
      * rank tp_rank of tp_size (0 or 1: the whole model) and loads only its shard (eng_shard.h:
      * heads, KV heads, MLP columns, a vocabulary slice); coll is the group's host collective
      * (services/worker/tp/wrk_coll.h) of tp_size ranks, borrowed, outliving the engine. Then
@@ -48,6 +48,12 @@ typedef struct eng_opts {
      * coll's error and leaves the group unusable. */
     uint32_t tp_rank, tp_size;
     struct wrk_coll *coll;
+    /* The cuda backend's collective (services/worker/tp/wrk_nccl.h): the group's NCCL
+     * communicator of tp_size ranks, this one tp_rank, borrowed, outliving the engine. Needed
+     * for tp_size > 1; given at tp_size 1 the engine runs its sharded path over a one-rank
+     * communicator (what the device tests compare with the plain engine). The same contract
+     * as coll; the pools' page ids are the same on every rank. */
+    struct wrk_nccl *nccl;
     /* The swap policy (cpu backend; issue 13, services/worker/mem/wrk_tier.h; the cuda backend
      * refuses swap_slots > 0). 0: every layer's KV in one region (policy gpu). Else the KV of
      * at most swap_slots of the n layers is in the "device" region at once, the rest in a

@@ -16,15 +16,17 @@
  *      (krn_cpu_exp_shifted), its sum, and its local top_k of those values — the limits
  *      (infinite M, T whose inverse overflows) put 1 on A and 0 elsewhere, as krn_cpu_softmax;
  *   3. the ranks all-gather (sum, local top-k) records; every rank adds the sums in rank order
- *      and merges the lists scaled by 1 / sum (krn_cpu_topk_merge). The global top_k is among
- *      the union of the local ones, so nothing is approximated; the result differs from
- *      tp_size 1 only by the order of float additions (the layers' all-reduces, the sum).
+ *      and merges the lists scaled by 1 / sum (eng_tp_merge_lists, shared with the cuda
+ *      engine). The global top_k is among the union of the local ones, so nothing is
+ *      approximated; the result differs from tp_size 1 only by the order of float additions
+ *      (the layers' all-reduces, the sum).
  * The exchange is two small all-gathers per group of rows instead of [rows, vocab] floats. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "eng_cpu_impl.h"
+#include "eng_tp_dist.h"
 #include "wrk_coll.h"
 
 #define ENG_TP_REC_HEAD 16u   /* a record: double sum, uint32 k, pad, then ids[kmax], vals[kmax] */
@@ -34,14 +36,6 @@
 
 static size_t eng_tp_tensor_bytes(const mdl_tensor *t) {
     return (size_t)t->rows * t->cols * mdl_dtype_size(t->dtype);
-}
-
-/* Rows [r0, r0 + n) of t: a view of the same data. */
-static mdl_tensor eng_tp_rows(const mdl_tensor *t, uint32_t r0, uint32_t n) {
-    mdl_tensor v = *t;
-    v.data = (const char *)t->data + (size_t)r0 * t->cols * mdl_dtype_size(t->dtype);
-    v.rows = n;
-    return v;
 }
 
 /* Columns [c0, c0 + n) of t copied to dst ([t.rows, n], same dtype). */
@@ -75,8 +69,8 @@ pie_code eng_tp_bind_weights(eng *e, pie_status *st) {
     pie_code rc = eng_cpu_map(&e->slices, (wo_bytes + down_bytes) * L,
                               "this rank's slices of o_proj and down_proj", st);
     if (rc != PIE_OK) return rc;
-    e->embed = eng_tp_rows(&m->embed, s->vocab0, s->n_vocab);
-    e->lm_head = eng_tp_rows(&m->lm_head, s->vocab0, s->n_vocab);
+    e->embed = eng_shard_rows(&m->embed, s->vocab0, s->n_vocab);
+    e->lm_head = eng_shard_rows(&m->lm_head, s->vocab0, s->n_vocab);
     size_t bytes = eng_tp_tensor_bytes(&e->embed) + eng_tp_tensor_bytes(&m->norm);
     if (!m->cfg.tie_word_embeddings) bytes += eng_tp_tensor_bytes(&e->lm_head);
     char *dst = e->slices.p;
@@ -85,12 +79,12 @@ pie_code eng_tp_bind_weights(eng *e, pie_status *st) {
         mdl_layer *o = &e->own_layers[l];
         o->attn_norm = src->attn_norm;
         o->ffn_norm = src->ffn_norm;
-        o->wq = eng_tp_rows(&src->wq, s->head0 * hd, s->n_heads * hd);
-        o->wk = eng_tp_rows(&src->wk, s->kv_head0 * hd, s->n_kv_heads * hd);
-        o->wv = eng_tp_rows(&src->wv, s->kv_head0 * hd, s->n_kv_heads * hd);
+        o->wq = eng_shard_rows(&src->wq, s->head0 * hd, s->n_heads * hd);
+        o->wk = eng_shard_rows(&src->wk, s->kv_head0 * hd, s->n_kv_heads * hd);
+        o->wv = eng_shard_rows(&src->wv, s->kv_head0 * hd, s->n_kv_heads * hd);
         o->wo = eng_tp_cols(&src->wo, s->head0 * hd, s->n_heads * hd, dst);
-        o->w_gate = eng_tp_rows(&src->w_gate, s->ffn0, s->n_ffn);
-        o->w_up = eng_tp_rows(&src->w_up, s->ffn0, s->n_ffn);
+        o->w_gate = eng_shard_rows(&src->w_gate, s->ffn0, s->n_ffn);
+        o->w_up = eng_shard_rows(&src->w_up, s->ffn0, s->n_ffn);
         o->w_down = eng_tp_cols(&src->w_down, s->ffn0, s->n_ffn, dst + wo_bytes);
         dst += wo_bytes + down_bytes;
         const mdl_tensor *all[] = {&o->attn_norm, &o->ffn_norm, &o->wq,   &o->wk,    &o->wv,
@@ -246,11 +240,7 @@ static void eng_tp_merge(const eng *e, const eng_tp_job *job, uint32_t rows, uin
         vals[r] = (const float *)(rec + ENG_TP_REC_HEAD + (size_t)job->kmax * sizeof(uint32_t));
         counts[r] = (int)k;
     }
-    /* as krn_cpu_softmax: the limits (sum exactly 1) are not scaled; NaN rows have sum 0 and
-     * stay NaN (NaN * inf) */
-    float scale = 1.0f / (float)sum;
-    krn_cpu_topk_merge(ids, vals, counts, (int)e->shard.size, scale, (int)it->top_k, it->ids,
-                       it->probs);
+    eng_tp_merge_lists(ids, vals, counts, e->shard.size, sum, it->top_k, it->ids, it->probs);
 }
 
 pie_code eng_tp_next_dist(eng *e, eng_dist_item *items, uint32_t n, pie_status *st) {

@@ -119,7 +119,7 @@ static void *ec_carve(ec_carver *c, size_t bytes) {
 static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
     const mdl_config *cf = &e->m->cfg;
     const eng_info *in = &e->info;
-    size_t d = cf->hidden_size, V = cf->vocab_size, T = in->max_batch_tokens;
+    size_t d = cf->hidden_size, V = e->nv, T = in->max_batch_tokens; /* V: this rank's rows */
     size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
     e->embed = EC_CARVE(c, V * d, krn_bf16);
     e->lm_head = cf->tie_word_embeddings ? e->embed : EC_CARVE(c, V * d, krn_bf16);
@@ -150,7 +150,7 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
     e->att = EC_CARVE(c, ec_mul(T, e->qd), krn_bf16);
     e->h = EC_CARVE(c, ec_mul(T, e->ffn), krn_bf16);
     e->logits = EC_CARVE(c, ec_mul(e->dist_rows, V), float);
-    size_t parts = ec_mul(ec_mul(EC_PART_SPLITS, e->split_rows), cf->n_heads);
+    size_t parts = ec_mul(ec_mul(EC_PART_SPLITS, e->split_rows), e->nh);
     e->part_acc = EC_CARVE(c, ec_mul(parts, cf->head_dim), float);
     e->part_ml = EC_CARVE(c, ec_mul(parts, 2), float);
     e->d_meta = EC_CARVE(c, e->meta_words, int32_t);
@@ -160,20 +160,23 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
     e->d_topk = EC_CARVE(c, e->dist_rows, int32_t);
     e->d_slot_idx = EC_CARVE(c, e->dist_rows, int32_t);
     e->cublas_ws = ec_carve(c, EC_CUBLAS_WS);
+    /* the tensor-parallel exchanges (empty without nccl) */
+    size_t tp = e->nccl ? e->shard.size : 0, top = ec_mul(e->dist_rows, KRN_CUDA_TOPK_MAX);
+    size_t rows = tp ? e->dist_rows : 0;
+    e->d_max = EC_CARVE(c, rows, float);
+    e->d_g_max = EC_CARVE(c, ec_mul(tp, rows), float);
+    e->d_shift = EC_CARVE(c, 2 * rows, float);
+    e->d_sums = EC_CARVE(c, rows, float);
+    e->d_g_sums = EC_CARVE(c, ec_mul(tp, rows), float);
+    e->d_g_ids = EC_CARVE(c, ec_mul(tp, top), uint32_t);
+    e->d_g_vals = EC_CARVE(c, ec_mul(tp, top), float);
+    e->d_g_logits = EC_CARVE(c, ec_mul(tp, e->shard.vocab_stride), float);
 }
 
 /* ---- weights ----------------------------------------------------------------------------- */
 
-static uint16_t ec_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u; /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                     /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
 /* Copies tensor t (any dtype) as bf16 to dst on the device, through the pinned stage. */
-static pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st) {
+pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st) {
     size_t n = (size_t)t->rows * t->cols;
     size_t chunk = EC_STAGE_BYTES / sizeof(uint16_t);
     for (size_t at = 0; at < n; at += chunk) {
@@ -182,13 +185,14 @@ static pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_s
         if (t->dtype == MDL_BF16)
             memcpy(s, (const uint16_t *)t->data + at, len * sizeof(uint16_t));
         else
-            for (size_t i = 0; i < len; i++) s[i] = ec_f32_to_bf16(mdl_tensor_at(t, at + i));
+            for (size_t i = 0; i < len; i++) s[i] = eng_bf16_from_f32(mdl_tensor_at(t, at + i));
         EC_CUDA(st, cudaMemcpy(dst + at, s, len * sizeof(uint16_t), cudaMemcpyHostToDevice));
     }
     return PIE_OK;
 }
 
 static pie_code ec_upload_weights(eng_cuda *e, pie_status *st) {
+    if (e->nccl) return ec_tp_upload_weights(e, st); /* this rank's shard */
     const mdl_model *m = e->m;
     size_t d = m->cfg.hidden_size;
     pie_code rc = ec_upload(e, &m->embed, e->embed, st);
@@ -250,6 +254,13 @@ static pie_code ec_alloc_host(eng_cuda *e, pie_status *st) {
     EC_CUDA(st, cudaMallocHost((void **)&e->h_dist_f, e->dist_rows * sizeof(float)));
     EC_CUDA(st, cudaMallocHost((void **)&e->h_dist_i, 2 * e->dist_rows * sizeof(int32_t)));
     EC_CUDA(st, cudaMallocHost((void **)&e->h_stage, EC_STAGE_BYTES));
+    if (!e->nccl) return PIE_OK;
+    size_t tp = e->shard.size, rows = e->dist_rows;
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_shift, 2 * rows * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_g_max, tp * rows * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_g_sums, tp * rows * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_g_ids, tp * top * sizeof(uint32_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&e->h_g_vals, tp * top * sizeof(float)));
     return PIE_OK;
 }
 
@@ -296,8 +307,8 @@ static pie_code ec_open_device(eng_cuda *e, pie_status *st) {
                               "memory per block for attention; %s allows %zu",
                               c->head_dim, need, e->device, limit);
     EC_CUDA(st, krn_cuda_init((int)c->head_dim));
-    if (krn_cuda_attn_tc_fits((int)c->head_dim, (int)c->n_heads, (int)c->n_kv_heads))
-        e->tc_rows = (uint32_t)krn_cuda_attn_tc_rows((int)c->n_heads, (int)c->n_kv_heads);
+    if (krn_cuda_attn_tc_fits((int)c->head_dim, (int)e->nh, (int)e->nkv))
+        e->tc_rows = (uint32_t)krn_cuda_attn_tc_rows((int)e->nh, (int)e->nkv);
     return PIE_OK;
 }
 
@@ -338,10 +349,18 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: opts, out and opts->model_dir must not be NULL");
     *out = NULL;
-    if (opts->tp_size > 1) /* NCCL sharding is issue 14's next step (docs/tensor-parallel.md) */
+#ifndef PIE_WITH_NCCL
+    if (opts->tp_size > 1 || opts->nccl)
         return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "eng_open: tp_size %u: the cuda backend runs only tp_size 1 so far "
-                              "(tensor parallelism is built for the cpu backend)",
+                              "eng_open: tp_size %u: the cuda backend was built without NCCL "
+                              "(nccl.h and libnccl were not found at build time), so it runs "
+                              "tp_size 1 only",
+                              opts->tp_size);
+#endif
+    if (opts->tp_size > 1 && !opts->nccl)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: tp_size %u on the cuda backend needs the group's NCCL "
+                              "communicator (eng_opts.nccl)",
                               opts->tp_size);
     if (opts->swap_slots) /* issue 13: the cpu backend has the swap data path so far */
         return pie_status_set(st, PIE_UNIMPLEMENTED,
@@ -363,12 +382,21 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
     if (rc != PIE_OK) goto fail;
     const mdl_config *c = &e->m->cfg;
     eng_check_fill_info(&e->info, e->m, &dims);
-    e->qd = c->n_heads * c->head_dim;
-    e->kvd = c->n_kv_heads * c->head_dim;
+    e->nccl = opts->nccl;
+    rc = eng_shard_plan(c, e->nccl ? opts->tp_rank : 0, e->nccl ? opts->tp_size : 1, &e->shard, st);
+    if (rc != PIE_OK) goto fail;
+    e->nh = e->shard.n_heads;
+    e->nkv = e->shard.n_kv_heads;
+    e->nv = e->shard.n_vocab;
+    e->info.tp_rank = e->shard.rank;
+    e->info.tp_size = e->shard.size;
+    e->info.local_kv_heads = e->nkv;
+    e->qd = e->nh * c->head_dim;
+    e->kvd = e->nkv * c->head_dim;
     e->qkvd = e->qd + 2 * e->kvd;
-    e->ffn = c->intermediate_size;
+    e->ffn = e->shard.n_ffn;
     e->attn_scale = 1.0f / sqrtf((float)c->head_dim);
-    e->tile_rows = (uint32_t)krn_cuda_attn_tile_rows((int)c->n_heads, (int)c->n_kv_heads);
+    e->tile_rows = (uint32_t)krn_cuda_attn_tile_rows((int)e->nh, (int)e->nkv);
     e->dist_rows = T < EC_DIST_ROWS ? T : EC_DIST_ROWS;
     e->split_rows = T < EC_SPLIT_ROWS ? T : EC_SPLIT_ROWS;
     ec_size_meta(e);
@@ -403,8 +431,9 @@ void eng_cuda_close(eng_cuda *e) {
     if (e->stream) (void)cudaStreamDestroy(e->stream);
     if (e->copy_stream) (void)cudaStreamDestroy(e->copy_stream);
     if (e->pool) (void)cudaFree(e->pool);
-    void *pinned[] = {e->h_meta,   e->h_top_ids, e->h_top_probs,
-                      e->h_dist_f, e->h_dist_i,  e->h_stage};
+    void *pinned[] = {e->h_meta,  e->h_top_ids, e->h_top_probs, e->h_dist_f,
+                      e->h_dist_i, e->h_stage,   e->h_shift,     e->h_g_max,
+                      e->h_g_sums, e->h_g_ids,   e->h_g_vals};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) (void)cudaFreeHost(pinned[i]);
     mdl_close(e->m);
@@ -432,6 +461,12 @@ pie_code eng_cuda_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t 
     pie_code rc = eng_check_embed(in, slots, tokens, positions, n, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
+    if (e->nccl) { /* vocabulary-parallel: each rank embeds its slice's tokens */
+        rc = ec_tp_embed_text(e, slots, tokens, n, st);
+        if (rc != PIE_OK) return rc;
+        for (uint32_t i = 0; i < n; i++) e->emb_pos[slots[i]] = positions[i];
+        return PIE_OK;
+    }
     /* tokens and slots through the stage in chunks (n is not bounded by any capacity) */
     uint32_t chunk = (uint32_t)(EC_STAGE_BYTES / (2 * sizeof(uint32_t)));
     uint32_t *d_tok = (uint32_t *)e->d_meta, *h_tok = (uint32_t *)e->h_meta;
@@ -547,12 +582,30 @@ pie_code eng_cuda_clear_embeds(eng_cuda *e, const uint32_t *slots, uint32_t n, p
 
 /* ---- distributions ----------------------------------------------------------------------- */
 
-/* logits[rows, vocab] = lm_head · (the states of slots d_slot_idx[rows]). */
-static pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st) {
+/* logits[rows, nv] = lm_head · (the states of slots d_slot_idx[rows]); nv: this rank's rows of
+ * the vocabulary (all of it without nccl). */
+pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st) {
     uint32_t d = e->info.hidden_size;
     EC_CUDA(st, krn_cuda_gather_rows(e->tmp, e->emb, e->d_slot_idx, (int)rows, (int)d, e->stream));
     EC_CUDA(st, krn_cuda_to_bf16(e->tmp, (size_t)rows * d, e->xn, e->stream));
-    return ec_linear(e, e->xn, rows, d, e->lm_head, e->info.vocab_size, e->logits, st);
+    return ec_linear(e, e->xn, rows, d, e->lm_head, e->nv, e->logits, st);
+}
+
+pie_code ec_dist_upload(eng_cuda *e, const eng_dist_item *items, uint32_t rows, uint32_t k_cap,
+                        pie_status *st) {
+    uint32_t R = e->dist_rows;
+    for (uint32_t r = 0; r < rows; r++) {
+        e->h_dist_f[r] = items[r].temperature;
+        e->h_dist_i[r] = (int32_t)(items[r].top_k < k_cap ? items[r].top_k : k_cap);
+        e->h_dist_i[R + r] = (int32_t)items[r].slot;
+    }
+    EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
+                                cudaMemcpyHostToDevice, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, e->stream));
+    return PIE_OK;
 }
 
 pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st) {
@@ -561,20 +614,11 @@ pie_code eng_cuda_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_s
     if (rc != PIE_OK) return rc;
     uint32_t R = e->dist_rows;
     EC_CUDA(st, cudaSetDevice(e->dev));
+    if (e->nccl) return ec_tp_next_dist(e, items, n, st); /* merged from the ranks' slices */
     for (uint32_t start = 0; start < n; start += R) {
         uint32_t rows = n - start < R ? n - start : R;
-        for (uint32_t r = 0; r < rows; r++) {
-            e->h_dist_f[r] = items[start + r].temperature;
-            e->h_dist_i[r] = (int32_t)items[start + r].top_k;
-            e->h_dist_i[R + r] = (int32_t)items[start + r].slot;
-        }
-        EC_CUDA(st, cudaMemcpyAsync(e->d_temp, e->h_dist_f, rows * sizeof(float),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_topk, e->h_dist_i, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i + R, rows * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, e->stream));
-        rc = ec_lm_head(e, rows, st);
+        rc = ec_dist_upload(e, &items[start], rows, e->info.vocab_size, st);
+        if (rc == PIE_OK) rc = ec_lm_head(e, rows, st);
         if (rc != PIE_OK) return rc;
         EC_CUDA(st, krn_cuda_topk(e->logits, (int)rows, (int)e->info.vocab_size, e->d_temp,
                                   e->d_topk, e->d_top_ids, e->d_top_probs, e->stream));
@@ -599,6 +643,7 @@ pie_code eng_cuda_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *
     pie_code rc = eng_check_slot_out(&e->info, "logits", slot, logits, "logits", st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaSetDevice(e->dev));
+    if (e->nccl) return ec_tp_logits(e, slot, logits, st); /* the ranks' slices, gathered */
     e->h_dist_i[0] = (int32_t)slot;
     EC_CUDA(st, cudaMemcpyAsync(e->d_slot_idx, e->h_dist_i, sizeof(int32_t), cudaMemcpyHostToDevice,
                                 e->stream));

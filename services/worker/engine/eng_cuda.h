@@ -16,7 +16,14 @@
  *  - eng_open fails with "eng_open: backend cuda: no CUDA device (<driver's reason>)"
  *    (UNAVAILABLE) where there is none.
  * n_threads in eng_opts is ignored. Not thread-safe: one handler at a time, from any thread
- * (each handler makes the engine's device current first). */
+ * (each handler makes the engine's device current first).
+ *
+ * Tensor parallelism (eng_opts.nccl, eng_cuda_tp.c): the engine is rank tp_rank of tp_size and
+ * holds eng_shard.h's shard on its device (the process's device 0: one GPU per rank process);
+ * the forward all-reduces after o_proj and down_proj on the compute stream (captured in the
+ * decode graphs), embed_text is vocabulary-parallel, next_dist merges the ranks' local top-k
+ * exactly, logits gathers the slices. Without NCCL built, tp_size > 1 is refused
+ * (UNIMPLEMENTED). Without eng_opts.nccl the engine is the single-GPU one, unchanged. */
 #ifndef ENG_CUDA_H
 #define ENG_CUDA_H
 

@@ -103,7 +103,7 @@ static uint32_t ec_ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
  * 132 SMs: its attention took 3.1 of 10 ms per token at 1k context and 19 of 29 ms at 32k on
  * an H100 — bench/results/cuda.md.) */
 static uint32_t ec_split_cap(const eng_cuda *e, uint32_t n_tiles) {
-    uint64_t units = (uint64_t)n_tiles * e->info.n_kv_heads, target = 4ull * (uint64_t)e->n_sms;
+    uint64_t units = (uint64_t)n_tiles * e->nkv, target = 4ull * (uint64_t)e->n_sms;
     if (units == 0 || units >= target) return 1;
     uint64_t want = (target + units - 1) / units, pairs = (uint64_t)EC_PART_SPLITS * e->split_rows;
     if (want > KRN_CUDA_MAX_SPLITS) want = KRN_CUDA_MAX_SPLITS;
@@ -267,8 +267,8 @@ static krn_cuda_attn_args ec_attn_args(const eng_cuda *e, uint32_t layer, const 
         .vb = e->vb,
         .runs = (const uint32_t *)(e->d_meta + L->runs),
         .row_runs = e->d_meta + L->row_runs,
-        .n_heads = (int)c->n_heads,
-        .n_kv_heads = (int)c->n_kv_heads,
+        .n_heads = (int)e->nh, /* this rank's heads (all of them without nccl) */
+        .n_kv_heads = (int)e->nkv,
         .hd = (int)c->head_dim,
         .scale = e->attn_scale,
         .out = e->att,
@@ -298,11 +298,14 @@ static pie_code ec_attention(eng_cuda *e, uint32_t layer, const ec_run *run, boo
     return PIE_OK;
 }
 
-/* o-proj, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. */
+/* o-proj, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. In a
+ * tensor-parallel group o-proj and down are row-parallel: each rank's partial sums are
+ * all-reduced on the stream (inside a decode graph's capture too). */
 static pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
                               pie_status *st) {
     uint32_t d = e->info.hidden_size;
     pie_code rc = ec_linear(e, e->att, rows, e->qd, L->wo, d, e->tmp, st);
+    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, e->tmp, (size_t)rows * d, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, krn_cuda_add_rmsnorm(x, e->tmp, L->ffn_norm, (int)rows, (int)d, e->m->cfg.rms_eps,
                                      e->xn, NULL, e->stream));
@@ -310,7 +313,9 @@ static pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, krn_cuda_silu_mul(e->gu, (int)rows, (int)e->ffn, e->h, e->stream));
     e->step_launches += 2;
-    return ec_linear(e, e->h, rows, e->ffn, L->w_down, d, e->tmp, st);
+    rc = ec_linear(e, e->h, rows, e->ffn, L->w_down, d, e->tmp, st);
+    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, e->tmp, (size_t)rows * d, st);
+    return rc;
 }
 
 /* Enqueues the whole pass for the uploaded tables; nothing here waits or reads the host
@@ -331,8 +336,8 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
                                          c->rms_eps, e->xn, NULL, e->stream));
         pie_code rc = ec_linear(e, e->xn, R, (uint32_t)d, Ly->wqkv, e->qkvd, e->qkv, st);
         if (rc != PIE_OK) return rc;
-        EC_CUDA(st, krn_cuda_rope_qkv_append(e->qkv, M + L->pos, (int)R, (int)c->n_heads,
-                                             (int)c->n_kv_heads, (int)c->head_dim, e->inv_freq,
+        EC_CUDA(st, krn_cuda_rope_qkv_append(e->qkv, M + L->pos, (int)R, (int)e->nh,
+                                             (int)e->nkv, (int)c->head_dim, e->inv_freq,
                                              e->kb, e->vb, e->kv + (size_t)l * e->kv_layer_elems,
                                              (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
         e->step_launches += 2;
@@ -493,6 +498,10 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
         return rc;
     }
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
+    if (e->nccl) { /* a peer's failure surfaces here (the group is not repaired) */
+        rc = ec_tp_check(e, st);
+        if (rc != PIE_OK) return rc;
+    }
     e->stats.forward_steps++;
     e->stats.decode_steps += decode;
     e->stats.last_step_kernels = e->step_launches;

@@ -3,7 +3,8 @@
  * Owns: struct eng_cuda (device pool and its carving, host mirrors, staging, streams, cuBLAS,
  * the graph cache) and the error macros that turn a cudaError_t / cublasStatus_t into a
  * pie_status naming the call, file and line. eng_cuda.c: open/close, embed, pages,
- * distributions; eng_cuda_fwd.c: forward validation, planning, execution, graphs. */
+ * distributions; eng_cuda_fwd.c: forward validation, planning, execution, graphs; eng_cuda_tp.c:
+ * the engine as one rank of a tensor-parallel group over NCCL. */
 #ifndef ENG_CUDA_IMPL_H
 #define ENG_CUDA_IMPL_H
 
@@ -12,6 +13,8 @@
 
 #include "eng_check.h"
 #include "eng_cuda.h"
+#include "eng_shard.h"
+#include "eng_tp_dist.h"
 #include "krn_cuda.h"
 #include "mdl.h"
 
@@ -94,6 +97,10 @@ struct eng_cuda {
     eng_info info;
     char device[288];
     int dev, n_sms;
+    /* this rank's shard (eng_shard.h; the whole model without nccl): its query and KV heads,
+     * vocabulary rows; qd, kvd and ffn are its widths */
+    eng_shard shard;
+    uint32_t nh, nkv, nv;
     uint32_t qd, kvd, qkvd, ffn;
     uint32_t tile_rows; /* rows per tile of krn_cuda_attention (decode-shaped work) */
     uint32_t tc_rows;   /* rows per tile of krn_cuda_attention_tc; 0: not on this device */
@@ -141,6 +148,19 @@ struct eng_cuda {
     uint32_t *emb_pos;   /* [slots] */
     eng_check_state chk; /* validation marks and the plan of the last forward (eng_check.h) */
 
+    /* tensor parallelism over NCCL (eng_cuda_tp.c); NULL: one GPU, no collective, and every
+     * buffer below is empty */
+    struct wrk_nccl *nccl;
+    float *d_max, *d_g_max;       /* [dist_rows]: each row's slice maximum; [tp][dist_rows] */
+    float *d_shift, *h_shift;     /* [dist_rows, 2]: the row's maximum, whether this rank holds it */
+    float *d_sums, *d_g_sums;     /* [dist_rows]: the slice's sum of exponentials; [tp][dist_rows] */
+    uint32_t *d_g_ids;            /* [tp][dist_rows, TOPK_MAX]: the ranks' local top-k, gathered */
+    float *d_g_vals;              /* [tp][dist_rows, TOPK_MAX] */
+    float *d_g_logits;            /* [tp][vocab_stride]: eng_cuda_logits' gather */
+    float *h_g_max, *h_g_sums;    /* pinned mirrors of the gathers */
+    uint32_t *h_g_ids;
+    float *h_g_vals;
+
     cudaStream_t stream, copy_stream; /* copy_stream: reserved for the memory-tier work */
     cublasHandle_t cublas;
 
@@ -159,5 +179,25 @@ pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, c
 
 /* eng_cuda_fwd.c: releases every captured graph. */
 void ec_graphs_free(eng_cuda *e);
+
+/* eng_cuda.c: tensor t (any dtype) as bf16 to dst on the device, through the pinned stage. */
+pie_code ec_upload(eng_cuda *e, const mdl_tensor *t, krn_bf16 *dst, pie_status *st);
+
+/* eng_cuda_tp.c: the sharded engine over NCCL (e->nccl set). */
+pie_code ec_tp_upload_weights(eng_cuda *e, pie_status *st);
+/* x[n] f32 on the compute stream ← its sum over the ranks (capturable). */
+pie_code ec_tp_allreduce(eng_cuda *e, float *x, size_t n, pie_status *st);
+pie_code ec_tp_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *tokens, uint32_t n,
+                          pie_status *st);
+pie_code ec_tp_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st);
+pie_code ec_tp_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st);
+/* After the stream was waited for: the communicator's asynchronous errors. */
+pie_code ec_tp_check(eng_cuda *e, pie_status *st);
+/* eng_cuda.c: next_dist's per-row arguments of items[rows] to the device (d_temp, d_topk with
+ * each top_k capped at k_cap, d_slot_idx). */
+pie_code ec_dist_upload(eng_cuda *e, const eng_dist_item *items, uint32_t rows, uint32_t k_cap,
+                        pie_status *st);
+/* eng_cuda.c: the lm_head of the slots in d_slot_idx[rows] into logits [rows, nv]. */
+pie_code ec_lm_head(eng_cuda *e, uint32_t rows, pie_status *st);
 
 #endif

@@ -7,7 +7,10 @@
  * ([ffn * r / N, ffn * (r + 1) / N)); the vocabulary cut into slices of ceil(vocab / N) rows
  * (the last may be shorter; every rank needs one row at least), so rank r's slice starts at
  * r * vocab_stride and a gather of [N][vocab_stride] is the vocabulary in order.
- * Does not own: slicing the weights (the backends), the collective (services/worker/tp). */
+ * Also: eng_shard_rows, the row view both backends slice with, and eng_shard_cols_bf16, a column
+ * slice in bf16 (the cuda engine's upload).
+ * Does not own: the cpu engine's f32 column copies (eng_cpu_tp.c), the collective
+ * (services/worker/tp). */
 #ifndef ENG_SHARD_H
 #define ENG_SHARD_H
 
@@ -34,5 +37,18 @@ typedef struct eng_shard {
  *   "eng_open: tp_size N leaves rank R no rows of the vocabulary (vocab_size V)". */
 pie_code eng_shard_plan(const mdl_config *c, uint32_t rank, uint32_t size, eng_shard *out,
                         pie_status *st);
+
+/* Rows [r0, r0 + n) of t: a view of the same data (no copy). */
+mdl_tensor eng_shard_rows(const mdl_tensor *t, uint32_t r0, uint32_t n);
+
+/* f as bf16 bits, rounded to nearest even (a NaN stays a NaN: 0x7fc0). */
+uint16_t eng_bf16_from_f32(float f);
+
+/* Rows [r0, r0 + rows) of t's columns [c0, c0 + n) as bf16 bits into dst[rows][n] (bf16
+ * copied, other dtypes rounded by eng_bf16_from_f32): the column slice of o_proj or down_proj
+ * a row-parallel rank stores, for a backend that keeps bf16 (the cuda engine uploads it in
+ * chunks of rows). */
+void eng_shard_cols_bf16(const mdl_tensor *t, uint32_t c0, uint32_t n, size_t r0, size_t rows,
+                         uint16_t *dst);
 
 #endif

@@ -30,6 +30,13 @@
 #include "rpc.h"
 #include "svc.h"
 #include "wrk_coll.h"
+#include "wrk_tp_cuda.h"
+#ifdef PIE_WITH_NCCL
+#include "wrk_nccl.h"
+#define WRK_TP_NCCL_BUILT true
+#else
+#define WRK_TP_NCCL_BUILT false
+#endif
 
 #define WRK_TP_EXIT_GROUP_FAILED 3 /* a rank left because its group failed */
 
@@ -48,6 +55,7 @@ struct wrk_tp_group {
     size_t cap;
     bool stepped; /* rank 0: a step went out since the last RESET (the followers may hold slots) */
     wrk_tp_rank_info *ranks; /* [size] after wrk_tp_group_loaded */
+    struct wrk_nccl *nccl;   /* cuda groups: after wrk_tp_group_open_nccl */
 };
 
 /* ---- configuration ------------------------------------------------------------------------ */
@@ -118,10 +126,20 @@ pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st) {
                               "which it is; leave both unset and one pie-worker with tp.size %u "
                               "starts all ranks itself",
                               c->leader, c->size);
+    if (strcmp(backend, "cuda") == 0) {
+#ifdef PIE_WITH_CUDA
+        return wrk_tp_cuda_check(c->size, WRK_TP_NCCL_BUILT, st);
+#else
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "tp.size %u with backend cuda: this pie-worker was built without "
+                              "the cuda backend (nvcc was not found at build time)",
+                              c->size);
+#endif
+    }
     if (strcmp(backend, "cpu") != 0)
         return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "tp.size %u needs backend cpu: the %s backend does not run "
-                              "tensor-parallel groups yet (NCCL is not implemented)",
+                              "tp.size %u needs backend cpu or cuda: the %s backend does not run "
+                              "tensor-parallel groups",
                               c->size, backend);
     return PIE_OK;
 }
@@ -444,14 +462,15 @@ pie_code wrk_tp_join(const wrk_tp_config *c, const svc *s, const char *own_liste
     }
     if (rc == PIE_OK) {
         const Pie__V1__TpJoinResponse *r = (const Pie__V1__TpJoinResponse *)m;
-        if (r->tp_size != me->size || r->epoch == 0 ||
-            r->collective != PIE__V1__COLLECTIVE__COLLECTIVE_HOST)
+        if (r->tp_size != me->size || r->epoch == 0)
             rc = pie_status_set(st, PIE_FAILED_PRECONDITION,
-                                "TpJoin: rank 0 at %s answered tp_size %u, epoch %llx, collective "
-                                "%d: not a host collective of %u ranks",
-                                target, r->tp_size, (unsigned long long)r->epoch, r->collective,
-                                me->size);
-        else
+                                "TpJoin: rank 0 at %s answered tp_size %u, epoch %llx: not a "
+                                "group of %u ranks",
+                                target, r->tp_size, (unsigned long long)r->epoch, me->size);
+        else /* a cuda group's answer carries the NCCL id besides the host endpoint */
+            rc = wrk_tp_cuda_read_answer(r, me->nccl, me->nccl_id, st);
+        me->has_nccl_id = rc == PIE_OK && me->nccl;
+        if (rc == PIE_OK)
             rc = coll_target(target, r->host_endpoint, me->tcp_leader, sizeof me->tcp_leader, st);
         me->epoch = r->epoch;
         rpc_msg_free(m);
@@ -657,8 +676,63 @@ pie_code wrk_tp_group_follow(wrk_tp_group *g, wrk_exec *x, pie_status *st) {
     }
 }
 
+#ifdef PIE_WITH_NCCL
+pie_code wrk_tp_group_open_nccl(wrk_tp_group *g, const wrk_tp_rank *me, pie_status *st) {
+    /* every rank's GPU first, over the host collective: a rank without one fails the group
+     * here, with its reason, instead of leaving the others in ncclCommInitRank */
+    pie_status mine;
+    pie_code ok = wrk_nccl_device_ok(0, &mine);
+    char all[WRK_COLL_MAX_RANKS];
+    char flag = ok == PIE_OK ? 1 : 0;
+    pie_code rc = wrk_coll_allgather(g->coll, &flag, 1, all, st);
+    if (rc != PIE_OK) return rc;
+    if (ok != PIE_OK) return pie_status_set(st, ok, "tp: rank %u: %s", g->rank, mine.msg);
+    for (uint32_t r = 0; r < g->size; r++)
+        if (!all[r])
+            return pie_status_set(st, PIE_UNAVAILABLE,
+                                  "tp: rank %u of group %s has no usable CUDA device (its log "
+                                  "says why); the group cannot form",
+                                  r, g->group_id);
+    /* the NCCL unique id: from TpJoin (ranks started one by one), else rank 0 makes one and
+     * broadcasts it on the host collective (a launched group) */
+    uint8_t id[WRK_NCCL_ID_BYTES];
+    if (me->has_nccl_id) {
+        memcpy(id, me->nccl_id, sizeof id);
+    } else {
+        if (g->rank == 0) rc = wrk_nccl_unique_id(id, st);
+        /* a failed rank 0 still broadcasts (zeros): the others must not wait for nothing */
+        if (g->rank == 0 && rc != PIE_OK) memset(id, 0, sizeof id);
+        pie_status bst;
+        pie_code brc = wrk_coll_bcast(g->coll, 0, id, sizeof id, &bst);
+        if (rc != PIE_OK) return rc;
+        if (brc != PIE_OK) {
+            *st = bst;
+            return brc;
+        }
+        static const uint8_t zero[WRK_NCCL_ID_BYTES];
+        if (memcmp(id, zero, sizeof id) == 0)
+            return pie_status_set(st, PIE_UNAVAILABLE,
+                                  "tp: rank 0 could not make the NCCL unique id (its log says "
+                                  "why)");
+    }
+    return wrk_nccl_open(id, g->rank, g->size, 0, &g->nccl, st);
+}
+#else
+pie_code wrk_tp_group_open_nccl(wrk_tp_group *g, const wrk_tp_rank *me, pie_status *st) {
+    (void)g, (void)me;
+    return wrk_tp_cuda_check(2, false, st);
+}
+#endif
+
+struct wrk_nccl *wrk_tp_group_nccl(wrk_tp_group *g) {
+    return g->nccl;
+}
+
 void wrk_tp_group_close(wrk_tp_group *g) {
     if (g == NULL) return;
+#ifdef PIE_WITH_NCCL
+    wrk_nccl_close(g->nccl);
+#endif
     wrk_coll_close(g->coll);
     free(g->buf);
     free(g->ranks);

@@ -3,7 +3,7 @@
  * collective (wrk_coll.h); rank 0 is the worker the controller sees.
  *
  * Owns: resolving the tp.* configuration with the LeaderWorkerSet environment and refusing what
- * cannot work (backends other than cpu, inconsistent ranks); the launcher (fork the ranks,
+ * cannot work (backends other than cpu and cuda, cuda without NCCL, inconsistent ranks); the launcher (fork the ranks,
  * supervise them: a rank that ends badly takes the group down and the launcher exits 1;
  * SIGTERM/SIGINT go to rank 0, whose orderly stop ends the others); ranks started one by one
  * (rank 0's TpJoin offer and its checks, a rank's TpJoin call; their collective is the TCP
@@ -33,6 +33,7 @@
 #include "wrk_exec.h"
 
 struct wrk_coll;
+struct wrk_nccl;
 
 /* The tp.* keys of pie-worker (wrk_main.c). */
 typedef struct wrk_tp_config {
@@ -51,7 +52,8 @@ typedef struct wrk_tp_config {
  * tp.size from LWS_GROUP_SIZE when it is 1) in a LeaderWorkerSet group of several pods, one
  * rank per pod. Refuses, with a message naming the key or variable: tp.rank out of range, a
  * rank above 0 without tp.leader, tp.leader without tp.rank, a group of pods whose tp.size is
- * not its pod count, and tp.size > 1 on a backend other than cpu. INVALID_ARGUMENT or
+ * not its pod count, tp.size > 1 on a backend other than cpu and cuda, and on cuda in a build
+ * without NCCL (wrk_tp_cuda_check). INVALID_ARGUMENT or
  * UNIMPLEMENTED. Afterwards tp.rank >= 0 with tp.size > 1 means "a rank started on its own":
  * rank 0 serves TpJoin, the others call it (wrk_tp_join). */
 pie_code wrk_tp_resolve(wrk_tp_config *c, const char *backend, pie_status *st);
@@ -66,6 +68,11 @@ typedef struct wrk_tp_rank {
      * tcp_leader is rank 0's collective endpoint "host:port". */
     char tcp_leader[320];
     int tcp_listen_fd;
+    /* A cuda group (nccl: this rank runs backend cuda): the NCCL unique id of this formation,
+     * when TpJoin carried it (ranks started one by one; rank 0 made it with its offer). A
+     * launched group has none here: rank 0 makes it once the host collective formed. */
+    bool nccl, has_nccl_id;
+    uint8_t nccl_id[128];
 } wrk_tp_rank;
 
 /* What a rank started on its own shows rank 0 (TpJoin): the model's name as this worker will
@@ -95,6 +102,8 @@ typedef struct wrk_tp_offer {
     wrk_tp_model_id model;
     uint64_t joined; /* bit r: rank r asked to join this epoch */
     wrk_tp_offer_state state;
+    bool has_nccl_id;     /* a cuda group: TpJoin answers COLLECTIVE_NCCL with this id */
+    uint8_t nccl_id[128]; /* made for this epoch (wrk_nccl_unique_id) */
 } wrk_tp_offer;
 
 /* Rank 0: a fresh epoch and the collective's listener (all interfaces, `port`, 0 = any free
@@ -136,6 +145,15 @@ typedef struct wrk_tp_group wrk_tp_group;
 pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const char *group_id,
                            wrk_tp_group **out, pie_status *st);
 struct wrk_coll *wrk_tp_group_coll(wrk_tp_group *g);
+
+/* A cuda group, every rank, after wrk_tp_group_open: checks over the host collective that
+ * every rank has its GPU (device 0 of its CUDA_VISIBLE_DEVICES), then joins the NCCL
+ * communicator of me->nccl_id (TpJoin's), or of the id rank 0 makes now and broadcasts on the
+ * host collective (a launched group). Blocks until all ranks joined. The group owns the
+ * communicator (wrk_tp_group_nccl) and closes it; close the engine first. Without NCCL built:
+ * UNIMPLEMENTED. */
+pie_code wrk_tp_group_open_nccl(wrk_tp_group *g, const wrk_tp_rank *me, pie_status *st);
+struct wrk_nccl *wrk_tp_group_nccl(wrk_tp_group *g);
 
 /* What one rank reports of itself when the group forms (ClusterStatus, Info, piectl status). */
 typedef struct wrk_tp_rank_info {
