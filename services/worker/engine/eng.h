@@ -69,7 +69,9 @@ typedef struct eng_opts {
     uint32_t offload_device_pages;
     int offload_host_threads; /* 0 → 1 */
     /* NULL: the load-aware scheduler decides; else asked for every decode item that may go to
-     * the host (item = its index in the forward batch): true sends it (tests) */
+     * the host (item = its index in the forward batch): true sends it (tests). Under tensor
+     * parallelism only rank 0 decides (scheduler or pick) and each forward carries its choice
+     * to the other ranks, whose own scheduler and pick are never asked. */
     bool (*offload_pick)(void *user, uint32_t item, const struct eng_forward_item *it);
     void *offload_pick_user;
 } eng_opts;
@@ -179,7 +181,9 @@ typedef struct eng_swap_stats {
 } eng_swap_stats;
 
 /* Between handlers: the device region holds at most `slots` layers from now on (clamped to
- * swap_min_slots..n; *applied: what was set). Pages stay valid whatever the slot count. */
+ * swap_min_slots..n; *applied: what was set). Pages stay valid whatever the slot count. Under
+ * tensor parallelism set it on rank 0: each forward carries rank 0's count to the other ranks
+ * (what they set themselves is replaced at their next forward). */
 pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st);
 void eng_swap_get_stats(eng *e, eng_swap_stats *out);
 /* Waits until the copy engine is idle (tests and benchmarks). */

@@ -21,6 +21,11 @@
  * overlaps here is host attention with device attention, and the full layer schedule (one
  * sub-batch's linear layers over the other's host attention) is modelled in wrk_offsim.h.
  *
+ * Under tensor parallelism each rank holds its KV heads' share of every page in its own two
+ * regions; rank 0 alone decides a step's split and broadcasts it (one byte per item), so every
+ * rank moves the same pages and attends the same items on its host pool: the ranks' profiled
+ * costs differ, and two plans would make the faster rank wait at each layer's all-reduce.
+ *
  * Without offload (e->off NULL) every hook does what policy gpu does. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -29,6 +34,7 @@
 
 #include "eng.h"
 #include "eng_cpu_impl.h"
+#include "wrk_coll.h"
 #include "wrk_offload.h"
 
 #define OFF_PROFILE_PAGES 64u /* KV pages of the attention probes at open */
@@ -171,14 +177,10 @@ static bool off_eligible(const eng_forward_item *it) {
     return it->append_kv && it->n_in == 1 && it->n_kv_pages > 0;
 }
 
-pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
-                             pie_status *st) {
-    (void)st;
+/* Rank 0's decision: item_host[0, n) from the scheduler (or the pick callback), then the
+ * fixed point that keeps a page read by a device item on the device. */
+static void off_decide(eng *e, const eng_forward_item *items, uint32_t n) {
     eng_offload *o = e->off;
-    if (!o) return PIE_OK;
-    o->stats.steps++;
-    o->stats.last_host_items = 0;
-    o->stats.last_host_attn_ns = 0;
     uint32_t ps = e->info.kv_page_size;
     /* the candidates and what the rest of the step costs */
     uint32_t n_req = 0, dev_tokens = 0;
@@ -240,6 +242,25 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
     }
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t j = 0; j < items[i].n_kv_pages; j++) o->mark[items[i].kv_pages[j]] = 0;
+}
+
+pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
+                             pie_status *st) {
+    eng_offload *o = e->off;
+    if (!o) return PIE_OK;
+    o->stats.steps++;
+    o->stats.last_host_items = 0;
+    o->stats.last_host_attn_ns = 0;
+    if (!e->coll || e->shard.rank == 0) off_decide(e, items, n);
+    if (e->coll) {
+        /* a group executes rank 0's plan: whether a step may offload at all is the same on
+         * every rank (the items are), so a step with no decode skips the broadcast everywhere */
+        bool any = false;
+        for (uint32_t i = 0; i < n && !any; i++) any = off_eligible(&items[i]);
+        if (!any) memset(o->item_host, 0, n);
+        pie_code rc = any ? wrk_coll_bcast(e->coll, 0, o->item_host, n, st) : PIE_OK;
+        if (rc != PIE_OK) return rc;
+    }
     /* move the pages, then mark what this step writes */
     uint32_t hosted = 0;
     for (uint32_t i = 0; i < n; i++) {
