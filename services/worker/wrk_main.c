@@ -22,6 +22,7 @@
 #include "pie_log.h"
 #include "svc.h"
 #include "wrk_backend.h"
+#include "wrk_coll.h"
 #include "wrk_desc.h"
 #include "wrk_memrt.h"
 #include "wrk_nulldev.h"
@@ -203,7 +204,18 @@ static long rank_threads(const wrk_config *cfg) {
     return per > 0 ? per : 1;
 }
 
-/* The memory policy's sizing for the model in l->desc (wrk_mempol.h). */
+/* KV heads one rank of a group of tp_size stores (eng_shard.h: an even split, or one head
+ * replicated when the ranks outnumber the heads; a shape that splits neither way is refused by
+ * eng_open). */
+static uint32_t rank_kv_heads(uint32_t n_kv_heads, uint32_t tp_size) {
+    if (tp_size <= 1) return n_kv_heads;
+    return n_kv_heads > tp_size ? n_kv_heads / tp_size : 1;
+}
+
+/* The memory policy's sizing for the model in l->desc (wrk_mempol.h). In a tensor-parallel
+ * group every key is per rank: memory.device_kv is one rank's device, memory.host_pool its own
+ * host pool partition, and a page of a layer is that rank's KV heads' share of it; every rank
+ * computes the same plan, so page ids and capacities agree across the group. */
 static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_loaded *l,
                             pie_status *st) {
     wrk_mem_config mc = {.policy = policy,
@@ -215,7 +227,8 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     uint32_t by_tokens = (1u << 30) / ps; /* the engine's limit on pages x page size */
     wrk_mem_shape sh = {
         .n_layers = l->desc.num_layers,
-        .page_layer_bytes = (uint64_t)2 * ps * l->desc.num_kv_heads * l->desc.head_dim * 4,
+        .page_layer_bytes = (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
+                            l->desc.head_dim * 4,
         .pool_pages = cfg->kv_pages,
         .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
     };
@@ -223,8 +236,11 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
 }
 
 /* memory.policy auto on the cpu backend: l->engine was opened under offload (its open profiled
- * the costs); chooses (mem/wrk_offload.h) and, for swap, re-plans l->plan. */
-static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
+ * the costs); chooses (mem/wrk_offload.h) and, for swap, re-plans l->plan. In a group (g) rank
+ * 0 chooses from its own profile and the others take its choice: the ranks' timings differ, and
+ * ranks under different policies would not meet in the same collectives. */
+static pie_code choose_auto(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
+                            wrk_loaded *l, pie_status *st) {
     eng_offload_stats os;
     eng_offload_get_stats(l->engine, &os);
     const wrk_mem_plan *op = &l->plan;
@@ -247,6 +263,15 @@ static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st
     };
     wrk_mem_auto_out out;
     wrk_mem_auto_choose(&in, &out);
+    if (g) {
+        uint32_t chosen = (uint32_t)out.policy;
+        pie_code rc = wrk_coll_bcast(wrk_tp_group_coll(g), 0, &chosen, sizeof chosen, st);
+        if (rc != PIE_OK) return rc;
+        if (me->rank != 0) {
+            out.policy = (wrk_mem_policy)chosen;
+            snprintf(out.why, sizeof out.why, "rank 0 chose it");
+        }
+    }
     l->auto_choice = out.policy;
     snprintf(l->auto_why, sizeof l->auto_why, "%s", out.why);
     if (out.policy == WRK_MEM_SWAP) return plan_memory(cfg, WRK_MEM_SWAP, l, st);
@@ -286,7 +311,7 @@ again:;
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
     if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
-        rc = choose_auto(cfg, l, st);
+        rc = choose_auto(cfg, g, me, l, st);
         if (rc != PIE_OK) return rc;
         if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
             eng_close(l->engine);
@@ -295,6 +320,12 @@ again:;
         }
     }
     const eng_info *ei = eng_get_info(l->engine);
+    if (mp->policy != WRK_MEM_GPU && ei->kv_page_layer_bytes != mp->page_layer_bytes)
+        return pie_status_set(st, PIE_INTERNAL,
+                              "memory.policy %s: planned %llu bytes a page of a layer, the engine "
+                              "stores %zu",
+                              wrk_mem_policy_names[mp->policy],
+                              (unsigned long long)mp->page_layer_bytes, ei->kv_page_layer_bytes);
     wrk_desc_set_engine(&l->desc, ei);
     wrk_backend_engine(&l->backend, l->engine);
     if (g)
@@ -694,19 +725,20 @@ int main(int argc, char **argv) {
         .port = (uint16_t)cfg.tp_port,
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
+    /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
     if ((cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) &&
-        (cfg.backend != WRK_BACKEND_CPU || cfg.tp_size > 1)) {
+        cfg.backend != WRK_BACKEND_CPU) {
         fprintf(stderr,
-                "pie-worker: memory.policy %s is implemented for backend cpu with tp.size 1 only "
-                "so far (backend %s, tp.size %u)\n",
-                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend], cfg.tp_size);
+                "pie-worker: memory.policy %s is implemented for backend cpu only so far "
+                "(backend %s)\n",
+                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
         goto done;
     }
-    if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend == WRK_BACKEND_CUDA || cfg.tp_size > 1)) {
+    if (cfg.mem_policy == WRK_MEM_SWAP && cfg.backend == WRK_BACKEND_CUDA) {
         fprintf(stderr,
-                "pie-worker: memory.policy swap is implemented for backends cpu and null with "
-                "tp.size 1 only so far (backend %s, tp.size %u)\n",
-                wrk_backends[cfg.backend], cfg.tp_size);
+                "pie-worker: memory.policy swap is implemented for backends cpu and null only so "
+                "far (backend %s)\n",
+                wrk_backends[cfg.backend]);
         goto done;
     }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {

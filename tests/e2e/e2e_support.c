@@ -2,12 +2,16 @@
  * inferlet tests (see e2e_support.h). */
 #include "e2e_support.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "eng.h"
 #include "mdl.h"
@@ -466,8 +470,13 @@ void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *w
 
 void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
                     Pie__V1__MemoryPolicy policy) {
-    *v = (e2e_vs_gpu){0};
     const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
+    e2e_vs_gpu_run_at(v, gpu_env, group, env, policy);
+}
+
+void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *group,
+                       const char *const *env, Pie__V1__MemoryPolicy policy) {
+    *v = (e2e_vs_gpu){0};
     e2e_cluster_start_full(&v->c, gpu_env, NULL, NULL);
     pie_status st;
     v->ctl = rpc_channel_create(pie_proc_addr(v->c.ctl), NULL, &st);
@@ -488,6 +497,44 @@ void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
         e2e_expect_same_msgs(&v->got[i], &v->gpu[i], what[i], group, "gpu");
     cr_expect_str_eq(v->got[2].msgs[0], "miss", "the first prefix_caching instance");
     cr_expect_str_eq(v->got[3].msgs[0], "hit", "the second prefix_caching instance");
+}
+
+double e2e_metric(int port, const char *series) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "metrics port %d", port);
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    cr_assert_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    size_t cap = 1 << 20, len = 0;
+    char *body = malloc(cap);
+    cr_assert(body, "out of memory");
+    for (ssize_t n; (n = read(fd, body + len, cap - 1 - len)) > 0;) len += (size_t)n;
+    close(fd);
+    body[len] = '\0';
+    char key[256];
+    snprintf(key, sizeof key, "\n%s ", series);
+    const char *at = strstr(body, key);
+    double v = at ? strtod(at + strlen(key), NULL) : 0;
+    free(body);
+    cr_assert(at, "no series %s in the worker's metrics", series);
+    return v;
+}
+
+void e2e_wait_swap_traffic(rpc_channel *ctl) {
+    uint64_t in = 0, out = 0;
+    for (int64_t until = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0);) {
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, WAIT_MS);
+        if (cs && cs->n_workers == 1 && cs->workers[0]->stats)
+            in = cs->workers[0]->stats->swap_in_bytes, out = cs->workers[0]->stats->swap_out_bytes;
+        rpc_msg_free(cs ? &cs->base : NULL);
+        if (in == 0 || out == 0) {
+            cr_assert(pie_test_now_ms() < until, "no swap traffic reported (in %llu, out %llu)",
+                      (unsigned long long)in, (unsigned long long)out);
+            pie_test_sleep_ms(50);
+        }
+    }
 }
 
 void e2e_vs_gpu_end(e2e_vs_gpu *v) {
