@@ -235,26 +235,24 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     return wrk_mem_plan_make(&mc, &sh, &l->plan, st);
 }
 
-/* memory.policy auto on the cpu backend: l->engine was opened under offload (its open profiled
- * the costs); chooses (mem/wrk_offload.h) and, for swap, re-plans l->plan. In a group (g) rank
- * 0 chooses from its own profile and the others take its choice: the ranks' timings differ, and
- * ranks under different policies would not meet in the same collectives. */
+/* memory.policy auto: the device was opened under offload (the cpu engine's open profiled the
+ * costs; the null backend's emulated device computes its profile), os its costs; chooses
+ * (mem/wrk_offload.h) and, for swap, re-plans l->plan. In a group (g) rank 0 chooses from its
+ * own profile and the others take its choice: the ranks' timings differ, and ranks under
+ * different policies would not meet in the same collectives. */
 static pie_code choose_auto(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
-                            wrk_loaded *l, pie_status *st) {
-    eng_offload_stats os;
-    eng_offload_get_stats(l->engine, &os);
+                            const wrk_off_costs *os, wrk_loaded *l, pie_status *st) {
     const wrk_mem_plan *op = &l->plan;
     uint32_t ps = cfg->kv_page_size ? cfg->kv_page_size : 16;
     /* the link: emulated, or memory speed (what the profile's transfer cost says) */
     double tok_bytes = (double)op->page_layer_bytes / ps * op->n_layers;
     double link = cfg->mem_link_gbps > 0 ? cfg->mem_link_gbps * 1e9 / 8
-                  : os.xfer_tok > 0     ? tok_bytes / os.xfer_tok
+                  : os->xfer_tok > 0    ? tok_bytes / os->xfer_tok
                                         : 0;
     double layer_bytes = (double)op->kv_pages_gpu * op->page_layer_bytes;
     uint32_t batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 4096;
     wrk_mem_auto_in in = {
-        .costs = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed, .dattn_kv = os.dattn_kv,
-                  .hattn_kv = os.hattn_kv, .xfer_tok = os.xfer_tok},
+        .costs = *os,
         .n_layers = op->n_layers,
         .layer_swap_s = link > 0 ? layer_bytes / link : 0,
         .batch_tokens = batch,
@@ -311,7 +309,12 @@ again:;
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
     if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
-        rc = choose_auto(cfg, g, me, l, st);
+        eng_offload_stats os;
+        eng_offload_get_stats(l->engine, &os);
+        wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed,
+                            .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
+                            .xfer_tok = os.xfer_tok};
+        rc = choose_auto(cfg, g, me, &oc, l, st);
         if (rc != PIE_OK) return rc;
         if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
             eng_close(l->engine);
@@ -358,12 +361,17 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
 }
 
 /* The null backend over its emulated device (mem/wrk_nulldev.h), sized by the memory plan:
- * the swap policy's layers move over memory.emulate_link_gbps while the layers compute. */
+ * the swap policy's layers move over memory.emulate_link_gbps while the layers compute; under
+ * offload its pages move over that link and its decodes may attend on the emulated host; auto
+ * chooses between them from the emulated device's profile, as on the cpu backend. */
 static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
-    pie_code rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
+    wrk_mem_policy policy = (wrk_mem_policy)cfg->mem_policy;
+    pie_code rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_null_cost *c = &cfg->null_cost;
     const wrk_mem_plan *mp = &l->plan;
+again:;
+    bool offload = mp->policy == WRK_MEM_OFFLOAD;
     wrk_nulldev_config dc = {
         .n_layers = l->desc.num_layers,
         .page_size = cfg->kv_page_size,
@@ -373,13 +381,29 @@ static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
         .layer_token_us = c->layer_token_us,
         .layer_kv_us = c->layer_kv_us,
         .host_attn_kv_us = c->host_attn_kv_us,
-        .link_bytes_per_s = mp->policy == WRK_MEM_SWAP ? mp->link_bytes_per_s : 0,
+        .link_bytes_per_s = mp->policy == WRK_MEM_SWAP ? mp->link_bytes_per_s
+                            : offload                  ? cfg->mem_link_gbps * 1e9 / 8
+                                                       : 0,
         .device_kv = mp->device_kv,
         .slots = mp->start_slots,
         .min_slots = mp->min_slots,
+        .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
+        .kv_pages = mp->kv_pages_max,
+        .page_layer_bytes = mp->page_layer_bytes,
+        .max_items = cfg->max_batch_tokens,
     };
     rc = wrk_nulldev_create(&dc, &l->nulldev, st);
     if (rc != PIE_OK) return rc;
+    if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
+        wrk_off_costs oc = wrk_nulldev_offload_costs(l->nulldev);
+        rc = choose_auto(cfg, NULL, NULL, &oc, l, st);
+        if (rc != PIE_OK) return rc;
+        if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: a device under its plan */
+            wrk_nulldev_destroy(l->nulldev);
+            l->nulldev = NULL;
+            goto again;
+        }
+    }
     wrk_backend_null(&l->backend, l->nulldev);
     if (c->batch_us || c->token_us || c->layer_us > 0 || c->layer_token_us > 0 ||
         c->layer_kv_us > 0) {
@@ -550,12 +574,14 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
+    if (loaded.nulldev) wrk_offrt_use_nulldev(off, loaded.nulldev);
     if (loaded.auto_choice != WRK_MEM_GPU)
         pie_log_info("wrk.mem.auto", "policy=%s reason=\"%s\"",
                      wrk_mem_policy_names[loaded.auto_choice], loaded.auto_why);
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;
-        eng_offload_get_stats(loaded.engine, &os);
+        if (loaded.nulldev) wrk_offrt_nulldev_stats(loaded.nulldev, &os);
+        else eng_offload_get_stats(loaded.engine, &os);
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
                      "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "
@@ -726,19 +752,11 @@ int main(int argc, char **argv) {
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
     /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
-    if ((cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) &&
-        cfg.backend != WRK_BACKEND_CPU) {
+    if (cfg.mem_policy != WRK_MEM_GPU && cfg.backend == WRK_BACKEND_CUDA) {
         fprintf(stderr,
-                "pie-worker: memory.policy %s is implemented for backend cpu only so far "
-                "(backend %s)\n",
-                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
-        goto done;
-    }
-    if (cfg.mem_policy == WRK_MEM_SWAP && cfg.backend == WRK_BACKEND_CUDA) {
-        fprintf(stderr,
-                "pie-worker: memory.policy swap is implemented for backends cpu and null only so "
+                "pie-worker: memory.policy %s is implemented for backends cpu and null only so "
                 "far (backend %s)\n",
-                wrk_backends[cfg.backend]);
+                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
         goto done;
     }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {

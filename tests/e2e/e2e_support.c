@@ -2,16 +2,12 @@
  * inferlet tests (see e2e_support.h). */
 #include "e2e_support.h"
 
-#include <arpa/inet.h>
 #include <criterion/criterion.h>
 
 #include <math.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "eng.h"
 #include "mdl.h"
@@ -499,26 +495,10 @@ void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *gr
     cr_expect_str_eq(v->got[3].msgs[0], "hit", "the second prefix_caching instance");
 }
 
-double e2e_metric(int port, const char *series) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "metrics port %d", port);
-    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    cr_assert_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
-    size_t cap = 1 << 20, len = 0;
-    char *body = malloc(cap);
-    cr_assert(body, "out of memory");
-    for (ssize_t n; (n = read(fd, body + len, cap - 1 - len)) > 0;) len += (size_t)n;
-    close(fd);
-    body[len] = '\0';
-    char key[256];
-    snprintf(key, sizeof key, "\n%s ", series);
-    const char *at = strstr(body, key);
-    double v = at ? strtod(at + strlen(key), NULL) : 0;
-    free(body);
-    cr_assert(at, "no series %s in the worker's metrics", series);
+double e2e_metric(const pie_proc *p, const char *series) {
+    double v = 0;
+    pie_status st;
+    cr_assert_eq(pie_proc_metric(p, series, &v, &st), PIE_OK, "%s", st.msg);
     return v;
 }
 

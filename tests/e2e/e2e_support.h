@@ -165,9 +165,9 @@ void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
 void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *group,
                        const char *const *env, Pie__V1__MemoryPolicy policy);
 void e2e_vs_gpu_end(e2e_vs_gpu *v);
-/* The value of the metric series `series` (its whole name with labels) on the metrics port;
+/* The value of the metric series `series` (its whole name with labels) on p's metrics port;
  * asserts that it is there. */
-double e2e_metric(int port, const char *series);
+double e2e_metric(const pie_proc *p, const char *series);
 /* Polls ClusterStatus (the only worker's heartbeat) until it reports swap traffic both ways;
  * asserts within 60 s. */
 void e2e_wait_swap_traffic(rpc_channel *ctl);

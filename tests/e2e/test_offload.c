@@ -20,11 +20,9 @@ Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
                              "PIE_MEMORY_DEVICE_KV=128KiB", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
     e2e_vs_gpu_run(&v, "offload", off_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
     /* decodes did attend on the host, and pages did move there */
-    int port = pie_proc_metrics_port(v.c.wrk);
-    cr_assert_gt(port, 0, "the worker serves no metrics");
-    double hosted = e2e_metric(port, "pie_worker_offload_host_instances_total");
-    double moved = e2e_metric(port, "pie_worker_offload_pages_moved_total{direction=\"to_host\"}");
-    double forced = e2e_metric(port, "pie_worker_offload_steps_total{decision=\"forced\"}");
+    double hosted = e2e_metric(v.c.wrk, "pie_worker_offload_host_instances_total");
+    double moved = e2e_metric(v.c.wrk, "pie_worker_offload_pages_moved_total{direction=\"to_host\"}");
+    double forced = e2e_metric(v.c.wrk, "pie_worker_offload_steps_total{decision=\"forced\"}");
     cr_expect_gt(hosted, 0, "no decode attended on the host");
     cr_expect_gt(moved, 0, "no page moved to the host");
     cr_expect_gt(forced, 0, "4 device pages never forced a decode to the host");
@@ -45,11 +43,9 @@ Test(offload, a_tp2_group_attending_on_its_host_pools_says_what_its_gpu_policy_s
                              "PIE_MEMORY_HOST_POOL=64MiB",    NULL};
     e2e_vs_gpu_run_at(&v, gpu_env, "offload2", off_env,
                       PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
-    int port = pie_proc_metrics_port(v.c.wrk);
-    cr_assert_gt(port, 0, "the worker serves no metrics");
-    cr_expect_gt(e2e_metric(port, "pie_worker_offload_host_instances_total"), 0,
+    cr_expect_gt(e2e_metric(v.c.wrk, "pie_worker_offload_host_instances_total"), 0,
                  "no decode attended on the host");
-    cr_expect_gt(e2e_metric(port, "pie_worker_offload_steps_total{decision=\"forced\"}"), 0,
+    cr_expect_gt(e2e_metric(v.c.wrk, "pie_worker_offload_steps_total{decision=\"forced\"}"), 0,
                  "4 device pages per rank never forced a decode to the host");
     e2e_vs_gpu_end(&v);
 }

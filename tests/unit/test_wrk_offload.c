@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "pie_testutil.h"
+#include "wrk_nulldev.h"
 #include "wrk_offload.h"
 #include "wrk_offsim.h"
 
@@ -219,4 +220,56 @@ Test(wrk_offload, the_capacity_shrinks_while_host_attention_is_exposed_and_grows
     cr_assert_eq(wrk_off_adapt_spill(&a, 450), 450);
     cr_assert_eq(wrk_off_adapt_spill(&a, 5000), 900);
     cr_assert_eq(wrk_off_adapt_spill(&a, 10), 900, "a spill never lowers it");
+}
+
+/* The null backend's emulated device under offload (wrk_nulldev.h): 2 layers of 10 us + 1 us a
+ * token, device attention 0.1 us and host attention 0.5 us a KV token, 1 device page of 16
+ * tokens. A prefill of 10 tokens beside two decodes reading 21 KV tokens each (2 pages): the
+ * device holds neither decode, so the scheduler forces both to the host (sub-batch 1: 2 tokens,
+ * 42 KV tokens). Per layer max(lin(10) = 20, host 42 x 0.5 = 21) + lin(2) = 12 + device attention
+ * 10 x 0.1 = 1: 34 us, 68 us for the step, of which the device waited 2 x (21 - 20) = 2 us for the
+ * host. The prefill alone runs device-only: 2 x (20 + 1) = 42 us. */
+Test(wrk_offload, the_emulated_device_times_an_offloaded_step_as_neos_pipeline_runs_it) {
+    wrk_nulldev_config c = {.n_layers = 2,
+                            .page_size = 16,
+                            .layer_us = 10,
+                            .layer_token_us = 1,
+                            .layer_kv_us = 0.1,
+                            .host_attn_kv_us = 0.5,
+                            .device_kv = 2 * 1024,
+                            .offload_device_pages = 1,
+                            .kv_pages = 8,
+                            .page_layer_bytes = 1024};
+    wrk_nulldev *d = NULL;
+    pie_status st;
+    cr_assert_eq(wrk_nulldev_create(&c, &d, &st), PIE_OK, "%s", st.msg);
+    static const uint32_t pa[] = {0}, pb[] = {1, 2}, pc[] = {3, 4}, pd[] = {5};
+    wrk_offplace_item items[3] = {
+        {.pages = pa, .n_pages = 1, .ctx = 0, .n_in = 10, .append = true},
+        {.pages = pb, .n_pages = 2, .ctx = 20, .n_in = 1, .append = true},
+        {.pages = pc, .n_pages = 2, .ctx = 20, .n_in = 1, .append = true},
+    };
+    wrk_nulldev_batch b;
+    cr_assert_eq(wrk_nulldev_forward_items(d, items, 3, &b, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(b.host_items, 2u);
+    cr_expect_float_eq(b.time_s, 68e-6, 1e-12, "step %.9g s, want 68 us", b.time_s);
+    cr_expect_float_eq(b.wait_s, 2e-6, 1e-12, "wait %.9g s, want 2 us", b.wait_s);
+    cr_expect_float_eq(b.host_s, 42e-6, 1e-12, "host %.9g s, want 42 us", b.host_s);
+    wrk_offplace_item prefill = {.pages = pd, .n_pages = 1, .ctx = 0, .n_in = 10, .append = true};
+    cr_assert_eq(wrk_nulldev_forward_items(d, &prefill, 1, &b, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(b.host_items, 0u);
+    cr_expect_float_eq(b.time_s, 42e-6, 1e-12, "device-only step %.9g s, want 42 us", b.time_s);
+    wrk_nulldev_stats s;
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.place.forced_steps, 1u);
+    cr_expect_eq(s.host_items, 2u);
+    cr_expect_eq(s.offload_steps, 1u);
+    cr_expect_eq(s.place.pages_on_host, 4u, "the two decodes' pages, written on the host");
+    cr_expect_eq(s.host_wait_ns, 2000u);
+    /* a page id past the device's table is refused, not indexed */
+    static const uint32_t bad[] = {8};
+    wrk_offplace_item oob = {.pages = bad, .n_pages = 1, .ctx = 0, .n_in = 1, .append = true};
+    cr_expect_eq(wrk_nulldev_forward_items(d, &oob, 1, &b, &st), PIE_INVALID_ARGUMENT);
+    cr_expect_str_eq(st.msg, "forward: item 0: kv page 8 is out of range [0, 8)");
+    wrk_nulldev_destroy(d);
 }
