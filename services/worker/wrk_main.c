@@ -125,7 +125,8 @@ static const pie_config_field wrk_fields[] = {
     {"null.host_attn_kv_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.host_attn_kv_us),
      .def = "0", .min = "0", .max = "1000000",
      .doc = "null backend only: emulated host (CPU) attention of one layer per context token, "
-            "microseconds (the offload policy's cost)"},
+            "microseconds (the offload policy's cost; its pages move over "
+            "memory.emulate_link_gbps)"},
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
      .doc = "tensor-parallel ranks of this worker group (cpu backend): this process forks them "
@@ -158,10 +159,11 @@ static const pie_config_field wrk_fields[] = {
     {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
      .choices = wrk_mem_policy_names,
      .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
-            "pool with adaptive expansion; cpu and null backends, tp.size 1 only so far), offload "
-            "(CPU attention offload: decodes whose KV is in the host pool attend on host cores; "
-            "cpu backend, tp.size 1 only so far), auto (swap or offload, chosen at load from "
-            "costs profiled then; cpu backend, tp.size 1)"},
+            "pool with adaptive expansion), offload (CPU attention offload: decodes whose KV is "
+            "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
+            "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
+            "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
+            "backend's emulated device, not yet on cuda"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -177,8 +179,8 @@ static const pie_config_field wrk_fields[] = {
     {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
      .def = "0", .min = "0", .max = "100000",
      .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
-            "speed; null backend: the link of the emulated device, 0 = copies take no time); "
-            "auto weighs it against a layer's compute"},
+            "speed; null backend: the link of the emulated device, 0 = copies take no time, for "
+            "offload's page moves too); auto weighs it against a layer's compute"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
