@@ -187,6 +187,7 @@ static void step(sim *s, uint32_t in, uint32_t out) {
             s->out_tokens++;
             if (++q->made == out) { /* done: its pages go back */
                 for (uint32_t j = 0; j < q->need; j++) s->free_pages[s->n_free++] = q->pages[j];
+                wrk_nulldev_freed(s->dev, q->pages, q->need); /* the worker's SlotBatch free */
                 s->live -= q->need;
                 q->state = 0;
             }

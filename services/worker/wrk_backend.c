@@ -44,6 +44,10 @@ static pie_code engine_clear_pages(void *ctx, const uint32_t *pages, uint32_t n,
     return eng_clear_pages(ctx, pages, n, st);
 }
 
+static void engine_pages_freed(void *ctx, const uint32_t *pages, uint32_t n) {
+    eng_pages_freed(ctx, pages, n);
+}
+
 static pie_code engine_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st) {
     return eng_clear_embeds(ctx, slots, n, st);
 }
@@ -59,6 +63,7 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .next_dist = engine_next_dist,
         .clear_pages = engine_clear_pages,
         .clear_embeds = engine_clear_embeds,
+        .pages_freed = engine_pages_freed,
     };
 }
 
@@ -132,6 +137,11 @@ static pie_code null_clear(void *ctx, const uint32_t *ids, uint32_t n, pie_statu
     return PIE_OK;
 }
 
+/* offload's bookkeeping: a freed page no longer counts against the device's room */
+static void null_pages_freed(void *ctx, const uint32_t *pages, uint32_t n) {
+    if (ctx) wrk_nulldev_freed(ctx, pages, n);
+}
+
 /* offload's bookkeeping: a cleared page is empty and on the device */
 static pie_code null_clear_pages(void *ctx, const uint32_t *ids, uint32_t n, pie_status *st) {
     (void)st;
@@ -150,6 +160,7 @@ void wrk_backend_null(wrk_backend *b, wrk_nulldev *dev) {
         .next_dist = null_next_dist,
         .clear_pages = null_clear_pages,
         .clear_embeds = null_clear,
+        .pages_freed = null_pages_freed,
     };
 }
 

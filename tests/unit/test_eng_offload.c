@@ -210,6 +210,32 @@ Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_devic
     eng_close(e);
 }
 
+/* The worker's frees (eng_pages_freed): a freed page stops counting as the device's, ids never
+ * written or out of range change nothing. */
+Test(eng_offload, freed_pages_stop_counting_against_the_device) {
+    off_setup s8 = {.device_pages = 8};
+    eng *e = open_ok(&s8);
+    uint32_t slots[20], toks[20], pos[20], pa[] = {0, 1};
+    for (uint32_t i = 0; i < 20; i++) slots[i] = i, toks[i] = 5 + i, pos[i] = i;
+    pie_status st = {0};
+    cr_assert_eq(eng_embed_text(e, slots, toks, pos, 20, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item pre = {.kv_pages = pa,
+                            .n_kv_pages = 2,
+                            .kv_last_page_len = 4,
+                            .append_kv = true,
+                            .in_slots = slots,
+                            .n_in = 20};
+    cr_assert_eq(eng_forward(e, &pre, 1, &st), PIE_OK, "%s", st.msg);
+    eng_offload_stats s;
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.pages_on_device, 2);
+    const uint32_t freed[] = {1, 7, 1u << 30};
+    eng_pages_freed(e, freed, 3);
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.pages_on_device, 1, "page 1 was freed: %u pages count", s.pages_on_device);
+    eng_close(e);
+}
+
 Test(eng_offload, is_refused_with_swap_and_beyond_the_page_ids) {
     pie_status st = {0};
     eng *e = NULL;

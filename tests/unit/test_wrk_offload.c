@@ -273,3 +273,40 @@ Test(wrk_offload, the_emulated_device_times_an_offloaded_step_as_neos_pipeline_r
     cr_expect_str_eq(st.msg, "forward: item 0: kv page 8 is out of range [0, 8)");
     wrk_nulldev_destroy(d);
 }
+
+/* Pages the worker freed stop counting against the device's room (wrk_offplace_freed): with one
+ * device page, a decode written there keeps the next decode's pages off the device (forced to
+ * the host) until the worker frees it; then the next decode fits on the device again. */
+Test(wrk_offload, freed_pages_give_the_device_its_room_back) {
+    wrk_nulldev_config c = {.n_layers = 1,
+                            .page_size = 16,
+                            .layer_us = 10,
+                            .layer_token_us = 1,
+                            .layer_kv_us = 0.1,
+                            .host_attn_kv_us = 0.5,
+                            .device_kv = 1024,
+                            .offload_device_pages = 1,
+                            .kv_pages = 4,
+                            .page_layer_bytes = 1024};
+    wrk_nulldev *d = NULL;
+    pie_status st;
+    cr_assert_eq(wrk_nulldev_create(&c, &d, &st), PIE_OK, "%s", st.msg);
+    static const uint32_t p0[] = {0}, p1[] = {1}, p2[] = {2}, both[] = {0, 1};
+    wrk_offplace_item a = {.pages = p0, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_offplace_item b = {.pages = p1, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_offplace_item e = {.pages = p2, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_nulldev_batch r;
+    cr_assert_eq(wrk_nulldev_forward_items(d, &a, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 0u, "the first decode fits the device");
+    cr_assert_eq(wrk_nulldev_forward_items(d, &b, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 1u, "page 0 holds the device's only page: forced to the host");
+    wrk_nulldev_freed(d, both, 2);
+    cr_assert_eq(wrk_nulldev_forward_items(d, &e, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 0u, "pages 0 and 1 were freed: the device has its page back");
+    wrk_nulldev_stats s;
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.place.pages_on_device, 1u);
+    cr_expect_eq(s.place.pages_on_host, 0u);
+    cr_expect_eq(s.place.forced_steps, 1u);
+    wrk_nulldev_destroy(d);
+}

@@ -148,6 +148,11 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
  * for every slot a SlotBatch allocates. Ids may repeat; n == 0 does nothing. */
 pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *st);
 pie_code eng_clear_embeds(eng *e, const uint32_t *slots, uint32_t n, pie_status *st);
+/* The worker freed pages (a SlotBatch): nothing reads them until they are allocated (and
+ * cleared) again, so the offload policy stops counting them against the device's room. Ids
+ * out of range are ignored; nothing else changes. Under tensor parallelism every rank's
+ * executor calls it for the same slot batches. */
+void eng_pages_freed(eng *e, const uint32_t *pages, uint32_t n);
 
 /* LM head over slot's hidden state → softmax(logits / temperature) → the top_k token ids and
  * probabilities (descending; probabilities of the full softmax, not renormalised). Under

@@ -218,6 +218,10 @@ void eng_offload_copy(eng *e, const eng_copy_item *c) {
     if (o) wrk_offplace_copied(&o->place, c->dst);
 }
 
+void eng_pages_freed(eng *e, const uint32_t *pages, uint32_t n) {
+    if (e && e->off) wrk_offplace_freed(&e->off->place, pages, n);
+}
+
 void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n) {
     eng_offload *o = e->off;
     if (o) wrk_offplace_cleared(&o->place, pages, n); /* the device copy is the page now */

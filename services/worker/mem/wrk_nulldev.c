@@ -233,6 +233,14 @@ void wrk_nulldev_cleared(wrk_nulldev *d, const uint32_t *pages, uint32_t n) {
     pthread_mutex_unlock(&d->mu);
 }
 
+void wrk_nulldev_freed(wrk_nulldev *d, const uint32_t *pages, uint32_t n) {
+    if (!d->cfg.offload_device_pages) return;
+    pthread_mutex_lock(&d->mu);
+    wrk_offplace_freed(&d->place, pages, n);
+    d->stats.place = d->place.stats;
+    pthread_mutex_unlock(&d->mu);
+}
+
 void wrk_nulldev_copied(wrk_nulldev *d, uint32_t dst) {
     if (!d->cfg.offload_device_pages || dst >= d->cfg.kv_pages) return;
     pthread_mutex_lock(&d->mu);

@@ -107,6 +107,8 @@ wrk_offplace_item *wrk_nulldev_items(wrk_nulldev *d, uint32_t n);
 /* Offload's page bookkeeping: pages cleared (empty, on the device), a page written by a copy. */
 void wrk_nulldev_cleared(wrk_nulldev *d, const uint32_t *pages, uint32_t n);
 void wrk_nulldev_copied(wrk_nulldev *d, uint32_t dst);
+/* Pages freed by the worker (wrk_offplace_freed). */
+void wrk_nulldev_freed(wrk_nulldev *d, const uint32_t *pages, uint32_t n);
 /* The costs the scheduler uses: this device's profile (zero without offload). */
 wrk_off_costs wrk_nulldev_offload_costs(const wrk_nulldev *d);
 /* What a batch would cost with no swapping (every layer on the device): the `gpu` baseline. */

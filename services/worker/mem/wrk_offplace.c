@@ -147,6 +147,16 @@ void wrk_offplace_copied(wrk_offplace *p, uint32_t dst) {
     p->written[dst] = 1;
 }
 
+void wrk_offplace_freed(wrk_offplace *p, const uint32_t *pages, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t pg = pages[i];
+        if (pg >= p->n_pages || !p->written[pg]) continue;
+        if (p->loc[pg]) p->stats.pages_on_host--;
+        else p->stats.pages_on_device--;
+        p->written[pg] = 0;
+    }
+}
+
 void wrk_offplace_cleared(wrk_offplace *p, const uint32_t *pages, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t pg = pages[i];

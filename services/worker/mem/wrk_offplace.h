@@ -73,6 +73,10 @@ uint32_t wrk_offplace_apply(wrk_offplace *p, const wrk_offplace_item *items, uin
 
 /* A page copy wrote dst (where it lives). */
 void wrk_offplace_copied(wrk_offplace *p, uint32_t dst);
+/* Pages were freed (the worker's slot batch): what they hold is never read again, so they
+ * stop counting against the device's room; where they are does not matter (a freed page is
+ * cleared again when it is allocated). Ids past the table are ignored. */
+void wrk_offplace_freed(wrk_offplace *p, const uint32_t *pages, uint32_t n);
 /* Pages were cleared: empty, and on the device (the engine zeroes the device copy). */
 void wrk_offplace_cleared(wrk_offplace *p, const uint32_t *pages, uint32_t n);
 
