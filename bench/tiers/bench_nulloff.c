@@ -18,7 +18,10 @@
  * The emulated device adds a layer's fixed and per-token linear costs (layer_us + T·token),
  * where wrk_offsim takes a roofline max: its numbers are lower for large batches.
  *
- * Usage: bench_nulloff [steps, default 3000] */
+ * Usage: bench_nulloff [steps, default 3000] [sweep]
+ *   without "sweep": the default capacity rule against gpu, in detail;
+ *   with it: offload's gain over gpu at every point under variants of the capacity rule
+ *   (wrk_off_adapt_opts: thresholds, step sizes, where it starts, holding while pages drain). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +78,14 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
-static void sim_open(sim *s, const testbed *tb, bool offload) {
+/* Offload's capacity rule: the default, or one of the variants the sweep compares. */
+typedef struct variant {
+    const char *name;
+    wrk_off_adapt_opts opts;
+    bool tuned; /* false: the default rule, untouched */
+} variant;
+
+static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) {
     pie_status st;
     memset(s, 0, sizeof *s);
     const wrk_offsim_hw *hw = tb->hw;
@@ -110,6 +120,7 @@ static void sim_open(sim *s, const testbed *tb, bool offload) {
         s->rt = wrk_memrt_create(&s->plan, NULL, NULL, &st);
         if (!s->rt) die("runtime", &st);
         wrk_memrt_use_nulldev(s->rt, s->dev);
+        if (v && v->tuned) wrk_memrt_offload_tune(s->rt, &v->opts);
     }
     s->free_pages = xcalloc(s->plan.kv_pages_max, sizeof *s->free_pages);
     for (uint32_t i = 0; i < s->plan.kv_pages_max; i++)
@@ -204,9 +215,10 @@ typedef struct result {
 } result;
 
 /* steps / 4 of warm-up, then `steps` measured. */
-static result run(const testbed *tb, bool offload, uint32_t in, uint32_t out, uint32_t steps) {
+static result run(const testbed *tb, bool offload, const variant *v, uint32_t in, uint32_t out,
+                  uint32_t steps) {
     sim s;
-    sim_open(&s, tb, offload);
+    sim_open(&s, tb, offload, v);
     for (uint32_t i = 0; i < steps / 4; i++) step(&s, in, out);
     double t0 = s.t;
     uint64_t k0 = s.out_tokens, d0 = s.decode_items;
@@ -225,28 +237,82 @@ static result run(const testbed *tb, bool offload, uint32_t in, uint32_t out, ui
     return r;
 }
 
-int main(int argc, char **argv) {
-    uint32_t steps = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 3000;
-    if (steps < 8) steps = 8;
-    const testbed tbs[] = {
-        {&wrk_offsim_t4, 32, 512 * 1024.0, 16e9},
-        {&wrk_offsim_a10g, 32, 128 * 1024.0, 32e9},
-        {&wrk_offsim_h100, 80, 320 * 1024.0, 64e9},
-    };
-    const uint32_t lens[][2] = {{500, 50}, {500, 200}, {500, 1000}};
+static const testbed tbs[] = {
+    {&wrk_offsim_t4, 32, 512 * 1024.0, 16e9},
+    {&wrk_offsim_a10g, 32, 128 * 1024.0, 32e9},
+    {&wrk_offsim_h100, 80, 320 * 1024.0, 64e9},
+};
+static const uint32_t lens[][2] = {{500, 50}, {500, 200}, {500, 1000}};
+#define N_TB   (sizeof tbs / sizeof tbs[0])
+#define N_LENS (sizeof lens / sizeof lens[0])
+
+/* The default rule against policy gpu, in detail. */
+static void table(uint32_t steps) {
     printf("| testbed | in | out | gpu tok/s (decodes/step) | offload tok/s (decodes/step, on "
            "host) | gain | forced / two-sub-batch steps of %u | effective pages of max |\n",
            steps);
     printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for (size_t t = 0; t < sizeof tbs / sizeof tbs[0]; t++)
-        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
-            result g = run(&tbs[t], false, lens[l][0], lens[l][1], steps);
-            result o = run(&tbs[t], true, lens[l][0], lens[l][1], steps);
+    for (size_t t = 0; t < N_TB; t++)
+        for (size_t l = 0; l < N_LENS; l++) {
+            result g = run(&tbs[t], false, NULL, lens[l][0], lens[l][1], steps);
+            result o = run(&tbs[t], true, NULL, lens[l][0], lens[l][1], steps);
             printf("| %s | %u | %u | %.0f (%.1f) | %.0f (%.1f, %.1f) | %+.1f %% | %llu / %llu | "
                    "%u of %u |\n",
                    tbs[t].hw->name, lens[l][0], lens[l][1], g.tps, g.decodes, o.tps, o.decodes,
                    o.host, (o.tps / g.tps - 1) * 100, (unsigned long long)o.forced,
                    (unsigned long long)o.two, o.eff, o.max);
         }
+}
+
+/* The capacity rule's variants: gain over gpu at every point, and the worst and mean. */
+static void sweep(uint32_t steps) {
+    const variant vs[] = {
+        {"default: start at every page, -/+ an eighth of the host, 5 % / 1 %", {0}, false},
+        {"start at every page, halve the host share, +1/8 device, hold while over",
+         {.shrink_share = 0.5, .hold_while_over = true}, true},
+        {"start at the device, halve, +1/8 device, hold", {.shrink_share = 0.5,
+                                                            .start_at_gpu = true,
+                                                            .hold_while_over = true}, true},
+        {"start at the device, halve, +1/8 device, hold, 10 % / 2 %",
+         {.exposed_max = 0.10, .exposed_grow = 0.02, .shrink_share = 0.5, .start_at_gpu = true,
+          .hold_while_over = true}, true},
+        {"start at the device, halve, +1/8 device, hold, 2 % / 0.5 %",
+         {.exposed_max = 0.02, .exposed_grow = 0.005, .shrink_share = 0.5, .start_at_gpu = true,
+          .hold_while_over = true}, true},
+    };
+    printf("| capacity rule |");
+    for (size_t t = 0; t < N_TB; t++)
+        for (size_t l = 0; l < N_LENS; l++) printf(" %.4s %u/%u |", tbs[t].hw->name, lens[l][0], lens[l][1]);
+    printf(" worst | mean |\n|---|");
+    for (size_t i = 0; i < N_TB * N_LENS + 2; i++) printf("---|");
+    printf("\n");
+    double gpu[N_TB][N_LENS];
+    for (size_t t = 0; t < N_TB; t++)
+        for (size_t l = 0; l < N_LENS; l++)
+            gpu[t][l] = run(&tbs[t], false, NULL, lens[l][0], lens[l][1], steps).tps;
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        variant vv = vs[v];
+        printf("| %s |", vv.name);
+        double worst = INFINITY, sum = 0;
+        for (size_t t = 0; t < N_TB; t++)
+            for (size_t l = 0; l < N_LENS; l++) {
+                if (vv.tuned && vv.opts.grow_pages == 0) /* an eighth of the device's pages */
+                    vv.opts.grow_pages = (uint32_t)(floor(tbs[t].hw->gpu_kv / PAGE) / 8) + 1;
+                double g = run(&tbs[t], true, &vv, lens[l][0], lens[l][1], steps).tps / gpu[t][l] - 1;
+                vv.opts.grow_pages = vs[v].opts.grow_pages;
+                printf(" %+.1f %% |", g * 100);
+                worst = fmin(worst, g);
+                sum += g;
+            }
+        printf(" %+.1f %% | %+.1f %% |\n", worst * 100, sum / (N_TB * N_LENS) * 100);
+    }
+}
+
+int main(int argc, char **argv) {
+    uint32_t steps = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 3000;
+    if (steps < 8) steps = 8;
+    bool do_sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
+    if (do_sweep) sweep(steps);
+    else table(steps);
     return 0;
 }

@@ -80,6 +80,11 @@ void wrk_memrt_use_nulldev(wrk_memrt *r, wrk_nulldev *d) {
     if (r->plan.policy == WRK_MEM_OFFLOAD && r->oe == NULL) r->ond = d;
 }
 
+void wrk_memrt_offload_tune(wrk_memrt *r, const wrk_off_adapt_opts *o) {
+    wrk_off_adapt_tune(&r->oadapt, o);
+    atomic_store(&r->effective, r->oadapt.pages);
+}
+
 void wrk_memrt_stats(const wrk_memrt *r, Pie__V1__WorkerStats *s) {
     eng_swap_stats ss;
     wrk_memrt_swap_stats(r, &ss);

@@ -310,3 +310,26 @@ Test(wrk_offload, freed_pages_give_the_device_its_room_back) {
     cr_expect_eq(s.place.forced_steps, 1u);
     wrk_nulldev_destroy(d);
 }
+
+/* The rule's knobs (wrk_off_adapt_tune, compared by bench_nulloff's sweep): start at the
+ * device's pages, halve the host share on an exposed epoch, grow by a fixed step, and make no
+ * decision while the live pages still exceed the capacity (an earlier shrink still drains). */
+Test(wrk_offload, the_tuned_capacity_rule_halves_grows_by_its_step_and_holds_while_pages_drain) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 4);
+    wrk_off_adapt_opts o = {.grow_pages = 50, .shrink_share = 0.5, .start_at_gpu = true,
+                            .hold_while_over = true};
+    wrk_off_adapt_tune(&a, &o);
+    cr_assert_eq(a.pages, 100, "starts at the device's pages");
+    uint32_t p = 0;
+    for (int e = 0; e < 4; e++) /* hidden and kv-limited: +50 an epoch */
+        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 0, a.pages);
+    cr_assert_eq(p, 300);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 300); /* exposed */
+    cr_assert_eq(p, 200, "half of the 200 host pages offered go");
+    /* still exposed, but 300 pages live above the 200 offered: the shrink has not taken effect */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 300);
+    cr_assert_eq(p, 200, "held while the live pages drain");
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 190);
+    cr_assert_eq(p, 150, "drained: exposed again, half of 100 go");
+}

@@ -84,16 +84,32 @@ double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
 #define WRK_OFF_EXPOSED_MAX  0.05
 #define WRK_OFF_EXPOSED_GROW 0.01
 
+/* The rule's knobs (wrk_off_adapt_tune; benchmarks compare them, bench/results/tiers.md). The
+ * defaults are the rule above. */
+typedef struct wrk_off_adapt_opts {
+    double exposed_max, exposed_grow; /* thresholds; 0: WRK_OFF_EXPOSED_MAX, _GROW */
+    uint32_t grow_pages;  /* pages added on a hidden, kv-limited epoch; 0: an eighth of the host */
+    double shrink_share;  /* exposed: this share of the host pages offered goes (0 < s <= 1);
+                             0: grow_pages go instead */
+    bool start_at_gpu;    /* start at the device's pages instead of every page */
+    bool hold_while_over; /* no decision in an epoch that ended with more live pages than the
+                             capacity (an earlier shrink has not taken effect yet) */
+} wrk_off_adapt_opts;
+
 typedef struct wrk_off_adapt {
     uint32_t gpu_pages, max_pages; /* the device's pages; device + host */
     uint32_t pages;                /* effective now */
     uint32_t epoch_steps, steps;
     uint64_t busy_ns, wait_ns;
     bool kv_limited;
+    uint32_t last_live;
+    wrk_off_adapt_opts opts;
 } wrk_off_adapt;
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
                         uint32_t epoch_steps);
+/* Other knobs than the defaults (after init; benchmarks). */
+void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o);
 /* One forward batch: its time, the time the device waited for host attention in it, the pages
  * live after it. Returns the effective capacity for the next steps. */
 uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
