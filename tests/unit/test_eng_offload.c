@@ -165,26 +165,34 @@ Test(eng_offload, the_scheduler_offloads_what_a_small_device_cannot_hold_with_th
     free(ref.o.logits);
 }
 
-Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_device) {
-    /* A's decode is asked to go to the host, the fork's (same first page) is not: both attend
-     * on the device, nothing moves */
-    uint32_t calls = 0;
-    off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls};
-    eng *e = open_ok(&alt);
-    uint32_t slots[21], toks[21], pos[21], pa[] = {0, 1}, pf[] = {0, 2};
+/* Sequence A: tokens 5.. at positions 0..19 in slots 0..19 (slot 20 holds the next one),
+ * prefilled into pages[0] and pages[1] (20 tokens: the second page holds 4). */
+static void prefill_a(eng *e, const uint32_t pages[2]) {
+    uint32_t slots[21], toks[21], pos[21];
     for (uint32_t i = 0; i < 21; i++) slots[i] = i, toks[i] = 5 + i, pos[i] = i;
     pie_status st = {0};
     cr_assert_eq(eng_embed_text(e, slots, toks, pos, 21, &st), PIE_OK, "%s", st.msg);
-    eng_forward_item pre = {.kv_pages = pa,
+    eng_forward_item pre = {.kv_pages = pages,
                             .n_kv_pages = 2,
                             .kv_last_page_len = 4,
                             .append_kv = true,
                             .in_slots = slots,
                             .n_in = 20};
     cr_assert_eq(eng_forward(e, &pre, 1, &st), PIE_OK, "%s", st.msg);
+}
+
+Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_device) {
+    /* A's decode is asked to go to the host, the fork's (same first page) is not: both attend
+     * on the device, nothing moves */
+    uint32_t calls = 0;
+    off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls};
+    eng *e = open_ok(&alt);
+    uint32_t pa[] = {0, 1}, pf[] = {0, 2};
+    prefill_a(e, pa);
+    pie_status st = {0};
     uint32_t fin = 20, ain = 20, fo = 30, ao = 31;
-    uint32_t fpos[] = {17};
-    cr_assert_eq(eng_embed_text(e, &fin, toks, fpos, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t fpos[] = {17}, ftok[] = {5};
+    cr_assert_eq(eng_embed_text(e, &fin, ftok, fpos, 1, &st), PIE_OK, "%s", st.msg);
     eng_forward_item two[2] = {{.kv_pages = pa,
                                 .n_kv_pages = 2,
                                 .kv_last_page_len = 5,
@@ -215,17 +223,8 @@ Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_devic
 Test(eng_offload, freed_pages_stop_counting_against_the_device) {
     off_setup s8 = {.device_pages = 8};
     eng *e = open_ok(&s8);
-    uint32_t slots[20], toks[20], pos[20], pa[] = {0, 1};
-    for (uint32_t i = 0; i < 20; i++) slots[i] = i, toks[i] = 5 + i, pos[i] = i;
-    pie_status st = {0};
-    cr_assert_eq(eng_embed_text(e, slots, toks, pos, 20, &st), PIE_OK, "%s", st.msg);
-    eng_forward_item pre = {.kv_pages = pa,
-                            .n_kv_pages = 2,
-                            .kv_last_page_len = 4,
-                            .append_kv = true,
-                            .in_slots = slots,
-                            .n_in = 20};
-    cr_assert_eq(eng_forward(e, &pre, 1, &st), PIE_OK, "%s", st.msg);
+    const uint32_t pa[] = {0, 1};
+    prefill_a(e, pa);
     eng_offload_stats s;
     eng_offload_get_stats(e, &s);
     cr_assert_eq(s.pages_on_device, 2);
