@@ -30,6 +30,7 @@
 #include "wrk_offload.h"
 #include "wrk_offrt.h"
 #include "wrk_node.h"
+#include "wrk_numa.h"
 #include "wrk_tp.h"
 
 enum { WRK_BACKEND_CPU = 0, WRK_BACKEND_CUDA = 1, WRK_BACKEND_NULL = 2 };
@@ -64,6 +65,7 @@ typedef struct wrk_config {
     uint64_t mem_host_pool;    /* memory.host_pool */
     uint32_t mem_device_layers; /* memory.device_layers */
     double mem_link_gbps;      /* memory.emulate_link_gbps */
+    int32_t mem_host_numa_node; /* memory.host_numa_node (-1: the kernel's placement) */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -176,6 +178,12 @@ static const pie_config_field wrk_fields[] = {
      .def = "0", .max = "65536",
      .doc = "swap: layers whose KV is on the device at once, fixed (2..layers); 0 = adaptive "
             "expansion, starting with every layer on the device"},
+    {"memory.host_numa_node", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, mem_host_numa_node),
+     .def = "-1", .min = "-1", .max = "63",
+     .doc = "swap, offload (cpu backend): the NUMA node the host pool's memory comes from, bound "
+            "before it is touched, never another (-1 = the kernel's default placement: first "
+            "touch); a node the machine does not have exits 2 at start; per rank in a "
+            "tensor-parallel group"},
     {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
      .def = "0", .min = "0", .max = "100000",
      .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
@@ -307,6 +315,8 @@ again:;
         .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
         .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
         .offload_host_threads = offload ? (int)threads : 0,
+        .host_numa_bind = cfg->mem_host_numa_node >= 0,
+        .host_numa_node = cfg->mem_host_numa_node,
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
@@ -597,11 +607,13 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     if (loaded.plan.policy == WRK_MEM_SWAP)
         pie_log_info("wrk.mem.swap",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
-                     "device_layers=%u min_device_layers=%u adaptive=%s link_gbps=%g",
+                     "device_layers=%u min_device_layers=%u adaptive=%s link_gbps=%g "
+                     "host_numa_node=%d",
                      (unsigned long long)loaded.plan.device_kv,
                      (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
                      loaded.plan.kv_pages_max, loaded.plan.start_slots, loaded.plan.min_slots,
-                     loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps);
+                     loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps,
+                     cfg->mem_host_numa_node);
     wrk_node_ready ready = {
         .mem = mem,
         .desc = &loaded.desc,
@@ -759,6 +771,13 @@ int main(int argc, char **argv) {
                 "pie-worker: memory.policy %s is implemented for backends cpu and null only so "
                 "far (backend %s)\n",
                 wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
+        goto done;
+    }
+    if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {
+        fprintf(stderr,
+                "pie-worker: memory.host_numa_node %d: this machine has NUMA nodes 0..%d "
+                "(/sys/devices/system/node)\n",
+                cfg.mem_host_numa_node, wrk_numa_nodes() - 1);
         goto done;
     }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {

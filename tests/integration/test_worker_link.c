@@ -35,6 +35,7 @@
 #include "rpc.h"
 #include "tok.h"
 #include "wrk_nulldev.h"
+#include "wrk_numa.h"
 
 #define START_MS    20000 /* the worker serves within this (generous: sanitizers, loaded CI) */
 #define WAIT_MS     10000 /* a message the worker must send arrives within this */
@@ -1876,6 +1877,34 @@ Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     expect_exit_2(&f, &(wopts){.env = bad},
                   "pie-worker: memory.policy swap is implemented for backends cpu and null only "
                   "so far (backend cuda)");
+    fc_stop(&f);
+}
+
+/* memory.host_numa_node: the host pool on a node (mem/wrk_numa.h). A node this machine lacks
+ * exits 2 at start, naming the nodes it has; the last node it has serves (a swap worker whose
+ * host region is bound there: its log says so). */
+Test(worker_link, a_host_numa_node_the_machine_lacks_exits_2_and_one_it_has_serves) {
+    fc f;
+    fc_start(&f);
+    int nodes = wrk_numa_nodes();
+    char lacks[64], line[160];
+    snprintf(lacks, sizeof lacks, "PIE_MEMORY_HOST_NUMA_NODE=%d", nodes);
+    snprintf(line, sizeof line,
+             "pie-worker: memory.host_numa_node %d: this machine has NUMA nodes 0..%d "
+             "(/sys/devices/system/node)",
+             nodes, nodes - 1);
+    const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", lacks, NULL};
+    expect_exit_2(&f, &(wopts){.model_path = SWAP_MODEL, .env = bad}, line);
+    char has[64], says[64];
+    snprintf(has, sizeof has, "PIE_MEMORY_HOST_NUMA_NODE=%d", nodes - 1);
+    snprintf(says, sizeof says, "host_numa_node=%d", nodes - 1);
+    const char *good[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", has, NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = good});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert_eq(up->registration->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
+    rpc_msg_free(&up->base);
+    cr_assert_eq(pie_proc_log_count(w, says), 1, "no '%s' in the wrk.mem.swap line", says);
+    stop_worker(w, 0);
     fc_stop(&f);
 }
 

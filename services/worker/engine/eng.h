@@ -68,6 +68,11 @@ typedef struct eng_opts {
      * the other items' attention. Results are bit for bit those of 0. Exclusive with swap. */
     uint32_t offload_device_pages;
     int offload_host_threads; /* 0 → 1 */
+    /* The host pool (swap's host region, offload's host page region) on NUMA node
+     * host_numa_node (services/worker/mem/wrk_numa.h: bound before it is touched, no fall
+     * back to another node); false: the kernel's default placement. */
+    bool host_numa_bind;
+    int host_numa_node;
     /* NULL: the load-aware scheduler decides; else asked for every decode item that may go to
      * the host (item = its index in the forward batch): true sends it (tests). Under tensor
      * parallelism only rank 0 decides (scheduler or pick) and each forward carries its choice

@@ -36,6 +36,7 @@
 #include "eng_cpu_impl.h"
 #include "wrk_coll.h"
 #include "wrk_offload.h"
+#include "wrk_numa.h"
 #include "wrk_offplace.h"
 
 #define OFF_PROFILE_PAGES 64u /* KV pages of the attention probes at open */
@@ -333,6 +334,9 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     for (uint32_t l = 0; l < L; l++) {
         pie_code rc = eng_cpu_map(&o->host_regions[l], layer_bytes,
                                   "a layer of the host KV region (offload)", st);
+        if (rc == PIE_OK && opts->host_numa_bind)
+            rc = wrk_numa_bind(o->host_regions[l].p, o->host_regions[l].bytes, opts->host_numa_node,
+                               "offload's host KV region", st);
         if (rc != PIE_OK) return rc;
         o->kv_host[l] = e->kv[l];
         o->kv_host[l].base = o->host_regions[l].p;

@@ -28,6 +28,8 @@ pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status
         .link_bytes_per_s = o->swap_link_bytes_per_s,
         .copy = o->swap_copy,
         .copy_user = o->swap_copy_user,
+        .host_numa_bind = o->host_numa_bind,
+        .host_numa_node = o->host_numa_node,
     };
     pie_code rc = wrk_tier_open(&tc, &e->tier, st);
     if (rc != PIE_OK) return rc;
