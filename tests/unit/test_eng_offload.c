@@ -26,6 +26,7 @@
 #include "eng.h"
 #include "pie_testeng.h"
 #include "pie_testutil.h"
+#include "wrk_numa.h"
 
 #define PAGE  PIE_TESTWORK_PAGE
 #define PAGES PIE_TESTWORK_PAGES /* of small-f32 (4 layers): pie_testwork_opts */
@@ -39,6 +40,8 @@ typedef struct off_setup {
     bool (*pick)(void *user, uint32_t item, const struct eng_forward_item *it);
     void *pick_user;
     uint32_t swap_slots;
+    int numa_node; /* the host region's NUMA node; 0 with numa_bind false: none */
+    bool numa_bind;
 } off_setup;
 
 static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
@@ -50,6 +53,8 @@ static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
     o.offload_host_threads = 2;
     o.offload_pick = s->pick;
     o.offload_pick_user = s->pick_user;
+    o.host_numa_bind = s->numa_bind;
+    o.host_numa_node = s->numa_node;
     return eng_open(&o, out, st);
 }
 
@@ -245,4 +250,14 @@ Test(eng_offload, is_refused_with_swap_and_beyond_the_page_ids) {
     off_setup big = {.device_pages = PAGES + 1};
     cr_assert_eq(open_off(&big, &e, &st), PIE_INVALID_ARGUMENT);
     cr_assert(strstr(st.msg, "exceeds kv_pages"), "%s", st.msg);
+    /* the host region on a NUMA node the machine lacks (memory.host_numa_node): refused */
+    off_setup far = {.device_pages = 8, .numa_bind = true, .numa_node = wrk_numa_nodes()};
+    if (far.numa_node < WRK_NUMA_MAX_NODES) {
+        cr_assert_eq(open_off(&far, &e, &st), PIE_UNAVAILABLE);
+        cr_assert(strstr(st.msg, "cannot bind offload's host KV region"), "%s", st.msg);
+        cr_assert_null(e);
+    }
+    off_setup near = {.device_pages = 8, .numa_bind = true, .numa_node = wrk_numa_nodes() - 1};
+    e = open_ok(&near);
+    eng_close(e);
 }
