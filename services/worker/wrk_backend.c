@@ -84,6 +84,18 @@ static pie_code null_forward(void *ctx, const eng_forward_item *items, uint32_t 
     wrk_nulldev *dev = ctx;
     if (dev == NULL) return PIE_OK;
     uint32_t page = wrk_nulldev_config_of(dev)->page_size;
+    if (!wrk_nulldev_config_of(dev)->offload_device_pages) { /* token counts are all it needs */
+        uint64_t tokens = 0, kv_tokens = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            tokens += items[i].n_in;
+            if (items[i].n_kv_pages)
+                kv_tokens +=
+                    (uint64_t)(items[i].n_kv_pages - 1) * page + items[i].kv_last_page_len;
+        }
+        wrk_nulldev_batch b = wrk_nulldev_forward(dev, tokens, kv_tokens);
+        if (b.time_s > 0) sleep_us((uint64_t)(b.time_s * 1e6 + 0.5));
+        return PIE_OK;
+    }
     wrk_offplace_item *its = wrk_nulldev_items(dev, n);
     if (its == NULL)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
