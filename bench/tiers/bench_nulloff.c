@@ -264,6 +264,10 @@ static void table(uint32_t steps) {
         }
 }
 
+/* grow_pages markers of the sweep: half of, or all of, the testbed's device pages */
+#define GROW_HALF 0xfffffffeu
+#define GROW_FULL 0xffffffffu
+
 /* The capacity rule's variants: gain over gpu at every point, and the worst and mean. */
 static void sweep(uint32_t steps) {
     const variant vs[] = {
@@ -279,6 +283,12 @@ static void sweep(uint32_t steps) {
         {"start at the device, halve, +1/8 device, hold, 2 % / 0.5 %",
          {.exposed_max = 0.02, .exposed_grow = 0.005, .shrink_share = 0.5, .start_at_gpu = true,
           .hold_while_over = true}, true},
+        {"climb by throughput from the device, +1/8 device", {.climb = true, .start_at_gpu = true},
+         true},
+        {"climb by throughput from the device, +1/2 device",
+         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_HALF}, true},
+        {"climb by throughput from the device, +1 device",
+         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_FULL}, true},
     };
     printf("| capacity rule |");
     for (size_t t = 0; t < N_TB; t++)
@@ -296,8 +306,13 @@ static void sweep(uint32_t steps) {
         double worst = INFINITY, sum = 0;
         for (size_t t = 0; t < N_TB; t++)
             for (size_t l = 0; l < N_LENS; l++) {
+                uint32_t gpu_pages = (uint32_t)floor(tbs[t].hw->gpu_kv / PAGE);
                 if (vv.tuned && vv.opts.grow_pages == 0) /* an eighth of the device's pages */
-                    vv.opts.grow_pages = (uint32_t)(floor(tbs[t].hw->gpu_kv / PAGE) / 8) + 1;
+                    vv.opts.grow_pages = gpu_pages / 8 + 1;
+                else if (vv.opts.grow_pages == GROW_HALF)
+                    vv.opts.grow_pages = gpu_pages / 2 + 1;
+                else if (vv.opts.grow_pages == GROW_FULL)
+                    vv.opts.grow_pages = gpu_pages;
                 double g = run(&tbs[t], true, &vv, lens[l][0], lens[l][1], steps).tps / gpu[t][l] - 1;
                 vv.opts.grow_pages = vs[v].opts.grow_pages;
                 printf(" %+.1f %% |", g * 100);

@@ -228,7 +228,7 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
         uint64_t wait = os.host_wait_ns - r->last_wait_ns;
         r->last_wait_ns = os.host_wait_ns;
         uint32_t was = atomic_load(&r->effective);
-        uint32_t eff = wrk_off_adapt_step(&r->oadapt, ns, wait, kv_live);
+        uint32_t eff = wrk_off_adapt_step_tokens(&r->oadapt, tokens, ns, wait, kv_live);
         if (eff != was) wrk_memrt_offload_capacity(r, eff, eff < was ? "exposed" : "hidden");
         return;
     }

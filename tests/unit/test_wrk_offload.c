@@ -333,3 +333,43 @@ Test(wrk_offload, the_tuned_capacity_rule_halves_grows_by_its_step_and_holds_whi
     for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 190);
     cr_assert_eq(p, 150, "drained: exposed again, half of 100 go");
 }
+
+/* The climb knob: from the device's pages, an epoch that filled them probes one step further;
+ * once the grown capacity has filled for two epochs it stays when tokens per busy second rose
+ * by more than 1 %, else it steps back and holds (hold_epochs) before probing again. */
+Test(wrk_offload, the_climbing_capacity_keeps_a_step_that_paid_and_undoes_one_that_did_not) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 2);
+    wrk_off_adapt_opts o = {.climb = true, .start_at_gpu = true, .grow_pages = 50,
+                            .hold_epochs = 2};
+    wrk_off_adapt_tune(&a, &o);
+    uint32_t p = 0;
+    /* an epoch at 100 pages, filled, 100 tokens per 1000 ns: probe 150 */
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 100, 1000, 5000, 100);
+    cr_assert_eq(p, 150);
+    /* two filled epochs at 150 with 120 tokens: it paid (a large wait does not matter) */
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 5000, 150);
+    cr_assert_eq(p, 150, "kept");
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 200, "filled again: the next probe");
+    /* at 200 the throughput falls: back to 150, held for two epochs even when filled */
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 110, 1000, 0, 200);
+    cr_assert_eq(p, 150, "undone");
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 150, "held");
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 200, "probes again after the hold");
+    /* a probe whose pages never fill is kept without judging it (demand does not need more) */
+    wrk_off_adapt_init(&a, 100, 900, 1);
+    o.climb_wait = 3;
+    wrk_off_adapt_tune(&a, &o);
+    p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 100);
+    cr_assert_eq(p, 150);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 100);
+    cr_assert_eq(p, 150);
+    p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 148); /* filled: base again, probe */
+    cr_assert_eq(p, 200);
+}

@@ -94,6 +94,13 @@ typedef struct wrk_off_adapt_opts {
     bool start_at_gpu;    /* start at the device's pages instead of every page */
     bool hold_while_over; /* no decision in an epoch that ended with more live pages than the
                              capacity (an earlier shrink has not taken effect yet) */
+    /* climb: the thresholds are not used; the capacity climbs by throughput instead (swap's
+     * adaptive expansion's way): from an epoch that filled it, grow by grow_pages; once the
+     * grown capacity has filled (at most climb_wait epochs), keep it if tokens per busy second
+     * rose by more than 1 %, else step back and hold hold_epochs epochs before probing again. */
+    bool climb;
+    uint32_t climb_wait;  /* 0: 8 */
+    uint32_t hold_epochs; /* 0: 32 */
 } wrk_off_adapt_opts;
 
 typedef struct wrk_off_adapt {
@@ -104,6 +111,10 @@ typedef struct wrk_off_adapt {
     bool kv_limited;
     uint32_t last_live;
     wrk_off_adapt_opts opts;
+    uint64_t tokens;       /* of the epoch (climb) */
+    int climb_mode;        /* 0 base, 1 probing, 2 holding */
+    uint32_t climb_epochs; /* epochs in the mode */
+    double thr_base;       /* tokens per busy second before the probe */
 } wrk_off_adapt;
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
@@ -114,6 +125,10 @@ void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o);
  * live after it. Returns the effective capacity for the next steps. */
 uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
                             uint32_t kv_live);
+/* The same with the batch's input tokens (the climb knob's throughput; the default rule
+ * ignores them). */
+uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
+                                   uint64_t wait_ns, uint32_t kv_live);
 /* The controller spilled past the capacity: it becomes min(kv_live, max_pages). */
 uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live);
 
