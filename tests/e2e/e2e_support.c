@@ -164,6 +164,13 @@ Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group) {
     }
 }
 
+Pie__V1__MemoryPolicy e2e_wait_serving(e2e_cluster *c, rpc_channel *ctl, const char *group) {
+    Pie__V1__MemoryPolicy p = e2e_wait_worker(ctl, group);
+    cr_assert_gt(pie_test_wait_models(c->ch, WAIT_MS), 0,
+                 "the lifecycle never learned worker %s's model", group);
+    return p;
+}
+
 void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env) {
     pie_status st;
     int rc = pie_proc_stop(c->wrk, WAIT_MS, &st);
@@ -484,7 +491,7 @@ void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *gr
     e2e_run_programs(&v->c, v->ids, prefix, v->gpu);
 
     e2e_worker_replace(&v->c, "the worker", env);
-    cr_assert_eq(e2e_wait_worker(v->ctl, group), policy);
+    cr_assert_eq(e2e_wait_serving(&v->c, v->ctl, group), policy);
     e2e_run_programs(&v->c, v->ids, prefix, v->got);
     const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
                                     "prefix_caching (export)", "prefix_caching (import)",

@@ -67,6 +67,9 @@ Pie__V1__ClusterStatusResponse *e2e_cluster_status(rpc_channel *ctl, int64_t tim
 /* Polls ClusterStatus until worker `group` is the only one linked (asserts within 60 s);
  * returns its memory policy. */
 Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group);
+/* e2e_wait_worker, then until c's lifecycle lists a model again (its Session learns of a new
+ * worker after the controller does: a Run in between fails "no model is served now"). */
+Pie__V1__MemoryPolicy e2e_wait_serving(e2e_cluster *c, rpc_channel *ctl, const char *group);
 /* Stops c's worker (it must exit 0; `what` names it in the failure) and starts one with env
  * (e2e_worker_start_env) in its place. */
 void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env);

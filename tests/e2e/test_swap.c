@@ -58,7 +58,7 @@ static void spill_where_gpu_refuses(const char *tp) {
     rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
     cr_assert(ctl, "%s", st.msg);
     char *id = e2e_upload(&c, "text_completion");
-    e2e_wait_worker(ctl, "gpu");
+    e2e_wait_serving(&c, ctl, "gpu");
     e2e_run alone_a, alone_b, ga, gb, sa, sb;
     e2e_run_program(&c, id, long_a, NULL, &alone_a);
     e2e_assert_success(&alone_a, "a alone");
@@ -71,7 +71,7 @@ static void spill_where_gpu_refuses(const char *tp) {
     const char *swap_env[] = {"PIE_WORKER_GROUP_ID=swap", "PIE_POOL_KV_PAGES=8",
                               "PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", tp, NULL};
     e2e_worker_replace(&c, "the worker", swap_env);
-    e2e_wait_worker(ctl, "swap");
+    e2e_wait_serving(&c, ctl, "swap");
     run_both(&c, id, &sa, &sb);
     e2e_assert_success(&sa, "a beside b on the swap worker");
     e2e_assert_success(&sb, "b beside a on the swap worker (spilled, not terminated)");
