@@ -20,11 +20,16 @@
  *
  * Usage: bench_tp coll [--ranks 2] [--tcp] [--quick]
  *        bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] [--context 256]
- *                 [--batch 8] [--steps 8]
+ *                 [--batch 8] [--steps 8] [--swap-slots LAYERS | --offload 1]
+ *          (--swap-slots, --offload: the engine under issue 13's swap policy with that many
+ *          layers on the device, or offload with every page the device's — at tp > 1 rank 0's
+ *          plan is broadcast with every forward, which is what a comparison with the default
+ *          policy gpu measures when nothing moves)
  * Output: Markdown tables. Ranks exchange results through an anonymous shared mapping made
  * before the fork; the parent makes no threads, so forking is safe. */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,6 +369,8 @@ static int bench_coll_ab(uint32_t ranks, uint32_t rounds) {
 typedef struct eng_job {
     const char *model;
     uint32_t tp, threads_per_rank, prefill, context, batch, steps;
+    uint32_t swap_slots;  /* > 0: the swap policy with this many layers on the device */
+    bool offload;         /* the offload policy, every page the device's */
     /* rank 0's results */
     double prefill_s[BTP_REPS], dec1_s[BTP_MAX_STEPS], decB_s[BTP_MAX_STEPS], open_s;
     eng_info info;
@@ -513,6 +520,15 @@ static int eng_rank(uint32_t rank, uint32_t n, const char *name, void *arg) {
                    .tp_rank = rank,
                    .tp_size = n,
                    .coll = c};
+    if (job->swap_slots) { /* issue 13 inside a group: the slot count travels with each forward */
+        eo.swap_slots = job->swap_slots;
+        eo.swap_min_slots = job->swap_slots < 2 ? job->swap_slots : 2;
+        eo.swap_host_bytes = (size_t)1 << 30; /* reserved, committed only where touched */
+    }
+    if (job->offload) { /* the offload split travels with each forward that has a decode */
+        eo.offload_device_pages = n_pages;
+        eo.offload_host_threads = (int)job->threads_per_rank;
+    }
     double t0 = now_s();
     if (eng_open(&eo, &b.e, &b.st) != PIE_OK) {
         fprintf(stderr, "bench_tp: rank %u: eng_open: %s\n", rank, b.st.msg);
@@ -531,6 +547,7 @@ out:
 typedef struct eng_opts_cli {
     const char *model;
     uint32_t tps[BTP_MAX_TP], n_tp, threads, prefill, context, batch, steps, rounds;
+    uint32_t swap_slots, offload; /* the memory policy (default gpu) */
 } eng_opts_cli;
 
 /* Medians of one run of a group: prefill, decode b=1, decode b=B step seconds. */
@@ -637,6 +654,10 @@ static int parse_engine(int argc, char **argv, eng_opts_cli *o) {
             o->steps = (uint32_t)x;
         else if (strcmp(a, "--rounds") == 0 && x <= BTP_MAX_ROUNDS)
             o->rounds = (uint32_t)x;
+        else if (strcmp(a, "--swap-slots") == 0)
+            o->swap_slots = (uint32_t)x;
+        else if (strcmp(a, "--offload") == 0 && x == 1)
+            o->offload = 1;
         else
             return -1;
     }
@@ -661,7 +682,9 @@ static int bench_engine_tp(const eng_opts_cli *o) {
                              .prefill = o->prefill,
                              .context = o->context,
                              .batch = o->batch,
-                             .steps = o->steps};
+                             .steps = o->steps,
+                             .swap_slots = o->swap_slots,
+                             .offload = o->offload != 0};
         if (btp_run_ranks(tp, eng_rank, jobs[k]) != 0) rc = 1;
     }
     if (rc == 0) eng_print(o, jobs);
@@ -674,7 +697,8 @@ static int usage(void) {
     fprintf(stderr, "usage: bench_tp coll [--ranks 2] [--tcp] [--stepwise] [--quick]\n"
                     "       bench_tp coll-ab [--ranks 2] [--rounds 9]\n"
                     "       bench_tp engine MODEL_DIR [--tp 1,2] [--threads N] [--prefill 128] "
-                    "[--context 256] [--batch 8] [--steps 8] [--rounds 3]\n");
+                    "[--context 256] [--batch 8] [--steps 8] [--rounds 3]\n"
+                    "                 [--swap-slots LAYERS | --offload 1]\n");
     return 2;
 }
 

@@ -44,6 +44,10 @@ static pie_code engine_clear_pages(void *ctx, const uint32_t *pages, uint32_t n,
     return eng_clear_pages(ctx, pages, n, st);
 }
 
+static void engine_pages_freed(void *ctx, const uint32_t *pages, uint32_t n) {
+    eng_pages_freed(ctx, pages, n);
+}
+
 static pie_code engine_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st) {
     return eng_clear_embeds(ctx, slots, n, st);
 }
@@ -59,6 +63,7 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .next_dist = engine_next_dist,
         .clear_pages = engine_clear_pages,
         .clear_embeds = engine_clear_embeds,
+        .pages_freed = engine_pages_freed,
     };
 }
 
@@ -76,17 +81,39 @@ static void sleep_us(uint64_t us) {
 }
 
 static pie_code null_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
-    (void)st;
     wrk_nulldev *dev = ctx;
     if (dev == NULL) return PIE_OK;
     uint32_t page = wrk_nulldev_config_of(dev)->page_size;
-    uint64_t tokens = 0, kv_tokens = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        tokens += items[i].n_in;
-        if (items[i].n_kv_pages)
-            kv_tokens += (uint64_t)(items[i].n_kv_pages - 1) * page + items[i].kv_last_page_len;
+    if (!wrk_nulldev_config_of(dev)->offload_device_pages) { /* token counts are all it needs */
+        uint64_t tokens = 0, kv_tokens = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            tokens += items[i].n_in;
+            if (items[i].n_kv_pages)
+                kv_tokens +=
+                    (uint64_t)(items[i].n_kv_pages - 1) * page + items[i].kv_last_page_len;
+        }
+        wrk_nulldev_batch b = wrk_nulldev_forward(dev, tokens, kv_tokens);
+        if (b.time_s > 0) sleep_us((uint64_t)(b.time_s * 1e6 + 0.5));
+        return PIE_OK;
     }
-    wrk_nulldev_batch b = wrk_nulldev_forward(dev, tokens, kv_tokens);
+    wrk_offplace_item *its = wrk_nulldev_items(dev, n);
+    if (its == NULL)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "forward: %u items are more than the emulated device's batch", n);
+    for (uint32_t i = 0; i < n; i++) { /* the emulated device sees pages and token counts */
+        const eng_forward_item *it = &items[i];
+        uint32_t held =
+            it->n_kv_pages ? (it->n_kv_pages - 1) * page + it->kv_last_page_len : 0;
+        uint32_t ctx_tokens = !it->append_kv ? held : held > it->n_in ? held - it->n_in : 0;
+        its[i] = (wrk_offplace_item){.pages = it->kv_pages,
+                                     .n_pages = it->n_kv_pages,
+                                     .ctx = ctx_tokens,
+                                     .n_in = it->n_in,
+                                     .append = it->append_kv};
+    }
+    wrk_nulldev_batch b;
+    pie_code rc = wrk_nulldev_forward_items(dev, its, n, &b, st);
+    if (rc != PIE_OK) return rc;
     if (b.time_s > 0) sleep_us((uint64_t)(b.time_s * 1e6 + 0.5));
     return PIE_OK;
 }
@@ -97,7 +124,8 @@ static pie_code null_mask_page(void *ctx, uint32_t page, const bool *masked, pie
 }
 
 static pie_code null_copy_pages(void *ctx, const eng_copy_item *items, uint32_t n, pie_status *st) {
-    (void)ctx, (void)items, (void)n, (void)st;
+    (void)st;
+    for (uint32_t i = 0; ctx && i < n; i++) wrk_nulldev_copied(ctx, items[i].dst);
     return PIE_OK;
 }
 
@@ -121,6 +149,18 @@ static pie_code null_clear(void *ctx, const uint32_t *ids, uint32_t n, pie_statu
     return PIE_OK;
 }
 
+/* offload's bookkeeping: a freed page no longer counts against the device's room */
+static void null_pages_freed(void *ctx, const uint32_t *pages, uint32_t n) {
+    if (ctx) wrk_nulldev_freed(ctx, pages, n);
+}
+
+/* offload's bookkeeping: a cleared page is empty and on the device */
+static pie_code null_clear_pages(void *ctx, const uint32_t *ids, uint32_t n, pie_status *st) {
+    (void)st;
+    if (ctx) wrk_nulldev_cleared(ctx, ids, n);
+    return PIE_OK;
+}
+
 void wrk_backend_null(wrk_backend *b, wrk_nulldev *dev) {
     *b = (wrk_backend){
         .name = "null",
@@ -130,8 +170,9 @@ void wrk_backend_null(wrk_backend *b, wrk_nulldev *dev) {
         .mask_page = null_mask_page,
         .copy_pages = null_copy_pages,
         .next_dist = null_next_dist,
-        .clear_pages = null_clear,
+        .clear_pages = null_clear_pages,
         .clear_embeds = null_clear,
+        .pages_freed = null_pages_freed,
     };
 }
 

@@ -32,6 +32,8 @@ typedef struct wrk_backend {
      * (eng_clear_pages, eng_clear_embeds). */
     pie_code (*clear_pages)(void *ctx, const uint32_t *pages, uint32_t n, pie_status *st);
     pie_code (*clear_embeds)(void *ctx, const uint32_t *slots, uint32_t n, pie_status *st);
+    /* Pages a slot batch freed (eng_pages_freed); NULL: nothing to tell. */
+    void (*pages_freed)(void *ctx, const uint32_t *pages, uint32_t n);
     void (*close)(void *ctx); /* releases ctx when the backend owns it (cuda); NULL otherwise */
 } wrk_backend;
 

@@ -264,6 +264,9 @@ static void run_slots(wrk_exec *x, wrk_batch *b, const Pie__V1__SlotBatch *s) {
         x->emb_live[v] = 1;
     }
     pie_status st;
+    /* first: a page freed and allocated again in this batch ends cleared */
+    if (fk > 0 && x->o.backend.pages_freed)
+        x->o.backend.pages_freed(x->o.backend.ctx, s->free_kv_slots, (uint32_t)fk);
     if (x->o.backend.clear_pages(x->o.backend.ctx, s->alloc_kv_slots, (uint32_t)ak, &st) !=
             PIE_OK ||
         x->o.backend.clear_embeds(x->o.backend.ctx, s->alloc_embed_slots, (uint32_t)ae, &st) !=

@@ -22,6 +22,7 @@
 #include "pie_log.h"
 #include "svc.h"
 #include "wrk_backend.h"
+#include "wrk_coll.h"
 #include "wrk_desc.h"
 #include "wrk_memrt.h"
 #include "wrk_nulldev.h"
@@ -29,6 +30,7 @@
 #include "wrk_offload.h"
 #include "wrk_offrt.h"
 #include "wrk_node.h"
+#include "wrk_numa.h"
 #include "wrk_tp.h"
 #include "wrk_tp_cuda.h"
 #ifdef PIE_WITH_NCCL
@@ -67,6 +69,7 @@ typedef struct wrk_config {
     uint64_t mem_host_pool;    /* memory.host_pool */
     uint32_t mem_device_layers; /* memory.device_layers */
     double mem_link_gbps;      /* memory.emulate_link_gbps */
+    int32_t mem_host_numa_node; /* memory.host_numa_node (-1: the kernel's placement) */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -128,7 +131,8 @@ static const pie_config_field wrk_fields[] = {
     {"null.host_attn_kv_us", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, null_cost.host_attn_kv_us),
      .def = "0", .min = "0", .max = "1000000",
      .doc = "null backend only: emulated host (CPU) attention of one layer per context token, "
-            "microseconds (the offload policy's cost)"},
+            "microseconds (the offload policy's cost; its pages move over "
+            "memory.emulate_link_gbps)"},
     {"tp.size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, tp_size), .def = "1", .min = "1",
      .max = "64",
      .doc = "tensor-parallel ranks of this worker group (cpu backend; cuda where NCCL was "
@@ -161,10 +165,11 @@ static const pie_config_field wrk_fields[] = {
     {"memory.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, mem_policy), .def = "gpu",
      .choices = wrk_mem_policy_names,
      .doc = "KV memory policy: gpu (device memory only), swap (layer-wise swapping to the host "
-            "pool with adaptive expansion; cpu and null backends, tp.size 1 only so far), offload "
-            "(CPU attention offload: decodes whose KV is in the host pool attend on host cores; "
-            "cpu backend, tp.size 1 only so far), auto (swap or offload, chosen at load from "
-            "costs profiled then; cpu backend, tp.size 1)"},
+            "pool with adaptive expansion), offload (CPU attention offload: decodes whose KV is "
+            "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
+            "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
+            "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
+            "backend's emulated device, not yet on cuda"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -177,11 +182,17 @@ static const pie_config_field wrk_fields[] = {
      .def = "0", .max = "65536",
      .doc = "swap: layers whose KV is on the device at once, fixed (2..layers); 0 = adaptive "
             "expansion, starting with every layer on the device"},
+    {"memory.host_numa_node", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, mem_host_numa_node),
+     .def = "-1", .min = "-1", .max = "63",
+     .doc = "swap, offload (cpu backend): the NUMA node the host pool's memory comes from, bound "
+            "before it is touched, never another (-1 = the kernel's default placement: first "
+            "touch); a node the machine does not have exits 2 at start; per rank in a "
+            "tensor-parallel group"},
     {"memory.emulate_link_gbps", PIE_CFG_DOUBLE, PIE_CONFIG_AT(wrk_config, mem_link_gbps),
      .def = "0", .min = "0", .max = "100000",
      .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
-            "speed; null backend: the link of the emulated device, 0 = copies take no time); "
-            "auto weighs it against a layer's compute"},
+            "speed; null backend: the link of the emulated device, 0 = copies take no time, for "
+            "offload's page moves too); auto weighs it against a layer's compute"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -207,7 +218,18 @@ static long rank_threads(const wrk_config *cfg) {
     return per > 0 ? per : 1;
 }
 
-/* The memory policy's sizing for the model in l->desc (wrk_mempol.h). */
+/* KV heads one rank of a group of tp_size stores (eng_shard.h: an even split, or one head
+ * replicated when the ranks outnumber the heads; a shape that splits neither way is refused by
+ * eng_open). */
+static uint32_t rank_kv_heads(uint32_t n_kv_heads, uint32_t tp_size) {
+    if (tp_size <= 1) return n_kv_heads;
+    return n_kv_heads > tp_size ? n_kv_heads / tp_size : 1;
+}
+
+/* The memory policy's sizing for the model in l->desc (wrk_mempol.h). In a tensor-parallel
+ * group every key is per rank: memory.device_kv is one rank's device, memory.host_pool its own
+ * host pool partition, and a page of a layer is that rank's KV heads' share of it; every rank
+ * computes the same plan, so page ids and capacities agree across the group. */
 static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_loaded *l,
                             pie_status *st) {
     wrk_mem_config mc = {.policy = policy,
@@ -219,30 +241,32 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     uint32_t by_tokens = (1u << 30) / ps; /* the engine's limit on pages x page size */
     wrk_mem_shape sh = {
         .n_layers = l->desc.num_layers,
-        .page_layer_bytes = (uint64_t)2 * ps * l->desc.num_kv_heads * l->desc.head_dim * 4,
+        .page_layer_bytes = (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
+                            l->desc.head_dim * 4,
         .pool_pages = cfg->kv_pages,
         .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
     };
     return wrk_mem_plan_make(&mc, &sh, &l->plan, st);
 }
 
-/* memory.policy auto on the cpu backend: l->engine was opened under offload (its open profiled
- * the costs); chooses (mem/wrk_offload.h) and, for swap, re-plans l->plan. */
-static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
-    eng_offload_stats os;
-    eng_offload_get_stats(l->engine, &os);
+/* memory.policy auto: the device was opened under offload (the cpu engine's open profiled the
+ * costs; the null backend's emulated device computes its profile), os its costs; chooses
+ * (mem/wrk_offload.h) and, for swap, re-plans l->plan. In a group (g) rank 0 chooses from its
+ * own profile and the others take its choice: the ranks' timings differ, and ranks under
+ * different policies would not meet in the same collectives. */
+static pie_code choose_auto(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
+                            const wrk_off_costs *os, wrk_loaded *l, pie_status *st) {
     const wrk_mem_plan *op = &l->plan;
     uint32_t ps = cfg->kv_page_size ? cfg->kv_page_size : 16;
     /* the link: emulated, or memory speed (what the profile's transfer cost says) */
     double tok_bytes = (double)op->page_layer_bytes / ps * op->n_layers;
     double link = cfg->mem_link_gbps > 0 ? cfg->mem_link_gbps * 1e9 / 8
-                  : os.xfer_tok > 0     ? tok_bytes / os.xfer_tok
+                  : os->xfer_tok > 0    ? tok_bytes / os->xfer_tok
                                         : 0;
     double layer_bytes = (double)op->kv_pages_gpu * op->page_layer_bytes;
     uint32_t batch = cfg->max_batch_tokens ? cfg->max_batch_tokens : 4096;
     wrk_mem_auto_in in = {
-        .costs = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed, .dattn_kv = os.dattn_kv,
-                  .hattn_kv = os.hattn_kv, .xfer_tok = os.xfer_tok},
+        .costs = *os,
         .n_layers = op->n_layers,
         .layer_swap_s = link > 0 ? layer_bytes / link : 0,
         .batch_tokens = batch,
@@ -251,6 +275,15 @@ static pie_code choose_auto(const wrk_config *cfg, wrk_loaded *l, pie_status *st
     };
     wrk_mem_auto_out out;
     wrk_mem_auto_choose(&in, &out);
+    if (g) {
+        uint32_t chosen = (uint32_t)out.policy;
+        pie_code rc = wrk_coll_bcast(wrk_tp_group_coll(g), 0, &chosen, sizeof chosen, st);
+        if (rc != PIE_OK) return rc;
+        if (me->rank != 0) {
+            out.policy = (wrk_mem_policy)chosen;
+            snprintf(out.why, sizeof out.why, "rank 0 chose it");
+        }
+    }
     l->auto_choice = out.policy;
     snprintf(l->auto_why, sizeof l->auto_why, "%s", out.why);
     if (out.policy == WRK_MEM_SWAP) return plan_memory(cfg, WRK_MEM_SWAP, l, st);
@@ -286,11 +319,18 @@ again:;
         .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
         .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
         .offload_host_threads = offload ? (int)threads : 0,
+        .host_numa_bind = cfg->mem_host_numa_node >= 0,
+        .host_numa_node = cfg->mem_host_numa_node,
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
     if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
-        rc = choose_auto(cfg, l, st);
+        eng_offload_stats os;
+        eng_offload_get_stats(l->engine, &os);
+        wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed,
+                            .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
+                            .xfer_tok = os.xfer_tok};
+        rc = choose_auto(cfg, g, me, &oc, l, st);
         if (rc != PIE_OK) return rc;
         if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
             eng_close(l->engine);
@@ -299,6 +339,12 @@ again:;
         }
     }
     const eng_info *ei = eng_get_info(l->engine);
+    if (mp->policy != WRK_MEM_GPU && ei->kv_page_layer_bytes != mp->page_layer_bytes)
+        return pie_status_set(st, PIE_INTERNAL,
+                              "memory.policy %s: planned %llu bytes a page of a layer, the engine "
+                              "stores %zu",
+                              wrk_mem_policy_names[mp->policy],
+                              (unsigned long long)mp->page_layer_bytes, ei->kv_page_layer_bytes);
     wrk_desc_set_engine(&l->desc, ei);
     wrk_backend_engine(&l->backend, l->engine);
     if (g)
@@ -342,12 +388,17 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
 }
 
 /* The null backend over its emulated device (mem/wrk_nulldev.h), sized by the memory plan:
- * the swap policy's layers move over memory.emulate_link_gbps while the layers compute. */
+ * the swap policy's layers move over memory.emulate_link_gbps while the layers compute; under
+ * offload its pages move over that link and its decodes may attend on the emulated host; auto
+ * chooses between them from the emulated device's profile, as on the cpu backend. */
 static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) {
-    pie_code rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
+    wrk_mem_policy policy = (wrk_mem_policy)cfg->mem_policy;
+    pie_code rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_null_cost *c = &cfg->null_cost;
     const wrk_mem_plan *mp = &l->plan;
+again:;
+    bool offload = mp->policy == WRK_MEM_OFFLOAD;
     wrk_nulldev_config dc = {
         .n_layers = l->desc.num_layers,
         .page_size = cfg->kv_page_size,
@@ -357,13 +408,29 @@ static pie_code load_null(const wrk_config *cfg, wrk_loaded *l, pie_status *st) 
         .layer_token_us = c->layer_token_us,
         .layer_kv_us = c->layer_kv_us,
         .host_attn_kv_us = c->host_attn_kv_us,
-        .link_bytes_per_s = mp->policy == WRK_MEM_SWAP ? mp->link_bytes_per_s : 0,
+        .link_bytes_per_s = mp->policy == WRK_MEM_SWAP ? mp->link_bytes_per_s
+                            : offload                  ? cfg->mem_link_gbps * 1e9 / 8
+                                                       : 0,
         .device_kv = mp->device_kv,
         .slots = mp->start_slots,
         .min_slots = mp->min_slots,
+        .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
+        .kv_pages = mp->kv_pages_max,
+        .page_layer_bytes = mp->page_layer_bytes,
+        .max_items = cfg->max_batch_tokens,
     };
     rc = wrk_nulldev_create(&dc, &l->nulldev, st);
     if (rc != PIE_OK) return rc;
+    if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
+        wrk_off_costs oc = wrk_nulldev_offload_costs(l->nulldev);
+        rc = choose_auto(cfg, NULL, NULL, &oc, l, st);
+        if (rc != PIE_OK) return rc;
+        if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: a device under its plan */
+            wrk_nulldev_destroy(l->nulldev);
+            l->nulldev = NULL;
+            goto again;
+        }
+    }
     wrk_backend_null(&l->backend, l->nulldev);
     if (c->batch_us || c->token_us || c->layer_us > 0 || c->layer_token_us > 0 ||
         c->layer_kv_us > 0) {
@@ -541,12 +608,14 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
+    if (loaded.nulldev) wrk_offrt_use_nulldev(off, loaded.nulldev);
     if (loaded.auto_choice != WRK_MEM_GPU)
         pie_log_info("wrk.mem.auto", "policy=%s reason=\"%s\"",
                      wrk_mem_policy_names[loaded.auto_choice], loaded.auto_why);
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;
-        eng_offload_get_stats(loaded.engine, &os);
+        if (loaded.nulldev) wrk_offrt_nulldev_stats(loaded.nulldev, &os);
+        else eng_offload_get_stats(loaded.engine, &os);
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
                      "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "
@@ -560,11 +629,13 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     if (loaded.plan.policy == WRK_MEM_SWAP)
         pie_log_info("wrk.mem.swap",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
-                     "device_layers=%u min_device_layers=%u adaptive=%s link_gbps=%g",
+                     "device_layers=%u min_device_layers=%u adaptive=%s link_gbps=%g "
+                     "host_numa_node=%d",
                      (unsigned long long)loaded.plan.device_kv,
                      (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
                      loaded.plan.kv_pages_max, loaded.plan.start_slots, loaded.plan.min_slots,
-                     loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps);
+                     loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps,
+                     cfg->mem_host_numa_node);
     wrk_node_ready ready = {
         .mem = mem,
         .desc = &loaded.desc,
@@ -731,19 +802,19 @@ int main(int argc, char **argv) {
         .port = (uint16_t)cfg.tp_port,
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
-    if ((cfg.mem_policy == WRK_MEM_OFFLOAD || cfg.mem_policy == WRK_MEM_AUTO) &&
-        (cfg.backend != WRK_BACKEND_CPU || cfg.tp_size > 1)) {
+    /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
+    if (cfg.mem_policy != WRK_MEM_GPU && cfg.backend == WRK_BACKEND_CUDA) {
         fprintf(stderr,
-                "pie-worker: memory.policy %s is implemented for backend cpu with tp.size 1 only "
-                "so far (backend %s, tp.size %u)\n",
-                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend], cfg.tp_size);
+                "pie-worker: memory.policy %s is implemented for backends cpu and null only so "
+                "far (backend %s)\n",
+                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
         goto done;
     }
-    if (cfg.mem_policy == WRK_MEM_SWAP && (cfg.backend == WRK_BACKEND_CUDA || cfg.tp_size > 1)) {
+    if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {
         fprintf(stderr,
-                "pie-worker: memory.policy swap is implemented for backends cpu and null with "
-                "tp.size 1 only so far (backend %s, tp.size %u)\n",
-                wrk_backends[cfg.backend], cfg.tp_size);
+                "pie-worker: memory.host_numa_node %d: this machine has NUMA nodes 0..%d "
+                "(/sys/devices/system/node)\n",
+                cfg.mem_host_numa_node, wrk_numa_nodes() - 1);
         goto done;
     }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {

@@ -9,6 +9,7 @@
 #include "pie_log.h"
 #include "wrk_nulldev.h"
 #include "wrk_offload.h"
+#include "wrk_offrt.h"
 
 struct wrk_memrt {
     wrk_mem_plan plan;
@@ -16,6 +17,7 @@ struct wrk_memrt {
     wrk_nulldev *nd;        /* the null backend's emulated device instead of e, or NULL */
     wrk_mem_adapt adapt;    /* step thread only */
     eng *oe;                /* policy offload: the engine whose host share adapts, or NULL */
+    wrk_nulldev *ond;       /* policy offload on the null backend: its emulated device, or NULL */
     wrk_off_adapt oadapt;   /* step thread only */
     uint64_t last_wait_ns;  /* step thread only */
     uint32_t slots;         /* step thread only */
@@ -75,6 +77,12 @@ static pie_code wrk_memrt_set_slots(wrk_memrt *r, uint32_t want, uint32_t *got, 
 
 void wrk_memrt_use_nulldev(wrk_memrt *r, wrk_nulldev *d) {
     if (r->plan.policy == WRK_MEM_SWAP && r->e == NULL) r->nd = d;
+    if (r->plan.policy == WRK_MEM_OFFLOAD && r->oe == NULL) r->ond = d;
+}
+
+void wrk_memrt_offload_tune(wrk_memrt *r, const wrk_off_adapt_opts *o) {
+    wrk_off_adapt_tune(&r->oadapt, o);
+    atomic_store(&r->effective, r->oadapt.pages);
 }
 
 void wrk_memrt_stats(const wrk_memrt *r, Pie__V1__WorkerStats *s) {
@@ -213,13 +221,14 @@ static void wrk_memrt_offload_capacity(wrk_memrt *r, uint32_t eff, const char *w
 
 void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
     wrk_memrt *r = user;
-    if (r && r->oe) { /* offload: the host's share follows what its attention hides */
+    if (r && (r->oe || r->ond)) { /* offload: the host's share follows what its attention hides */
         eng_offload_stats os;
-        eng_offload_get_stats(r->oe, &os);
+        if (r->ond) wrk_offrt_nulldev_stats(r->ond, &os);
+        else eng_offload_get_stats(r->oe, &os);
         uint64_t wait = os.host_wait_ns - r->last_wait_ns;
         r->last_wait_ns = os.host_wait_ns;
         uint32_t was = atomic_load(&r->effective);
-        uint32_t eff = wrk_off_adapt_step(&r->oadapt, ns, wait, kv_live);
+        uint32_t eff = wrk_off_adapt_step_tokens(&r->oadapt, tokens, ns, wait, kv_live);
         if (eff != was) wrk_memrt_offload_capacity(r, eff, eff < was ? "exposed" : "hidden");
         return;
     }
@@ -237,7 +246,7 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
 
 void wrk_memrt_after_slots(void *user, uint32_t kv_live) {
     wrk_memrt *r = user;
-    if (r && r->oe && kv_live > atomic_load(&r->effective)) { /* offload: the controller spilled */
+    if (r && (r->oe || r->ond) && kv_live > atomic_load(&r->effective)) { /* offload: spilled */
         wrk_memrt_offload_capacity(r, wrk_off_adapt_spill(&r->oadapt, kv_live), "spill");
         return;
     }

@@ -18,6 +18,7 @@
 #include "pie_metrics.h"
 #include "pie_status.h"
 #include "wrk_mempol.h"
+#include "wrk_offload.h"
 
 typedef struct wrk_memrt wrk_memrt;
 
@@ -25,11 +26,16 @@ typedef struct wrk_memrt wrk_memrt;
  * metrics: NULL for none. */
 wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics, pie_status *st);
 void wrk_memrt_destroy(wrk_memrt *r);
-/* Policy swap on the null backend: the emulated device (borrowed; it must outlive r) stands
- * in for the engine: its stalls feed adaptive expansion, its slot count follows it, its
- * counters are the swap metrics. Nothing for the other policies or when r has an engine. */
+/* Policies swap and offload on the null backend: the emulated device (borrowed; it must
+ * outlive r) stands in for the engine: under swap its stalls feed adaptive expansion, its slot
+ * count follows it, its counters are the swap metrics; under offload its wait for host
+ * attention moves the effective capacity. Nothing for the other policies or when r has an
+ * engine. */
 struct wrk_nulldev;
 void wrk_memrt_use_nulldev(wrk_memrt *r, struct wrk_nulldev *d);
+/* Offload's capacity rule with other knobs than the defaults (benchmarks; before the first
+ * forward batch). */
+void wrk_memrt_offload_tune(wrk_memrt *r, const wrk_off_adapt_opts *o);
 
 Pie__V1__MemoryPolicy wrk_memrt_policy_pb(const wrk_memrt *r);
 /* kv_pages_max, kv_pages_effective (now), kv_pages_gpu into c. */

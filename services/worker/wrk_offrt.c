@@ -7,16 +7,48 @@
 
 struct wrk_offrt {
     eng *e;
+    wrk_nulldev *nd; /* the null backend's emulated device instead of e, or NULL */
     pthread_mutex_t mu;     /* collectors may run on several threads at once */
     eng_offload_stats seen; /* what the counters hold */
     pie_gauge *g_instances, *g_attn_us, *g_on_host, *g_auto[2];
     pie_counter *c_steps[3], *c_attn_us, *c_items, *c_moved[2];
 };
 
+void wrk_offrt_nulldev_stats(wrk_nulldev *d, eng_offload_stats *out) {
+    wrk_nulldev_stats n;
+    wrk_nulldev_get_stats(d, &n);
+    wrk_off_costs c = wrk_nulldev_offload_costs(d);
+    *out = (eng_offload_stats){
+        .device_pages = wrk_nulldev_config_of(d)->offload_device_pages,
+        .pages_on_host = n.place.pages_on_host,
+        .pages_on_device = n.place.pages_on_device,
+        .steps = n.forwards,
+        .offload_steps = n.offload_steps,
+        .forced_steps = n.place.forced_steps,
+        .host_items = n.host_items,
+        .last_host_items = n.last_host_items,
+        .host_attn_ns = n.host_attn_ns,
+        .last_host_attn_ns = n.last_host_attn_ns,
+        .host_wait_ns = n.host_wait_ns,
+        .pages_to_host = n.place.pages_to_host,
+        .pages_to_device = n.place.pages_to_device,
+        .lin_tok = c.lin_tok,
+        .lin_fixed = c.lin_fixed,
+        .dattn_kv = c.dattn_kv,
+        .hattn_kv = c.hattn_kv,
+        .xfer_tok = c.xfer_tok,
+    };
+}
+
+void wrk_offrt_use_nulldev(wrk_offrt *r, wrk_nulldev *d) {
+    if (r->e == NULL) r->nd = d;
+}
+
 static void wrk_offrt_collect(void *arg) {
     wrk_offrt *r = arg;
     eng_offload_stats s;
-    eng_offload_get_stats(r->e, &s);
+    if (r->nd) wrk_offrt_nulldev_stats(r->nd, &s);
+    else eng_offload_get_stats(r->e, &s);
     pie_gauge_set(r->g_instances, s.last_host_items);
     pie_gauge_set(r->g_attn_us, (double)s.last_host_attn_ns / 1e3);
     pie_gauge_set(r->g_on_host, s.pages_on_host);

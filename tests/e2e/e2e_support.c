@@ -164,6 +164,13 @@ Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group) {
     }
 }
 
+Pie__V1__MemoryPolicy e2e_wait_serving(e2e_cluster *c, rpc_channel *ctl, const char *group) {
+    Pie__V1__MemoryPolicy p = e2e_wait_worker(ctl, group);
+    cr_assert_gt(pie_test_wait_models(c->ch, WAIT_MS), 0,
+                 "the lifecycle never learned worker %s's model", group);
+    return p;
+}
+
 void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env) {
     pie_status st;
     int rc = pie_proc_stop(c->wrk, WAIT_MS, &st);
@@ -466,8 +473,13 @@ void e2e_expect_same_msgs(const e2e_run *got, const e2e_run *want, const char *w
 
 void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
                     Pie__V1__MemoryPolicy policy) {
-    *v = (e2e_vs_gpu){0};
     const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
+    e2e_vs_gpu_run_at(v, gpu_env, group, env, policy);
+}
+
+void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *group,
+                       const char *const *env, Pie__V1__MemoryPolicy policy) {
+    *v = (e2e_vs_gpu){0};
     e2e_cluster_start_full(&v->c, gpu_env, NULL, NULL);
     pie_status st;
     v->ctl = rpc_channel_create(pie_proc_addr(v->c.ctl), NULL, &st);
@@ -479,7 +491,7 @@ void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
     e2e_run_programs(&v->c, v->ids, prefix, v->gpu);
 
     e2e_worker_replace(&v->c, "the worker", env);
-    cr_assert_eq(e2e_wait_worker(v->ctl, group), policy);
+    cr_assert_eq(e2e_wait_serving(&v->c, v->ctl, group), policy);
     e2e_run_programs(&v->c, v->ids, prefix, v->got);
     const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
                                     "prefix_caching (export)", "prefix_caching (import)",
@@ -488,6 +500,28 @@ void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
         e2e_expect_same_msgs(&v->got[i], &v->gpu[i], what[i], group, "gpu");
     cr_expect_str_eq(v->got[2].msgs[0], "miss", "the first prefix_caching instance");
     cr_expect_str_eq(v->got[3].msgs[0], "hit", "the second prefix_caching instance");
+}
+
+double e2e_metric(const pie_proc *p, const char *series) {
+    double v = 0;
+    pie_status st;
+    cr_assert_eq(pie_proc_metric(p, series, &v, &st), PIE_OK, "%s", st.msg);
+    return v;
+}
+
+void e2e_wait_swap_traffic(rpc_channel *ctl) {
+    uint64_t in = 0, out = 0;
+    for (int64_t until = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0);) {
+        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(ctl, WAIT_MS);
+        if (cs && cs->n_workers == 1 && cs->workers[0]->stats)
+            in = cs->workers[0]->stats->swap_in_bytes, out = cs->workers[0]->stats->swap_out_bytes;
+        rpc_msg_free(cs ? &cs->base : NULL);
+        if (in == 0 || out == 0) {
+            cr_assert(pie_test_now_ms() < until, "no swap traffic reported (in %llu, out %llu)",
+                      (unsigned long long)in, (unsigned long long)out);
+            pie_test_sleep_ms(50);
+        }
+    }
 }
 
 void e2e_vs_gpu_end(e2e_vs_gpu *v) {

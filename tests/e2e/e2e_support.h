@@ -67,6 +67,9 @@ Pie__V1__ClusterStatusResponse *e2e_cluster_status(rpc_channel *ctl, int64_t tim
 /* Polls ClusterStatus until worker `group` is the only one linked (asserts within 60 s);
  * returns its memory policy. */
 Pie__V1__MemoryPolicy e2e_wait_worker(rpc_channel *ctl, const char *group);
+/* e2e_wait_worker, then until c's lifecycle lists a model again (its Session learns of a new
+ * worker after the controller does: a Run in between fails "no model is served now"). */
+Pie__V1__MemoryPolicy e2e_wait_serving(e2e_cluster *c, rpc_channel *ctl, const char *group);
 /* Stops c's worker (it must exit 0; `what` names it in the failure) and starts one with env
  * (e2e_worker_start_env) in its place. */
 void e2e_worker_replace(e2e_cluster *c, const char *what, const char *const *env);
@@ -160,7 +163,17 @@ typedef struct e2e_vs_gpu {
  * of the second worker; e2e_vs_gpu_end stops it. */
 void e2e_vs_gpu_run(e2e_vs_gpu *v, const char *group, const char *const *env,
                     Pie__V1__MemoryPolicy policy);
+/* The same against a gpu worker started with gpu_env (which must set PIE_WORKER_GROUP_ID=gpu;
+ * e.g. a tensor-parallel group, to compare policies at the same tp). */
+void e2e_vs_gpu_run_at(e2e_vs_gpu *v, const char *const *gpu_env, const char *group,
+                       const char *const *env, Pie__V1__MemoryPolicy policy);
 void e2e_vs_gpu_end(e2e_vs_gpu *v);
+/* The value of the metric series `series` (its whole name with labels) on p's metrics port;
+ * asserts that it is there. */
+double e2e_metric(const pie_proc *p, const char *series);
+/* Polls ClusterStatus (the only worker's heartbeat) until it reports swap traffic both ways;
+ * asserts within 60 s. */
+void e2e_wait_swap_traffic(rpc_channel *ctl);
 
 /* ---- reference engine --------------------------------------------------------------------- */
 

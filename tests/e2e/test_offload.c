@@ -9,38 +9,9 @@
  * moved there. */
 #include <criterion/criterion.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "e2e_support.h"
 
 TestSuite(offload, .timeout = 600);
-
-/* The value of the metric series `series` (its whole name with labels) on the metrics port. */
-static double metric(int port, const char *series) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "metrics port %d", port);
-    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    cr_assert_eq(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
-    static char body[1 << 20];
-    size_t len = 0;
-    for (ssize_t n; (n = read(fd, body + len, sizeof body - 1 - len)) > 0;) len += (size_t)n;
-    close(fd);
-    body[len] = '\0';
-    char key[256];
-    snprintf(key, sizeof key, "\n%s ", series);
-    const char *at = strstr(body, key);
-    cr_assert(at, "no series %s in the worker's metrics", series);
-    return strtod(at + strlen(key), NULL);
-}
 
 Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
     e2e_vs_gpu v;
@@ -49,14 +20,52 @@ Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
                              "PIE_MEMORY_DEVICE_KV=128KiB", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
     e2e_vs_gpu_run(&v, "offload", off_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
     /* decodes did attend on the host, and pages did move there */
-    int port = pie_proc_metrics_port(v.c.wrk);
-    cr_assert_gt(port, 0, "the worker serves no metrics");
-    double hosted = metric(port, "pie_worker_offload_host_instances_total");
-    double moved = metric(port, "pie_worker_offload_pages_moved_total{direction=\"to_host\"}");
-    double forced = metric(port, "pie_worker_offload_steps_total{decision=\"forced\"}");
+    double hosted = e2e_metric(v.c.wrk, "pie_worker_offload_host_instances_total");
+    double moved = e2e_metric(v.c.wrk, "pie_worker_offload_pages_moved_total{direction=\"to_host\"}");
+    double forced = e2e_metric(v.c.wrk, "pie_worker_offload_steps_total{decision=\"forced\"}");
     cr_expect_gt(hosted, 0, "no decode attended on the host");
     cr_expect_gt(moved, 0, "no page moved to the host");
     cr_expect_gt(forced, 0, "4 device pages never forced a decode to the host");
 
+    e2e_vs_gpu_end(&v);
+}
+
+/* ---- inside a tensor-parallel group (each rank's host pool holds its KV heads' share) ---- */
+
+/* tp 2 against policy gpu at tp 2: a rank of small-f32 at tp 2 stores 1 of its 2 KV heads, 4 KiB
+ * a page of a layer, so 64 KiB of device KV is again 4 pages; rank 0's scheduler decides which
+ * decodes go to the host, and every rank attends those on its host pool. */
+Test(offload, a_tp2_group_attending_on_its_host_pools_says_what_its_gpu_policy_says) {
+    e2e_vs_gpu v;
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", "PIE_TP_SIZE=2", NULL};
+    const char *off_env[] = {"PIE_WORKER_GROUP_ID=offload2",  "PIE_TP_SIZE=2",
+                             "PIE_MEMORY_POLICY=offload",     "PIE_MEMORY_DEVICE_KV=64KiB",
+                             "PIE_MEMORY_HOST_POOL=64MiB",    NULL};
+    e2e_vs_gpu_run_at(&v, gpu_env, "offload2", off_env,
+                      PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
+    cr_expect_gt(e2e_metric(v.c.wrk, "pie_worker_offload_host_instances_total"), 0,
+                 "no decode attended on the host");
+    cr_expect_gt(e2e_metric(v.c.wrk, "pie_worker_offload_steps_total{decision=\"forced\"}"), 0,
+                 "4 device pages per rank never forced a decode to the host");
+    e2e_vs_gpu_end(&v);
+}
+
+/* auto at tp 2 over a 10 kb/s emulated link: rank 0 chooses offload for the group, which
+ * registers OFFLOAD once, says why once, and says what policy gpu at tp 2 says. The margin: a
+ * rank's layer of 4 device pages (16 KiB) takes 13 s to swap, a layer's compute over a batch of
+ * 4096 tokens a fraction of a second even under sanitizers on a loaded machine (at 1 Mb/s the
+ * two were close enough that auto chose swap about one run in three). */
+Test(offload, a_tp2_group_under_auto_chooses_once_for_every_rank) {
+    e2e_vs_gpu v;
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", "PIE_TP_SIZE=2", NULL};
+    const char *auto_env[] = {"PIE_WORKER_GROUP_ID=auto2",      "PIE_TP_SIZE=2",
+                              "PIE_MEMORY_POLICY=auto",         "PIE_MEMORY_DEVICE_KV=64KiB",
+                              "PIE_MEMORY_HOST_POOL=64MiB",     "PIE_MEMORY_EMULATE_LINK_GBPS=0.00001",
+                              NULL};
+    e2e_vs_gpu_run_at(&v, gpu_env, "auto2", auto_env,
+                      PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
+    cr_expect_eq(pie_proc_log_count(v.c.wrk, "event=wrk.mem.auto "), 1,
+                 "the group's choice is logged once (rank 0)");
+    cr_expect_eq(pie_proc_log_count(v.c.wrk, "reason=\"offload: swapping a layer takes"), 1);
     e2e_vs_gpu_end(&v);
 }

@@ -28,18 +28,7 @@ Test(swap, layers_in_the_host_pool_change_no_output_of_fork_export_and_import) {
                               "PIE_MEMORY_EMULATE_LINK_GBPS=16", NULL};
     e2e_vs_gpu_run(&v, "swap", swap_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
     /* the layers did move: the worker's counters (its heartbeat, in ClusterStatus) */
-    uint64_t in = 0, out = 0;
-    for (int64_t until = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0);) {
-        Pie__V1__ClusterStatusResponse *cs = e2e_cluster_status(v.ctl, WAIT_MS);
-        if (cs && cs->n_workers == 1 && cs->workers[0]->stats)
-            in = cs->workers[0]->stats->swap_in_bytes, out = cs->workers[0]->stats->swap_out_bytes;
-        rpc_msg_free(cs ? &cs->base : NULL);
-        if (in == 0 || out == 0) {
-            cr_assert(pie_test_now_ms() < until, "no swap traffic reported (in %llu, out %llu)",
-                      (unsigned long long)in, (unsigned long long)out);
-            pie_test_sleep_ms(50);
-        }
-    }
+    e2e_wait_swap_traffic(v.ctl);
 
     e2e_vs_gpu_end(&v);
 }
@@ -60,15 +49,16 @@ static void run_both(e2e_cluster *c, const char *id, e2e_run *a, e2e_run *b) {
     e2e_run_collect(sb, b);
 }
 
-Test(swap, contention_spills_to_the_host_pool_where_policy_gpu_must_refuse) {
-    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", "PIE_POOL_KV_PAGES=8", NULL};
+/* The contention test on a worker of tp.size `tp` (the gpu worker and the swap worker alike). */
+static void spill_where_gpu_refuses(const char *tp) {
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", "PIE_POOL_KV_PAGES=8", tp, NULL};
     e2e_cluster c;
     e2e_cluster_start_full(&c, gpu_env, NULL, NULL);
     pie_status st;
     rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
     cr_assert(ctl, "%s", st.msg);
     char *id = e2e_upload(&c, "text_completion");
-    e2e_wait_worker(ctl, "gpu");
+    e2e_wait_serving(&c, ctl, "gpu");
     e2e_run alone_a, alone_b, ga, gb, sa, sb;
     e2e_run_program(&c, id, long_a, NULL, &alone_a);
     e2e_assert_success(&alone_a, "a alone");
@@ -79,9 +69,9 @@ Test(swap, contention_spills_to_the_host_pool_where_policy_gpu_must_refuse) {
               "policy gpu served both on 8 pages: the test has no contention");
 
     const char *swap_env[] = {"PIE_WORKER_GROUP_ID=swap", "PIE_POOL_KV_PAGES=8",
-                              "PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", NULL};
+                              "PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", tp, NULL};
     e2e_worker_replace(&c, "the worker", swap_env);
-    e2e_wait_worker(ctl, "swap");
+    e2e_wait_serving(&c, ctl, "swap");
     run_both(&c, id, &sa, &sb);
     e2e_assert_success(&sa, "a beside b on the swap worker");
     e2e_assert_success(&sb, "b beside a on the swap worker (spilled, not terminated)");
@@ -95,4 +85,28 @@ Test(swap, contention_spills_to_the_host_pool_where_policy_gpu_must_refuse) {
     free(id);
     rpc_channel_destroy(ctl);
     e2e_cluster_stop(&c);
+}
+
+Test(swap, contention_spills_to_the_host_pool_where_policy_gpu_must_refuse) {
+    spill_where_gpu_refuses(NULL);
+}
+
+/* ---- inside a tensor-parallel group (each rank's host pool holds its KV heads' share) ---- */
+
+/* tp 2 against policy gpu at tp 2: rank 0's layer moves are every rank's */
+Test(swap, a_tp2_group_with_layers_in_its_host_pools_says_what_its_gpu_policy_says) {
+    e2e_vs_gpu v;
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", "PIE_TP_SIZE=2", NULL};
+    const char *swap_env[] = {"PIE_WORKER_GROUP_ID=swap2",      "PIE_TP_SIZE=2",
+                              "PIE_MEMORY_POLICY=swap",         "PIE_MEMORY_DEVICE_LAYERS=2",
+                              "PIE_MEMORY_HOST_POOL=64MiB",     "PIE_MEMORY_EMULATE_LINK_GBPS=16",
+                              NULL};
+    e2e_vs_gpu_run_at(&v, gpu_env, "swap2", swap_env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
+    e2e_wait_swap_traffic(v.ctl);
+    e2e_vs_gpu_end(&v);
+}
+
+/* the spill at tp 2: rank 0 lowers the layers on the device, every rank follows */
+Test(swap, a_tp2_group_spills_to_its_host_pools_where_its_gpu_policy_must_refuse) {
+    spill_where_gpu_refuses("PIE_TP_SIZE=2");
 }

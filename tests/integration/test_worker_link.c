@@ -35,6 +35,7 @@
 #include "rpc.h"
 #include "tok.h"
 #include "wrk_nulldev.h"
+#include "wrk_numa.h"
 
 #define START_MS    20000 /* the worker serves within this (generous: sanitizers, loaded CI) */
 #define WAIT_MS     10000 /* a message the worker must send arrives within this */
@@ -1597,6 +1598,125 @@ Test(worker_link, null_backend_swap_runs_the_policy_on_the_emulated_device) {
     fc_stop(&f);
 }
 
+/* The null backend's emulated device under offload (issue 13, Neo): the null model's 32 layers
+ * of 131072-byte pages (4 MiB a page of every layer), 16 MiB of device KV (4 pages) and a 240
+ * MiB host pool (60 pages): the worker registers OFFLOAD with 4 device pages of 64. Eight
+ * decodes over 2 pages each per step cannot all keep their KV on 4 device pages, so the real
+ * load-aware scheduler (mem/wrk_offload.h through mem/wrk_offplace.h) moves some to the host
+ * (forced) and attends them there; the worker's offload counters are exactly what the same
+ * device model run in this process on the same batches says, and something did go to the
+ * host. Costs at H100-like ratios (per layer: 20 us fixed, 0.2 us a token, device attention
+ * 0.01 us a KV token, host attention 0.1 us a KV token), a 400 Gb/s link. */
+#define OFF_ITEMS 8
+#define OFF_STEPS 12
+Test(worker_link, null_backend_offload_runs_the_scheduler_on_the_emulated_device) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=offload",     "PIE_MEMORY_DEVICE_KV=16MiB",
+                         "PIE_MEMORY_HOST_POOL=240MiB",   "PIE_NULL_LAYER_US=20",
+                         "PIE_NULL_LAYER_TOKEN_US=0.2",   "PIE_NULL_LAYER_KV_US=0.01",
+                         "PIE_NULL_HOST_ATTN_KV_US=0.1",  "PIE_MEMORY_EMULATE_LINK_GBPS=400",
+                         NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = "", .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    const Pie__V1__WorkerRegistration *r = up->registration;
+    cr_assert_eq(r->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
+    cr_assert_eq(r->capacity->kv_pages_gpu, 4);
+    cr_assert_eq(r->capacity->kv_pages_max, 64);
+    rpc_msg_free(&up->base);
+    send_registered(&f, 1, 100);
+    expect_credits(&f, w, 1);
+    static arena a;
+    uint32_t kv[2 * OFF_ITEMS], emb[OFF_ITEMS];
+    for (uint32_t i = 0; i < 2 * OFF_ITEMS; i++) kv[i] = i;
+    for (uint32_t i = 0; i < OFF_ITEMS; i++) emb[i] = i;
+    a.used = 0;
+    Pie__V1__Batch *sb[1] = {b_slots(&a, 1,
+                                     (slots_spec){.alloc_kv = kv,
+                                                  .n_alloc_kv = 2 * OFF_ITEMS,
+                                                  .alloc_emb = emb,
+                                                  .n_alloc_emb = OFF_ITEMS})};
+    send_step(&f, sb, 1);
+    up = expect_results(&f, w, sb, 1);
+    assert_batch_ok(up->results[0], 0);
+    rpc_msg_free(&up->base);
+    /* the same device in this process */
+    wrk_nulldev_config dc = {.n_layers = 32,
+                             .page_size = PAGE,
+                             .layer_us = 20,
+                             .layer_token_us = 0.2,
+                             .layer_kv_us = 0.01,
+                             .host_attn_kv_us = 0.1,
+                             .link_bytes_per_s = 400e9 / 8,
+                             .device_kv = 4 * 32 * NULL_LAYER_BYTES,
+                             .offload_device_pages = 4,
+                             .kv_pages = 64,
+                             .page_layer_bytes = NULL_LAYER_BYTES,
+                             .max_items = MAX_TOKENS};
+    pie_status st;
+    wrk_nulldev *d = NULL;
+    cr_assert_eq(wrk_nulldev_create(&dc, &d, &st), PIE_OK, "%s", st.msg);
+    for (uint32_t t = 0; t < OFF_STEPS; t++) { /* every sequence decodes one token a step */
+        a.used = 0;
+        eng_forward_item it[OFF_ITEMS];
+        wrk_offplace_item mi[OFF_ITEMS];
+        uint32_t toks[OFF_ITEMS], pos[OFF_ITEMS], len = t % PAGE + 1;
+        for (uint32_t i = 0; i < OFF_ITEMS; i++) {
+            toks[i] = i + t;
+            pos[i] = PAGE + len - 1;
+            it[i] = (eng_forward_item){.kv_pages = &kv[2 * i],
+                                       .n_kv_pages = 2,
+                                       .kv_last_page_len = len,
+                                       .append_kv = true,
+                                       .in_slots = &emb[i],
+                                       .n_in = 1,
+                                       .out_slots = &emb[i],
+                                       .n_out = 1};
+            mi[i] = (wrk_offplace_item){
+                .pages = &kv[2 * i], .n_pages = 2, .ctx = PAGE + len - 1, .n_in = 1, .append = true};
+        }
+        Pie__V1__Batch *b[2] = {b_embed(&a, 10 + 2 * t, emb, toks, pos, OFF_ITEMS),
+                                b_forward(&a, 11 + 2 * t, it, OFF_ITEMS)};
+        send_step(&f, b, 2);
+        up = fc_recv(&f, w);
+        if (up->capacity) { /* offload's capacity may move; not what this test checks */
+            rpc_msg_free(&up->base);
+            up = fc_recv(&f, w);
+        }
+        cr_assert_eq(up->n_results, 2, "step %u: %zu results", t, up->n_results);
+        assert_batch_ok(up->results[1], 0);
+        rpc_msg_free(&up->base);
+        wrk_nulldev_batch nb;
+        cr_assert_eq(wrk_nulldev_forward_items(d, mi, OFF_ITEMS, &nb, &st), PIE_OK, "%s", st.msg);
+    }
+    wrk_nulldev_stats want;
+    wrk_nulldev_get_stats(d, &want);
+    wrk_nulldev_destroy(d);
+    cr_assert_gt(want.host_items, 0, "the model attended nothing on the host: the test proves "
+                                     "nothing");
+    cr_assert_gt(want.place.forced_steps, 0, "the model was never forced");
+    struct {
+        const char *series;
+        uint64_t want;
+    } checks[] = {
+        {"pie_worker_offload_host_instances_total", want.host_items},
+        {"pie_worker_offload_steps_total{decision=\"two_sub_batches\"}", want.offload_steps},
+        {"pie_worker_offload_steps_total{decision=\"forced\"}", want.place.forced_steps},
+        {"pie_worker_offload_pages_moved_total{direction=\"to_host\"}", want.place.pages_to_host},
+        {"pie_worker_offload_pages_moved_total{direction=\"to_device\"}",
+         want.place.pages_to_device},
+        {"pie_worker_offload_pages_on_host", want.place.pages_on_host},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+        double got = 0;
+        cr_assert_eq(pie_proc_metric(w, checks[i].series, &got, &st), PIE_OK, "%s", st.msg);
+        cr_expect_eq((uint64_t)got, checks[i].want, "%s is %g, the model says %llu",
+                     checks[i].series, got, (unsigned long long)checks[i].want);
+    }
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
 /* Spill (issue 13): the controller may allocate beyond kv_pages_effective, up to kv_pages_max,
  * instead of terminating an instance. The null swap worker (64 pages with all 32 layers on the
  * device) given 100 live pages moves to 20 layers on the device (64 * 32 / 20 = 102 pages: 21
@@ -1707,6 +1827,35 @@ Test(worker_link, auto_policy_chooses_registers_and_says_why) {
                 "reason=\"offload: swapping a layer takes");
 }
 
+/* Auto on the null backend: the choice is made from the emulated device's profile (the costs
+ * its offload emulation would use), as the cpu backend's is from its engine's: with copies that
+ * take no time swapping is free (swap); over a 1 Mb/s link a layer's 8 MiB takes a minute while
+ * the host's attention of a decode hides behind the linear layers (offload). */
+static void expect_null_auto(const char *link, Pie__V1__MemoryPolicy want, const char *reason) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_MEMORY_POLICY=auto",       "PIE_MEMORY_HOST_POOL=1GiB",
+                         "PIE_NULL_LAYER_US=20",         "PIE_NULL_LAYER_TOKEN_US=0.2",
+                         "PIE_NULL_LAYER_KV_US=0.01",    "PIE_NULL_HOST_ATTN_KV_US=0.1",
+                         link,                           NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = "", .env = env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert_eq(up->registration->memory_policy, want, "policy %d, want %d",
+                 (int)up->registration->memory_policy, (int)want);
+    rpc_msg_free(&up->base);
+    cr_assert_eq(pie_proc_log_count(w, reason), 1, "no reason '%s'", reason);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+Test(worker_link, null_backend_auto_chooses_from_the_emulated_devices_costs) {
+    expect_null_auto("PIE_MEMORY_EMULATE_LINK_GBPS=0", PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP,
+                     "reason=\"swap: a layer's KV moves in");
+    expect_null_auto("PIE_MEMORY_EMULATE_LINK_GBPS=0.001",
+                     PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD,
+                     "reason=\"offload: swapping a layer takes");
+}
+
 /* A worker started with o exits 2 at once, having printed `line`. */
 static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
     pie_proc *w = spawn_worker(f, o);
@@ -1720,14 +1869,42 @@ static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
 Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     fc f;
     fc_start(&f);
-    const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_BACKEND=null", NULL};
+    const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = env},
-                  "pie-worker: memory.policy offload is implemented for backend cpu with tp.size 1 "
-                  "only so far (backend null, tp.size 1)");
+                  "pie-worker: memory.policy offload is implemented for backends cpu and null only "
+                  "so far (backend cuda)");
     const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = bad},
-                  "pie-worker: memory.policy swap is implemented for backends cpu and null with "
-                  "tp.size 1 only so far (backend cuda, tp.size 1)");
+                  "pie-worker: memory.policy swap is implemented for backends cpu and null only "
+                  "so far (backend cuda)");
+    fc_stop(&f);
+}
+
+/* memory.host_numa_node: the host pool on a node (mem/wrk_numa.h). A node this machine lacks
+ * exits 2 at start, naming the nodes it has; the last node it has serves (a swap worker whose
+ * host region is bound there: its log says so). */
+Test(worker_link, a_host_numa_node_the_machine_lacks_exits_2_and_one_it_has_serves) {
+    fc f;
+    fc_start(&f);
+    int nodes = wrk_numa_nodes();
+    char lacks[64], line[160];
+    snprintf(lacks, sizeof lacks, "PIE_MEMORY_HOST_NUMA_NODE=%d", nodes);
+    snprintf(line, sizeof line,
+             "pie-worker: memory.host_numa_node %d: this machine has NUMA nodes 0..%d "
+             "(/sys/devices/system/node)",
+             nodes, nodes - 1);
+    const char *bad[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", lacks, NULL};
+    expect_exit_2(&f, &(wopts){.model_path = SWAP_MODEL, .env = bad}, line);
+    char has[64], says[64];
+    snprintf(has, sizeof has, "PIE_MEMORY_HOST_NUMA_NODE=%d", nodes - 1);
+    snprintf(says, sizeof says, "host_numa_node=%d", nodes - 1);
+    const char *good[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_HOST_POOL=64MiB", has, NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = good});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert_eq(up->registration->memory_policy, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP);
+    rpc_msg_free(&up->base);
+    cr_assert_eq(pie_proc_log_count(w, says), 1, "no '%s' in the wrk.mem.swap line", says);
+    stop_worker(w, 0);
     fc_stop(&f);
 }
 

@@ -549,3 +549,37 @@ void pie_proc_rmdir(const char *dir) {
     }
     rmdir(dir);
 }
+
+pie_code pie_proc_metric(const pie_proc *p, const char *series, double *value, pie_status *st) {
+    int port = pie_proc_metrics_port(p);
+    if (port <= 0)
+        return pie_status_set(st, PIE_UNAVAILABLE, "%s serves no metrics", pie_proc_name(p));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return pie_status_set(st, PIE_UNAVAILABLE, "socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) {
+        close(fd);
+        return pie_status_set(st, PIE_UNAVAILABLE, "metrics port %d: %s", port, strerror(errno));
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *body = malloc(cap);
+    if (!body) {
+        close(fd);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (ssize_t n; (n = read(fd, body + len, cap - 1 - len)) > 0;) len += (size_t)n;
+    close(fd);
+    body[len] = '\0';
+    char key[256];
+    snprintf(key, sizeof key, "\n%s ", series);
+    const char *at = strstr(body, key);
+    if (at) *value = strtod(at + strlen(key), NULL);
+    free(body);
+    if (!at)
+        return pie_status_set(st, PIE_NOT_FOUND, "no series %s in %s's metrics", series,
+                              pie_proc_name(p));
+    return PIE_OK;
+}

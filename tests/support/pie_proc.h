@@ -74,6 +74,10 @@ char *pie_proc_log_tail(const pie_proc *p, size_t max_bytes);
 size_t pie_proc_log_count(const pie_proc *p, const char *needle);
 /* Whether some line of the log is exactly `line` (given without its newline). */
 bool pie_proc_log_has_line(const pie_proc *p, const char *line);
+/* The value of the metric series `series` (its whole name with labels, e.g.
+ * `pie_worker_offload_steps_total{decision="forced"}`) on p's metrics port: PIE_OK and *value,
+ * NOT_FOUND when the page has no such series, UNAVAILABLE when the port does not answer. */
+pie_code pie_proc_metric(const pie_proc *p, const char *series, double *value, pie_status *st);
 /* Waits up to timeout_ms until needle occurs at least n times in the log. */
 bool pie_proc_wait_log(const pie_proc *p, const char *needle, size_t n, int64_t timeout_ms);
 

@@ -26,6 +26,7 @@
 #include "eng.h"
 #include "pie_testeng.h"
 #include "pie_testutil.h"
+#include "wrk_numa.h"
 
 #define PAGE  PIE_TESTWORK_PAGE
 #define PAGES PIE_TESTWORK_PAGES /* of small-f32 (4 layers): pie_testwork_opts */
@@ -39,6 +40,8 @@ typedef struct off_setup {
     bool (*pick)(void *user, uint32_t item, const struct eng_forward_item *it);
     void *pick_user;
     uint32_t swap_slots;
+    int numa_node; /* the host region's NUMA node; 0 with numa_bind false: none */
+    bool numa_bind;
 } off_setup;
 
 static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
@@ -50,6 +53,8 @@ static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
     o.offload_host_threads = 2;
     o.offload_pick = s->pick;
     o.offload_pick_user = s->pick_user;
+    o.host_numa_bind = s->numa_bind;
+    o.host_numa_node = s->numa_node;
     return eng_open(&o, out, st);
 }
 
@@ -165,26 +170,34 @@ Test(eng_offload, the_scheduler_offloads_what_a_small_device_cannot_hold_with_th
     free(ref.o.logits);
 }
 
-Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_device) {
-    /* A's decode is asked to go to the host, the fork's (same first page) is not: both attend
-     * on the device, nothing moves */
-    uint32_t calls = 0;
-    off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls};
-    eng *e = open_ok(&alt);
-    uint32_t slots[21], toks[21], pos[21], pa[] = {0, 1}, pf[] = {0, 2};
+/* Sequence A: tokens 5.. at positions 0..19 in slots 0..19 (slot 20 holds the next one),
+ * prefilled into pages[0] and pages[1] (20 tokens: the second page holds 4). */
+static void prefill_a(eng *e, const uint32_t pages[2]) {
+    uint32_t slots[21], toks[21], pos[21];
     for (uint32_t i = 0; i < 21; i++) slots[i] = i, toks[i] = 5 + i, pos[i] = i;
     pie_status st = {0};
     cr_assert_eq(eng_embed_text(e, slots, toks, pos, 21, &st), PIE_OK, "%s", st.msg);
-    eng_forward_item pre = {.kv_pages = pa,
+    eng_forward_item pre = {.kv_pages = pages,
                             .n_kv_pages = 2,
                             .kv_last_page_len = 4,
                             .append_kv = true,
                             .in_slots = slots,
                             .n_in = 20};
     cr_assert_eq(eng_forward(e, &pre, 1, &st), PIE_OK, "%s", st.msg);
+}
+
+Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_device) {
+    /* A's decode is asked to go to the host, the fork's (same first page) is not: both attend
+     * on the device, nothing moves */
+    uint32_t calls = 0;
+    off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls};
+    eng *e = open_ok(&alt);
+    uint32_t pa[] = {0, 1}, pf[] = {0, 2};
+    prefill_a(e, pa);
+    pie_status st = {0};
     uint32_t fin = 20, ain = 20, fo = 30, ao = 31;
-    uint32_t fpos[] = {17};
-    cr_assert_eq(eng_embed_text(e, &fin, toks, fpos, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t fpos[] = {17}, ftok[] = {5};
+    cr_assert_eq(eng_embed_text(e, &fin, ftok, fpos, 1, &st), PIE_OK, "%s", st.msg);
     eng_forward_item two[2] = {{.kv_pages = pa,
                                 .n_kv_pages = 2,
                                 .kv_last_page_len = 5,
@@ -210,6 +223,23 @@ Test(eng_offload, a_page_shared_with_a_device_item_keeps_the_decode_on_the_devic
     eng_close(e);
 }
 
+/* The worker's frees (eng_pages_freed): a freed page stops counting as the device's, ids never
+ * written or out of range change nothing. */
+Test(eng_offload, freed_pages_stop_counting_against_the_device) {
+    off_setup s8 = {.device_pages = 8};
+    eng *e = open_ok(&s8);
+    const uint32_t pa[] = {0, 1};
+    prefill_a(e, pa);
+    eng_offload_stats s;
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.pages_on_device, 2);
+    const uint32_t freed[] = {1, 7, 1u << 30};
+    eng_pages_freed(e, freed, 3);
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.pages_on_device, 1, "page 1 was freed: %u pages count", s.pages_on_device);
+    eng_close(e);
+}
+
 Test(eng_offload, is_refused_with_swap_and_beyond_the_page_ids) {
     pie_status st = {0};
     eng *e = NULL;
@@ -220,4 +250,14 @@ Test(eng_offload, is_refused_with_swap_and_beyond_the_page_ids) {
     off_setup big = {.device_pages = PAGES + 1};
     cr_assert_eq(open_off(&big, &e, &st), PIE_INVALID_ARGUMENT);
     cr_assert(strstr(st.msg, "exceeds kv_pages"), "%s", st.msg);
+    /* the host region on a NUMA node the machine lacks (memory.host_numa_node): refused */
+    off_setup far = {.device_pages = 8, .numa_bind = true, .numa_node = wrk_numa_nodes()};
+    if (far.numa_node < WRK_NUMA_MAX_NODES) {
+        cr_assert_eq(open_off(&far, &e, &st), PIE_UNAVAILABLE);
+        cr_assert(strstr(st.msg, "cannot bind offload's host KV region"), "%s", st.msg);
+        cr_assert_null(e);
+    }
+    off_setup near = {.device_pages = 8, .numa_bind = true, .numa_node = wrk_numa_nodes() - 1};
+    e = open_ok(&near);
+    eng_close(e);
 }

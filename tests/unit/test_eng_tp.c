@@ -53,13 +53,19 @@ typedef struct tp_result {
     tp_dist dists[MAX_DISTS];
     float logits[MAX_VOCAB];
     eng_info info;
+    eng_swap_stats swap;   /* after the scenario */
+    eng_offload_stats off; /* after the scenario */
 } tp_result;
+
+/* The memory policy a scenario runs under (tests of policies inside a group). */
+typedef enum tp_policy { TP_GPU, TP_SWAP, TP_OFFLOAD } tp_policy;
 
 typedef struct tp_run {
     const char *model;
     tp_result *res;         /* [n_ranks], shared with the parent */
     const char *tcp_leader; /* the collective's TCP transport (rank 0's listener); NULL: shm */
     int listen_fd;          /* rank 0's listener when tcp_leader is set */
+    tp_policy policy;
 } tp_run;
 
 /* ---- the scenario (runs in every rank) ---------------------------------------------------- */
@@ -213,6 +219,18 @@ static int scenario(tp_ctx *c) {
     return 0;
 }
 
+/* Offload's pick on rank 0 (every decode to the host) and on the others (none): a rank that
+ * decided for itself would attend nothing on its host pool. */
+static bool pick_all(void *user, uint32_t item, const eng_forward_item *it) {
+    (void)user, (void)item, (void)it;
+    return true;
+}
+
+static bool pick_none(void *user, uint32_t item, const eng_forward_item *it) {
+    (void)user, (void)item, (void)it;
+    return false;
+}
+
 static int rank_scenario(uint32_t rank, uint32_t n, const char *name, void *arg) {
     const tp_run *run = arg;
     tp_ctx c = {.out = &run->res[rank], .rank = rank};
@@ -240,9 +258,25 @@ static int rank_scenario(uint32_t rank, uint32_t n, const char *name, void *arg)
                   .tp_rank = rank,
                   .tp_size = n,
                   .coll = coll};
+    if (run->policy == TP_SWAP) { /* every layer on the device at open */
+        o.swap_slots = 4;
+        o.swap_min_slots = 2;
+        o.swap_host_bytes = 64u << 20;
+    } else if (run->policy == TP_OFFLOAD) {
+        o.offload_device_pages = o.kv_pages;
+        o.offload_host_threads = 1;
+        o.offload_pick = rank == 0 ? pick_all : pick_none;
+    }
     PIE_RANK_CHECK(rank, eng_open(&o, &c.e, &c.st) == PIE_OK, "eng_open: %s", c.st.msg);
     c.out->info = *eng_get_info(c.e);
+    /* swap: rank 0 alone moves two layers to the host, as the worker's expansion does */
+    if (run->policy == TP_SWAP && rank == 0)
+        PIE_RANK_CHECK(rank, eng_swap_set_slots(c.e, 2, NULL, &c.st) == PIE_OK,
+                       "swap_set_slots: %s", c.st.msg);
     int rc = scenario(&c);
+    eng_swap_quiesce(c.e);
+    eng_swap_get_stats(c.e, &c.out->swap);
+    eng_offload_get_stats(c.e, &c.out->off);
     eng_close(c.e);
     wrk_coll_close(coll);
     return rc;
@@ -539,4 +573,53 @@ Test(eng_tp, tp_2_over_tcp_gives_the_bits_of_tp_2_over_shared_memory) {
                   "rank %u: the logits over TCP differ from those over shared memory", r);
     }
     munmap(res, 4 * sizeof(tp_result));
+}
+
+/* ---- memory policies inside a group (issue 13) ------------------------------------------------
+ */
+
+/* Swap and offload at tp 2: rank 0's decisions are the group's. Under swap rank 0 alone lowers
+ * the device to 2 of small-f32's 4 layers; under offload rank 0's pick sends every decode to the
+ * host while rank 1's would send none. Every rank must run rank 0's plan (rank 1 ends with 2
+ * layers on the device and the same decodes, pages and moves on its host), and the group's
+ * distributions and logits must be tp 2's under policy gpu bit for bit. */
+Test(eng_tp, a_group_under_swap_or_offload_runs_rank_0s_plan_and_gives_policy_gpus_bits) {
+    tp_result *res = shared_results(3 * 2);
+    const tp_policy pols[3] = {TP_GPU, TP_SWAP, TP_OFFLOAD};
+    const char *names[3] = {"gpu", "swap", "offload"};
+    for (int p = 0; p < 3; p++) {
+        tp_run run = {.model = "small-f32", .res = res + 2 * p, .policy = pols[p]};
+        int status[PIE_TESTRANKS_MAX];
+        int failed = pie_testranks_run(2, rank_scenario, &run, status);
+        cr_assert_eq(failed, 0, "tp 2 under %s: %d rank(s) failed (their stderr says why)",
+                     names[p], failed);
+    }
+    const tp_result *gpu = res, *swap = res + 2, *off = res + 4;
+    for (int p = 1; p < 3; p++)
+        for (uint32_t r = 0; r < 2; r++) {
+            const tp_result *g = &res[2 * p + r];
+            cr_assert_eq(g->n_dists, gpu[r].n_dists);
+            cr_expect(memcmp(g->dists, gpu[r].dists, sizeof g->dists) == 0,
+                      "tp 2 under %s, rank %u: distributions differ from policy gpu's", names[p],
+                      r);
+            cr_expect(memcmp(g->logits, gpu[r].logits, sizeof g->logits) == 0,
+                      "tp 2 under %s, rank %u: logits differ from policy gpu's", names[p], r);
+        }
+    /* swap: rank 1 runs at rank 0's 2 layers, and both really swapped */
+    for (uint32_t r = 0; r < 2; r++) {
+        cr_expect_eq(swap[r].swap.slots, 2u, "swap, rank %u: %u layers on the device, want 2", r,
+                     swap[r].swap.slots);
+        cr_expect_gt(swap[r].swap.swaps_in, 0u, "swap, rank %u: no layer came back", r);
+    }
+    /* offload: rank 1 attended rank 0's decodes on its host pool and moved the same pages */
+    cr_expect_gt(off[0].off.host_items, 0u, "offload: rank 0 attended no decode on the host");
+    cr_expect_eq(off[1].off.host_items, off[0].off.host_items,
+                 "offload: rank 1 attended %llu decodes on the host, rank 0 %llu",
+                 (unsigned long long)off[1].off.host_items,
+                 (unsigned long long)off[0].off.host_items);
+    cr_expect_eq(off[1].off.offload_steps, off[0].off.offload_steps);
+    cr_expect_eq(off[1].off.pages_to_host, off[0].off.pages_to_host);
+    cr_expect_eq(off[1].off.pages_to_device, off[0].off.pages_to_device);
+    cr_expect_eq(off[1].off.pages_on_host, off[0].off.pages_on_host);
+    munmap(res, 6 * sizeof(tp_result));
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "pie_testutil.h"
+#include "wrk_nulldev.h"
 #include "wrk_offload.h"
 #include "wrk_offsim.h"
 
@@ -219,4 +220,156 @@ Test(wrk_offload, the_capacity_shrinks_while_host_attention_is_exposed_and_grows
     cr_assert_eq(wrk_off_adapt_spill(&a, 450), 450);
     cr_assert_eq(wrk_off_adapt_spill(&a, 5000), 900);
     cr_assert_eq(wrk_off_adapt_spill(&a, 10), 900, "a spill never lowers it");
+}
+
+/* The null backend's emulated device under offload (wrk_nulldev.h): 2 layers of 10 us + 1 us a
+ * token, device attention 0.1 us and host attention 0.5 us a KV token, 1 device page of 16
+ * tokens. A prefill of 10 tokens beside two decodes reading 21 KV tokens each (2 pages): the
+ * device holds neither decode, so the scheduler forces both to the host (sub-batch 1: 2 tokens,
+ * 42 KV tokens). Per layer max(lin(10) = 20, host 42 x 0.5 = 21) + lin(2) = 12 + device attention
+ * 10 x 0.1 = 1: 34 us, 68 us for the step, of which the device waited 2 x (21 - 20) = 2 us for the
+ * host. The prefill alone runs device-only: 2 x (20 + 1) = 42 us. */
+Test(wrk_offload, the_emulated_device_times_an_offloaded_step_as_neos_pipeline_runs_it) {
+    wrk_nulldev_config c = {.n_layers = 2,
+                            .page_size = 16,
+                            .layer_us = 10,
+                            .layer_token_us = 1,
+                            .layer_kv_us = 0.1,
+                            .host_attn_kv_us = 0.5,
+                            .device_kv = 2 * 1024,
+                            .offload_device_pages = 1,
+                            .kv_pages = 8,
+                            .page_layer_bytes = 1024};
+    wrk_nulldev *d = NULL;
+    pie_status st;
+    cr_assert_eq(wrk_nulldev_create(&c, &d, &st), PIE_OK, "%s", st.msg);
+    static const uint32_t pa[] = {0}, pb[] = {1, 2}, pc[] = {3, 4}, pd[] = {5};
+    wrk_offplace_item items[3] = {
+        {.pages = pa, .n_pages = 1, .ctx = 0, .n_in = 10, .append = true},
+        {.pages = pb, .n_pages = 2, .ctx = 20, .n_in = 1, .append = true},
+        {.pages = pc, .n_pages = 2, .ctx = 20, .n_in = 1, .append = true},
+    };
+    wrk_nulldev_batch b;
+    cr_assert_eq(wrk_nulldev_forward_items(d, items, 3, &b, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(b.host_items, 2u);
+    cr_expect_float_eq(b.time_s, 68e-6, 1e-12, "step %.9g s, want 68 us", b.time_s);
+    cr_expect_float_eq(b.wait_s, 2e-6, 1e-12, "wait %.9g s, want 2 us", b.wait_s);
+    cr_expect_float_eq(b.host_s, 42e-6, 1e-12, "host %.9g s, want 42 us", b.host_s);
+    wrk_offplace_item prefill = {.pages = pd, .n_pages = 1, .ctx = 0, .n_in = 10, .append = true};
+    cr_assert_eq(wrk_nulldev_forward_items(d, &prefill, 1, &b, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(b.host_items, 0u);
+    cr_expect_float_eq(b.time_s, 42e-6, 1e-12, "device-only step %.9g s, want 42 us", b.time_s);
+    wrk_nulldev_stats s;
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.place.forced_steps, 1u);
+    cr_expect_eq(s.host_items, 2u);
+    cr_expect_eq(s.offload_steps, 1u);
+    cr_expect_eq(s.place.pages_on_host, 4u, "the two decodes' pages, written on the host");
+    cr_expect_eq(s.host_wait_ns, 2000u);
+    /* a page id past the device's table is refused, not indexed */
+    static const uint32_t bad[] = {8};
+    wrk_offplace_item oob = {.pages = bad, .n_pages = 1, .ctx = 0, .n_in = 1, .append = true};
+    cr_expect_eq(wrk_nulldev_forward_items(d, &oob, 1, &b, &st), PIE_INVALID_ARGUMENT);
+    cr_expect_str_eq(st.msg, "forward: item 0: kv page 8 is out of range [0, 8)");
+    wrk_nulldev_destroy(d);
+}
+
+/* Pages the worker freed stop counting against the device's room (wrk_offplace_freed): with one
+ * device page, a decode written there keeps the next decode's pages off the device (forced to
+ * the host) until the worker frees it; then the next decode fits on the device again. */
+Test(wrk_offload, freed_pages_give_the_device_its_room_back) {
+    wrk_nulldev_config c = {.n_layers = 1,
+                            .page_size = 16,
+                            .layer_us = 10,
+                            .layer_token_us = 1,
+                            .layer_kv_us = 0.1,
+                            .host_attn_kv_us = 0.5,
+                            .device_kv = 1024,
+                            .offload_device_pages = 1,
+                            .kv_pages = 4,
+                            .page_layer_bytes = 1024};
+    wrk_nulldev *d = NULL;
+    pie_status st;
+    cr_assert_eq(wrk_nulldev_create(&c, &d, &st), PIE_OK, "%s", st.msg);
+    static const uint32_t p0[] = {0}, p1[] = {1}, p2[] = {2}, both[] = {0, 1};
+    wrk_offplace_item a = {.pages = p0, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_offplace_item b = {.pages = p1, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_offplace_item e = {.pages = p2, .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    wrk_nulldev_batch r;
+    cr_assert_eq(wrk_nulldev_forward_items(d, &a, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 0u, "the first decode fits the device");
+    cr_assert_eq(wrk_nulldev_forward_items(d, &b, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 1u, "page 0 holds the device's only page: forced to the host");
+    wrk_nulldev_freed(d, both, 2);
+    cr_assert_eq(wrk_nulldev_forward_items(d, &e, 1, &r, &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(r.host_items, 0u, "pages 0 and 1 were freed: the device has its page back");
+    wrk_nulldev_stats s;
+    wrk_nulldev_get_stats(d, &s);
+    cr_expect_eq(s.place.pages_on_device, 1u);
+    cr_expect_eq(s.place.pages_on_host, 0u);
+    cr_expect_eq(s.place.forced_steps, 1u);
+    wrk_nulldev_destroy(d);
+}
+
+/* The rule's knobs (wrk_off_adapt_tune, compared by bench_nulloff's sweep): start at the
+ * device's pages, halve the host share on an exposed epoch, grow by a fixed step, and make no
+ * decision while the live pages still exceed the capacity (an earlier shrink still drains). */
+Test(wrk_offload, the_tuned_capacity_rule_halves_grows_by_its_step_and_holds_while_pages_drain) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 4);
+    wrk_off_adapt_opts o = {.grow_pages = 50, .shrink_share = 0.5, .start_at_gpu = true,
+                            .hold_while_over = true};
+    wrk_off_adapt_tune(&a, &o);
+    cr_assert_eq(a.pages, 100, "starts at the device's pages");
+    uint32_t p = 0;
+    for (int e = 0; e < 4; e++) /* hidden and kv-limited: +50 an epoch */
+        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 0, a.pages);
+    cr_assert_eq(p, 300);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 300); /* exposed */
+    cr_assert_eq(p, 200, "half of the 200 host pages offered go");
+    /* still exposed, but 300 pages live above the 200 offered: the shrink has not taken effect */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 300);
+    cr_assert_eq(p, 200, "held while the live pages drain");
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step(&a, 1000, 100, 190);
+    cr_assert_eq(p, 150, "drained: exposed again, half of 100 go");
+}
+
+/* The climb knob: from the device's pages, an epoch that filled them probes one step further;
+ * once the grown capacity has filled for two epochs it stays when tokens per busy second rose
+ * by more than 1 %, else it steps back and holds (hold_epochs) before probing again. */
+Test(wrk_offload, the_climbing_capacity_keeps_a_step_that_paid_and_undoes_one_that_did_not) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 2);
+    wrk_off_adapt_opts o = {.climb = true, .start_at_gpu = true, .grow_pages = 50,
+                            .hold_epochs = 2};
+    wrk_off_adapt_tune(&a, &o);
+    uint32_t p = 0;
+    /* an epoch at 100 pages, filled, 100 tokens per 1000 ns: probe 150 */
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 100, 1000, 5000, 100);
+    cr_assert_eq(p, 150);
+    /* two filled epochs at 150 with 120 tokens: it paid (a large wait does not matter) */
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 5000, 150);
+    cr_assert_eq(p, 150, "kept");
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 200, "filled again: the next probe");
+    /* at 200 the throughput falls: back to 150, held for two epochs even when filled */
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 110, 1000, 0, 200);
+    cr_assert_eq(p, 150, "undone");
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 150, "held");
+    for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
+    cr_assert_eq(p, 200, "probes again after the hold");
+    /* a probe whose pages never fill is kept without judging it (demand does not need more) */
+    wrk_off_adapt_init(&a, 100, 900, 1);
+    o.climb_wait = 3;
+    wrk_off_adapt_tune(&a, &o);
+    p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 100);
+    cr_assert_eq(p, 150);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 100);
+    cr_assert_eq(p, 150);
+    p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 148); /* filled: base again, probe */
+    cr_assert_eq(p, 200);
 }

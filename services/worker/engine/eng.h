@@ -74,8 +74,15 @@ typedef struct eng_opts {
      * the other items' attention. Results are bit for bit those of 0. Exclusive with swap. */
     uint32_t offload_device_pages;
     int offload_host_threads; /* 0 → 1 */
+    /* The host pool (swap's host region, offload's host page region) on NUMA node
+     * host_numa_node (services/worker/mem/wrk_numa.h: bound before it is touched, no fall
+     * back to another node); false: the kernel's default placement. */
+    bool host_numa_bind;
+    int host_numa_node;
     /* NULL: the load-aware scheduler decides; else asked for every decode item that may go to
-     * the host (item = its index in the forward batch): true sends it (tests) */
+     * the host (item = its index in the forward batch): true sends it (tests). Under tensor
+     * parallelism only rank 0 decides (scheduler or pick) and each forward carries its choice
+     * to the other ranks, whose own scheduler and pick are never asked. */
     bool (*offload_pick)(void *user, uint32_t item, const struct eng_forward_item *it);
     void *offload_pick_user;
 } eng_opts;
@@ -152,6 +159,11 @@ pie_code eng_copy_pages(eng *e, const eng_copy_item *items, uint32_t n, pie_stat
  * for every slot a SlotBatch allocates. Ids may repeat; n == 0 does nothing. */
 pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *st);
 pie_code eng_clear_embeds(eng *e, const uint32_t *slots, uint32_t n, pie_status *st);
+/* The worker freed pages (a SlotBatch): nothing reads them until they are allocated (and
+ * cleared) again, so the offload policy stops counting them against the device's room. Ids
+ * out of range are ignored; nothing else changes. Under tensor parallelism every rank's
+ * executor calls it for the same slot batches. */
+void eng_pages_freed(eng *e, const uint32_t *pages, uint32_t n);
 
 /* LM head over slot's hidden state → softmax(logits / temperature) → the top_k token ids and
  * probabilities (descending; probabilities of the full softmax, not renormalised). Under
@@ -185,7 +197,9 @@ typedef struct eng_swap_stats {
 } eng_swap_stats;
 
 /* Between handlers: the device region holds at most `slots` layers from now on (clamped to
- * swap_min_slots..n; *applied: what was set). Pages stay valid whatever the slot count. */
+ * swap_min_slots..n; *applied: what was set). Pages stay valid whatever the slot count. Under
+ * tensor parallelism set it on rank 0: each forward carries rank 0's count to the other ranks
+ * (what they set themselves is replaced at their next forward). */
 pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st);
 void eng_swap_get_stats(eng *e, eng_swap_stats *out);
 /* Waits until the copy engine is idle (tests and benchmarks). */

@@ -469,6 +469,8 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
     const eng_info *in = &e->info;
     int d = (int)in->hidden_size;
     eng_kv_touch_forward(e, items, n); /* swap policy: the pages the tier moves */
+    rc = eng_swap_share_slots(e, st); /* swap policy in a group: rank 0's slot count */
+    if (rc != PIE_OK) return rc;
     rc = eng_offload_prepare(e, items, n, st); /* offload: which items attend on the host */
     if (rc != PIE_OK) return rc;
     uint32_t n_out = eng_gather(e, items, n);

@@ -107,6 +107,10 @@ void eng_kv_release(eng *e, uint32_t l);
  * (clearing writes zeros, what is already beyond that range, so it needs none). */
 void eng_kv_touch_forward(eng *e, const eng_forward_item *items, uint32_t n);
 void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n);
+/* Tensor parallelism (e->coll set): rank 0's slot count becomes every rank's, one broadcast at
+ * the start of each forward (every rank calls it; the worker sets the count on rank 0 only, so
+ * the group runs rank 0's expansion and spills). Does nothing at tp 1 or without the tier. */
+pie_code eng_swap_share_slots(eng *e, pie_status *st);
 /* Nothing moves between hold and resume; kv[*].base point where every layer is. */
 void eng_kv_hold(eng *e);
 void eng_kv_resume(eng *e);
@@ -119,7 +123,9 @@ typedef struct eng_offload eng_offload;
 pie_code eng_offload_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st);
 void eng_offload_close(eng *e);
 /* Before a forward's layers (after eng_check_forward): which items attend on the host; their
- * pages moved there, every other item's pages to the device. */
+ * pages moved there, every other item's pages to the device. Under tensor parallelism rank 0
+ * decides (its scheduler or its pick callback) and broadcasts the choice, which the other
+ * ranks execute without deciding: every rank moves the same pages and splits the same items. */
 pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st);
 /* The KV layer item `item` of the forward reads and writes. */
 const krn_kv_layer *eng_item_kv(const eng *e, uint32_t item, uint32_t layer);

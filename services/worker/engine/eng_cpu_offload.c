@@ -2,11 +2,11 @@
  * decode items whose KV lives wholly in the host region have their attention run by a host
  * attention pool while the engine's ("device") pool runs the rest.
  *
- * Owns: where each page's KV is (loc: device or host region; both regions are indexed by page
- * id over the whole id space, so page ids never change when KV moves), moving a page (every
- * layer's block, one copy per layer each way), the per-step split (wrk_offload.h decides, or
- * the test's pick callback), the host attention pool and its driver thread, the cost model
- * profiled at open, the stats.
+ * Owns: the two regions (both indexed by page id over the whole id space, so page ids never
+ * change when KV moves), moving a page (every layer's block, one copy per layer each way), the
+ * host attention pool and its driver thread, the cost model profiled at open, the stats. Where
+ * each page lives and the per-step split (wrk_offload.h's scheduler, or the test's pick
+ * callback) are mem/wrk_offplace.h's, shared with the null backend's emulated device.
  *
  * One step (eng_forward): every item's pages are made to live where its attention runs (a
  * page read by a device item and a host item of the same batch keeps the host item on the
@@ -21,6 +21,11 @@
  * overlaps here is host attention with device attention, and the full layer schedule (one
  * sub-batch's linear layers over the other's host attention) is modelled in wrk_offsim.h.
  *
+ * Under tensor parallelism each rank holds its KV heads' share of every page in its own two
+ * regions; rank 0 alone decides a step's split and broadcasts it (one byte per item), so every
+ * rank moves the same pages and attends the same items on its host pool: the ranks' profiled
+ * costs differ, and two plans would make the faster rank wait at each layer's all-reduce.
+ *
  * Without offload (e->off NULL) every hook does what policy gpu does. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -29,7 +34,10 @@
 
 #include "eng.h"
 #include "eng_cpu_impl.h"
+#include "wrk_coll.h"
 #include "wrk_offload.h"
+#include "wrk_numa.h"
+#include "wrk_offplace.h"
 
 #define OFF_PROFILE_PAGES 64u /* KV pages of the attention probes at open */
 #define OFF_PROFILE_ROWS  16u /* rows of the linear probe */
@@ -37,18 +45,14 @@
 
 struct eng_offload {
     uint32_t device_pages;
-    uint8_t *loc;     /* [kv_pages] 0 device, 1 host */
-    uint8_t *written; /* [kv_pages] 1 once K/V were stored or copied there (cleared: 0) */
-    uint8_t *mark;    /* [kv_pages] scratch of one step: 1 read by a device item */
-    uint32_t dev_written; /* pages written and on the device (the device's pages in use) */
+    wrk_offplace place;       /* where each page lives, the step's split (mem/wrk_offplace.h) */
+    wrk_offplace_item *pitems; /* [T] the forward's items as the placement sees them */
+    const eng_forward_item *step_items; /* the forward being prepared (for the pick callback) */
     eng_region *host_regions; /* [n_layers] */
     krn_kv_layer *kv_host;    /* [n_layers] */
     uint8_t *item_host;       /* [T] per forward item: its attention runs on the host */
     uint32_t *attn_item;      /* [T] forward item of each entry of e->attn */
     krn_attn_item *dev_items, *host_items; /* [T] */
-    wrk_off_req *reqs;        /* [T] */
-    uint32_t *req_item;       /* [T] */
-    uint8_t *req_host;        /* [T] */
     wrk_off_costs costs;
     bool (*pick)(void *user, uint32_t item, const eng_forward_item *it);
     void *pick_user;
@@ -145,116 +149,56 @@ const krn_kv_layer *eng_item_kv(const eng *e, uint32_t item, uint32_t layer) {
 /* ---- where pages live ---------------------------------------------------------------------- */
 
 static const krn_kv_layer *off_layer(const eng *e, uint32_t page, uint32_t layer) {
-    return e->off->loc[page] ? &e->off->kv_host[layer] : &e->kv[layer];
+    return wrk_offplace_on_host(&e->off->place, page) ? &e->off->kv_host[layer] : &e->kv[layer];
 }
 
-static void off_move_page(eng *e, uint32_t page, uint8_t to) {
+/* wrk_offplace's move: every layer's block of a written page, one copy each. */
+static void off_move_page(void *user, uint32_t page, uint8_t to) {
+    eng *e = user;
     eng_offload *o = e->off;
-    if (o->loc[page] == to) return;
-    if (o->written[page]) {
-        size_t bytes = e->info.kv_page_layer_bytes;
-        for (uint32_t l = 0; l < e->info.n_layers; l++) {
-            float *dev = krn_kv_k(&e->kv[l], page, 0), *host = krn_kv_k(&o->kv_host[l], page, 0);
-            memcpy(to ? host : dev, to ? dev : host, bytes);
-        }
-        if (to) {
-            o->stats.pages_to_host++, o->stats.pages_on_host++, o->dev_written--;
-        } else {
-            o->stats.pages_to_device++, o->stats.pages_on_host--, o->dev_written++;
-        }
+    size_t bytes = e->info.kv_page_layer_bytes;
+    for (uint32_t l = 0; l < e->info.n_layers; l++) {
+        float *dev = krn_kv_k(&e->kv[l], page, 0), *host = krn_kv_k(&o->kv_host[l], page, 0);
+        memcpy(to ? host : dev, to ? dev : host, bytes);
     }
-    o->loc[page] = to;
 }
 
-/* A decode that may go to the host: one input, appended. */
-static bool off_eligible(const eng_forward_item *it) {
-    return it->append_kv && it->n_in == 1 && it->n_kv_pages > 0;
+/* wrk_offplace's pick: the test's callback, asked with the engine's item. */
+static bool off_pick(void *user, uint32_t item) {
+    eng *e = user;
+    return e->off->pick(e->off->pick_user, item, &e->off->step_items[item]);
 }
 
 pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
                              pie_status *st) {
-    (void)st;
     eng_offload *o = e->off;
     if (!o) return PIE_OK;
     o->stats.steps++;
     o->stats.last_host_items = 0;
     o->stats.last_host_attn_ns = 0;
-    uint32_t ps = e->info.kv_page_size;
-    /* the candidates and what the rest of the step costs */
-    uint32_t n_req = 0, dev_tokens = 0;
-    uint64_t dev_kv = 0;
+    bool any = false; /* a decode that may go to the host */
     for (uint32_t i = 0; i < n; i++) {
-        const eng_forward_item *it = &items[i];
-        const eng_check_plan *p = &e->chk.plan[i];
-        o->item_host[i] = 0;
-        uint32_t kv = p->ctx + it->n_in;
-        if (!off_eligible(it)) {
-            dev_tokens += it->n_in;
-            dev_kv += (uint64_t)kv * it->n_in;
-            continue;
-        }
-        bool all_host = true;
-        for (uint32_t j = 0; j < it->n_kv_pages && all_host; j++)
-            all_host = o->loc[it->kv_pages[j]] != 0;
-        o->reqs[n_req] = (wrk_off_req){.kv = kv, .on_host = all_host};
-        o->req_item[n_req++] = i;
+        o->pitems[i] = (wrk_offplace_item){.pages = items[i].kv_pages,
+                                           .n_pages = items[i].n_kv_pages,
+                                           .ctx = e->chk.plan[i].ctx,
+                                           .n_in = items[i].n_in,
+                                           .append = items[i].append_kv};
+        any = any || wrk_offplace_eligible(&o->pitems[i]);
     }
-    if (o->pick) {
-        for (uint32_t r = 0; r < n_req; r++)
-            o->req_host[r] = o->pick(o->pick_user, o->req_item[r], &items[o->req_item[r]]) ? 1 : 0;
-    } else if (n_req) {
-        /* the device's room for decodes: its pages minus those written and not theirs */
-        uint64_t on_dev = o->dev_written, theirs = 0;
-        for (uint32_t r = 0; r < n_req; r++) {
-            const eng_forward_item *it = &items[o->req_item[r]];
-            for (uint32_t j = 0; j < it->n_kv_pages; j++)
-                theirs += o->written[it->kv_pages[j]] && !o->loc[it->kv_pages[j]];
-        }
-        uint64_t others = on_dev > theirs ? on_dev - theirs : 0;
-        uint64_t room = o->device_pages > others ? o->device_pages - others : 0;
-        wrk_off_batch b = {.dev_tokens = dev_tokens,
-                           .dev_kv = dev_kv,
-                           .reqs = o->reqs,
-                           .n_reqs = n_req,
-                           .device_kv_budget = room * ps};
-        wrk_off_choice ch;
-        wrk_off_decide(&o->costs, &b, o->req_host, &ch);
-        if (ch.forced) o->stats.forced_steps++;
+    o->step_items = items;
+    if (!e->coll || e->shard.rank == 0)
+        wrk_offplace_decide(&o->place, &o->costs, o->pitems, n, o->pick ? off_pick : NULL, e,
+                            o->item_host, NULL);
+    /* a group executes rank 0's plan: whether a step may offload at all is the same on every
+     * rank (the items are), so a step with no decode skips the broadcast everywhere */
+    if (e->coll && any) {
+        pie_code rc = wrk_coll_bcast(e->coll, 0, o->item_host, n, st);
+        if (rc != PIE_OK) return rc;
+    } else if (e->coll) {
+        memset(o->item_host, 0, n);
     }
-    for (uint32_t r = 0; r < n_req; r++) o->item_host[o->req_item[r]] = o->req_host[r];
-    /* a page a device item reads keeps every item reading it on the device (fixed point) */
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (uint32_t i = 0; i < n; i++)
-            if (!o->item_host[i])
-                for (uint32_t j = 0; j < items[i].n_kv_pages; j++) o->mark[items[i].kv_pages[j]] = 1;
-        for (uint32_t i = 0; i < n; i++) {
-            if (!o->item_host[i]) continue;
-            for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
-                if (o->mark[items[i].kv_pages[j]]) {
-                    o->item_host[i] = 0;
-                    changed = true;
-                    break;
-                }
-        }
-    }
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; j < items[i].n_kv_pages; j++) o->mark[items[i].kv_pages[j]] = 0;
     /* move the pages, then mark what this step writes */
-    uint32_t hosted = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        hosted += o->item_host[i];
-        for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
-            off_move_page(e, items[i].kv_pages[j], o->item_host[i]);
-    }
-    for (uint32_t i = 0; i < n; i++)
-        if (items[i].append_kv)
-            for (uint32_t j = 0; j < items[i].n_kv_pages; j++) {
-                uint32_t pg = items[i].kv_pages[j];
-                if (!o->written[pg] && o->loc[pg]) o->stats.pages_on_host++;
-                if (!o->written[pg] && !o->loc[pg]) o->dev_written++;
-                o->written[pg] = 1;
-            }
+    uint32_t hosted = wrk_offplace_apply(&o->place, o->pitems, n, o->item_host, off_move_page, e);
     if (hosted) o->stats.offload_steps++;
     o->stats.last_host_items = hosted;
     o->stats.host_items += hosted;
@@ -272,22 +216,16 @@ void eng_offload_copy(eng *e, const eng_copy_item *c) {
         memcpy(krn_kv_v(dst, c->dst, (int)c->dst_off), krn_kv_v(src, c->src, (int)c->src_off),
                bytes);
     }
-    if (o) {
-        if (!o->written[c->dst] && o->loc[c->dst]) o->stats.pages_on_host++;
-        if (!o->written[c->dst] && !o->loc[c->dst]) o->dev_written++;
-        o->written[c->dst] = 1;
-    }
+    if (o) wrk_offplace_copied(&o->place, c->dst);
+}
+
+void eng_pages_freed(eng *e, const uint32_t *pages, uint32_t n) {
+    if (e && e->off) wrk_offplace_freed(&e->off->place, pages, n);
 }
 
 void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n) {
     eng_offload *o = e->off;
-    if (!o) return;
-    for (uint32_t i = 0; i < n; i++) { /* the device copy was zeroed: it is the page now */
-        if (o->written[pages[i]] && o->loc[pages[i]]) o->stats.pages_on_host--;
-        if (o->written[pages[i]] && !o->loc[pages[i]]) o->dev_written--;
-        o->loc[pages[i]] = 0;
-        o->written[pages[i]] = 0;
-    }
+    if (o) wrk_offplace_cleared(&o->place, pages, n); /* the device copy is the page now */
 }
 
 /* ---- open / close / stats ------------------------------------------------------------------ */
@@ -380,26 +318,25 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     o->stats.device_pages = o->device_pages;
     o->pick = opts->offload_pick;
     o->pick_user = opts->offload_pick_user;
-    o->loc = calloc(pages, 1);
-    o->written = calloc(pages, 1);
-    o->mark = calloc(pages, 1);
+    pie_code prc = wrk_offplace_init(&o->place, pages, o->device_pages, e->info.kv_page_size, T, st);
+    if (prc != PIE_OK) return prc;
+    o->pitems = calloc(T, sizeof *o->pitems);
     o->host_regions = calloc(L ? L : 1, sizeof *o->host_regions);
     o->kv_host = calloc(L ? L : 1, sizeof *o->kv_host);
     o->item_host = calloc(T, 1);
     o->attn_item = calloc(T, sizeof *o->attn_item);
     o->dev_items = calloc(T, sizeof *o->dev_items);
     o->host_items = calloc(T, sizeof *o->host_items);
-    o->reqs = calloc(T, sizeof *o->reqs);
-    o->req_item = calloc(T, sizeof *o->req_item);
-    o->req_host = calloc(T, 1);
-    if (!o->loc || !o->written || !o->mark || !o->host_regions || !o->kv_host || !o->item_host ||
-        !o->attn_item || !o->dev_items || !o->host_items || !o->reqs || !o->req_item ||
-        !o->req_host)
+    if (!o->pitems || !o->host_regions || !o->kv_host || !o->item_host || !o->attn_item ||
+        !o->dev_items || !o->host_items)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: out of memory for the offload tables");
     for (uint32_t l = 0; l < L; l++) {
         pie_code rc = eng_cpu_map(&o->host_regions[l], layer_bytes,
                                   "a layer of the host KV region (offload)", st);
+        if (rc == PIE_OK && opts->host_numa_bind)
+            rc = wrk_numa_bind(o->host_regions[l].p, o->host_regions[l].bytes, opts->host_numa_node,
+                               "offload's host KV region", st);
         if (rc != PIE_OK) return rc;
         o->kv_host[l] = e->kv[l];
         o->kv_host[l].base = o->host_regions[l].p;
@@ -450,16 +387,12 @@ void eng_offload_close(eng *e) {
         for (uint32_t l = 0; l < e->info.n_layers; l++) eng_cpu_unmap(&o->host_regions[l]);
     free(o->host_regions);
     free(o->kv_host);
-    free(o->loc);
-    free(o->written);
-    free(o->mark);
+    wrk_offplace_free(&o->place);
+    free(o->pitems);
     free(o->item_host);
     free(o->attn_item);
     free(o->dev_items);
     free(o->host_items);
-    free(o->reqs);
-    free(o->req_item);
-    free(o->req_host);
     free(o);
     e->off = NULL;
 }
@@ -467,7 +400,12 @@ void eng_offload_close(eng *e) {
 void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
     if (e && e->off) {
+        const wrk_offplace_stats *ps = &e->off->place.stats;
         *out = e->off->stats;
-        out->pages_on_device = e->off->dev_written;
+        out->pages_on_host = ps->pages_on_host;
+        out->pages_on_device = ps->pages_on_device;
+        out->pages_to_host = ps->pages_to_host;
+        out->pages_to_device = ps->pages_to_device;
+        out->forced_steps = ps->forced_steps;
     }
 }

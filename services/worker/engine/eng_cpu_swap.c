@@ -4,13 +4,15 @@
  *
  * Owns: opening the tier from eng_opts, pointing kv[l].base at layer l's buffer of the moment
  * (acquire before a forward touches the layer, hold/resume around handlers that touch every
- * layer), and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper here
+ * layer), carrying rank 0's slot count to the other ranks of a tensor-parallel group with
+ * every forward, and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper here
  * does nothing and kv[l] points at the layer's own region for good.
  * Does not own: the FIFO decisions, the mapping table, the copy threads (wrk_tier.c). */
 #include <string.h>
 
 #include "eng.h"
 #include "eng_cpu_impl.h"
+#include "wrk_coll.h"
 #include "wrk_tier.h"
 
 pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st) {
@@ -26,6 +28,8 @@ pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status
         .link_bytes_per_s = o->swap_link_bytes_per_s,
         .copy = o->swap_copy,
         .copy_user = o->swap_copy_user,
+        .host_numa_bind = o->host_numa_bind,
+        .host_numa_node = o->host_numa_node,
     };
     pie_code rc = wrk_tier_open(&tc, &e->tier, st);
     if (rc != PIE_OK) return rc;
@@ -66,6 +70,20 @@ void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         if (items[i].dst >= top) top = items[i].dst + 1;
     eng_kv_touch(e, top);
+}
+
+pie_code eng_swap_share_slots(eng *e, pie_status *st) {
+    if (!e->tier || !e->coll) return PIE_OK;
+    uint32_t slots = 0;
+    if (e->shard.rank == 0) {
+        wrk_tier_stats s;
+        wrk_tier_get_stats(e->tier, &s);
+        slots = s.slots;
+    }
+    pie_code rc = wrk_coll_bcast(e->coll, 0, &slots, sizeof slots, st);
+    if (rc != PIE_OK) return rc;
+    if (e->shard.rank != 0) (void)wrk_tier_set_slots(e->tier, slots); /* rank 0's: in range */
+    return PIE_OK;
 }
 
 void eng_kv_release(eng *e, uint32_t l) {

@@ -165,22 +165,71 @@ void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages
     a->pages = a->max_pages;
 }
 
+void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o) {
+    a->opts = *o;
+    a->pages = o->start_at_gpu ? a->gpu_pages : a->max_pages;
+}
+
+/* The climb knob at an epoch's end (wrk_off_adapt_opts). */
+static void off_adapt_climb(wrk_off_adapt *a, uint32_t step) {
+    const wrk_off_adapt_opts *o = &a->opts;
+    double thr = a->busy_ns ? (double)a->tokens / (double)a->busy_ns : 0;
+    uint32_t wait = o->climb_wait ? o->climb_wait : 8, hold = o->hold_epochs ? o->hold_epochs : 32;
+    a->climb_epochs++;
+    if (a->climb_mode == 2) { /* holding after a step back */
+        if (a->climb_epochs >= hold) a->climb_mode = 0, a->climb_epochs = 0;
+    } else if (a->climb_mode == 0) { /* the capacity filled: probe one step further */
+        if (a->kv_limited && a->pages < a->max_pages) {
+            a->thr_base = thr;
+            a->pages = a->max_pages - a->pages > step ? a->pages + step : a->max_pages;
+            a->climb_mode = 1, a->climb_epochs = 0;
+        }
+    } else if (a->kv_limited && a->climb_epochs >= 2) { /* filled (the first epoch fills) */
+        if (thr > a->thr_base * 1.01) {
+            a->climb_mode = 0, a->climb_epochs = 0; /* it paid: from here */
+        } else {
+            a->pages = a->pages - a->gpu_pages > step ? a->pages - step : a->gpu_pages;
+            a->climb_mode = 2, a->climb_epochs = 0;
+        }
+    } else if (a->climb_epochs > wait) { /* never filled: demand does not need more */
+        a->climb_mode = 0, a->climb_epochs = 0;
+    }
+}
+
 uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
                             uint32_t kv_live) {
+    return wrk_off_adapt_step_tokens(a, 0, busy_ns, wait_ns, kv_live);
+}
+
+uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
+                                   uint64_t wait_ns, uint32_t kv_live) {
     uint32_t margin = a->pages / 16 ? a->pages / 16 : 1;
     a->steps++;
+    a->tokens += tokens;
     a->busy_ns += busy_ns;
     a->wait_ns += wait_ns;
     if (kv_live + margin >= a->pages) a->kv_limited = true;
+    a->last_live = kv_live;
     if (a->steps < a->epoch_steps) return a->pages;
+    const wrk_off_adapt_opts *o = &a->opts;
     double exposed = a->busy_ns ? (double)a->wait_ns / (double)a->busy_ns : 0;
+    double ex_max = o->exposed_max > 0 ? o->exposed_max : WRK_OFF_EXPOSED_MAX;
+    double ex_grow = o->exposed_grow > 0 ? o->exposed_grow : WRK_OFF_EXPOSED_GROW;
     uint32_t host = a->max_pages - a->gpu_pages;
-    uint32_t step = host / 8 ? host / 8 : 1;
-    if (exposed > WRK_OFF_EXPOSED_MAX)
-        a->pages = a->pages - a->gpu_pages > step ? a->pages - step : a->gpu_pages;
-    else if (exposed < WRK_OFF_EXPOSED_GROW && a->kv_limited)
+    uint32_t step = o->grow_pages ? o->grow_pages : host / 8 ? host / 8 : 1;
+    uint32_t share = a->pages - a->gpu_pages; /* host pages offered now */
+    uint32_t cut = o->shrink_share > 0 ? (uint32_t)ceil(share * o->shrink_share) : step;
+    if (o->climb) {
+        off_adapt_climb(a, step);
+    } else if (o->hold_while_over && a->last_live > a->pages) {
+        /* an earlier shrink still drains: judging now would shrink again for the same cause */
+    } else if (exposed > ex_max) {
+        a->pages = share > cut ? a->pages - cut : a->gpu_pages;
+    } else if (exposed < ex_grow && a->kv_limited) {
         a->pages = a->max_pages - a->pages > step ? a->pages + step : a->max_pages;
+    }
     a->steps = 0;
+    a->tokens = 0;
     a->busy_ns = a->wait_ns = 0;
     a->kv_limited = false;
     return a->pages;
@@ -189,6 +238,7 @@ uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns
 uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live) {
     if (kv_live > a->pages) a->pages = kv_live < a->max_pages ? kv_live : a->max_pages;
     a->steps = 0;
+    a->tokens = 0;
     a->busy_ns = a->wait_ns = 0;
     a->kv_limited = false;
     return a->pages;

@@ -84,20 +84,51 @@ double wrk_off_estimate_dev(const wrk_off_costs *c, const wrk_off_batch *b);
 #define WRK_OFF_EXPOSED_MAX  0.05
 #define WRK_OFF_EXPOSED_GROW 0.01
 
+/* The rule's knobs (wrk_off_adapt_tune; benchmarks compare them, bench/results/tiers.md). The
+ * defaults are the rule above. */
+typedef struct wrk_off_adapt_opts {
+    double exposed_max, exposed_grow; /* thresholds; 0: WRK_OFF_EXPOSED_MAX, _GROW */
+    uint32_t grow_pages;  /* pages added on a hidden, kv-limited epoch; 0: an eighth of the host */
+    double shrink_share;  /* exposed: this share of the host pages offered goes (0 < s <= 1);
+                             0: grow_pages go instead */
+    bool start_at_gpu;    /* start at the device's pages instead of every page */
+    bool hold_while_over; /* no decision in an epoch that ended with more live pages than the
+                             capacity (an earlier shrink has not taken effect yet) */
+    /* climb: the thresholds are not used; the capacity climbs by throughput instead (swap's
+     * adaptive expansion's way): from an epoch that filled it, grow by grow_pages; once the
+     * grown capacity has filled (at most climb_wait epochs), keep it if tokens per busy second
+     * rose by more than 1 %, else step back and hold hold_epochs epochs before probing again. */
+    bool climb;
+    uint32_t climb_wait;  /* 0: 8 */
+    uint32_t hold_epochs; /* 0: 32 */
+} wrk_off_adapt_opts;
+
 typedef struct wrk_off_adapt {
     uint32_t gpu_pages, max_pages; /* the device's pages; device + host */
     uint32_t pages;                /* effective now */
     uint32_t epoch_steps, steps;
     uint64_t busy_ns, wait_ns;
     bool kv_limited;
+    uint32_t last_live;
+    wrk_off_adapt_opts opts;
+    uint64_t tokens;       /* of the epoch (climb) */
+    int climb_mode;        /* 0 base, 1 probing, 2 holding */
+    uint32_t climb_epochs; /* epochs in the mode */
+    double thr_base;       /* tokens per busy second before the probe */
 } wrk_off_adapt;
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
                         uint32_t epoch_steps);
+/* Other knobs than the defaults (after init; benchmarks). */
+void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o);
 /* One forward batch: its time, the time the device waited for host attention in it, the pages
  * live after it. Returns the effective capacity for the next steps. */
 uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns,
                             uint32_t kv_live);
+/* The same with the batch's input tokens (the climb knob's throughput; the default rule
+ * ignores them). */
+uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
+                                   uint64_t wait_ns, uint32_t kv_live);
 /* The controller spilled past the capacity: it becomes min(kv_live, max_pages). */
 uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live);
 

@@ -10,6 +10,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "wrk_numa.h"
+
 typedef enum wrk_tier_state {
     WRK_TIER_ON_DEVICE = 0,
     WRK_TIER_ON_HOST,
@@ -330,6 +332,9 @@ pie_code wrk_tier_open(const wrk_tier_config *cfg, wrk_tier **out, pie_status *s
     rc = wrk_tier_region_open(&t->dev, n, cfg->layer_bytes, "device", st);
     if (rc == PIE_OK)
         rc = wrk_tier_region_open(&t->host, cfg->host_buffers, cfg->layer_bytes, "host", st);
+    if (rc == PIE_OK && cfg->host_numa_bind && t->host.bytes)
+        rc = wrk_numa_bind(t->host.base, t->host.bytes, cfg->host_numa_node,
+                           "the swap policy's host region", st);
     if (rc != PIE_OK) goto fail;
     for (uint32_t l = 0; l < n; l++) /* layer l on device buffer l (the free stack pops 0 first) */
         t->layers[l] = (wrk_tier_layer){WRK_TIER_ON_DEVICE, wrk_tier_take(&t->dev), -1};

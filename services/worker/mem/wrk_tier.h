@@ -47,6 +47,8 @@ typedef struct wrk_tier_config {
     double link_bytes_per_s; /* emulated link, each direction; 0: as fast as the copy goes */
     wrk_tier_copy_fn copy;   /* NULL: memcpy */
     void *copy_user;
+    bool host_numa_bind;     /* the host region on NUMA node host_numa_node (wrk_numa.h) */
+    int host_numa_node;
 } wrk_tier_config;
 
 typedef struct wrk_tier_stats {
