@@ -197,7 +197,9 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
                        c->rope_low_freq_factor, c->rope_high_freq_factor,
                        (int)c->rope_orig_max_position);
 
-    size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), sizeof(float));
+    krn_dtype kv_dt = opts->kv_dtype == ENG_KV_BF16 ? KRN_BF16 : KRN_F32;
+    size_t kv_elt = kv_dt == KRN_BF16 ? 2 : 4;
+    size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), kv_elt);
     if (opts->swap_slots) { /* layers live in the tier's buffers (eng_cpu_swap.c) */
         rc = eng_swap_open(e, opts, layer_bytes, st);
         if (rc != PIE_OK) goto fail;
@@ -210,9 +212,11 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
         e->kv[l] = (krn_kv_layer){.base = e->kv_regions[l].p,
                                   .page_size = (int)ps,
                                   .n_kv_heads = (int)e->shard.n_kv_heads,
-                                  .head_dim = (int)c->head_dim};
+                                  .head_dim = (int)c->head_dim,
+                                  .dtype = kv_dt};
     }
-    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
+    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * kv_elt;
+    snprintf(e->info.kv_dtype, sizeof e->info.kv_dtype, "%s", kv_dt == KRN_BF16 ? "bf16" : "f32");
     size_t emb_bytes = eng_mul(eng_mul(slots, c->hidden_size), sizeof(float));
     rc = eng_cpu_map(&e->emb_region, eng_add(emb_bytes, eng_mul(slots, sizeof(uint32_t))),
                      "the embedding slots", st);
@@ -240,7 +244,6 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     e->info.kv_pool_bytes =
         eng_add(eng_mul(layer_bytes, e->tier ? opts->swap_slots : c->n_layers),
                 kv_tokens + (size_t)pages * sizeof(uint32_t));
-    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
     e->info.embed_pool_bytes = e->emb_region.bytes;
     e->info.scratch_bytes = e->scratch.bytes + eng_check_bytes(&e->chk);
     *out = e;
@@ -418,8 +421,8 @@ static void eng_store_kv(eng *e, const eng_forward_item *items, uint32_t n, uint
         for (uint32_t t = 0; t < it->n_in; t++) {
             uint32_t page, off;
             eng_seq_at(e, it, p->ctx + t, &page, &off);
-            memcpy(krn_kv_k(kv, page, off), e->k + (p->first + t) * kvd, kvd * sizeof(float));
-            memcpy(krn_kv_v(kv, page, off), e->v + (p->first + t) * kvd, kvd * sizeof(float));
+            krn_kv_store(kv, page, (int)off, e->k + (p->first + t) * kvd,
+                         e->v + (p->first + t) * kvd);
         }
     }
 }
@@ -483,6 +486,10 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
         krn_cpu_rope(e->q, e->pos, (int)T, (int)e->shard.n_heads, (int)in->head_dim, e->inv_freq);
         krn_cpu_rope(e->k, e->pos, (int)T, (int)e->shard.n_kv_heads, (int)in->head_dim,
                      e->inv_freq);
+        if (e->kv[l].dtype == KRN_BF16) { /* what the pages will hold, tails included */
+            krn_round_bf16(e->k, (size_t)T * e->kvd);
+            krn_round_bf16(e->v, (size_t)T * e->kvd);
+        }
         rc = eng_kv_acquire(e, l, st); /* swap policy: wait for layer l's KV on the device */
         if (rc != PIE_OK) return rc;
         eng_store_kv(e, items, n, l);
@@ -549,7 +556,7 @@ static void eng_clear_task(void *arg, int task, int n_tasks) {
     (void)n_tasks;
     const eng_clear_job *job = arg;
     const krn_kv_layer *kv = &job->e->kv[task];
-    size_t bytes = (size_t)2 * job->e->info.kv_page_size * job->e->kvd * sizeof(float);
+    size_t bytes = job->e->info.kv_page_layer_bytes;
     for (uint32_t i = 0; i < job->n; i++) memset(krn_kv_k(kv, job->pages[i], 0), 0, bytes);
 }
 
@@ -560,7 +567,7 @@ pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *
     eng_clear_job job = {e, pages, n};
     /* A page of one layer is one block [2][page_size][kvd] (K then V). Below ENG_CLEAR_POOL_BYTES
      * in all, waking the pool costs more than the stores. */
-    size_t total = (size_t)n * e->info.n_layers * 2 * ps * e->kvd * sizeof(float);
+    size_t total = (size_t)n * e->info.n_layers * e->info.kv_page_layer_bytes;
     eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     krn_pool_run(total >= ENG_CLEAR_POOL_BYTES ? e->pool : NULL, eng_clear_task, &job,
                  (int)e->info.n_layers);

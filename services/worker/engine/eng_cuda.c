@@ -343,6 +343,10 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
                               "eng_open: tp_size %u: the cuda backend runs only tp_size 1 so far "
                               "(tensor parallelism is built for the cpu backend)",
                               opts->tp_size);
+    if (opts->kv_dtype != ENG_KV_F32) /* issue 17: a cpu backend option so far */
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: a bf16 KV pool is implemented for the cpu backend only "
+                              "so far (the cuda backend stores f32)");
     if (opts->swap_slots) /* issue 13: the cpu backend has the swap data path so far */
         return pie_status_set(st, PIE_UNIMPLEMENTED,
                               "eng_open: memory policy swap is implemented for the cpu backend "
