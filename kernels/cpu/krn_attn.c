@@ -85,8 +85,7 @@ void krn_round_bf16(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = krn_bf16_to_f32(bf16_of(x[i]));
 }
 
-void krn_kv_store(const krn_kv_layer *kv, uint32_t page, int off, const float *k,
-                  const float *v) {
+void krn_kv_store(const krn_kv_layer *kv, uint32_t page, int off, const float *k, const float *v) {
     size_t n = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
     if (kv->dtype == KRN_BF16) {
         krn_cvt_bf16(k, n, krn_kv_k(kv, page, off));
@@ -834,8 +833,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
         }
     })
     for (int w = 0; w < threads; w++)
-        c.copy_bufs[w] =
-            krn_pool_scratch(p, w, 2 * KRN_ATTN_BUF_FLOATS * sizeof(float));
+        c.copy_bufs[w] = krn_pool_scratch(p, w, 2 * KRN_ATTN_BUF_FLOATS * sizeof(float));
     krn_pool_run_ex(p, task_unit, &c, ui);
     if (any_chunked) krn_pool_run(p, task_merge, &c, gi);
 }

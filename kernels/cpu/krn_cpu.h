@@ -64,6 +64,19 @@ int krn_cpu_set_amx(int on);
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y);
 
+/* One of several products of the same x (krn_cpu_linear_multi): W [out, in], y [n, out]. */
+typedef struct krn_linear_out {
+    const void *w;
+    int out;
+    float *y;
+} krn_linear_out;
+
+/* krn_cpu_linear for count weights of one dtype that read the same x (q/k/v, gate/up), with the
+ * same bits as count separate calls: on the AMX path x is packed once and the rows of every W
+ * are the tasks of one pool run (one wait instead of count). No y may overlap x or a W. */
+void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
+                          const krn_linear_out *outs, int count);
+
 /* y[n, d] = x / sqrt(mean(x^2) + eps) * w, per row; w [d] of dtype wt. y may equal x. */
 void krn_cpu_rmsnorm(const float *x, const void *w, krn_dtype wt, int n, int d, float eps,
                      float *y);

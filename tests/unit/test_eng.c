@@ -849,8 +849,8 @@ static void twin_close(const char *twin, double tol) {
  * reference). Tails are rounded as pages are, so append_kv false still equals true exactly,
  * and a page copy reads as its source. */
 Test(eng, a_bf16_kv_pool_stays_close_to_f32_and_keeps_the_equivalences) {
-    eng *f = open_model("small-f32", 8, 128, 64), *h = open_model_kv("small-f32", 8, 128, 64,
-                                                                     ENG_KV_BF16);
+    eng *f = open_model("small-f32", 8, 128, 64),
+        *h = open_model_kv("small-f32", 8, 128, 64, ENG_KV_BF16);
     uint32_t p[] = {0, 1, 2, 3}, q[] = {4, 5, 6, 7}, x = 100, o = 110, o_app = 111, o_cp = 112;
     for (int k = 0; k < 2; k++) {
         eng *m = k ? h : f;
@@ -872,8 +872,8 @@ Test(eng, a_bf16_kv_pool_stays_close_to_f32_and_keeps_the_equivalences) {
     assert_same(h, o_app, h, o, "bf16 KV: append_kv true vs false");
     eng_copy_item cp[4];
     for (uint32_t i = 0; i < 4; i++)
-        cp[i] = (eng_copy_item){.src = p[i], .dst = q[i], .src_off = 0, .dst_off = 0,
-                                .count = PAGE};
+        cp[i] =
+            (eng_copy_item){.src = p[i], .dst = q[i], .src_off = 0, .dst_off = 0, .count = PAGE};
     pie_status st = {0};
     cr_assert_eq(eng_copy_pages(h, cp, 4, &st), PIE_OK, "%s", st.msg);
     eng_forward_item rd = pie_test_item(PAGE, q, 51, false, &x, 1, &o_cp, 1);

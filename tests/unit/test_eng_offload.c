@@ -141,8 +141,8 @@ Test(eng_offload, a_bf16_kv_pool_moves_and_copies_half_the_bytes_with_the_same_o
     assert_identical(&r, &ref, "bf16 KV, every decode on the host");
     cr_assert_geq(r.host_items, 12);
     uint32_t calls = 0;
-    off_setup alt = {.device_pages = 8, .pick = pick_alternate, .pick_user = &calls,
-                     .kv_dtype = ENG_KV_BF16};
+    off_setup alt = {
+        .device_pages = 8, .pick = pick_alternate, .pick_user = &calls, .kv_dtype = ENG_KV_BF16};
     run_out r2 = run(&alt);
     assert_identical(&r2, &ref, "bf16 KV, decodes moving back and forth");
     cr_assert_gt(r2.to_device, 0);

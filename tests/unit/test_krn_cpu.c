@@ -376,6 +376,53 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     krn_pool_destroy(pools[2]);
 }
 
+/* Several weights reading one x in one call write the bits of one call per weight, on every
+ * path (the AMX one packs x once and runs every weight's rows in one pool run; an `out` below
+ * 16 or f32 weights take the separate calls). */
+Test(krn_linear, multi_equals_one_call_per_weight_bit_for_bit) {
+    static const int ns[] = {1, 8, 17, 32, 40};
+    static const int outs_a[] = {64, 200, 16}, outs_b[] = {16, 48, 7}, outs_c[] = {32, 67, 64};
+    static const krn_dtype dts[] = {KRN_BF16, KRN_F16, KRN_F32};
+    enum { IN = 96 };
+    rng r = {0x5eedu};
+    for (int si = 0; si < N_SIMD; si++) {
+        if (!use_simd(si)) continue;
+        krn_pool *p = krn_pool_create(2 + si % 2);
+        cr_assert_not_null(p);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+                for (size_t c = 0; c < 3; c++) {
+                    int n = ns[a], o[3] = {outs_a[c], outs_b[c], outs_c[c]};
+                    float *x = xmalloc((size_t)n * IN * 4);
+                    fill(&r, x, (size_t)n * IN);
+                    void *w[3];
+                    float *y1[3], *y2[3];
+                    krn_linear_out lo[3];
+                    for (int k = 0; k < 3; k++) {
+                        double *wref = xmalloc((size_t)o[k] * IN * sizeof(double));
+                        w[k] = make_weights(&r, dts[d], (size_t)o[k] * IN, wref);
+                        free(wref);
+                        y1[k] = xmalloc((size_t)n * (size_t)o[k] * 4);
+                        y2[k] = xmalloc((size_t)n * (size_t)o[k] * 4);
+                        for (size_t i = 0; i < (size_t)n * (size_t)o[k]; i++) y2[k][i] = NAN;
+                        krn_cpu_linear(p, x, n, IN, w[k], dts[d], o[k], y1[k]);
+                        lo[k] = (krn_linear_out){.w = w[k], .out = o[k], .y = y2[k]};
+                    }
+                    krn_cpu_linear_multi(p, x, n, IN, dts[d], lo, 3);
+                    for (int k = 0; k < 3; k++) {
+                        cr_assert(memcmp(y1[k], y2[k], (size_t)n * (size_t)o[k] * 4) == 0,
+                                  "%s %s n=%d out=%d: multi differs from the single call",
+                                  SIMD_PATHS[si], dtype_name(dts[d]), n, o[k]);
+                        free(w[k]);
+                        free(y1[k]);
+                        free(y2[k]);
+                    }
+                    free(x);
+                }
+        krn_pool_destroy(p);
+    }
+}
+
 /* ---- element-wise -------------------------------------------------------------------------- */
 
 Test(krn_vec, rmsnorm_matches_reference_in_place_and_not) {
@@ -1101,8 +1148,8 @@ Test(krn_attention, bf16_storage_rounds_to_nearest_even_and_keeps_nan_and_infini
     /* krn_kv_store: the rows of (page, off) in a bf16 region, and nothing else */
     uint16_t region[2 * 2 * 2 * 3]; /* 2 pages x K/V x 2 tokens x (1 head x 3) */
     memset(region, 0xee, sizeof region);
-    krn_kv_layer kv = {.base = region, .page_size = 2, .n_kv_heads = 1, .head_dim = 3,
-                       .dtype = KRN_BF16};
+    krn_kv_layer kv = {
+        .base = region, .page_size = 2, .n_kv_heads = 1, .head_dim = 3, .dtype = KRN_BF16};
     cr_assert_eq(krn_kv_elt_bytes(&kv), 2);
     krn_kv_store(&kv, 1, 1, x, x + 3);
     for (size_t i = 0; i < sizeof region / sizeof *region; i++) {
@@ -1118,8 +1165,8 @@ Test(krn_attention, bf16_storage_rounds_to_nearest_even_and_keeps_nan_and_infini
  * results must be the same bits on every SIMD path with a pool (attention converts a bf16 block
  * to f32 exactly and runs the f32 kernels on it), and within the reference's bound without one
  * (a stack buffer: blocks of fewer keys). Tails stay f32 in both. */
-static void attn_bf16_run_and_compare(const attn_case *cases, int n_items, int page_size,
-                                      int n_kv, int hd, int n_heads, int kv_chunk, uint64_t seed) {
+static void attn_bf16_run_and_compare(const attn_case *cases, int n_items, int page_size, int n_kv,
+                                      int hd, int n_heads, int kv_chunk, uint64_t seed) {
     rng r = {seed};
     attn_setup s;
     attn_build(&s, &r, cases, n_items, page_size, n_kv, hd, n_heads);

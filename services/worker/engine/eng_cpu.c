@@ -90,6 +90,23 @@ void eng_cpu_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *w, 
                    y);
 }
 
+/* y[i] = x · w[i]ᵀ for n weights that read the same x (q/k/v, gate/up): one call when they share
+ * dtype and width (x packed once on AMX; the same bits as separate calls), else one each. */
+static void eng_cpu_linear_same_x(eng *e, const float *x, uint32_t rows, const mdl_tensor *const *w,
+                                  float *const *y, int n) {
+    krn_linear_out outs[3];
+    int same = n <= 3;
+    for (int i = 0; same && i < n; i++) {
+        same = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
+        outs[i] = (krn_linear_out){.w = w[i]->data, .out = (int)w[i]->rows, .y = y[i]};
+    }
+    if (!same) {
+        for (int i = 0; i < n; i++) eng_cpu_linear(e, x, rows, w[i], y[i]);
+        return;
+    }
+    krn_cpu_linear_multi(e->pool, x, (int)rows, (int)w[0]->cols, (krn_dtype)w[0]->dtype, outs, n);
+}
+
 /* ---- open / close ------------------------------------------------------------------------ */
 
 /* Lays out the scratch region (c->base NULL: only measures). */
@@ -456,8 +473,9 @@ static pie_code eng_layer_tail(eng *e, const mdl_layer *L, uint32_t rows, pie_st
     if (rc != PIE_OK) return rc;
     krn_cpu_rmsnorm(e->x, L->ffn_norm.data, (krn_dtype)L->ffn_norm.dtype, (int)rows, d,
                     e->m->cfg.rms_eps, e->xn);
-    eng_cpu_linear(e, e->xn, rows, &L->w_gate, e->gate);
-    eng_cpu_linear(e, e->xn, rows, &L->w_up, e->up);
+    const mdl_tensor *gu[2] = {&L->w_gate, &L->w_up};
+    float *gu_y[2] = {e->gate, e->up};
+    eng_cpu_linear_same_x(e, e->xn, rows, gu, gu_y, 2);
     krn_cpu_silu_mul(e->gate, e->up, (size_t)rows * e->ffn);
     eng_cpu_linear(e, e->gate, rows, &L->w_down, e->xn);
     return eng_residual(e, nd, st);
@@ -480,9 +498,9 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
         bool last = l + 1 == in->n_layers;
         krn_cpu_rmsnorm(e->x, L->attn_norm.data, (krn_dtype)L->attn_norm.dtype, (int)T, d,
                         e->m->cfg.rms_eps, e->xn);
-        eng_cpu_linear(e, e->xn, T, &L->wq, e->q);
-        eng_cpu_linear(e, e->xn, T, &L->wk, e->k);
-        eng_cpu_linear(e, e->xn, T, &L->wv, e->v);
+        const mdl_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_y[3] = {e->q, e->k, e->v};
+        eng_cpu_linear_same_x(e, e->xn, T, qkv, qkv_y, 3);
         krn_cpu_rope(e->q, e->pos, (int)T, (int)e->shard.n_heads, (int)in->head_dim, e->inv_freq);
         krn_cpu_rope(e->k, e->pos, (int)T, (int)e->shard.n_kv_heads, (int)in->head_dim,
                      e->inv_freq);
