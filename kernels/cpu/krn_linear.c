@@ -55,8 +55,10 @@
 /* bf16 weights on AMX (krn_amx.c) from this many rows of x: below it the exact GEMV path
  * reads the weights just as fast (it is bound by memory, not arithmetic, at n <= 4). */
 #define KRN_LINEAR_AMX_MIN_N 8
-/* Output rows per AMX task (a multiple of 32: two 16-row A tiles at a time). */
-#define KRN_LINEAR_AMX_ROWS 64
+/* Output rows per AMX task (a multiple of 32: two 16-row A tiles at a time). Each task loads
+ * the tile configuration and releases the tiles once; 256 rows instead of 64 made a b=32
+ * decode step ~2% faster (5 interleaved pairs, bench/results/engine.md). */
+#define KRN_LINEAR_AMX_ROWS 256
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
