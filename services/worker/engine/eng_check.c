@@ -59,6 +59,7 @@ void eng_check_fill_info(eng_info *in, const mdl_model *m, const eng_check_dims 
     const mdl_config *c = &m->cfg;
     snprintf(in->architecture, sizeof in->architecture, "%s", c->architecture);
     snprintf(in->dtype, sizeof in->dtype, "%s", mdl_dtype_name(m->embed.dtype));
+    snprintf(in->kv_dtype, sizeof in->kv_dtype, "f32"); /* the cpu backend may say bf16 */
     in->vocab_size = c->vocab_size;
     in->hidden_size = c->hidden_size;
     in->intermediate_size = c->intermediate_size;
