@@ -23,7 +23,8 @@
  *               zeroed bytes per second, and against the median b=1 decode step
  *
  * Usage: bench_engine MODEL_DIR [--threads N] [--context 512] [--batch 32] [--prefill 512]
- *                    [--steps 8] [--bw-mib 2048] [--skip-prefill]
+ *                    [--steps 8] [--bw-mib 2048] [--skip-prefill] [--kv f32|bf16]
+ * --kv: what the engine's KV pool stores (eng_opts.kv_dtype; default f32).
  * Results are printed as one Markdown table row per measurement; bench/results/engine.md keeps
  * the recorded ones. */
 #include <cblas.h>
@@ -45,6 +46,7 @@ typedef struct bench_opts {
     int threads;
     uint32_t context, batch, prefill, steps, bw_mib;
     int skip_prefill;
+    eng_kv_dtype kv_dtype;
 } bench_opts;
 
 static double now_s(void) {
@@ -407,6 +409,12 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             continue;
         }
         if (i + 1 >= argc) return -1;
+        if (strcmp(a, "--kv") == 0) {
+            const char *k = argv[++i];
+            if (strcmp(k, "f32") != 0 && strcmp(k, "bf16") != 0) return -1;
+            o->kv_dtype = strcmp(k, "bf16") == 0 ? ENG_KV_BF16 : ENG_KV_F32;
+            continue;
+        }
         long v = strtol(argv[++i], NULL, 10);
         if (v < 0 || v > 1000000) return -1;
         if (strcmp(a, "--threads") == 0)
@@ -434,7 +442,8 @@ int main(int argc, char **argv) {
     bench_opts o;
     if (parse_args(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: bench_engine MODEL_DIR [--threads N] [--context 512] [--batch 32]"
-                        " [--prefill 512] [--steps 8] [--bw-mib 2048] [--skip-prefill]\n");
+                        " [--prefill 512] [--steps 8] [--bw-mib 2048] [--skip-prefill]"
+                        " [--kv f32|bf16]\n");
         return 2;
     }
     const uint32_t ps = 16;
@@ -449,7 +458,8 @@ int main(int argc, char **argv) {
                    .kv_pages = n_pages,
                    .embed_slots = max_batch + 2 * o.batch + 8,
                    .max_batch_tokens = max_batch,
-                   .n_threads = o.threads};
+                   .n_threads = o.threads,
+                   .kv_dtype = o.kv_dtype};
     pie_status st = {0};
     eng *e = NULL;
     double t_open = now_s(), wall0 = t_open, cpu0 = cpu_s();
@@ -464,9 +474,9 @@ int main(int argc, char **argv) {
            o.model, in->dtype, in->n_layers, in->hidden_size, in->intermediate_size, in->n_heads,
            in->n_kv_heads, in->vocab_size, krn_pool_size(pool), krn_cpu_simd_name(),
            krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)" : "", t_open);
-    printf("pools: weights %.1f MiB, KV %.1f MiB (%u pages of %u), embeddings %.1f MiB, "
+    printf("pools: weights %.1f MiB, KV %.1f MiB (%s, %u pages of %u), embeddings %.1f MiB, "
            "scratch %.1f MiB (max_batch_tokens %u)\n\n",
-           in->weight_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0, n_pages, ps,
+           in->weight_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0, in->kv_dtype, n_pages, ps,
            in->embed_pool_bytes / 1048576.0, in->scratch_bytes / 1048576.0, max_batch);
 
     uint32_t *pages = malloc(n_pages * sizeof *pages);

@@ -13,7 +13,8 @@
 #
 # Usage: bench/peers/run.sh [--models DIR] [--build-dir DIR] [--no-build] [--out DIR]
 #            [--rounds 3] [--shapes 1b,8b] [--dtypes bf16,f32] [--sequences 1,8,32]
-#            [--prefill 128,512] [--context 512] [--steps 8] [--threads 2] [--no-verify] [--quick]
+#            [--prefill 128,512] [--context 512] [--steps 8] [--threads 2] [--pie-kv f32|bf16]
+#            [--no-verify] [--quick]
 #   --models     generated models and their .gguf files (default /tmp/pie-bench-models;
 #                llama1b-bf16 is the one bench/run.sh engine uses)
 #   --build-dir  build with bench_engine and pie-engine-probe (default build-bench, configured
@@ -24,6 +25,8 @@
 #                (or whose model + GGUF do not fit on the models' disk) is skipped with a note
 #   --sequences  decode batch sizes, each at --context tokens of context (1 = single sequence)
 #   --prefill    prompt lengths prefilled in one forward
+#   --pie-kv     what Pie-C's KV pool stores (bench_engine --kv; engine.kv_dtype): f32 (default)
+#                or bf16 (llama.cpp's default KV cache is F16: the same bytes per value)
 #   --quick      one round, 1b bf16, sequences 1, prefill 128, 2 steps: a smoke run
 # Each round runs both engines one after the other (Pie-C first in odd rounds, llama.cpp first in
 # even ones), 2 threads each by default; the machine's load average is printed before each run.
@@ -35,7 +38,7 @@ root=$(cd "$here/../.." && pwd)
 cd "$root"
 
 models=/tmp/pie-bench-models build_dir=build-bench do_build=1 out="" rounds=3 shapes=1b,8b
-dtypes=bf16,f32 sequences=1,8,32 prefill=128,512 context=512 steps=8 threads=2 verify=1
+dtypes=bf16,f32 sequences=1,8,32 prefill=128,512 context=512 steps=8 threads=2 verify=1 pie_kv=f32
 usage() { sed -n '/^# Usage:/,/^# shellcheck/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -51,6 +54,7 @@ while [ $# -gt 0 ]; do
     --context) context=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --pie-kv) pie_kv=$2; shift 2 ;;
     --no-verify) verify=0; shift ;;
     --quick) rounds=1 shapes=1b dtypes=bf16 sequences=1 prefill=128 steps=2; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -144,7 +148,7 @@ pie_runs() {
 run_pie() {
   local dir=$1 round=$2 i=0
   while read -r opts; do
-    local c="$bench_engine $dir --threads $threads --context $context --steps $steps --bw-mib 512 $opts"
+    local c="$bench_engine $dir --threads $threads --context $context --steps $steps --bw-mib 512 --kv $pie_kv $opts"
     say "round $round: Pie-C: $c (load $(loadavg))"
     echo "# load average before: $(loadavg); command: $c" >"$out/$(basename "$dir")/r$round-pie-$i.txt"
     $c >>"$out/$(basename "$dir")/r$round-pie-$i.txt"
@@ -161,7 +165,7 @@ run_llama() {
 }
 
 # ---- main --------------------------------------------------------------------------------------
-echo "Pie-C vs llama.cpp: shapes $shapes, dtypes $dtypes, sequences $sequences @ $context context, prefill $prefill, $steps decode steps, $threads threads, $rounds rounds; raw outputs in $out"
+echo "Pie-C vs llama.cpp: shapes $shapes, dtypes $dtypes, sequences $sequences @ $context context, prefill $prefill, $steps decode steps, $threads threads, $rounds rounds, Pie-C KV cache $pie_kv${PIE_KRN_AMX:+, PIE_KRN_AMX=$PIE_KRN_AMX}; raw outputs in $out"
 echo
 for shape in ${shapes//,/ }; do
   preset_of "$shape" >/dev/null || { say "unknown shape $shape (1b or 8b)"; exit 2; }

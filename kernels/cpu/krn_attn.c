@@ -7,6 +7,11 @@
  * Does not own: the page table (the engine passes each item's page list), RoPE (applied to q
  * and K before they get here).
  *
+ * A bf16 region (krn_kv_layer.dtype) is read a block at a time: the unit's slice of each token
+ * row of the block is converted to f32 (exactly) into the worker's copy buffer, and the same
+ * kernels run on the copy, so bf16 KV gives the bits of an f32 region holding the same
+ * (rounded) values; only the bytes read from memory halve.
+ *
  * A unit keeps, for each of its rows (query i, head h), the running max m, the running sum l
  * and the unnormalised output acc[head_dim], and walks its key range in blocks of
  * KRN_ATTN_BLOCK keys: scores of the block, new max, rescale (m, l, acc), add the block's
@@ -36,20 +41,59 @@
 /* Blocks of heads up to this size are copied to a contiguous buffer (2 x 32 KiB of each
  * worker's scratch). */
 #define KRN_ATTN_COPY_MAX_DIM 128
+/* Floats of K (and as many of V) a worker's buffer holds: the copy above, or a bf16 block's
+ * rows converted (keys x the unit's KV heads x head_dim; 32 keys x 8 heads x 128 fit). */
+#define KRN_ATTN_BUF_FLOATS 32768
+/* Without a pool's scratch a bf16 block is converted into a stack buffer of this many floats
+ * (each of K and V) instead, in blocks of fewer keys. */
+#define KRN_ATTN_STACK_BUF_FLOATS 4096
 /* Pools larger than this run attention in the caller only (nobody has such machines here). */
 #define KRN_ATTN_MAX_THREADS 256
 /* Automatic KV chunks are at least this many tokens (merging costs a pass over head_dim per
  * chunk and row). */
 #define KRN_ATTN_MIN_CHUNK 256
 
-float *krn_kv_k(const krn_kv_layer *kv, uint32_t page, int off) {
-    size_t tok = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
-    return kv->base + ((size_t)page * 2u * (size_t)kv->page_size + (size_t)off) * tok;
+size_t krn_kv_elt_bytes(const krn_kv_layer *kv) { return kv->dtype == KRN_BF16 ? 2 : 4; }
+
+void *krn_kv_k(const krn_kv_layer *kv, uint32_t page, int off) {
+    size_t tok = (size_t)kv->n_kv_heads * (size_t)kv->head_dim * krn_kv_elt_bytes(kv);
+    return (char *)kv->base + ((size_t)page * 2u * (size_t)kv->page_size + (size_t)off) * tok;
 }
 
-float *krn_kv_v(const krn_kv_layer *kv, uint32_t page, int off) {
-    size_t tok = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
-    return kv->base + (((size_t)page * 2u + 1u) * (size_t)kv->page_size + (size_t)off) * tok;
+void *krn_kv_v(const krn_kv_layer *kv, uint32_t page, int off) {
+    size_t tok = (size_t)kv->n_kv_heads * (size_t)kv->head_dim * krn_kv_elt_bytes(kv);
+    return (char *)kv->base +
+           (((size_t)page * 2u + 1u) * (size_t)kv->page_size + (size_t)off) * tok;
+}
+
+/* f32 bits → bf16 bits, round to nearest even; NaN keeps its sign and is quietened; an
+ * overflow rounds to infinity. Portable on purpose: a stored value must not depend on the SIMD
+ * path (the rows are few). */
+static inline uint16_t bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void krn_cvt_bf16(const float *src, size_t n, uint16_t *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_of(src[i]);
+}
+
+void krn_round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = krn_bf16_to_f32(bf16_of(x[i]));
+}
+
+void krn_kv_store(const krn_kv_layer *kv, uint32_t page, int off, const float *k, const float *v) {
+    size_t n = (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+    if (kv->dtype == KRN_BF16) {
+        krn_cvt_bf16(k, n, krn_kv_k(kv, page, off));
+        krn_cvt_bf16(v, n, krn_kv_v(kv, page, off));
+    } else {
+        memcpy(krn_kv_k(kv, page, off), k, n * sizeof *k);
+        memcpy(krn_kv_v(kv, page, off), v, n * sizeof *v);
+    }
 }
 
 /* ---- inner kernel: one row against one block of keys --------------------------------------- */
@@ -400,12 +444,12 @@ static int unit_rows(const attn_unit *u) {
  * 32 sequences x 512 keys x 16 layers, 2 cores; bench/results/engine.md). */
 static void prefetch_keys(const krn_kv_layer *kv, const krn_attn_item *it, const attn_unit *u,
                           int t0, int t1, int d) {
-    size_t off = (size_t)u->k0 * (size_t)d;
-    size_t bytes = (size_t)(u->k1 - u->k0) * (size_t)d * sizeof(float);
+    size_t off = (size_t)u->k0 * (size_t)d * krn_kv_elt_bytes(kv);
+    size_t bytes = (size_t)(u->k1 - u->k0) * (size_t)d * krn_kv_elt_bytes(kv);
     for (int t = t0; t < t1 && t < it->n_ctx; t++) {
         uint32_t page = it->pages[t / kv->page_size];
-        const char *pk = (const char *)(krn_kv_k(kv, page, t % kv->page_size) + off);
-        const char *pv = (const char *)(krn_kv_v(kv, page, t % kv->page_size) + off);
+        const char *pk = (const char *)krn_kv_k(kv, page, t % kv->page_size) + off;
+        const char *pv = (const char *)krn_kv_v(kv, page, t % kv->page_size) + off;
         for (size_t b = 0; b < bytes; b += 64) {
             __builtin_prefetch(pk + b, 0, 3);
             __builtin_prefetch(pv + b, 0, 3);
@@ -413,8 +457,21 @@ static void prefetch_keys(const krn_kv_layer *kv, const krn_attn_item *it, const
     }
 }
 
-/* copy: NULL, or 2 * KRN_ATTN_BLOCK * KRN_ATTN_COPY_MAX_DIM floats of the worker's scratch. */
-static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
+/* The unit's slice (KV heads [k0, k0 + nh)) of token rows kr/vr (bf16 where bf[j], else f32)
+ * for keys [0, nb) of a block, as f32 rows of nh * d in kbuf/vbuf. */
+static void convert_block(const void *const *kr, const void *const *vr, const uint8_t *bf, int nb,
+                          size_t off, size_t n, float *kbuf, float *vbuf) {
+    for (int j = 0; j < nb; j++) {
+        krn_dtype t = bf[j] ? KRN_BF16 : KRN_F32;
+        size_t elt = bf[j] ? 2 : 4;
+        krn_cvt_f32((const char *)kr[j] + off * elt, t, n, kbuf + (size_t)j * n);
+        krn_cvt_f32((const char *)vr[j] + off * elt, t, n, vbuf + (size_t)j * n);
+    }
+}
+
+/* buf: NULL, or 2 * KRN_ATTN_BUF_FLOATS floats of the worker's scratch (K's half, then V's);
+ * buf_floats: the floats of each half. A bf16 region needs a buffer (unit_run_stack). */
+static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_floats) {
     const krn_attn_item *it = &c->items[u->item];
     const krn_kv_layer *kv = c->kv;
     int d = c->d, n_keys = it->n_ctx + it->n_tail;
@@ -424,13 +481,17 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
     float s[KRN_ATTN_BLOCK];
     /* token rows of the block (all KV heads), then one head's slice; a block is a multiple of
      * 16 keys and the slots past the block's end point at its first token */
-    const float *tk[KRN_ATTN_BLOCK], *tv[KRN_ATTN_BLOCK];
+    const void *tk[KRN_ATTN_BLOCK], *tv[KRN_ATTN_BLOCK];
+    uint8_t tbf[KRN_ATTN_BLOCK]; /* the row is bf16 (a page of a bf16 region) */
     const float *kp[KRN_ATTN_BLOCK], *vp[KRN_ATTN_BLOCK];
     size_t st_len = (size_t)d + 2;
+    int nh_kv = u->k1 - u->k0;
+    size_t slice = (size_t)nh_kv * (size_t)d; /* floats of one token row this unit reads */
     /* one KV head's slice of the block, copied when more than one pass reads it */
-    float *kbuf = copy_buf, *vbuf = copy_buf + KRN_ATTN_BLOCK * KRN_ATTN_COPY_MAX_DIM;
+    float *kbuf = buf, *vbuf = buf ? buf + buf_floats : NULL;
     int readers = c->shares_kv ? u->q1 - u->q0 : (u->q1 - u->q0) * (u->h1 - u->h0);
-    int copy = copy_buf && d <= KRN_ATTN_COPY_MAX_DIM && readers > 1;
+    int convert = kv->dtype == KRN_BF16;
+    int copy = !convert && buf && d <= KRN_ATTN_COPY_MAX_DIM && readers > 1;
 
     for (int r = 0; r < unit_rows(u); r++) {
         float *st = st_mem + (size_t)r * st_len;
@@ -441,7 +502,9 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
     int t_end = u->t1;
     if (!it->mask && it->q_offset + u->q1 < t_end)
         t_end = it->q_offset + u->q1; /* the last query sees up to q_offset + q1 - 1 */
-    int blk = u->k1 - u->k0 > 1 ? KRN_ATTN_BLOCK_ALL_HEADS : KRN_ATTN_BLOCK;
+    int blk = nh_kv > 1 ? KRN_ATTN_BLOCK_ALL_HEADS : KRN_ATTN_BLOCK;
+    if (convert && (size_t)blk * slice > (size_t)buf_floats)
+        blk = (int)((size_t)buf_floats / slice); /* >= 1: slice <= KRN_ATTN_STATE_FLOATS */
     for (int b0 = u->t0; b0 < t_end; b0 += blk) {
         int nb = t_end - b0 < blk ? t_end - b0 : blk;
         for (int j = 0; j < nb; j++) {
@@ -451,20 +514,30 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
                 int off = t % kv->page_size;
                 tk[j] = krn_kv_k(kv, page, off);
                 tv[j] = krn_kv_v(kv, page, off);
+                tbf[j] = (uint8_t)convert;
             } else {
                 tk[j] = it->k_tail + (size_t)(t - it->n_ctx) * kv_tok;
                 tv[j] = it->v_tail + (size_t)(t - it->n_ctx) * kv_tok;
+                tbf[j] = 0;
             }
         }
-        for (int j = nb; j < KRN_ATTN_BLOCK; j++) {
-            tk[j] = tk[0];
-            tv[j] = tv[0];
-        }
         prefetch_keys(kv, it, u, b0 + blk, t_end < b0 + 2 * blk ? t_end : b0 + 2 * blk, d);
+        if (convert) /* the block's rows as f32, [nb][nh_kv * d] */
+            convert_block(tk, tv, tbf, nb, (size_t)u->k0 * (size_t)d, slice, kbuf, vbuf);
         for (int kvh = u->k0; kvh < u->k1; kvh++) {
-            for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
-                kp[j] = tk[j] + (size_t)kvh * (size_t)d;
-                vp[j] = tv[j] + (size_t)kvh * (size_t)d;
+            if (convert) {
+                size_t h_off = (size_t)(kvh - u->k0) * (size_t)d;
+                for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
+                    size_t row = (size_t)(j < nb ? j : 0) * slice + h_off;
+                    kp[j] = kbuf + row;
+                    vp[j] = vbuf + row;
+                }
+            } else {
+                for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
+                    int jj = j < nb ? j : 0;
+                    kp[j] = (const float *)tk[jj] + (size_t)kvh * (size_t)d;
+                    vp[j] = (const float *)tv[jj] + (size_t)kvh * (size_t)d;
+                }
             }
             if (copy) {
                 /* the rows of a page are a power of two apart and fall into a few L1 sets:
@@ -519,6 +592,17 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *copy_buf) {
             }
 }
 
+/* unit_run without a pool's scratch: a bf16 region is converted into a stack buffer (blocks of
+ * fewer keys: other rounding points of the online softmax than with a pool). */
+static void unit_run_stack(const attn_ctx *c, const attn_unit *u) {
+    if (c->kv->dtype != KRN_BF16) {
+        unit_run(c, u, NULL, 0);
+        return;
+    }
+    float buf[2 * KRN_ATTN_STACK_BUF_FLOATS];
+    unit_run(c, u, buf, KRN_ATTN_STACK_BUF_FLOATS);
+}
+
 /* Combines the partial row states of a group's chunks into `out`. */
 static void group_merge(const attn_ctx *c, const attn_group *g) {
     const attn_unit *u0 = &c->units[g->first];
@@ -556,7 +640,10 @@ static void group_merge(const attn_ctx *c, const attn_group *g) {
 static void task_unit(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks;
     const attn_ctx *c = arg;
-    unit_run(c, &c->units[task], c->copy_bufs[worker]);
+    if (c->copy_bufs[worker])
+        unit_run(c, &c->units[task], c->copy_bufs[worker], KRN_ATTN_BUF_FLOATS);
+    else
+        unit_run_stack(c, &c->units[task]);
 }
 
 static void task_merge(void *arg, int task, int n_tasks) {
@@ -632,7 +719,11 @@ static heads_block_fn pick_heads_block(int *shares_kv) {
 }
 
 /* Aborts on a shape the kernel cannot run (see krn_cpu_attention_ex). */
-static void check_shape(int n_heads, int n_kv, int d) {
+static void check_shape(int n_heads, int n_kv, int d, krn_dtype dt) {
+    if (dt != KRN_F32 && dt != KRN_BF16) {
+        fprintf(stderr, "krn_cpu_attention: KV dtype %d is neither f32 nor bf16\n", (int)dt);
+        abort();
+    }
     if (n_kv <= 0 || n_heads % n_kv != 0 || d > KRN_ATTN_STATE_FLOATS) {
         fprintf(stderr,
                 "krn_cpu_attention: n_heads %d is not a multiple of n_kv_heads %d, or "
@@ -648,7 +739,7 @@ krn_attn_plan krn_cpu_attention_plan(const krn_pool *p, const krn_kv_layer *kv,
     krn_attn_plan plan = {.max_nq = 1, .chunk = 0};
     int n_kv = kv->n_kv_heads, d = kv->head_dim;
     if (n_items <= 0 || n_heads <= 0 || d <= 0) return plan;
-    check_shape(n_heads, n_kv, d);
+    check_shape(n_heads, n_kv, d, kv->dtype);
     int group = n_heads / n_kv;
     for (int i = 0; i < n_items; i++)
         if (items[i].n_q > plan.max_nq) plan.max_nq = items[i].n_q;
@@ -680,7 +771,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
                            int n_items, int n_heads, float scale, const krn_attn_plan *plan) {
     int n_kv = kv->n_kv_heads, d = kv->head_dim;
     if (n_items <= 0 || n_heads <= 0 || d <= 0) return;
-    check_shape(n_heads, n_kv, d);
+    check_shape(n_heads, n_kv, d, kv->dtype);
     int group = n_heads / n_kv;
     attn_shape shape = unit_shape(n_kv, group, d, plan->max_nq);
     attn_ctx c = {
@@ -711,7 +802,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
         FOR_EACH_GROUP(items, n_items, n_kv, group, shape, {
             attn_unit u = {item, k0, k1, q0, q1, h0, h1, 0, items[item].n_ctx + items[item].n_tail,
                            -1};
-            unit_run(&c, &u, NULL);
+            unit_run_stack(&c, &u);
         })
         return;
     }
@@ -742,8 +833,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
         }
     })
     for (int w = 0; w < threads; w++)
-        c.copy_bufs[w] =
-            krn_pool_scratch(p, w, 2 * KRN_ATTN_BLOCK * KRN_ATTN_COPY_MAX_DIM * sizeof(float));
+        c.copy_bufs[w] = krn_pool_scratch(p, w, 2 * KRN_ATTN_BUF_FLOATS * sizeof(float));
     krn_pool_run_ex(p, task_unit, &c, ui);
     if (any_chunked) krn_pool_run(p, task_merge, &c, gi);
 }

@@ -64,6 +64,19 @@ int krn_cpu_set_amx(int on);
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y);
 
+/* One of several products of the same x (krn_cpu_linear_multi): W [out, in], y [n, out]. */
+typedef struct krn_linear_out {
+    const void *w;
+    int out;
+    float *y;
+} krn_linear_out;
+
+/* krn_cpu_linear for count weights of one dtype that read the same x (q/k/v, gate/up), with the
+ * same bits as count separate calls: on the AMX path x is packed once and the rows of every W
+ * are the tasks of one pool run (one wait instead of count). No y may overlap x or a W. */
+void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
+                          const krn_linear_out *outs, int count);
+
 /* y[n, d] = x / sqrt(mean(x^2) + eps) * w, per row; w [d] of dtype wt. y may equal x. */
 void krn_cpu_rmsnorm(const float *x, const void *w, krn_dtype wt, int n, int d, float eps,
                      float *y);
@@ -90,16 +103,29 @@ void krn_cpu_rope(float *x, const uint32_t *pos, int n, int n_heads, int head_di
 
 /* ---- attention over paged KV --------------------------------------------------------------- */
 
-/* One layer's KV region: [n_pages][2][page_size][n_kv_heads][head_dim] f32, K before V. */
+/* One layer's KV region: [n_pages][2][page_size][n_kv_heads][head_dim] of `dtype`, K before
+ * V. dtype is KRN_F32 (the zero value) or KRN_BF16 (half the bytes; attention converts the
+ * stored values to f32 exactly, so the only loss is the rounding of krn_kv_store). */
 typedef struct krn_kv_layer {
-    float *base;
+    void *base;
     int page_size, n_kv_heads, head_dim;
+    krn_dtype dtype;
 } krn_kv_layer;
 
 /* Token t (0-based) of a page list lives in page pages[t / page_size] at offset
- * t % page_size. K at krn_kv_k(kv, page, off), V at krn_kv_v(kv, page, off). */
-float *krn_kv_k(const krn_kv_layer *kv, uint32_t page, int off);
-float *krn_kv_v(const krn_kv_layer *kv, uint32_t page, int off);
+ * t % page_size. K at krn_kv_k(kv, page, off), V at krn_kv_v(kv, page, off): one token row,
+ * n_kv_heads * head_dim elements of kv->dtype. */
+void *krn_kv_k(const krn_kv_layer *kv, uint32_t page, int off);
+void *krn_kv_v(const krn_kv_layer *kv, uint32_t page, int off);
+/* Bytes of one element of the region (4 or 2). */
+size_t krn_kv_elt_bytes(const krn_kv_layer *kv);
+/* Writes one token's K and V rows (f32, n_kv_heads * head_dim each) at (page, off), rounded to
+ * nearest even when the region is bf16 (NaN stays NaN, infinities stay infinite). */
+void krn_kv_store(const krn_kv_layer *kv, uint32_t page, int off, const float *k, const float *v);
+/* dst[i] = bf16(src[i]), round to nearest even, NaN kept (quietened), as krn_kv_store. */
+void krn_cvt_bf16(const float *src, size_t n, uint16_t *dst);
+/* x[i] = the f32 value of bf16(x[i]) (as krn_cvt_bf16): what a bf16 region stores of x. */
+void krn_round_bf16(float *x, size_t n);
 
 /* One sequence's attention. Keys/values are the n_ctx tokens of `pages` followed by n_tail
  * tokens in k_tail/v_tail ([n_tail, n_kv_heads, head_dim]; used when a forward attends to its

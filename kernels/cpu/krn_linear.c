@@ -55,8 +55,10 @@
 /* bf16 weights on AMX (krn_amx.c) from this many rows of x: below it the exact GEMV path
  * reads the weights just as fast (it is bound by memory, not arithmetic, at n <= 4). */
 #define KRN_LINEAR_AMX_MIN_N 8
-/* Output rows per AMX task (a multiple of 32: two 16-row A tiles at a time). */
-#define KRN_LINEAR_AMX_ROWS 64
+/* Output rows per AMX task (a multiple of 32: two 16-row A tiles at a time). Each task loads
+ * the tile configuration and releases the tiles once; 256 rows instead of 64 made a b=32
+ * decode step ~2% faster (5 interleaved pairs, bench/results/engine.md). */
+#define KRN_LINEAR_AMX_ROWS 256
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -495,6 +497,51 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         n_tasks = div_up(out, j.rows_per_task);
     }
     krn_pool_run(p, task_gemv, &j, n_tasks);
+}
+
+/* Up to this many weights share one packed x (the engine's most: q, k, v). */
+#define KRN_LINEAR_MULTI_MAX 4
+
+typedef struct multi_job {
+    linear_job j[KRN_LINEAR_MULTI_MAX];
+    int first[KRN_LINEAR_MULTI_MAX + 1]; /* tasks of weight i: [first[i], first[i + 1]) */
+    int count;
+} multi_job;
+
+static void task_amx_multi(void *arg, int task, int n_tasks) {
+    const multi_job *m = arg;
+    int i = 0;
+    while (task >= m->first[i + 1]) i++;
+    task_amx((void *)&m->j[i], task - m->first[i], n_tasks);
+}
+
+void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
+                          const krn_linear_out *outs, int count) {
+    int amx = wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in > 0 && in % 32 == 0 &&
+              count <= KRN_LINEAR_MULTI_MAX && krn_cpu_amx_active();
+    for (int i = 0; amx && i < count; i++) amx = outs[i].out >= 16;
+    void *xp = NULL;
+    if (amx && p) {
+        size_t bytes = krn_amx_pack_bytes(n, in);
+        xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
+    }
+    if (!xp) { /* not on AMX (or no pool, or no scratch): the separate calls */
+        for (int i = 0; i < count; i++)
+            krn_cpu_linear(p, x, n, in, outs[i].w, wt, outs[i].out, outs[i].y);
+        return;
+    }
+    pthread_once(&g_blas_once, blas_single_thread);
+    krn_amx_pack(p, x, n, in, xp);
+    multi_job m = {.count = count};
+    m.first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        linear_job *j = &m.j[i];
+        j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w, j->wt = wt;
+        j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16;
+        j->rows_per_task = KRN_LINEAR_AMX_ROWS;
+        m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
+    }
+    krn_pool_run(p, task_amx_multi, &m, m.first[count]);
 }
 
 void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst) {

@@ -39,6 +39,8 @@
 
 enum { WRK_BACKEND_CPU = 0, WRK_BACKEND_CUDA = 1, WRK_BACKEND_NULL = 2 };
 static const char *const wrk_backends[] = {"cpu", "cuda", "null", NULL};
+/* engine.kv_dtype, indexed by eng_kv_dtype */
+static const char *const wrk_kv_dtypes[] = {"f32", "bf16", NULL};
 
 typedef struct wrk_config {
     svc_config svc;
@@ -50,6 +52,7 @@ typedef struct wrk_config {
     char *model_name;          /* model.name */
     char *model_description;   /* model.description */
     uint32_t engine_threads;   /* engine.threads */
+    int kv_dtype;              /* engine.kv_dtype: eng_kv_dtype */
     uint32_t kv_page_size;     /* pool.kv_page_size */
     uint32_t kv_pages;         /* pool.kv_pages */
     uint32_t embed_slots;      /* pool.embed_slots */
@@ -92,6 +95,11 @@ static const pie_config_field wrk_fields[] = {
      .doc = "free text shown by ListModels"},
     {"engine.threads", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, engine_threads), .def = "0",
      .max = "1024", .doc = "CPU threads of the cpu backend's kernels (0 = online cores)"},
+    {"engine.kv_dtype", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, kv_dtype), .def = "f32",
+     .choices = wrk_kv_dtypes,
+     .doc = "what the cpu backend's KV pool stores: f32, or bf16 (half the memory per token and "
+            "half the bytes decode attention reads; each K/V value rounded to nearest, logits "
+            "within 5e-3 relative of the exact model's); backend cuda: f32 only"},
     {"pool.kv_page_size", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, kv_page_size), .def = "16",
      .min = "1", .max = "256", .doc = "tokens per KV page"},
     {"pool.kv_pages", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, kv_pages), .def = "1024", .min = "1",
@@ -242,7 +250,7 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     wrk_mem_shape sh = {
         .n_layers = l->desc.num_layers,
         .page_layer_bytes = (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
-                            l->desc.head_dim * 4,
+                            l->desc.head_dim * (cfg->kv_dtype == ENG_KV_BF16 ? 2 : 4),
         .pool_pages = cfg->kv_pages,
         .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
     };
@@ -310,6 +318,7 @@ again:;
         .embed_slots = cfg->embed_slots,
         .max_batch_tokens = cfg->max_batch_tokens,
         .n_threads = (int)threads,
+        .kv_dtype = (eng_kv_dtype)cfg->kv_dtype,
         .tp_rank = g ? me->rank : 0,
         .tp_size = g ? me->size : 1,
         .coll = g ? wrk_tp_group_coll(g) : NULL,
@@ -815,6 +824,12 @@ int main(int argc, char **argv) {
                 "pie-worker: memory.host_numa_node %d: this machine has NUMA nodes 0..%d "
                 "(/sys/devices/system/node)\n",
                 cfg.mem_host_numa_node, wrk_numa_nodes() - 1);
+        goto done;
+    }
+    if (cfg.kv_dtype != ENG_KV_F32 && cfg.backend == WRK_BACKEND_CUDA) {
+        fprintf(stderr, "pie-worker: engine.kv_dtype %s is implemented for backend cpu only so "
+                        "far (backend cuda stores f32)\n",
+                wrk_kv_dtypes[cfg.kv_dtype]);
         goto done;
     }
     if (cfg.backend != WRK_BACKEND_NULL && cfg.model_path[0] == '\0') {

@@ -513,17 +513,22 @@ static void assert_batch_ok(const Pie__V1__BatchResult *r, size_t n_items) {
 /* ---- the direct engine ------------------------------------------------------------------------
  */
 
-static eng *open_engine_at(const char *dir, uint32_t kv_pages) {
+static eng *open_engine_kv(const char *dir, uint32_t kv_pages, eng_kv_dtype kv) {
     eng_opts o = {.model_dir = dir,
                   .kv_page_size = PAGE,
                   .kv_pages = kv_pages,
                   .embed_slots = EMBED_SLOTS,
                   .max_batch_tokens = MAX_TOKENS,
-                  .n_threads = 1};
+                  .n_threads = 1,
+                  .kv_dtype = kv};
     eng *e = NULL;
     pie_status st;
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open: %s", st.msg);
     return e;
+}
+
+static eng *open_engine_at(const char *dir, uint32_t kv_pages) {
+    return open_engine_kv(dir, kv_pages, ENG_KV_F32);
 }
 
 static eng *open_engine(void) { return open_engine_at(MODEL_DIR, KV_PAGES); }
@@ -744,6 +749,21 @@ Test(worker_link, prompt_distributions_over_the_link_equal_the_engines) {
     pie_proc *w = start_worker(&f, NULL);
     link_up(&f, w, 1);
     eng *e = open_engine();
+    prompt_step(&f, w, e);
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* engine.kv_dtype bf16 reaches the engine: the distributions are a bf16-KV engine's, bit for
+ * bit (an f32 pool's differ from them). */
+Test(worker_link, a_bf16_kv_worker_serves_what_a_bf16_kv_engine_serves) {
+    fc f;
+    fc_start(&f);
+    const char *env[] = {"PIE_ENGINE_KV_DTYPE=bf16", NULL};
+    pie_proc *w = start_worker(&f, &(wopts){.env = env});
+    link_up(&f, w, 1);
+    eng *e = open_engine_kv(MODEL_DIR, KV_PAGES, ENG_KV_BF16);
     prompt_step(&f, w, e);
     eng_close(e);
     stop_worker(w, 0);
@@ -1877,6 +1897,10 @@ Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     expect_exit_2(&f, &(wopts){.env = bad},
                   "pie-worker: memory.policy swap is implemented for backends cpu and null only "
                   "so far (backend cuda)");
+    const char *kv[] = {"PIE_ENGINE_KV_DTYPE=bf16", "PIE_BACKEND=cuda", NULL};
+    expect_exit_2(&f, &(wopts){.env = kv},
+                  "pie-worker: engine.kv_dtype bf16 is implemented for backend cpu only so far "
+                  "(backend cuda stores f32)");
     fc_stop(&f);
 }
 

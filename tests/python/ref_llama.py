@@ -334,9 +334,13 @@ class PagedReference:
     position [slots]. `written`/`slot_set` record what was ever stored so that a test script
     reading garbage is caught here rather than compared."""
 
-    def __init__(self, model, page_size=16, n_pages=64, n_slots=256):
+    def __init__(self, model, page_size=16, n_pages=64, n_slots=256, kv_bf16=False):
+        """kv_bf16: model an engine whose KV pool stores bf16 (eng_opts.kv_dtype): every K/V
+        value a forward computes is rounded to bf16 (nearest even, through f32 as the engine
+        does) before it is stored or attended to."""
         c = model.cfg
         self.model, self.page_size, self.n_pages, self.n_slots = model, page_size, n_pages, n_slots
+        self.kv_bf16 = kv_bf16
         shape = (c.n_layers, n_pages, page_size, c.n_kv_heads, c.head_dim)
         self.k = torch.zeros(shape, dtype=DTYPE)
         self.v = torch.zeros(shape, dtype=DTYPE)
@@ -444,6 +448,9 @@ class PagedReference:
             vis.append(v)
         for layer in range(m.cfg.n_layers):
             qkv = [m.qkv(layer, x, pos) for x, pos in zip(xs, positions)]
+            if self.kv_bf16:
+                rnd = lambda t: t.to(torch.float32).to(torch.bfloat16).to(DTYPE)  # noqa: E731
+                qkv = [(q, rnd(k), rnd(v)) for q, k, v in qkv]
             for p, (_, k, v) in zip(plans, qkv):
                 if p["append"]:
                     for j, (pg_, off_) in enumerate(p["dest"]):

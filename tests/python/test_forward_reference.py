@@ -45,6 +45,13 @@ BIN_DIR = os.environ.get("PIE_BIN_DIR", "")
 MODELS_DIR = os.environ.get("PIE_MODELS_DIR", "")
 PROBE = os.path.join(BIN_DIR, "pie-engine-probe")
 TOL = {"f32": 1e-4, "bf16": 2e-2, "f16": 2e-2}
+# A bf16 KV pool (eng_opts.kv_dtype), relative logits error. Against the exact float64 model:
+# measured 2.4e-3 on small-f32 (mixed scenario), so 5e-3. Against a reference that rounds K/V to
+# bf16 as well: 5.3e-4 (small-f32) and 4.8e-5 (tiny-f32), not the f32 paths' ~1e-6 because the
+# reference's float64 K/V and the engine's f32 K/V round to different bf16 neighbours now and
+# then (2^-8 each), so 1e-3. Mutants: truncating instead of rounding to nearest gives
+# 5.2e-3 to 6.0e-3 (all three tests fail), tails left f32 1.8e-3 on tiny-f32 (fails).
+KV_BF16_TOL, KV_BF16_ROUNDED_TOL = 5e-3, 1e-3
 CODE_INVALID_ARGUMENT = 3
 PAGE_SIZE, N_PAGES, N_SLOTS = 16, 64, 256
 GREEDY_STEPS = 64
@@ -89,11 +96,15 @@ class Session:
     """Operations are applied to the reference as they are added; run() sends the script to
     the probe and returns a list of failure messages (empty when everything matched)."""
 
-    def __init__(self, name, seed=0):
-        self.name = name
+    def __init__(self, name, seed=0, kv_dtype="f32", ref_rounds_kv=True, tol=None):
+        """kv_dtype: what the engine's KV pool stores (--kv-dtype); with bf16 the reference
+        rounds K/V the same way unless ref_rounds_kv is False (then it is the exact float64
+        model and tol bounds what the rounding costs)."""
+        self.name, self.kv_dtype = name, kv_dtype
         self.model = load_model(name)
-        self.ref = PagedReference(self.model, PAGE_SIZE, N_PAGES, N_SLOTS)
-        self.tol = TOL[self.model.dtype]
+        self.ref = PagedReference(self.model, PAGE_SIZE, N_PAGES, N_SLOTS,
+                                  kv_bf16=kv_dtype == "bf16" and ref_rounds_kv)
+        self.tol = tol if tol is not None else TOL[self.model.dtype]
         self.rng = np.random.default_rng(seed)
         self.ops = []       # (op json, check kind, expected, label)
         self.worst = {}     # check kind → worst observed error
@@ -166,7 +177,8 @@ class Session:
     def run(self):
         script = json.dumps({"ops": [op for op, _, _, _ in self.ops]})
         cmd = [PROBE, "--model", model_dir(self.name), "--page-size", str(PAGE_SIZE),
-               "--pages", str(N_PAGES), "--slots", str(N_SLOTS), "--threads", "2"]
+               "--pages", str(N_PAGES), "--slots", str(N_SLOTS), "--threads", "2",
+               "--kv-dtype", self.kv_dtype]
         try:
             proc = subprocess.run(cmd, input=script.encode(), capture_output=True,
                                   timeout=PROBE_TIMEOUT_S)
@@ -458,13 +470,14 @@ def invalid_scenario(s):
 
 
 class EngineMatchesReference(unittest.TestCase):
-    def run_session(self, name, scenario, seed=0, **kw):
+    def run_session(self, name, scenario, seed=0, session=None, **kw):
         require_probe_and_model(self, name)
-        s = Session(name, seed)
+        s = Session(name, seed, **(session or {}))
         scenario(s, **kw)
         fails = s.run()
         worst = ", ".join(f"{k} {v:.3g}" for k, v in sorted(s.worst.items()))
-        print(f"\n  {name} ({s.model.dtype}, tol {s.tol:g}): {len(s.ops)} ops; worst: {worst}",
+        print(f"\n  {name} ({s.model.dtype}, KV {s.kv_dtype}, tol {s.tol:g}): {len(s.ops)} ops; "
+              f"worst: {worst}",
               file=sys.stderr)
         self.assertEqual(fails, [], "\n".join(fails))
 
@@ -494,6 +507,21 @@ class EngineMatchesReference(unittest.TestCase):
 
     def test_small_f32_greedy_64_tokens_identical(self):
         self.run_session("small-f32", greedy_scenario, seed=9)
+
+    # A bf16 KV pool (eng_opts.kv_dtype): against a reference that rounds K/V the same way the
+    # engine stays within KV_BF16_ROUNDED_TOL (a wrong rounding, a misread or misplaced bf16 row
+    # would not); against the exact float64 model the rounding costs at most KV_BF16_TOL.
+    def test_tiny_f32_kv_bf16_mixed_batch_equals_the_rounding_reference(self):
+        self.run_session("tiny-f32", mixed_scenario, seed=11,
+                         session={"kv_dtype": "bf16", "tol": KV_BF16_ROUNDED_TOL})
+
+    def test_small_f32_kv_bf16_prefill_decode_tree_equals_the_rounding_reference(self):
+        self.run_session("small-f32", mixed_scenario, seed=12, small=True,
+                         session={"kv_dtype": "bf16", "tol": KV_BF16_ROUNDED_TOL})
+
+    def test_small_f32_kv_bf16_stays_within_its_bound_of_the_exact_model(self):
+        self.run_session("small-f32", mixed_scenario, seed=13, small=True,
+                         session={"kv_dtype": "bf16", "ref_rounds_kv": False, "tol": KV_BF16_TOL})
 
     def test_invalid_arguments_are_refused_and_change_nothing(self):
         self.run_session("tiny-f32", invalid_scenario, seed=10)

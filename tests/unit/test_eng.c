@@ -35,7 +35,8 @@ static void model_path(char *buf, size_t n, const char *name) {
     cr_assert(k > 0 && (size_t)k < n);
 }
 
-static eng *open_model(const char *name, uint32_t pages, uint32_t slots, uint32_t max_batch) {
+static eng *open_model_kv(const char *name, uint32_t pages, uint32_t slots, uint32_t max_batch,
+                          eng_kv_dtype kv) {
     char dir[512];
     model_path(dir, sizeof dir, name);
     eng_opts o = {.model_dir = dir,
@@ -43,11 +44,16 @@ static eng *open_model(const char *name, uint32_t pages, uint32_t slots, uint32_
                   .kv_pages = pages,
                   .embed_slots = slots,
                   .max_batch_tokens = max_batch,
-                  .n_threads = THREADS};
+                  .n_threads = THREADS,
+                  .kv_dtype = kv};
     pie_status st = {0};
     eng *e = NULL;
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open %s: %s", dir, st.msg);
     return e;
+}
+
+static eng *open_model(const char *name, uint32_t pages, uint32_t slots, uint32_t max_batch) {
+    return open_model_kv(name, pages, slots, max_batch, ENG_KV_F32);
 }
 
 /* A deterministic token of sequence `seq` at index i. */
@@ -153,6 +159,9 @@ Test(eng, open_refuses_bad_options_with_the_promised_messages) {
     o = (eng_opts){.model_dir = dir, .kv_pages = 100000000, .kv_page_size = 16};
     expect(eng_open(&o, &e, &st), PIE_INVALID_ARGUMENT, &st,
            "eng_open: kv_pages 100000000 x kv_page_size 16 exceeds 2^30 tokens");
+    o = (eng_opts){.model_dir = dir, .kv_dtype = (eng_kv_dtype)7};
+    expect(eng_open(&o, &e, &st), PIE_INVALID_ARGUMENT, &st,
+           "eng_open: kv_dtype 7 is neither f32 (0) nor bf16 (1)");
     o = (eng_opts){.model_dir = "/nonexistent/pie-model"};
     cr_assert_eq(eng_open(&o, &e, &st), PIE_NOT_FOUND, "missing dir: %s", st.msg);
     cr_assert(strstr(st.msg, "/nonexistent/pie-model") != NULL, "message: %s", st.msg);
@@ -180,6 +189,18 @@ Test(eng, info_reports_model_pools_and_memory) {
     cr_assert_geq(in->embed_pool_bytes, (size_t)32 * (64 * 4 + 4));
     cr_assert_gt(in->scratch_bytes, (size_t)64 * 64 * 4 * 2);
     cr_assert_gt(in->weight_bytes, (size_t)512 * 64 * 4);
+    cr_assert_str_eq(in->kv_dtype, "f32");
+    cr_assert_eq(in->kv_page_layer_bytes, (size_t)2 * PAGE * 2 * 16 * 4);
+    eng_close(e);
+
+    /* a bf16 pool: half the K/V bytes, the same masks */
+    e = open_model_kv("tiny-f32", 8, 32, 64, ENG_KV_BF16);
+    in = eng_get_info(e);
+    cr_assert_str_eq(in->kv_dtype, "bf16");
+    cr_assert_eq(in->kv_page_layer_bytes, (size_t)2 * PAGE * 2 * 16 * 2);
+    kv = (size_t)2 * 8 * PAGE * 2 * 2 * 16 * 2 + 8 * PAGE + 8 * 4;
+    cr_assert_eq(in->kv_pool_bytes, kv, "bf16: kv_pool_bytes %zu, expected %zu", in->kv_pool_bytes,
+                 kv);
     eng_close(e);
 
     e = open_model("tiny-bf16", 8, 32, 64);
@@ -819,6 +840,47 @@ static void twin_close(const char *twin, double tol) {
         pie_test_forward_ok(m, &it, 1);
     }
     assert_close(h, 50, f, 50, tol, twin);
+    eng_close(f);
+    eng_close(h);
+}
+
+/* A bf16 KV pool rounds each K/V value once (relative 2^-9); on small-f32 that moves the logits
+ * by ~1e-3 of their range (tests/python/test_forward_reference.py bounds it against the float64
+ * reference). Tails are rounded as pages are, so append_kv false still equals true exactly,
+ * and a page copy reads as its source. */
+Test(eng, a_bf16_kv_pool_stays_close_to_f32_and_keeps_the_equivalences) {
+    eng *f = open_model("small-f32", 8, 128, 64),
+        *h = open_model_kv("small-f32", 8, 128, 64, ENG_KV_BF16);
+    uint32_t p[] = {0, 1, 2, 3}, q[] = {4, 5, 6, 7}, x = 100, o = 110, o_app = 111, o_cp = 112;
+    for (int k = 0; k < 2; k++) {
+        eng *m = k ? h : f;
+        prefill(m, p, 3, 50, 0, UINT32_MAX);
+        embed_seq(m, x, 3, 50, 1);
+        eng_forward_item no_app = pie_test_item(PAGE, p, 50, false, &x, 1, &o, 1);
+        pie_test_forward_ok(m, &no_app, 1);
+    }
+    float *a = logits_of(h, o), *b = logits_of(f, o);
+    uint32_t vocab = eng_get_info(f)->vocab_size;
+    double d = rel_diff(a, b, vocab);
+    cr_assert(memcmp(a, b, vocab * sizeof *a) != 0, "bf16 KV gave the f32 pool's bits");
+    cr_assert(d <= 1e-2, "bf16 KV vs f32 KV: logits differ by %.3g (relative), more than 1e-2", d);
+    free(a);
+    free(b);
+    /* the same input appended (read from its page) and copied to other pages */
+    eng_forward_item app = pie_test_item(PAGE, p, 51, true, &x, 1, &o_app, 1);
+    pie_test_forward_ok(h, &app, 1);
+    assert_same(h, o_app, h, o, "bf16 KV: append_kv true vs false");
+    eng_copy_item cp[4];
+    for (uint32_t i = 0; i < 4; i++)
+        cp[i] =
+            (eng_copy_item){.src = p[i], .dst = q[i], .src_off = 0, .dst_off = 0, .count = PAGE};
+    pie_status st = {0};
+    cr_assert_eq(eng_copy_pages(h, cp, 4, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item rd = pie_test_item(PAGE, q, 51, false, &x, 1, &o_cp, 1);
+    pie_test_forward_ok(h, &rd, 1);
+    eng_forward_item rd_p = pie_test_item(PAGE, p, 51, false, &x, 1, &o, 1);
+    pie_test_forward_ok(h, &rd_p, 1);
+    assert_same(h, o_cp, h, o, "bf16 KV: copied pages vs their source");
     eng_close(f);
     eng_close(h);
 }

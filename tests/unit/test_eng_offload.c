@@ -42,6 +42,7 @@ typedef struct off_setup {
     uint32_t swap_slots;
     int numa_node; /* the host region's NUMA node; 0 with numa_bind false: none */
     bool numa_bind;
+    eng_kv_dtype kv_dtype;
 } off_setup;
 
 static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
@@ -55,6 +56,7 @@ static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
     o.offload_pick_user = s->pick_user;
     o.host_numa_bind = s->numa_bind;
     o.host_numa_node = s->numa_node;
+    o.kv_dtype = s->kv_dtype;
     return eng_open(&o, out, st);
 }
 
@@ -132,6 +134,27 @@ Test(eng_offload, outputs_equal_policy_gpu_when_every_decode_attends_on_the_host
     cr_assert_gt(r.to_host, 0);
     free(r.o.logits);
     free(ref.o.logits);
+}
+
+Test(eng_offload, a_bf16_kv_pool_moves_and_copies_half_the_bytes_with_the_same_outputs) {
+    off_setup gpu = {.kv_dtype = ENG_KV_BF16}, gpu32 = {0};
+    run_out ref = run(&gpu), ref32 = run(&gpu32);
+    /* the pool's dtype took effect: the outputs moved, but not far (test_eng bounds it) */
+    cr_assert_gt(pie_testwork_n_differing(&ref.o, &ref32.o), 0);
+    off_setup all = {.device_pages = 8, .pick = pick_all, .kv_dtype = ENG_KV_BF16};
+    run_out r = run(&all);
+    assert_identical(&r, &ref, "bf16 KV, every decode on the host");
+    cr_assert_geq(r.host_items, 12);
+    uint32_t calls = 0;
+    off_setup alt = {
+        .device_pages = 8, .pick = pick_alternate, .pick_user = &calls, .kv_dtype = ENG_KV_BF16};
+    run_out r2 = run(&alt);
+    assert_identical(&r2, &ref, "bf16 KV, decodes moving back and forth");
+    cr_assert_gt(r2.to_device, 0);
+    free(r.o.logits);
+    free(r2.o.logits);
+    free(ref.o.logits);
+    free(ref32.o.logits);
 }
 
 Test(eng_offload, outputs_equal_policy_gpu_when_decodes_move_back_and_forth) {

@@ -44,6 +44,7 @@ typedef struct swap_setup {
     uint64_t host_bytes;
     pie_code (*copy)(void *, void *, const void *, size_t, pie_status *);
     void *copy_user;
+    eng_kv_dtype kv_dtype;
 } swap_setup;
 
 static size_t layer_bytes(void) {
@@ -58,6 +59,7 @@ static pie_code open_swap(const swap_setup *s, eng **out, pie_status *st) {
     o.swap_host_bytes = s->host_bytes ? s->host_bytes : 8 * layer_bytes();
     o.swap_link_bytes_per_s = s->link_bps;
     o.swap_copy = s->copy;
+    o.kv_dtype = s->kv_dtype;
     o.swap_copy_user = s->copy_user;
     return eng_open(&o, out, st);
 }
@@ -183,6 +185,28 @@ Test(eng_swap, outputs_equal_policy_gpu_while_the_slot_count_changes_between_ste
     run_out r = run(&sw, cycle_slots);
     assert_identical(&r, &ref, "slot count cycling 4/2/3");
     cr_assert_geq(r.max_on_host, 1);
+    free(r.o.logits);
+    free(ref.o.logits);
+}
+
+Test(eng_swap, a_bf16_kv_pool_swaps_half_the_bytes_with_the_same_outputs) {
+    swap_setup gpu = {.kv_dtype = ENG_KV_BF16};
+    run_out ref = run(&gpu, NULL);
+    swap_setup sw = {.slots = 2, .kv_dtype = ENG_KV_BF16};
+    eng *e = NULL;
+    pie_status st = {0};
+    cr_assert_eq(open_swap(&sw, &e, &st), PIE_OK, "%s", st.msg);
+    run_out r = {0};
+    pie_testwork_out_init(&r.o, e);
+    pie_testwork_run(e, &r.o, false, NULL, NULL);
+    eng_swap_stats s;
+    eng_swap_get_stats(e, &s);
+    cr_assert_gt(s.swaps_in, 0);
+    cr_assert_leq(s.swap_in_bytes, s.swaps_in * (layer_bytes() / 2),
+                  "a bf16 layer is half an f32 one: %llu bytes in %llu swaps",
+                  (unsigned long long)s.swap_in_bytes, (unsigned long long)s.swaps_in);
+    eng_close(e);
+    assert_identical(&r, &ref, "bf16 KV, 2 of 4 layers on the device");
     free(r.o.logits);
     free(ref.o.logits);
 }

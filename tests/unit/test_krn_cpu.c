@@ -376,6 +376,53 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     krn_pool_destroy(pools[2]);
 }
 
+/* Several weights reading one x in one call write the bits of one call per weight, on every
+ * path (the AMX one packs x once and runs every weight's rows in one pool run; an `out` below
+ * 16 or f32 weights take the separate calls). */
+Test(krn_linear, multi_equals_one_call_per_weight_bit_for_bit) {
+    static const int ns[] = {1, 8, 17, 32, 40};
+    static const int outs_a[] = {64, 200, 16}, outs_b[] = {16, 48, 7}, outs_c[] = {32, 67, 64};
+    static const krn_dtype dts[] = {KRN_BF16, KRN_F16, KRN_F32};
+    enum { IN = 96 };
+    rng r = {0x5eedu};
+    for (int si = 0; si < N_SIMD; si++) {
+        if (!use_simd(si)) continue;
+        krn_pool *p = krn_pool_create(2 + si % 2);
+        cr_assert_not_null(p);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t d = 0; d < sizeof dts / sizeof *dts; d++)
+                for (size_t c = 0; c < 3; c++) {
+                    int n = ns[a], o[3] = {outs_a[c], outs_b[c], outs_c[c]};
+                    float *x = xmalloc((size_t)n * IN * 4);
+                    fill(&r, x, (size_t)n * IN);
+                    void *w[3];
+                    float *y1[3], *y2[3];
+                    krn_linear_out lo[3];
+                    for (int k = 0; k < 3; k++) {
+                        double *wref = xmalloc((size_t)o[k] * IN * sizeof(double));
+                        w[k] = make_weights(&r, dts[d], (size_t)o[k] * IN, wref);
+                        free(wref);
+                        y1[k] = xmalloc((size_t)n * (size_t)o[k] * 4);
+                        y2[k] = xmalloc((size_t)n * (size_t)o[k] * 4);
+                        for (size_t i = 0; i < (size_t)n * (size_t)o[k]; i++) y2[k][i] = NAN;
+                        krn_cpu_linear(p, x, n, IN, w[k], dts[d], o[k], y1[k]);
+                        lo[k] = (krn_linear_out){.w = w[k], .out = o[k], .y = y2[k]};
+                    }
+                    krn_cpu_linear_multi(p, x, n, IN, dts[d], lo, 3);
+                    for (int k = 0; k < 3; k++) {
+                        cr_assert(memcmp(y1[k], y2[k], (size_t)n * (size_t)o[k] * 4) == 0,
+                                  "%s %s n=%d out=%d: multi differs from the single call",
+                                  SIMD_PATHS[si], dtype_name(dts[d]), n, o[k]);
+                        free(w[k]);
+                        free(y1[k]);
+                        free(y2[k]);
+                    }
+                    free(x);
+                }
+        krn_pool_destroy(p);
+    }
+}
+
 /* ---- element-wise -------------------------------------------------------------------------- */
 
 Test(krn_vec, rmsnorm_matches_reference_in_place_and_not) {
@@ -810,8 +857,9 @@ static void attn_build(attn_setup *s, rng *r, const attn_case *cases, int n_item
     s->n_pages = total_pages + 3; /* some unused pages */
     size_t tok = (size_t)n_kv * (size_t)hd;
     size_t floats = (size_t)s->n_pages * 2 * (size_t)page_size * tok;
-    s->kv.base = xmalloc(floats * 4);
-    for (size_t i = 0; i < floats; i++) s->kv.base[i] = NAN; /* unused slots must never be read */
+    float *base = xmalloc(floats * 4);
+    for (size_t i = 0; i < floats; i++) base[i] = NAN; /* unused slots must never be read */
+    s->kv.base = base;
     s->kv.page_size = page_size;
     s->kv.n_kv_heads = n_kv;
     s->kv.head_dim = hd;
@@ -1073,6 +1121,109 @@ Test(krn_attention, tail_tokens_follow_the_pages) {
                       {.n_q = 1, .n_ctx = 300, .n_tail = 1, .q_offset = 300}};
     attn_run_and_check(c, 3, 8, 2, 48, 8, 0, 10);
     attn_run_and_check(c, 3, 8, 2, 48, 8, 128, 11);
+}
+
+/* ---- bf16 KV ------------------------------------------------------------------------------- */
+
+Test(krn_attention, bf16_storage_rounds_to_nearest_even_and_keeps_nan_and_infinity) {
+    static const uint32_t in[] = {0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f80ffffu,
+                                  0xbf818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x00008000u,
+                                  0x00018000u, 0x7fc00001u, 0xff800001u, 0x00000000u, 0x80000000u};
+    static const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0x3f81, 0xbf82, 0x7f80, 0x7f80,
+                                    0xff80, 0x0000, 0x0002, 0x7fc0, 0xffc0, 0x0000, 0x8000};
+    size_t n = sizeof in / sizeof *in;
+    float x[16], r[16];
+    uint16_t got[16];
+    memcpy(x, in, sizeof in);
+    memcpy(r, in, sizeof in);
+    krn_cvt_bf16(x, n, got);
+    krn_round_bf16(r, n);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(got[i], want[i], "bf16(0x%08x) = 0x%04x, want 0x%04x", in[i], got[i], want[i]);
+        uint32_t back;
+        memcpy(&back, &r[i], 4);
+        cr_assert_eq(back, (uint32_t)want[i] << 16, "round(0x%08x) = 0x%08x, want 0x%04x0000",
+                     in[i], back, want[i]);
+    }
+    /* krn_kv_store: the rows of (page, off) in a bf16 region, and nothing else */
+    uint16_t region[2 * 2 * 2 * 3]; /* 2 pages x K/V x 2 tokens x (1 head x 3) */
+    memset(region, 0xee, sizeof region);
+    krn_kv_layer kv = {
+        .base = region, .page_size = 2, .n_kv_heads = 1, .head_dim = 3, .dtype = KRN_BF16};
+    cr_assert_eq(krn_kv_elt_bytes(&kv), 2);
+    krn_kv_store(&kv, 1, 1, x, x + 3);
+    for (size_t i = 0; i < sizeof region / sizeof *region; i++) {
+        size_t k_at = (1 * 2 + 0) * 2 * 3 + 1 * 3, v_at = (1 * 2 + 1) * 2 * 3 + 1 * 3;
+        uint16_t w = i >= k_at && i < k_at + 3   ? want[i - k_at]
+                     : i >= v_at && i < v_at + 3 ? want[3 + i - v_at]
+                                                 : 0xeeee;
+        cr_assert_eq(region[i], w, "region[%zu] = 0x%04x, want 0x%04x", i, region[i], w);
+    }
+}
+
+/* The cases run on a bf16 region and on an f32 region holding the same rounded values: the
+ * results must be the same bits on every SIMD path with a pool (attention converts a bf16 block
+ * to f32 exactly and runs the f32 kernels on it), and within the reference's bound without one
+ * (a stack buffer: blocks of fewer keys). Tails stay f32 in both. */
+static void attn_bf16_run_and_compare(const attn_case *cases, int n_items, int page_size, int n_kv,
+                                      int hd, int n_heads, int kv_chunk, uint64_t seed) {
+    rng r = {seed};
+    attn_setup s;
+    attn_build(&s, &r, cases, n_items, page_size, n_kv, hd, n_heads);
+    size_t n = (size_t)s.n_pages * 2 * (size_t)page_size * (size_t)n_kv * (size_t)hd;
+    krn_round_bf16(s.kv.base, n); /* the unused slots stay NaN */
+    krn_kv_layer kb = s.kv;
+    kb.dtype = KRN_BF16;
+    kb.base = xmalloc(n * 2);
+    krn_cvt_bf16(s.kv.base, n, kb.base);
+    float scale = 1.0f / sqrtf((float)hd);
+    char what[200];
+    for (int si = 0; si < N_SIMD; si++) {
+        if (!use_simd(si)) continue;
+        for (int threads = 0; threads <= 4; threads++) {
+            krn_pool *p = threads ? krn_pool_create(threads) : NULL;
+            cr_assert(threads == 0 || p);
+            float *f32_out[8];
+            cr_assert(n_items <= 8);
+            krn_cpu_attention_ex(p, &s.kv, s.items, n_items, n_heads, scale, kv_chunk);
+            for (int i = 0; i < n_items; i++) {
+                size_t qn = (size_t)cases[i].n_q * (size_t)n_heads * (size_t)hd;
+                f32_out[i] = xmalloc(qn * 4);
+                memcpy(f32_out[i], s.out[i], qn * 4);
+                for (size_t k = 0; k < qn; k++) s.out[i][k] = NAN;
+            }
+            krn_cpu_attention_ex(p, &kb, s.items, n_items, n_heads, scale, kv_chunk);
+            snprintf(what, sizeof what, "bf16 KV, %s, %d threads, kv %d x %d, %d heads, chunk %d",
+                     SIMD_PATHS[si], threads, n_kv, hd, n_heads, kv_chunk);
+            attn_check(&s, n_heads, scale, what); /* s.kv: the same values in f32 */
+            for (int i = 0; i < n_items; i++) {
+                size_t qn = (size_t)cases[i].n_q * (size_t)n_heads * (size_t)hd;
+                if (p)
+                    cr_assert(memcmp(f32_out[i], s.out[i], qn * 4) == 0,
+                              "%s: item %d is not the f32 region's bits", what, i);
+                free(f32_out[i]);
+            }
+            krn_pool_destroy(p);
+        }
+    }
+    free(kb.base);
+    attn_free(&s);
+}
+
+Test(krn_attention, bf16_kv_gives_the_bits_of_f32_kv_holding_the_rounded_values) {
+    attn_case dec[5] = {{.n_q = 1, .n_ctx = 130, .q_offset = 129},
+                        {.n_q = 1, .n_ctx = 1, .q_offset = 0},
+                        {.n_q = 1, .n_ctx = 64, .q_offset = 63},
+                        {.n_q = 1, .n_ctx = 65, .q_offset = 64},
+                        {.n_q = 1, .n_ctx = 17, .n_tail = 1, .q_offset = 17}};
+    attn_bf16_run_and_compare(dec, 5, 16, 4, 64, 16, 0, 31);  /* decode: all heads per unit */
+    attn_bf16_run_and_compare(dec, 5, 16, 8, 128, 32, 0, 32); /* 8 x 128: 32 keys a block */
+    attn_case pre[3] = {{.n_q = 37, .n_ctx = 37, .q_offset = 0},
+                        {.n_q = 6, .n_ctx = 40, .n_tail = 3, .use_mask = 1},
+                        {.n_q = 5, .n_ctx = 300, .n_tail = 2, .q_offset = 297}};
+    attn_bf16_run_and_compare(pre, 3, 8, 2, 64, 8, 0, 33);
+    attn_bf16_run_and_compare(pre, 3, 8, 2, 65, 8, 100, 34); /* odd head_dim, chunks */
+    attn_bf16_run_and_compare(pre, 3, 8, 1, 256, 2, 0, 35);  /* > 128: fewer keys a block */
 }
 
 /* ---- main: one SIMD path per CTest registration ------------------------------------------- */

@@ -436,7 +436,8 @@ static json_t *info_json(const eng_info *in) {
               put(o, "weight_bytes", json_integer((json_int_t)in->weight_bytes)) &&
               put(o, "kv_pool_bytes", json_integer((json_int_t)in->kv_pool_bytes)) &&
               put(o, "embed_pool_bytes", json_integer((json_int_t)in->embed_pool_bytes)) &&
-              put(o, "scratch_bytes", json_integer((json_int_t)in->scratch_bytes));
+              put(o, "scratch_bytes", json_integer((json_int_t)in->scratch_bytes)) &&
+              put(o, "kv_dtype", json_string(in->kv_dtype));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -450,7 +451,8 @@ static int usage(const char *msg) {
     fprintf(stderr,
             "pie-engine-probe: %s\n"
             "usage: pie-engine-probe --model DIR [--page-size 16] [--pages 256] [--slots 1024]\n"
-            "                        [--threads N] [--max-batch-tokens 4096] < script.json\n",
+            "                        [--threads N] [--max-batch-tokens 4096] [--kv-dtype f32|bf16]\n"
+            "                        < script.json\n",
             msg);
     return 2;
 }
@@ -473,6 +475,12 @@ int main(int argc, char **argv) {
         const char *val = argv[++i];
         if (strcmp(a, "--model") == 0) {
             o.model_dir = val;
+            continue;
+        }
+        if (strcmp(a, "--kv-dtype") == 0) {
+            if (strcmp(val, "f32") != 0 && strcmp(val, "bf16") != 0)
+                return usage("--kv-dtype is f32 or bf16");
+            o.kv_dtype = strcmp(val, "bf16") == 0 ? ENG_KV_BF16 : ENG_KV_F32;
             continue;
         }
         if (!parse_uint(val, &v)) return usage("option values must be unsigned integers");

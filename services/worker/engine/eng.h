@@ -29,6 +29,8 @@ typedef enum eng_backend { ENG_BACKEND_CPU = 1, ENG_BACKEND_CUDA = 2 } eng_backe
 
 struct eng_forward_item;
 
+typedef enum eng_kv_dtype { ENG_KV_F32 = 0, ENG_KV_BF16 = 1 } eng_kv_dtype;
+
 typedef struct eng_opts {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer.json */
     eng_backend backend;    /* 0 → CPU */
@@ -37,6 +39,11 @@ typedef struct eng_opts {
     uint32_t embed_slots;   /* embedding slots; 0 → 1024 */
     uint32_t max_batch_tokens; /* most input tokens of one forward call; 0 → 4096 */
     int n_threads;          /* CPU threads (the caller included); 0 → online cores */
+    /* What the KV pool stores (cpu backend; the cuda backend refuses bf16): f32, or bf16 —
+     * half the bytes, each K/V value rounded to nearest even when the forward computes it (the
+     * inputs a forward attends to without appending them are rounded the same way, so results
+     * never depend on whether a token came from a page). Attention converts back exactly. */
+    eng_kv_dtype kv_dtype;
     /* Tensor parallelism (cpu backend over coll; cuda backend over nccl, below): this engine is
      * rank tp_rank of tp_size (0 or 1: the whole model) and loads only its shard (eng_shard.h:
      * heads, KV heads, MLP columns, a vocabulary slice); coll is the group's host collective
@@ -101,7 +108,8 @@ typedef struct eng_info {
     size_t embed_pool_bytes;
     size_t scratch_bytes;   /* activations sized for max_batch_tokens */
     size_t kv_page_layer_bytes; /* one page of one layer: 2 * page_size * local_kv_heads *
-                                   head_dim * 4 */
+                                   head_dim * (4, or 2 with a bf16 KV pool) */
+    char kv_dtype[8];           /* what the KV pool stores: "f32" or "bf16" */
     uint32_t swap_min_slots;    /* 0 without the swap policy */
 } eng_info;
 

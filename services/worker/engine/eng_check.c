@@ -34,6 +34,10 @@ pie_code eng_check_opts(const eng_opts *o, eng_check_dims *d, pie_status *st) {
             PIE_OK ||
         pie_check_range(at, "embed_slots", d->slots, 1, ENG_CHECK_MAX_SLOTS, st) != PIE_OK)
         return st->code;
+    if (o->kv_dtype != ENG_KV_F32 && o->kv_dtype != ENG_KV_BF16)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: kv_dtype %d is neither f32 (0) nor bf16 (1)",
+                              (int)o->kv_dtype);
     if ((uint64_t)d->pages * d->page_size > ENG_CHECK_MAX_KV_TOKENS)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: kv_pages %u x kv_page_size %u exceeds 2^30 tokens",
@@ -55,6 +59,7 @@ void eng_check_fill_info(eng_info *in, const mdl_model *m, const eng_check_dims 
     const mdl_config *c = &m->cfg;
     snprintf(in->architecture, sizeof in->architecture, "%s", c->architecture);
     snprintf(in->dtype, sizeof in->dtype, "%s", mdl_dtype_name(m->embed.dtype));
+    snprintf(in->kv_dtype, sizeof in->kv_dtype, "f32"); /* the cpu backend may say bf16 */
     in->vocab_size = c->vocab_size;
     in->hidden_size = c->hidden_size;
     in->intermediate_size = c->intermediate_size;

@@ -90,6 +90,23 @@ void eng_cpu_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *w, 
                    y);
 }
 
+/* y[i] = x · w[i]ᵀ for n weights that read the same x (q/k/v, gate/up): one call when they share
+ * dtype and width (x packed once on AMX; the same bits as separate calls), else one each. */
+static void eng_cpu_linear_same_x(eng *e, const float *x, uint32_t rows, const mdl_tensor *const *w,
+                                  float *const *y, int n) {
+    krn_linear_out outs[3];
+    int same = n <= 3;
+    for (int i = 0; same && i < n; i++) {
+        same = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
+        outs[i] = (krn_linear_out){.w = w[i]->data, .out = (int)w[i]->rows, .y = y[i]};
+    }
+    if (!same) {
+        for (int i = 0; i < n; i++) eng_cpu_linear(e, x, rows, w[i], y[i]);
+        return;
+    }
+    krn_cpu_linear_multi(e->pool, x, (int)rows, (int)w[0]->cols, (krn_dtype)w[0]->dtype, outs, n);
+}
+
 /* ---- open / close ------------------------------------------------------------------------ */
 
 /* Lays out the scratch region (c->base NULL: only measures). */
@@ -197,7 +214,9 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
                        c->rope_low_freq_factor, c->rope_high_freq_factor,
                        (int)c->rope_orig_max_position);
 
-    size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), sizeof(float));
+    krn_dtype kv_dt = opts->kv_dtype == ENG_KV_BF16 ? KRN_BF16 : KRN_F32;
+    size_t kv_elt = kv_dt == KRN_BF16 ? 2 : 4;
+    size_t layer_bytes = eng_mul(eng_mul(eng_mul(kv_tokens, 2), e->kvd), kv_elt);
     if (opts->swap_slots) { /* layers live in the tier's buffers (eng_cpu_swap.c) */
         rc = eng_swap_open(e, opts, layer_bytes, st);
         if (rc != PIE_OK) goto fail;
@@ -210,9 +229,11 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
         e->kv[l] = (krn_kv_layer){.base = e->kv_regions[l].p,
                                   .page_size = (int)ps,
                                   .n_kv_heads = (int)e->shard.n_kv_heads,
-                                  .head_dim = (int)c->head_dim};
+                                  .head_dim = (int)c->head_dim,
+                                  .dtype = kv_dt};
     }
-    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
+    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * kv_elt;
+    snprintf(e->info.kv_dtype, sizeof e->info.kv_dtype, "%s", kv_dt == KRN_BF16 ? "bf16" : "f32");
     size_t emb_bytes = eng_mul(eng_mul(slots, c->hidden_size), sizeof(float));
     rc = eng_cpu_map(&e->emb_region, eng_add(emb_bytes, eng_mul(slots, sizeof(uint32_t))),
                      "the embedding slots", st);
@@ -240,7 +261,6 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
     e->info.kv_pool_bytes =
         eng_add(eng_mul(layer_bytes, e->tier ? opts->swap_slots : c->n_layers),
                 kv_tokens + (size_t)pages * sizeof(uint32_t));
-    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(float);
     e->info.embed_pool_bytes = e->emb_region.bytes;
     e->info.scratch_bytes = e->scratch.bytes + eng_check_bytes(&e->chk);
     *out = e;
@@ -418,8 +438,8 @@ static void eng_store_kv(eng *e, const eng_forward_item *items, uint32_t n, uint
         for (uint32_t t = 0; t < it->n_in; t++) {
             uint32_t page, off;
             eng_seq_at(e, it, p->ctx + t, &page, &off);
-            memcpy(krn_kv_k(kv, page, off), e->k + (p->first + t) * kvd, kvd * sizeof(float));
-            memcpy(krn_kv_v(kv, page, off), e->v + (p->first + t) * kvd, kvd * sizeof(float));
+            krn_kv_store(kv, page, (int)off, e->k + (p->first + t) * kvd,
+                         e->v + (p->first + t) * kvd);
         }
     }
 }
@@ -453,8 +473,9 @@ static pie_code eng_layer_tail(eng *e, const mdl_layer *L, uint32_t rows, pie_st
     if (rc != PIE_OK) return rc;
     krn_cpu_rmsnorm(e->x, L->ffn_norm.data, (krn_dtype)L->ffn_norm.dtype, (int)rows, d,
                     e->m->cfg.rms_eps, e->xn);
-    eng_cpu_linear(e, e->xn, rows, &L->w_gate, e->gate);
-    eng_cpu_linear(e, e->xn, rows, &L->w_up, e->up);
+    const mdl_tensor *gu[2] = {&L->w_gate, &L->w_up};
+    float *gu_y[2] = {e->gate, e->up};
+    eng_cpu_linear_same_x(e, e->xn, rows, gu, gu_y, 2);
     krn_cpu_silu_mul(e->gate, e->up, (size_t)rows * e->ffn);
     eng_cpu_linear(e, e->gate, rows, &L->w_down, e->xn);
     return eng_residual(e, nd, st);
@@ -479,12 +500,16 @@ pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_stat
         bool last = l + 1 == in->n_layers;
         krn_cpu_rmsnorm(e->x, L->attn_norm.data, (krn_dtype)L->attn_norm.dtype, (int)T, d,
                         e->m->cfg.rms_eps, e->xn);
-        eng_cpu_linear(e, e->xn, T, &L->wq, e->q);
-        eng_cpu_linear(e, e->xn, T, &L->wk, e->k);
-        eng_cpu_linear(e, e->xn, T, &L->wv, e->v);
+        const mdl_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_y[3] = {e->q, e->k, e->v};
+        eng_cpu_linear_same_x(e, e->xn, T, qkv, qkv_y, 3);
         krn_cpu_rope(e->q, e->pos, (int)T, (int)e->shard.n_heads, (int)in->head_dim, e->inv_freq);
         krn_cpu_rope(e->k, e->pos, (int)T, (int)e->shard.n_kv_heads, (int)in->head_dim,
                      e->inv_freq);
+        if (e->kv[l].dtype == KRN_BF16) { /* what the pages will hold, tails included */
+            krn_round_bf16(e->k, (size_t)T * e->kvd);
+            krn_round_bf16(e->v, (size_t)T * e->kvd);
+        }
         rc = eng_kv_acquire(e, l, st); /* swap policy: wait for layer l's KV on the device */
         if (rc != PIE_OK) return rc;
         eng_store_kv(e, items, n, l);
@@ -551,7 +576,7 @@ static void eng_clear_task(void *arg, int task, int n_tasks) {
     (void)n_tasks;
     const eng_clear_job *job = arg;
     const krn_kv_layer *kv = &job->e->kv[task];
-    size_t bytes = (size_t)2 * job->e->info.kv_page_size * job->e->kvd * sizeof(float);
+    size_t bytes = job->e->info.kv_page_layer_bytes;
     for (uint32_t i = 0; i < job->n; i++) memset(krn_kv_k(kv, job->pages[i], 0), 0, bytes);
 }
 
@@ -562,7 +587,7 @@ pie_code eng_clear_pages(eng *e, const uint32_t *pages, uint32_t n, pie_status *
     eng_clear_job job = {e, pages, n};
     /* A page of one layer is one block [2][page_size][kvd] (K then V). Below ENG_CLEAR_POOL_BYTES
      * in all, waking the pool costs more than the stores. */
-    size_t total = (size_t)n * e->info.n_layers * 2 * ps * e->kvd * sizeof(float);
+    size_t total = (size_t)n * e->info.n_layers * e->info.kv_page_layer_bytes;
     eng_kv_hold(e); /* swap policy: every layer stays where it is, kv[l] says where */
     krn_pool_run(total >= ENG_CLEAR_POOL_BYTES ? e->pool : NULL, eng_clear_task, &job,
                  (int)e->info.n_layers);

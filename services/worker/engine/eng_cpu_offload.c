@@ -207,7 +207,7 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
 
 void eng_offload_copy(eng *e, const eng_copy_item *c) {
     eng_offload *o = e->off;
-    size_t bytes = (size_t)c->count * e->kvd * sizeof(float);
+    size_t bytes = (size_t)c->count * e->kvd * krn_kv_elt_bytes(&e->kv[0]);
     for (uint32_t l = 0; l < e->info.n_layers; l++) {
         const krn_kv_layer *src = o ? off_layer(e, c->src, l) : &e->kv[l];
         const krn_kv_layer *dst = o ? off_layer(e, c->dst, l) : &e->kv[l];

@@ -362,6 +362,10 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
                               "eng_open: tp_size %u on the cuda backend needs the group's NCCL "
                               "communicator (eng_opts.nccl)",
                               opts->tp_size);
+    if (opts->kv_dtype != ENG_KV_F32) /* issue 17: a cpu backend option so far */
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: a bf16 KV pool is implemented for the cpu backend only "
+                              "so far (the cuda backend stores f32)");
     if (opts->swap_slots) /* issue 13: the cpu backend has the swap data path so far */
         return pie_status_set(st, PIE_UNIMPLEMENTED,
                               "eng_open: memory policy swap is implemented for the cpu backend "
