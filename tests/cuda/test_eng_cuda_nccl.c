@@ -18,12 +18,16 @@
  * replayed from CUDA graphs whose captures hold the all-reduces: no capture failure, graph
  * steps counted, results those of the plain engine replaying its own graphs. (4) wrk_nccl
  * alone at one rank: each collective gives its input back, in a graph too; refusals (one of
- * them needs no device and runs in CI).
+ * them needs no device and runs in CI); (5) wrk_nccl_sync's bound: a stream held past the
+ * timeout (a host function standing for a peer that never arrives) fails the communicator
+ * for good instead of waiting.
  * Skips visibly without a device; (2) to (4) skip visibly in a build without NCCL. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_test.h"
 #include "eng.h"
@@ -350,6 +354,53 @@ Test(eng_cuda_nccl, wrk_nccls_collectives_at_one_rank_give_their_input) {
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaFree(d));
     CUDA_OK(cudaFree(g));
+    CUDA_OK(cudaStreamDestroy(s));
+    wrk_nccl_close(c);
+}
+
+/* Stands for a peer that never arrives: holds the stream for a second, then says so. */
+static void CUDART_CB hold_stream_1s(void *released) {
+    struct timespec t = {.tv_sec = 1, .tv_nsec = 0};
+    while (nanosleep(&t, &t) != 0) {
+    }
+    atomic_store((_Atomic int *)released, 1);
+}
+
+Test(eng_cuda_nccl, wrk_nccl_sync_fails_the_communicator_when_the_stream_outlasts_the_timeout) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    enum { N = 256 };
+    static float in[N];
+    for (int i = 0; i < N; i++) in[i] = (float)i;
+    uint8_t id[WRK_NCCL_ID_BYTES];
+    wrk_nccl *c = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_nccl_unique_id(id, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(wrk_nccl_open(id, 0, 1, 0, &c, &st), PIE_OK, "%s", st.msg);
+    wrk_nccl_set_timeout(c, 100);
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    float *d = cuda_test_up(in, sizeof in);
+    int err = -1;
+    /* a step that finishes: OK, no CUDA error */
+    cr_assert_eq(wrk_nccl_allreduce_sum(c, d, N, WRK_NCCL_F32, s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(wrk_nccl_sync(c, s, &err, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(err, 0);
+    /* a step that does not finish within 100 ms */
+    static _Atomic int released;
+    atomic_store(&released, 0);
+    cr_assert_eq(wrk_nccl_allreduce_sum(c, d, N, WRK_NCCL_F32, s, &st), PIE_OK, "%s", st.msg);
+    CUDA_OK(cudaLaunchHostFunc(s, hold_stream_1s, (void *)&released));
+    cr_assert_eq(wrk_nccl_sync(c, s, &err, &st), PIE_UNAVAILABLE, "%s", st.msg);
+    cr_assert_eq(atomic_load(&released), 0, "the sync waited for the whole hold");
+    cr_assert(strstr(st.msg, "did not finish within tp.timeout (100 ms)"), "%s", st.msg);
+    /* for good: every later call names the first reason */
+    cr_assert_eq(wrk_nccl_allreduce_sum(c, d, N, WRK_NCCL_F32, s, &st), PIE_UNAVAILABLE);
+    cr_assert(strstr(st.msg, "tp.timeout (100 ms)"), "%s", st.msg);
+    cr_assert_eq(wrk_nccl_check(c, &st), PIE_UNAVAILABLE);
+    cr_assert_eq(wrk_nccl_sync(c, s, &err, &st), PIE_UNAVAILABLE);
+    CUDA_OK(cudaStreamSynchronize(s));
+    cr_assert_eq(atomic_load(&released), 1);
+    CUDA_OK(cudaFree(d));
     CUDA_OK(cudaStreamDestroy(s));
     wrk_nccl_close(c);
 }

@@ -494,13 +494,18 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     if (rc == PIE_OK && e->fault_after && ++e->forward_calls == e->fault_after)
         EC_CUDA(st, krn_cuda_trap(e->stream)); /* PIE_CUDA_FAULT_AFTER: the fault comes next */
     if (rc != PIE_OK) {
-        (void)cudaStreamSynchronize(e->stream);
+        pie_status ignored; /* rc's reason is the one to report */
+        if (e->nccl) /* a collective may be waiting for a hung peer */
+            (void)ec_tp_sync(e, &ignored);
+        else
+            (void)cudaStreamSynchronize(e->stream);
         return rc;
     }
-    EC_CUDA(st, cudaStreamSynchronize(e->stream));
-    if (e->nccl) { /* a peer's failure surfaces here (the group is not repaired) */
-        rc = ec_tp_check(e, st);
+    if (e->nccl) { /* a peer's failure or hang surfaces here (the group is not repaired) */
+        rc = ec_tp_sync(e, st);
         if (rc != PIE_OK) return rc;
+    } else {
+        EC_CUDA(st, cudaStreamSynchronize(e->stream));
     }
     e->stats.forward_steps++;
     e->stats.decode_steps += decode;

@@ -191,8 +191,10 @@ pie_code ec_tp_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *to
                           pie_status *st);
 pie_code ec_tp_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_status *st);
 pie_code ec_tp_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st);
-/* After the stream was waited for: the communicator's asynchronous errors. */
-pie_code ec_tp_check(eng_cuda *e, pie_status *st);
+/* Instead of cudaStreamSynchronize where the stream holds collectives: waits at most the
+ * group's tp.timeout (a hung peer fails the group: UNAVAILABLE) and checks the communicator's
+ * asynchronous errors. */
+pie_code ec_tp_sync(eng_cuda *e, pie_status *st);
 /* eng_cuda.c: next_dist's per-row arguments of items[rows] to the device (d_temp, d_topk with
  * each top_k capped at k_cap, d_slot_idx). */
 pie_code ec_dist_upload(eng_cuda *e, const eng_dist_item *items, uint32_t rows, uint32_t k_cap,

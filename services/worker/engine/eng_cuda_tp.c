@@ -107,7 +107,15 @@ pie_code ec_tp_allreduce(eng_cuda *e, float *x, size_t n, pie_status *st) {
     return wrk_nccl_allreduce_sum(e->nccl, x, n, WRK_NCCL_F32, e->stream, st);
 }
 
-pie_code ec_tp_check(eng_cuda *e, pie_status *st) { return wrk_nccl_check(e->nccl, st); }
+/* The stream's work, waited for with the group's timeout (wrk_nccl_sync: a hung peer fails
+ * the group instead of stopping this rank for good); a CUDA error takes the usual path. */
+pie_code ec_tp_sync(eng_cuda *e, pie_status *st) {
+    int err = 0;
+    pie_code rc = wrk_nccl_sync(e->nccl, e->stream, &err, st);
+    if (rc != PIE_OK) return rc;
+    if (err != 0) return ec_cuda_fail(st, (cudaError_t)err, "cudaStreamQuery", __FILE__, __LINE__);
+    return PIE_OK;
+}
 
 /* ---- embed --------------------------------------------------------------------------------- */
 
@@ -141,8 +149,7 @@ pie_code ec_tp_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *to
         if (rc != PIE_OK) return rc;
         EC_CUDA(st, krn_cuda_scatter_rows(e->emb, e->tmp, (const int32_t *)(dv + 2 * cap),
                                           (int)rows, (int)d, e->stream));
-        EC_CUDA(st, cudaStreamSynchronize(e->stream)); /* the tables are reused next round */
-        rc = ec_tp_check(e, st);
+        rc = ec_tp_sync(e, st); /* the tables are reused next round */
         if (rc != PIE_OK) return rc;
     }
     return PIE_OK;
@@ -166,8 +173,7 @@ static pie_code ec_tp_shift(eng_cuda *e, uint32_t rows, pie_status *st) {
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaMemcpyAsync(e->h_g_max, e->d_g_max, (size_t)N * rows * sizeof(float),
                                 cudaMemcpyDeviceToHost, e->stream));
-    EC_CUDA(st, cudaStreamSynchronize(e->stream));
-    rc = ec_tp_check(e, st);
+    rc = ec_tp_sync(e, st);
     if (rc != PIE_OK) return rc;
     for (uint32_t row = 0; row < rows; row++) { /* h_g_max: [N][rows] */
         float max;
@@ -230,8 +236,7 @@ pie_code ec_tp_next_dist(eng_cuda *e, eng_dist_item *items, uint32_t n, pie_stat
                                     cudaMemcpyDeviceToHost, e->stream));
         EC_CUDA(st, cudaMemcpyAsync(e->h_g_sums, e->d_g_sums, (size_t)N * rows * sizeof(float),
                                     cudaMemcpyDeviceToHost, e->stream));
-        EC_CUDA(st, cudaStreamSynchronize(e->stream));
-        rc = ec_tp_check(e, st);
+        rc = ec_tp_sync(e, st);
         if (rc != PIE_OK) return rc;
         for (uint32_t row = 0; row < rows; row++)
             ec_tp_merge_row(e, rows, row, &items[start + row]);
@@ -259,8 +264,7 @@ pie_code ec_tp_logits(eng_cuda *e, uint32_t slot, float *logits, pie_status *st)
     /* the slices in vocabulary order */
     EC_CUDA(st, cudaMemcpyAsync(logits, e->d_g_logits, e->info.vocab_size * sizeof(float),
                                 cudaMemcpyDeviceToHost, e->stream));
-    EC_CUDA(st, cudaStreamSynchronize(e->stream));
-    return ec_tp_check(e, st);
+    return ec_tp_sync(e, st);
 }
 
 #else /* built without NCCL: eng_cuda_open refuses an engine that would call these */
@@ -272,7 +276,7 @@ pie_code ec_tp_upload_weights(eng_cuda *e, pie_status *st) { return (void)e, ec_
 pie_code ec_tp_allreduce(eng_cuda *e, float *x, size_t n, pie_status *st) {
     return (void)e, (void)x, (void)n, ec_tp_none(st);
 }
-pie_code ec_tp_check(eng_cuda *e, pie_status *st) { return (void)e, ec_tp_none(st); }
+pie_code ec_tp_sync(eng_cuda *e, pie_status *st) { return (void)e, ec_tp_none(st); }
 pie_code ec_tp_embed_text(eng_cuda *e, const uint32_t *slots, const uint32_t *tokens, uint32_t n,
                           pie_status *st) {
     return (void)e, (void)slots, (void)tokens, (void)n, ec_tp_none(st);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 _Static_assert(WRK_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "the unique id's size");
 _Static_assert(sizeof(ncclUniqueId) == WRK_NCCL_ID_BYTES, "ncclUniqueId is its bytes");
@@ -15,7 +16,8 @@ struct wrk_nccl {
     ncclComm_t comm;
     uint32_t rank, size;
     int device;
-    bool failed; /* aborted after an asynchronous error: every call fails */
+    bool failed; /* aborted after an asynchronous error or a timeout: every call fails */
+    uint32_t timeout_ms; /* wrk_nccl_sync's bound; 0: none */
     char why[PIE_STATUS_MSG_MAX - 64];
 };
 
@@ -51,6 +53,7 @@ pie_code wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_BYTES], uint32_t rank, uint3
     c->rank = rank;
     c->size = size;
     c->device = device;
+    c->timeout_ms = WRK_NCCL_DEFAULT_TIMEOUT_MS;
     cudaError_t err = cudaSetDevice(device);
     if (err != cudaSuccess) {
         pie_status_set(st, PIE_UNAVAILABLE, "nccl: rank %u: cudaSetDevice(%d) failed: %s", rank,
@@ -115,6 +118,16 @@ pie_code wrk_nccl_bcast(wrk_nccl *c, void *buf, size_t bytes, uint32_t root,
     return r == ncclSuccess ? PIE_OK : wrk_nccl_fail(c, r, "ncclBroadcast", st);
 }
 
+/* The communicator cannot be used any more: aborted (which also makes its kernels that wait
+ * for a peer return), and every later call fails UNAVAILABLE with `why`. */
+static pie_code wrk_nccl_fail_for_good(wrk_nccl *c, const char *why, pie_status *st) {
+    snprintf(c->why, sizeof c->why, "%.440s", why);
+    c->failed = true;
+    (void)ncclCommAbort(c->comm);
+    c->comm = NULL;
+    return pie_status_set(st, PIE_UNAVAILABLE, "%s", why);
+}
+
 pie_code wrk_nccl_check(wrk_nccl *c, pie_status *st) {
     pie_code rc = wrk_nccl_usable(c, st);
     if (rc != PIE_OK) return rc;
@@ -124,11 +137,55 @@ pie_code wrk_nccl_check(wrk_nccl *c, pie_status *st) {
     if (async == ncclSuccess || async == ncclInProgress) return PIE_OK;
     pie_status why;
     wrk_nccl_fail(c, async, "the group's communicator", &why);
-    snprintf(c->why, sizeof c->why, "%.440s", why.msg);
-    c->failed = true;
-    (void)ncclCommAbort(c->comm); /* unblocks whatever still waits on a peer */
-    c->comm = NULL;
-    return pie_status_set(st, PIE_UNAVAILABLE, "%s", why.msg);
+    return wrk_nccl_fail_for_good(c, why.msg, st);
+}
+
+void wrk_nccl_set_timeout(wrk_nccl *c, uint32_t timeout_ms) { c->timeout_ms = timeout_ms; }
+
+static uint64_t wrk_nccl_now_ns(void) {
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Polling: the first WRK_NCCL_SPIN_NS back to back (a decode step's wait is a few ms: as
+ * prompt as cudaStreamSynchronize's own spinning), then every WRK_NCCL_NAP_NS so that a long
+ * wait leaves the core to the rest of the worker; the communicator and the clock every
+ * WRK_NCCL_CHECK_NS. */
+#define WRK_NCCL_SPIN_NS 2000000ull
+#define WRK_NCCL_NAP_NS 50000l
+#define WRK_NCCL_CHECK_NS 1000000ull
+
+pie_code wrk_nccl_sync(wrk_nccl *c, struct CUstream_st *stream, int *cuda_err, pie_status *st) {
+    *cuda_err = 0;
+    pie_code rc = wrk_nccl_usable(c, st);
+    if (rc != PIE_OK) return rc;
+    uint64_t start = wrk_nccl_now_ns(), next_check = start + WRK_NCCL_CHECK_NS;
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(stream);
+        if (q != cudaErrorNotReady) {
+            *cuda_err = (int)q;
+            return q == cudaSuccess ? wrk_nccl_check(c, st) : PIE_OK;
+        }
+        uint64_t now = wrk_nccl_now_ns();
+        if (now >= next_check) {
+            next_check = now + WRK_NCCL_CHECK_NS;
+            rc = wrk_nccl_check(c, st);
+            if (rc != PIE_OK) return rc;
+            if (c->timeout_ms != 0 && now - start >= (uint64_t)c->timeout_ms * 1000000ull) {
+                char why[PIE_STATUS_MSG_MAX];
+                snprintf(why, sizeof why,
+                         "nccl: rank %u of %u: the step's collectives did not finish within "
+                         "tp.timeout (%u ms): a peer rank hangs or is stopped",
+                         c->rank, c->size, c->timeout_ms);
+                return wrk_nccl_fail_for_good(c, why, st);
+            }
+        }
+        if (now - start >= WRK_NCCL_SPIN_NS) {
+            struct timespec nap = {.tv_sec = 0, .tv_nsec = WRK_NCCL_NAP_NS};
+            (void)nanosleep(&nap, NULL);
+        }
+    }
 }
 
 pie_code wrk_nccl_device_ok(int device, pie_status *st) {

@@ -62,6 +62,20 @@ pie_code wrk_nccl_bcast(wrk_nccl *c, void *buf, size_t bytes, uint32_t root,
  * aborted and UNAVAILABLE from here on). Call after the stream's work was waited for. */
 pie_code wrk_nccl_check(wrk_nccl *c, pie_status *st);
 
+/* The longest wait for the group's collectives within one wrk_nccl_sync (tp.timeout); 0: no
+ * bound. wrk_nccl_open sets WRK_NCCL_DEFAULT_TIMEOUT_MS. */
+#define WRK_NCCL_DEFAULT_TIMEOUT_MS 30000u
+void wrk_nccl_set_timeout(wrk_nccl *c, uint32_t timeout_ms);
+
+/* Waits for `stream`'s work without trusting the peers: a cudaStreamSynchronize would wait
+ * forever for a collective whose peer hangs (stopped, or stuck in a kernel), since NCCL's
+ * kernels spin until every rank arrives. Polls the stream and the communicator's asynchronous
+ * error; past the timeout, or at an asynchronous error, the communicator is aborted (its
+ * kernels return) and the call fails UNAVAILABLE naming the reason — the group is re-formed,
+ * never repaired. A CUDA error of the stream itself is left in *cuda_err (a cudaError_t; 0
+ * when none) with PIE_OK, for the caller's own CUDA error path (device faults). */
+pie_code wrk_nccl_sync(wrk_nccl *c, struct CUstream_st *stream, int *cuda_err, pie_status *st);
+
 /* OK when CUDA device `device` exists for this process; UNAVAILABLE naming the driver's
  * reason or "this process sees N CUDA devices" otherwise. */
 pie_code wrk_nccl_device_ok(int device, pie_status *st);

@@ -56,6 +56,7 @@ struct wrk_tp_group {
     bool stepped; /* rank 0: a step went out since the last RESET (the followers may hold slots) */
     wrk_tp_rank_info *ranks; /* [size] after wrk_tp_group_loaded */
     struct wrk_nccl *nccl;   /* cuda groups: after wrk_tp_group_open_nccl */
+    uint32_t timeout_ms;     /* tp.timeout, also the bound of a wait for NCCL's collectives */
 };
 
 /* ---- configuration ------------------------------------------------------------------------ */
@@ -493,6 +494,7 @@ pie_code wrk_tp_group_open(const wrk_tp_config *c, const wrk_tp_rank *me, const 
     g->rank = me->rank;
     g->size = me->size;
     snprintf(g->group_id, sizeof g->group_id, "%s", group_id && group_id[0] ? group_id : "-");
+    g->timeout_ms = c->timeout_ms;
     wrk_coll_opts o = {
         .name = me->coll_name,
         .epoch = me->epoch,
@@ -593,10 +595,23 @@ static pie_code leader_reset(void *arg, pie_status *st) {
     return leader_send(g, WRK_TP_RESET, NULL, 0, st);
 }
 
-static pie_code group_check(void *arg, pie_status *st) {
-    wrk_tp_group *g = arg;
-    return wrk_coll_check(g->coll, st);
+/* After a step, every rank: the host collective, and on cuda the NCCL communicator — a
+ * collective that failed there (a peer's network, NCCL's own error, a hung peer past
+ * tp.timeout) failed the step's batches; the group must not go on serving with a dead
+ * communicator, so it fails as a whole, and the host collective's abort tells the other ranks
+ * at once instead of at their next timeout. */
+static pie_code group_health(wrk_tp_group *g, pie_status *st) {
+    pie_code rc = wrk_coll_check(g->coll, st);
+#ifdef PIE_WITH_NCCL
+    if (rc == PIE_OK && g->nccl) {
+        rc = wrk_nccl_check(g->nccl, st);
+        if (rc != PIE_OK) wrk_coll_abort(g->coll);
+    }
+#endif
+    return rc;
 }
+
+static pie_code group_check(void *arg, pie_status *st) { return group_health(arg, st); }
 
 /* The group cannot compute any more: leave at once. Exiting closes rank 0's controller link
  * (its instances end UNAVAILABLE naming the group, as for any lost worker); the launcher sees
@@ -664,7 +679,7 @@ pie_code wrk_tp_group_follow(wrk_tp_group *g, wrk_exec *x, pie_status *st) {
             }
             /* runs here, now: the executor is idle between steps (the executor frees down) */
             wrk_exec_submit(x, (Pie__V1__WorkerDown *)down, 0);
-            rc = wrk_coll_check(g->coll, st);
+            rc = group_health(g, st);
             if (rc != PIE_OK) return rc;
             break;
         }
@@ -715,7 +730,10 @@ pie_code wrk_tp_group_open_nccl(wrk_tp_group *g, const wrk_tp_rank *me, pie_stat
                                   "tp: rank 0 could not make the NCCL unique id (its log says "
                                   "why)");
     }
-    return wrk_nccl_open(id, g->rank, g->size, 0, &g->nccl, st);
+    rc = wrk_nccl_open(id, g->rank, g->size, 0, &g->nccl, st);
+    /* tp.timeout bounds a step's wait for the peers on the GPU as on the host collective */
+    if (rc == PIE_OK && g->timeout_ms != 0) wrk_nccl_set_timeout(g->nccl, g->timeout_ms);
+    return rc;
 }
 #else
 pie_code wrk_tp_group_open_nccl(wrk_tp_group *g, const wrk_tp_rank *me, pie_status *st) {
