@@ -545,3 +545,68 @@ Test(wrk_offload, the_estimate_capacity_offers_the_host_only_what_every_step_hid
         for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 5000, 1, 50);
     cr_assert_eq(p, 900);
 }
+
+/* With deferral, over random steps: two sub-batches only when their estimated throughput beats
+ * the device-only schedule's (or device-only is impossible), every request deferred only below
+ * the bound, every starving request run, a deferred request never on the device's side of a
+ * two-sub-batch step's estimate. */
+Test(wrk_offload, with_deferral_never_picks_the_lower_estimated_throughput_nor_starves) {
+    uint64_t x = 0x2545f4914f6cdd1dull;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    uint8_t host[64];
+    wrk_off_req r[64];
+    int two = 0, dev = 0, deferred = 0;
+    for (int it = 0; it < 5000; it++) {
+        wrk_off_costs c = {.lin_tok = (double)(RND() % 1000 + 1) * 1e-7,
+                           .lin_fixed = RND() % 2 ? (double)(RND() % 1000) * 1e-5 : 0,
+                           .dattn_kv = (double)(RND() % 1000) * 1e-10,
+                           .hattn_kv = (double)(RND() % 1000 + 1) * 1e-9,
+                           .xfer_tok = (double)(RND() % 1000) * 1e-9};
+        uint32_t n = (uint32_t)(RND() % 64);
+        for (uint32_t i = 0; i < n; i++)
+            r[i] = (wrk_off_req){.kv = (uint32_t)(RND() % 20000 + 1),
+                                 .on_host = RND() % 2 == 0,
+                                 .waited = (uint16_t)(RND() % (WRK_OFF_DEFER_MAX + 2))};
+        uint32_t dev_tokens = (uint32_t)(RND() % 4096);
+        wrk_off_batch b = {.dev_tokens = dev_tokens,
+                           .dev_items = dev_tokens ? 1 + dev_tokens / 1024 : 0,
+                           .dev_kv = RND() % 1000000,
+                           .reqs = r,
+                           .n_reqs = n,
+                           .device_kv_budget = UINT64_MAX,
+                           .defer_ok = true};
+        wrk_off_choice ch;
+        wrk_off_decide(&c, &b, host, &ch);
+        uint32_t n_defer = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (host[i] != WRK_OFF_DEFER) continue;
+            n_defer++;
+            cr_assert(r[i].on_host, "step %d: only host requests wait", it);
+            cr_assert_lt(r[i].waited, WRK_OFF_DEFER_MAX, "step %d: request %u starves", it, i);
+        }
+        cr_assert_eq(ch.n_defer, n_defer);
+        deferred += n_defer > 0;
+        if (ch.offload) {
+            two++;
+            cr_assert_geq(ch.t_off, 0);
+            if (isfinite(ch.t_dev)) {
+                double x_dev = 0, x_off = 0;
+                for (uint32_t i = 0; i < n; i++) {
+                    x_off += host[i] != WRK_OFF_DEFER;
+                    x_dev += host[i] == WRK_OFF_DEVICE;
+                }
+                x_off += b.dev_items, x_dev += b.dev_items;
+                /* device-only runs sub-batch 0 alone: the joined host requests wait */
+                cr_assert(x_dev == 0 || x_off * ch.t_dev > x_dev * ch.t_off,
+                          "step %d: %g in %.9f s against %g in %.9f s", it, x_off, ch.t_off, x_dev,
+                          ch.t_dev);
+            }
+        } else {
+            dev++;
+            for (uint32_t i = 0; i < n; i++) cr_assert_neq(host[i], WRK_OFF_HOST);
+        }
+    }
+    cr_assert(two > 100 && dev > 100 && deferred > 100, "%d two, %d device-only, %d deferring", two,
+              dev, deferred);
+#undef RND
+}
