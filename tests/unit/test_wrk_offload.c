@@ -610,3 +610,29 @@ Test(wrk_offload, with_deferral_never_picks_the_lower_estimated_throughput_nor_s
               dev, deferred);
 #undef RND
 }
+
+/* A host whose attention costs (next to) nothing: the estimate is unbounded, what the capacity
+ * rule reads stays bounded by the page ids (no overflowing conversion). */
+Test(wrk_offload, a_free_hosts_estimate_is_bounded_by_the_page_ids) {
+    wrk_off_costs c = WEIGHT_BOUND;
+    c.hattn_kv = 1e-300;
+    wrk_off_req r[2] = {{.kv = 1000}, {.kv = 1000, .on_host = true}};
+    wrk_off_batch b = {.reqs = r, .n_reqs = 2, .device_kv_budget = UINT64_MAX};
+    uint8_t host[2];
+    wrk_off_choice ch;
+    wrk_off_decide(&c, &b, host, &ch);
+    cr_assert_gt(ch.gain_kv, 1e200);
+    wrk_offplace p;
+    pie_status st;
+    cr_assert_eq(wrk_offplace_init(&p, 64, 32, 16, 4, &st), PIE_OK, "%s", st.msg);
+    uint32_t pages[2] = {0, 1};
+    wrk_offplace_item it[2] = {
+        {.pages = &pages[0], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true},
+        {.pages = &pages[1], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true}};
+    c.hattn_kv = 0;
+    wrk_offplace_decide(&p, &c, it, 2, NULL, NULL, host, &ch);
+    cr_assert(isinf(ch.gain_kv));
+    cr_assert_eq(p.stats.gain_pages, 64);
+    cr_assert_eq(p.stats.gain_steps, 1);
+    wrk_offplace_free(&p);
+}

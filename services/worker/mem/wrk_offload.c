@@ -86,6 +86,7 @@ static double off_gain_kv(const wrk_off_costs *c, const wrk_off_batch *b) {
     double hide = tl0 / c->hattn_kv, mean = (double)kv_all / b->n_reqs;
     double n1 = floor(hide / mean);
     if (n1 < 1) return 0;
+    if (n1 > UINT32_MAX) n1 = UINT32_MAX; /* a near-free host: any batch is bounded far below */
     double t0 = tl0 + c->dattn_kv * (double)(b->dev_kv + kv0);
     double x0 = (double)b->dev_items + (double)n0;
     return n1 * t0 > x0 * off_lin(c, (uint64_t)n1) ? hide : 0;

@@ -1,7 +1,6 @@
 /* wrk_offplace.c — see wrk_offplace.h. */
 #include "wrk_offplace.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,10 +119,8 @@ void wrk_offplace_decide(wrk_offplace *p, const wrk_off_costs *costs,
         wrk_off_decide(costs, &b, p->req_host, &ch);
         if (ch.forced) p->stats.forced_steps++;
         p->stats.gain_steps++;
-        if (isfinite(ch.gain_kv))
-            p->stats.gain_pages += (uint64_t)(ch.gain_kv / p->page_size);
-        else
-            p->stats.gain_pages += p->n_pages; /* a free host: everything pays */
+        double gain = ch.gain_kv / p->page_size; /* INFINITY: a free host, everything pays */
+        p->stats.gain_pages += gain < p->n_pages ? (uint64_t)gain : p->n_pages;
     }
     for (uint32_t r = 0; r < n_req; r++) item_host[p->req_item[r]] = p->req_host[r];
     offplace_settle(p, items, n, item_host);
