@@ -430,8 +430,8 @@ Test(wrk_offload, neo_includes_host_decodes_hidden_behind_a_prefills_linear_laye
 Test(wrk_offload, neo_defers_the_host_decodes_that_would_not_hide_longest_waiting_first) {
     /* a 4096-token prefill: Tl0 = lin(4104) = 41.04 ms. Host decodes: 10 of 2 ms, 2 of 15 ms;
      * request 19 waited 3 steps: it is taken first (15 ms), then the small ones (35 ms): the
-     * other large one would expose 9 ms for one more token of 20 (21 x 61.84 ms < 20 x
-     * 70.84 ms): deferred. Two sub-batches: 20 requests in 61.84 ms against 9 in 41.84. */
+     * other large one would not hide (50 ms > 41.04 ms): deferred. Two sub-batches: 20
+     * requests in 61.84 ms against 9 in 41.84. */
     wrk_off_req r[20];
     for (int i = 0; i < 8; i++) r[i] = (wrk_off_req){.kv = 1000};
     for (int i = 8; i < 18; i++) r[i] = (wrk_off_req){.kv = 2000, .on_host = true};

@@ -93,7 +93,7 @@ static double off_gain_kv(const wrk_off_costs *c, const wrk_off_batch *b) {
 }
 
 /* One request r of the CPU run queue (Neo §3.3 step 4) against the split so far (s; joined:
- * what hidden or paying requests added to sub-batch 1, which the device-only schedule lacks).
+ * what hidden requests added to sub-batch 1, which the device-only schedule lacks).
  * Returns where it attends this step; *stuck is set when a starving request stays on the host. */
 static uint8_t off_queue_take(const wrk_off_costs *c, const wrk_off_batch *b,
                               const wrk_off_req *r, off_sums *s, off_sums *joined, bool *stuck) {
@@ -115,12 +115,7 @@ static uint8_t off_queue_take(const wrk_off_costs *c, const wrk_off_batch *b,
     /* hidden behind sub-batch 0's linear layers, or nothing on the device to wait for (an idle
      * device hides nothing, but deferring would only leave it idle) */
     double tl0 = off_lin(c, (uint64_t)b->dev_tokens + s->n0);
-    bool take = c->hattn_kv * (double)with.kv1 <= tl0 || tl0 == 0;
-    if (!take && s->n1 > 0) { /* not hidden: only while the step's throughput still rises */
-        double x = (double)b->dev_items + (double)(s->n0 + s->n1);
-        take = (x + 1) * off_est(c, b, s) > x * off_est(c, b, &with);
-    }
-    if (!take) return WRK_OFF_DEFER;
+    if (c->hattn_kv * (double)with.kv1 > tl0 && tl0 > 0) return WRK_OFF_DEFER;
     *s = with;
     joined->n1++, joined->kv1 += r->kv;
     return WRK_OFF_HOST;
