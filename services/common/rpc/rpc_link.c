@@ -53,6 +53,7 @@ struct rpc_link {
     bool status_done;          /* call is over (RECV_STATUS_ON_CLIENT completed) */
     bool was_connected, got_msg;
     bool detached;             /* the server stopped: no further stream */
+    bool detaching;            /* rpc__link_detach waits for the queue to drain */
     grpc_metadata_array init_md, trail_md; /* of call; read only after their tags */
     grpc_status_code status;
     grpc_slice details;
@@ -174,6 +175,8 @@ static void alink_release_locked(rpc_link *l, pie_status *st) {
     rpc__sendq_clear(&l->q); /* messages of an ended stream never go on the next one */
 }
 
+static bool alink_over(const rpc_link *l) { return l->status_done && l->outstanding == 0; }
+
 void rpc__link_on_tag(rpc_tag *t, bool ok) {
     rpc_link *l = t->obj;
     pthread_mutex_lock(&l->mu);
@@ -249,11 +252,11 @@ void rpc__link_on_tag(rpc_tag *t, bool ok) {
         break;
     default: break;
     }
-    alink_wake(l); /* the link thread (attempt over?), a detach (queue drained?) */
+    /* Only when a waiter's condition may hold: a wake-up per tag would cost the link thread a
+     * context switch per message. */
+    if (alink_over(l) || l->detaching) alink_wake(l);
     pthread_mutex_unlock(&l->mu);
 }
-
-static bool alink_over(const rpc_link *l) { return l->status_done && l->outstanding == 0; }
 
 static void *alink_main(void *arg) {
     rpc_link *l = arg;
@@ -327,8 +330,10 @@ void rpc__link_detach(rpc_link *l, int64_t flush_ms) {
     int64_t deadline = rpc_now_ns() + flush_ms * 1000000;
     struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
     pthread_mutex_lock(&l->mu);
+    l->detaching = true;
     while (l->call && !l->status_done && (l->inflight || l->q.len > 0) &&
            pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT) {}
+    l->detaching = false;
     l->detached = true;
     l->srv = NULL;
     l->connected = false;
