@@ -276,6 +276,8 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
 /* At least this long for calls in flight after the instances' drain, so that the exit status
  * of an instance ended at the grace reaches its client before the server cancels calls. */
 #define LC_CALLS_GRACE_MIN_MS 1000
+/* The longest the Session's sender may take to hand the last InstanceEnds to the stream. */
+#define LC_SETTLE_MS 500
 
 /* The drain of SIGTERM (docs/operators.md, "Shutdown"): readiness fails, launches are refused,
  * running instances get up to server.shutdown_grace to end by themselves (their clients stay
@@ -290,6 +292,8 @@ static void lc_drain(const lc_config *cfg, lc_parts *p) {
     size_t left = lc_inst_mgr_drain(p->insts, grace_ms);
     pie_log_info("lc.drained", "instances_cut=%zu", left);
     lc_inst_mgr_stop(p->insts);
+    lc_session_settle(p->session, LC_SETTLE_MS); /* the InstanceEnds go out before the server
+                                                    stops, which ends the Session's stream */
     int64_t rest_ms = grace_ms - (rpc_now_ns() - t0) / 1000000;
     svc_drain_within(p->s, rest_ms > LC_CALLS_GRACE_MIN_MS ? rest_ms : LC_CALLS_GRACE_MIN_MS);
 }
@@ -297,6 +301,7 @@ static void lc_drain(const lc_config *cfg, lc_parts *p) {
 static void lc_stop(lc_parts *p) {
     if (p->rt) lc_wasm_rt_stop_compiles(p->rt); /* no job below waits for a compiler */
     lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
+    if (p->session) lc_session_settle(p->session, LC_SETTLE_MS); /* their InstanceEnds */
     svc_drain(p->s);            /* server next (no-op after lc_drain): no callback after it */
     lc_api_destroy(p->api);     /* waits for uploads being validated */
     lc_inst_mgr_destroy(p->insts);
