@@ -367,6 +367,52 @@ Test(rpc_alink, server_shutdown_with_sends_in_flight_ends_the_link_cleanly) {
     rec_free(&r);
 }
 
+/* A peer that stops reading (its handler blocked; HTTP/2 flow control then holds the transport)
+ * while the link floods it: once the queue passes its bound the send is refused UNAVAILABLE, the
+ * stream ends with the same reason in on_disconnect, and when the peer reads again the link
+ * reconnects. Memory stays bounded instead of the queue growing with the flood. */
+Test(rpc_alink, a_peer_that_stops_reading_ends_the_stream_at_the_queue_bound) {
+    pie_status st;
+    tsrv *peer = tsrv_start(NULL, &st);
+    cr_assert(peer, "%s", st.msg);
+    rpc_server *home = home_start();
+    rpc_channel *ch = tchan(peer->port, &fast_reconnect);
+    static alink_rec r;
+    rec_init(&r);
+    rpc_link_opts o = alink_opts(&r, home);
+    o.send_queue_max_bytes = 1u << 20;
+    rpc_link *l = rpc_link_start(ch, &o, &st);
+    cr_assert(l, "%s", st.msg);
+    cr_assert(TWAIT(rec_has(&r, "register-1"), HANG_MS));
+    tmsg stall = tmsg_of("stall");
+    cr_assert_eq(rpc_link_send(l, &stall.base, &st), PIE_OK, "%s", st.msg);
+    static char big[64 * 1024];
+    memset(big, 'y', sizeof big - 1);
+    tmsg m = tmsg_of(big);
+    pie_code rc = PIE_OK;
+    int sent = 0;
+    for (; sent < 4000 && rc == PIE_OK; sent++) rc = rpc_link_send(l, &m.base, &st);
+    cr_assert_eq(rc, PIE_UNAVAILABLE, "after %d sends of 64 KiB: %s (%s)", sent,
+                 pie_code_name(rc), st.msg);
+    cr_assert(strstr(st.msg, "the peer stopped reading"), "%s", st.msg);
+    cr_assert(strstr(st.msg, "bound 1048576"), "%s", st.msg);
+    cr_assert_geq(sent, 16, "refused before 1 MiB was queued");
+    cr_assert(TWAIT(atomic_load(&r.disconnects) == 1, HANG_MS), "on_disconnect after the bound");
+    cr_assert_eq(atomic_load(&r.last_code), PIE_UNAVAILABLE);
+    pthread_mutex_lock(&r.mu);
+    bool why = strstr(r.last_msg, "the peer stopped reading") != NULL;
+    pthread_mutex_unlock(&r.mu);
+    cr_assert(why, "on_disconnect: %s", r.last_msg);
+    tsrv_release(peer); /* it reads again: the link reconnects */
+    cr_assert(TWAIT(rec_has(&r, "register-2"), HANG_MS), "no reconnect after the peer recovered");
+    rpc_link_stop(l);
+    rpc_server_shutdown(home, 0);
+    rpc_server_destroy(home);
+    rpc_channel_destroy(ch);
+    tsrv_stop(peer, 1000);
+    rec_free(&r);
+}
+
 /* rpc_link_stop with the stream busy, the server still running: stop cancels, collects every
  * tag, and the server then shuts down normally (its queue is not held by the link's call). */
 Test(rpc_alink, stop_with_sends_in_flight_frees_everything_and_the_server_stops) {

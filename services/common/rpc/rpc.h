@@ -373,7 +373,14 @@ typedef struct rpc_link_opts {
      * queued, ends the stream (on_disconnect: UNAVAILABLE) and the link opens no other; sends
      * then answer UNAVAILABLE. rpc_link_stop still frees it, before or after the server. */
     rpc_server *server;
+    /* Asynchronous links: the most packed bytes waiting behind the message in flight (an empty
+     * queue still takes one message). A send past it ends the stream as a peer that stopped
+     * reading (UNAVAILABLE, to the sender and in on_disconnect; the link reconnects as after
+     * any loss), so a stalled peer costs bounded memory. 0: RPC_LINK_QUEUE_MAX_BYTES. */
+    size_t send_queue_max_bytes;
 } rpc_link_opts;
+
+#define RPC_LINK_QUEUE_MAX_BYTES ((size_t)64 << 20)
 
 /* Starts the link's thread, which opens the stream at once. The channel must outlive the link. */
 rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status *st);

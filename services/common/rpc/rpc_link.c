@@ -310,6 +310,11 @@ static void *alink_main(void *arg) {
 
 /* Queues or starts one packed message on the connected stream (mu held). */
 static pie_code alink_send_locked(rpc_link *l, grpc_byte_buffer *bb, pie_status *st) {
+    if (l->reset || l->status_done) { /* ending: what it would queue is dropped with it */
+        grpc_byte_buffer_destroy(bb);
+        return pie_status_set(st, PIE_UNAVAILABLE, "rpc_link_send %s: the stream is ending",
+                              l->path);
+    }
     if (l->inflight == NULL && l->q.len == 0) {
         if (!alink_start_send(l, bb)) {
             grpc_byte_buffer_destroy(bb);
@@ -317,6 +322,27 @@ static pie_code alink_send_locked(rpc_link *l, grpc_byte_buffer *bb, pie_status 
                                   l->path);
         }
         return PIE_OK;
+    }
+    size_t max = l->o.send_queue_max_bytes ? l->o.send_queue_max_bytes : RPC_LINK_QUEUE_MAX_BYTES;
+    size_t len = grpc_byte_buffer_length(bb);
+    if (l->q.len > 0 && (l->q.bytes > max || len > max - l->q.bytes)) {
+        /* The peer stopped reading (flow control holds the transport): end the stream rather
+         * than hold an ever longer queue; everything queued is dropped with it, and the
+         * sender's own message is refused, so nothing later arrives without the lost ones. */
+        size_t queued = l->q.bytes;
+        grpc_byte_buffer_destroy(bb);
+        if (!l->status_done && !l->reset && !l->stop) {
+            l->reset = true;
+            pie_status_set(&l->reset_st, PIE_UNAVAILABLE,
+                           "rpc_link %s: the peer stopped reading (%zu bytes queued, bound %zu)",
+                           l->path, queued, max);
+            grpc_call_cancel(l->call, NULL);
+        }
+        rpc__sendq_clear(&l->q);
+        return pie_status_set(st, PIE_UNAVAILABLE,
+                              "rpc_link_send %s: the peer stopped reading (%zu bytes queued, "
+                              "bound %zu)",
+                              l->path, queued, max);
     }
     if (rpc__sendq_push(&l->q, bb) != 0) {
         grpc_byte_buffer_destroy(bb);
