@@ -145,21 +145,35 @@ KRN_TARGET_BF16DOT KRN_INLINE void tile(const uint16_t *x, size_t ldx, int RX, c
 }
 
 /* Rows of x in groups of 8, the rest in one smaller tile, against RW rows of W at wo. */
-#define KRN_DOT_ROWS(RW)                                                               \
-    do {                                                                               \
-        int r = 0;                                                                     \
-        for (; r + 8 <= n; r += 8)                                                     \
+#define KRN_DOT_ROWS(RW)                                                                       \
+    do {                                                                                       \
+        int r = 0;                                                                             \
+        for (; r + 8 <= n; r += 8)                                                             \
             tile(xp + (size_t)r * ldx, ldx, 8, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
-        switch (n - r) {                                                               \
-        case 7: tile(xp + (size_t)r * ldx, ldx, 7, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 6: tile(xp + (size_t)r * ldx, ldx, 6, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 5: tile(xp + (size_t)r * ldx, ldx, 5, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 4: tile(xp + (size_t)r * ldx, ldx, 4, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 3: tile(xp + (size_t)r * ldx, ldx, 3, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 2: tile(xp + (size_t)r * ldx, ldx, 2, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        case 1: tile(xp + (size_t)r * ldx, ldx, 1, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); break; \
-        default: break;                                                                \
-        }                                                                              \
+        switch (n - r) {                                                                       \
+        case 7:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 7, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 6:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 6, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 5:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 5, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 4:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 4, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 3:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 3, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 2:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 2, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        case 1:                                                                                \
+            tile(xp + (size_t)r * ldx, ldx, 1, wo, ldw, RW, in, y + (size_t)r * ldy + o, ldy); \
+            break;                                                                             \
+        default: break;                                                                        \
+        }                                                                                      \
     } while (0)
 
 KRN_TARGET_BF16DOT void krn_bf16dot_rows(const void *xpv, int n, int in, const uint16_t *w, int o0,

@@ -435,7 +435,8 @@ Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
                     for (int o = 0; o < out; o++) {
                         double sum = 0, mag = 0;
                         for (int k = 0; k < in; k++) {
-                            double t = (double)ref_round_bf16(x[(size_t)i * (size_t)in + (size_t)k]) *
+                            float xv = x[(size_t)i * (size_t)in + (size_t)k];
+                            double t = (double)ref_round_bf16(xv) *
                                        wref[(size_t)o * (size_t)in + (size_t)k];
                             sum += t;
                             mag += fabs(t);
