@@ -41,16 +41,23 @@ static pthread_once_t g_dot_once = PTHREAD_ONCE_INIT;
 static atomic_int g_dot_have; /* CPU has AVX512-BF16 (and the avx512 path's features) */
 static atomic_int g_dot_on;   /* what krn_cpu_linear uses when AMX is not active */
 
+/* Default: on for AMD CPUs, off for others; PIE_KRN_BF16DOT=1 / 0 overrides either way. On the
+ * Intel Xeon of the development VMs (AMX off) the path costs ~24% more CPU per 32-sequence
+ * decode step than the exact GEMV tiles (VDPBF16PS issues once every 2 cycles there: 60 GMAC/s
+ * per core against 120 for f32 FMA); on AMD Zen 4 the instruction is expected to run at twice
+ * the f32 FMA's products per cycle, not measured in this project yet (kernels/cpu/README.md). */
 static void dot_init(void) {
-    int have = 0;
+    int have = 0, amd = 0;
 #if KRN_X86
     __builtin_cpu_init();
     have = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw");
+    amd = __builtin_cpu_is("amd");
 #endif
     const char *env = getenv("PIE_KRN_BF16DOT");
+    int want = env && *env ? env[0] != '0' : amd;
     atomic_store(&g_dot_have, have);
-    atomic_store(&g_dot_on, have && !(env && env[0] == '0'));
+    atomic_store(&g_dot_on, have && want);
 }
 
 int krn_cpu_bf16dot_active(void) {

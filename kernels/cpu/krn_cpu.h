@@ -54,8 +54,8 @@ int krn_cpu_set_amx(int on);
 
 /* Whether krn_cpu_linear multiplies bf16 weights with n >= 8 rows of x by AVX512-BF16 dot
  * products, x rounded to bf16 (see there): the CPU has AVX512-BF16, the SIMD path is avx512,
- * AMX is not active (krn_cpu_amx_active()), and neither PIE_KRN_BF16DOT=0 (read once) nor
- * krn_cpu_set_bf16dot(0) turned it off. */
+ * AMX is not active (krn_cpu_amx_active()), and the switch is on: by default on AMD CPUs only,
+ * PIE_KRN_BF16DOT=1 or 0 (read once) and krn_cpu_set_bf16dot override it. */
 int krn_cpu_bf16dot_active(void);
 
 /* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine). -1

@@ -494,16 +494,18 @@ class EngineMatchesReference(unittest.TestCase):
     def test_tiny_bf16_greedy_64_tokens_identical(self):
         self.run_session("tiny-bf16", greedy_scenario, seed=4)
 
-    # With AMX off a CPU with AVX512-BF16 multiplies bf16 weights for 8-32 rows by VDPBF16PS with
-    # x rounded to bf16 (kernels/cpu/krn_bf16dot.c): the bf16 bound still holds (measured 2.7e-3
-    # relative logits error on this scenario, against 7.9e-6 on AMX and 4.6e-7 on the exact
-    # AVX-512 path). On a CPU without AVX512-BF16 this runs the exact path.
-    def test_tiny_bf16_mixed_batch_with_amx_off(self):
-        self.run_session("tiny-bf16", mixed_scenario, seed=3, session={"env": {"PIE_KRN_AMX": "0"}})
+    # With AMX off and PIE_KRN_BF16DOT=1 (the default on AMD CPUs) a CPU with AVX512-BF16
+    # multiplies bf16 weights for 8-32 rows by VDPBF16PS with x rounded to bf16
+    # (kernels/cpu/krn_bf16dot.c): the bf16 bound still holds (measured 2.7e-3 relative logits
+    # error on this scenario, against 7.9e-6 on AMX and 4.6e-7 on the exact AVX-512 path). On a
+    # CPU without AVX512-BF16 this runs the exact path.
+    BF16DOT = {"PIE_KRN_AMX": "0", "PIE_KRN_BF16DOT": "1"}
 
-    def test_tiny_bf16_greedy_64_tokens_identical_with_amx_off(self):
-        self.run_session("tiny-bf16", greedy_scenario, seed=4,
-                         session={"env": {"PIE_KRN_AMX": "0"}})
+    def test_tiny_bf16_mixed_batch_on_avx512_bf16(self):
+        self.run_session("tiny-bf16", mixed_scenario, seed=3, session={"env": self.BF16DOT})
+
+    def test_tiny_bf16_greedy_64_tokens_identical_on_avx512_bf16(self):
+        self.run_session("tiny-bf16", greedy_scenario, seed=4, session={"env": self.BF16DOT})
 
     def test_tiny_f16_mixed_batch(self):
         self.run_session("tiny-f16", mixed_scenario, seed=5)
