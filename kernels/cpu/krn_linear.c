@@ -443,36 +443,23 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
-/* The AMX path: packs x once (in the pool's shared scratch, or a malloc without a pool), then
- * splits the rows of W over the pool. -1 when memory for the packed x runs out (the caller
- * takes another path). */
-static int linear_amx(krn_pool *p, linear_job *j) {
-    size_t bytes = krn_amx_pack_bytes(j->n, j->in);
+/* The paths that pack x once (AMX: bf16 hi/lo tiles; AVX512-BF16: x rounded to bf16), in the
+ * pool's shared scratch or a malloc without a pool, then split the rows of W over the pool. -1
+ * when memory for the packed x runs out (the caller takes another path). */
+static int linear_packed(krn_pool *p, linear_job *j, int amx) {
+    size_t bytes = amx ? krn_amx_pack_bytes(j->n, j->in) : krn_bf16dot_pack_bytes(j->n, j->in);
     void *own = NULL;
     void *xp = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
                  : (own = aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!xp) return -1;
-    krn_amx_pack(p, j->x, j->n, j->in, xp);
+    if (amx)
+        krn_amx_pack(p, j->x, j->n, j->in, xp);
+    else
+        krn_bf16dot_pack(p, j->x, j->n, j->in, xp);
     j->xp = xp;
     j->out16 = j->out / 16 * 16;
-    j->rows_per_task = KRN_LINEAR_AMX_ROWS;
-    krn_pool_run(p, task_amx, j, div_up(j->out, j->rows_per_task));
-    free(own);
-    return 0;
-}
-
-/* The AVX512-BF16 path: rounds x to bf16 once (in the pool's shared scratch, or a malloc
- * without a pool), then splits the rows of W over the pool. -1 when memory runs out. */
-static int linear_dot(krn_pool *p, linear_job *j) {
-    size_t bytes = krn_bf16dot_pack_bytes(j->n, j->in);
-    void *own = NULL;
-    void *xp = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
-                 : (own = aligned_alloc(64, (bytes + 63) / 64 * 64));
-    if (!xp) return -1;
-    krn_bf16dot_pack(p, j->x, j->n, j->in, xp);
-    j->xp = xp;
-    j->rows_per_task = KRN_LINEAR_DOT_ROWS;
-    krn_pool_run(p, task_dot, j, div_up(j->out, j->rows_per_task));
+    j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
+    krn_pool_run(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
     free(own);
     return 0;
 }
@@ -496,10 +483,10 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
     }
 
     if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
-        krn_cpu_amx_active() && linear_amx(p, &j) == 0)
+        krn_cpu_amx_active() && linear_packed(p, &j, 1) == 0)
         return;
     if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-        krn_cpu_bf16dot_active() && linear_dot(p, &j) == 0)
+        krn_cpu_bf16dot_active() && linear_packed(p, &j, 0) == 0)
         return;
 
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
