@@ -544,8 +544,7 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
               count <= KRN_LINEAR_MULTI_MAX && krn_cpu_amx_active();
     for (int i = 0; amx && i < count; i++) amx = outs[i].out >= 16;
     int dot = !amx && wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-              in > 0 &&
-              count <= KRN_LINEAR_MULTI_MAX && krn_cpu_bf16dot_active();
+              in > 0 && count <= KRN_LINEAR_MULTI_MAX && krn_cpu_bf16dot_active();
     for (int i = 0; dot && i < count; i++) dot = outs[i].out > 0;
     void *xp = NULL;
     if ((amx || dot) && p) {
