@@ -139,6 +139,8 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
     if (o->n_host_fns) memcpy(rt->host_fns, o->host_fns, o->n_host_fns * sizeof *rt->host_fns);
     rt->n_host_fns = o->n_host_fns;
     rt->tier1 = o->tier1;
+    const char *t0 = getenv("PIE_WASM_TIER0");
+    rt->tier0_wasm2c = o->tier0_wasm2c || (t0 != NULL && strcmp(t0, "wasm2c") == 0);
     rt->limits = o->module_limits;
     if (rt->limits.max_functions == 0) rt->limits.max_functions = LC_WASM_DEFAULT_MAX_FUNCTIONS;
     if (rt->limits.max_function_bytes == 0)
@@ -251,6 +253,8 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
 lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
     lc_wasm_rt_stats s = {
         .translations = atomic_load(&rt->translations),
+        .own_translations = atomic_load(&rt->own_translations),
+        .own_declines = atomic_load(&rt->own_declines),
         .tier0_compiles = atomic_load(&rt->tier0_compiles),
         .tier1_compiles = atomic_load(&rt->tier1_compiles),
         .disk_hits = atomic_load(&rt->disk_hits),
