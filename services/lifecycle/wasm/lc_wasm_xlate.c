@@ -44,6 +44,12 @@
 
 #define XL_MAX_NEST 12
 #define XL_MAX_EXPR 1000
+/* Work bounds of the in-process translation (beyond them: declined, and wasm2c, a process
+ * under the compile time limit, gets the module): C text, locals of all functions together
+ * (each is declared), values a block or a branch carries. */
+#define XL_MAX_C_BYTES    (96u << 20)
+#define XL_MAX_ALL_LOCALS 2000000u
+#define XL_MAX_ARITY      64u
 
 enum { T_I32 = 0x7f, T_I64 = 0x7e, T_F32 = 0x7d, T_F64 = 0x7c };
 
@@ -179,6 +185,11 @@ typedef struct xl {
     uint32_t cap_tgt;
     uint32_t tdep[4];
     uint32_t n_labels;
+    /* Bounds that keep the stack scans linear in the body's size: */
+    int64_t eff_at;  /* index of the one pending effectful entry, or -1 */
+    uint32_t lo_rd;  /* entries below may not read locals while pending */
+    uint32_t clean;  /* entries below are all stored in their temporaries */
+    uint64_t all_locals;
 } xl;
 
 typedef struct xr {
@@ -449,21 +460,32 @@ static void mat(xl *x, uint32_t i) {
     put_val(x, b, v);
     xb_puts(b, ";\n");
     note_tmp(x, v->t, i);
+    if (x->eff_at == (int64_t)i) x->eff_at = -1;
     *v = (xv){.t = v->t, .k = K_TMP, .idx = i, .tmax = (int32_t)i};
 }
 
+/* Stores the pending effectful entry (there is at most one) if it sits below upto. */
 static void flush_eff(xl *x, uint32_t upto) {
-    for (uint32_t i = 0; i < upto; i++)
-        if (x->vs[i].eff) mat(x, i);
+    if (x->eff_at >= 0 && x->eff_at < (int64_t)upto && x->eff_at < (int64_t)x->nv)
+        mat(x, (uint32_t)x->eff_at);
 }
 
 static void flush_loc(xl *x) {
-    for (uint32_t i = 0; i < x->nv; i++)
+    for (uint32_t i = x->lo_rd; i < x->nv; i++)
         if (x->vs[i].rdloc) mat(x, i);
+    x->lo_rd = x->nv;
 }
 
 static void flush_all(xl *x) {
-    for (uint32_t i = 0; i < x->nv; i++) mat(x, i);
+    for (uint32_t i = x->clean; i < x->nv; i++) mat(x, i);
+    x->clean = x->nv;
+    x->lo_rd = x->nv;
+}
+
+/* The stack shrank to nv entries. */
+static void shrunk(xl *x) {
+    if (x->clean > x->nv) x->clean = x->nv;
+    if (x->eff_at >= (int64_t)x->nv) x->eff_at = -1;
 }
 
 static xv *push(xl *x, uint8_t t) {
@@ -483,6 +505,7 @@ static xv pop(xl *x, xr *r, uint8_t want) {
         return v;
     }
     v = x->vs[--x->nv];
+    shrunk(x);
     if (want && v.t && v.t != want) INVALID("type mismatch: %s expected, %s found", tname(want), tname(v.t));
     return v;
 }
@@ -516,6 +539,8 @@ static void push_sc(xl *x, uint8_t t, bool eff, bool rdloc, int nest, int32_t tm
               .tmax = tmax,
               .off = lo,
               .len = x->sc.len};
+    if (eff) x->eff_at = d;
+    if (rdloc && d < x->lo_rd) x->lo_rd = d;
     if (tmax > (int32_t)d || nest > XL_MAX_NEST || x->sc.len > XL_MAX_EXPR) mat(x, d);
 }
 
@@ -760,7 +785,7 @@ static void load(xl *x, xr *r, unsigned k) {
     put_val(x, &x->sc, &a);
     xb_ch(&x->sc, ',');
     xb_dec(&x->sc, off);
-    xb_ch(&x->sc, ')');
+    xb_puts(&x->sc, "u)");
     xb_puts(&x->sc, LOADS[k].post);
     push_sc(x, LOADS[k].out, true, a.rdloc, a.nest + 1, a.tmax);
 }
@@ -778,7 +803,7 @@ static void store(xl *x, xr *r, unsigned k) {
     emit_val(x, &a);
     xb_ch(b, ',');
     xb_dec(b, off);
-    xb_ch(b, ',');
+    xb_puts(b, "u,");
     emit_val(x, &v);
     xb_puts(b, ");\n");
 }
@@ -818,6 +843,10 @@ static void blocktype(xl *x, xr *r, xc *c) {
         return;
     }
     xtype *t = &x->types[v];
+    if (t->np > XL_MAX_ARITY || t->nr > XL_MAX_ARITY) {
+        DECLINE("block type with more than %u parameters or results", XL_MAX_ARITY);
+        return;
+    }
     c->pt = t->p;
     c->np = t->np;
     c->rt = t->r;
@@ -871,6 +900,7 @@ static void emit_branch(xl *x, xc *t) {
 static void set_unreachable(xl *x) {
     xc *c = top(x);
     x->nv = c->base;
+    shrunk(x);
     c->unr = true;
     c->live = false;
 }
@@ -914,6 +944,7 @@ static void block_start(xl *x, xr *r, uint8_t kind) {
     c->live = c->live_in = was_live;
     /* in unreachable code fewer params may be present: make up the rest, typed */
     x->nv = base;
+    shrunk(x);
     c->base = base;
     for (uint32_t i = 0; i < bt.np; i++) {
         if (i < keep) {
@@ -1253,7 +1284,10 @@ static void op_local(xl *x, xr *r, uint8_t op) {
     uint8_t t = x->lt[i];
     if (op == 0x20) {
         xv *v = push(x, t);
-        if (v && live(x)) *v = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+        if (v && live(x)) {
+            *v = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+            if (x->nv - 1 < x->lo_rd) x->lo_rd = x->nv - 1;
+        }
         return;
     }
     xv v = pop(x, r, t);
@@ -1268,7 +1302,10 @@ static void op_local(xl *x, xr *r, uint8_t op) {
     }
     if (op == 0x22) {
         xv *p = push(x, t);
-        if (p && live(x)) *p = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+        if (p && live(x)) {
+            *p = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+            if (x->nv - 1 < x->lo_rd) x->lo_rd = x->nv - 1;
+        }
     }
 }
 
@@ -1517,6 +1554,11 @@ static void body(xl *x, xr *r, uint32_t f) {
             DECLINE("more than %u locals", LC_WASM_MAX_LOCALS);
             return;
         }
+        x->all_locals += n;
+        if (x->all_locals > XL_MAX_ALL_LOCALS) {
+            DECLINE("more than %u locals in all functions", XL_MAX_ALL_LOCALS);
+            return;
+        }
         lt = xgrow(x, x->lt, &x->cap_loc, x->n_loc + n + 1, 1);
         if (lt == NULL) return;
         x->lt = lt;
@@ -1526,6 +1568,8 @@ static void body(xl *x, xr *r, uint32_t f) {
     x->fn.len = 0;
     x->ex.len = 0;
     x->nv = x->nc = 0;
+    x->eff_at = -1;
+    x->lo_rd = x->clean = 0;
     memset(x->tdep, 0, sizeof x->tdep);
     x->n_labels = 0;
     xc *c = frame_push(x, C_FUNC);
@@ -1585,8 +1629,10 @@ static const char PRELUDE[] =
     "float floorf(float),ceilf(float),truncf(float),nearbyintf(float),sqrtf(float),"
     "copysignf(float,float);\n"
     "#define TRAP(k) wasm_rt_trap(WASM_RT_TRAP_##k)\n"
-    "#define LD(T,a,o) (*(T*)(I->m0.data+(u64)(a)+o))\n"
-    "#define ST(T,a,o,v) (*(T*)(I->m0.data+(u64)(a)+o)=(T)(v))\n"
+    /* (u32): an address is 32 bits whatever the C expression; + a 32-bit offset stays in the
+     * memory's 8 GiB reservation */
+    "#define LD(T,a,o) (*(T*)(I->m0.data+(u64)(u32)(a)+o))\n"
+    "#define ST(T,a,o,v) (*(T*)(I->m0.data+(u64)(u32)(a)+o)=(T)(v))\n"
     "static f32 lc_f32(u32 x){union{u32 i;f32 f;}u;u.i=x;return u.f;}\n"
     "static f64 lc_f64(u64 x){union{u64 i;f64 f;}u;u.i=x;return u.f;}\n"
     "static u32 lc_i32f(f32 x){union{u32 i;f32 f;}u;u.f=x;return u.i;}\n"
@@ -2116,6 +2162,7 @@ static void sec_code(xl *x, xr *r) {
         xr b = {r->p, r->p + size};
         body(x, &b, x->n_imp + i);
         r->p += size;
+        if (!x->failed && x->out.len > XL_MAX_C_BYTES) DECLINE("more than %u bytes of C", XL_MAX_C_BYTES);
     }
 }
 
