@@ -523,3 +523,82 @@ Test(lc_wasm_xlate, an_invalid_module_is_rejected_through_the_runtime_as_wasm2c_
     free(b.data);
     pair_destroy(&p);
 }
+
+/* ---- large native frames --------------------------------------------------------------------- */
+
+static size_t put_leb(uint8_t *p, uint32_t v) {
+    size_t n = 0;
+    do {
+        uint8_t b = v & 0x7f;
+        v >>= 7;
+        p[n++] = v ? (uint8_t)(b | 0x80) : b;
+    } while (v);
+    return n;
+}
+
+/* A function () -> () that calls itself, then holds `values` i64 temporaries at once (pushed,
+ * then stored at a block's entry): a native frame of 8 * values bytes per level, entered with
+ * nothing written in it before the next call. */
+static bytes big_frame_module(uint32_t values) {
+    size_t body_len = 1 + 2 * (size_t)values + 3 + 2 + values + 1;
+    bytes b = {malloc(body_len + 64), 0};
+    cr_assert_not_null(b.data);
+    static const uint8_t head[] = {0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+                                   0x01, 0x04, 0x01, 0x60, 0x00, 0x00, 0x03, 0x02, 0x01, 0x00,
+                                   0x07, 0x0a, 0x01, 0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00};
+    uint8_t *p = b.data;
+    memcpy(p, head, sizeof head);
+    p += sizeof head;
+    uint8_t lb[8];
+    size_t ln = put_leb(lb, (uint32_t)body_len);
+    *p++ = 0x0a;
+    p += put_leb(p, (uint32_t)(1 + ln + body_len));
+    *p++ = 0x01;
+    memcpy(p, lb, ln);
+    p += ln;
+    *p++ = 0x00;              /* no locals */
+    *p++ = 0x10, *p++ = 0x00; /* call 0 first: the return address is the frame's first write */
+    for (uint32_t i = 0; i < values; i++) *p++ = 0x42, *p++ = 0x00; /* i64.const 0 */
+    *p++ = 0x02, *p++ = 0x40, *p++ = 0x0b;                          /* block end */
+    for (uint32_t i = 0; i < values; i++) *p++ = 0x1a;              /* drop */
+    *p++ = 0x0b;
+    b.len = (size_t)(p - b.data);
+    return b;
+}
+
+typedef struct frame_run {
+    lc_wasm_rt *rt;
+    bytes b;
+    result r;
+    bool loaded;
+    pie_status st;
+} frame_run;
+
+static void *frame_thread(void *arg) {
+    frame_run *f = arg;
+    f->loaded = run(f->rt, &f->b, (const char *const[]){"big_frame", NULL}, &f->r, &f->st);
+    return NULL;
+}
+
+Test(lc_wasm_xlate, a_native_frame_larger_than_the_stack_guard_traps_as_exhaustion) {
+    /* 150,000 values: a 1.2 MB frame, far more than the smallest guard lc_wasm_instance_run
+     * accepts (64 KiB, used here); the recursion must end in a stack-exhaustion trap, never
+     * in a write past the guard */
+    frame_run f = {.rt = make("own", false), .b = big_frame_module(150000)};
+    cr_assert(wabt_accepts("big_frame", &f.b));
+    pthread_attr_t a;
+    cr_assert_eq(pthread_attr_init(&a), 0);
+    /* 16.5 MiB: the level that runs out lands ~0.5 MB below the stack, past the guard */
+    cr_assert_eq(pthread_attr_setstacksize(&a, (16u << 20) + (512u << 10)), 0);
+    cr_assert_eq(pthread_attr_setguardsize(&a, 64u << 10), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, &a, frame_thread, &f), 0);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    pthread_attr_destroy(&a);
+    cr_assert(f.loaded, "%s", f.st.msg);
+    cr_expect_eq(f.r.out.end, LC_WASM_TRAPPED, "%s", f.r.out.message);
+    cr_expect_eq(f.r.out.trap, LC_WASM_TRAP_EXHAUSTION, "%s", f.r.out.message);
+    cr_expect_eq(lc_wasm_rt_stats_get(f.rt).own_translations, 1u);
+    free(f.b.data);
+    lc_wasm_rt_destroy(f.rt);
+}

@@ -50,6 +50,10 @@
 #define XL_MAX_C_BYTES    (96u << 20)
 #define XL_MAX_ALL_LOCALS 2000000u
 #define XL_MAX_ARITY      64u
+/* Functions whose locals and temporaries take more than this are entered through a stack check
+ * (lc_wasm_stack_floor): tcc does not probe the stack, and a frame larger than the guard (at
+ * least 64 KiB, lc_wasm_instance_run checks) could step over it. */
+#define XL_BIG_FRAME (16u << 10)
 
 enum { T_I32 = 0x7f, T_I64 = 0x7e, T_F32 = 0x7d, T_F64 = 0x7c };
 
@@ -1514,12 +1518,14 @@ static void instr(xl *x, xr *r) {
     }
 }
 
-static void func_sig(xl *x, xb *b, uint32_t f, bool names) {
+/* "static R F<f><suffix>(lcI*I,T l0,...)" (names) or "static R F<f><suffix>(lcI*,T,...)" */
+static void func_sig_as(xl *x, xb *b, uint32_t f, bool names, const char *suffix) {
     const xtype *t = &x->types[x->ftype[f]];
     xb_puts(b, "static ");
     xb_puts(b, ret_ctype(t));
     xb_puts(b, " F");
     xb_dec(b, f);
+    xb_puts(b, suffix);
     xb_puts(b, names ? "(lcI*I" : "(lcI*");
     for (uint32_t i = 0; i < t->np; i++) {
         xb_ch(b, ',');
@@ -1531,6 +1537,8 @@ static void func_sig(xl *x, xb *b, uint32_t f, bool names) {
     }
     xb_ch(b, ')');
 }
+
+static void func_sig(xl *x, xb *b, uint32_t f, bool names) { func_sig_as(x, b, f, names, ""); }
 
 static void body(xl *x, xr *r, uint32_t f) {
     const xtype *t = &x->types[x->ftype[f]];
@@ -1591,7 +1599,28 @@ static void body(xl *x, xr *r, uint32_t f) {
     }
     /* header, locals, temporaries, body */
     xb *o = &x->out;
-    func_sig(x, o, f, true);
+    uint64_t frame = 8u * ((uint64_t)x->n_loc + x->tdep[0] + x->tdep[1] + x->tdep[2] + x->tdep[3]);
+    if (frame > XL_BIG_FRAME) {
+        /* F<f> checks that the frame of F<f>_b fits above the stack's floor before entering
+         * it: a frame larger than the guard could step over it into another mapping */
+        func_sig_as(x, o, f, false, "_b");
+        xb_puts(o, ";\n");
+        func_sig(x, o, f, true);
+        xb_puts(o, "{char p;if((uintptr_t)&p<lc_wasm_stack_floor()+");
+        xb_dec(o, frame + (64u << 10));
+        xb_puts(o, "ull)TRAP(EXHAUSTION);");
+        xb_puts(o, t->nr ? "return F" : "F");
+        xb_dec(o, f);
+        xb_puts(o, "_b(I");
+        for (uint32_t i = 0; i < t->np; i++) {
+            xb_puts(o, ",l");
+            xb_dec(o, i);
+        }
+        xb_puts(o, ");}\n");
+        func_sig_as(x, o, f, true, "_b");
+    } else {
+        func_sig(x, o, f, true);
+    }
     xb_puts(o, "{\n");
     for (int k = 0; k < 4; k++) {
         bool first = true;
@@ -1723,7 +1752,8 @@ static const char PRELUDE[] =
     "static wasm_rt_function_ptr_t lc_ci(wasm_rt_funcref_table_t*t,u32 i,u32 ty){"
     "if(i>=t->size||!t->data[i].func||t->data[i].func_type!=ty)TRAP(CALL_INDIRECT);"
     "return t->data[i].func;}\n"
-    "struct Z_pie_instance_t;struct Z_wasi_snapshot_preview1_instance_t;\n";
+    "struct Z_pie_instance_t;struct Z_wasi_snapshot_preview1_instance_t;\n"
+    "uintptr_t lc_wasm_stack_floor(void);\n";
 
 static bool rd_limits(xl *x, xr *r, uint32_t *min, uint32_t *max, uint32_t cap, const char *what) {
     uint8_t flags = rd_byte(x, r);
