@@ -21,6 +21,7 @@
 
 #include "lc_wasm.h"
 #include "lc_wasm_xlate.h"
+#include "pie_wasmgen.h"
 #include "wasm_test_host.h"
 
 static char tmp_dir[64];
@@ -602,3 +603,32 @@ Test(lc_wasm_xlate, a_native_frame_larger_than_the_stack_guard_traps_as_exhausti
     free(f.b.data);
     lc_wasm_rt_destroy(f.rt);
 }
+
+Test(lc_wasm_xlate, compile_bombs_of_wasm2c_load_quickly_and_run) {
+    /* 200,000 nested blocks crash wasm2c and 20,000 functions keep it busy for seconds (the
+     * parser's limits keep both out by default; raised here): the own translator neither
+     * recurses nor slows down with the number of functions */
+    lc_wasm_rt_opts o = {.cache_dir = tmp_dir,
+                         .host_fns = wasm_test_host_fns,
+                         .n_host_fns = wasm_test_host_n_fns,
+                         .module_limits = {.max_nesting = 1000000, .max_functions = 1000000}};
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "%s", st.msg);
+    const pie_wasmgen_opts gens[] = {{.n_funcs = 1, .nest = 200000, .salt = 1},
+                                     {.n_funcs = 20000, .salt = 2}};
+    for (size_t i = 0; i < 2; i++) {
+        bytes b = {0};
+        b.data = pie_wasmgen(&gens[i], &b.len);
+        cr_assert_not_null(b.data);
+        result r;
+        cr_assert(run(rt, &b, (const char *const[]){"bomb", NULL}, &r, &st), "%zu: %s", i, st.msg);
+        cr_expect_eq(r.out.end, LC_WASM_EXITED, "%zu: %s", i, r.out.message);
+        free(b.data);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.own_translations, 2u);
+    cr_expect_eq(s.translations, 0u);
+    lc_wasm_rt_destroy(rt);
+}
+
