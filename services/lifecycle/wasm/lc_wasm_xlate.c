@@ -87,6 +87,7 @@ static bool xb_reserve(xb *b, size_t more) {
 }
 
 static void xb_put(xb *b, const char *s, size_t n) {
+    if (n == 0) return; /* s may be an empty buffer's NULL */
     if (!xb_reserve(b, n)) return;
     memcpy(b->p + b->len, s, n);
     b->len += n;
