@@ -8,6 +8,7 @@
  * Modules written as WAT are assembled at test time with wabt's wat2wasm (wabt is a dependency
  * of the runtime already: wasm2c), the invalid ones are written byte by byte. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
@@ -630,5 +631,37 @@ Test(lc_wasm_xlate, compile_bombs_of_wasm2c_load_quickly_and_run) {
     cr_expect_eq(s.own_translations, 2u);
     cr_expect_eq(s.translations, 0u);
     lc_wasm_rt_destroy(rt);
+}
+
+Test(lc_wasm_xlate, every_example_inferlet_translates_and_its_c_compiles) {
+    /* They import the lifecycle's `pie` functions, which this test's host lacks, so they are
+     * translated directly and compiled with tcc (tests/e2e runs them on the real host). */
+    DIR *d = opendir(PIE_INFERLETS_DIR);
+    cr_assert_not_null(d, "%s: %s", PIE_INFERLETS_DIR, strerror(errno));
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".wasm") != 0) continue;
+        char path[512], cpath[256], cmd[768];
+        snprintf(path, sizeof path, "%s/%s", PIE_INFERLETS_DIR, e->d_name);
+        bytes b = read_file(path);
+        lc_wasm_xlate_out x;
+        pie_status st;
+        cr_assert_eq(lc_wasm_xlate(b.data, b.len, "winferlet", &x, &st), PIE_OK, "%s: %s",
+                     e->d_name, st.msg);
+        snprintf(cpath, sizeof cpath, "%s/inferlet.c", tmp_dir);
+        FILE *f = fopen(cpath, "w");
+        cr_assert_not_null(f);
+        cr_assert_eq(fwrite(x.c, 1, x.len, f), x.len);
+        cr_assert_eq(fclose(f), 0);
+        snprintf(cmd, sizeof cmd, "tcc -c -o %s/inferlet.o %s", tmp_dir, cpath);
+        cr_expect_eq(sh(cmd), 0, "%s: tcc refused its C", e->d_name);
+        free(x.c);
+        free(b.data);
+        n++;
+    }
+    closedir(d);
+    cr_expect_geq(n, 10, "only %d inferlets in %s", n, PIE_INFERLETS_DIR);
 }
 
