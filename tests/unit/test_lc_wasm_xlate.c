@@ -512,6 +512,45 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
     }
 }
 
+Test(lc_wasm_xlate, a_data_count_without_its_segments_is_invalid) {
+    static const uint8_t code[] = {0x00, 0x0b};
+    bytes b = module_with_body(code, sizeof code);
+    /* a data count section (id 12) saying 1, before the code section; no data section */
+    size_t at = b.len - (4 + sizeof code);
+    uint8_t *d = realloc(b.data, b.len + 3);
+    cr_assert_not_null(d);
+    memmove(d + at + 3, d + at, b.len - at);
+    d[at] = 0x0c, d[at + 1] = 0x01, d[at + 2] = 0x01;
+    b.data = d;
+    b.len += 3;
+    /* malformed by the spec (5.5.16); wabt 1.0.32 does not check it, and wasm2c then gets it */
+    lc_wasm_xlate_out x;
+    pie_status st;
+    pie_code rc = lc_wasm_xlate(b.data, b.len, "wt", &x, &st);
+    cr_expect_eq(rc, PIE_INVALID_ARGUMENT, "%d: %s", rc, rc == PIE_OK ? "accepted" : st.msg);
+    if (rc == PIE_OK) free(x.c);
+    free(b.data);
+}
+
+Test(lc_wasm_xlate, call_indirect_of_a_multi_value_type_is_declined_and_runs_on_wasm2c) {
+    bytes b = command("multi_ci", "(type $m (func (result i32 i32))) (table 1 funcref)",
+                      "(call_indirect (type $m) (i32.const 0)) (i32.add)");
+    lc_wasm_xlate_out x;
+    pie_status st;
+    cr_expect_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_UNIMPLEMENTED, "%s", st.msg);
+    pair p = pair_make();
+    result own, w;
+    cr_assert(run(p.own, &b, (const char *const[]){"multi_ci", NULL}, &own, &st), "%s", st.msg);
+    cr_assert(run(p.w2c, &b, (const char *const[]){"multi_ci", NULL}, &w, &st), "%s", st.msg);
+    cr_expect_eq(own.out.trap, LC_WASM_TRAP_CALL_INDIRECT, "%s", own.out.message);
+    cr_expect_str_eq(own.out.message, w.out.message);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(p.own);
+    cr_expect_eq(s.own_declines, 1u);
+    cr_expect_eq(s.translations, 1u, "the declined module went to wasm2c");
+    free(b.data);
+    pair_destroy(&p);
+}
+
 Test(lc_wasm_xlate, an_invalid_module_is_rejected_through_the_runtime_as_wasm2c_rejects_it) {
     static const uint8_t code[] = {0x00, 0x02, 0x7f, 0x42, 0x01, 0x0b, 0x1a, 0x0b};
     bytes b = module_with_body(code, sizeof code);

@@ -1247,6 +1247,10 @@ static void op_call_indirect(xl *x, xr *r) {
         return;
     }
     const xtype *t = &x->types[ty];
+    if (t->nr > 1) {
+        DECLINE("call_indirect of a type with %u results (multi-value functions)", t->nr);
+        return;
+    }
     if (live(x)) {
         /* the index check may trap: no other operand may be left to evaluate after it */
         uint32_t c = t->np + 1 < x->nv - top(x)->base ? t->np + 1 : x->nv - top(x)->base;
@@ -2426,6 +2430,10 @@ pie_code lc_wasm_xlate(const uint8_t *wasm, size_t n, const char *cname, lc_wasm
     if (x->failed) goto done;
     if (x->n_code != x->n_funcs - x->n_imp) {
         INVALID("%u functions declared without a code section", x->n_funcs - x->n_imp);
+        goto done;
+    }
+    if (x->has_dcount && x->dcount != x->n_datas) {
+        INVALID("data count section says %u segments, the module has %u", x->dcount, x->n_datas);
         goto done;
     }
     if (!x->has_entry || x->types[x->ftype[x->entry]].np || x->types[x->ftype[x->entry]].nr) {
