@@ -33,7 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc != PIE_OK) {
         if (rc != PIE_UNIMPLEMENTED && rc != PIE_INVALID_ARGUMENT && rc != PIE_RESOURCE_EXHAUSTED)
             fuzz_fail("lc_wasm_xlate failed with %s", pie_code_name(rc));
-        if (st.msg[0] == '\0') fuzz_fail("lc_wasm_xlate failed (%s) with no message", pie_code_name(rc));
+        if (st.msg[0] == '\0')
+            fuzz_fail("lc_wasm_xlate failed (%s) with no message", pie_code_name(rc));
         if (x.c != NULL) fuzz_fail("lc_wasm_xlate failed but returned text");
         return 0;
     }
@@ -50,8 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (tcc != NULL && tcc[0] != '\0') {
         fuzz_write_file("module.c", x.c, x.len, cpath, sizeof cpath);
-        snprintf(cmd, sizeof cmd, "'%s' -c -o '%s.o' '%s' 2>&1 | head -5 >&2; test -s '%s.o'",
-                 tcc, cpath, cpath, cpath);
+        snprintf(cmd, sizeof cmd, "'%s' -c -o '%s.o' '%s' 2>&1 | head -5 >&2; test -s '%s.o'", tcc,
+                 cpath, cpath, cpath);
         snprintf(path, sizeof path, "rm -f '%s.o'", cpath);
         (void)run_tool(path);
         if (run_tool(cmd) != 0) fuzz_fail("tcc refused the C of an accepted module (%s)", cpath);

@@ -181,8 +181,8 @@ static void same(pair *p, const char *what, const bytes *b, const char *const *a
     cr_expect_eq(own->out.end, w.out.end, "%s: ended %d vs %d (%s | %s)", what, own->out.end,
                  w.out.end, own->out.message, w.out.message);
     cr_expect_eq(own->out.trap, w.out.trap, "%s: trap %d vs %d", what, own->out.trap, w.out.trap);
-    cr_expect_eq(own->out.exit_code, w.out.exit_code, "%s: exit %d vs %d", what,
-                 own->out.exit_code, w.out.exit_code);
+    cr_expect_eq(own->out.exit_code, w.out.exit_code, "%s: exit %d vs %d", what, own->out.exit_code,
+                 w.out.exit_code);
     cr_expect_str_eq(own->out.message, w.out.message, "%s: message", what);
     cr_expect_str_eq(own->stdout_, w.stdout_, "%s: stdout", what);
     cr_expect_str_eq(own->stderr_, w.stderr_, "%s: stderr", what);
@@ -285,8 +285,8 @@ static bytes command(const char *name, const char *extra, const char *body) {
 
 typedef struct expect {
     const char *name, *extra, *body;
-    int end;      /* LC_WASM_EXITED or LC_WASM_TRAPPED */
-    int value;    /* exit code, or the trap */
+    int end;   /* LC_WASM_EXITED or LC_WASM_TRAPPED */
+    int value; /* exit code, or the trap */
 } expect;
 
 Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
@@ -305,16 +305,17 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
          "(local.set $a (i32.const 9)) (local.get $a) (i32.add) (local.get $a) (i32.mul)",
          LC_WASM_EXITED, 117},
         /* a global read pending on the stack is not moved past a call that changes it */
-        {"global_order", "", "(global.get $g) (drop (call $next)) (global.get $g) (i32.sub) "
-                             "(i32.const 10) (i32.add)",
+        {"global_order", "",
+         "(global.get $g) (drop (call $next)) (global.get $g) (i32.sub) "
+         "(i32.const 10) (i32.add)",
          LC_WASM_EXITED, 9},
         /* memory.size pending across memory.grow */
-        {"grow_order", "", "(memory.size) (drop (memory.grow (i32.const 1))) (memory.size) "
-                           "(i32.sub) (i32.const 10) (i32.add)",
+        {"grow_order", "",
+         "(memory.size) (drop (memory.grow (i32.const 1))) (memory.size) "
+         "(i32.sub) (i32.const 10) (i32.add)",
          LC_WASM_EXITED, 9},
         /* the trapping load comes before the call that would exit */
-        {"trap_before_call", "",
-         "(i32.add (i32.load (i32.const -4)) (call $main2))",
+        {"trap_before_call", "", "(i32.add (i32.load (i32.const -4)) (call $main2))",
          LC_WASM_TRAPPED, LC_WASM_TRAP_OOB},
         /* the call (which exits) comes before the division that would trap */
         {"call_before_trap", "(func $e (result i32) (call $exit (i32.const 42)) (i32.const 1))",
@@ -323,8 +324,8 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
         {"select_traps", "",
          "(select (i32.div_u (i32.const 1) (i32.const 0)) (i32.const 2) (i32.const 0))",
          LC_WASM_TRAPPED, LC_WASM_TRAP_DIV_BY_ZERO},
-        {"select_value", "", "(select (i32.const 3) (call $next) (i32.const 0))",
-         LC_WASM_EXITED, 6},
+        {"select_value", "", "(select (i32.const 3) (call $next) (i32.const 0))", LC_WASM_EXITED,
+         6},
         /* blocks, loops with parameters (multi-value), br_if and br_table carrying values */
         {"loop_params", "",
          "(local $i i32) (i32.const 0) (loop $l (param i32) (result i32) "
@@ -366,8 +367,9 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
          "1))) (i32.const 131) (i32.add) (i32.wrap_i64 (i64.popcnt (i64.const -1))) (i32.add)",
          LC_WASM_EXITED, 70},
         /* traps */
-        {"div_s_overflow", "", "(i32.wrap_i64 (i64.div_s (i64.const 0x8000000000000000) "
-                               "(i64.const -1)))",
+        {"div_s_overflow", "",
+         "(i32.wrap_i64 (i64.div_s (i64.const 0x8000000000000000) "
+         "(i64.const -1)))",
          LC_WASM_TRAPPED, LC_WASM_TRAP_INT_OVERFLOW},
         {"rem_u_zero", "", "(i32.wrap_i64 (i64.rem_u (i64.const 1) (i64.const 0)))",
          LC_WASM_TRAPPED, LC_WASM_TRAP_DIV_BY_ZERO},
@@ -376,16 +378,15 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
         {"trunc_nan", "", "(i32.trunc_f32_u (f32.const nan))", LC_WASM_TRAPPED,
          LC_WASM_TRAP_INVALID_CONVERSION},
         {"unreachable", "", "(unreachable)", LC_WASM_TRAPPED, LC_WASM_TRAP_UNREACHABLE},
-        {"indirect_type", "(type $t (func (param i32) (result i32))) (table 2 funcref) "
-                          "(elem (i32.const 0) $next)",
+        {"indirect_type",
+         "(type $t (func (param i32) (result i32))) (table 2 funcref) "
+         "(elem (i32.const 0) $next)",
          "(call_indirect (type $t) (i32.const 1) (i32.const 0))", LC_WASM_TRAPPED,
          LC_WASM_TRAP_CALL_INDIRECT},
         {"indirect_null", "(table 2 funcref) (elem (i32.const 0) $next)",
-         "(call_indirect (result i32) (i32.const 1))", LC_WASM_TRAPPED,
-         LC_WASM_TRAP_CALL_INDIRECT},
+         "(call_indirect (result i32) (i32.const 1))", LC_WASM_TRAPPED, LC_WASM_TRAP_CALL_INDIRECT},
         {"indirect_range", "(table 2 funcref) (elem (i32.const 0) $next)",
-         "(call_indirect (result i32) (i32.const 7))", LC_WASM_TRAPPED,
-         LC_WASM_TRAP_CALL_INDIRECT},
+         "(call_indirect (result i32) (i32.const 7))", LC_WASM_TRAPPED, LC_WASM_TRAP_CALL_INDIRECT},
         {"indirect_ok", "(table 2 funcref) (elem (i32.const 1) $next)",
          "(call_indirect (result i32) (i32.const 1))", LC_WASM_EXITED, 6},
         {"fill_oob", "",
@@ -406,8 +407,9 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const expect *c = &cases[i];
         char extra[512];
-        snprintf(extra, sizeof extra, "%s (func $main2 (result i32) (call $exit (i32.const 7)) "
-                                      "(i32.const 0))",
+        snprintf(extra, sizeof extra,
+                 "%s (func $main2 (result i32) (call $exit (i32.const 7)) "
+                 "(i32.const 0))",
                  c->extra);
         bytes b = command(c->name, extra, c->body);
         result r;
@@ -436,17 +438,17 @@ static bytes module_with_body(const uint8_t *code, size_t n) {
         0x03, 0x02, 0x01, 0x00,                         /* function 0: type 0 */
         0x04, 0x04, 0x01, 0x70, 0x00, 0x01,             /* table: funcref, min 1 */
         0x05, 0x03, 0x01, 0x00, 0x01,                   /* memory: min 1 */
-        0x07, 0x0a, 0x01, 0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00, /* export */
+        0x07, 0x0a, 0x01, 0x06, '_',  's',  't',  'a',  'r', 't', 0x00, 0x00, /* export */
     };
     cr_assert_lt(n, 120u);
     bytes b = {malloc(sizeof head + 4 + n), sizeof head + 4 + n};
     cr_assert_not_null(b.data);
     memcpy(b.data, head, sizeof head);
     uint8_t *p = b.data + sizeof head;
-    *p++ = 0x0a;                /* code section */
-    *p++ = (uint8_t)(n + 2);    /* its size */
-    *p++ = 0x01;                /* one body */
-    *p++ = (uint8_t)n;          /* of n bytes */
+    *p++ = 0x0a;             /* code section */
+    *p++ = (uint8_t)(n + 2); /* its size */
+    *p++ = 0x01;             /* one body */
+    *p++ = (uint8_t)n;       /* of n bytes */
     memcpy(p, code, n);
     return b;
 }
@@ -468,15 +470,19 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
         {"call_bad_function", {0x00, 0x10, 0x05, 0x0b}, 4},
         {"select_type_mismatch", {0x00, 0x41, 0x01, 0x42, 0x01, 0x41, 0x00, 0x1b, 0x1a, 0x0b}, 10},
         {"alignment_above_natural", {0x00, 0x41, 0x00, 0x28, 0x03, 0x00, 0x1a, 0x0b}, 8},
-        {"if_without_else_with_result", {0x00, 0x41, 0x01, 0x04, 0x7f, 0x41, 0x01, 0x0b, 0x1a, 0x0b}, 10},
+        {"if_without_else_with_result",
+         {0x00, 0x41, 0x01, 0x04, 0x7f, 0x41, 0x01, 0x0b, 0x1a, 0x0b},
+         10},
         {"else_without_if", {0x00, 0x05, 0x0b}, 3},
         {"br_table_arity_mismatch",
-         {0x00, 0x02, 0x7f, 0x02, 0x40, 0x41, 0x00, 0x0e, 0x01, 0x00, 0x01, 0x0b, 0x41, 0x00,
-          0x0b, 0x1a, 0x0b},
+         {0x00, 0x02, 0x7f, 0x02, 0x40, 0x41, 0x00, 0x0e, 0x01, 0x00, 0x01, 0x0b, 0x41, 0x00, 0x0b,
+          0x1a, 0x0b},
          17},
         {"bytes_after_end", {0x00, 0x0b, 0x01}, 3},
         {"memory_grow_reserved_byte", {0x00, 0x41, 0x01, 0x40, 0x01, 0x1a, 0x0b}, 7},
-        {"br_if_value_type", {0x00, 0x02, 0x7f, 0x42, 0x01, 0x41, 0x01, 0x0d, 0x00, 0x0b, 0x1a, 0x0b}, 12},
+        {"br_if_value_type",
+         {0x00, 0x02, 0x7f, 0x42, 0x01, 0x41, 0x01, 0x0d, 0x00, 0x0b, 0x1a, 0x0b},
+         12},
         {"missing_end", {0x00, 0x01}, 2},
         {"global_out_of_range", {0x00, 0x23, 0x00, 0x1a, 0x0b}, 5},
     };
@@ -505,8 +511,8 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
                   good[i].name);
         lc_wasm_xlate_out x;
         pie_status st;
-        cr_expect_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_OK, "%s: %s",
-                     good[i].name, st.msg);
+        cr_expect_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_OK, "%s: %s", good[i].name,
+                     st.msg);
         free(x.c);
         free(b.data);
     }
@@ -584,9 +590,9 @@ static bytes big_frame_module(uint32_t values) {
     size_t body_len = 1 + 2 * (size_t)values + 3 + 2 + values + 1;
     bytes b = {malloc(body_len + 64), 0};
     cr_assert_not_null(b.data);
-    static const uint8_t head[] = {0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-                                   0x01, 0x04, 0x01, 0x60, 0x00, 0x00, 0x03, 0x02, 0x01, 0x00,
-                                   0x07, 0x0a, 0x01, 0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00};
+    static const uint8_t head[] = {0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04,
+                                   0x01, 0x60, 0x00, 0x00, 0x03, 0x02, 0x01, 0x00, 0x07, 0x0a,
+                                   0x01, 0x06, '_',  's',  't',  'a',  'r',  't',  0x00, 0x00};
     uint8_t *p = b.data;
     memcpy(p, head, sizeof head);
     p += sizeof head;
@@ -703,4 +709,3 @@ Test(lc_wasm_xlate, every_example_inferlet_translates_and_its_c_compiles) {
     closedir(d);
     cr_expect_geq(n, 10, "only %d inferlets in %s", n, PIE_INFERLETS_DIR);
 }
-

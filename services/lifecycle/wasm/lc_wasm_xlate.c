@@ -132,14 +132,14 @@ typedef struct xdata {
 /* A compile-time operand stack entry. */
 enum { K_DEAD, K_CONST, K_TMP, K_LOC, K_EXPR };
 typedef struct xv {
-    uint8_t t;     /* value type; 0: unknown (unreachable code) */
-    uint8_t k;     /* K_* */
-    uint8_t eff;   /* may trap or read state an effect changes */
-    uint8_t rdloc; /* reads a local */
-    uint8_t nest;  /* depth of the expression tree */
-    int32_t tmax;  /* deepest temporary it reads; -1 none */
-    uint32_t idx;  /* K_TMP: depth; K_LOC: local */
-    uint64_t c;    /* K_CONST: bits */
+    uint8_t t;       /* value type; 0: unknown (unreachable code) */
+    uint8_t k;       /* K_* */
+    uint8_t eff;     /* may trap or read state an effect changes */
+    uint8_t rdloc;   /* reads a local */
+    uint8_t nest;    /* depth of the expression tree */
+    int32_t tmax;    /* deepest temporary it reads; -1 none */
+    uint32_t idx;    /* K_TMP: depth; K_LOC: local */
+    uint64_t c;      /* K_CONST: bits */
     size_t off, len; /* K_EXPR: text in the arena */
 } xv;
 
@@ -191,9 +191,9 @@ typedef struct xl {
     uint32_t tdep[4];
     uint32_t n_labels;
     /* Bounds that keep the stack scans linear in the body's size: */
-    int64_t eff_at;  /* index of the one pending effectful entry, or -1 */
-    uint32_t lo_rd;  /* entries below may not read locals while pending */
-    uint32_t clean;  /* entries below are all stored in their temporaries */
+    int64_t eff_at; /* index of the one pending effectful entry, or -1 */
+    uint32_t lo_rd; /* entries below may not read locals while pending */
+    uint32_t clean; /* entries below are all stored in their temporaries */
     uint64_t all_locals;
 } xl;
 
@@ -216,8 +216,8 @@ static void xfail(xl *x, const xr *r, pie_code code, const char *fmt, ...) {
                    code == PIE_UNIMPLEMENTED ? "declined" : "invalid",
                    r ? (size_t)(r->p - x->base) : (size_t)0, msg);
 }
-#define INVALID(...)  xfail(x, r, PIE_INVALID_ARGUMENT, __VA_ARGS__)
-#define DECLINE(...)  xfail(x, r, PIE_UNIMPLEMENTED, __VA_ARGS__)
+#define INVALID(...) xfail(x, r, PIE_INVALID_ARGUMENT, __VA_ARGS__)
+#define DECLINE(...) xfail(x, r, PIE_UNIMPLEMENTED, __VA_ARGS__)
 
 static void *xgrow(xl *x, void *p, uint32_t *cap, uint32_t need, size_t elt) {
     if (need <= *cap) return p;
@@ -506,12 +506,14 @@ static xv pop(xl *x, xr *r, uint8_t want) {
     xc *c = top(x);
     xv v = {.t = want, .k = K_DEAD, .tmax = -1};
     if (x->nv == c->base) {
-        if (!c->unr) INVALID("operand stack underflow (%s expected)", want ? tname(want) : "a value");
+        if (!c->unr)
+            INVALID("operand stack underflow (%s expected)", want ? tname(want) : "a value");
         return v;
     }
     v = x->vs[--x->nv];
     shrunk(x);
-    if (want && v.t && v.t != want) INVALID("type mismatch: %s expected, %s found", tname(want), tname(v.t));
+    if (want && v.t && v.t != want)
+        INVALID("type mismatch: %s expected, %s found", tname(want), tname(v.t));
     return v;
 }
 
@@ -749,13 +751,13 @@ static const struct {
     const char *pre, *ct, *post;
     uint8_t out, align;
 } LOADS[14] = {
-    {"", "u32", "", T_I32, 2},         {"", "u64", "", T_I64, 3},
-    {"", "f32", "", T_F32, 2},         {"", "f64", "", T_F64, 3},
-    {"((u32)", "s8", ")", T_I32, 0},   {"((u32)", "u8", ")", T_I32, 0},
-    {"((u32)", "s16", ")", T_I32, 1},  {"((u32)", "u16", ")", T_I32, 1},
-    {"((u64)", "s8", ")", T_I64, 0},   {"((u64)", "u8", ")", T_I64, 0},
-    {"((u64)", "s16", ")", T_I64, 1},  {"((u64)", "u16", ")", T_I64, 1},
-    {"((u64)", "s32", ")", T_I64, 2},  {"((u64)", "u32", ")", T_I64, 2},
+    {"", "u32", "", T_I32, 2},        {"", "u64", "", T_I64, 3},
+    {"", "f32", "", T_F32, 2},        {"", "f64", "", T_F64, 3},
+    {"((u32)", "s8", ")", T_I32, 0},  {"((u32)", "u8", ")", T_I32, 0},
+    {"((u32)", "s16", ")", T_I32, 1}, {"((u32)", "u16", ")", T_I32, 1},
+    {"((u64)", "s8", ")", T_I64, 0},  {"((u64)", "u8", ")", T_I64, 0},
+    {"((u64)", "s16", ")", T_I64, 1}, {"((u64)", "u16", ")", T_I64, 1},
+    {"((u64)", "s32", ")", T_I64, 2}, {"((u64)", "u32", ")", T_I64, 2},
 };
 static const struct {
     const char *ct;
@@ -769,8 +771,10 @@ static uint32_t memarg(xl *x, xr *r, unsigned natural) {
     uint32_t align = rd_u32(x, r);
     uint32_t off = rd_u32(x, r);
     if (x->failed) return 0;
-    if (!x->has_mem) INVALID("memory access without a memory");
-    else if (align > natural) INVALID("alignment 2^%u larger than natural (2^%u)", align, natural);
+    if (!x->has_mem)
+        INVALID("memory access without a memory");
+    else if (align > natural)
+        INVALID("alignment 2^%u larger than natural (2^%u)", align, natural);
     return off;
 }
 
@@ -868,7 +872,8 @@ static void check_top(xl *x, xr *r, const uint8_t *ts, uint32_t n) {
             return;
         }
         uint8_t t = x->vs[x->nv - 1 - i].t;
-        if (t && t != want) INVALID("branch operand of type %s where %s is expected", tname(t), tname(want));
+        if (t && t != want)
+            INVALID("branch operand of type %s where %s is expected", tname(t), tname(want));
     }
 }
 
@@ -993,7 +998,9 @@ static void op_else(xl *x, xr *r) {
     c->live = c->live_in;
     for (uint32_t i = 0; i < c->np; i++) {
         xv *v = push(x, c->pt[i]);
-        if (v && c->live_in) *v = (xv){.t = c->pt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
+        if (v && c->live_in)
+            *v =
+                (xv){.t = c->pt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
     }
     if (c->live_in) xb_puts(&x->fn, "}else{\n");
 }
@@ -1039,7 +1046,8 @@ static void op_end(xl *x, xr *r) {
     for (uint32_t i = 0; i < c->nr; i++) {
         xv *v = push(x, c->rt[i]);
         if (v && c->live_in) {
-            *v = (xv){.t = c->rt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
+            *v =
+                (xv){.t = c->rt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
             note_tmp(x, c->rt[i], c->base + i);
         }
     }
@@ -1394,7 +1402,8 @@ static void op_fc(xl *x, xr *r) {
     }
     if (sub != 10 && sub != 11) {
         DECLINE("instruction 0xfc %u (bulk memory or table operations other than memory.copy "
-                "and memory.fill)", sub);
+                "and memory.fill)",
+                sub);
         return;
     }
     if (rd_byte(x, r) != 0 || (sub == 10 && rd_byte(x, r) != 0)) {
@@ -1505,21 +1514,43 @@ static void instr(xl *x, xr *r) {
         return;
     }
     case 0xfc: op_fc(x, r); return;
-    case 0x06: case 0x07: case 0x08: case 0x09: case 0x0a: case 0x18: case 0x19:
+    case 0x06:
+    case 0x07:
+    case 0x08:
+    case 0x09:
+    case 0x0a:
+    case 0x18:
+    case 0x19:
         r->p--;
         DECLINE("exception handling instruction 0x%02x", op);
         return;
-    case 0x12: case 0x13: case 0x14: case 0x15:
+    case 0x12:
+    case 0x13:
+    case 0x14:
+    case 0x15:
         r->p--;
         DECLINE("tail call or typed function reference instruction 0x%02x", op);
         return;
-    case 0x25: case 0x26: case 0xd0: case 0xd1: case 0xd2:
+    case 0x25:
+    case 0x26:
+    case 0xd0:
+    case 0xd1:
+    case 0xd2:
         r->p--;
         DECLINE("reference types instruction 0x%02x", op);
         return;
-    case 0xfd: r->p--; DECLINE("SIMD instruction"); return;
-    case 0xfe: r->p--; DECLINE("threads (atomic) instruction"); return;
-    default: r->p--; INVALID("unknown opcode 0x%02x", op); return;
+    case 0xfd:
+        r->p--;
+        DECLINE("SIMD instruction");
+        return;
+    case 0xfe:
+        r->p--;
+        DECLINE("threads (atomic) instruction");
+        return;
+    default:
+        r->p--;
+        INVALID("unknown opcode 0x%02x", op);
+        return;
     }
 }
 
@@ -1559,8 +1590,10 @@ static void body(xl *x, xr *r, uint32_t f) {
         uint8_t ty = rd_byte(x, r);
         if (x->failed) return;
         if (!numtype(ty)) {
-            if (ty == 0x7b || ty == 0x70 || ty == 0x6f) DECLINE("local of type 0x%02x", ty);
-            else INVALID("local of unknown type 0x%02x", ty);
+            if (ty == 0x7b || ty == 0x70 || ty == 0x6f)
+                DECLINE("local of type 0x%02x", ty);
+            else
+                INVALID("local of unknown type 0x%02x", ty);
             return;
         }
         if ((uint64_t)x->n_loc + n > LC_WASM_MAX_LOCALS) {
@@ -1809,8 +1842,10 @@ static void sec_types(xl *x, xr *r) {
             for (uint32_t k = 0; k < c; k++)
                 if (!numtype(r->p[k])) {
                     uint8_t t = r->p[k];
-                    if (t == 0x7b || t == 0x70 || t == 0x6f) DECLINE("function type with value type 0x%02x", t);
-                    else INVALID("unknown value type 0x%02x", t);
+                    if (t == 0x7b || t == 0x70 || t == 0x6f)
+                        DECLINE("function type with value type 0x%02x", t);
+                    else
+                        INVALID("unknown value type 0x%02x", t);
                     return;
                 }
             if (part == 0) {
@@ -1918,8 +1953,10 @@ static void sec_table(xl *x, xr *r) {
     uint8_t t = rd_byte(x, r);
     if (x->failed) return;
     if (t != 0x70) {
-        if (t == 0x6f) DECLINE("externref table");
-        else INVALID("table of unknown element type 0x%02x", t);
+        if (t == 0x6f)
+            DECLINE("externref table");
+        else
+            INVALID("table of unknown element type 0x%02x", t);
         return;
     }
     if (rd_limits(x, r, &x->tab_min, &x->tab_max, UINT32_MAX, "table")) x->has_tab = true;
@@ -1940,21 +1977,28 @@ static uint64_t const_expr(xl *x, xr *r, uint8_t t) {
     uint8_t op = rd_byte(x, r);
     uint64_t c = 0;
     if (x->failed) return 0;
-    uint8_t want = op == 0x41 ? T_I32 : op == 0x42 ? T_I64 : op == 0x43 ? T_F32 : op == 0x44 ? T_F64 : 0;
+    uint8_t want = op == 0x41   ? T_I32
+                   : op == 0x42 ? T_I64
+                   : op == 0x43 ? T_F32
+                   : op == 0x44 ? T_F64
+                                : 0;
     if (want == 0) {
-        if (op == 0x23) INVALID("global.get in a constant expression (no imported globals)");
-        else DECLINE("constant expression with opcode 0x%02x", op);
+        if (op == 0x23)
+            INVALID("global.get in a constant expression (no imported globals)");
+        else
+            DECLINE("constant expression with opcode 0x%02x", op);
         return 0;
     }
     if (want != t) {
         INVALID("constant of type %s where %s is expected", tname(want), tname(t));
         return 0;
     }
-    c = op == 0x41 ? (uint32_t)rd_sleb(x, r, 32)
+    c = op == 0x41   ? (uint32_t)rd_sleb(x, r, 32)
         : op == 0x42 ? rd_sleb(x, r, 64)
         : op == 0x43 ? rd_fixed(x, r, 4)
                      : rd_fixed(x, r, 8);
-    if (rd_byte(x, r) != 0x0b && !x->failed) DECLINE("constant expression of more than one instruction");
+    if (rd_byte(x, r) != 0x0b && !x->failed)
+        DECLINE("constant expression of more than one instruction");
     return c;
 }
 
@@ -2015,8 +2059,11 @@ static void sec_exports(xl *x, xr *r) {
                 INVALID("duplicate export name");
                 break;
             }
-        uint32_t count = kind == 0 ? x->n_funcs : kind == 1 ? x->has_tab : kind == 2 ? x->has_mem
-                         : kind == 3 ? x->n_globals : 0;
+        uint32_t count = kind == 0   ? x->n_funcs
+                         : kind == 1 ? x->has_tab
+                         : kind == 2 ? x->has_mem
+                         : kind == 3 ? x->n_globals
+                                     : 0;
         if (kind > 3) {
             INVALID("export of unknown kind %u", kind);
             break;
@@ -2088,7 +2135,8 @@ static void sec_elems(xl *x, xr *r) {
         }
         for (uint32_t k = 0; k < e->n && !x->failed; k++) {
             e->fn[k] = rd_u32(x, r);
-            if (!x->failed && e->fn[k] >= x->n_funcs) INVALID("element names function %u of %u", e->fn[k], x->n_funcs);
+            if (!x->failed && e->fn[k] >= x->n_funcs)
+                INVALID("element names function %u of %u", e->fn[k], x->n_funcs);
         }
     }
 }
@@ -2197,7 +2245,8 @@ static void sec_code(xl *x, xr *r) {
         xr b = {r->p, r->p + size};
         body(x, &b, x->n_imp + i);
         r->p += size;
-        if (!x->failed && x->out.len > XL_MAX_C_BYTES) DECLINE("more than %u bytes of C", XL_MAX_C_BYTES);
+        if (!x->failed && x->out.len > XL_MAX_C_BYTES)
+            DECLINE("more than %u bytes of C", XL_MAX_C_BYTES);
     }
 }
 
@@ -2256,7 +2305,8 @@ static void emit_tail(xl *x) {
     xb_puts(o, "_lc_init_module(void){\n");
     for (uint32_t i = 0; i < x->n_types; i++) {
         const xtype *t = &x->types[i];
-        static const char *const RT[4] = {"WASM_RT_I32", "WASM_RT_I64", "WASM_RT_F32", "WASM_RT_F64"};
+        static const char *const RT[4] = {"WASM_RT_I32", "WASM_RT_I64", "WASM_RT_F32",
+                                          "WASM_RT_F64"};
         xb_puts(o, "FT[");
         xb_dec(o, i);
         xb_puts(o, "]=wasm_rt_register_func_type(");
