@@ -518,6 +518,32 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
     }
 }
 
+Test(lc_wasm_xlate, block_parameters_in_unreachable_code_keep_their_declared_types) {
+    /* after `unreachable` one i32 is on the stack; the block takes (i64 i32): inside it the
+     * stack is [i64 i32], so i32.add is a type error (the i32 present is the top parameter) */
+    bytes b = wat("unr_params",
+                  "(module (type $p (func (param i64 i32)))\n"
+                  "  (func (export \"_start\") unreachable (i32.const 0)\n"
+                  "    (block (type $p) (param i64 i32) (i32.add) (drop))))\n",
+                  "--no-check");
+    cr_expect(!wabt_accepts("unr_params", &b), "wasm-validate accepts it (bad test)");
+    lc_wasm_xlate_out x;
+    pie_status st;
+    pie_code rc = lc_wasm_xlate(b.data, b.len, "wt", &x, &st);
+    cr_expect_eq(rc, PIE_INVALID_ARGUMENT, "%d: %s", rc, rc == PIE_OK ? "accepted" : st.msg);
+    if (rc == PIE_OK) free(x.c);
+    free(b.data);
+    /* and the valid use: i64 below, i32 on top */
+    b = wat("unr_params_ok",
+            "(module (type $p (func (param i64 i32)))\n"
+            "  (func (export \"_start\") unreachable (i32.const 0)\n"
+            "    (block (type $p) (param i64 i32) (drop) (drop))))\n",
+            "");
+    cr_expect_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_OK, "%s", st.msg);
+    free(x.c);
+    free(b.data);
+}
+
 Test(lc_wasm_xlate, a_data_count_without_its_segments_is_invalid) {
     static const uint8_t code[] = {0x00, 0x0b};
     bytes b = module_with_body(code, sizeof code);

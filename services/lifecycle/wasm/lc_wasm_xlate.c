@@ -952,18 +952,16 @@ static void block_start(xl *x, xr *r, uint8_t kind) {
     c->rt = bt.rt;
     c->nr = bt.nr;
     c->live = c->live_in = was_live;
-    /* in unreachable code fewer params may be present: make up the rest, typed */
+    /* The parameters (checked above) become the new frame's first values. Live, they are the
+     * stored entries already there; in unreachable code (where fewer may be present, the
+     * missing ones being the deepest) they are replaced by entries of the declared types. */
     x->nv = base;
     shrunk(x);
     c->base = base;
-    for (uint32_t i = 0; i < bt.np; i++) {
-        if (i < keep) {
-            x->nv++;
-            if (x->vs[x->nv - 1].t == 0) x->vs[x->nv - 1].t = bt.pt[i];
-        } else {
-            push(x, bt.pt[i]);
-        }
-    }
+    if (was_live)
+        x->nv += keep;
+    else
+        for (uint32_t i = 0; i < bt.np; i++) push(x, bt.pt[i]);
     if (was_live && kind == C_LOOP) {
         xb_ch(&x->fn, 'L');
         xb_dec(&x->fn, c->label);
