@@ -31,6 +31,7 @@ typedef struct lc_config {
     char *advertise;      /* replica.advertise */
     char *cache_dir;      /* runtime.cache_dir */
     bool tier1;           /* runtime.tier1 */
+    bool tier0_wasm2c;    /* runtime.tier0_wasm2c */
     char *tier1_cc;       /* runtime.tier1_cc */
     uint64_t stack_bytes; /* runtime.instance_stack */
     uint64_t max_program_bytes;
@@ -87,6 +88,10 @@ static const pie_config_field lc_fields[] = {
      .doc = "directory of stored programs and compiled code (replicas may share it)"},
     {"runtime.tier1", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier1), .def = "true",
      .doc = "recompile programs with cc -O2 in the background; later launches use it"},
+    {"runtime.tier0_wasm2c", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier0_wasm2c), .def = "false",
+     .doc = "first compiles translate with wasm2c instead of lc_wasm's own translator (for A/B "
+            "comparisons and as an escape hatch; the own one falls back to wasm2c by itself for "
+            "modules it declines)"},
     {"runtime.tier1_cc", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tier1_cc), .def = "cc",
      .doc = "C compiler of tier 1 (gcc or clang; PATH is searched)"},
     {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes), .def = "512KiB",
@@ -229,6 +234,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                           .host_fns = fns,
                           .n_host_fns = n_fns,
                           .tier1 = cfg->tier1,
+                          .tier0_wasm2c = cfg->tier0_wasm2c,
                           .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
     ro.module_limits = cfg->module_limits;
     ro.compile_timeout_ms = (uint64_t)cfg->compile_timeout_ms;

@@ -650,7 +650,7 @@ Test(lc_wasm, second_load_is_a_cache_hit_in_memory_and_after_restart_on_disk) {
     lc_wasm_module *a = load(rt, "hello"), *b = load(rt, "hello");
     cr_expect_eq(a, b);
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
-    cr_expect_eq(s.translations, 1u);
+    cr_expect_eq(s.translations + s.own_translations, 1u);
     cr_expect_eq(s.tier0_compiles, 1u);
     cr_expect_eq(s.memory_hits, 1u);
     /* the compile's phases were timed (the benchmark's breakdown) */
@@ -665,7 +665,7 @@ Test(lc_wasm, second_load_is_a_cache_hit_in_memory_and_after_restart_on_disk) {
     rt = make_rt(false);
     a = load(rt, "hello");
     s = lc_wasm_rt_stats_get(rt);
-    cr_expect_eq(s.translations, 0u);
+    cr_expect_eq(s.translations + s.own_translations, 0u);
     cr_expect_eq(s.tier0_compiles, 0u);
     cr_expect_eq(s.disk_hits, 1u);
     cr_expect_eq(s.t0_files_ns + s.t0_translate_ns + s.t0_compile_ns + s.t0_open_ns, 0u,
@@ -709,7 +709,7 @@ Test(lc_wasm, concurrent_loads_of_a_new_module_compile_it_once) {
         cr_expect_eq(l[i].m, l[0].m);
     }
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
-    cr_expect_eq(s.translations, 1u);
+    cr_expect_eq(s.translations + s.own_translations, 1u);
     cr_expect_eq(s.tier0_compiles, 1u);
     cr_expect_eq(s.memory_hits, 3u);
     for (int i = 0; i < 4; i++) lc_wasm_module_release(l[i].m);
@@ -975,7 +975,8 @@ Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling)
     expect_rejected(rt, b.data, b.len,
                     "function 0 nests blocks more than 64 deep (the limit, programs.max_nesting)");
     free(b.data);
-    cr_expect_eq(lc_wasm_rt_stats_get(rt).translations, 0u, "a refused module reached wasm2c");
+    lc_wasm_rt_stats rs = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(rs.translations + rs.own_translations, 0u, "a refused module was translated");
 
     /* at every limit at once: compiles and runs */
     b = gen(100, 64, 3800, 4);
@@ -1001,13 +1002,14 @@ Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling)
     b = gen(1, 20000, 0, 6);
     expect_rejected(rt, b.data, b.len, "nests blocks more than 4096 deep");
     free(b.data);
-    cr_expect_eq(lc_wasm_rt_stats_get(rt).translations, 0u);
+    rs = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(rs.translations + rs.own_translations, 0u);
     lc_wasm_rt_destroy(rt);
 }
 
 Test(lc_wasm, a_translator_crash_is_reported_as_a_crash_not_as_simd) {
     char *w2c = fake_tool("wasm2c", "kill -s SEGV $$");
-    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
     bytes b = gen(1, 0, 0, 1);
     expect_rejected(rt, b.data, b.len,
                     "wasm2c (translate to C) crashed on this module, killed by SIGSEGV (signal "
@@ -1026,7 +1028,8 @@ Test(lc_wasm, a_translator_crash_is_reported_as_a_crash_not_as_simd) {
     if (getrlimit(RLIMIT_STACK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
         rl.rlim_cur > (64u << 20))
         return;
-    rt = make_rt_opts((lc_wasm_rt_opts){.module_limits = {.max_nesting = 1000000}});
+    rt = make_rt_opts(
+        (lc_wasm_rt_opts){.module_limits = {.max_nesting = 1000000}, .tier0_wasm2c = true});
     b = gen(1, 200000, 0, 2);
     expect_rejected(rt, b.data, b.len, "wasm2c (translate to C) crashed on this module");
     free(b.data);
@@ -1035,7 +1038,8 @@ Test(lc_wasm, a_translator_crash_is_reported_as_a_crash_not_as_simd) {
 
 Test(lc_wasm, a_compile_past_its_time_limit_is_killed_and_says_so) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
-    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .compile_timeout_ms = 300});
+    lc_wasm_rt *rt = make_rt_opts(
+        (lc_wasm_rt_opts){.wasm2c = w2c, .compile_timeout_ms = 300, .tier0_wasm2c = true});
     bytes b = gen(1, 0, 0, 1);
     lc_wasm_module *m = NULL;
     pie_status st;
@@ -1056,7 +1060,7 @@ Test(lc_wasm, a_compile_past_its_time_limit_is_killed_and_says_so) {
 
 Test(lc_wasm, a_cancelled_load_kills_its_compile_and_a_waiter_compiles_for_itself) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
-    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
     bytes b = gen(1, 0, 0, 1);
     bg_load a, w;
     pthread_t ta = bg_start(&a, rt, b);
@@ -1082,7 +1086,7 @@ Test(lc_wasm, a_cancelled_load_kills_its_compile_and_a_waiter_compiles_for_itsel
 
 Test(lc_wasm, stopping_compiles_ends_those_running_and_refuses_new_ones) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
-    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c});
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
     bytes b = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2);
     bg_load a;
     pthread_t ta = bg_start(&a, rt, b);
@@ -1106,7 +1110,8 @@ Test(lc_wasm, stopping_compiles_ends_those_running_and_refuses_new_ones) {
 Test(lc_wasm, compiles_beyond_the_cap_wait_in_the_queue_then_are_refused) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
     lc_wasm_rt *rt =
-        make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .max_compiles = 1, .compile_queue = 1});
+        make_rt_opts((lc_wasm_rt_opts){
+            .wasm2c = w2c, .max_compiles = 1, .compile_queue = 1, .tier0_wasm2c = true});
     bytes b1 = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2), b3 = gen(1, 0, 0, 3);
     bg_load a, q;
     pthread_t ta = bg_start(&a, rt, b1);

@@ -89,11 +89,18 @@ typedef struct lc_wasm_rt_opts {
     uint64_t tier1_timeout_ms;   /* 0 = 10 min */
     uint32_t max_compiles;       /* 0 = 2 */
     int32_t compile_queue;       /* 0 = 32; negative: no waiting */
+    /* Tier 0 translates with lc_wasm's own translator (lc_wasm_xlate.c) and falls back to
+     * wasm2c for modules it declines. true, or the environment variable PIE_WASM_TIER0=wasm2c
+     * when the runtime is created, makes tier 0 use wasm2c for every module (A/B comparisons,
+     * and an escape hatch). Tier 1 always uses wasm2c | cc -O2. */
+    bool tier0_wasm2c;
 } lc_wasm_rt_opts;
 
 /* Counters since the runtime was created (tests and metrics). */
 typedef struct lc_wasm_rt_stats {
     uint64_t translations;     /* wasm2c runs */
+    uint64_t own_translations; /* modules lc_wasm_xlate translated for tier 0 */
+    uint64_t own_declines;     /* modules it declined (tier 0 used wasm2c for them) */
     uint64_t tier0_compiles;   /* tcc runs */
     uint64_t tier1_compiles;   /* cc -O2 runs that produced a library */
     uint64_t disk_hits;        /* loads served from the cache directory without compiling */
@@ -103,7 +110,8 @@ typedef struct lc_wasm_rt_stats {
     /* Where the wall time of the tier-0 compiles that succeeded went, summed over them (ns,
      * CLOCK_MONOTONIC; the benchmark takes differences): */
     uint64_t t0_files_ns;     /* cache entry: mkdir, lock, module.wasm, t0.h and wasm.h */
-    uint64_t t0_translate_ns; /* wasm2c | compiler started → wasm2c ended */
+    uint64_t t0_translate_ns; /* wasm2c | compiler started → wasm2c ended; or our translator's
+                                 time (in process, before tcc starts) */
     uint64_t t0_compile_ns;   /* the same start → the compiler ended (tcc overlaps wasm2c) */
     uint64_t t0_open_ns;      /* dlopen of t0.so, its glue symbols, init_module */
 } lc_wasm_rt_stats;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "lc_wasm_int.h"
+#include "lc_wasm_xlate.h"
 
 extern char **environ;
 
@@ -470,13 +471,110 @@ static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, uin
     return PIE_OK;
 }
 
-/* Tier 0 from the bytes: module.wasm (which tier 1 translates again), the prelude, then the
- * pipeline. */
+/* A memfd holding text, positioned at its start (tcc's stdin); -1 on failure. */
+static int text_fd(const char *text, size_t len) {
+    int fd = memfd_create("lc_wasm_c", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            close(fd);
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    if (lseek(fd, 0, SEEK_SET) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Tier 0 with our own translator: the C (already made, in x) goes to tcc through a memfd;
+ * t0.so as compile() makes it. LC_XL_FALLBACK when tcc refused our C (a translator bug: the
+ * caller then uses wasm2c, and stderr says why); a stop or time-out is final. */
+#define LC_XL_FALLBACK ((pie_code)-1)
+static pie_code compile_own(lc_wasm_module *m, const lc_wasm_xlate_out *x, lc_wasm_cancel *cancel,
+                            uint64_t files_ns, uint64_t xlate_ns, pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
+    char final[PATH_MAX], tmp[PATH_MAX];
+    if (path_join(final, m->dir, "t0.so", st) != PIE_OK || tmp_name(tmp, final, st) != PIE_OK)
+        return st->code;
+    int stopped = stop_reason(rt, cancel, 0);
+    if (stopped != LC_STOP_NONE) return stop_status(stopped, st);
+    int in = text_fd(x->c, x->len);
+    if (in < 0) return pie_status_set(st, PIE_INTERNAL, "memfd for the C text: %s", strerror(errno));
+    char *argv[] = {rt->tcc, "-shared", "-fPIC", "-o", tmp, "-", "-lm", NULL};
+    lc_tool cc = {.what = "tier-0 compile (tcc, own translation)",
+                  .argv = argv,
+                  .pidfd = -1,
+                  .log_fd = -1,
+                  .status = -1};
+    uint64_t t_start = lc_wasm_now_ns(CLOCK_MONOTONIC);
+    uint64_t deadline_ns = t_start + rt->compile_timeout_ms * 1000000u;
+    pie_code rc = tool_spawn(&cc, m->dir, in, -1, st);
+    close(in);
+    lc_tool *const one[1] = {&cc};
+    int why = rc == PIE_OK ? tools_wait(rt, one, 1, cancel, deadline_ns) : LC_STOP_NONE;
+    if (rc == PIE_OK && why == LC_STOP_TIMEOUT) {
+        char d[32];
+        duration_text(rt->compile_timeout_ms, d, sizeof d);
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                            "%s: gave up after %s (runtime.compile_timeout) with the C compiler "
+                            "still running: the module is too large or complex to compile here "
+                            "in time (fewer or smaller functions compile faster)",
+                            cc.what, d);
+    } else if (rc == PIE_OK && why != LC_STOP_NONE) {
+        rc = stop_status(why, st);
+    } else if (rc == PIE_OK && !tool_ok(&cc)) {
+        char out[512];
+        tool_output(&cc, out, sizeof out);
+        fprintf(stderr, "lc_wasm: tcc refused lc_wasm_xlate's C for module %s (a translator "
+                        "bug; using wasm2c): %s\n", m->id, out);
+        rc = LC_XL_FALLBACK;
+    }
+    tool_close(&cc);
+    if (rc == PIE_OK && rename(tmp, final) != 0)
+        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
+    if (rc != PIE_OK) {
+        unlink(tmp);
+        return rc;
+    }
+    atomic_fetch_add(&rt->tier0_compiles, 1u);
+    atomic_fetch_add(&rt->t0_files_ns, files_ns);
+    atomic_fetch_add(&rt->t0_translate_ns, xlate_ns);
+    atomic_fetch_add(&rt->t0_compile_ns, xlate_ns + (cc.ended_ns > t_start ? cc.ended_ns - t_start : 0));
+    return PIE_OK;
+}
+
+/* Tier 0 from the bytes: module.wasm (which tier 1 translates again), then our translator and
+ * tcc; for a module it declines (or whose C tcc refuses), the prelude and the wasm2c pipeline. */
 static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t len,
                                   lc_wasm_cancel *cancel, uint64_t files_ns, pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
     uint64_t t0 = lc_wasm_now_ns(CLOCK_MONOTONIC);
-    if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK ||
-        write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
+    if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK) return st->code;
+    if (!rt->tier0_wasm2c) {
+        uint64_t t1 = lc_wasm_now_ns(CLOCK_MONOTONIC);
+        lc_wasm_xlate_out x;
+        pie_status xst;
+        pie_code xrc = lc_wasm_xlate(wasm, len, m->cname, &x, &xst);
+        uint64_t t2 = lc_wasm_now_ns(CLOCK_MONOTONIC);
+        if (xrc == PIE_OK) {
+            pie_code rc = compile_own(m, &x, cancel, files_ns + (t1 - t0), t2 - t1, st);
+            free(x.c);
+            if (rc != LC_XL_FALLBACK) {
+                if (rc == PIE_OK) atomic_fetch_add(&rt->own_translations, 1u);
+                return rc;
+            }
+        } else if (xrc == PIE_RESOURCE_EXHAUSTED) {
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "translating: %s", xst.msg);
+        }
+        atomic_fetch_add(&rt->own_declines, 1u); /* declined, invalid or refused: wasm2c says */
+    }
+    if (write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
         return st->code;
     return compile(m, 0, cancel, files_ns + (lc_wasm_now_ns(CLOCK_MONOTONIC) - t0), st);
 }

@@ -74,7 +74,8 @@ static bool exported(const char *sym, void (*expect)(void)) {
 /* The executable must export the wasm-rt interface, WASI and every declared host function, since
  * dlopen'ed modules resolve their imports against it. */
 static pie_code check_host(const lc_wasm_rt_opts *o, pie_status *st) {
-    if (!exported("wasm_rt_trap", NULL) || !exported("Z_wasi_snapshot_preview1Z_fd_write", NULL))
+    if (!exported("wasm_rt_trap", NULL) || !exported("Z_wasi_snapshot_preview1Z_fd_write", NULL) ||
+        !exported("lc_wasm_stack_floor", NULL))
         return pie_status_set(st, PIE_FAILED_PRECONDITION,
                               "the executable does not export the wasm runtime (wasm_rt_trap): "
                               "link it with ENABLE_EXPORTS (-rdynamic)");
@@ -139,6 +140,8 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
     if (o->n_host_fns) memcpy(rt->host_fns, o->host_fns, o->n_host_fns * sizeof *rt->host_fns);
     rt->n_host_fns = o->n_host_fns;
     rt->tier1 = o->tier1;
+    const char *t0 = getenv("PIE_WASM_TIER0");
+    rt->tier0_wasm2c = o->tier0_wasm2c || (t0 != NULL && strcmp(t0, "wasm2c") == 0);
     rt->limits = o->module_limits;
     if (rt->limits.max_functions == 0) rt->limits.max_functions = LC_WASM_DEFAULT_MAX_FUNCTIONS;
     if (rt->limits.max_function_bytes == 0)
@@ -251,6 +254,8 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
 lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
     lc_wasm_rt_stats s = {
         .translations = atomic_load(&rt->translations),
+        .own_translations = atomic_load(&rt->own_translations),
+        .own_declines = atomic_load(&rt->own_declines),
         .tier0_compiles = atomic_load(&rt->tier0_compiles),
         .tier1_compiles = atomic_load(&rt->tier1_compiles),
         .disk_hits = atomic_load(&rt->disk_hits),

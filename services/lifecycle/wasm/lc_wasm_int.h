@@ -107,6 +107,7 @@ struct lc_wasm_rt {
     lc_wasm_host_fn *host_fns; /* copy of the array (the strings are the caller's) */
     size_t n_host_fns;
     bool tier1;
+    bool tier0_wasm2c; /* opts.tier0_wasm2c or PIE_WASM_TIER0=wasm2c: no own translator */
     char *wasm2c, *tcc, *cc;
     lc_wasm_module_limits limits; /* defaults filled in */
     uint64_t compile_timeout_ms, tier1_timeout_ms;
@@ -122,6 +123,7 @@ struct lc_wasm_rt {
     atomic_bool compiles_stopped; /* lc_wasm_rt_stop_compiles or destroy: compiles end */
     bool t1_started;
     pthread_t t1_thread;
+    _Atomic uint64_t own_translations, own_declines;
     _Atomic uint64_t translations, tier0_compiles, tier1_compiles, disk_hits, memory_hits;
     _Atomic uint64_t t0_files_ns, t0_translate_ns, t0_compile_ns, t0_open_ns; /* see stats */
 };
@@ -197,6 +199,10 @@ void lc_wasm_frame_enter(lc_wasm_frame *f);
 void lc_wasm_frame_leave(void);
 /* Usable stack bottom and guard size of the calling thread (cached per thread). */
 void lc_wasm_thread_stack(uintptr_t *stack_lo, size_t *guard);
+/* Lowest usable stack address of the instance running on this thread (0: none). Called by the
+ * code of lc_wasm_xlate before entering a function with a large native frame, which could
+ * otherwise step over the stack guard: part of the ABI generated code links against. */
+uintptr_t lc_wasm_stack_floor(void);
 /* Unwinds the current frame with reason. Aborts if the thread has no frame. */
 _Noreturn void lc_wasm_unwind(int reason);
 
