@@ -30,6 +30,7 @@
 #include "rpc.h"
 #include "svc.h"
 #include "wrk_coll.h"
+#include "wrk_tp_blame.h"
 #include "wrk_tp_cuda.h"
 #ifdef PIE_WITH_NCCL
 #include "wrk_nccl.h"
@@ -38,7 +39,6 @@
 #define WRK_TP_NCCL_BUILT false
 #endif
 
-#define WRK_TP_EXIT_GROUP_FAILED 3 /* a rank left because its group failed */
 
 enum { WRK_TP_STEP = 1, WRK_TP_RESET = 2, WRK_TP_STOP = 3 };
 
@@ -177,8 +177,24 @@ static void rank_setup(pid_t launcher) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(1);
 }
 
-/* Reaps ended ranks; on the first that did not exit 0 kills the rest. Returns how many ended. */
-static uint32_t reap(pid_t *pids, uint32_t n, bool *failed) {
+static int64_t now_ms(void) {
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The verdict is in: say which rank took the group down and end the others. */
+static void group_down(pid_t *pids, uint32_t n, int culprit) {
+    pie_log_error("wrk.tp.group_failed",
+                  "rank=%d tp_size=%u action=\"the group cannot compute without it: "
+                  "killing the other ranks (rank 0's controller link ends with it), exit 1\"",
+                  culprit, n);
+    kill_all(pids, n);
+}
+
+/* Reaps ended ranks and feeds their ends to the verdict (wrk_tp_blame.h: a rank that only saw
+ * the group fail waits for the rank that died). Returns how many ended. */
+static uint32_t reap(pid_t *pids, uint32_t n, wrk_tp_blame *blame) {
     uint32_t ended = 0;
     for (;;) {
         int status;
@@ -191,23 +207,25 @@ static uint32_t reap(pid_t *pids, uint32_t n, bool *failed) {
         pids[r] = 0;
         ended++;
         bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        bool witness = WIFEXITED(status) && WEXITSTATUS(status) == WRK_TP_EXIT_GROUP_FAILED;
         if (WIFEXITED(status))
             pie_log_write(clean ? PIE_LOG_INFO : PIE_LOG_ERROR, "wrk.tp.rank_exited",
                           "rank=%u pid=%d status=%d", r, (int)p, WEXITSTATUS(status));
         else
             pie_log_error("wrk.tp.rank_exited", "rank=%u pid=%d signal=%d", r, (int)p,
                           WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-        if (!clean && !*failed) {
-            *failed = true;
-            pie_log_error("wrk.tp.group_failed",
-                          "rank=%u tp_size=%u action=\"the group cannot compute without it: "
-                          "killing the other ranks (rank 0's controller link ends with it), "
-                          "exit 1\"",
-                          r, n);
-            kill_all(pids, n);
-        }
+        if (wrk_tp_blame_exit(blame, r, clean, witness, now_ms()))
+            group_down(pids, n, blame->culprit);
     }
     return ended;
+}
+
+/* Waits for a signal of `set`, at most `limit_ms` (-1: no limit). Returns it, 0 on timeout. */
+static int wait_signal(const sigset_t *set, int64_t limit_ms, siginfo_t *si) {
+    if (limit_ms < 0) return sigwaitinfo(set, si);
+    struct timespec ts = {.tv_sec = limit_ms / 1000, .tv_nsec = (limit_ms % 1000) * 1000000};
+    int sig = sigtimedwait(set, si, &ts);
+    return sig < 0 && errno == EAGAIN ? 0 : sig;
 }
 
 bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status) {
@@ -252,9 +270,11 @@ bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status) {
         pie_log_info("wrk.tp.rank_started", "rank=%u pid=%d", r, (int)p);
     }
     bool stopping = false;
+    wrk_tp_blame blame;
+    wrk_tp_blame_init(&blame);
     while (alive > 0) {
         siginfo_t si;
-        int sig = sigwaitinfo(&waitset, &si);
+        int sig = wait_signal(&waitset, wrk_tp_blame_wait_ms(&blame, now_ms()), &si);
         if (sig < 0) {
             if (errno == EINTR) continue;
             pie_log_error("wrk.tp.supervise", "sigwaitinfo: %s", strerror(errno));
@@ -264,7 +284,7 @@ bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status) {
         }
         if (sig == SIGTERM || sig == SIGINT) {
             /* rank 0 stops in order (drain, leave the controller) and then stops the others */
-            if (!stopping && !failed && pids[0] > 0) {
+            if (!stopping && !failed && blame.witness < 0 && blame.culprit < 0 && pids[0] > 0) {
                 pie_log_info("wrk.tp.signal", "signal=%d action=\"stopping rank 0\"", sig);
                 if (kill(pids[0], SIGTERM) != 0)
                     pie_log_error("wrk.tp.signal", "kill rank 0: %s", strerror(errno));
@@ -272,8 +292,10 @@ bool wrk_tp_launch(const wrk_tp_config *c, wrk_tp_rank *me, int *exit_status) {
             stopping = true;
             continue;
         }
-        alive -= reap(pids, n, &failed);
+        if (sig == SIGCHLD) alive -= reap(pids, n, &blame);
+        if (wrk_tp_blame_tick(&blame, now_ms(), alive == 0)) group_down(pids, n, blame.culprit);
     }
+    failed = failed || blame.culprit >= 0;
     /* Rank 0 unlinks the segment's name once every rank joined; a group that failed before
      * that would leave it in /dev/shm. */
     if (shm_unlink(me->coll_name) == 0)
