@@ -848,6 +848,24 @@ PROBE(loop_params_fib, LC_WASM_TRAP_HOST, "test_fail(55) ended the instance",
           "i32 i32 i32) i32.const 0 i32.const 1 i32.const 10 (loop (type $lt) local.set 0 l"
           "ocal.set 1 local.set 2 local.get 1 local.get 2 local.get 1 i32.add local.get 0 i"
           "32.const 1 i32.sub local.tee 0 local.get 0 br_if 0 drop drop))")
+PROBE(trunc_f64_s64_int_min_ok, LC_WASM_TRAP_HOST, "test_fail(2147483648) ended the instance",
+      "(func $p (result i32) f64.const -9223372036854775808 i64.trunc_f64_s i64.const 3"
+          "2 i64.shr_u i32.wrap_i64)")
+PROBE(trunc_f64_s64_2p63_traps, LC_WASM_TRAP_INT_OVERFLOW, "",
+      "(func $p (result i32) f64.const 9223372036854775808 i64.trunc_f64_s i32.wrap_i64"
+          ")")
+PROBE(trunc_f64_u64_minus_0_9_ok, LC_WASM_TRAP_HOST, "test_fail(0) ended the instance",
+      "(func $p (result i32) f64.const -0.9 i64.trunc_f64_u i32.wrap_i64)")
+PROBE(trunc_f32_u32_largest_ok, LC_WASM_TRAP_HOST, "test_fail(4294967040) ended the instance",
+      "(func $p (result i32) f32.const 4294967040 i32.trunc_f32_u)")
+PROBE(trunc_sat_f64_u64_1e20_max, LC_WASM_TRAP_HOST, "test_fail(4294967295) ended the instance",
+      "(func $p (result i32) f64.const 1e20 i64.trunc_sat_f64_u i32.wrap_i64)")
+PROBE(dropped_i64_load_oob_traps, LC_WASM_TRAP_OOB, "",
+      "(func $p (result i32) i32.const 65535 i64.load drop i32.const 5)")
+PROBE(dropped_f32_load_oob_traps, LC_WASM_TRAP_OOB, "",
+      "(func $p (result i32) i32.const 65535 f32.load drop i32.const 5)")
+PROBE(dropped_load16_u_oob_traps, LC_WASM_TRAP_OOB, "",
+      "(func $p (result i32) i32.const 65535 i32.load16_u drop i32.const 5)")
 
 /* Large probes, made here: text is the concatenation of the (text, count) pairs up to NULL. */
 static char *cat(const char *first, ...) {
