@@ -473,7 +473,11 @@ int main(int argc, char **argv) {
            "simd %s%s; open %.2f s\n",
            o.model, in->dtype, in->n_layers, in->hidden_size, in->intermediate_size, in->n_heads,
            in->n_kv_heads, in->vocab_size, krn_pool_size(pool), krn_cpu_simd_name(),
-           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)" : "", t_open);
+           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)"
+           : krn_cpu_bf16dot_active()
+               ? " + AVX512-BF16 (bf16 linear, 8 <= n <= 32, x rounded to bf16)"
+               : "",
+           t_open);
     printf("pools: weights %.1f MiB, KV %.1f MiB (%s, %u pages of %u), embeddings %.1f MiB, "
            "scratch %.1f MiB (max_batch_tokens %u)\n\n",
            in->weight_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0, in->kv_dtype, n_pages, ps,

@@ -273,7 +273,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("bench_krn: %d threads, SIMD %s%s\n", krn_pool_size(p), krn_cpu_simd_name(),
-           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)" : "");
+           krn_cpu_amx_active() ? " + AMX (bf16 linear, n >= 8)"
+           : krn_cpu_bf16dot_active()
+               ? " + AVX512-BF16 (bf16 linear, 8 <= n <= 32, x rounded to bf16)"
+               : "");
 
     {
         int reps = 20000;

@@ -3,7 +3,7 @@
  *
  * What runs is the worker's own offload code: the memory plan (wrk_mempol: device pages + host
  * pool pages), the runtime (wrk_memrt.c, compiled in: offload's effective capacity, which
- * shrinks while the device waits for host attention) and the emulated device
+ * follows the scheduler's estimate of the host decodes that pay) and the emulated device
  * (mem/wrk_nulldev.h: the load-aware scheduler of wrk_offload.h through wrk_offplace.h picks
  * each step's split over the real page placement, and the step is timed as Neo's two
  * sub-batches). The controller is stood in for by continuous batching: requests of `in`
@@ -19,9 +19,12 @@
  * where wrk_offsim takes a roofline max: its numbers are lower for large batches.
  *
  * Usage: bench_nulloff [steps, default 3000] [sweep]
- *   without "sweep": the default capacity rule against gpu, in detail;
+ *   without "sweep": the default capacity rule (the scheduler's estimate) against gpu, in
+ *   detail, as the worker runs (every item of a batch runs) and with deferral (the stand-in
+ *   controller re-queues the items the scheduler defers: Neo's rules, wrk_offload.h);
  *   with it: offload's gain over gpu at every point under variants of the capacity rule
- *   (wrk_off_adapt_opts: thresholds, step sizes, where it starts, holding while pages drain). */
+ *   (wrk_off_adapt_opts: the estimate, thresholds, step sizes, where it starts, holding while
+ *   pages drain). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +62,7 @@ typedef struct sim {
     req *reqs;
     uint32_t n_reqs;
     wrk_offplace_item *items;
+    uint32_t *item_req; /* [max_items] the request of each item of the step */
     uint32_t live; /* pages held */
     double t;
     uint64_t out_tokens, decode_items;
@@ -83,6 +87,8 @@ typedef struct variant {
     const char *name;
     wrk_off_adapt_opts opts;
     bool tuned; /* false: the default rule, untouched */
+    bool defer; /* the stand-in controller re-queues what the scheduler defers */
+    bool host_steps; /* grow_pages 0 keeps the rule's own step (an eighth of the host) */
 } variant;
 
 static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) {
@@ -114,7 +120,8 @@ static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) 
                              .offload_device_pages = offload ? s->plan.kv_pages_gpu : 0,
                              .kv_pages = s->plan.kv_pages_max,
                              .page_layer_bytes = page_layer,
-                             .max_items = max_items};
+                             .max_items = max_items,
+                             .offload_defer = offload && v && v->defer};
     if (wrk_nulldev_create(&dc, &s->dev, &st) != PIE_OK) die("device", &st);
     if (offload) {
         s->rt = wrk_memrt_create(&s->plan, NULL, NULL, &st);
@@ -129,6 +136,7 @@ static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) 
     s->n_reqs = hw->max_batch;
     s->reqs = xcalloc(s->n_reqs, sizeof *s->reqs);
     s->items = xcalloc(max_items, sizeof *s->items);
+    s->item_req = xcalloc(max_items, sizeof *s->item_req);
 }
 
 static void sim_close(sim *s) {
@@ -136,6 +144,7 @@ static void sim_close(sim *s) {
     free(s->reqs);
     free(s->free_pages);
     free(s->items);
+    free(s->item_req);
     wrk_memrt_destroy(s->rt);
     wrk_nulldev_destroy(s->dev);
 }
@@ -170,17 +179,16 @@ static void step(sim *s, uint32_t in, uint32_t out) {
     for (uint32_t r = 0; r < s->n_reqs; r++) {
         req *q = &s->reqs[r];
         if (q->state == 1) {
+            s->item_req[n] = r;
             s->items[n++] = (wrk_offplace_item){
                 .pages = q->pages, .n_pages = (in + PAGE - 1) / PAGE, .n_in = in, .append = true};
-            tokens += in;
         } else if (q->state == 2) {
+            s->item_req[n] = r;
             s->items[n++] = (wrk_offplace_item){.pages = q->pages,
                                                 .n_pages = q->pos / PAGE + 1,
                                                 .ctx = q->pos,
                                                 .n_in = 1,
                                                 .append = true};
-            tokens += 1;
-            s->decode_items++;
         }
     }
     if (n == 0) return;
@@ -188,8 +196,11 @@ static void step(sim *s, uint32_t in, uint32_t out) {
     pie_status st;
     if (wrk_nulldev_forward_items(s->dev, s->items, n, &b, &st) != PIE_OK) die("forward", &st);
     s->t += b.time_s;
-    for (uint32_t r = 0; r < s->n_reqs; r++) {
-        req *q = &s->reqs[r];
+    for (uint32_t i = 0; i < n; i++) {
+        if (b.item_state && b.item_state[i] == WRK_OFF_DEFER) continue; /* re-queued */
+        req *q = &s->reqs[s->item_req[i]];
+        tokens += s->items[i].n_in;
+        if (q->state == 2) s->decode_items++;
         if (q->state == 1) {
             q->pos = in;
             q->state = 2;
@@ -211,6 +222,7 @@ typedef struct result {
     double tps;                /* output tokens per virtual second, measured steps */
     double decodes, host;      /* decodes per step, of them attended on the host (measured) */
     uint64_t forced, two;      /* forced and two-sub-batch steps (measured) */
+    double deferred;           /* decodes deferred per step (measured) */
     uint32_t eff, max;         /* effective capacity at the end, kv_pages_max */
 } result;
 
@@ -231,6 +243,7 @@ static result run(const testbed *tb, bool offload, const variant *v, uint32_t in
                 .host = (double)(b.host_items - a.host_items) / steps,
                 .forced = b.place.forced_steps - a.place.forced_steps,
                 .two = b.offload_steps - a.offload_steps,
+                .deferred = (double)(b.place.deferred - a.place.deferred) / steps,
                 .eff = capacity(&s),
                 .max = s.plan.kv_pages_max};
     sim_close(&s);
@@ -246,21 +259,26 @@ static const uint32_t lens[][2] = {{500, 50}, {500, 200}, {500, 1000}};
 #define N_TB   (sizeof tbs / sizeof tbs[0])
 #define N_LENS (sizeof lens / sizeof lens[0])
 
-/* The default rule against policy gpu, in detail. */
+/* The default rule against policy gpu, in detail: the worker as it runs (every item of a batch
+ * runs), and with deferral (the stand-in controller re-queues what the scheduler defers). */
 static void table(uint32_t steps) {
+    static const variant defer = {"defer", {.estimate = true}, true, true};
     printf("| testbed | in | out | gpu tok/s (decodes/step) | offload tok/s (decodes/step, on "
-           "host) | gain | forced / two-sub-batch steps of %u | effective pages of max |\n",
+           "host) | gain | forced / two-sub-batch steps of %u | effective pages of max | "
+           "with deferral: tok/s (decodes, on host, deferred per step) | gain |\n",
            steps);
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t t = 0; t < N_TB; t++)
         for (size_t l = 0; l < N_LENS; l++) {
             result g = run(&tbs[t], false, NULL, lens[l][0], lens[l][1], steps);
             result o = run(&tbs[t], true, NULL, lens[l][0], lens[l][1], steps);
+            result d = run(&tbs[t], true, &defer, lens[l][0], lens[l][1], steps);
             printf("| %s | %u | %u | %.0f (%.1f) | %.0f (%.1f, %.1f) | %+.1f %% | %llu / %llu | "
-                   "%u of %u |\n",
+                   "%u of %u | %.0f (%.1f, %.1f, %.1f) | %+.1f %% |\n",
                    tbs[t].hw->name, lens[l][0], lens[l][1], g.tps, g.decodes, o.tps, o.decodes,
                    o.host, (o.tps / g.tps - 1) * 100, (unsigned long long)o.forced,
-                   (unsigned long long)o.two, o.eff, o.max);
+                   (unsigned long long)o.two, o.eff, o.max, d.tps, d.decodes, d.host, d.deferred,
+                   (d.tps / g.tps - 1) * 100);
         }
 }
 
@@ -271,7 +289,12 @@ static void table(uint32_t steps) {
 /* The capacity rule's variants: gain over gpu at every point, and the worst and mean. */
 static void sweep(uint32_t steps) {
     const variant vs[] = {
-        {"default: start at every page, -/+ an eighth of the host, 5 % / 1 %", {0}, false},
+        {"default: the scheduler's estimate (least of an epoch, smoothed)", {0}, false},
+        {"the estimate, with deferral (a controller that re-queues)", {.estimate = true}, true,
+         true},
+        {"exposed wait (the default before): start at every page, -/+ an eighth of the host, "
+         "5 % / 1 %",
+         {0}, true, false, true},
         {"start at every page, halve the host share, +1/8 device, hold while over",
          {.shrink_share = 0.5, .hold_while_over = true}, true},
         {"start at the device, halve, +1/8 device, hold", {.shrink_share = 0.5,
@@ -307,7 +330,8 @@ static void sweep(uint32_t steps) {
         for (size_t t = 0; t < N_TB; t++)
             for (size_t l = 0; l < N_LENS; l++) {
                 uint32_t gpu_pages = (uint32_t)floor(tbs[t].hw->gpu_kv / PAGE);
-                if (vv.tuned && vv.opts.grow_pages == 0) /* an eighth of the device's pages */
+                if (vv.tuned && !vv.host_steps && !vv.opts.estimate &&
+                    vv.opts.grow_pages == 0) /* an eighth of the device's pages */
                     vv.opts.grow_pages = gpu_pages / 8 + 1;
                 else if (vv.opts.grow_pages == GROW_HALF)
                     vv.opts.grow_pages = gpu_pages / 2 + 1;

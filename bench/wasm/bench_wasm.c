@@ -15,6 +15,7 @@
  *           time until all run, resident memory per idle instance, time until all finished.
  * Results are recorded in bench/results/wasm.md. Usage:
  *   bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] [--stack-kib N] [--tier1 0|1]
+ *              [--tier0 own|wasm2c]   (tier 0's translator: lc_wasm_xlate, the default, or wasm2c)
  * (--tier1 0 skips the tier-1 compile of the cold section, which takes seconds to minutes.) */
 #include <errno.h>
 #include <ftw.h>
@@ -103,6 +104,8 @@ static long rss_kib(void) {
 }
 
 static char cache_dir[64];
+/* --tier0 wasm2c: tier 0 as before lc_wasm_xlate (wasm2c | tcc); default: our translator */
+static bool g_tier0_wasm2c;
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
@@ -113,7 +116,8 @@ static lc_wasm_rt *make_rt(bool tier1) {
     lc_wasm_rt_opts o = {.cache_dir = cache_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
-                         .tier1 = tier1};
+                         .tier1 = tier1,
+                         .tier0_wasm2c = g_tier0_wasm2c};
     lc_wasm_rt *rt = NULL;
     pie_status st;
     if (lc_wasm_rt_create(&o, &rt, &st) != PIE_OK) die("rt_create", &st);
@@ -170,22 +174,34 @@ static void bench_cold(const char *fixture, int n, bool tier1) {
         lc_wasm_module_release(m);
     }
     double p50 = pct(t, (size_t)n, 0.5), p90 = pct(t, (size_t)n, 0.9), min = t[0];
-    printf("cold load of a new %zu-byte module (%s: hash+check+wasm2c|tcc+dlopen), %d runs: "
+    lc_wasm_rt_stats sx = lc_wasm_rt_stats_get(rt);
+    if (!g_tier0_wasm2c && sx.own_declines > 0) {
+        fprintf(stderr, "bench_wasm: lc_wasm_xlate declined %s (fell back to wasm2c)\n", fixture);
+        exit(1);
+    }
+    printf("cold load of a new %zu-byte module (%s: hash+check+%s+dlopen), %d runs: "
            "p50 %.1f ms, p90 %.1f ms, min %.1f ms; CPU (ours + children) p50 %.1f ms\n",
-           len, fixture, n, p50, p90, min, pct(cpu, (size_t)n, 0.5));
-    printf("  phases, p50 of each: check (parse + SHA-256) %.2f ms, cache files %.2f ms, "
-           "pipeline start -> wasm2c ended %.1f ms, -> tcc ended %.1f ms, dlopen + init %.2f ms\n",
+           len, fixture, g_tier0_wasm2c ? "wasm2c|tcc" : "lc_wasm_xlate+tcc", n, p50, p90, min,
+           pct(cpu, (size_t)n, 0.5));
+    printf(g_tier0_wasm2c
+               ? "  phases, p50 of each: check (parse + SHA-256) %.2f ms, cache files %.2f ms, "
+                 "pipeline start -> wasm2c ended %.1f ms, -> tcc ended %.1f ms, dlopen + init "
+                 "%.2f ms\n"
+               : "  phases, p50 of each: check (parse + SHA-256) %.2f ms, cache files %.2f ms, "
+                 "translation (in process) %.1f ms, translation + tcc %.1f ms, dlopen + init "
+                 "%.2f ms\n",
            pct(ph[PH_CHECK], (size_t)n, 0.5), pct(ph[PH_FILES], (size_t)n, 0.5),
            pct(ph[PH_W2C], (size_t)n, 0.5), pct(ph[PH_CC], (size_t)n, 0.5),
            pct(ph[PH_OPEN], (size_t)n, 0.5));
     for (int k = 0; k < PH_N; k++) free(ph[k]);
     free(cpu);
+    lc_wasm_module *m;
+    pie_status st;
+    if (!g_tier0_wasm2c) goto tier1; /* the tools below are wasm2c's pipeline */
 
     /* The two tools alone, one after the other, on the last module's files (the runtime runs
      * them as a pipeline, wasm2c | tcc; the C name is the runtime's, "w" + 24 hex digits of the
      * id, so that the glue in wasm.h matches). */
-    lc_wasm_module *m;
-    pie_status st;
     if (lc_wasm_module_load(rt, b, make_unique(b, len, (uint64_t)n), &m, &st) != PIE_OK)
         die("load big", &st);
     char cmd[1024];
@@ -220,6 +236,7 @@ static void bench_cold(const char *fixture, int n, bool tier1) {
            "p50 %.1f ms (its first byte of C after %.1f ms), tcc p50 %.1f ms\n",
            pct(w, 5, 0.5), pct(first, 5, 0.5), pct(c, 5, 0.5));
     lc_wasm_module_release(m);
+tier1:
     lc_wasm_rt_destroy(rt);
 
     if (!tier1) {
@@ -378,6 +395,10 @@ int main(int argc, char **argv) {
     long calls = 10000000;
     size_t stack_kib = 8192;
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--tier0") == 0) {
+            g_tier0_wasm2c = strcmp(argv[i + 1], "wasm2c") == 0;
+            continue;
+        }
         if (strcmp(argv[i], "--cold") == 0)
             cold = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--warm") == 0)
@@ -391,8 +412,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--tier1") == 0)
             tier1 = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] "
-                            "[--stack-kib N] [--tier1 0|1]\n");
+            fprintf(stderr, "usage: bench_wasm [--tier0 own|wasm2c] [--cold N] [--warm N] "
+                            "[--calls N] [--instances N] [--stack-kib N] [--tier1 0|1]\n");
             return 2;
         }
     }

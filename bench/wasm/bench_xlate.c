@@ -65,8 +65,9 @@ int main(int argc, char **argv) {
         }
     }
     if (rc == 0) {
-        fprintf(stderr, "%s: %ld bytes of wasm, %zu bytes of C, %u functions; best of %d: %.3f ms\n",
-                in, n, x.len, x.n_funcs, repeat, best);
+        fprintf(stderr,
+                "%s: %ld bytes of wasm, %zu bytes of C, %u functions; best of %d: %.3f ms\n", in, n,
+                x.len, x.n_funcs, repeat, best);
         if (out != NULL) {
             FILE *o = fopen(out, "wb");
             if (o == NULL || fwrite(x.c, 1, x.len, o) != x.len || fclose(o) != 0) {

@@ -7,12 +7,20 @@
 #   tcc headers          the prelude (t0.h, wasm-rt.h, libc headers) with an empty unit
 #   tcc compile          wasm2c's C to an object (-c), as the pipeline compiles it
 #   tcc link             that object to the shared library (-shared -lm)
+# and, when bench_xlate is given (second argument; build it with --target bench_xlate), the
+# tier-0 path of lc_wasm's own translator (services/lifecycle/wasm/lc_wasm_xlate.c):
+#   own translator       bench_xlate: validating and writing the C, in process in the runtime
+#   tcc own compile      its C to an object
+#   tcc own link         that object to the shared library
 # User-space instructions only: page faults and other kernel time are not in them (perf stat
 # shows those: wasm2c spends ~15 of its ~37 ms of CPU in the kernel, mostly first-touch faults).
-# Usage: bench/wasm/cold_profile.sh [module.wasm]   (default: the big fixture of build-h17)
+# Usage: bench/wasm/cold_profile.sh [module.wasm [build/bench/bench_xlate]]
+#        (default module: the big fixture of build-h17)
 # Needs valgrind, wasm2c, wasm-validate, tcc, python3. Results: bench/results/wasm.md.
 set -euo pipefail
 wasm=${1:-build-h17/tests/wasm/big.wasm}
+xlate=${2:-}
+[ -z "$xlate" ] || xlate=$(realpath "$xlate")
 here=$(cd "$(dirname "$0")" && pwd)
 [ -f "$wasm" ] || { echo "cold_profile.sh: no $wasm (build the pie_wasm_fixtures target)" >&2; exit 2; }
 work=$(mktemp -d)
@@ -43,3 +51,10 @@ count "wasm2c" wasm2c module.wasm -n wprofile -o out.c
 count "tcc headers" tcc -c -o empty.o -include t0.h empty.c
 count "tcc compile" tcc -c -o module.o -include t0.h module.c
 count "tcc link" tcc -shared -o module.so module.o -lm
+if [ -n "$xlate" ]; then
+    "$xlate" module.wasm own.c
+    printf 'own translator: %d bytes of C\n' "$(stat -c %s own.c)"
+    count "own translator" "$xlate" module.wasm own2.c
+    count "tcc own compile" tcc -c -o own.o own.c
+    count "tcc own link" tcc -shared -o own.so own.o -lm
+fi

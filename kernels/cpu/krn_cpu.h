@@ -52,13 +52,27 @@ int krn_cpu_amx_active(void);
  * kernels run. */
 int krn_cpu_set_amx(int on);
 
+/* Whether krn_cpu_linear multiplies bf16 weights with n >= 8 rows of x by AVX512-BF16 dot
+ * products, x rounded to bf16 (see there): the CPU has AVX512-BF16, the SIMD path is avx512,
+ * AMX is not active (krn_cpu_amx_active()), and the switch is on: by default on AMD CPUs only,
+ * PIE_KRN_BF16DOT=1 or 0 (read once) and krn_cpu_set_bf16dot override it. */
+int krn_cpu_bf16dot_active(void);
+
+/* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine). -1
+ * (nothing changed) when asked to turn it on and the CPU lacks AVX512-BF16. Not to be called
+ * while kernels run. */
+int krn_cpu_set_bf16dot(int on);
+
 /* ---- dense ------------------------------------------------------------------------------- */
 
 /* y[n, out] = x[n, in] · W^T where W is [out, in] of dtype wt (the HF Linear layout). bf16/f16
  * weights are converted exactly and accumulated in f32. bf16 weights with n >= 8 rows and `in`
  * a multiple of 32 run on AMX while krn_cpu_amx_active() (the first out - out % 16 rows of W):
  * x is split into two bf16 parts (x = hi + lo to 2^-17 relative), products are exact and
- * accumulated in f32, so the result is as accurate as the f32 paths. The pool owns all
+ * accumulated in f32, so the result is as accurate as the f32 paths. Otherwise, while
+ * krn_cpu_bf16dot_active(), bf16 weights with 8 <= n <= 32 rows use AVX512-BF16 dot products with x
+ * rounded to one bf16 (nearest even): |y - Σ w·bf16(x)| <= (in/16 + 5) · 2^-24 · Σ|w·bf16(x)|,
+ * i.e. x itself is off by up to 2^-9 relative (krn_bf16dot.c). The pool owns all
  * threads: the first call sets OpenBLAS to one thread (process-wide) and splits sgemm over the
  * pool. y must not overlap x or W. */
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,

@@ -41,6 +41,18 @@ void krn_amx_pack(krn_pool *p, const float *x, int n, int in, void *xp);
 void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
                   int out);
 
+/* ---- AVX512-BF16 dot products (krn_bf16dot.c) ---------------------------------------------- */
+
+/* Bytes of x[n, in] rounded to bf16 and packed: n rows of `in` rounded up to 32, zero padded. */
+size_t krn_bf16dot_pack_bytes(int n, int in);
+/* Rounds x[n, in] to bf16 (nearest even) into xp (krn_bf16dot_pack_bytes bytes), across the
+ * pool. */
+void krn_bf16dot_pack(krn_pool *p, const float *x, int n, int in, void *xp);
+/* y[r, o] = Σ_k w[o, k] · bf16(x[r, k]) with x as packed, for o in [o0, o1), f32 sums. Only when
+ * krn_cpu_bf16dot_active(). */
+void krn_bf16dot_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
+                      int out);
+
 /* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
 
 /* Like krn_task_fn, plus the index in [0, krn_pool_size) of the worker running the task (0 is

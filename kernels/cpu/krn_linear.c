@@ -59,6 +59,14 @@
  * the tile configuration and releases the tiles once; 256 rows instead of 64 made a b=32
  * decode step ~2% faster (5 interleaved pairs, bench/results/engine.md). */
 #define KRN_LINEAR_AMX_ROWS 256
+/* bf16 weights by AVX512-BF16 dot products (krn_bf16dot.c), when AMX is not active, for
+ * KRN_LINEAR_DOT_MIN_N..KRN_LINEAR_GEMV_MAX_N rows of x: the rows the exact GEMV tiles would
+ * take. Below 8 rows the exact GEMV path is bound by memory, not arithmetic (as for AMX); above
+ * 32 the sgemm tiles of the prefill path run at 71-73 GMAC/s per core against VDPBF16PS's 42
+ * on the Intel kind (bench/results/peers.md, 2026-11-28 section on AVX512-BF16). */
+#define KRN_LINEAR_DOT_MIN_N 8
+/* Output rows per AVX512-BF16 task (a multiple of the tile's 3 rows of W). */
+#define KRN_LINEAR_DOT_ROWS 48
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -370,7 +378,7 @@ typedef struct linear_job {
     int rows_per_task;  /* output rows (W rows) per task */
     int tile_k;         /* tile path: input columns per converted tile */
     float *tiles[1024]; /* per worker, tile path only */
-    const void *xp;     /* AMX path: x packed as bf16 tiles */
+    const void *xp;     /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16 */
     int out16;          /* AMX path: rows of W it covers */
 } linear_job;
 
@@ -408,6 +416,14 @@ static void task_amx(void *arg, int task, int n_tasks) {
     if (o1 > g0) gemv_range(j->x, j->n, j->in, j->w, j->wt, g0, o1, j->y, j->out);
 }
 
+static void task_dot(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    krn_bf16dot_rows(j->xp, j->n, j->in, j->w, o0, o1, j->y, j->out);
+}
+
 static void task_tile(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks;
     const linear_job *j = arg;
@@ -427,20 +443,23 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
-/* The AMX path: packs x once (in the pool's shared scratch, or a malloc without a pool), then
- * splits the rows of W over the pool. -1 when memory for the packed x runs out (the caller
- * takes another path). */
-static int linear_amx(krn_pool *p, linear_job *j) {
-    size_t bytes = krn_amx_pack_bytes(j->n, j->in);
+/* The paths that pack x once (AMX: bf16 hi/lo tiles; AVX512-BF16: x rounded to bf16), in the
+ * pool's shared scratch or a malloc without a pool, then split the rows of W over the pool. -1
+ * when memory for the packed x runs out (the caller takes another path). */
+static int linear_packed(krn_pool *p, linear_job *j, int amx) {
+    size_t bytes = amx ? krn_amx_pack_bytes(j->n, j->in) : krn_bf16dot_pack_bytes(j->n, j->in);
     void *own = NULL;
     void *xp = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
                  : (own = aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!xp) return -1;
-    krn_amx_pack(p, j->x, j->n, j->in, xp);
+    if (amx)
+        krn_amx_pack(p, j->x, j->n, j->in, xp);
+    else
+        krn_bf16dot_pack(p, j->x, j->n, j->in, xp);
     j->xp = xp;
     j->out16 = j->out / 16 * 16;
-    j->rows_per_task = KRN_LINEAR_AMX_ROWS;
-    krn_pool_run(p, task_amx, j, div_up(j->out, j->rows_per_task));
+    j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
+    krn_pool_run(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
     free(own);
     return 0;
 }
@@ -464,7 +483,10 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
     }
 
     if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
-        krn_cpu_amx_active() && linear_amx(p, &j) == 0)
+        krn_cpu_amx_active() && linear_packed(p, &j, 1) == 0)
+        return;
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
+        krn_cpu_bf16dot_active() && linear_packed(p, &j, 0) == 0)
         return;
 
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
@@ -503,16 +525,17 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
 #define KRN_LINEAR_MULTI_MAX 4
 
 typedef struct multi_job {
+    krn_task_fn fn; /* task_amx or task_dot */
     linear_job j[KRN_LINEAR_MULTI_MAX];
     int first[KRN_LINEAR_MULTI_MAX + 1]; /* tasks of weight i: [first[i], first[i + 1]) */
     int count;
 } multi_job;
 
-static void task_amx_multi(void *arg, int task, int n_tasks) {
+static void task_multi(void *arg, int task, int n_tasks) {
     const multi_job *m = arg;
     int i = 0;
     while (task >= m->first[i + 1]) i++;
-    task_amx((void *)&m->j[i], task - m->first[i], n_tasks);
+    m->fn((void *)&m->j[i], task - m->first[i], n_tasks);
 }
 
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
@@ -520,28 +543,34 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
     int amx = wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in > 0 && in % 32 == 0 &&
               count <= KRN_LINEAR_MULTI_MAX && krn_cpu_amx_active();
     for (int i = 0; amx && i < count; i++) amx = outs[i].out >= 16;
+    int dot = !amx && wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
+              in > 0 && count <= KRN_LINEAR_MULTI_MAX && krn_cpu_bf16dot_active();
+    for (int i = 0; dot && i < count; i++) dot = outs[i].out > 0;
     void *xp = NULL;
-    if (amx && p) {
-        size_t bytes = krn_amx_pack_bytes(n, in);
+    if ((amx || dot) && p) {
+        size_t bytes = amx ? krn_amx_pack_bytes(n, in) : krn_bf16dot_pack_bytes(n, in);
         xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
     }
-    if (!xp) { /* not on AMX (or no pool, or no scratch): the separate calls */
+    if (!xp) { /* not on AMX or bf16 dot (or no pool, or no scratch): the separate calls */
         for (int i = 0; i < count; i++)
             krn_cpu_linear(p, x, n, in, outs[i].w, wt, outs[i].out, outs[i].y);
         return;
     }
     pthread_once(&g_blas_once, blas_single_thread);
-    krn_amx_pack(p, x, n, in, xp);
-    multi_job m = {.count = count};
+    if (amx)
+        krn_amx_pack(p, x, n, in, xp);
+    else
+        krn_bf16dot_pack(p, x, n, in, xp);
+    multi_job m = {.count = count, .fn = amx ? task_amx : task_dot};
     m.first[0] = 0;
     for (int i = 0; i < count; i++) {
         linear_job *j = &m.j[i];
         j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w, j->wt = wt;
         j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16;
-        j->rows_per_task = KRN_LINEAR_AMX_ROWS;
+        j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
         m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
     }
-    krn_pool_run(p, task_amx_multi, &m, m.first[count]);
+    krn_pool_run(p, task_multi, &m, m.first[count]);
 }
 
 void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst) {

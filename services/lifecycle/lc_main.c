@@ -31,6 +31,7 @@ typedef struct lc_config {
     char *advertise;      /* replica.advertise */
     char *cache_dir;      /* runtime.cache_dir */
     bool tier1;           /* runtime.tier1 */
+    bool tier0_wasm2c;    /* runtime.tier0_wasm2c */
     char *tier1_cc;       /* runtime.tier1_cc */
     uint64_t stack_bytes; /* runtime.instance_stack */
     uint64_t max_program_bytes;
@@ -87,6 +88,10 @@ static const pie_config_field lc_fields[] = {
      .doc = "directory of stored programs and compiled code (replicas may share it)"},
     {"runtime.tier1", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier1), .def = "true",
      .doc = "recompile programs with cc -O2 in the background; later launches use it"},
+    {"runtime.tier0_wasm2c", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, tier0_wasm2c), .def = "false",
+     .doc = "first compiles translate with wasm2c instead of lc_wasm's own translator (for A/B "
+            "comparisons and as an escape hatch; the own one falls back to wasm2c by itself for "
+            "modules it declines)"},
     {"runtime.tier1_cc", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tier1_cc), .def = "cc",
      .doc = "C compiler of tier 1 (gcc or clang; PATH is searched)"},
     {"runtime.instance_stack", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, stack_bytes), .def = "512KiB",
@@ -229,6 +234,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                           .host_fns = fns,
                           .n_host_fns = n_fns,
                           .tier1 = cfg->tier1,
+                          .tier0_wasm2c = cfg->tier0_wasm2c,
                           .cc = cfg->tier1_cc && cfg->tier1_cc[0] ? cfg->tier1_cc : NULL};
     ro.module_limits = cfg->module_limits;
     ro.compile_timeout_ms = (uint64_t)cfg->compile_timeout_ms;
@@ -276,6 +282,8 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
 /* At least this long for calls in flight after the instances' drain, so that the exit status
  * of an instance ended at the grace reaches its client before the server cancels calls. */
 #define LC_CALLS_GRACE_MIN_MS 1000
+/* The longest the Session's sender may take to hand the last InstanceEnds to the stream. */
+#define LC_SETTLE_MS 500
 
 /* The drain of SIGTERM (docs/operators.md, "Shutdown"): readiness fails, launches are refused,
  * running instances get up to server.shutdown_grace to end by themselves (their clients stay
@@ -290,6 +298,8 @@ static void lc_drain(const lc_config *cfg, lc_parts *p) {
     size_t left = lc_inst_mgr_drain(p->insts, grace_ms);
     pie_log_info("lc.drained", "instances_cut=%zu", left);
     lc_inst_mgr_stop(p->insts);
+    lc_session_settle(p->session, LC_SETTLE_MS); /* the InstanceEnds go out before the server
+                                                    stops, which ends the Session's stream */
     int64_t rest_ms = grace_ms - (rpc_now_ns() - t0) / 1000000;
     svc_drain_within(p->s, rest_ms > LC_CALLS_GRACE_MIN_MS ? rest_ms : LC_CALLS_GRACE_MIN_MS);
 }
@@ -297,6 +307,7 @@ static void lc_drain(const lc_config *cfg, lc_parts *p) {
 static void lc_stop(lc_parts *p) {
     if (p->rt) lc_wasm_rt_stop_compiles(p->rt); /* no job below waits for a compiler */
     lc_inst_mgr_stop(p->insts); /* instances end, attached clients get their exit status */
+    if (p->session) lc_session_settle(p->session, LC_SETTLE_MS); /* their InstanceEnds */
     svc_drain(p->s);            /* server next (no-op after lc_drain): no callback after it */
     lc_api_destroy(p->api);     /* waits for uploads being validated */
     lc_inst_mgr_destroy(p->insts);

@@ -314,6 +314,19 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, b
     return rc;
 }
 
+void lc_session_settle(lc_session *s, int64_t timeout_ms) {
+    /* Polls: shutdown only, and the sender's condition variable stays the sender's. */
+    int64_t until = rpc_now_ns() + timeout_ms * 1000000;
+    for (;;) {
+        pthread_mutex_lock(&s->out_mu);
+        bool busy = s->sender_started && (s->sending || (s->out.len > 0 && s->epoch != 0));
+        pthread_mutex_unlock(&s->out_mu);
+        if (!busy || rpc_now_ns() >= until) return;
+        struct timespec ms = {.tv_sec = 0, .tv_nsec = 1000000};
+        (void)nanosleep(&ms, NULL);
+    }
+}
+
 uint64_t lc_session_epoch(lc_session *s) {
     pthread_mutex_lock(&s->out_mu);
     uint64_t e = s->epoch;
@@ -525,6 +538,10 @@ pie_code lc_session_start(lc_session *s, svc *sv, const svc_dial_config *dial, p
         .on_message = session_on_message,
         .on_disconnect = session_on_disconnect,
         .user = s,
+        /* The Session's stream runs on the gRPC server's thread: one poller for the clients'
+         * calls and the controller's stream, and instances' sends never wait for gRPC (issue 17
+         * item 3: the hand-offs between two polling threads cost wake-ups on every token). */
+        .server = svc_rpc_server(sv),
     };
     if (svc_dial_controller(sv, dial, &lo, &s->ch, &s->link, st) != PIE_OK) return st->code;
     int rc = pthread_create(&s->sender, NULL, sender_main, s);

@@ -101,6 +101,9 @@ pie_code lc_session_flush(lc_session *s, uint64_t epoch, lc_session_stage *sg, b
  * sender holds what the outbox has, briefly, so the woken instances' next calls leave together. */
 void lc_session_gather_add(lc_session *s);
 void lc_session_stage_free(lc_session_stage *sg);
+/* Waits (at most timeout_ms) until what instances flushed has been handed to the Session's
+ * stream: before the gRPC server stops, which ends that stream (rpc_link_opts.server). */
+void lc_session_settle(lc_session *s, int64_t timeout_ms);
 /* The current connection (changes on every reconnect), or 0 while the Session is not open (no
  * hello sent). Instances remember the epoch they began in. */
 uint64_t lc_session_epoch(lc_session *s);

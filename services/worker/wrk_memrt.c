@@ -20,6 +20,7 @@ struct wrk_memrt {
     wrk_nulldev *ond;       /* policy offload on the null backend: its emulated device, or NULL */
     wrk_off_adapt oadapt;   /* step thread only */
     uint64_t last_wait_ns;  /* step thread only */
+    uint64_t last_gain_pages, last_gain_steps; /* step thread only */
     uint32_t slots;         /* step thread only */
     uint64_t last_stall_ns; /* step thread only */
     atomic_uint effective;
@@ -174,6 +175,10 @@ wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metri
     wrk_mem_adapt_init(&r->adapt, &r->plan, 0);
     r->oe = plan->policy == WRK_MEM_OFFLOAD ? e : NULL;
     wrk_off_adapt_init(&r->oadapt, plan->kv_pages_gpu, plan->kv_pages_max, 0);
+    if (plan->policy == WRK_MEM_OFFLOAD) { /* the capacity follows the scheduler's estimate */
+        wrk_off_adapt_tune(&r->oadapt, &(wrk_off_adapt_opts){.estimate = true});
+        atomic_store(&r->effective, r->oadapt.pages);
+    }
     pthread_mutex_init(&r->scrape_mu, NULL);
     if (metrics && wrk_memrt_metrics(r, metrics, st) != PIE_OK) {
         wrk_memrt_destroy(r);
@@ -226,10 +231,20 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
         if (r->ond) wrk_offrt_nulldev_stats(r->ond, &os);
         else eng_offload_get_stats(r->oe, &os);
         uint64_t wait = os.host_wait_ns - r->last_wait_ns;
+        uint64_t gain = os.gain_pages - r->last_gain_pages;
+        uint64_t gain_steps = os.gain_steps - r->last_gain_steps;
         r->last_wait_ns = os.host_wait_ns;
+        r->last_gain_pages = os.gain_pages;
+        r->last_gain_steps = os.gain_steps;
         uint32_t was = atomic_load(&r->effective);
-        uint32_t eff = wrk_off_adapt_step_tokens(&r->oadapt, tokens, ns, wait, kv_live);
-        if (eff != was) wrk_memrt_offload_capacity(r, eff, eff < was ? "exposed" : "hidden");
+        uint32_t eff =
+            wrk_off_adapt_step_est(&r->oadapt, tokens, ns, wait, gain, gain_steps, kv_live);
+        if (eff != was) {
+            const char *why = r->oadapt.opts.estimate
+                                  ? (eff < was ? "estimate_down" : "estimate_up")
+                                  : (eff < was ? "exposed" : "hidden");
+            wrk_memrt_offload_capacity(r, eff, why);
+        }
         return;
     }
     if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;

@@ -200,7 +200,7 @@ def run_blocks(args, blocks):
         ran += 1
         try:
             p = subprocess.run(["bash", "-c", "set -eo pipefail\n" + script], cwd=scratch,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               input=b"", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                timeout=args.block_timeout)
             rc, out = p.returncode, p.stdout.decode("utf-8", "replace")
         except subprocess.TimeoutExpired as e:
@@ -275,7 +275,9 @@ def main():
            os.path.join(args.build, "bin"), "--model", model, "--base-port", "50050",
            "--run-dir", rundir, "--wait-s", "120", "--exec"] + inner
     print("doc-test: " + " ".join(cmd), flush=True)
-    rc = subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode
+    # input=b"" (an empty pipe), not DEVNULL: /dev/null is a regular file with stale content on
+    # some machines, CI's among them, and piectl run forwards its stdin to the inferlet
+    rc = subprocess.run(cmd, input=b"").returncode
     for log in sorted(glob.glob(os.path.join(rundir, "*.log"))):
         with open(log, encoding="utf-8", errors="replace") as f:
             if re.search(r"AddressSanitizer|LeakSanitizer|runtime error:", f.read()):

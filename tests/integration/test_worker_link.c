@@ -1468,19 +1468,19 @@ static uint32_t decode_in_page_0(fc *f, pie_proc *w, arena *a, const uint32_t *k
 }
 
 /* A worker of SWAP_MODEL with memory policy `policy` (env): it registers the policy with
- * kv_pages_gpu = KV_PAGES and twice that as its effective and maximum capacity (`why`), and one
- * prompt step over the link gives policy gpu's engine's distributions bit for bit. Returns the
- * registered worker. */
+ * kv_pages_gpu = KV_PAGES, twice that as its maximum capacity and `effective` as its effective
+ * capacity (`why`), and one prompt step over the link gives policy gpu's engine's distributions
+ * bit for bit. Returns the registered worker. */
 static pie_proc *policy_worker_serves_what_gpu_serves(fc *f, const char **env,
-                                                       Pie__V1__MemoryPolicy policy,
-                                                       const char *why) {
+                                                      Pie__V1__MemoryPolicy policy,
+                                                      uint32_t effective, const char *why) {
     pie_proc *w = start_worker(f, &(wopts){.model_path = SWAP_MODEL, .env = env});
     Pie__V1__WorkerUp *up = expect_registration(f, w, 1);
     const Pie__V1__WorkerRegistration *r = up->registration;
     cr_assert_eq(r->memory_policy, policy);
     cr_assert(r->capacity);
     cr_assert_eq(r->capacity->kv_pages_gpu, KV_PAGES);
-    cr_assert_eq(r->capacity->kv_pages_effective, 2 * KV_PAGES, "%s", why);
+    cr_assert_eq(r->capacity->kv_pages_effective, effective, "%s", why);
     cr_assert_eq(r->capacity->kv_pages_max, 2 * KV_PAGES);
     rpc_msg_free(&up->base);
     send_registered(f, 1, 100);
@@ -1500,8 +1500,9 @@ Test(worker_link, swap_policy_registers_its_capacities_and_serves_what_policy_gp
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_DEVICE_LAYERS=2",
                          "PIE_MEMORY_HOST_POOL=64MiB", "PIE_MEMORY_EMULATE_LINK_GBPS=16", NULL};
-    pie_proc *w = policy_worker_serves_what_gpu_serves(
-        &f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP, "4 layers / 2 on the device");
+    pie_proc *w =
+        policy_worker_serves_what_gpu_serves(&f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_SWAP,
+                                             2 * KV_PAGES, "4 layers / 2 on the device");
     /* the heartbeat's WorkerStats count the layers the forward swapped in and out */
     uint64_t in = 0, out = 0;
     for (int64_t end = pie_test_now_ms() + WAIT_MS; (in == 0 || out == 0) &&
@@ -1657,6 +1658,12 @@ Test(worker_link, null_backend_offload_runs_the_scheduler_on_the_emulated_device
                                                   .alloc_emb = emb,
                                                   .n_alloc_emb = OFF_ITEMS})};
     send_step(&f, sb, 1);
+    /* the worker offers the device's 4 pages until its scheduler estimates a gain: the
+     * allocation spills past them (a CapacityChange first) */
+    up = fc_recv(&f, w);
+    cr_assert(up->capacity, "no CapacityChange before the results of the spilling SlotBatch");
+    cr_assert_eq(up->capacity->kv_pages_effective, 2 * OFF_ITEMS);
+    rpc_msg_free(&up->base);
     up = expect_results(&f, w, sb, 1);
     assert_batch_ok(up->results[0], 0);
     rpc_msg_free(&up->base);
@@ -1809,8 +1816,11 @@ Test(worker_link, offload_policy_registers_device_plus_host_pages_and_serves_wha
     fc f;
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_HOST_POOL=2MiB", NULL};
-    pie_proc *w = policy_worker_serves_what_gpu_serves(
-        &f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD, "64 device + 64 host pages");
+    /* 64 device + 64 host pages, of which the controller is offered the device's until the
+     * scheduler's estimate says host decodes pay (wrk_off_adapt, estimate mode) */
+    pie_proc *w =
+        policy_worker_serves_what_gpu_serves(&f, env, PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD,
+                                             KV_PAGES, "the device's pages until an estimate");
     cr_assert_eq(pie_proc_log_count(w, "wrk.mem.offload"), 1, "the offload line at load");
     stop_worker(w, 0);
     fc_stop(&f);
@@ -1850,14 +1860,20 @@ Test(worker_link, auto_policy_chooses_registers_and_says_why) {
 /* Auto on the null backend: the choice is made from the emulated device's profile (the costs
  * its offload emulation would use), as the cpu backend's is from its engine's: with copies that
  * take no time swapping is free (swap); over a 1 Mb/s link a layer's 8 MiB takes a minute while
- * the host's attention of a decode hides behind the linear layers (offload). */
+ * the host's attention of a decode hides behind the linear layers (offload: the profile's linear
+ * slope is the device's 1 us per token per layer, measured between its two probes — its 16-row
+ * probe divided by 16 counted the weights' pass in it and overstated it). */
 static void expect_null_auto(const char *link, Pie__V1__MemoryPolicy want, const char *reason) {
     fc f;
     fc_start(&f);
-    const char *env[] = {"PIE_MEMORY_POLICY=auto",       "PIE_MEMORY_HOST_POOL=1GiB",
-                         "PIE_NULL_LAYER_US=20",         "PIE_NULL_LAYER_TOKEN_US=0.2",
-                         "PIE_NULL_LAYER_KV_US=0.01",    "PIE_NULL_HOST_ATTN_KV_US=0.1",
-                         link,                           NULL};
+    const char *env[] = {"PIE_MEMORY_POLICY=auto",
+                         "PIE_MEMORY_HOST_POOL=1GiB",
+                         "PIE_NULL_LAYER_US=20",
+                         "PIE_NULL_LAYER_TOKEN_US=1",
+                         "PIE_NULL_LAYER_KV_US=0.01",
+                         "PIE_NULL_HOST_ATTN_KV_US=0.1",
+                         link,
+                         NULL};
     pie_proc *w = start_worker(&f, &(wopts){.backend = "null", .model_path = "", .env = env});
     Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
     cr_assert_eq(up->registration->memory_policy, want, "policy %d, want %d",

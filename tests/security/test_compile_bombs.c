@@ -25,8 +25,13 @@ TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
 
 #define WAIT_MS 60000
 
-/* Settings that let a 50,000-function module reach wasm2c (which then runs for minutes). */
-#define RAISED_LIMITS "PIE_PROGRAMS_MAX_FUNCTIONS=1000000", "PIE_RUNTIME_COMPILE_TIMEOUT=30m"
+/* Settings that let a 50,000-function module reach wasm2c (which then runs for minutes). Tier 0
+ * translates with lc_wasm's own translator by default, for which such a module is no bomb (it
+ * loads in well under a second): these tests take the wasm2c path (runtime.tier0_wasm2c) to
+ * have a compile that runs long enough to be killed, queued or refused. */
+#define RAISED_LIMITS                                                                            \
+    "PIE_PROGRAMS_MAX_FUNCTIONS=1000000", "PIE_RUNTIME_COMPILE_TIMEOUT=30m",                       \
+        "PIE_RUNTIME_TIER0_WASM2C=true"
 
 /* ---- the lifecycle's child processes -------------------------------------------------------- */
 
@@ -145,7 +150,8 @@ Test(security, twenty_thousand_nested_blocks_are_refused_by_the_parser_not_blame
 
     /* With the limit raised, wasm2c gets the module and crashes: the error says so. */
     e2e_cluster_stop(&c);
-    const char *env[] = {"PIE_PROGRAMS_MAX_NESTING=1000000", NULL};
+    const char *env[] = {"PIE_PROGRAMS_MAX_NESTING=1000000", "PIE_RUNTIME_TIER0_WASM2C=true",
+                         NULL};
     e2e_cluster_start_env(&c, env);
     o.nest = 200000; /* beyond any stack wasm2c may have: ~550 bytes of it per level */
     rc = upload_end(upload_start(&c, &o, WAIT_MS), WAIT_MS, msg);

@@ -155,8 +155,12 @@ static char **build_argv(const char *path, const char *const *args) {
 static void child_exec(const char *path, char **argv, char **envp, int log_fd, pid_t parent,
                        const char *exec_err, size_t exec_err_len) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
-    int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(log_fd, 1) < 0 || dup2(log_fd, 2) < 0)
+    /* stdin is an empty pipe, not /dev/null: on some machines (this project's CI among them)
+     * /dev/null is a regular file that collects whatever was written to it, and a child that
+     * reads stdin (piectl run) would see that instead of end of input. */
+    int in[2];
+    if (pipe(in) != 0 || close(in[1]) != 0 || dup2(in[0], 0) < 0 || dup2(log_fd, 1) < 0 ||
+        dup2(log_fd, 2) < 0)
         _exit(127);
     close_range(3, ~0u, 0); /* nothing of the test process (Criterion's pipes, sockets) leaks */
     struct sigaction sa;

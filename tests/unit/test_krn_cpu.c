@@ -5,14 +5,13 @@
  * and the checks that every SIMD path, every weight dtype and pools of 1..4 threads agree with
  * them on odd sizes.
  *
- * SIMD paths: "scalar", "avx2", "avx512" (AMX off) and "amx" (avx512 with bf16 weights on
- * AMX tiles). CTest runs this binary once per path with PIE_TEST_SIMD=<path>
+ * SIMD paths: "scalar", "avx2", "avx512" (AMX and AVX512-BF16 off: the exact kernels),
+ * "avx512bf16" (avx512 with bf16 weights × bf16-rounded x by VDPBF16PS, AMX off) and "amx"
+ * (avx512 with bf16 weights on AMX tiles). CTest runs this binary once per path with
+ * PIE_TEST_SIMD=<path>
  * (tests/CMakeLists.txt): the path-dependent checks then run on that path only, and a path the
  * CPU lacks exits 77, which CTest reports as Skipped — so the summary says which paths this
- * machine could not test. Without PIE_TEST_SIMD (run by hand) every path the CPU has runs.
- * The kernels have no AVX-512 BF16 (vdpbf16ps) path: with x split into two bf16 parts for
- * f32 accuracy it does as many instructions per product as f32 FMA (kernels/cpu/README.md);
- * main() reports whether the CPU has it. */
+ * machine could not test. Without PIE_TEST_SIMD (run by hand) every path the CPU has runs. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -24,8 +23,8 @@
 #include "krn_cpu.h"
 #include "krn_cpu_impl.h" /* pool internals: worker index, scratch */
 
-static const char *const SIMD_PATHS[] = {"scalar", "avx2", "avx512", "amx"};
-#define N_SIMD 4
+static const char *const SIMD_PATHS[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
+#define N_SIMD 5
 
 /* Exit status CTest reads as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt). */
 #define TEST_SKIP_RC 77
@@ -109,9 +108,28 @@ static const char *dtype_name(krn_dtype wt) {
 static int force_simd(const char *name) {
     if (strcmp(name, "amx") == 0)
         return krn_cpu_set_simd("avx512") == 0 && krn_cpu_set_amx(1) == 0 ? 0 : -1;
+    if (strcmp(name, "avx512bf16") == 0)
+        return krn_cpu_set_simd("avx512") == 0 && krn_cpu_set_amx(0) == 0 &&
+                       krn_cpu_set_bf16dot(1) == 0
+                   ? 0
+                   : -1;
     if (krn_cpu_set_simd(name) != 0) return -1;
-    /* AMX may still be available on the CPU: "avx512" means the AVX-512 kernels alone. */
-    return krn_cpu_set_amx(0);
+    /* AMX and AVX512-BF16 may still be on the CPU: "avx512" means the exact AVX-512 kernels. */
+    return krn_cpu_set_amx(0) == 0 && krn_cpu_set_bf16dot(0) == 0 ? 0 : -1;
+}
+
+/* Whether a bf16 linear of n rows runs on the AVX512-BF16 path now (x rounded to bf16). */
+static int linear_rounds_x(krn_dtype wt, int n) {
+    return wt == KRN_BF16 && n >= 8 && n <= 32 && krn_cpu_bf16dot_active();
+}
+
+/* bf16(f), nearest even, computed in double here rather than by the library's bit trick: the
+ * significand scaled to 8 bits and rounded by nearbyint (ties to even in the default mode). */
+static float ref_round_bf16(float f) {
+    if (!isfinite(f) || f == 0.0f) return f;
+    int e = ilogb(f); /* f = m * 2^e, 1 <= |m| < 2 */
+    double q = ldexp(nearbyint(ldexp((double)f, 7 - e)), e - 7);
+    return (float)q; /* exact (8 significant bits), or +-inf past the largest bf16 */
 }
 
 /* The path PIE_TEST_SIMD selects, or NULL for "every path the CPU has". */
@@ -129,7 +147,10 @@ static int use_simd(int s) {
         cr_log_info("SIMD path %s is not supported by this CPU; skipped", SIMD_PATHS[s]);
         return 0;
     }
-    cr_assert_str_eq(krn_cpu_simd_name(), strcmp(SIMD_PATHS[s], "amx") ? SIMD_PATHS[s] : "avx512");
+    cr_assert_str_eq(krn_cpu_simd_name(),
+                     strncmp(SIMD_PATHS[s], "avx512", 6) && strcmp(SIMD_PATHS[s], "amx")
+                         ? SIMD_PATHS[s]
+                         : "avx512");
     return 1;
 }
 
@@ -266,11 +287,13 @@ static void check_linear(krn_pool *p, rng *r, krn_dtype wt, int n, int in, int o
     void *w = make_weights(r, wt, (size_t)out * (size_t)in, wref);
     for (size_t i = 0; i < (size_t)n * (size_t)out; i++) y[i] = NAN;
     krn_cpu_linear(p, x, n, in, w, wt, out, y);
+    int rounds = linear_rounds_x(wt, n); /* then the reference takes bf16(x), as the kernel */
     for (int i = 0; i < n; i++)
         for (int o = 0; o < out; o++) {
             double s = 0, mag = 0;
             for (int k = 0; k < in; k++) {
-                double t = (double)x[(size_t)i * (size_t)in + (size_t)k] *
+                float xv = x[(size_t)i * (size_t)in + (size_t)k];
+                double t = (double)(rounds ? ref_round_bf16(xv) : xv) *
                            wref[(size_t)o * (size_t)in + (size_t)k];
                 s += t;
                 mag += fabs(t);
@@ -361,7 +384,8 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
             cr_assert_eq(ys[i * OUT + o], want, "AMX on: y[%d,%d] = %.9g, want %.9g", i, o,
                          ys[i * OUT + o], want);
         }
-    /* switched off, or on another SIMD path, the same call is exact */
+    /* switched off (AVX512-BF16 off too), or on another SIMD path, the same call is exact */
+    cr_assert_eq(krn_cpu_set_bf16dot(0), 0);
     cr_assert_eq(krn_cpu_set_amx(0), 0);
     cr_assert(!krn_cpu_amx_active());
     krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
@@ -372,6 +396,103 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     krn_cpu_linear(pools[2], xs, N, K, ws, KRN_BF16, OUT, ys);
     cr_assert_eq(ys[0], exact, "avx2: y[0,0] = %.9g", ys[0]);
     cr_assert_eq(krn_cpu_set_simd("avx512"), 0);
+    krn_pool_destroy(pools[1]);
+    krn_pool_destroy(pools[2]);
+}
+
+/* bf16 weights × bf16-rounded x on AVX512-BF16 (VDPBF16PS; when the CPU has it, AMX off): the
+ * reference rounds x itself (ref_round_bf16) and sums in double; what is left is f32 summation,
+ * each of 16 lanes adding in32/16 exact products in turn and the lanes added in a tree of 4
+ * levels, so |y - ref| <= (in32/16 + 5) · 2^-24 · Σ|w·bf16(x)| (in32 = in rounded up to 32;
+ * one level spare). Shapes cover K tails (masked loads of W), 1-8 rows of x past a multiple of
+ * 8 and 1-2 rows of W past a multiple of 3 (the tile's sizes). Then probes whose exact sums tell
+ * nearest-even rounding of x apart from truncation or ties away from zero. */
+Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
+    const char *only = selected_path();
+    if (only && strcmp(only, "avx512bf16") != 0)
+        cr_skip_test("runs in the avx512bf16 registration only");
+    if (force_simd("avx512bf16") != 0) cr_skip_test("no AVX512-BF16 on this CPU");
+    cr_assert(krn_cpu_bf16dot_active() && !krn_cpu_amx_active());
+    static const int ns[] = {8, 9, 15, 16, 17, 23, 31, 32};
+    static const int ins[] = {1, 31, 32, 33, 96, 2048, 2050};
+    static const int outs[] = {1, 2, 4, 7, 49, 67};
+    rng r = {0xbf16u};
+    krn_pool *pools[3] = {NULL, krn_pool_create(2), krn_pool_create(3)};
+    cr_assert(pools[1] && pools[2]);
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+            for (size_t c = 0; c < sizeof outs / sizeof *outs; c++) {
+                int n = ns[a], in = ins[b], out = outs[c], in32 = (in + 31) / 32 * 32;
+                krn_pool *p = pools[(a + b + c) % 3];
+                float *x = xmalloc((size_t)n * (size_t)in * 4);
+                double *wref = xmalloc((size_t)out * (size_t)in * sizeof(double));
+                float *y = xmalloc((size_t)n * (size_t)out * 4);
+                fill(&r, x, (size_t)n * (size_t)in);
+                void *w = make_weights(&r, KRN_BF16, (size_t)out * (size_t)in, wref);
+                for (size_t i = 0; i < (size_t)n * (size_t)out; i++) y[i] = NAN;
+                krn_cpu_linear(p, x, n, in, w, KRN_BF16, out, y);
+                for (int i = 0; i < n; i++)
+                    for (int o = 0; o < out; o++) {
+                        double sum = 0, mag = 0;
+                        for (int k = 0; k < in; k++) {
+                            float xv = x[(size_t)i * (size_t)in + (size_t)k];
+                            double t = (double)ref_round_bf16(xv) *
+                                       wref[(size_t)o * (size_t)in + (size_t)k];
+                            sum += t;
+                            mag += fabs(t);
+                        }
+                        double got = y[(size_t)i * (size_t)out + (size_t)o];
+                        double bound = (in32 / 16 + 5) * 0x1p-24 * mag + 1e-30;
+                        cr_assert(fabs(got - sum) <= bound,
+                                  "bf16 dot n=%d in=%d out=%d threads=%d: y[%d,%d] = %.9g, want "
+                                  "%.9g (|diff| %.3g > bound %.3g)",
+                                  n, in, out, krn_pool_size(p), i, o, got, sum, fabs(got - sum),
+                                  bound);
+                    }
+                free(x);
+                free(wref);
+                free(w);
+                free(y);
+            }
+
+    /* w = 1; row i of x holds one value v_i in all K = 40 columns, so y = 40 · bf16(v_i)
+     * exactly. 1 + 2^-8 + 2^-10 rounds up (truncation would give 40), 1 + 3·2^-8 is a tie that
+     * goes to the even 1 + 2^-6 (truncation: 1 + 2^-7), 1 + 2^-8 a tie that goes to the even
+     * 1 (ties away from zero: 1 + 2^-7); infinities and NaN stay. */
+    enum { N = 9, K = 40, OUT = 5 };
+    static const float v[N] = {1.0f + 0x1p-8f + 0x1p-10f, 1.0f + 0x3p-8f, 1.0f + 0x1p-8f,
+                               -(1.0f + 0x1p-8f + 0x1p-10f), INFINITY, NAN, 0.5f, -3.0f, 0x1p-30f};
+    static const float want[N] = {40.0f * (1.0f + 0x1p-7f), 40.0f * (1.0f + 0x1p-6f), 40.0f,
+                                  -40.0f * (1.0f + 0x1p-7f), INFINITY, NAN, 20.0f, -120.0f,
+                                  40.0f * 0x1p-30f};
+    float xs[N * K], ys[N * OUT];
+    uint16_t ws[OUT * K];
+    for (int i = 0; i < N * K; i++) xs[i] = v[i / K];
+    for (int i = 0; i < OUT * K; i++) ws[i] = 0x3f80; /* 1.0 */
+    krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OUT; o++) {
+            float got = ys[i * OUT + o];
+            cr_assert(isnan(want[i]) ? isnan(got) : got == want[i],
+                      "bf16 dot probe: y[%d,%d] = %.9g, want %.9g (x = %.9g)", i, o, got, want[i],
+                      v[i]);
+        }
+    /* 33 rows (prefill sizes) stay on the exact paths */
+    enum { N33 = 33 };
+    float *x33 = xmalloc((size_t)N33 * K * 4), *y33 = xmalloc((size_t)N33 * OUT * 4);
+    for (int i = 0; i < N33 * K; i++) x33[i] = v[0];
+    krn_cpu_linear(pools[2], x33, N33, K, ws, KRN_BF16, OUT, y33);
+    for (int i = 0; i < N33 * OUT; i++)
+        cr_assert_eq(y33[i], 40.0f * v[0], "bf16 dot, 33 rows: y[%d] = %.9g, want the exact %.9g",
+                     i, y33[i], 40.0f * v[0]);
+    free(x33);
+    free(y33);
+    /* switched off, the same call is exact: 40 · (1 + 2^-8 + 2^-10) */
+    cr_assert_eq(krn_cpu_set_bf16dot(0), 0);
+    cr_assert(!krn_cpu_bf16dot_active());
+    krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
+    cr_assert_eq(ys[0], 40.0f * v[0], "bf16 dot off: y[0,0] = %.9g", ys[0]);
+    cr_assert_eq(krn_cpu_set_bf16dot(1), 0);
     krn_pool_destroy(pools[1]);
     krn_pool_destroy(pools[2]);
 }
@@ -1241,8 +1362,7 @@ static void print_cpu_paths(void) {
         printf(" %s=%s", SIMD_PATHS[s], force_simd(SIMD_PATHS[s]) == 0 ? "yes" : "no");
 #if KRN_X86
     __builtin_cpu_init();
-    printf(" (avx512bf16=%s: no kernel path uses it)",
-           __builtin_cpu_supports("avx512bf16") ? "yes" : "no");
+    printf(" (cpu flags: avx512bf16=%s)", __builtin_cpu_supports("avx512bf16") ? "yes" : "no");
 #endif
     printf("\n");
     fflush(stdout);
@@ -1254,7 +1374,9 @@ int main(int argc, char *argv[]) {
     if (only) {
         int has = cpu_has_path(only);
         if (has < 0) {
-            fprintf(stderr, "PIE_TEST_SIMD=%s is not one of scalar, avx2, avx512, amx\n", only);
+            fprintf(stderr,
+                    "PIE_TEST_SIMD=%s is not one of scalar, avx2, avx512, avx512bf16, amx\n",
+                    only);
             return 2;
         }
         if (!has) {

@@ -19,7 +19,9 @@
  *                            queued after a send (room_max_queued), then finishes OK
  *   Chat    (bidi)           echoes each text (cancels the call if rpc_call_send refuses);
  *                            "abort" finishes ABORTED "told to abort",
- *                            "cancel" calls rpc_call_cancel(PERMISSION_DENIED, "told to cancel");
+ *                            "cancel" calls rpc_call_cancel(PERMISSION_DENIED, "told to cancel"),
+ *                            "stall" blocks the handler (a peer that stops reading) until
+ *                            tsrv_release, then echoes;
  *                            at half-close finishes OK with trailing metadata x-count */
 #ifndef TEST_RPC_UTIL_H
 #define TEST_RPC_UTIL_H
@@ -342,6 +344,11 @@ static inline bool t_chat_msg(rpc_call *call, ProtobufCMessage *msg, void *user)
     if (strcmp(text, "cancel") == 0) {
         rpc_call_cancel(call, PIE_PERMISSION_DENIED, "told to cancel");
         return false;
+    }
+    if (strcmp(text, "stall") == 0) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->released) pthread_cond_wait(&t->released_cv, &t->mu);
+        pthread_mutex_unlock(&t->mu);
     }
     pie_code rc = rpc_call_send(call, msg);
     if (rc != PIE_OK && rc != PIE_CANCELLED)

@@ -373,3 +373,266 @@ Test(wrk_offload, the_climbing_capacity_keeps_a_step_that_paid_and_undoes_one_th
     p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 148); /* filled: base again, probe */
     cr_assert_eq(p, 200);
 }
+
+/* ---- Neo's rules with deferral (defer_ok; wrk_offload.h) ----------------------------------- */
+
+/* A device whose linear pass costs 20 ms at any small batch (weights read once), 10 us per
+ * token past it; device attention 0.1 us, host attention 1 us per KV token. */
+static const wrk_off_costs WEIGHT_BOUND = {
+    .lin_tok = 1e-5, .lin_fixed = 20e-3, .dattn_kv = 0.1e-6, .hattn_kv = 1e-6};
+
+Test(wrk_offload, neo_chooses_device_only_when_host_decodes_would_lower_the_steps_throughput) {
+    /* 8 decodes on the device, 2 on the host that hide (2 ms behind 20 ms) — but sub-batch 1's
+     * own pass costs 20 ms more: two sub-batches make 10 tokens in 40.8 ms (245/s), device-only
+     * 8 in 20.8 ms (385/s). The host ones are deferred, not brought back. */
+    wrk_off_req r[10];
+    for (int i = 0; i < 10; i++) r[i] = (wrk_off_req){.kv = 1000, .on_host = i >= 8};
+    wrk_off_batch b = {.reqs = r, .n_reqs = 10, .device_kv_budget = UINT64_MAX, .defer_ok = true};
+    uint8_t host[10];
+    wrk_off_choice ch;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    cr_assert_not(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+    cr_assert_float_eq(ch.t_dev, 20e-3 + 0.8e-3, 1e-12, "device-only: the 8 device decodes");
+    cr_assert_float_eq(ch.t_off, 40.8e-3, 1e-12);
+    for (int i = 0; i < 8; i++) cr_assert_eq(host[i], WRK_OFF_DEVICE);
+    cr_assert(host[8] == WRK_OFF_DEFER && host[9] == WRK_OFF_DEFER, "the host ones wait");
+    cr_assert_eq(ch.n_defer, 2);
+    /* but the step's 20 ms hide 20000 KV tokens: 20 such decodes for one more pass would
+     * pay (20 x 20.8 ms > 8 x 20 ms), so the capacity may offer the host that much */
+    cr_assert_float_eq(ch.gain_kv, 20e-3 / 1e-6, 1e-6);
+}
+
+Test(wrk_offload, neo_includes_host_decodes_hidden_behind_a_prefills_linear_layers) {
+    /* a 2048-token prefill: Tl0 = lin(2048 + 8) = 20.56 ms hides 10 host decodes of 1 ms;
+     * two sub-batches: 19 requests in 20.56 + 20 + 0.8 ms (459/s) against 9 in 21.36 ms */
+    wrk_off_req r[18];
+    for (int i = 0; i < 18; i++) r[i] = (wrk_off_req){.kv = 1000, .on_host = i >= 8};
+    wrk_off_batch b = {.dev_tokens = 2048,
+                       .dev_items = 1,
+                       .reqs = r,
+                       .n_reqs = 18,
+                       .device_kv_budget = UINT64_MAX,
+                       .defer_ok = true};
+    uint8_t host[18];
+    wrk_off_choice ch;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    cr_assert(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+    cr_assert_eq(ch.n_host, 10);
+    cr_assert_eq(ch.n_defer, 0);
+    for (int i = 0; i < 18; i++) cr_assert_eq(host[i], i >= 8 ? WRK_OFF_HOST : WRK_OFF_DEVICE);
+    cr_assert_float_eq(ch.t_off, 20.56e-3 + 20e-3 + 0.8e-3, 1e-12);
+    cr_assert_leq(WEIGHT_BOUND.hattn_kv * (double)ch.host_kv, 20.56e-3, "hidden");
+    /* what the step hides: Tl0 / hattn = 20560 KV tokens, 20 decodes of 1000 for one more
+     * pass of 20 ms against 9 requests of 21.36 ms: it pays */
+    cr_assert_float_eq(ch.gain_kv, 20.56e-3 / 1e-6, 1e-6);
+}
+
+Test(wrk_offload, neo_defers_the_host_decodes_that_would_not_hide_longest_waiting_first) {
+    /* a 4096-token prefill: Tl0 = lin(4104) = 41.04 ms. Host decodes: 10 of 2 ms, 2 of 15 ms;
+     * request 19 waited 3 steps: it is taken first (15 ms), then the small ones (35 ms): the
+     * other large one would not hide (50 ms > 41.04 ms): deferred. Two sub-batches: 20
+     * requests in 61.84 ms against 9 in 41.84. */
+    wrk_off_req r[20];
+    for (int i = 0; i < 8; i++) r[i] = (wrk_off_req){.kv = 1000};
+    for (int i = 8; i < 18; i++) r[i] = (wrk_off_req){.kv = 2000, .on_host = true};
+    r[18] = (wrk_off_req){.kv = 15000, .on_host = true};
+    r[19] = (wrk_off_req){.kv = 15000, .on_host = true, .waited = 3};
+    wrk_off_batch b = {.dev_tokens = 4096,
+                       .dev_items = 1,
+                       .reqs = r,
+                       .n_reqs = 20,
+                       .device_kv_budget = UINT64_MAX,
+                       .defer_ok = true};
+    uint8_t host[20];
+    wrk_off_choice ch;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    cr_assert(ch.offload, "t_off %.6f vs t_dev %.6f", ch.t_off, ch.t_dev);
+    cr_assert_eq(ch.n_host, 11);
+    cr_assert_eq(ch.n_defer, 1);
+    cr_assert_eq(host[19], WRK_OFF_HOST, "the longest-waiting first");
+    cr_assert_eq(host[18], WRK_OFF_DEFER);
+    for (int i = 8; i < 18; i++) cr_assert_eq(host[i], WRK_OFF_HOST);
+    cr_assert_float_eq(ch.t_off, 41.04e-3 + 20e-3 + 0.8e-3, 1e-12);
+    /* without deferral every request runs: none is skipped */
+    b.defer_ok = false;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    cr_assert_eq(ch.n_defer, 0);
+    for (int i = 0; i < 20; i++) cr_assert_neq(host[i], WRK_OFF_DEFER);
+}
+
+Test(wrk_offload, a_request_deferred_defer_max_steps_runs_at_its_next_step) {
+    wrk_off_req r[10];
+    for (int i = 0; i < 10; i++) r[i] = (wrk_off_req){.kv = 1000, .on_host = i >= 8};
+    r[9].waited = WRK_OFF_DEFER_MAX;
+    wrk_off_batch b = {.reqs = r, .n_reqs = 10, .device_kv_budget = UINT64_MAX, .defer_ok = true};
+    uint8_t host[10];
+    wrk_off_choice ch;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    /* the device has room: back on the device is cheaper than a second pass */
+    cr_assert_not(ch.offload);
+    cr_assert_eq(host[9], WRK_OFF_DEVICE, "starving: it runs");
+    cr_assert_eq(host[8], WRK_OFF_DEFER);
+    /* a full device: it runs on the host, whatever it costs */
+    b.device_kv_budget = 8000;
+    wrk_off_decide(&WEIGHT_BOUND, &b, host, &ch);
+    cr_assert(ch.offload);
+    cr_assert(isinf(ch.t_dev), "device-only would leave it waiting");
+    cr_assert_eq(host[9], WRK_OFF_HOST);
+}
+
+/* The placement keeps the count by a request's first page: over many steps on a device that
+ * never hides a host decode, each host request still makes a token every DEFER_MAX + 1 steps. */
+Test(wrk_offload, deferral_never_starves_a_host_request) {
+    wrk_offplace p;
+    pie_status st;
+    cr_assert_eq(wrk_offplace_init(&p, 64, 32, 16, 16, &st), PIE_OK, "%s", st.msg);
+    uint32_t pages[7] = {0, 1, 2, 3, 40, 41, 42};
+    wrk_offplace_item it[7];
+    for (int i = 0; i < 7; i++)
+        it[i] = (wrk_offplace_item){
+            .pages = &pages[i], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true};
+    uint8_t h[7] = {0, 0, 0, 0, 1, 1, 1};
+    wrk_offplace_apply(&p, it, 7, h, NULL, NULL); /* three requests' KV on the host */
+    wrk_offplace_set_defer(&p, true);
+    wrk_off_costs slow = WEIGHT_BOUND;
+    slow.hattn_kv = 1.0; /* nothing hides */
+    int last_run[3] = {0, 0, 0};
+    int runs[3] = {0, 0, 0};
+    for (int step = 1; step <= 60; step++) {
+        wrk_off_choice ch;
+        wrk_offplace_decide(&p, &slow, it, 7, NULL, NULL, h, &ch);
+        for (int i = 0; i < 4; i++) cr_assert_neq(h[i], WRK_OFF_DEFER, "device decodes run");
+        for (int k = 0; k < 3; k++) {
+            if (h[4 + k] != WRK_OFF_DEFER) {
+                last_run[k] = step;
+                runs[k]++;
+            }
+            cr_assert_leq(step - last_run[k], WRK_OFF_DEFER_MAX,
+                          "request %d waited %d steps at step %d", k, step - last_run[k], step);
+        }
+        wrk_offplace_apply(&p, it, 7, h, NULL, NULL);
+        /* a request that ran came back to the device: send it out again, as the memory would */
+        for (int k = 0; k < 3; k++)
+            if (!wrk_offplace_on_host(&p, pages[4 + k])) {
+                uint8_t one[1] = {1};
+                wrk_offplace_apply(&p, &it[4 + k], 1, one, NULL, NULL);
+            }
+    }
+    for (int k = 0; k < 3; k++) cr_assert_geq(runs[k], 60 / (WRK_OFF_DEFER_MAX + 1));
+    cr_assert_gt(p.stats.deferred, 0);
+    wrk_offplace_free(&p);
+}
+
+Test(wrk_offload, the_estimate_capacity_offers_the_host_only_what_every_step_hid_at_a_gain) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 4);
+    wrk_off_adapt_tune(&a, &(wrk_off_adapt_opts){.estimate = true});
+    cr_assert_eq(a.pages, 100, "nothing offered before an estimate");
+    uint32_t p = 0;
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 200, 1, 50);
+    cr_assert_eq(p, 300, "every step hid 200 pages at a gain");
+    /* one step of the epoch hid nothing: the smoothed estimate halves */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, i ? 400 : 0, 1, 50);
+    cr_assert_eq(p, 200);
+    /* an epoch without decodes estimates nothing: unchanged */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 0, 0, 50);
+    cr_assert_eq(p, 200);
+    /* noise (less than an eighth of the host share) moves nothing */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 110, 1, 50);
+    cr_assert_eq(p, 200, "est 105: 5 pages of 100 is noise");
+    /* never above every page */
+    for (int k = 0; k < 8; k++)
+        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 5000, 1, 50);
+    cr_assert_eq(p, 900);
+}
+
+/* With deferral, over random steps: two sub-batches only when their estimated throughput beats
+ * the device-only schedule's (or device-only is impossible), every request deferred only below
+ * the bound, every starving request run, a deferred request never on the device's side of a
+ * two-sub-batch step's estimate. */
+Test(wrk_offload, with_deferral_never_picks_the_lower_estimated_throughput_nor_starves) {
+    uint64_t x = 0x2545f4914f6cdd1dull;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    uint8_t host[64];
+    wrk_off_req r[64];
+    int two = 0, dev = 0, deferred = 0;
+    for (int it = 0; it < 5000; it++) {
+        wrk_off_costs c = {.lin_tok = (double)(RND() % 1000 + 1) * 1e-7,
+                           .lin_fixed = RND() % 2 ? (double)(RND() % 1000) * 1e-5 : 0,
+                           .dattn_kv = (double)(RND() % 1000) * 1e-10,
+                           .hattn_kv = (double)(RND() % 1000 + 1) * 1e-9,
+                           .xfer_tok = (double)(RND() % 1000) * 1e-9};
+        uint32_t n = (uint32_t)(RND() % 64);
+        for (uint32_t i = 0; i < n; i++)
+            r[i] = (wrk_off_req){.kv = (uint32_t)(RND() % 20000 + 1),
+                                 .on_host = RND() % 2 == 0,
+                                 .waited = (uint16_t)(RND() % (WRK_OFF_DEFER_MAX + 2))};
+        uint32_t dev_tokens = (uint32_t)(RND() % 4096);
+        wrk_off_batch b = {.dev_tokens = dev_tokens,
+                           .dev_items = dev_tokens ? 1 + dev_tokens / 1024 : 0,
+                           .dev_kv = RND() % 1000000,
+                           .reqs = r,
+                           .n_reqs = n,
+                           .device_kv_budget = UINT64_MAX,
+                           .defer_ok = true};
+        wrk_off_choice ch;
+        wrk_off_decide(&c, &b, host, &ch);
+        uint32_t n_defer = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (host[i] != WRK_OFF_DEFER) continue;
+            n_defer++;
+            cr_assert(r[i].on_host, "step %d: only host requests wait", it);
+            cr_assert_lt(r[i].waited, WRK_OFF_DEFER_MAX, "step %d: request %u starves", it, i);
+        }
+        cr_assert_eq(ch.n_defer, n_defer);
+        deferred += n_defer > 0;
+        if (ch.offload) {
+            two++;
+            cr_assert_geq(ch.t_off, 0);
+            if (isfinite(ch.t_dev)) {
+                double x_dev = 0, x_off = 0;
+                for (uint32_t i = 0; i < n; i++) {
+                    x_off += host[i] != WRK_OFF_DEFER;
+                    x_dev += host[i] == WRK_OFF_DEVICE;
+                }
+                x_off += b.dev_items, x_dev += b.dev_items;
+                /* device-only runs sub-batch 0 alone: the joined host requests wait */
+                cr_assert(x_dev == 0 || x_off * ch.t_dev > x_dev * ch.t_off,
+                          "step %d: %g in %.9f s against %g in %.9f s", it, x_off, ch.t_off, x_dev,
+                          ch.t_dev);
+            }
+        } else {
+            dev++;
+            for (uint32_t i = 0; i < n; i++) cr_assert_neq(host[i], WRK_OFF_HOST);
+        }
+    }
+    cr_assert(two > 100 && dev > 100 && deferred > 100, "%d two, %d device-only, %d deferring", two,
+              dev, deferred);
+#undef RND
+}
+
+/* A host whose attention costs (next to) nothing: the estimate is unbounded, what the capacity
+ * rule reads stays bounded by the page ids (no overflowing conversion). */
+Test(wrk_offload, a_free_hosts_estimate_is_bounded_by_the_page_ids) {
+    wrk_off_costs c = WEIGHT_BOUND;
+    c.hattn_kv = 1e-300;
+    wrk_off_req r[2] = {{.kv = 1000}, {.kv = 1000, .on_host = true}};
+    wrk_off_batch b = {.reqs = r, .n_reqs = 2, .device_kv_budget = UINT64_MAX};
+    uint8_t host[2];
+    wrk_off_choice ch;
+    wrk_off_decide(&c, &b, host, &ch);
+    cr_assert_gt(ch.gain_kv, 1e200);
+    wrk_offplace p;
+    pie_status st;
+    cr_assert_eq(wrk_offplace_init(&p, 64, 32, 16, 4, &st), PIE_OK, "%s", st.msg);
+    uint32_t pages[2] = {0, 1};
+    wrk_offplace_item it[2] = {
+        {.pages = &pages[0], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true},
+        {.pages = &pages[1], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true}};
+    c.hattn_kv = 0;
+    wrk_offplace_decide(&p, &c, it, 2, NULL, NULL, host, &ch);
+    cr_assert(isinf(ch.gain_kv));
+    cr_assert_eq(p.stats.gain_pages, 64);
+    cr_assert_eq(p.stats.gain_steps, 1);
+    wrk_offplace_free(&p);
+}

@@ -362,12 +362,31 @@ typedef struct rpc_link_opts {
      * instead of counting attempts per second of wall time. */
     void (*on_backoff)(rpc_link *link, unsigned attempt, int64_t delay_ms, void *user);
     void *user;
+    /* Asynchronous link (optional): a started server whose first thread drives the stream, so
+     * one polling thread does that server's and this link's I/O (no hand-off between two
+     * pollers). on_connect and on_message then run on that server thread (they must not
+     * block), on_disconnect and on_backoff on the link's own thread, and rpc_link_send never
+     * waits for gRPC: it queues the message behind the one in flight and returns; a send the
+     * transport fails later ends the stream (on_disconnect: UNAVAILABLE, "a send on the stream
+     * failed"), so nothing after a lost message arrives without it. When the server shuts down
+     * (rpc_server_shutdown, after its own calls), it gives the link up to 1 s to send what is
+     * queued, ends the stream (on_disconnect: UNAVAILABLE) and the link opens no other; sends
+     * then answer UNAVAILABLE. rpc_link_stop still frees it, before or after the server. */
+    rpc_server *server;
+    /* Asynchronous links: the most packed bytes waiting behind the message in flight (an empty
+     * queue still takes one message). A send past it ends the stream as a peer that stopped
+     * reading (UNAVAILABLE, to the sender and in on_disconnect; the link reconnects as after
+     * any loss), so a stalled peer costs bounded memory. 0: RPC_LINK_QUEUE_MAX_BYTES. */
+    size_t send_queue_max_bytes;
 } rpc_link_opts;
+
+#define RPC_LINK_QUEUE_MAX_BYTES ((size_t)64 << 20)
 
 /* Starts the link's thread, which opens the stream at once. The channel must outlive the link. */
 rpc_link *rpc_link_start(rpc_channel *ch, const rpc_link_opts *opts, pie_status *st);
 /* Sends on the current stream (thread-safe; from callbacks too). UNAVAILABLE while not
- * connected (the message is dropped: re-send state from on_connect). */
+ * connected (the message is dropped: re-send state from on_connect). Threaded links return
+ * when the transport took the message; asynchronous ones (opts.server) once it is queued. */
 pie_code rpc_link_send(rpc_link *link, const ProtobufCMessage *msg, pie_status *st);
 /* Generations: every stream the link connects gets the next number (1, 2, ...; it equals
  * rpc_link_connects at its on_connect). A sender that packed messages for one stream sends

@@ -33,14 +33,6 @@ struct rpc_channel {
     size_t n_reg, cap_reg;
 };
 
-/* Request metadata of one call: the token plus the caller's entries. */
-#define RPC_MD_INLINE 8
-typedef struct rpc_req_md {
-    grpc_metadata inline_md[RPC_MD_INLINE];
-    grpc_metadata *md;
-    size_t n;
-} rpc_req_md;
-
 struct rpc_stream {
     rpc_channel *ch;
     grpc_call *gc;
@@ -181,7 +173,7 @@ void rpc_channel_destroy(rpc_channel *ch) {
 }
 
 /* The registered-call handle for path (registered once per channel). NULL if out of memory. */
-static void *channel_method(rpc_channel *ch, const char *path) {
+void *rpc__channel_method(rpc_channel *ch, const char *path) {
     void *h = NULL;
     pthread_mutex_lock(&ch->mu);
     for (size_t i = 0; i < ch->n_reg; i++)
@@ -209,7 +201,7 @@ out:
     return h;
 }
 
-static pie_code req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_call_opts *o,
+pie_code rpc__req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_call_opts *o,
                              pie_status *st) {
     size_t n = (ch->auth ? 1 : 0) + o->n_md;
     m->n = 0;
@@ -244,7 +236,7 @@ static pie_code req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_cal
     return PIE_OK;
 }
 
-static void req_md_free(rpc_req_md *m) {
+void rpc__req_md_free(rpc_req_md *m) {
     if (!m->md) return;
     for (size_t i = 0; i < m->n; i++) {
         grpc_slice_unref(m->md[i].key);
@@ -261,7 +253,7 @@ static uint32_t initial_md_flags(const rpc_call_opts *o) {
                              : 0;
 }
 
-static pie_code status_to_pie(grpc_status_code code, grpc_slice details, pie_status *st) {
+pie_code rpc__status_to_pie(grpc_status_code code, grpc_slice details, pie_status *st) {
     pie_code c = (code >= 0 && code <= GRPC_STATUS_UNAUTHENTICATED) ? (pie_code)code : PIE_UNKNOWN;
     if (c == PIE_OK) {
         pie_status_ok(st);
@@ -284,12 +276,12 @@ pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *re
     pie_code rc = rpc__pack(req, ch->max_send, &send_bb, st);
     if (rc != PIE_OK) return rc;
     rpc_req_md md = {0};
-    rc = req_md_build(&md, ch, opts, st);
+    rc = rpc__req_md_build(&md, ch, opts, st);
     if (rc != PIE_OK) {
         grpc_byte_buffer_destroy(send_bb);
         return rc;
     }
-    void *handle = channel_method(ch, path);
+    void *handle = rpc__channel_method(ch, path);
     grpc_completion_queue *cq = handle ? grpc_completion_queue_create_for_pluck(NULL) : NULL;
     grpc_call *call = NULL;
     if (cq)
@@ -341,7 +333,7 @@ pie_code rpc_unary(rpc_channel *ch, const char *path, const ProtobufCMessage *re
         if (ev.type != GRPC_OP_COMPLETE) {
             rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: completion queue failed", path);
         } else {
-            rc = status_to_pie(status, details, st);
+            rc = rpc__status_to_pie(status, details, st);
             if (rc == PIE_OK) {
                 if (!recv_bb)
                     rc = pie_status_set(st, PIE_INTERNAL, "rpc_unary %s: server sent no response",
@@ -363,7 +355,7 @@ out:
         grpc_completion_queue_shutdown(cq);
         grpc_completion_queue_destroy(cq);
     }
-    req_md_free(&md);
+    rpc__req_md_free(&md);
     grpc_byte_buffer_destroy(send_bb);
     return rc;
 }
@@ -420,8 +412,8 @@ rpc_stream *rpc_stream_open(rpc_channel *ch, const char *path,
         pie_status_set(st, PIE_INTERNAL, "rpc_stream_open: pthread_mutex_init failed");
         return NULL;
     }
-    if (req_md_build(&s->req_md, ch, opts, st) != PIE_OK) goto fail;
-    void *handle = channel_method(ch, path);
+    if (rpc__req_md_build(&s->req_md, ch, opts, st) != PIE_OK) goto fail;
+    void *handle = rpc__channel_method(ch, path);
     if (!handle) {
         pie_status_set(st, PIE_INTERNAL, "rpc_stream_open %s: cannot register the method", path);
         goto fail;
@@ -474,7 +466,7 @@ fail:
         grpc_completion_queue_shutdown(s->cq);
         grpc_completion_queue_destroy(s->cq);
     }
-    req_md_free(&s->req_md);
+    rpc__req_md_free(&s->req_md);
     grpc_metadata_array_destroy(&s->init_md);
     grpc_metadata_array_destroy(&s->trail_md);
     pthread_mutex_destroy(&s->send_mu);
@@ -630,7 +622,7 @@ pie_code rpc_stream_wait_ready(rpc_stream *s, int64_t timeout_ms, pie_status *st
         over = true;
     }
     if (over) {
-        pie_code c = status_to_pie(s->status, s->details, st);
+        pie_code c = rpc__status_to_pie(s->status, s->details, st);
         if (c == PIE_OK)
             return pie_status_set(st, PIE_UNAVAILABLE,
                                   "rpc_stream_wait_ready: the server ended the stream at once");
@@ -652,7 +644,7 @@ pie_code rpc_stream_finish(rpc_stream *s, pie_status *st) {
     stream_wait_status(s);
     bool ok;
     (void)stream_wait_meta(s, -1, &ok);
-    return status_to_pie(s->status, s->details, st);
+    return rpc__status_to_pie(s->status, s->details, st);
 }
 
 const char *rpc_stream_initial_metadata(rpc_stream *s, const char *key) {
@@ -679,7 +671,7 @@ void rpc_stream_destroy(rpc_stream *s) {
     grpc_call_unref(s->gc);
     grpc_completion_queue_shutdown(s->cq);
     grpc_completion_queue_destroy(s->cq);
-    req_md_free(&s->req_md);
+    rpc__req_md_free(&s->req_md);
     grpc_metadata_array_destroy(&s->init_md);
     grpc_metadata_array_destroy(&s->trail_md);
     grpc_slice_unref(s->details);
@@ -690,3 +682,6 @@ void rpc_stream_destroy(rpc_stream *s) {
     pthread_mutex_destroy(&s->status_mu);
     free(s);
 }
+
+grpc_channel *rpc__channel_gc(const rpc_channel *ch) { return ch->gc; }
+int rpc__channel_max_send(const rpc_channel *ch) { return ch->max_send; }

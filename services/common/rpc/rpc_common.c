@@ -170,3 +170,43 @@ void rpc__args_add_string(rpc_args *a, const char *key, const char *value) {
     g->key = (char *)key;     /* gRPC copies args; it never writes through key or value */
     g->value.string = (char *)value;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Send queues */
+
+int rpc__sendq_push(rpc_sendq *q, grpc_byte_buffer *bb) {
+    if (q->len == q->cap) {
+        size_t ncap = q->cap ? q->cap * 2 : 4;
+        grpc_byte_buffer **nb = malloc(ncap * sizeof *nb);
+        if (!nb) return -1;
+        for (size_t i = 0; i < q->len; i++) nb[i] = q->bb[(q->head + i) % q->cap];
+        free(q->bb);
+        q->bb = nb;
+        q->cap = ncap;
+        q->head = 0;
+    }
+    q->bb[(q->head + q->len) % q->cap] = bb;
+    q->len++;
+    q->bytes += grpc_byte_buffer_length(bb);
+    return 0;
+}
+
+grpc_byte_buffer *rpc__sendq_pop(rpc_sendq *q) {
+    if (q->len == 0) return NULL;
+    grpc_byte_buffer *bb = q->bb[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    q->bytes -= grpc_byte_buffer_length(bb);
+    return bb;
+}
+
+void rpc__sendq_clear(rpc_sendq *q) {
+    grpc_byte_buffer *bb;
+    while ((bb = rpc__sendq_pop(q)) != NULL) grpc_byte_buffer_destroy(bb);
+}
+
+void rpc__sendq_free(rpc_sendq *q) {
+    rpc__sendq_clear(q);
+    free(q->bb);
+    *q = (rpc_sendq){0};
+}

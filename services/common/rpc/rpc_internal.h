@@ -61,6 +61,54 @@ void rpc__args_add_string(rpc_args *a, const char *key, const char *value); /* v
  * backoff); a function of its own so a unit test can read them. */
 void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a);
 
+/* Client internals (rpc_client.c) the asynchronous link (rpc_link.c) shares. */
+/* Request metadata of one call: the token plus the caller's entries. */
+#define RPC_MD_INLINE 8
+typedef struct rpc_req_md {
+    grpc_metadata inline_md[RPC_MD_INLINE];
+    grpc_metadata *md;
+    size_t n;
+} rpc_req_md;
+pie_code rpc__req_md_build(rpc_req_md *m, const rpc_channel *ch, const rpc_call_opts *o,
+                           pie_status *st);
+void rpc__req_md_free(rpc_req_md *m);
+void *rpc__channel_method(rpc_channel *ch, const char *path); /* registered handle; NULL: OOM */
+grpc_channel *rpc__channel_gc(const rpc_channel *ch);
+int rpc__channel_max_send(const rpc_channel *ch);
+pie_code rpc__status_to_pie(grpc_status_code code, grpc_slice details, pie_status *st);
+
+/* Asynchronous links (rpc_link.c) run on a server's first completion queue (rpc_server.c).
+ * Their tags carry these kinds; the server thread hands them to rpc__link_on_tag. */
+enum {
+    RPC_TAG_LINK_META = 100, /* SEND_INITIAL_METADATA + RECV_INITIAL_METADATA */
+    RPC_TAG_LINK_READY,      /* the empty batch after it (connected unless the status came) */
+    RPC_TAG_LINK_RECV,       /* RECV_MESSAGE */
+    RPC_TAG_LINK_SEND,       /* SEND_MESSAGE */
+    RPC_TAG_LINK_STATUS,     /* RECV_STATUS_ON_CLIENT */
+};
+void rpc__link_on_tag(rpc_tag *t, bool ok);
+/* The server's completion queue for link l (registered: the server's shutdown detaches it).
+ * NULL with *st when the server is not running. */
+grpc_completion_queue *rpc__server_attach_link(rpc_server *srv, rpc_link *l, pie_status *st);
+void rpc__server_forget_link(rpc_server *srv, rpc_link *l); /* rpc_link_stop before shutdown */
+/* The server is stopping (its calls are over, its thread still polls): link l sends what it
+ * has queued (up to flush_ms), ends its stream, collects its tags and opens no other. */
+void rpc__link_detach(rpc_link *l, int64_t flush_ms);
+/* How long a stopping server lets its links send what they queued (InstanceEnds and the like). */
+#define RPC_LINK_FLUSH_MS 1000
+
+/* Send queue: a ring of packed messages waiting for the transport (a server call's, an
+ * asynchronous link's). Not thread-safe: the owner's lock guards it. */
+typedef struct rpc_sendq {
+    grpc_byte_buffer **bb;
+    size_t cap, head, len;
+    size_t bytes; /* packed bytes of the len messages */
+} rpc_sendq;
+int rpc__sendq_push(rpc_sendq *q, grpc_byte_buffer *bb); /* 0, or -1 when out of memory */
+grpc_byte_buffer *rpc__sendq_pop(rpc_sendq *q);            /* NULL when empty */
+void rpc__sendq_clear(rpc_sendq *q);                       /* destroys what it holds */
+void rpc__sendq_free(rpc_sendq *q);                        /* clear, then its ring */
+
 /* Health service (rpc_health.c), owned by a server. */
 typedef struct rpc_health rpc_health;
 rpc_health *rpc__health_create(bool start_not_serving);

@@ -78,14 +78,9 @@ struct rpc_server {
     pthread_mutex_t mu; /* guards the fields below */
     pthread_cond_t cv;
     bool started, shutdown_started, shutdown_notified, shutdown_done;
+    rpc_link **links; /* asynchronous links on threads[0]'s queue (rpc__server_attach_link) */
+    size_t n_links, cap_links;
 };
-
-/* Send queue: a ring of packed messages waiting for the transport. */
-typedef struct rpc_sendq {
-    grpc_byte_buffer **bb;
-    size_t cap, head, len;
-    size_t bytes; /* packed bytes of the len messages */
-} rpc_sendq;
 
 struct rpc_call {
     rpc_server *srv;
@@ -170,37 +165,6 @@ static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t dead
     return pthread_cond_timedwait(cv, mu, &ts);
 }
 
-static int sendq_push(rpc_sendq *q, grpc_byte_buffer *bb) {
-    if (q->len == q->cap) {
-        size_t ncap = q->cap ? q->cap * 2 : 4;
-        grpc_byte_buffer **nb = malloc(ncap * sizeof *nb);
-        if (!nb) return -1;
-        for (size_t i = 0; i < q->len; i++) nb[i] = q->bb[(q->head + i) % q->cap];
-        free(q->bb);
-        q->bb = nb;
-        q->cap = ncap;
-        q->head = 0;
-    }
-    q->bb[(q->head + q->len) % q->cap] = bb;
-    q->len++;
-    q->bytes += grpc_byte_buffer_length(bb);
-    return 0;
-}
-
-static grpc_byte_buffer *sendq_pop(rpc_sendq *q) {
-    if (q->len == 0) return NULL;
-    grpc_byte_buffer *bb = q->bb[q->head];
-    q->head = (q->head + 1) % q->cap;
-    q->len--;
-    q->bytes -= grpc_byte_buffer_length(bb);
-    return bb;
-}
-
-static void sendq_clear(rpc_sendq *q) {
-    grpc_byte_buffer *bb;
-    while ((bb = sendq_pop(q)) != NULL) grpc_byte_buffer_destroy(bb);
-}
-
 static void md_list_free(grpc_metadata *md, size_t n) {
     for (size_t i = 0; i < n; i++) {
         grpc_slice_unref(md[i].key);
@@ -257,7 +221,7 @@ static rpc_call *call_new(rpc_srv_thread *th, const rpc_srv_method *m) {
 /* Releases everything that belongs to gRPC; the object itself may live on (handler refs). */
 static void call_release_grpc(rpc_call *c) {
     pthread_mutex_lock(&c->mu);
-    sendq_clear(&c->q);
+    rpc__sendq_clear(&c->q);
     if (c->inflight_bb) {
         grpc_byte_buffer_destroy(c->inflight_bb);
         c->inflight_bb = NULL;
@@ -293,7 +257,7 @@ static void call_release_grpc(rpc_call *c) {
 
 static void call_free(rpc_call *c) {
     call_release_grpc(c);
-    free(c->q.bb);
+    rpc__sendq_free(&c->q);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -326,7 +290,7 @@ static void call_pump_locked(rpc_call *c) {
         c->initial_md_sent = true;
     }
     if (has_msg) {
-        c->inflight_bb = sendq_pop(&c->q);
+        c->inflight_bb = rpc__sendq_pop(&c->q);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = c->inflight_bb;
         n++;
@@ -369,7 +333,7 @@ static void call_pump_locked(rpc_call *c) {
             grpc_byte_buffer_destroy(c->inflight_bb);
             c->inflight_bb = NULL;
         }
-        sendq_clear(&c->q);
+        rpc__sendq_clear(&c->q);
         atomic_fetch_sub(&c->refs, 1); /* cannot be the last: the layer holds one */
         grpc_call_cancel(c->gcall, NULL);
     }
@@ -398,7 +362,7 @@ static pie_code call_sendable_locked(const rpc_call *c) {
 static void call_mark_cancelled(rpc_call *c) {
     atomic_store(&c->cancelled, true);
     pthread_mutex_lock(&c->mu);
-    sendq_clear(&c->q);
+    rpc__sendq_clear(&c->q);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -620,7 +584,7 @@ static void on_close(rpc_call *c, bool ok) {
     c->close_pending = false;
     pthread_mutex_lock(&c->mu);
     c->closed = true;
-    sendq_clear(&c->q);
+    rpc__sendq_clear(&c->q);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (!ok || c->close_cancelled) {
@@ -649,7 +613,7 @@ static void on_send(rpc_call *c, bool ok) {
     }
     if (!ok) {
         c->send_failed = true;
-        sendq_clear(&c->q);
+        rpc__sendq_clear(&c->q);
     } else {
         call_pump_locked(c);
     }
@@ -773,7 +737,12 @@ static void *srv_thread_main(void *arg) {
             pthread_cond_broadcast(&srv->cv);
             pthread_mutex_unlock(&srv->mu);
             break;
-        default: pie_log_error("rpc.tag", "kind=%d", t->kind); break;
+        default:
+            if (t->kind >= RPC_TAG_LINK_META && t->kind <= RPC_TAG_LINK_STATUS)
+                rpc__link_on_tag(t, ok);
+            else
+                pie_log_error("rpc.tag", "kind=%d", t->kind);
+            break;
         }
     }
     tls_thread = NULL;
@@ -1014,6 +983,41 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
 
 int rpc_server_port(const rpc_server *srv) { return srv->port; }
 
+grpc_completion_queue *rpc__server_attach_link(rpc_server *srv, rpc_link *l, pie_status *st) {
+    grpc_completion_queue *cq = NULL;
+    pthread_mutex_lock(&srv->mu);
+    if (!srv->started || srv->shutdown_started || !srv->threads || !srv->threads[0].running) {
+        pie_status_set(st, PIE_FAILED_PRECONDITION,
+                       "rpc_link_start: opts.server is not running (start it first)");
+        goto out;
+    }
+    if (srv->n_links == srv->cap_links) {
+        size_t ncap = srv->cap_links ? 2 * srv->cap_links : 4;
+        rpc_link **nl = realloc(srv->links, ncap * sizeof *nl);
+        if (!nl) {
+            pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "rpc_link_start: out of memory");
+            goto out;
+        }
+        srv->links = nl;
+        srv->cap_links = ncap;
+    }
+    srv->links[srv->n_links++] = l;
+    cq = srv->threads[0].cq;
+out:
+    pthread_mutex_unlock(&srv->mu);
+    return cq;
+}
+
+void rpc__server_forget_link(rpc_server *srv, rpc_link *l) {
+    pthread_mutex_lock(&srv->mu);
+    for (size_t i = 0; i < srv->n_links; i++)
+        if (srv->links[i] == l) {
+            srv->links[i] = srv->links[--srv->n_links];
+            break;
+        }
+    pthread_mutex_unlock(&srv->mu);
+}
+
 pie_code rpc_server_set_health(rpc_server *srv, const char *service, rpc_health_status status,
                                pie_status *st) {
     return rpc__health_set(srv->health, service, status, st);
@@ -1058,7 +1062,15 @@ void rpc_server_shutdown(rpc_server *srv, int64_t grace_ms) {
         pthread_mutex_lock(&srv->mu);
         while (!srv->shutdown_notified) pthread_cond_wait(&srv->cv, &srv->mu);
     }
+    /* Links on threads[0]'s queue end here, while that thread still polls for them (their
+     * calls would keep the queue from shutting down). */
+    rpc_link **links = srv->links;
+    size_t n_links = srv->n_links;
+    srv->links = NULL;
+    srv->n_links = srv->cap_links = 0;
     pthread_mutex_unlock(&srv->mu);
+    for (size_t i = 0; i < n_links; i++) rpc__link_detach(links[i], RPC_LINK_FLUSH_MS);
+    free(links);
     for (int i = 0; i < srv->n_threads; i++) grpc_completion_queue_shutdown(srv->threads[i].cq);
     for (int i = 0; i < srv->n_threads; i++) {
         rpc_srv_thread *th = &srv->threads[i];
@@ -1100,6 +1112,7 @@ void rpc_server_destroy(rpc_server *srv) {
     }
     for (size_t i = 0; i < srv->n_methods; i++) free(srv->methods[i].path_buf);
     free(srv->methods);
+    free(srv->links); /* NULL unless start failed with links attached */
     rpc__health_destroy(srv->health);
     free(srv->auth_expected);
     free(srv->addr);
@@ -1200,7 +1213,7 @@ static pie_code call_send_impl(rpc_call *c, const ProtobufCMessage *msg, bool wa
         }
         rc = call_sendable_locked(c);
     }
-    if (rc == PIE_OK && sendq_push(&c->q, bb) != 0) rc = PIE_RESOURCE_EXHAUSTED;
+    if (rc == PIE_OK && rpc__sendq_push(&c->q, bb) != 0) rc = PIE_RESOURCE_EXHAUSTED;
     if (rc != PIE_OK) {
         pthread_mutex_unlock(&c->mu);
         grpc_byte_buffer_destroy(bb);
@@ -1290,7 +1303,7 @@ void rpc_call_cancel(rpc_call *c, pie_code code, const char *msg) {
     }
     c->cancel_requested = true;
     atomic_store(&c->cancelled, true);
-    sendq_clear(&c->q);
+    rpc__sendq_clear(&c->q);
     pthread_cond_broadcast(&c->cv);
     call_set_status_locked(c, code, msg);
     if (c->send_inflight) {

@@ -408,6 +408,7 @@ void svc_set_health_ready(svc *s, const char *service, bool ready) {
 
 pie_metrics *svc_metrics(svc *s) { return s->metrics; }
 int svc_port(const svc *s) { return rpc_server_port(s->server); }
+rpc_server *svc_rpc_server(const svc *s) { return s->server; }
 int svc_metrics_port(const svc *s) { return s->httpd ? (int)pie_httpd_port(s->httpd) : 0; }
 
 /* What every channel of this service to another one carries: its token, its message size

@@ -187,6 +187,9 @@ void svc_set_health_ready(svc *s, const char *service, bool ready);
 
 pie_metrics *svc_metrics(svc *s);
 int svc_port(const svc *s);         /* bound gRPC port */
+/* The gRPC server once svc_serve started it (NULL before and after svc_drain): for a link that
+ * runs on its thread (rpc_link_opts.server). */
+rpc_server *svc_rpc_server(const svc *s);
 int svc_metrics_port(const svc *s); /* bound metrics port, 0 if off */
 
 /* Dials the controller: a channel with this service's token and message size, and a

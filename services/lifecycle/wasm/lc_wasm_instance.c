@@ -74,7 +74,8 @@ static bool exported(const char *sym, void (*expect)(void)) {
 /* The executable must export the wasm-rt interface, WASI and every declared host function, since
  * dlopen'ed modules resolve their imports against it. */
 static pie_code check_host(const lc_wasm_rt_opts *o, pie_status *st) {
-    if (!exported("wasm_rt_trap", NULL) || !exported("Z_wasi_snapshot_preview1Z_fd_write", NULL))
+    if (!exported("wasm_rt_trap", NULL) || !exported("Z_wasi_snapshot_preview1Z_fd_write", NULL) ||
+        !exported("lc_wasm_stack_floor", NULL))
         return pie_status_set(st, PIE_FAILED_PRECONDITION,
                               "the executable does not export the wasm runtime (wasm_rt_trap): "
                               "link it with ENABLE_EXPORTS (-rdynamic)");

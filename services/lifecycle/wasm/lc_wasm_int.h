@@ -199,6 +199,10 @@ void lc_wasm_frame_enter(lc_wasm_frame *f);
 void lc_wasm_frame_leave(void);
 /* Usable stack bottom and guard size of the calling thread (cached per thread). */
 void lc_wasm_thread_stack(uintptr_t *stack_lo, size_t *guard);
+/* Lowest usable stack address of the instance running on this thread (0: none). Called by the
+ * code of lc_wasm_xlate before entering a function with a large native frame, which could
+ * otherwise step over the stack guard: part of the ABI generated code links against. */
+uintptr_t lc_wasm_stack_floor(void);
 /* Unwinds the current frame with reason. Aborts if the thread has no frame. */
 _Noreturn void lc_wasm_unwind(int reason);
 

@@ -87,6 +87,11 @@ void lc_wasm_thread_stack(uintptr_t *stack_lo, size_t *guard) {
     *guard = t_stack.guard;
 }
 
+uintptr_t lc_wasm_stack_floor(void) {
+    lc_wasm_frame *f = t_frame;
+    return f != NULL && f->active ? f->stack_lo : 0;
+}
+
 _Noreturn void lc_wasm_unwind(int reason) {
     lc_wasm_frame *f = t_frame;
     if (f == NULL || !f->active) {

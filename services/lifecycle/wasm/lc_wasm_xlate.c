@@ -44,6 +44,16 @@
 
 #define XL_MAX_NEST 12
 #define XL_MAX_EXPR 1000
+/* Work bounds of the in-process translation (beyond them: declined, and wasm2c, a process
+ * under the compile time limit, gets the module): C text, locals of all functions together
+ * (each is declared), values a block or a branch carries. */
+#define XL_MAX_C_BYTES    (96u << 20)
+#define XL_MAX_ALL_LOCALS 2000000u
+#define XL_MAX_ARITY      64u
+/* Functions whose locals and temporaries take more than this are entered through a stack check
+ * (lc_wasm_stack_floor): tcc does not probe the stack, and a frame larger than the guard (at
+ * least 64 KiB, lc_wasm_instance_run checks) could step over it. */
+#define XL_BIG_FRAME (16u << 10)
 
 enum { T_I32 = 0x7f, T_I64 = 0x7e, T_F32 = 0x7d, T_F64 = 0x7c };
 
@@ -77,6 +87,7 @@ static bool xb_reserve(xb *b, size_t more) {
 }
 
 static void xb_put(xb *b, const char *s, size_t n) {
+    if (n == 0) return; /* s may be an empty buffer's NULL */
     if (!xb_reserve(b, n)) return;
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -121,14 +132,14 @@ typedef struct xdata {
 /* A compile-time operand stack entry. */
 enum { K_DEAD, K_CONST, K_TMP, K_LOC, K_EXPR };
 typedef struct xv {
-    uint8_t t;     /* value type; 0: unknown (unreachable code) */
-    uint8_t k;     /* K_* */
-    uint8_t eff;   /* may trap or read state an effect changes */
-    uint8_t rdloc; /* reads a local */
-    uint8_t nest;  /* depth of the expression tree */
-    int32_t tmax;  /* deepest temporary it reads; -1 none */
-    uint32_t idx;  /* K_TMP: depth; K_LOC: local */
-    uint64_t c;    /* K_CONST: bits */
+    uint8_t t;       /* value type; 0: unknown (unreachable code) */
+    uint8_t k;       /* K_* */
+    uint8_t eff;     /* may trap or read state an effect changes */
+    uint8_t rdloc;   /* reads a local */
+    uint8_t nest;    /* depth of the expression tree */
+    int32_t tmax;    /* deepest temporary it reads; -1 none */
+    uint32_t idx;    /* K_TMP: depth; K_LOC: local */
+    uint64_t c;      /* K_CONST: bits */
     size_t off, len; /* K_EXPR: text in the arena */
 } xv;
 
@@ -179,6 +190,11 @@ typedef struct xl {
     uint32_t cap_tgt;
     uint32_t tdep[4];
     uint32_t n_labels;
+    /* Bounds that keep the stack scans linear in the body's size: */
+    int64_t eff_at; /* index of the one pending effectful entry, or -1 */
+    uint32_t lo_rd; /* entries below may not read locals while pending */
+    uint32_t clean; /* entries below are all stored in their temporaries */
+    uint64_t all_locals;
 } xl;
 
 typedef struct xr {
@@ -200,8 +216,8 @@ static void xfail(xl *x, const xr *r, pie_code code, const char *fmt, ...) {
                    code == PIE_UNIMPLEMENTED ? "declined" : "invalid",
                    r ? (size_t)(r->p - x->base) : (size_t)0, msg);
 }
-#define INVALID(...)  xfail(x, r, PIE_INVALID_ARGUMENT, __VA_ARGS__)
-#define DECLINE(...)  xfail(x, r, PIE_UNIMPLEMENTED, __VA_ARGS__)
+#define INVALID(...) xfail(x, r, PIE_INVALID_ARGUMENT, __VA_ARGS__)
+#define DECLINE(...) xfail(x, r, PIE_UNIMPLEMENTED, __VA_ARGS__)
 
 static void *xgrow(xl *x, void *p, uint32_t *cap, uint32_t need, size_t elt) {
     if (need <= *cap) return p;
@@ -449,21 +465,32 @@ static void mat(xl *x, uint32_t i) {
     put_val(x, b, v);
     xb_puts(b, ";\n");
     note_tmp(x, v->t, i);
+    if (x->eff_at == (int64_t)i) x->eff_at = -1;
     *v = (xv){.t = v->t, .k = K_TMP, .idx = i, .tmax = (int32_t)i};
 }
 
+/* Stores the pending effectful entry (there is at most one) if it sits below upto. */
 static void flush_eff(xl *x, uint32_t upto) {
-    for (uint32_t i = 0; i < upto; i++)
-        if (x->vs[i].eff) mat(x, i);
+    if (x->eff_at >= 0 && x->eff_at < (int64_t)upto && x->eff_at < (int64_t)x->nv)
+        mat(x, (uint32_t)x->eff_at);
 }
 
 static void flush_loc(xl *x) {
-    for (uint32_t i = 0; i < x->nv; i++)
+    for (uint32_t i = x->lo_rd; i < x->nv; i++)
         if (x->vs[i].rdloc) mat(x, i);
+    x->lo_rd = x->nv;
 }
 
 static void flush_all(xl *x) {
-    for (uint32_t i = 0; i < x->nv; i++) mat(x, i);
+    for (uint32_t i = x->clean; i < x->nv; i++) mat(x, i);
+    x->clean = x->nv;
+    x->lo_rd = x->nv;
+}
+
+/* The stack shrank to nv entries. */
+static void shrunk(xl *x) {
+    if (x->clean > x->nv) x->clean = x->nv;
+    if (x->eff_at >= (int64_t)x->nv) x->eff_at = -1;
 }
 
 static xv *push(xl *x, uint8_t t) {
@@ -479,11 +506,14 @@ static xv pop(xl *x, xr *r, uint8_t want) {
     xc *c = top(x);
     xv v = {.t = want, .k = K_DEAD, .tmax = -1};
     if (x->nv == c->base) {
-        if (!c->unr) INVALID("operand stack underflow (%s expected)", want ? tname(want) : "a value");
+        if (!c->unr)
+            INVALID("operand stack underflow (%s expected)", want ? tname(want) : "a value");
         return v;
     }
     v = x->vs[--x->nv];
-    if (want && v.t && v.t != want) INVALID("type mismatch: %s expected, %s found", tname(want), tname(v.t));
+    shrunk(x);
+    if (want && v.t && v.t != want)
+        INVALID("type mismatch: %s expected, %s found", tname(want), tname(v.t));
     return v;
 }
 
@@ -516,6 +546,8 @@ static void push_sc(xl *x, uint8_t t, bool eff, bool rdloc, int nest, int32_t tm
               .tmax = tmax,
               .off = lo,
               .len = x->sc.len};
+    if (eff) x->eff_at = d;
+    if (rdloc && d < x->lo_rd) x->lo_rd = d;
     if (tmax > (int32_t)d || nest > XL_MAX_NEST || x->sc.len > XL_MAX_EXPR) mat(x, d);
 }
 
@@ -719,13 +751,13 @@ static const struct {
     const char *pre, *ct, *post;
     uint8_t out, align;
 } LOADS[14] = {
-    {"", "u32", "", T_I32, 2},         {"", "u64", "", T_I64, 3},
-    {"", "f32", "", T_F32, 2},         {"", "f64", "", T_F64, 3},
-    {"((u32)", "s8", ")", T_I32, 0},   {"((u32)", "u8", ")", T_I32, 0},
-    {"((u32)", "s16", ")", T_I32, 1},  {"((u32)", "u16", ")", T_I32, 1},
-    {"((u64)", "s8", ")", T_I64, 0},   {"((u64)", "u8", ")", T_I64, 0},
-    {"((u64)", "s16", ")", T_I64, 1},  {"((u64)", "u16", ")", T_I64, 1},
-    {"((u64)", "s32", ")", T_I64, 2},  {"((u64)", "u32", ")", T_I64, 2},
+    {"", "u32", "", T_I32, 2},        {"", "u64", "", T_I64, 3},
+    {"", "f32", "", T_F32, 2},        {"", "f64", "", T_F64, 3},
+    {"((u32)", "s8", ")", T_I32, 0},  {"((u32)", "u8", ")", T_I32, 0},
+    {"((u32)", "s16", ")", T_I32, 1}, {"((u32)", "u16", ")", T_I32, 1},
+    {"((u64)", "s8", ")", T_I64, 0},  {"((u64)", "u8", ")", T_I64, 0},
+    {"((u64)", "s16", ")", T_I64, 1}, {"((u64)", "u16", ")", T_I64, 1},
+    {"((u64)", "s32", ")", T_I64, 2}, {"((u64)", "u32", ")", T_I64, 2},
 };
 static const struct {
     const char *ct;
@@ -739,8 +771,10 @@ static uint32_t memarg(xl *x, xr *r, unsigned natural) {
     uint32_t align = rd_u32(x, r);
     uint32_t off = rd_u32(x, r);
     if (x->failed) return 0;
-    if (!x->has_mem) INVALID("memory access without a memory");
-    else if (align > natural) INVALID("alignment 2^%u larger than natural (2^%u)", align, natural);
+    if (!x->has_mem)
+        INVALID("memory access without a memory");
+    else if (align > natural)
+        INVALID("alignment 2^%u larger than natural (2^%u)", align, natural);
     return off;
 }
 
@@ -760,7 +794,7 @@ static void load(xl *x, xr *r, unsigned k) {
     put_val(x, &x->sc, &a);
     xb_ch(&x->sc, ',');
     xb_dec(&x->sc, off);
-    xb_ch(&x->sc, ')');
+    xb_puts(&x->sc, "u)");
     xb_puts(&x->sc, LOADS[k].post);
     push_sc(x, LOADS[k].out, true, a.rdloc, a.nest + 1, a.tmax);
 }
@@ -778,7 +812,7 @@ static void store(xl *x, xr *r, unsigned k) {
     emit_val(x, &a);
     xb_ch(b, ',');
     xb_dec(b, off);
-    xb_ch(b, ',');
+    xb_puts(b, "u,");
     emit_val(x, &v);
     xb_puts(b, ");\n");
 }
@@ -818,6 +852,10 @@ static void blocktype(xl *x, xr *r, xc *c) {
         return;
     }
     xtype *t = &x->types[v];
+    if (t->np > XL_MAX_ARITY || t->nr > XL_MAX_ARITY) {
+        DECLINE("block type with more than %u parameters or results", XL_MAX_ARITY);
+        return;
+    }
     c->pt = t->p;
     c->np = t->np;
     c->rt = t->r;
@@ -834,7 +872,8 @@ static void check_top(xl *x, xr *r, const uint8_t *ts, uint32_t n) {
             return;
         }
         uint8_t t = x->vs[x->nv - 1 - i].t;
-        if (t && t != want) INVALID("branch operand of type %s where %s is expected", tname(t), tname(want));
+        if (t && t != want)
+            INVALID("branch operand of type %s where %s is expected", tname(t), tname(want));
     }
 }
 
@@ -871,6 +910,7 @@ static void emit_branch(xl *x, xc *t) {
 static void set_unreachable(xl *x) {
     xc *c = top(x);
     x->nv = c->base;
+    shrunk(x);
     c->unr = true;
     c->live = false;
 }
@@ -912,17 +952,16 @@ static void block_start(xl *x, xr *r, uint8_t kind) {
     c->rt = bt.rt;
     c->nr = bt.nr;
     c->live = c->live_in = was_live;
-    /* in unreachable code fewer params may be present: make up the rest, typed */
+    /* The parameters (checked above) become the new frame's first values. Live, they are the
+     * stored entries already there; in unreachable code (where fewer may be present, the
+     * missing ones being the deepest) they are replaced by entries of the declared types. */
     x->nv = base;
+    shrunk(x);
     c->base = base;
-    for (uint32_t i = 0; i < bt.np; i++) {
-        if (i < keep) {
-            x->nv++;
-            if (x->vs[x->nv - 1].t == 0) x->vs[x->nv - 1].t = bt.pt[i];
-        } else {
-            push(x, bt.pt[i]);
-        }
-    }
+    if (was_live)
+        x->nv += keep;
+    else
+        for (uint32_t i = 0; i < bt.np; i++) push(x, bt.pt[i]);
     if (was_live && kind == C_LOOP) {
         xb_ch(&x->fn, 'L');
         xb_dec(&x->fn, c->label);
@@ -957,7 +996,9 @@ static void op_else(xl *x, xr *r) {
     c->live = c->live_in;
     for (uint32_t i = 0; i < c->np; i++) {
         xv *v = push(x, c->pt[i]);
-        if (v && c->live_in) *v = (xv){.t = c->pt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
+        if (v && c->live_in)
+            *v =
+                (xv){.t = c->pt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
     }
     if (c->live_in) xb_puts(&x->fn, "}else{\n");
 }
@@ -1003,7 +1044,8 @@ static void op_end(xl *x, xr *r) {
     for (uint32_t i = 0; i < c->nr; i++) {
         xv *v = push(x, c->rt[i]);
         if (v && c->live_in) {
-            *v = (xv){.t = c->rt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
+            *v =
+                (xv){.t = c->rt[i], .k = K_TMP, .idx = c->base + i, .tmax = (int32_t)(c->base + i)};
             note_tmp(x, c->rt[i], c->base + i);
         }
     }
@@ -1211,6 +1253,10 @@ static void op_call_indirect(xl *x, xr *r) {
         return;
     }
     const xtype *t = &x->types[ty];
+    if (t->nr > 1) {
+        DECLINE("call_indirect of a type with %u results (multi-value functions)", t->nr);
+        return;
+    }
     if (live(x)) {
         /* the index check may trap: no other operand may be left to evaluate after it */
         uint32_t c = t->np + 1 < x->nv - top(x)->base ? t->np + 1 : x->nv - top(x)->base;
@@ -1253,7 +1299,10 @@ static void op_local(xl *x, xr *r, uint8_t op) {
     uint8_t t = x->lt[i];
     if (op == 0x20) {
         xv *v = push(x, t);
-        if (v && live(x)) *v = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+        if (v && live(x)) {
+            *v = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+            if (x->nv - 1 < x->lo_rd) x->lo_rd = x->nv - 1;
+        }
         return;
     }
     xv v = pop(x, r, t);
@@ -1268,7 +1317,10 @@ static void op_local(xl *x, xr *r, uint8_t op) {
     }
     if (op == 0x22) {
         xv *p = push(x, t);
-        if (p && live(x)) *p = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+        if (p && live(x)) {
+            *p = (xv){.t = t, .k = K_LOC, .idx = i, .rdloc = 1, .tmax = -1};
+            if (x->nv - 1 < x->lo_rd) x->lo_rd = x->nv - 1;
+        }
     }
 }
 
@@ -1348,7 +1400,8 @@ static void op_fc(xl *x, xr *r) {
     }
     if (sub != 10 && sub != 11) {
         DECLINE("instruction 0xfc %u (bulk memory or table operations other than memory.copy "
-                "and memory.fill)", sub);
+                "and memory.fill)",
+                sub);
         return;
     }
     if (rd_byte(x, r) != 0 || (sub == 10 && rd_byte(x, r) != 0)) {
@@ -1459,30 +1512,54 @@ static void instr(xl *x, xr *r) {
         return;
     }
     case 0xfc: op_fc(x, r); return;
-    case 0x06: case 0x07: case 0x08: case 0x09: case 0x0a: case 0x18: case 0x19:
+    case 0x06:
+    case 0x07:
+    case 0x08:
+    case 0x09:
+    case 0x0a:
+    case 0x18:
+    case 0x19:
         r->p--;
         DECLINE("exception handling instruction 0x%02x", op);
         return;
-    case 0x12: case 0x13: case 0x14: case 0x15:
+    case 0x12:
+    case 0x13:
+    case 0x14:
+    case 0x15:
         r->p--;
         DECLINE("tail call or typed function reference instruction 0x%02x", op);
         return;
-    case 0x25: case 0x26: case 0xd0: case 0xd1: case 0xd2:
+    case 0x25:
+    case 0x26:
+    case 0xd0:
+    case 0xd1:
+    case 0xd2:
         r->p--;
         DECLINE("reference types instruction 0x%02x", op);
         return;
-    case 0xfd: r->p--; DECLINE("SIMD instruction"); return;
-    case 0xfe: r->p--; DECLINE("threads (atomic) instruction"); return;
-    default: r->p--; INVALID("unknown opcode 0x%02x", op); return;
+    case 0xfd:
+        r->p--;
+        DECLINE("SIMD instruction");
+        return;
+    case 0xfe:
+        r->p--;
+        DECLINE("threads (atomic) instruction");
+        return;
+    default:
+        r->p--;
+        INVALID("unknown opcode 0x%02x", op);
+        return;
     }
 }
 
-static void func_sig(xl *x, xb *b, uint32_t f, bool names) {
+/* "static R F<f><suffix>(lcI*I,T l0,...)" (names) or "static R F<f><suffix>(lcI*,T,...)" */
+static void func_sig_as(xl *x, xb *b, uint32_t f, bool names, const char *suffix) {
     const xtype *t = &x->types[x->ftype[f]];
     xb_puts(b, "static ");
     xb_puts(b, ret_ctype(t));
     xb_puts(b, " F");
     xb_dec(b, f);
+    xb_puts(b, suffix);
     xb_puts(b, names ? "(lcI*I" : "(lcI*");
     for (uint32_t i = 0; i < t->np; i++) {
         xb_ch(b, ',');
@@ -1494,6 +1571,8 @@ static void func_sig(xl *x, xb *b, uint32_t f, bool names) {
     }
     xb_ch(b, ')');
 }
+
+static void func_sig(xl *x, xb *b, uint32_t f, bool names) { func_sig_as(x, b, f, names, ""); }
 
 static void body(xl *x, xr *r, uint32_t f) {
     const xtype *t = &x->types[x->ftype[f]];
@@ -1509,12 +1588,19 @@ static void body(xl *x, xr *r, uint32_t f) {
         uint8_t ty = rd_byte(x, r);
         if (x->failed) return;
         if (!numtype(ty)) {
-            if (ty == 0x7b || ty == 0x70 || ty == 0x6f) DECLINE("local of type 0x%02x", ty);
-            else INVALID("local of unknown type 0x%02x", ty);
+            if (ty == 0x7b || ty == 0x70 || ty == 0x6f)
+                DECLINE("local of type 0x%02x", ty);
+            else
+                INVALID("local of unknown type 0x%02x", ty);
             return;
         }
         if ((uint64_t)x->n_loc + n > LC_WASM_MAX_LOCALS) {
             DECLINE("more than %u locals", LC_WASM_MAX_LOCALS);
+            return;
+        }
+        x->all_locals += n;
+        if (x->all_locals > XL_MAX_ALL_LOCALS) {
+            DECLINE("more than %u locals in all functions", XL_MAX_ALL_LOCALS);
             return;
         }
         lt = xgrow(x, x->lt, &x->cap_loc, x->n_loc + n + 1, 1);
@@ -1526,6 +1612,8 @@ static void body(xl *x, xr *r, uint32_t f) {
     x->fn.len = 0;
     x->ex.len = 0;
     x->nv = x->nc = 0;
+    x->eff_at = -1;
+    x->lo_rd = x->clean = 0;
     memset(x->tdep, 0, sizeof x->tdep);
     x->n_labels = 0;
     xc *c = frame_push(x, C_FUNC);
@@ -1547,7 +1635,28 @@ static void body(xl *x, xr *r, uint32_t f) {
     }
     /* header, locals, temporaries, body */
     xb *o = &x->out;
-    func_sig(x, o, f, true);
+    uint64_t frame = 8u * ((uint64_t)x->n_loc + x->tdep[0] + x->tdep[1] + x->tdep[2] + x->tdep[3]);
+    if (frame > XL_BIG_FRAME) {
+        /* F<f> checks that the frame of F<f>_b fits above the stack's floor before entering
+         * it: a frame larger than the guard could step over it into another mapping */
+        func_sig_as(x, o, f, false, "_b");
+        xb_puts(o, ";\n");
+        func_sig(x, o, f, true);
+        xb_puts(o, "{char p;if((uintptr_t)&p<lc_wasm_stack_floor()+");
+        xb_dec(o, frame + (64u << 10));
+        xb_puts(o, "ull)TRAP(EXHAUSTION);");
+        xb_puts(o, t->nr ? "return F" : "F");
+        xb_dec(o, f);
+        xb_puts(o, "_b(I");
+        for (uint32_t i = 0; i < t->np; i++) {
+            xb_puts(o, ",l");
+            xb_dec(o, i);
+        }
+        xb_puts(o, ");}\n");
+        func_sig_as(x, o, f, true, "_b");
+    } else {
+        func_sig(x, o, f, true);
+    }
     xb_puts(o, "{\n");
     for (int k = 0; k < 4; k++) {
         bool first = true;
@@ -1585,8 +1694,10 @@ static const char PRELUDE[] =
     "float floorf(float),ceilf(float),truncf(float),nearbyintf(float),sqrtf(float),"
     "copysignf(float,float);\n"
     "#define TRAP(k) wasm_rt_trap(WASM_RT_TRAP_##k)\n"
-    "#define LD(T,a,o) (*(T*)(I->m0.data+(u64)(a)+o))\n"
-    "#define ST(T,a,o,v) (*(T*)(I->m0.data+(u64)(a)+o)=(T)(v))\n"
+    /* (u32): an address is 32 bits whatever the C expression; + a 32-bit offset stays in the
+     * memory's 8 GiB reservation */
+    "#define LD(T,a,o) (*(T*)(I->m0.data+(u64)(u32)(a)+o))\n"
+    "#define ST(T,a,o,v) (*(T*)(I->m0.data+(u64)(u32)(a)+o)=(T)(v))\n"
     "static f32 lc_f32(u32 x){union{u32 i;f32 f;}u;u.i=x;return u.f;}\n"
     "static f64 lc_f64(u64 x){union{u64 i;f64 f;}u;u.i=x;return u.f;}\n"
     "static u32 lc_i32f(f32 x){union{u32 i;f32 f;}u;u.f=x;return u.i;}\n"
@@ -1677,7 +1788,8 @@ static const char PRELUDE[] =
     "static wasm_rt_function_ptr_t lc_ci(wasm_rt_funcref_table_t*t,u32 i,u32 ty){"
     "if(i>=t->size||!t->data[i].func||t->data[i].func_type!=ty)TRAP(CALL_INDIRECT);"
     "return t->data[i].func;}\n"
-    "struct Z_pie_instance_t;struct Z_wasi_snapshot_preview1_instance_t;\n";
+    "struct Z_pie_instance_t;struct Z_wasi_snapshot_preview1_instance_t;\n"
+    "uintptr_t lc_wasm_stack_floor(void);\n";
 
 static bool rd_limits(xl *x, xr *r, uint32_t *min, uint32_t *max, uint32_t cap, const char *what) {
     uint8_t flags = rd_byte(x, r);
@@ -1728,8 +1840,10 @@ static void sec_types(xl *x, xr *r) {
             for (uint32_t k = 0; k < c; k++)
                 if (!numtype(r->p[k])) {
                     uint8_t t = r->p[k];
-                    if (t == 0x7b || t == 0x70 || t == 0x6f) DECLINE("function type with value type 0x%02x", t);
-                    else INVALID("unknown value type 0x%02x", t);
+                    if (t == 0x7b || t == 0x70 || t == 0x6f)
+                        DECLINE("function type with value type 0x%02x", t);
+                    else
+                        INVALID("unknown value type 0x%02x", t);
                     return;
                 }
             if (part == 0) {
@@ -1837,8 +1951,10 @@ static void sec_table(xl *x, xr *r) {
     uint8_t t = rd_byte(x, r);
     if (x->failed) return;
     if (t != 0x70) {
-        if (t == 0x6f) DECLINE("externref table");
-        else INVALID("table of unknown element type 0x%02x", t);
+        if (t == 0x6f)
+            DECLINE("externref table");
+        else
+            INVALID("table of unknown element type 0x%02x", t);
         return;
     }
     if (rd_limits(x, r, &x->tab_min, &x->tab_max, UINT32_MAX, "table")) x->has_tab = true;
@@ -1859,21 +1975,28 @@ static uint64_t const_expr(xl *x, xr *r, uint8_t t) {
     uint8_t op = rd_byte(x, r);
     uint64_t c = 0;
     if (x->failed) return 0;
-    uint8_t want = op == 0x41 ? T_I32 : op == 0x42 ? T_I64 : op == 0x43 ? T_F32 : op == 0x44 ? T_F64 : 0;
+    uint8_t want = op == 0x41   ? T_I32
+                   : op == 0x42 ? T_I64
+                   : op == 0x43 ? T_F32
+                   : op == 0x44 ? T_F64
+                                : 0;
     if (want == 0) {
-        if (op == 0x23) INVALID("global.get in a constant expression (no imported globals)");
-        else DECLINE("constant expression with opcode 0x%02x", op);
+        if (op == 0x23)
+            INVALID("global.get in a constant expression (no imported globals)");
+        else
+            DECLINE("constant expression with opcode 0x%02x", op);
         return 0;
     }
     if (want != t) {
         INVALID("constant of type %s where %s is expected", tname(want), tname(t));
         return 0;
     }
-    c = op == 0x41 ? (uint32_t)rd_sleb(x, r, 32)
+    c = op == 0x41   ? (uint32_t)rd_sleb(x, r, 32)
         : op == 0x42 ? rd_sleb(x, r, 64)
         : op == 0x43 ? rd_fixed(x, r, 4)
                      : rd_fixed(x, r, 8);
-    if (rd_byte(x, r) != 0x0b && !x->failed) DECLINE("constant expression of more than one instruction");
+    if (rd_byte(x, r) != 0x0b && !x->failed)
+        DECLINE("constant expression of more than one instruction");
     return c;
 }
 
@@ -1934,8 +2057,11 @@ static void sec_exports(xl *x, xr *r) {
                 INVALID("duplicate export name");
                 break;
             }
-        uint32_t count = kind == 0 ? x->n_funcs : kind == 1 ? x->has_tab : kind == 2 ? x->has_mem
-                         : kind == 3 ? x->n_globals : 0;
+        uint32_t count = kind == 0   ? x->n_funcs
+                         : kind == 1 ? x->has_tab
+                         : kind == 2 ? x->has_mem
+                         : kind == 3 ? x->n_globals
+                                     : 0;
         if (kind > 3) {
             INVALID("export of unknown kind %u", kind);
             break;
@@ -2007,7 +2133,8 @@ static void sec_elems(xl *x, xr *r) {
         }
         for (uint32_t k = 0; k < e->n && !x->failed; k++) {
             e->fn[k] = rd_u32(x, r);
-            if (!x->failed && e->fn[k] >= x->n_funcs) INVALID("element names function %u of %u", e->fn[k], x->n_funcs);
+            if (!x->failed && e->fn[k] >= x->n_funcs)
+                INVALID("element names function %u of %u", e->fn[k], x->n_funcs);
         }
     }
 }
@@ -2116,6 +2243,8 @@ static void sec_code(xl *x, xr *r) {
         xr b = {r->p, r->p + size};
         body(x, &b, x->n_imp + i);
         r->p += size;
+        if (!x->failed && x->out.len > XL_MAX_C_BYTES)
+            DECLINE("more than %u bytes of C", XL_MAX_C_BYTES);
     }
 }
 
@@ -2174,7 +2303,8 @@ static void emit_tail(xl *x) {
     xb_puts(o, "_lc_init_module(void){\n");
     for (uint32_t i = 0; i < x->n_types; i++) {
         const xtype *t = &x->types[i];
-        static const char *const RT[4] = {"WASM_RT_I32", "WASM_RT_I64", "WASM_RT_F32", "WASM_RT_F64"};
+        static const char *const RT[4] = {"WASM_RT_I32", "WASM_RT_I64", "WASM_RT_F32",
+                                          "WASM_RT_F64"};
         xb_puts(o, "FT[");
         xb_dec(o, i);
         xb_puts(o, "]=wasm_rt_register_func_type(");
@@ -2348,6 +2478,10 @@ pie_code lc_wasm_xlate(const uint8_t *wasm, size_t n, const char *cname, lc_wasm
     if (x->failed) goto done;
     if (x->n_code != x->n_funcs - x->n_imp) {
         INVALID("%u functions declared without a code section", x->n_funcs - x->n_imp);
+        goto done;
+    }
+    if (x->has_dcount && x->dcount != x->n_datas) {
+        INVALID("data count section says %u segments, the module has %u", x->dcount, x->n_datas);
         goto done;
     }
     if (!x->has_entry || x->types[x->ftype[x->entry]].np || x->types[x->ftype[x->entry]].nr) {

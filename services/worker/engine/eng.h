@@ -227,6 +227,9 @@ typedef struct eng_offload_stats {
     uint64_t last_host_attn_ns;  /* in the last forward batch */
     uint64_t host_wait_ns;       /* the device side waited for host attention, summed */
     uint64_t pages_to_host, pages_to_device;
+    uint64_t deferred;               /* decodes deferred a step (never on the engine: it runs
+                                        every item of a batch) */
+    uint64_t gain_pages, gain_steps; /* the scheduler's estimate (wrk_offplace_stats) */
     /* the cost model profiled at open, seconds for all layers (wrk_offload.h) */
     double lin_tok, lin_fixed, dattn_kv, hattn_kv, xfer_tok;
 } eng_offload_stats;

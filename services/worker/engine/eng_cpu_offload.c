@@ -407,5 +407,8 @@ void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
         out->pages_to_host = ps->pages_to_host;
         out->pages_to_device = ps->pages_to_device;
         out->forced_steps = ps->forced_steps;
+        out->deferred = ps->deferred;
+        out->gain_pages = ps->gain_pages;
+        out->gain_steps = ps->gain_steps;
     }
 }

@@ -29,7 +29,8 @@ static wrk_off_costs nulldev_profile(const wrk_nulldev_config *c) {
     double tok_bytes = c->page_size ? (double)c->page_layer_bytes / c->page_size * L : 0;
     return (wrk_off_costs){
         .lin_fixed = L * (c->layer_us + c->layer_token_us) * 1e-6,
-        .lin_tok = L * (c->layer_us + r * c->layer_token_us) / r * 1e-6,
+        .lin_tok = L * ((c->layer_us + r * c->layer_token_us) - (c->layer_us + c->layer_token_us)) /
+                   (r - 1) * 1e-6,
         .dattn_kv = L * c->layer_kv_us * 1e-6,
         .hattn_kv = L * c->host_attn_kv_us * 1e-6,
         .xfer_tok = c->link_bytes_per_s > 0 ? tok_bytes / c->link_bytes_per_s : 0,
@@ -66,6 +67,8 @@ pie_code wrk_nulldev_create(const wrk_nulldev_config *c, wrk_nulldev **out, pie_
     if (rc == PIE_OK && c->offload_device_pages)
         rc = wrk_offplace_init(&d->place, c->kv_pages, c->offload_device_pages, c->page_size,
                                d->cfg.max_items, st);
+    if (rc == PIE_OK && c->offload_device_pages)
+        wrk_offplace_set_defer(&d->place, c->offload_defer);
     if (rc != PIE_OK) {
         free(d->items);
         free(d->item_host);
@@ -169,8 +172,12 @@ static wrk_nulldev_batch nulldev_offload_step(wrk_nulldev *d, const wrk_offplace
     uint32_t hosted = wrk_offplace_apply(&d->place, items, n, d->item_host, nulldev_count_move,
                                          &moved);
     uint64_t t0 = 0, k0 = 0, t1 = 0, k1 = 0;
+    uint32_t deferred = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (d->item_host[i]) t1 += items[i].n_in, k1 += item_kv(&items[i]);
+        if (d->item_host[i] == WRK_OFF_DEFER)
+            deferred++;
+        else if (d->item_host[i])
+            t1 += items[i].n_in, k1 += item_kv(&items[i]);
         else t0 += items[i].n_in, k0 += item_kv(&items[i]);
     }
     double L = c->n_layers;
@@ -179,7 +186,11 @@ static wrk_nulldev_batch nulldev_offload_step(wrk_nulldev *d, const wrk_offplace
                           : lin_s(c, t0) + (double)k0 * c->layer_kv_us * 1e-6;
     double bytes = (double)moved * (double)c->page_layer_bytes * L;
     double xfer = c->link_bytes_per_s > 0 ? bytes / c->link_bytes_per_s : 0;
-    wrk_nulldev_batch b = {.t_layer_s = layer, .compute_s = L * layer, .host_items = hosted};
+    wrk_nulldev_batch b = {.t_layer_s = layer,
+                           .compute_s = L * layer,
+                           .host_items = hosted,
+                           .deferred = deferred,
+                           .item_state = d->item_host};
     b.host_s = hosted ? L * host : 0;
     b.wait_s = hosted ? L * fmax(0, host - lin0) : 0;
     b.time_s = fixed_s(c, t0 + t1) + fmax(L * layer, xfer);

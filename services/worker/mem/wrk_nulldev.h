@@ -17,9 +17,13 @@
  *
  * Offload (offload_device_pages > 0; Neo, seed 004): the device runs the real load-aware
  * scheduler (mem/wrk_offplace.h over wrk_offload.h) on the batch's items with the costs a
- * profile of this device would measure (as the cpu engine's open does: the linear layers at 1
- * and 16 rows, attention per KV token on each side, the link per token), keeps where each page
- * lives, and times the step it chose. With lin(t) = layer_us + t·layer_token_us (0 for t = 0),
+ * profile of this device would measure (the linear layers at 1 and 16 rows — lin_fixed the
+ * 1-row pass, lin_tok the slope between the two, (t(16) − t(1)) / 15, not the cpu engine's
+ * t(16) / 16, which at GPU ratios counts the weights' pass in every token and overstates a large
+ * batch's linear time several times —, attention per KV token on each side, the link per
+ * token), keeps where each page lives, and times the step it chose. With offload_defer the
+ * scheduler may defer a host decode (item_state): it is not run, and the caller offers it again
+ * (wrk_offplace.h). With lin(t) = layer_us + t·layer_token_us (0 for t = 0),
  * sub-batch 0 = the prefills and the decodes kept on the device (T0 tokens, K0 KV tokens),
  * sub-batch 1 = the decodes attended on the host (T1, K1), per layer
  *   device-only:    lin(T) + K·layer_kv_us
@@ -62,6 +66,11 @@ typedef struct wrk_nulldev_config {
     uint32_t kv_pages;          /* page ids (offload) */
     uint64_t page_layer_bytes;  /* one page of one layer: what moves per page per layer */
     uint32_t max_items;         /* most items of one forward batch (offload; 0: 4096) */
+    /* offload: the caller runs only what the scheduler does not defer (Neo's rules,
+     * wrk_offload.h; wrk_nulldev_batch.item_state says which). The worker runs the
+     * controller's batches whole and leaves it off; a benchmark standing in for a controller
+     * that re-queues a deferred item turns it on. */
+    bool offload_defer;
 } wrk_nulldev_config;
 
 typedef struct wrk_nulldev_stats {
@@ -87,6 +96,10 @@ typedef struct wrk_nulldev_batch {
     double t_layer_s, t_swap_s; /* t_c and t_s of this batch */
     uint32_t host_items;        /* offload: decodes attended on the host */
     double host_s, wait_s;      /* offload: host attention, the device's wait for it */
+    uint32_t deferred;          /* offload with offload_defer: items skipped this step */
+    /* offload: per item WRK_OFF_DEVICE, _HOST or _DEFER (not run: its token is not made);
+     * the device's scratch, valid until its next forward; NULL without offload */
+    const uint8_t *item_state;
 } wrk_nulldev_batch;
 
 typedef struct wrk_nulldev wrk_nulldev;

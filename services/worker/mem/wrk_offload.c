@@ -71,10 +71,115 @@ static bool off_fits(const wrk_off_costs *c, const wrk_off_batch *b, const off_s
     return c->hattn_kv * (double)(s->kv1 + r->kv) <= tl0;
 }
 
+/* gain_kv of wrk_off_choice (wrk_offload.h): what the device-resident part of the step hides
+ * at a gain. */
+static double off_gain_kv(const wrk_off_costs *c, const wrk_off_batch *b) {
+    if (b->n_reqs == 0) return 0;
+    uint64_t n0 = 0, kv0 = 0, kv_all = 0;
+    for (uint32_t i = 0; i < b->n_reqs; i++) {
+        kv_all += b->reqs[i].kv;
+        if (!b->reqs[i].on_host) n0++, kv0 += b->reqs[i].kv;
+    }
+    double tl0 = off_lin(c, (uint64_t)b->dev_tokens + n0);
+    if (tl0 <= 0) return 0;
+    if (!(c->hattn_kv > 0)) return INFINITY;
+    double hide = tl0 / c->hattn_kv, mean = (double)kv_all / b->n_reqs;
+    double n1 = floor(hide / mean);
+    if (n1 < 1) return 0;
+    if (n1 > UINT32_MAX) n1 = UINT32_MAX; /* a near-free host: any batch is bounded far below */
+    double t0 = tl0 + c->dattn_kv * (double)(b->dev_kv + kv0);
+    double x0 = (double)b->dev_items + (double)n0;
+    return n1 * t0 > x0 * off_lin(c, (uint64_t)n1) ? hide : 0;
+}
+
+/* One request r of the CPU run queue (Neo §3.3 step 4) against the split so far (s; joined:
+ * what hidden requests added to sub-batch 1, which the device-only schedule lacks).
+ * Returns where it attends this step; *stuck is set when a starving request stays on the host. */
+static uint8_t off_queue_take(const wrk_off_costs *c, const wrk_off_batch *b,
+                              const wrk_off_req *r, off_sums *s, off_sums *joined, bool *stuck) {
+    if (r->waited >= WRK_OFF_DEFER_MAX) {
+        /* starving: it runs; on the host (exposed) or back on the device, the cheaper */
+        off_sums stay = *s, back = *s;
+        stay.n1++, stay.kv1 += r->kv;
+        back.n0++, back.kv0 += r->kv, back.moved += r->kv;
+        if (back.kv0 <= b->device_kv_budget && off_est(c, b, &back) <= off_est(c, b, &stay)) {
+            *s = back;
+            return WRK_OFF_DEVICE;
+        }
+        *s = stay;
+        *stuck = true;
+        return WRK_OFF_HOST;
+    }
+    off_sums with = *s;
+    with.n1++, with.kv1 += r->kv;
+    /* hidden behind sub-batch 0's linear layers, or nothing on the device to wait for (an idle
+     * device hides nothing, but deferring would only leave it idle) */
+    double tl0 = off_lin(c, (uint64_t)b->dev_tokens + s->n0);
+    if (c->hattn_kv * (double)with.kv1 > tl0 && tl0 > 0) return WRK_OFF_DEFER;
+    *s = with;
+    joined->n1++, joined->kv1 += r->kv;
+    return WRK_OFF_HOST;
+}
+
+/* Neo's rules (defer_ok; wrk_offload.h). */
+static void off_decide_defer(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *host,
+                             wrk_off_choice *out) {
+    off_sums s = {0}; /* the device-resident decodes in sub-batch 0; the host ones not yet */
+    for (uint32_t i = 0; i < b->n_reqs; i++)
+        if (!b->reqs[i].on_host) s.n0++, s.kv0 += b->reqs[i].kv;
+    /* memory (step 2): what the device cannot hold goes to the host, whatever it costs */
+    bool forced = false;
+    for (uint32_t i = 0; i < b->n_reqs && s.kv0 > b->device_kv_budget; i++) {
+        const wrk_off_req *r = &b->reqs[i];
+        if (r->on_host) continue;
+        host[i] = WRK_OFF_HOST;
+        s.n0--, s.kv0 -= r->kv, s.n1++, s.kv1 += r->kv, s.moved += r->kv;
+        forced = true;
+    }
+    /* the CPU run queue (step 4), longest-waiting first (a wait past the bound counts as the
+     * bound), then batch order */
+    off_sums joined = {0};
+    bool stuck = false; /* a starving request stays on the host: device-only is not possible */
+    for (int w = WRK_OFF_DEFER_MAX; w >= 0; w--)
+        for (uint32_t i = 0; i < b->n_reqs; i++) {
+            const wrk_off_req *r = &b->reqs[i];
+            int waited = r->waited < WRK_OFF_DEFER_MAX ? r->waited : WRK_OFF_DEFER_MAX;
+            if (!r->on_host || waited != w) continue;
+            host[i] = off_queue_take(c, b, r, &s, &joined, &stuck);
+            out->n_defer += host[i] == WRK_OFF_DEFER;
+        }
+    double x_off = (double)b->dev_items + (double)(s.n0 + s.n1);
+    out->t_off = s.n1 ? off_est(c, b, &s) : INFINITY;
+    off_sums d = s; /* device-only: the joined ones deferred */
+    d.n1 -= joined.n1, d.kv1 -= joined.kv1;
+    double x_dev = (double)b->dev_items + (double)(d.n0 + d.n1);
+    bool dev_ok = !forced && !stuck;
+    out->t_dev = dev_ok ? off_est(c, b, &d) : INFINITY;
+    out->forced = forced;
+    /* greedy (step 6): the higher x / T; device-only on a tie */
+    bool two = s.n1 > 0 && (!dev_ok || x_dev == 0 || x_off * out->t_dev > x_dev * out->t_off);
+    if (!two) {
+        for (uint32_t i = 0; i < b->n_reqs; i++)
+            if (host[i] == WRK_OFF_HOST && b->reqs[i].on_host) {
+                host[i] = WRK_OFF_DEFER; /* joined sub-batch 1: deferred instead */
+                out->n_defer++;
+            }
+        return;
+    }
+    out->offload = true;
+    out->n_host = (uint32_t)s.n1;
+    out->host_kv = s.kv1;
+}
+
 void wrk_off_decide(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *host,
                     wrk_off_choice *out) {
     memset(out, 0, sizeof *out);
     if (b->n_reqs) memset(host, 0, b->n_reqs);
+    out->gain_kv = off_gain_kv(c, b);
+    if (b->defer_ok) {
+        off_decide_defer(c, b, host, out);
+        return;
+    }
     off_sums s = off_all_device(b);
     double t_dev = off_est(c, b, &s);
     /* memory: what the device cannot hold goes to the host, whatever it costs */
@@ -167,7 +272,9 @@ void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages
 
 void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o) {
     a->opts = *o;
-    a->pages = o->start_at_gpu ? a->gpu_pages : a->max_pages;
+    a->pages = o->start_at_gpu || o->estimate ? a->gpu_pages : a->max_pages;
+    a->est = 0;
+    a->est_seen = false;
 }
 
 /* The climb knob at an epoch's end (wrk_off_adapt_opts). */
@@ -203,6 +310,33 @@ uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns
 
 uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
                                    uint64_t wait_ns, uint32_t kv_live) {
+    return wrk_off_adapt_step_est(a, tokens, busy_ns, wait_ns, 0, 0, kv_live);
+}
+
+/* The estimate knob at an epoch's end (wrk_off_adapt_opts). */
+static void off_adapt_estimate(wrk_off_adapt *a) {
+    if (a->gain_steps == 0) return; /* no decodes: nothing was estimated */
+    double low = a->gain_min;       /* what every step of the epoch hid at a gain */
+    a->est = a->est_seen ? (a->est + low) / 2 : low;
+    a->est_seen = true;
+    uint32_t host = a->max_pages - a->gpu_pages;
+    double want_d = ceil(a->est);
+    uint32_t want = want_d < host ? (uint32_t)want_d : host;
+    uint32_t now = a->pages - a->gpu_pages;
+    uint32_t diff = want > now ? want - now : now - want;
+    if (diff < 4 || diff * 8 < now) return; /* noise: no CapacityChange */
+    a->pages = a->gpu_pages + want;
+}
+
+uint32_t wrk_off_adapt_step_est(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
+                                uint64_t wait_ns, uint64_t gain_pages, uint64_t gain_steps,
+                                uint32_t kv_live) {
+    if (gain_steps) {
+        double v = (double)gain_pages / (double)gain_steps;
+        if (a->gain_steps == 0 || v < a->gain_min) a->gain_min = v;
+    }
+    a->gain_pages += gain_pages;
+    a->gain_steps += gain_steps;
     uint32_t margin = a->pages / 16 ? a->pages / 16 : 1;
     a->steps++;
     a->tokens += tokens;
@@ -219,7 +353,9 @@ uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t b
     uint32_t step = o->grow_pages ? o->grow_pages : host / 8 ? host / 8 : 1;
     uint32_t share = a->pages - a->gpu_pages; /* host pages offered now */
     uint32_t cut = o->shrink_share > 0 ? (uint32_t)ceil(share * o->shrink_share) : step;
-    if (o->climb) {
+    if (o->estimate) {
+        off_adapt_estimate(a);
+    } else if (o->climb) {
         off_adapt_climb(a, step);
     } else if (o->hold_while_over && a->last_live > a->pages) {
         /* an earlier shrink still drains: judging now would shrink again for the same cause */
@@ -231,6 +367,7 @@ uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t b
     a->steps = 0;
     a->tokens = 0;
     a->busy_ns = a->wait_ns = 0;
+    a->gain_pages = a->gain_steps = 0;
     a->kv_limited = false;
     return a->pages;
 }
@@ -240,6 +377,7 @@ uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live) {
     a->steps = 0;
     a->tokens = 0;
     a->busy_ns = a->wait_ns = 0;
+    a->gain_pages = a->gain_steps = 0;
     a->kv_limited = false;
     return a->pages;
 }

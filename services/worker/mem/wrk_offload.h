@@ -21,6 +21,22 @@
  *    order, join sub-batch 1 while Tca1 <= Tl0; a decode already on the host that does not fit
  *    stays there or comes back, whichever the estimate says costs less;
  *  - greedy fall-back: the two sub-batches are chosen only when forced or when T_off < T_dev.
+ * With defer_ok (the caller can skip a request for a step and run it later; Neo §3.3 step 4 and
+ * 6) the rules are Neo's instead:
+ *  - sub-batch 0 holds the prefills and the decodes whose KV is on the device (memory-forced
+ *    moves as above); the decodes on the host are the CPU run queue, taken longest-waiting first
+ *    (then batch order): one joins sub-batch 1 while Tca1 <= Tl0 (hidden behind sub-batch 0's
+ *    linear layers); one that would not hide is deferred (WRK_OFF_DEFER: skipped this step);
+ *  - no starvation: a request deferred WRK_OFF_DEFER_MAX steps in a row runs at its next step
+ *    whatever it costs (on the host, exposed, or back on the device when the device has room
+ *    and the estimate says it costs less), so every host request makes a token at least every
+ *    WRK_OFF_DEFER_MAX + 1 steps it is offered;
+ *  - greedy (step 6): the device-only schedule is sub-batch 0 without the host requests that
+ *    joined sub-batch 1 (deferred instead); the schedule with the higher estimated throughput
+ *    x/T wins (x = requests run: dev_items + decodes), device-only on a tie. Device-only is
+ *    not possible when memory forced a move or a starving request stays on the host.
+ * Either way the decision reports gain_kv (wrk_off_choice): the host KV tokens this step's
+ * device work could hide at a gain — the capacity rule's input (wrk_off_adapt, estimate mode).
  * Does not own: moving KV (the engine), measuring (the engine's profile at open). */
 #ifndef WRK_OFFLOAD_H
 #define WRK_OFFLOAD_H
@@ -42,9 +58,17 @@ typedef struct wrk_off_costs {
 
 /* One decode request of the step (one new token). */
 typedef struct wrk_off_req {
-    uint32_t kv;  /* KV tokens its attention reads (context + the new token) */
-    bool on_host; /* its KV is in the host pool now */
+    uint32_t kv;     /* KV tokens its attention reads (context + the new token) */
+    bool on_host;    /* its KV is in the host pool now */
+    uint16_t waited; /* steps it was deferred in a row (defer_ok) */
 } wrk_off_req;
+
+/* host[i] of a decision: where request i attends this step. */
+#define WRK_OFF_DEVICE 0
+#define WRK_OFF_HOST   1
+#define WRK_OFF_DEFER  2 /* skipped this step (only with defer_ok) */
+/* Steps a request may be deferred in a row; at the next it runs whatever it costs. */
+#define WRK_OFF_DEFER_MAX 8
 
 typedef struct wrk_off_batch {
     uint32_t dev_tokens;       /* tokens of the items that stay on the device (prefill) */
@@ -52,6 +76,8 @@ typedef struct wrk_off_batch {
     const wrk_off_req *reqs;   /* the decode requests that may go to the host */
     uint32_t n_reqs;
     uint64_t device_kv_budget; /* KV tokens decodes kept on the device may hold; UINT64_MAX */
+    uint32_t dev_items;        /* items behind dev_tokens (throughput's x; defer_ok only) */
+    bool defer_ok;             /* the caller can skip a request for a step (Neo's rules) */
 } wrk_off_batch;
 
 typedef struct wrk_off_choice {
@@ -61,10 +87,17 @@ typedef struct wrk_off_choice {
     uint64_t host_kv;  /* their KV tokens */
     double t_dev;      /* estimated device-only step (INFINITY when forced) */
     double t_off;      /* estimated two-sub-batch step (INFINITY when nothing can go) */
+    uint32_t n_defer;  /* requests deferred (WRK_OFF_DEFER) */
+    /* Host KV tokens whose attention this step's device work (prefills and decodes on the
+     * device) hides at a gain: H = Tl0 / hattn_kv, n1 = H / (the step's mean decode KV); H
+     * when n1 >= 1 and n1 more requests for one more linear pass pay (n1 · T0 > x0 · Tl(n1),
+     * T0 = Tl0 + Tga0 the device-resident step, x0 its requests), else 0. 0 without decodes. */
+    double gain_kv;
 } wrk_off_choice;
 
-/* Decides one step: host[i] = 1 for the requests whose attention runs on the host (all 0 when
- * device-only is chosen). host has n_reqs entries. */
+/* Decides one step: host[i] = WRK_OFF_HOST for the requests whose attention runs on the host
+ * (all WRK_OFF_DEVICE when device-only is chosen), WRK_OFF_DEFER for those skipped (defer_ok
+ * only). host has n_reqs entries. */
 void wrk_off_decide(const wrk_off_costs *c, const wrk_off_batch *b, uint8_t *host,
                     wrk_off_choice *out);
 
@@ -101,6 +134,16 @@ typedef struct wrk_off_adapt_opts {
     bool climb;
     uint32_t climb_wait;  /* 0: 8 */
     uint32_t hold_epochs; /* 0: 32 */
+    /* estimate (the worker's default, wrk_memrt.c): the thresholds are not used; the host's
+     * share follows the scheduler's own estimate of what it can serve at a gain (gain_kv of
+     * wrk_off_choice, in pages, per step with decodes). At an epoch's end with such steps,
+     * est = (est + low) / 2 (the first epoch: low), low = the least any step of the epoch
+     * hid at a gain (a host decode runs at every step: it must hide at every step, not on
+     * average — prefill steps hide far more than decode-only ones), and the capacity becomes
+     * device pages + ceil(est), when that moves the host share by at least 4 pages and an
+     * eighth of it (no CapacityChange for noise). It starts at the device's pages:
+     * nothing is offered to the host before an estimate says it pays. */
+    bool estimate;
 } wrk_off_adapt_opts;
 
 typedef struct wrk_off_adapt {
@@ -115,6 +158,10 @@ typedef struct wrk_off_adapt {
     int climb_mode;        /* 0 base, 1 probing, 2 holding */
     uint32_t climb_epochs; /* epochs in the mode */
     double thr_base;       /* tokens per busy second before the probe */
+    uint64_t gain_pages, gain_steps; /* of the epoch (estimate) */
+    double gain_min;                 /* the least pages one batch's estimate gave in the epoch */
+    double est;                      /* host pages the estimate says pay (estimate), smoothed */
+    bool est_seen;
 } wrk_off_adapt;
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
@@ -129,6 +176,12 @@ uint32_t wrk_off_adapt_step(wrk_off_adapt *a, uint64_t busy_ns, uint64_t wait_ns
  * ignores them). */
 uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
                                    uint64_t wait_ns, uint32_t kv_live);
+/* The same with the scheduler's estimate over the batch (estimate mode): gain_pages = the sum of
+ * wrk_off_choice.gain_kv / page size over its gain_steps steps with decodes (the emulated
+ * device or the engine may run one per batch). */
+uint32_t wrk_off_adapt_step_est(wrk_off_adapt *a, uint64_t tokens, uint64_t busy_ns,
+                                uint64_t wait_ns, uint64_t gain_pages, uint64_t gain_steps,
+                                uint32_t kv_live);
 /* The controller spilled past the capacity: it becomes min(kv_live, max_pages). */
 uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live);
 

@@ -33,6 +33,12 @@ typedef struct wrk_offplace_stats {
     uint32_t pages_on_host, pages_on_device; /* written pages in each region now */
     uint64_t pages_to_host, pages_to_device; /* moves of written pages, summed */
     uint64_t forced_steps; /* steps whose decodes the device could not hold */
+    uint64_t deferred;     /* decodes deferred a step (defer on), summed */
+    uint32_t last_deferred;
+    /* the scheduler's estimate of what the host can serve at a gain (wrk_off_choice.gain_kv),
+     * in pages (gain_kv / page size, rounded down), summed over the gain_steps steps that had
+     * decodes: offload's capacity rule reads it (wrk_off_adapt, estimate mode) */
+    uint64_t gain_pages, gain_steps;
 } wrk_offplace_stats;
 
 typedef struct wrk_offplace {
@@ -43,6 +49,8 @@ typedef struct wrk_offplace {
     wrk_off_req *reqs;   /* [max_items] */
     uint32_t *req_item;  /* [max_items] */
     uint8_t *req_host;   /* [max_items] */
+    uint16_t *waited;    /* [n_pages] steps deferred in a row, by the request's first page */
+    bool defer;          /* the caller skips deferred items (wrk_offplace_set_defer) */
     wrk_offplace_stats stats;
 } wrk_offplace;
 
@@ -55,7 +63,15 @@ void wrk_offplace_free(wrk_offplace *p);
 /* A decode that may attend on the host: one input, appended, over at least one page. */
 bool wrk_offplace_eligible(const wrk_offplace_item *it);
 
-/* The step's split into item_host[0, n) (1: attends on the host). pick NULL: the load-aware
+/* Deferral (Neo §3.3; wrk_offload.h's rules with defer_ok): on, the decision may mark an item
+ * WRK_OFF_DEFER — the caller must then not run it this step (it is offered again later; the
+ * scheduler bounds the wait, WRK_OFF_DEFER_MAX). A request is known by its first page (page ids
+ * never change; forks sharing a first page share one count). Off by default: the worker runs
+ * the controller's batches whole. */
+void wrk_offplace_set_defer(wrk_offplace *p, bool on);
+
+/* The step's split into item_host[0, n) (WRK_OFF_HOST: attends on the host; WRK_OFF_DEFER:
+ * skipped, with deferral on). pick NULL: the load-aware
  * scheduler over costs (*choice gets its decision; choice may be NULL); else pick(user, i) for
  * each eligible item i. Then the fixed point (an item reading a page a device item reads stays
  * on the device). Moves nothing. */
@@ -66,7 +82,7 @@ void wrk_offplace_decide(wrk_offplace *p, const wrk_off_costs *costs,
 
 /* Executes a split: every item's pages go where it attends — move(user, page, to) for each
  * written page that changes region (to = 1: to the host) — and the pages the step appends to
- * are written from now on. Returns the items on the host. */
+ * are written from now on; a deferred item is left as it is. Returns the items on the host. */
 uint32_t wrk_offplace_apply(wrk_offplace *p, const wrk_offplace_item *items, uint32_t n,
                             const uint8_t *item_host,
                             void (*move)(void *user, uint32_t page, uint8_t to), void *user);
