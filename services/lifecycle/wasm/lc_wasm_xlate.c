@@ -374,6 +374,17 @@ static int ti(uint8_t t) { return T_I32 - t; } /* i32 0, i64 1, f32 2, f64 3 */
 static const char *const CT[4] = {"u32", "u64", "f32", "f64"};
 static const char LET[4] = {'i', 'j', 'f', 'd'};
 
+/* A temporary's name: '_', the letter of its type and its stack depth ("_f32": an f32 at depth
+ * 32). Without the '_' depths 32 and 64 would name f32 temporaries "f32" and "f64", shadowing
+ * the prelude's typedefs (tcc then refuses the C). Block-scope names of '_' and a lowercase
+ * letter belong to the program (C11 7.1.3: reserved only at file scope), so no header can
+ * define them as macros, and the prelude defines none. */
+static void put_tmp(xb *b, int k, uint32_t depth) { /* k: ti() of its type */
+    xb_ch(b, '_');
+    xb_ch(b, LET[k]);
+    xb_dec(b, depth);
+}
+
 static const char *tname(uint8_t t) {
     switch (t) {
     case T_I32: return "i32";
@@ -431,10 +442,7 @@ static void put_const(xb *b, uint8_t t, uint64_t c) {
 static void put_val(xl *x, xb *b, const xv *v) {
     switch (v->k) {
     case K_CONST: put_const(b, v->t, v->c); return;
-    case K_TMP:
-        xb_ch(b, LET[ti(v->t)]);
-        xb_dec(b, v->idx);
-        return;
+    case K_TMP: put_tmp(b, ti(v->t), v->idx); return;
     case K_LOC:
         xb_ch(b, 'l');
         xb_dec(b, v->idx);
@@ -459,8 +467,7 @@ static void mat(xl *x, uint32_t i) {
     xv *v = &x->vs[i];
     if (v->k == K_DEAD || (v->k == K_TMP && v->idx == i)) return;
     xb *b = &x->fn;
-    xb_ch(b, LET[ti(v->t)]);
-    xb_dec(b, i);
+    put_tmp(b, ti(v->t), i);
     xb_ch(b, '=');
     put_val(x, b, v);
     xb_puts(b, ";\n");
@@ -892,12 +899,9 @@ static void emit_branch(xl *x, xc *t) {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t from = x->nv - n + i, to = t->base + i;
         if (from == to) continue;
-        char l = LET[ti(ts[i])];
-        xb_ch(b, l);
-        xb_dec(b, to);
+        put_tmp(b, ti(ts[i]), to);
         xb_ch(b, '=');
-        xb_ch(b, l);
-        xb_dec(b, from);
+        put_tmp(b, ti(ts[i]), from);
         xb_ch(b, ';');
         note_tmp(x, ts[i], to);
     }
@@ -1035,8 +1039,8 @@ static void op_end(xl *x, xr *r) {
         if (c->kind == C_FUNC && c->nr == 1) {
             note_tmp(x, c->rt[0], 0);
             xb_puts(b, "return ");
-            xb_ch(b, LET[ti(c->rt[0])]);
-            xb_puts(b, "0;\n");
+            put_tmp(b, ti(c->rt[0]), 0);
+            xb_puts(b, ";\n");
         }
     }
     x->nc--;
@@ -1671,9 +1675,8 @@ static void body(xl *x, xr *r, uint32_t f) {
         if (!first) xb_puts(o, ";\n");
         for (uint32_t i = 0; i < x->tdep[k]; i++) {
             xb_puts(o, i ? "," : CT[k]);
-            xb_ch(o, i ? LET[k] : ' ');
-            if (!i) xb_ch(o, LET[k]);
-            xb_dec(o, i);
+            if (!i) xb_ch(o, ' ');
+            put_tmp(o, k, i);
         }
         if (x->tdep[k]) xb_puts(o, ";\n");
     }
