@@ -676,7 +676,7 @@ static const xop NUM[0xc5 - 0x45] = {
     [0x89 - 0x45] = {"lc_rotl64(@,#)", J, J, J, 0},
     [0x8a - 0x45] = {"lc_rotr64(@,#)", J, J, J, 0},
     [0x8b - 0x45] = {"lc_absf(@)", F, 0, F, 0},
-    [0x8c - 0x45] = {"(-@)", F, 0, F, 0},
+    [0x8c - 0x45] = {"lc_negf(@)", F, 0, F, 0},
     [0x8d - 0x45] = {"lc_ceilf(@)", F, 0, F, 0},
     [0x8e - 0x45] = {"lc_floorf(@)", F, 0, F, 0},
     [0x8f - 0x45] = {"lc_truncf(@)", F, 0, F, 0},
@@ -690,7 +690,7 @@ static const xop NUM[0xc5 - 0x45] = {
     [0x97 - 0x45] = {"lc_maxf(@,#)", F, F, F, 0},
     [0x98 - 0x45] = {"copysignf(@,#)", F, F, F, 0},
     [0x99 - 0x45] = {"lc_abs(@)", D, 0, D, 0},
-    [0x9a - 0x45] = {"(-@)", D, 0, D, 0},
+    [0x9a - 0x45] = {"lc_neg(@)", D, 0, D, 0},
     [0x9b - 0x45] = {"lc_ceil(@)", D, 0, D, 0},
     [0x9c - 0x45] = {"lc_floor(@)", D, 0, D, 0},
     [0x9d - 0x45] = {"lc_trunc(@)", D, 0, D, 0},
@@ -1731,6 +1731,10 @@ static const char PRELUDE[] =
     "static f64 lc_quiet(f64 x){return x!=x?lc_f64(lc_i64d(x)|0x7ff8000000000000ull):x;}\n"
     "static f32 lc_absf(f32 x){return lc_f32(lc_i32f(x)&0x7fffffffu);}\n"
     "static f64 lc_abs(f64 x){return lc_f64(lc_i64d(x)&0x7fffffffffffffffull);}\n"
+    /* neg flips the sign bit, also of a NaN: tcc compiles -x as a subtraction from a zero, which
+     * keeps a NaN operand's sign */
+    "static f32 lc_negf(f32 x){return lc_f32(lc_i32f(x)^0x80000000u);}\n"
+    "static f64 lc_neg(f64 x){return lc_f64(lc_i64d(x)^0x8000000000000000ull);}\n"
     "static f32 lc_ceilf(f32 x){return x!=x?lc_quietf(x):ceilf(x);}\n"
     "static f32 lc_floorf(f32 x){return x!=x?lc_quietf(x):floorf(x);}\n"
     "static f32 lc_truncf(f32 x){return x!=x?lc_quietf(x):truncf(x);}\n"
