@@ -137,6 +137,7 @@ typedef struct xv {
     uint8_t eff;     /* may trap or read state an effect changes */
     uint8_t rdloc;   /* reads a local */
     uint8_t nest;    /* depth of the expression tree */
+    uint8_t load;    /* K_EXPR: a memory load is its outermost operation (see op_drop) */
     int32_t tmax;    /* deepest temporary it reads; -1 none */
     uint32_t idx;    /* K_TMP: depth; K_LOC: local */
     uint64_t c;      /* K_CONST: bits */
@@ -804,6 +805,7 @@ static void load(xl *x, xr *r, unsigned k) {
     xb_puts(&x->sc, "u)");
     xb_puts(&x->sc, LOADS[k].post);
     push_sc(x, LOADS[k].out, true, a.rdloc, a.nest + 1, a.tmax);
+    if (!x->failed && x->vs[x->nv - 1].k == K_EXPR) x->vs[x->nv - 1].load = 1;
 }
 
 static void store(xl *x, xr *r, unsigned k) {
@@ -1430,6 +1432,20 @@ static void op_fc(xl *x, xr *r) {
     xb_puts(&x->fn, ");\n");
 }
 
+/* drop: an effectful value is still evaluated, as the statement "(void)e;". But a load at the
+ * top of e is an lvalue, and tcc does not read an lvalue whose value is cast to void (volatile
+ * or not): the access, and with it the out-of-bounds fault that is the bounds check, would be
+ * skipped. So a dropped load is stored into its temporary instead, an assignment that tcc always
+ * performs. Only dropped loads pay for it (one store); loads whose value is used are as before. */
+static void op_drop(xl *x, xr *r) {
+    if (live(x) && x->nv > top(x)->base && x->vs[x->nv - 1].load) mat(x, x->nv - 1);
+    xv v = pop(x, r, 0);
+    if (x->failed || !live(x) || !v.eff) return;
+    xb_puts(&x->fn, "(void)");
+    emit_val(x, &v);
+    xb_puts(&x->fn, ";\n");
+}
+
 static void instr(xl *x, xr *r) {
     uint8_t op = rd_byte(x, r);
     if (x->failed) return;
@@ -1465,15 +1481,7 @@ static void instr(xl *x, xr *r) {
     case 0x0f: op_return(x, r); return;
     case 0x10: op_call(x, r); return;
     case 0x11: op_call_indirect(x, r); return;
-    case 0x1a: {
-        xv v = pop(x, r, 0);
-        if (!x->failed && live(x) && v.eff) {
-            xb_puts(&x->fn, "(void)");
-            emit_val(x, &v);
-            xb_puts(&x->fn, ";\n");
-        }
-        return;
-    }
+    case 0x1a: op_drop(x, r); return;
     case 0x1b:
     case 0x1c: op_select(x, r, op); return;
     case 0x20:
