@@ -71,6 +71,10 @@ typedef struct lc_wasm_module_limits {
 #define LC_WASM_DEFAULT_MAX_FUNCTION_BYTES (1u << 20)
 #define LC_WASM_DEFAULT_MAX_NESTING        4096u
 #define LC_WASM_MAX_LOCALS                 50000u /* locals of one function (as V8), fixed */
+/* Parameters and results of one function type together, fixed: tcc (tier 0) keeps every
+ * argument of a call, and each value of the variadic wasm_rt_register_func_type call that
+ * registers a type, on a value stack of 256 entries ("memory full (vstack)" beyond ~254). */
+#define LC_WASM_MAX_TYPE_ARITY 224u
 
 typedef struct lc_wasm_rt_opts {
     const char *cache_dir;           /* required; created (0700) if missing */

@@ -293,7 +293,15 @@ static void read_types(reader *r, module_scan *m) {
         return;
     }
     m->n_types = n;
-    for (uint32_t i = 0; i < n && !r->failed; i++) read_functype(r, &m->types[i]);
+    for (uint32_t i = 0; i < n && !r->failed; i++) {
+        read_functype(r, &m->types[i]);
+        uint64_t arity = (uint64_t)m->types[i].n_params + m->types[i].n_results;
+        if (!r->failed && arity > LC_WASM_MAX_TYPE_ARITY)
+            limit_fail(r,
+                       "function type %u has %llu parameters and results, more than the %u that "
+                       "the tier-0 compiler (tcc) can pass in one call",
+                       i, (unsigned long long)arity, LC_WASM_MAX_TYPE_ARITY);
+    }
 }
 
 static void read_imports(reader *r, module_scan *m, lc_wasm_info *info) {

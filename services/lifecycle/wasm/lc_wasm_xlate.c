@@ -1870,6 +1870,9 @@ static void sec_types(xl *x, xr *r) {
             }
             r->p += c;
         }
+        if (!x->failed && (uint64_t)x->types[i].np + x->types[i].nr > LC_WASM_MAX_TYPE_ARITY)
+            DECLINE("function type %u with more than %u parameters and results (tcc's limit)", i,
+                    LC_WASM_MAX_TYPE_ARITY);
     }
 }
 
