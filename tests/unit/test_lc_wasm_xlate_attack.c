@@ -992,17 +992,82 @@ Test(xlate_sem, thirty_thousand_temps) {
 
 /* wasm2c 1.0.32 puts an imported function into a table with the address of the instance's
  * import field as its instance (elem_segment_exprs: (char *)instance + offsetof(...)), so a
- * call_indirect of it reaches the host with the wrong pointer: lc_wasm_enter abort()s the whole
- * process. The own translator's wrapper passes I->pie (xlate_sem::call_indirect_import_in_table). */
+ * call_indirect of it reaches the host with the wrong pointer (lc_wasm_enter abort()ed the whole
+ * process). Such a module must not run on wasm2c's code: the wasm2c pipeline refuses it at load,
+ * naming the segment and the import. The own translator's wrapper passes I->pie
+ * (xlate_sem::call_indirect_import_in_table), and tier 1 is not built for it (below). */
+static const char IMPORT_IN_TABLE[] =
+    "(module (import \"pie\" \"test_fail\" (func $fail (param i32))) (table 2 funcref) "
+    "(type $ti (func (param i32))) (elem (i32.const 1) $fail) "
+    "(func (export \"_start\") i32.const 55 i32.const 1 call_indirect (type $ti)))";
+
 Test(xlate_sem, wasm2c_pipeline_host_function_through_the_table_does_not_abort_the_process) {
-    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) (table 2 funcref) "
-                  "(type $ti (func (param i32))) (elem (i32.const 1) $fail) "
-                  "(func (export \"_start\") i32.const 55 i32.const 1 call_indirect (type $ti)))",
+    bytes b = wat(IMPORT_IN_TABLE, true);
+    result r;
+    run_on(&b, true, &r);
+    cr_expect(!r.loaded, "loaded on the wasm2c pipeline: %s", r.out.message);
+    cr_expect(strstr(r.err, "element segment 0 puts the imported function pie.test_fail into a "
+                            "table") != NULL,
+              "%s", r.err);
+    free(b.data);
+}
+
+/* The same through a passive segment (table.init could copy it into the table), in a module that
+ * the own translator declines (passive segments): nowhere to run it, so it is refused, saying
+ * why wasm2c was asked. */
+Test(xlate_sem, declined_module_with_a_host_function_in_a_passive_segment_is_refused) {
+    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
+                  "(table 2 funcref) (elem func $fail) (func (export \"_start\")))",
+                  true);
+    result r;
+    run_on(&b, false, &r);
+    cr_expect(!r.loaded, "loaded: %s", r.out.message);
+    cr_expect(strstr(r.err, "element segment 0 puts the imported function pie.test_fail") != NULL &&
+                  strstr(r.err, "declined") != NULL,
+              "%s", r.err);
+    free(b.data);
+}
+
+/* A declarative segment only declares references (ref.func of an import is right in wasm2c's
+ * code): not a reason to refuse. */
+Test(xlate_sem, a_declarative_segment_naming_an_import_loads_on_the_wasm2c_pipeline) {
+    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
+                  "(elem declare func $fail) (func (export \"_start\") i32.const 3 call $fail))",
                   true);
     result r;
     run_on(&b, true, &r);
     cr_assert(r.loaded, "%s", r.err);
-    cr_expect_str_eq(r.out.message, "trapped: test_fail(55) ended the instance");
+    cr_expect_str_eq(r.out.message, "trapped: test_fail(3) ended the instance");
+    free(b.data);
+}
+
+/* Tier 1 is wasm2c's code too: for a module with an import in a table it is not built, and
+ * instances keep running on the own translator's tier 0. */
+Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table) {
+    bytes b = wat(IMPORT_IN_TABLE, true);
+    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+                         .host_fns = wasm_test_host_fns,
+                         .n_host_fns = wasm_test_host_n_fns,
+                         .tier1 = true};
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    lc_wasm_module *m = NULL;
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "load: %s", st.msg);
+    cr_expect_eq(lc_wasm_module_wait_tier1(m, 60000, &st), PIE_FAILED_PRECONDITION, "%s", st.msg);
+    cr_expect(strstr(st.msg, "tier 1 is not built") != NULL, "%s", st.msg);
+    cr_expect_eq(lc_wasm_module_tier(m), 0);
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).tier1_compiles, 0u);
+    const char *argv[] = {"p", NULL};
+    lc_wasm_instance_opts io = {.argv = argv, .argc = 1};
+    lc_wasm_instance *inst = NULL;
+    cr_assert_eq(lc_wasm_instance_create(m, &io, &inst, &st), PIE_OK, "create: %s", st.msg);
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "run: %s", st.msg);
+    cr_expect_str_eq(out.message, "trapped: test_fail(55) ended the instance");
+    lc_wasm_instance_free(inst);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
     free(b.data);
 }
 

@@ -166,7 +166,8 @@ const char *lc_wasm_module_id(const lc_wasm_module *m);
 /* Tier that the next instance will use: 0 (tcc) or 1 (cc -O2). */
 int lc_wasm_module_tier(lc_wasm_module *m);
 /* Waits until tier 1 is in use (PIE_OK), failed (PIE_INTERNAL with the compiler's message), is
- * disabled (PIE_FAILED_PRECONDITION), or timeout_ms passed (PIE_DEADLINE_EXCEEDED). */
+ * disabled or not built for this module (PIE_FAILED_PRECONDITION, saying why), or timeout_ms
+ * passed (PIE_DEADLINE_EXCEEDED). */
 pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_status *st);
 
 /* Writes len bytes to path through a unique temporary name in the same directory and rename(2),

@@ -303,6 +303,12 @@ static lc_wasm_module *module_new(lc_wasm_rt *rt, const char *id, const lc_wasm_
     snprintf(m->cname, sizeof m->cname, "w%.24s", id);
     m->imports_pie = info->imports_pie;
     m->imports_wasi = info->imports_wasi;
+    if (info->import_in_table) {
+        const lc_wasm_import *im = &info->imports[info->table_import];
+        snprintf(m->no_wasm2c, sizeof m->no_wasm2c,
+                 "element segment %u puts the imported function %s.%s into a table",
+                 info->table_segment, im->module, im->name);
+    }
     m->state = LC_WASM_LOADING;
     return m;
 }
@@ -448,6 +454,11 @@ pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_st
     case LC_WASM_T1_FAILED: return pie_status_set(st, PIE_INTERNAL, "tier 1 of %s: %s", m->id, err);
     case LC_WASM_T1_OFF:
         return pie_status_set(st, PIE_FAILED_PRECONDITION, "tier 1 is disabled in this runtime");
+    case LC_WASM_T1_SKIPPED:
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "tier 1 is not built for %s: %s, which wasm2c's code would call "
+                              "with a wrong instance (it stays on tier 0, the own translator's)",
+                              m->id, m->no_wasm2c);
     default:
         return pie_status_set(st, PIE_DEADLINE_EXCEEDED, "tier 1 of %s not ready after %lld ms",
                               m->id, (long long)timeout_ms);
