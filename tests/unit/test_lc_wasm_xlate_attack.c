@@ -1071,6 +1071,24 @@ Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table)
     free(b.data);
 }
 
+/* Whatever code passes a host function a pointer other than its instance's (wasm2c's for an
+ * import in a table, if a library cached by an older version still held it), the instance traps
+ * and the process goes on. */
+Test(xlate_sem, a_host_function_given_a_wrong_instance_pointer_traps_the_instance) {
+    for (int w2c = 0; w2c < 2; w2c++) {
+        bytes b = wat("(module (import \"pie\" \"test_wrong_pie\" (func $w)) "
+                      "(func (export \"_start\") call $w))",
+                      true);
+        result r;
+        run_on(&b, w2c, &r);
+        cr_assert(r.loaded, "%s", r.err);
+        cr_expect(r.out.end == LC_WASM_TRAPPED && r.out.trap == LC_WASM_TRAP_HOST &&
+                      strstr(r.out.message, "wrong instance pointer") != NULL,
+                  "ended %d trap %d: %s", r.out.end, r.out.trap, r.out.message);
+        free(b.data);
+    }
+}
+
 /* ---- the sandbox's other walls, with the own translator's code ------------------------------- */
 
 static void expect_own_outcome(const char *text, lc_wasm_limits lim, lc_wasm_end end,

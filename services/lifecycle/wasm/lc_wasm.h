@@ -275,9 +275,10 @@ int lc_wasm_thread_attr_init(pthread_attr_t *attr, size_t stack_bytes);
 
 /* ---- for host functions (called on the instance's thread, from inside a host import) -------- */
 
-/* The instance a host call runs for. Every host function calls this first: it also checks that
- * at least 128 KiB of native stack are left and traps (EXHAUSTION) otherwise, which is what lets
- * a stack overflow be treated as a trap of the wasm code (README, "stack"). */
+/* The instance a host call runs for. Every host function calls this first, before it reads
+ * anything through pie: it checks that pie is the running instance's (a wrong pointer traps that
+ * instance) and that at least 128 KiB of native stack are left, trapping (EXHAUSTION) otherwise,
+ * which is what lets a stack overflow be treated as a trap of the wasm code (README, "stack"). */
 lc_wasm_instance *lc_wasm_host_enter(struct Z_pie_instance_t *pie);
 /* Pointer to len bytes of linear memory at addr, or NULL if any of them is out of bounds. Valid
  * until the host call returns (memory.grow may not move it, but a later call may fail). */

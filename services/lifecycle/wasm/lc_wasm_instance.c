@@ -790,8 +790,31 @@ lc_wasm_instance *lc_wasm_enter(lc_wasm_instance *inst) {
     return inst;
 }
 
+/* The instance that runs on this thread, checked against the context pointer that a host
+ * function received (own: that instance's pie or wasi struct) before anything is read through
+ * it. wasm2c 1.0.32's code passes a pointer into its own instance struct instead when an import
+ * is called through a table (lc_wasm_info.import_in_table): such modules no longer run on
+ * wasm2c's code, but if one still did (a library cached by an older version, say), its call
+ * traps that instance rather than reading a wrong struct or aborting the process. */
+static lc_wasm_instance *enter_checked(const void *ctx, bool pie) {
+    lc_wasm_frame *f = lc_wasm_frame_current();
+    if (f == NULL || f->inst == NULL) {
+        fprintf(stderr, "lc_wasm: host function called outside the run of an instance\n");
+        abort();
+    }
+    const void *own = pie ? (const void *)&f->inst->pie : (const void *)&f->inst->wasi;
+    if (ctx != own)
+        lc_wasm_host_trap(f->inst, "a host function was called with a wrong instance pointer "
+                                   "(wasm2c's code calling an import through a table)");
+    return lc_wasm_enter(f->inst);
+}
+
 lc_wasm_instance *lc_wasm_host_enter(struct Z_pie_instance_t *pie) {
-    return lc_wasm_enter(pie->inst);
+    return enter_checked(pie, true);
+}
+
+lc_wasm_instance *lc_wasm_wasi_enter(struct Z_wasi_snapshot_preview1_instance_t *wasi) {
+    return enter_checked(wasi, false);
 }
 
 void *lc_wasm_mem(lc_wasm_instance *inst, uint32_t addr, uint32_t len) {

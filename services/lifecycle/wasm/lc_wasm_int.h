@@ -224,6 +224,8 @@ int lc_wasm_interrupt_signal(void);
 /* What lc_wasm_host_enter does, for any import module: checks that inst runs on this thread and
  * that LC_WASM_HOST_HEADROOM bytes of stack are left (else traps with EXHAUSTION). */
 lc_wasm_instance *lc_wasm_enter(lc_wasm_instance *inst);
+/* lc_wasm_host_enter for WASI functions (checks that wasi is the running instance's). */
+lc_wasm_instance *lc_wasm_wasi_enter(struct Z_wasi_snapshot_preview1_instance_t *wasi);
 
 /* Text for a trap reason ("integer divide by zero"). */
 const char *lc_wasm_trap_text(int reason);
