@@ -1071,6 +1071,59 @@ Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table)
     free(b.data);
 }
 
+/* A library that wasm2c's C made for such a module (cached by a version before this check: here
+ * a stand-in with the glue's entry points and wasm2c's Z_<name>_instantiate) is not used: the
+ * module is compiled again by the own translator. */
+Test(xlate_sem, a_cached_wasm2c_library_of_a_module_with_a_host_function_in_a_table_is_rebuilt) {
+    bytes b = wat(IMPORT_IN_TABLE, true);
+    result r;
+    run_on(&b, false, &r); /* only to learn the cache entry's name; run_on empties the cache */
+    cr_assert(r.loaded, "%s", r.err);
+    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+                         .host_fns = wasm_test_host_fns,
+                         .n_host_fns = wasm_test_host_n_fns};
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    lc_wasm_module *m = NULL;
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "load: %s", st.msg);
+    char id[65], dir[160], src[200], cmd[600];
+    snprintf(id, sizeof id, "%s", lc_wasm_module_id(m));
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+    snprintf(dir, sizeof dir, "%s/%s", cache_dir, id);
+    snprintf(src, sizeof src, "%s/stale.c", cache_dir);
+    FILE *f = fopen(src, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "#include <stddef.h>\n"
+            "size_t w%.24s_lc_instance_size(void){return 8;}\n"
+            "void w%.24s_lc_init_module(void){}\n"
+            "void w%.24s_lc_instantiate(void*i,void*p,void*w){}\n"
+            "void w%.24s_lc_start(void*i){}\nvoid w%.24s_lc_free(void*i){}\n"
+            "void Z_w%.24s_instantiate(void*i,void*p,void*w){}\n",
+            id, id, id, id, id, id);
+    cr_assert_eq(fclose(f), 0);
+    snprintf(cmd, sizeof cmd, "tcc -shared -fPIC -o %s/t0.so %s", dir, src);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "load: %s", st.msg);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.own_translations, 1u, "the stale library was used");
+    cr_expect_eq(s.disk_hits, 0u);
+    const char *argv[] = {"p", NULL};
+    lc_wasm_instance_opts io = {.argv = argv, .argc = 1};
+    lc_wasm_instance *inst = NULL;
+    cr_assert_eq(lc_wasm_instance_create(m, &io, &inst, &st), PIE_OK, "create: %s", st.msg);
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "run: %s", st.msg);
+    cr_expect_str_eq(out.message, "trapped: test_fail(55) ended the instance");
+    lc_wasm_instance_free(inst);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_destroy(rt);
+    free(b.data);
+}
+
 /* Whatever code passes a host function a pointer other than its instance's (wasm2c's for an
  * import in a table, if a library cached by an older version still held it), the instance traps
  * and the process goes on. */
