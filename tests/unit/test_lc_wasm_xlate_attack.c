@@ -14,7 +14,6 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdarg.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,35 +25,17 @@
 
 #include "lc_wasm.h"
 #include "lc_wasm_xlate.h"
+#include "test_wasm_util.h"
 #include "wasm_test_host.h"
 
-static char cache_dir[64];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void setup(void) {
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/lc_xlate_attack.XXXXXX");
-    cr_assert_not_null(mkdtemp(cache_dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) { nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-TestSuite(xlate_valid, .init = setup, .fini = teardown, .timeout = 120);
-TestSuite(xlate_sem, .init = setup, .fini = teardown, .timeout = 120);
-
-typedef struct bytes {
-    uint8_t *data;
-    size_t len;
-} bytes;
+TestSuite(xlate_valid, .init = wt_setup, .fini = wt_teardown, .timeout = 120);
+TestSuite(xlate_sem, .init = wt_setup, .fini = wt_teardown, .timeout = 120);
 
 /* The module that wat2wasm makes of text (check false: --no-check, for invalid modules). */
-static bytes wat(const char *text, bool check) {
+static wt_bytes wat(const char *text, bool check) {
     char in[128], out[128], cmd[512];
-    snprintf(in, sizeof in, "%s/m.wat", cache_dir);
-    snprintf(out, sizeof out, "%s/m.wasm", cache_dir);
+    snprintf(in, sizeof in, "%s/m.wat", wt_dir);
+    snprintf(out, sizeof out, "%s/m.wasm", wt_dir);
     FILE *f = fopen(in, "w");
     cr_assert_not_null(f);
     fputs(text, f);
@@ -63,16 +44,7 @@ static bytes wat(const char *text, bool check) {
              in, out);
     int rc = system(cmd);
     cr_assert_eq(rc, 0, "wat2wasm failed (%d) on:\n%s", rc, text);
-    f = fopen(out, "rb");
-    cr_assert_not_null(f);
-    bytes b = {0};
-    fseek(f, 0, SEEK_END);
-    b.len = (size_t)ftell(f);
-    rewind(f);
-    b.data = malloc(b.len);
-    cr_assert_eq(fread(b.data, 1, b.len, f), b.len);
-    fclose(f);
-    return b;
+    return wt_read_file(out);
 }
 
 /* lc_wasm_xlate's verdict on b; msg gets its reason. */
@@ -94,13 +66,13 @@ static void expect_refused_bytes(const uint8_t *b, size_t n, const char *what) {
 }
 
 static void expect_refused(const char *text) {
-    bytes b = wat(text, false);
+    wt_bytes b = wat(text, false);
     expect_refused_bytes(b.data, b.len, text);
     free(b.data);
 }
 
 static void expect_translated(const char *text) {
-    bytes b = wat(text, true);
+    wt_bytes b = wat(text, true);
     char msg[PIE_STATUS_MSG_MAX];
     pie_code rc = xlate(b.data, b.len, msg, sizeof msg);
     cr_expect_eq(rc, PIE_OK, "a valid module was not translated (%s):\n%s", msg, text);
@@ -113,9 +85,9 @@ typedef struct result {
     char err[PIE_STATUS_MSG_MAX + 16];
 } result;
 
-static void run_limited(const bytes *b, bool wasm2c, lc_wasm_limits lim, result *r) {
+static void run_limited(const wt_bytes *b, bool wasm2c, lc_wasm_limits lim, result *r) {
     memset(r, 0, sizeof *r);
-    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
                          .tier0_wasm2c = wasm2c};
@@ -138,12 +110,10 @@ static void run_limited(const bytes *b, bool wasm2c, lc_wasm_limits lim, result 
     lc_wasm_instance_free(inst);
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
-    /* each runtime starts from an empty cache */
-    nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    mkdir(cache_dir, 0700);
+    wt_dir_empty(); /* each runtime starts from an empty cache */
 }
 
-static void run_on(const bytes *b, bool wasm2c, result *r) {
+static void run_on(const wt_bytes *b, bool wasm2c, result *r) {
     run_limited(b, wasm2c, (lc_wasm_limits){0}, r);
 }
 
@@ -165,7 +135,7 @@ static char *framed(const char *body) {
  * translate it and end with trap (LC_WASM_TRAP_HOST: text is test_fail's message). */
 static void probe(const char *body, lc_wasm_trap trap, const char *text) {
     char *src = framed(body);
-    bytes b = wat(src, true);
+    wt_bytes b = wat(src, true);
     result own, ref;
     memset(&ref, 0, sizeof ref);
     run_on(&b, false, &own);
@@ -405,7 +375,7 @@ Test(xlate_valid, data_count_without_a_data_section_is_refused) {
 /* wasm-validate's verdict (wabt) on n bytes. */
 static bool wabt_valid(const uint8_t *b, size_t n) {
     char path[128], cmd[256];
-    snprintf(path, sizeof path, "%s/v.wasm", cache_dir);
+    snprintf(path, sizeof path, "%s/v.wasm", wt_dir);
     FILE *f = fopen(path, "wb");
     cr_assert_not_null(f);
     fwrite(b, 1, n, f);
@@ -417,7 +387,7 @@ static bool wabt_valid(const uint8_t *b, size_t n) {
 /* Every prefix of a valid module that the translator accepts is a valid module (a prefix that
  * ends at a section boundary can be); truncated sections are refused. */
 Test(xlate_valid, every_truncation_is_refused_unless_valid) {
-    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $f (param i32))) (memory 1 2) "
+    wt_bytes b = wat("(module (import \"pie\" \"test_fail\" (func $f (param i32))) (memory 1 2) "
                   "(table 2 funcref) (global $g (mut i64) (i64.const -5)) "
                   "(type $t (func (param i32) (result i32))) "
                   "(func $a (type $t) local.get 0 i32.const 1 i32.add) (elem (i32.const 0) $a) "
@@ -436,7 +406,7 @@ Test(xlate_valid, every_truncation_is_refused_unless_valid) {
 /* Single-byte mutations of a valid module: whatever the translator accepts, wasm-validate
  * accepts. */
 Test(xlate_valid, byte_mutations_accepted_only_if_valid, .timeout = 300) {
-    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $f (param i32))) (memory 1 2) "
+    wt_bytes b = wat("(module (import \"pie\" \"test_fail\" (func $f (param i32))) (memory 1 2) "
                   "(table 2 funcref) (global $g (mut i64) (i64.const -5)) "
                   "(type $t (func (param i32) (result i32))) (type $bt (func (param i32) (result i32 i32))) "
                   "(func $a (type $t) (local i64 f32) local.get 0 i32.const 1 i32.add "
@@ -933,7 +903,7 @@ Test(xlate_sem, many_params_223_the_limit_runs_on_both_pipelines) {
     char want[64];
     char *body = many_params_body(223, want, sizeof want);
     char *src = framed(body);
-    bytes b = wat(src, true);
+    wt_bytes b = wat(src, true);
     result r;
     run_on(&b, true, &r);
     cr_assert(r.loaded, "wasm2c pipeline: %s", r.err);
@@ -950,7 +920,7 @@ Test(xlate_sem, many_params_300) {
     char want[64];
     char *body = many_params_body(300, want, sizeof want);
     char *src = framed(body);
-    bytes b = wat(src, true);
+    wt_bytes b = wat(src, true);
     for (int w2c = 0; w2c < 2; w2c++) {
         result r;
         run_on(&b, w2c, &r);
@@ -1002,7 +972,7 @@ static const char IMPORT_IN_TABLE[] =
     "(func (export \"_start\") i32.const 55 i32.const 1 call_indirect (type $ti)))";
 
 Test(xlate_sem, wasm2c_pipeline_host_function_through_the_table_does_not_abort_the_process) {
-    bytes b = wat(IMPORT_IN_TABLE, true);
+    wt_bytes b = wat(IMPORT_IN_TABLE, true);
     result r;
     run_on(&b, true, &r);
     cr_expect(!r.loaded, "loaded on the wasm2c pipeline: %s", r.out.message);
@@ -1016,7 +986,7 @@ Test(xlate_sem, wasm2c_pipeline_host_function_through_the_table_does_not_abort_t
  * the own translator declines (passive segments): nowhere to run it, so it is refused, saying
  * why wasm2c was asked. */
 Test(xlate_sem, declined_module_with_a_host_function_in_a_passive_segment_is_refused) {
-    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
+    wt_bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
                   "(table 2 funcref) (elem func $fail) (func (export \"_start\")))",
                   true);
     result r;
@@ -1031,7 +1001,7 @@ Test(xlate_sem, declined_module_with_a_host_function_in_a_passive_segment_is_ref
 /* A declarative segment only declares references (ref.func of an import is right in wasm2c's
  * code): not a reason to refuse. */
 Test(xlate_sem, a_declarative_segment_naming_an_import_loads_on_the_wasm2c_pipeline) {
-    bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
+    wt_bytes b = wat("(module (import \"pie\" \"test_fail\" (func $fail (param i32))) "
                   "(elem declare func $fail) (func (export \"_start\") i32.const 3 call $fail))",
                   true);
     result r;
@@ -1044,8 +1014,8 @@ Test(xlate_sem, a_declarative_segment_naming_an_import_loads_on_the_wasm2c_pipel
 /* Tier 1 is wasm2c's code too: for a module with an import in a table it is not built, and
  * instances keep running on the own translator's tier 0. */
 Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table) {
-    bytes b = wat(IMPORT_IN_TABLE, true);
-    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+    wt_bytes b = wat(IMPORT_IN_TABLE, true);
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
                          .tier1 = true};
@@ -1075,11 +1045,11 @@ Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table)
  * a stand-in with the glue's entry points and wasm2c's Z_<name>_instantiate) is not used: the
  * module is compiled again by the own translator. */
 Test(xlate_sem, a_cached_wasm2c_library_of_a_module_with_a_host_function_in_a_table_is_rebuilt) {
-    bytes b = wat(IMPORT_IN_TABLE, true);
+    wt_bytes b = wat(IMPORT_IN_TABLE, true);
     result r;
     run_on(&b, false, &r); /* only to learn the cache entry's name; run_on empties the cache */
     cr_assert(r.loaded, "%s", r.err);
-    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns};
     lc_wasm_rt *rt = NULL;
@@ -1091,8 +1061,8 @@ Test(xlate_sem, a_cached_wasm2c_library_of_a_module_with_a_host_function_in_a_ta
     snprintf(id, sizeof id, "%s", lc_wasm_module_id(m));
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
-    snprintf(dir, sizeof dir, "%s/%s", cache_dir, id);
-    snprintf(src, sizeof src, "%s/stale.c", cache_dir);
+    snprintf(dir, sizeof dir, "%s/%s", wt_dir, id);
+    snprintf(src, sizeof src, "%s/stale.c", wt_dir);
     FILE *f = fopen(src, "w");
     cr_assert_not_null(f);
     fprintf(f,
@@ -1129,7 +1099,7 @@ Test(xlate_sem, a_cached_wasm2c_library_of_a_module_with_a_host_function_in_a_ta
  * and the process goes on. */
 Test(xlate_sem, a_host_function_given_a_wrong_instance_pointer_traps_the_instance) {
     for (int w2c = 0; w2c < 2; w2c++) {
-        bytes b = wat("(module (import \"pie\" \"test_wrong_pie\" (func $w)) "
+        wt_bytes b = wat("(module (import \"pie\" \"test_wrong_pie\" (func $w)) "
                       "(func (export \"_start\") call $w))",
                       true);
         result r;
@@ -1146,7 +1116,7 @@ Test(xlate_sem, a_host_function_given_a_wrong_instance_pointer_traps_the_instanc
 
 static void expect_own_outcome(const char *text, lc_wasm_limits lim, lc_wasm_end end,
                                lc_wasm_trap trap) {
-    bytes b = wat(text, true);
+    wt_bytes b = wat(text, true);
     result r;
     run_limited(&b, false, lim, &r);
     cr_assert(r.loaded, "%s", r.err);
