@@ -2113,37 +2113,59 @@ static void sec_start(xl *x, xr *r) {
     x->start = f;
 }
 
+/* ---- element and data segments: the same skeleton ------------------------------------------- */
+
+typedef struct xseg {
+    const char *what, *target, *declined; /* "element", "table", the kinds that are declined */
+} xseg;
+static const xseg SEG_ELEM = {"element", "table", "passive, declarative or expressions"};
+static const xseg SEG_DATA = {"data", "memory", "passive or with a memory index"};
+
+/* The segment count, which must fit in the section (a segment takes at least a byte), and a
+ * zeroed array of that many elt-byte entries; NULL after a failure. */
+static void *seg_list(xl *x, xr *r, const xseg *k, size_t elt, uint32_t *n) {
+    *n = rd_u32(x, r);
+    if (x->failed) return NULL;
+    if ((size_t)(r->end - r->p) < *n) {
+        INVALID("%s section too short", k->what);
+        return NULL;
+    }
+    void *a = calloc(*n ? *n : 1, elt);
+    if (a == NULL) xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return a;
+}
+
+/* A segment's head: flags (0, an active segment of table or memory 0; other kinds are declined),
+ * its offset and its item count, which must fit in the rest of the section (an item takes at
+ * least a byte). has_target: the module has the table or memory. False after a failure. */
+static bool seg_head(xl *x, xr *r, const xseg *k, bool has_target, uint32_t *off, uint32_t *n) {
+    uint32_t flags = rd_u32(x, r);
+    if (x->failed) return false;
+    if (flags != 0) {
+        DECLINE("%s segment kind %u (%s)", k->what, flags, k->declined);
+        return false;
+    }
+    if (!has_target) {
+        INVALID("%s segment without a %s", k->what, k->target);
+        return false;
+    }
+    *off = (uint32_t)const_expr(x, r, T_I32);
+    *n = rd_u32(x, r);
+    if (x->failed) return false;
+    if ((size_t)(r->end - r->p) < *n) {
+        INVALID("%s segment runs past its section", k->what);
+        return false;
+    }
+    return true;
+}
+
 static void sec_elems(xl *x, xr *r) {
-    uint32_t n = rd_u32(x, r);
-    if (x->failed) return;
-    if ((size_t)(r->end - r->p) < n) {
-        INVALID("element section too short");
-        return;
-    }
-    x->elems = calloc(n ? n : 1, sizeof *x->elems);
-    if (x->elems == NULL) {
-        xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
+    uint32_t n;
+    x->elems = seg_list(x, r, &SEG_ELEM, sizeof *x->elems, &n);
     for (uint32_t i = 0; i < n && !x->failed; i++) {
-        uint32_t flags = rd_u32(x, r);
-        if (x->failed) return;
-        if (flags != 0) {
-            DECLINE("element segment kind %u (passive, declarative or expressions)", flags);
-            return;
-        }
-        if (!x->has_tab) {
-            INVALID("element segment without a table");
-            return;
-        }
-        xelem *e = &x->elems[x->n_elems++];
-        e->off = (uint32_t)const_expr(x, r, T_I32);
-        e->n = rd_u32(x, r);
-        if (x->failed) return;
-        if ((size_t)(r->end - r->p) < e->n) {
-            INVALID("element segment runs past its section");
-            return;
-        }
+        xelem *e = &x->elems[x->n_elems];
+        if (!seg_head(x, r, &SEG_ELEM, x->has_tab, &e->off, &e->n)) return;
+        x->n_elems++;
         e->fn = malloc((size_t)(e->n ? e->n : 1) * sizeof *e->fn);
         if (e->fn == NULL) {
             xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
@@ -2158,40 +2180,16 @@ static void sec_elems(xl *x, xr *r) {
 }
 
 static void sec_datas(xl *x, xr *r) {
-    uint32_t n = rd_u32(x, r);
-    if (x->failed) return;
-    if ((size_t)(r->end - r->p) < n) {
-        INVALID("data section too short");
-        return;
-    }
-    if (x->has_dcount && x->dcount != n) {
+    uint32_t n;
+    x->datas = seg_list(x, r, &SEG_DATA, sizeof *x->datas, &n);
+    if (!x->failed && x->has_dcount && x->dcount != n) {
         INVALID("data count section says %u segments, data section has %u", x->dcount, n);
         return;
     }
-    x->datas = calloc(n ? n : 1, sizeof *x->datas);
-    if (x->datas == NULL) {
-        xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
     for (uint32_t i = 0; i < n && !x->failed; i++) {
-        uint32_t flags = rd_u32(x, r);
-        if (x->failed) return;
-        if (flags != 0) {
-            DECLINE("data segment kind %u (passive or with a memory index)", flags);
-            return;
-        }
-        if (!x->has_mem) {
-            INVALID("data segment without a memory");
-            return;
-        }
-        xdata *d = &x->datas[x->n_datas++];
-        d->off = (uint32_t)const_expr(x, r, T_I32);
-        d->n = rd_u32(x, r);
-        if (x->failed) return;
-        if ((size_t)(r->end - r->p) < d->n) {
-            INVALID("data segment runs past its section");
-            return;
-        }
+        xdata *d = &x->datas[x->n_datas];
+        if (!seg_head(x, r, &SEG_DATA, x->has_mem, &d->off, &d->n)) return;
+        x->n_datas++;
         d->bytes = r->p;
         r->p += d->n;
     }
