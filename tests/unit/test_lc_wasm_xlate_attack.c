@@ -405,7 +405,7 @@ Test(xlate_valid, every_truncation_is_refused_unless_valid) {
 
 /* Single-byte mutations of a valid module: whatever the translator accepts, wasm-validate
  * accepts. */
-Test(xlate_valid, byte_mutations_accepted_only_if_valid, .timeout = 300) {
+Test(xlate_valid, byte_mutations_accepted_only_if_valid) {
     wt_bytes b = wat("(module (import \"pie\" \"test_fail\" (func $f (param i32))) (memory 1 2) "
                   "(table 2 funcref) (global $g (mut i64) (i64.const -5)) "
                   "(type $t (func (param i32) (result i32))) (type $bt (func (param i32) (result i32 i32))) "
