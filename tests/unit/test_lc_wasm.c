@@ -9,7 +9,6 @@
  * test that instances, modules and runtimes free everything. */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -27,51 +26,15 @@
 #include "lc_wasm.h"
 #include "pie_sha256.h"
 #include "pie_wasmgen.h"
+#include "test_wasm_util.h"
 #include "wasm_test_host.h"
 
 /* ---- fixtures -------------------------------------------------------------------------------- */
 
-static char cache_dir[64];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void setup(void) {
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/lc_wasm_test.XXXXXX");
-    cr_assert_not_null(mkdtemp(cache_dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) { nftw(cache_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-TestSuite(lc_wasm, .init = setup, .fini = teardown, .timeout = 240);
-
-typedef struct bytes {
-    uint8_t *data;
-    size_t len;
-} bytes;
-
-static bytes fixture(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.wasm", PIE_WASM_FIXTURES, name);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "fixture %s: %s", path, strerror(errno));
-    bytes b = {0};
-    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    cr_assert_gt(n, 0);
-    rewind(f);
-    b.data = malloc((size_t)n);
-    cr_assert_not_null(b.data);
-    b.len = fread(b.data, 1, (size_t)n, f);
-    cr_assert_eq(b.len, (size_t)n);
-    fclose(f);
-    return b;
-}
+TestSuite(lc_wasm, .init = wt_setup, .fini = wt_teardown, .timeout = 240);
 
 static lc_wasm_rt *make_rt(bool tier1) {
-    lc_wasm_rt_opts o = {.cache_dir = cache_dir,
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
                          .tier1 = tier1};
@@ -82,7 +45,7 @@ static lc_wasm_rt *make_rt(bool tier1) {
 }
 
 static lc_wasm_module *load(lc_wasm_rt *rt, const char *name) {
-    bytes b = fixture(name);
+    wt_bytes b = wt_fixture(name);
     lc_wasm_module *m = NULL;
     pie_status st;
     cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "load %s: %s", name,
@@ -504,7 +467,7 @@ Test(lc_wasm, corrupt_and_non_wasm_bytes_are_rejected_with_a_reason) {
     const uint8_t no_code[] = {0, 'a', 's', 'm', 1, 0, 0, 0};
     expect_rejected(rt, no_code, sizeof no_code, "exports no function \"_start\"");
 
-    bytes b = fixture("hello");
+    wt_bytes b = wt_fixture("hello");
     expect_rejected(rt, b.data, 200, "declares");
     /* Garbage in the middle of the code section: only wasm2c's validation can tell. */
     size_t at = b.len / 2;
@@ -512,7 +475,7 @@ Test(lc_wasm, corrupt_and_non_wasm_bytes_are_rejected_with_a_reason) {
     expect_rejected(rt, b.data, b.len, "invalid wasm module");
     free(b.data);
     /* Valid wasm that wasm2c 1.0.32 cannot translate (it aborts). */
-    b = fixture("simd");
+    b = wt_fixture("simd");
     expect_rejected(rt, b.data, b.len,
                     "unsupported wasm module: wasm2c (translate to C) aborted, SIGABRT (signal 6");
     expect_rejected(rt, b.data, b.len, "; SIMD (-msimd128)");
@@ -536,7 +499,7 @@ static const uint8_t wrong_type_import[] = {
 
 Test(lc_wasm, imports_the_host_does_not_provide_are_rejected_by_name) {
     lc_wasm_rt *rt = make_rt(false);
-    bytes b = fixture("unknown_import");
+    wt_bytes b = wt_fixture("unknown_import");
     expect_rejected(rt, b.data, b.len, "module imports 2 functions the host does not provide");
     expect_rejected(rt, b.data, b.len, "pie.no_such_function (param i32) (result i32)");
     expect_rejected(rt, b.data, b.len, "env.mystery (no parameters or results)");
@@ -553,7 +516,7 @@ Test(lc_wasm, runtime_checks_the_host_functions_it_is_given) {
     lc_wasm_rt *rt = NULL;
     pie_status st;
     lc_wasm_host_fn bad_type[] = {{"test_add", "(param i32,i32)", (void (*)(void))Z_pieZ_test_add}};
-    lc_wasm_rt_opts o = {.cache_dir = cache_dir, .host_fns = bad_type, .n_host_fns = 1};
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir, .host_fns = bad_type, .n_host_fns = 1};
     cr_expect_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_INVALID_ARGUMENT);
     cr_expect(strstr(st.msg, "is not canonical WAT") != NULL, "%s", st.msg);
     lc_wasm_host_fn not_exported[] = {{"test_add", "(param i32 i32) (result i32)", local_add}};
@@ -682,7 +645,7 @@ Test(lc_wasm, second_load_is_a_cache_hit_in_memory_and_after_restart_on_disk) {
 
 typedef struct load_race {
     lc_wasm_rt *rt;
-    bytes b;
+    wt_bytes b;
     lc_wasm_module *m;
     pie_code rc;
 } load_race;
@@ -696,7 +659,7 @@ static void *load_thread(void *arg) {
 
 Test(lc_wasm, concurrent_loads_of_a_new_module_compile_it_once) {
     lc_wasm_rt *rt = make_rt(false);
-    bytes b = fixture("hostile");
+    wt_bytes b = wt_fixture("hostile");
     load_race l[4];
     pthread_t t[4];
     for (int i = 0; i < 4; i++) {
@@ -868,18 +831,18 @@ Test(lc_wasm, both_tiers_compute_integer_bit_operations_like_native_code) {
  * Modules beyond the complexity limits never reach wasm2c; a compile that runs too long, whose
  * caller goes away or that is running at shutdown is killed; compiles beyond the cap queue and
  * then fail; a crash of the translator says so. Slow or crashing tools are stand-ins: shell
- * scripts given as lc_wasm_rt_opts.wasm2c that record their pid in <cache_dir>/pids. */
+ * scripts given as lc_wasm_rt_opts.wasm2c that record their pid in <wt_dir>/pids. */
 
-static bytes gen(uint32_t n_funcs, uint32_t nest, uint32_t pad, uint32_t salt) {
+static wt_bytes gen(uint32_t n_funcs, uint32_t nest, uint32_t pad, uint32_t salt) {
     pie_wasmgen_opts o = {.n_funcs = n_funcs, .nest = nest, .pad = pad, .salt = salt};
-    bytes b = {0};
+    wt_bytes b = {0};
     b.data = pie_wasmgen(&o, &b.len);
     cr_assert_not_null(b.data, "pie_wasmgen: out of memory");
     return b;
 }
 
 static lc_wasm_rt *make_rt_opts(lc_wasm_rt_opts o) {
-    o.cache_dir = cache_dir;
+    o.cache_dir = wt_dir;
     o.host_fns = wasm_test_host_fns;
     o.n_host_fns = wasm_test_host_n_fns;
     lc_wasm_rt *rt = NULL;
@@ -888,14 +851,14 @@ static lc_wasm_rt *make_rt_opts(lc_wasm_rt_opts o) {
     return rt;
 }
 
-/* <cache_dir>/<name>: a shell script that appends its pid to <cache_dir>/pids, then runs body.
+/* <wt_dir>/<name>: a shell script that appends its pid to <wt_dir>/pids, then runs body.
  * Returns its path (the caller frees it). */
 static char *fake_tool(const char *name, const char *body) {
     char path[256];
-    snprintf(path, sizeof path, "%s/%s", cache_dir, name);
+    snprintf(path, sizeof path, "%s/%s", wt_dir, name);
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    fprintf(f, "#!/bin/sh\necho $$ >> '%s/pids'\n%s\n", cache_dir, body);
+    fprintf(f, "#!/bin/sh\necho $$ >> '%s/pids'\n%s\n", wt_dir, body);
     cr_assert_eq(fclose(f), 0);
     cr_assert_eq(chmod(path, 0700), 0);
     return strdup(path);
@@ -904,7 +867,7 @@ static char *fake_tool(const char *name, const char *body) {
 /* The pids the fake tools recorded so far. */
 static size_t tool_pids(pid_t *out, size_t cap) {
     char path[256];
-    snprintf(path, sizeof path, "%s/pids", cache_dir);
+    snprintf(path, sizeof path, "%s/pids", wt_dir);
     FILE *f = fopen(path, "r");
     if (f == NULL) return 0;
     size_t n = 0;
@@ -937,7 +900,7 @@ static void expect_tools_gone(void) {
 
 typedef struct bg_load {
     lc_wasm_rt *rt;
-    bytes b;
+    wt_bytes b;
     lc_wasm_cancel cancel;
     lc_wasm_module *m;
     pie_code rc;
@@ -950,7 +913,7 @@ static void *bg_load_thread(void *arg) {
     return NULL;
 }
 
-static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, bytes b) {
+static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, wt_bytes b) {
     *l = (bg_load){.rt = rt, .b = b, .rc = PIE_UNKNOWN};
     lc_wasm_cancel_init(&l->cancel);
     pthread_t t;
@@ -961,7 +924,7 @@ static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, bytes b) {
 Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling) {
     lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){
         .module_limits = {.max_functions = 100, .max_function_bytes = 4096, .max_nesting = 64}});
-    bytes b = gen(101, 0, 0, 1);
+    wt_bytes b = gen(101, 0, 0, 1);
     expect_rejected(rt, b.data, b.len,
                     "module too complex to compile here: it defines 101 functions, more than "
                     "the limit of 100 (programs.max_functions)");
@@ -1010,7 +973,7 @@ Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling)
 Test(lc_wasm, a_translator_crash_is_reported_as_a_crash_not_as_simd) {
     char *w2c = fake_tool("wasm2c", "kill -s SEGV $$");
     lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
-    bytes b = gen(1, 0, 0, 1);
+    wt_bytes b = gen(1, 0, 0, 1);
     expect_rejected(rt, b.data, b.len,
                     "wasm2c (translate to C) crashed on this module, killed by SIGSEGV (signal "
                     "11, Segmentation fault)");
@@ -1040,7 +1003,7 @@ Test(lc_wasm, a_compile_past_its_time_limit_is_killed_and_says_so) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
     lc_wasm_rt *rt = make_rt_opts(
         (lc_wasm_rt_opts){.wasm2c = w2c, .compile_timeout_ms = 300, .tier0_wasm2c = true});
-    bytes b = gen(1, 0, 0, 1);
+    wt_bytes b = gen(1, 0, 0, 1);
     lc_wasm_module *m = NULL;
     pie_status st;
     double t0 = now_s();
@@ -1061,7 +1024,7 @@ Test(lc_wasm, a_compile_past_its_time_limit_is_killed_and_says_so) {
 Test(lc_wasm, a_cancelled_load_kills_its_compile_and_a_waiter_compiles_for_itself) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
     lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
-    bytes b = gen(1, 0, 0, 1);
+    wt_bytes b = gen(1, 0, 0, 1);
     bg_load a, w;
     pthread_t ta = bg_start(&a, rt, b);
     wait_tool_pids(1);
@@ -1087,7 +1050,7 @@ Test(lc_wasm, a_cancelled_load_kills_its_compile_and_a_waiter_compiles_for_itsel
 Test(lc_wasm, stopping_compiles_ends_those_running_and_refuses_new_ones) {
     char *w2c = fake_tool("wasm2c", "exec sleep 60");
     lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.wasm2c = w2c, .tier0_wasm2c = true});
-    bytes b = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2);
+    wt_bytes b = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2);
     bg_load a;
     pthread_t ta = bg_start(&a, rt, b);
     wait_tool_pids(1);
@@ -1112,7 +1075,7 @@ Test(lc_wasm, compiles_beyond_the_cap_wait_in_the_queue_then_are_refused) {
     lc_wasm_rt *rt =
         make_rt_opts((lc_wasm_rt_opts){
             .wasm2c = w2c, .max_compiles = 1, .compile_queue = 1, .tier0_wasm2c = true});
-    bytes b1 = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2), b3 = gen(1, 0, 0, 3);
+    wt_bytes b1 = gen(1, 0, 0, 1), b2 = gen(1, 0, 0, 2), b3 = gen(1, 0, 0, 3);
     bg_load a, q;
     pthread_t ta = bg_start(&a, rt, b1);
     wait_tool_pids(1);

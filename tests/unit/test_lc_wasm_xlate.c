@@ -10,7 +10,6 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,50 +22,10 @@
 #include "lc_wasm.h"
 #include "lc_wasm_xlate.h"
 #include "pie_wasmgen.h"
+#include "test_wasm_util.h"
 #include "wasm_test_host.h"
 
-static char tmp_dir[64];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-static void setup(void) {
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/lc_wasm_xlate_test.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmp_dir), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) { nftw(tmp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-TestSuite(lc_wasm_xlate, .init = setup, .fini = teardown, .timeout = 300);
-
-typedef struct bytes {
-    uint8_t *data;
-    size_t len;
-} bytes;
-
-static bytes read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "open %s: %s", path, strerror(errno));
-    bytes b = {0};
-    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    cr_assert_gt(n, 0);
-    rewind(f);
-    b.data = malloc((size_t)n);
-    cr_assert_not_null(b.data);
-    b.len = fread(b.data, 1, (size_t)n, f);
-    cr_assert_eq(b.len, (size_t)n);
-    fclose(f);
-    return b;
-}
-
-static bytes fixture(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.wasm", PIE_WASM_FIXTURES, name);
-    return read_file(path);
-}
+TestSuite(lc_wasm_xlate, .init = wt_setup, .fini = wt_teardown, .timeout = 300);
 
 /* Runs a shell command; its exit status. */
 static int sh(const char *cmd) {
@@ -75,23 +34,23 @@ static int sh(const char *cmd) {
 }
 
 /* Assembles WAT text with wat2wasm (flags: e.g. "--no-check"). */
-static bytes wat(const char *name, const char *text, const char *flags) {
+static wt_bytes wat(const char *name, const char *text, const char *flags) {
     char src[256], out[256], cmd[1024];
-    snprintf(src, sizeof src, "%s/%s.wat", tmp_dir, name);
-    snprintf(out, sizeof out, "%s/%s.wasm", tmp_dir, name);
+    snprintf(src, sizeof src, "%s/%s.wat", wt_dir, name);
+    snprintf(out, sizeof out, "%s/%s.wasm", wt_dir, name);
     FILE *f = fopen(src, "w");
     cr_assert_not_null(f);
     cr_assert_eq(fputs(text, f) >= 0, true);
     cr_assert_eq(fclose(f), 0);
     snprintf(cmd, sizeof cmd, "wat2wasm %s %s -o %s", flags, src, out);
     cr_assert_eq(sh(cmd), 0, "wat2wasm failed on %s", name);
-    return read_file(out);
+    return wt_read_file(out);
 }
 
 /* Whether wabt's wasm-validate accepts the module (the oracle for the validator). */
-static bool wabt_accepts(const char *name, const bytes *b) {
+static bool wabt_accepts(const char *name, const wt_bytes *b) {
     char path[256], cmd[512];
-    snprintf(path, sizeof path, "%s/%s.check.wasm", tmp_dir, name);
+    snprintf(path, sizeof path, "%s/%s.check.wasm", wt_dir, name);
     FILE *f = fopen(path, "wb");
     cr_assert_not_null(f);
     cr_assert_eq(fwrite(b->data, 1, b->len, f), b->len);
@@ -108,7 +67,7 @@ typedef struct pair {
 
 static lc_wasm_rt *make(const char *sub, bool w2c) {
     char dir[128];
-    snprintf(dir, sizeof dir, "%s/%s", tmp_dir, sub);
+    snprintf(dir, sizeof dir, "%s/%s", wt_dir, sub);
     lc_wasm_rt_opts o = {.cache_dir = dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
@@ -146,7 +105,7 @@ static void on_output(void *ctx, int fd, const char *data, size_t len) {
 }
 
 /* Loads b into rt and runs it once with argv (NULL-terminated); false if the load failed. */
-static bool run(lc_wasm_rt *rt, const bytes *b, const char *const *argv, result *r,
+static bool run(lc_wasm_rt *rt, const wt_bytes *b, const char *const *argv, result *r,
                 pie_status *load_st) {
     memset(r, 0, sizeof *r);
     lc_wasm_module *m = NULL;
@@ -169,7 +128,7 @@ static bool run(lc_wasm_rt *rt, const bytes *b, const char *const *argv, result 
 
 /* Runs b through both runtimes and expects the same outcome; the own runtime must have used
  * its translator (not the fallback). Returns the own runtime's result in *own. */
-static void same(pair *p, const char *what, const bytes *b, const char *const *argv, result *own) {
+static void same(pair *p, const char *what, const wt_bytes *b, const char *const *argv, result *own) {
     static result w;
     pie_status st;
     uint64_t before = lc_wasm_rt_stats_get(p->own).own_translations;
@@ -215,7 +174,7 @@ Test(lc_wasm_xlate, every_fixture_behaves_the_same_through_both_translators) {
     };
     pair p = pair_make();
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        bytes b = fixture(runs[i][0]);
+        wt_bytes b = wt_fixture(runs[i][0]);
         result r;
         char what[96];
         snprintf(what, sizeof what, "%s %s", runs[i][0], runs[i][2] ? runs[i][2] : "");
@@ -229,7 +188,7 @@ Test(lc_wasm_xlate, every_fixture_behaves_the_same_through_both_translators) {
 }
 
 Test(lc_wasm_xlate, simd_and_foreign_imports_are_declined_and_fall_back_to_wasm2c) {
-    bytes b = fixture("simd");
+    wt_bytes b = wt_fixture("simd");
     lc_wasm_xlate_out x;
     pie_status st;
     cr_expect_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_UNIMPLEMENTED, "%s", st.msg);
@@ -252,7 +211,7 @@ Test(lc_wasm_xlate, forcing_wasm2c_by_environment_skips_the_translator) {
     cr_assert_eq(setenv("PIE_WASM_TIER0", "wasm2c", 1), 0);
     lc_wasm_rt *rt = make("env", false);
     cr_assert_eq(unsetenv("PIE_WASM_TIER0"), 0);
-    bytes b = fixture("trivial");
+    wt_bytes b = wt_fixture("trivial");
     result r;
     pie_status st;
     cr_assert(run(rt, &b, (const char *const[]){"trivial", NULL}, &r, &st), "%s", st.msg);
@@ -267,7 +226,7 @@ Test(lc_wasm_xlate, forcing_wasm2c_by_environment_skips_the_translator) {
 
 /* A command module: `body` is the text of a function $main (result i32) whose value becomes
  * the exit code; `extra` adds fields (functions, tables, data). */
-static bytes command(const char *name, const char *extra, const char *body) {
+static wt_bytes command(const char *name, const char *extra, const char *body) {
     char text[8192];
     snprintf(text, sizeof text,
              "(module\n"
@@ -411,7 +370,7 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
                  "%s (func $main2 (result i32) (call $exit (i32.const 7)) "
                  "(i32.const 0))",
                  c->extra);
-        bytes b = command(c->name, extra, c->body);
+        wt_bytes b = command(c->name, extra, c->body);
         result r;
         same(&p, c->name, &b, (const char *const[]){c->name, NULL}, &r);
         cr_expect_eq(r.out.end, c->end, "%s: ended %d (%s)", c->name, r.out.end, r.out.message);
@@ -431,7 +390,7 @@ Test(lc_wasm_xlate, traps_and_evaluation_order_match_the_spec_on_both_paths) {
 
 /* A module of one function () -> () with the given body (locals vector first), a table of one
  * funcref, a memory of one page, exported as _start. */
-static bytes module_with_body(const uint8_t *code, size_t n) {
+static wt_bytes module_with_body(const uint8_t *code, size_t n) {
     static const uint8_t head[] = {
         0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, /* magic, version */
         0x01, 0x04, 0x01, 0x60, 0x00, 0x00,             /* type: () -> () */
@@ -441,7 +400,7 @@ static bytes module_with_body(const uint8_t *code, size_t n) {
         0x07, 0x0a, 0x01, 0x06, '_',  's',  't',  'a',  'r', 't', 0x00, 0x00, /* export */
     };
     cr_assert_lt(n, 120u);
-    bytes b = {malloc(sizeof head + 4 + n), sizeof head + 4 + n};
+    wt_bytes b = {malloc(sizeof head + 4 + n), sizeof head + 4 + n};
     cr_assert_not_null(b.data);
     memcpy(b.data, head, sizeof head);
     uint8_t *p = b.data + sizeof head;
@@ -494,7 +453,7 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
         {"empty", {0x00, 0x0b}, 2},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        bytes b = module_with_body(bad[i].code, bad[i].n);
+        wt_bytes b = module_with_body(bad[i].code, bad[i].n);
         cr_expect(!wabt_accepts(bad[i].name, &b), "%s: wasm-validate accepts it (bad test)",
                   bad[i].name);
         lc_wasm_xlate_out x;
@@ -506,7 +465,7 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
         free(b.data);
     }
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
-        bytes b = module_with_body(good[i].code, good[i].n);
+        wt_bytes b = module_with_body(good[i].code, good[i].n);
         cr_expect(wabt_accepts(good[i].name, &b), "%s: wasm-validate refuses it (bad test)",
                   good[i].name);
         lc_wasm_xlate_out x;
@@ -521,7 +480,7 @@ Test(lc_wasm_xlate, invalid_modules_are_refused_by_the_validator) {
 Test(lc_wasm_xlate, block_parameters_in_unreachable_code_keep_their_declared_types) {
     /* after `unreachable` one i32 is on the stack; the block takes (i64 i32): inside it the
      * stack is [i64 i32], so i32.add is a type error (the i32 present is the top parameter) */
-    bytes b = wat("unr_params",
+    wt_bytes b = wat("unr_params",
                   "(module (type $p (func (param i64 i32)))\n"
                   "  (func (export \"_start\") unreachable (i32.const 0)\n"
                   "    (block (type $p) (param i64 i32) (i32.add) (drop))))\n",
@@ -546,7 +505,7 @@ Test(lc_wasm_xlate, block_parameters_in_unreachable_code_keep_their_declared_typ
 
 Test(lc_wasm_xlate, a_data_count_without_its_segments_is_invalid) {
     static const uint8_t code[] = {0x00, 0x0b};
-    bytes b = module_with_body(code, sizeof code);
+    wt_bytes b = module_with_body(code, sizeof code);
     /* a data count section (id 12) saying 1, before the code section; no data section */
     size_t at = b.len - (4 + sizeof code);
     uint8_t *d = realloc(b.data, b.len + 3);
@@ -565,7 +524,7 @@ Test(lc_wasm_xlate, a_data_count_without_its_segments_is_invalid) {
 }
 
 Test(lc_wasm_xlate, call_indirect_of_a_multi_value_type_is_declined_and_runs_on_wasm2c) {
-    bytes b = command("multi_ci", "(type $m (func (result i32 i32))) (table 1 funcref)",
+    wt_bytes b = command("multi_ci", "(type $m (func (result i32 i32))) (table 1 funcref)",
                       "(call_indirect (type $m) (i32.const 0)) (i32.add)");
     lc_wasm_xlate_out x;
     pie_status st;
@@ -585,7 +544,7 @@ Test(lc_wasm_xlate, call_indirect_of_a_multi_value_type_is_declined_and_runs_on_
 
 Test(lc_wasm_xlate, an_invalid_module_is_rejected_through_the_runtime_as_wasm2c_rejects_it) {
     static const uint8_t code[] = {0x00, 0x02, 0x7f, 0x42, 0x01, 0x0b, 0x1a, 0x0b};
-    bytes b = module_with_body(code, sizeof code);
+    wt_bytes b = module_with_body(code, sizeof code);
     pair p = pair_make();
     lc_wasm_module *m = NULL;
     pie_status a, c;
@@ -612,9 +571,9 @@ static size_t put_leb(uint8_t *p, uint32_t v) {
 /* A function () -> () that calls itself, then holds `values` i64 temporaries at once (pushed,
  * then stored at a block's entry): a native frame of 8 * values bytes per level, entered with
  * nothing written in it before the next call. */
-static bytes big_frame_module(uint32_t values) {
+static wt_bytes big_frame_module(uint32_t values) {
     size_t body_len = 1 + 2 * (size_t)values + 3 + 2 + values + 1;
-    bytes b = {malloc(body_len + 64), 0};
+    wt_bytes b = {malloc(body_len + 64), 0};
     cr_assert_not_null(b.data);
     static const uint8_t head[] = {0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04,
                                    0x01, 0x60, 0x00, 0x00, 0x03, 0x02, 0x01, 0x00, 0x07, 0x0a,
@@ -641,7 +600,7 @@ static bytes big_frame_module(uint32_t values) {
 
 typedef struct frame_run {
     lc_wasm_rt *rt;
-    bytes b;
+    wt_bytes b;
     result r;
     bool loaded;
     pie_status st;
@@ -680,7 +639,7 @@ Test(lc_wasm_xlate, compile_bombs_of_wasm2c_load_quickly_and_run) {
     /* 200,000 nested blocks crash wasm2c and 20,000 functions keep it busy for seconds (the
      * parser's limits keep both out by default; raised here): the own translator neither
      * recurses nor slows down with the number of functions */
-    lc_wasm_rt_opts o = {.cache_dir = tmp_dir,
+    lc_wasm_rt_opts o = {.cache_dir = wt_dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
                          .module_limits = {.max_nesting = 1000000, .max_functions = 1000000}};
@@ -690,7 +649,7 @@ Test(lc_wasm_xlate, compile_bombs_of_wasm2c_load_quickly_and_run) {
     const pie_wasmgen_opts gens[] = {{.n_funcs = 1, .nest = 200000, .salt = 1},
                                      {.n_funcs = 20000, .salt = 2}};
     for (size_t i = 0; i < 2; i++) {
-        bytes b = {0};
+        wt_bytes b = {0};
         b.data = pie_wasmgen(&gens[i], &b.len);
         cr_assert_not_null(b.data);
         result r;
@@ -716,17 +675,17 @@ Test(lc_wasm_xlate, every_example_inferlet_translates_and_its_c_compiles) {
         if (l < 6 || strcmp(e->d_name + l - 5, ".wasm") != 0) continue;
         char path[512], cpath[256], cmd[768];
         snprintf(path, sizeof path, "%s/%s", PIE_INFERLETS_DIR, e->d_name);
-        bytes b = read_file(path);
+        wt_bytes b = wt_read_file(path);
         lc_wasm_xlate_out x;
         pie_status st;
         cr_assert_eq(lc_wasm_xlate(b.data, b.len, "winferlet", &x, &st), PIE_OK, "%s: %s",
                      e->d_name, st.msg);
-        snprintf(cpath, sizeof cpath, "%s/inferlet.c", tmp_dir);
+        snprintf(cpath, sizeof cpath, "%s/inferlet.c", wt_dir);
         FILE *f = fopen(cpath, "w");
         cr_assert_not_null(f);
         cr_assert_eq(fwrite(x.c, 1, x.len, f), x.len);
         cr_assert_eq(fclose(f), 0);
-        snprintf(cmd, sizeof cmd, "tcc -c -o %s/inferlet.o %s", tmp_dir, cpath);
+        snprintf(cmd, sizeof cmd, "tcc -c -o %s/inferlet.o %s", wt_dir, cpath);
         cr_expect_eq(sh(cmd), 0, "%s: tcc refused its C", e->d_name);
         free(x.c);
         free(b.data);

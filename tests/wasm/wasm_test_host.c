@@ -22,6 +22,13 @@ void Z_pieZ_test_fail(struct Z_pie_instance_t *pie, uint32_t code) {
     lc_wasm_host_trap(lc_wasm_host_enter(pie), "test_fail(%u) ended the instance", code);
 }
 
+/* Enters with the address of a variable that holds pie, the pointer that wasm2c 1.0.32's code
+ * passes to an import called through a table: lc_wasm_host_enter must trap the instance. */
+void Z_pieZ_test_wrong_pie(struct Z_pie_instance_t *pie) {
+    struct Z_pie_instance_t *holder = pie;
+    lc_wasm_host_enter((struct Z_pie_instance_t *)(void *)&holder);
+}
+
 void park_wake(void *host) {
     park_ctx *p = host;
     pthread_mutex_lock(&p->mu);
@@ -33,5 +40,6 @@ const lc_wasm_host_fn wasm_test_host_fns[] = {
     LC_WASM_HOST_FN(test_add, "(param i32 i32) (result i32)"),
     LC_WASM_HOST_FN(test_park, ""),
     LC_WASM_HOST_FN(test_fail, "(param i32)"),
+    LC_WASM_HOST_FN(test_wrong_pie, ""),
 };
 const size_t wasm_test_host_n_fns = sizeof wasm_test_host_fns / sizeof wasm_test_host_fns[0];

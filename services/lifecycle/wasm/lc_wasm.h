@@ -71,6 +71,10 @@ typedef struct lc_wasm_module_limits {
 #define LC_WASM_DEFAULT_MAX_FUNCTION_BYTES (1u << 20)
 #define LC_WASM_DEFAULT_MAX_NESTING        4096u
 #define LC_WASM_MAX_LOCALS                 50000u /* locals of one function (as V8), fixed */
+/* Parameters and results of one function type together, fixed: tcc (tier 0) keeps every
+ * argument of a call, and each value of the variadic wasm_rt_register_func_type call that
+ * registers a type, on a value stack of 256 entries ("memory full (vstack)" beyond ~254). */
+#define LC_WASM_MAX_TYPE_ARITY 224u
 
 typedef struct lc_wasm_rt_opts {
     const char *cache_dir;           /* required; created (0700) if missing */
@@ -162,7 +166,8 @@ const char *lc_wasm_module_id(const lc_wasm_module *m);
 /* Tier that the next instance will use: 0 (tcc) or 1 (cc -O2). */
 int lc_wasm_module_tier(lc_wasm_module *m);
 /* Waits until tier 1 is in use (PIE_OK), failed (PIE_INTERNAL with the compiler's message), is
- * disabled (PIE_FAILED_PRECONDITION), or timeout_ms passed (PIE_DEADLINE_EXCEEDED). */
+ * disabled or not built for this module (PIE_FAILED_PRECONDITION, saying why), or timeout_ms
+ * passed (PIE_DEADLINE_EXCEEDED). */
 pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_status *st);
 
 /* Writes len bytes to path through a unique temporary name in the same directory and rename(2),
@@ -270,9 +275,10 @@ int lc_wasm_thread_attr_init(pthread_attr_t *attr, size_t stack_bytes);
 
 /* ---- for host functions (called on the instance's thread, from inside a host import) -------- */
 
-/* The instance a host call runs for. Every host function calls this first: it also checks that
- * at least 128 KiB of native stack are left and traps (EXHAUSTION) otherwise, which is what lets
- * a stack overflow be treated as a trap of the wasm code (README, "stack"). */
+/* The instance a host call runs for. Every host function calls this first, before it reads
+ * anything through pie: it checks that pie is the running instance's (a wrong pointer traps that
+ * instance) and that at least 128 KiB of native stack are left, trapping (EXHAUSTION) otherwise,
+ * which is what lets a stack overflow be treated as a trap of the wasm code (README, "stack"). */
 lc_wasm_instance *lc_wasm_host_enter(struct Z_pie_instance_t *pie);
 /* Pointer to len bytes of linear memory at addr, or NULL if any of them is out of bounds. Valid
  * until the host call returns (memory.grow may not move it, but a later call may fail). */

@@ -556,10 +556,11 @@ static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t
     lc_wasm_rt *rt = m->rt;
     uint64_t t0 = lc_wasm_now_ns(CLOCK_MONOTONIC);
     if (write_file(m->dir, "module.wasm", wasm, len, st) != PIE_OK) return st->code;
+    pie_status xst;
+    pie_status_set(&xst, PIE_UNIMPLEMENTED, "tier 0 uses wasm2c for every module here");
     if (!rt->tier0_wasm2c) {
         uint64_t t1 = lc_wasm_now_ns(CLOCK_MONOTONIC);
         lc_wasm_xlate_out x;
-        pie_status xst;
         pie_code xrc = lc_wasm_xlate(wasm, len, m->cname, &x, &xst);
         uint64_t t2 = lc_wasm_now_ns(CLOCK_MONOTONIC);
         if (xrc == PIE_OK) {
@@ -569,11 +570,18 @@ static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t
                 if (rc == PIE_OK) atomic_fetch_add(&rt->own_translations, 1u);
                 return rc;
             }
+            pie_status_set(&xst, PIE_INTERNAL, "tcc refused the own translator's C");
         } else if (xrc == PIE_RESOURCE_EXHAUSTED) {
             return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "translating: %s", xst.msg);
         }
         atomic_fetch_add(&rt->own_declines, 1u); /* declined, invalid or refused: wasm2c says */
     }
+    if (m->no_wasm2c[0])
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "unsupported wasm module: %s, and wasm2c 1.0.32, which compiles the "
+                              "modules that the own translator does not (here: %s), would pass "
+                              "that function a wrong instance when it is called through the table",
+                              m->no_wasm2c, xst.msg);
     if (write_file(m->dir, "t0.h", tcc_prelude, sizeof tcc_prelude - 1, st) != PIE_OK)
         return st->code;
     return compile(m, 0, cancel, files_ns + (lc_wasm_now_ns(CLOCK_MONOTONIC) - t0), st);
@@ -720,13 +728,27 @@ void lc_wasm_code_release(lc_wasm_code *c) {
 /* ---- a module's first load
  * ----------------------------------------------------------------------- */
 
+/* True if c was compiled from wasm2c's C (which defines Z_<cname>_instantiate; the own
+ * translator's C defines only the glue entry points). */
+static bool code_from_wasm2c(const lc_wasm_module *m, const lc_wasm_code *c) {
+    char sym[64];
+    snprintf(sym, sizeof sym, "Z_%s_instantiate", m->cname);
+    return dlsym(c->dl, sym) != NULL;
+}
+
 /* Opens tier t from the directory if its library is there; a library that fails to load (a
- * truncated file from a full disk, say) is removed so that it is rebuilt. */
+ * truncated file from a full disk, say) is removed so that it is rebuilt, and so is one made by
+ * wasm2c for a module that must not run on wasm2c's code (written by a version before that
+ * check). */
 static bool try_cached(lc_wasm_module *m, int tier) {
     const char *file = tier ? "t1.so" : "t0.so";
-    if (!exists(m->dir, file)) return false;
+    if (!exists(m->dir, file) || (tier == 1 && m->no_wasm2c[0])) return false;
     pie_status ignored;
-    if (code_open(m, tier, &m->code, &ignored) == PIE_OK) return true;
+    if (code_open(m, tier, &m->code, &ignored) == PIE_OK) {
+        if (!m->no_wasm2c[0] || !code_from_wasm2c(m, m->code)) return true;
+        lc_wasm_code_release(m->code);
+        m->code = NULL;
+    }
     char p[PATH_MAX];
     if (path_join(p, m->dir, file, NULL) == PIE_OK) unlink(p);
     return false;
@@ -763,8 +785,9 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
     close(lock);
     if (rc == PIE_OK)
         m->tier1 = m->code->tier == 1 ? LC_WASM_T1_DONE
-                   : rt->tier1        ? LC_WASM_T1_QUEUED
-                                      : LC_WASM_T1_OFF;
+                   : !rt->tier1       ? LC_WASM_T1_OFF
+                   : m->no_wasm2c[0]  ? LC_WASM_T1_SKIPPED
+                                      : LC_WASM_T1_QUEUED;
     return rc;
 }
 

@@ -303,6 +303,12 @@ static lc_wasm_module *module_new(lc_wasm_rt *rt, const char *id, const lc_wasm_
     snprintf(m->cname, sizeof m->cname, "w%.24s", id);
     m->imports_pie = info->imports_pie;
     m->imports_wasi = info->imports_wasi;
+    if (info->import_in_table) {
+        const lc_wasm_import *im = &info->imports[info->table_import];
+        snprintf(m->no_wasm2c, sizeof m->no_wasm2c,
+                 "element segment %u puts the imported function %s.%s into a table",
+                 info->table_segment, im->module, im->name);
+    }
     m->state = LC_WASM_LOADING;
     return m;
 }
@@ -448,6 +454,11 @@ pie_code lc_wasm_module_wait_tier1(lc_wasm_module *m, int64_t timeout_ms, pie_st
     case LC_WASM_T1_FAILED: return pie_status_set(st, PIE_INTERNAL, "tier 1 of %s: %s", m->id, err);
     case LC_WASM_T1_OFF:
         return pie_status_set(st, PIE_FAILED_PRECONDITION, "tier 1 is disabled in this runtime");
+    case LC_WASM_T1_SKIPPED:
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "tier 1 is not built for %s: %s, which wasm2c's code would call "
+                              "with a wrong instance (it stays on tier 0, the own translator's)",
+                              m->id, m->no_wasm2c);
     default:
         return pie_status_set(st, PIE_DEADLINE_EXCEEDED, "tier 1 of %s not ready after %lld ms",
                               m->id, (long long)timeout_ms);
@@ -779,8 +790,31 @@ lc_wasm_instance *lc_wasm_enter(lc_wasm_instance *inst) {
     return inst;
 }
 
+/* The instance that runs on this thread, checked against the context pointer that a host
+ * function received (own: that instance's pie or wasi struct) before anything is read through
+ * it. wasm2c 1.0.32's code passes a pointer into its own instance struct instead when an import
+ * is called through a table (lc_wasm_info.import_in_table): such modules no longer run on
+ * wasm2c's code, but if one still did (a library cached by an older version, say), its call
+ * traps that instance rather than reading a wrong struct or aborting the process. */
+static lc_wasm_instance *enter_checked(const void *ctx, bool pie) {
+    lc_wasm_frame *f = lc_wasm_frame_current();
+    if (f == NULL || f->inst == NULL) {
+        fprintf(stderr, "lc_wasm: host function called outside the run of an instance\n");
+        abort();
+    }
+    const void *own = pie ? (const void *)&f->inst->pie : (const void *)&f->inst->wasi;
+    if (ctx != own)
+        lc_wasm_host_trap(f->inst, "a host function was called with a wrong instance pointer "
+                                   "(wasm2c's code calling an import through a table)");
+    return lc_wasm_enter(f->inst);
+}
+
 lc_wasm_instance *lc_wasm_host_enter(struct Z_pie_instance_t *pie) {
-    return lc_wasm_enter(pie->inst);
+    return enter_checked(pie, true);
+}
+
+lc_wasm_instance *lc_wasm_wasi_enter(struct Z_wasi_snapshot_preview1_instance_t *wasi) {
+    return enter_checked(wasi, false);
 }
 
 void *lc_wasm_mem(lc_wasm_instance *inst, uint32_t addr, uint32_t len) {

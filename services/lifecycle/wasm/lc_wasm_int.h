@@ -39,6 +39,12 @@ typedef struct lc_wasm_info {
     lc_wasm_import *imports; /* function imports, in order */
     size_t n_imports;
     bool imports_pie, imports_wasi;
+    /* An active or passive element segment names an imported function (the first such: import
+     * table_import in segment table_segment). wasm2c 1.0.32's code gives such a table entry the
+     * address of its instance's import field as the instance, so a call_indirect of it passes the
+     * host function a wrong pointer: these modules must not run on wasm2c's code. */
+    bool import_in_table;
+    uint32_t table_import, table_segment;
 } lc_wasm_info;
 
 /* Checks the module's structure as far as the runtime relies on it (magic, version, section
@@ -82,7 +88,8 @@ typedef struct lc_wasm_code {
 void lc_wasm_code_release(lc_wasm_code *c);
 
 enum { LC_WASM_LOADING, LC_WASM_READY, LC_WASM_FAILED };
-enum { LC_WASM_T1_OFF, LC_WASM_T1_QUEUED, LC_WASM_T1_DONE, LC_WASM_T1_FAILED };
+/* SKIPPED: not built for this module (lc_wasm_module.no_wasm2c says why) */
+enum { LC_WASM_T1_OFF, LC_WASM_T1_QUEUED, LC_WASM_T1_DONE, LC_WASM_T1_FAILED, LC_WASM_T1_SKIPPED };
 
 struct lc_wasm_module {
     lc_wasm_rt *rt;
@@ -90,6 +97,9 @@ struct lc_wasm_module {
     char cname[32]; /* wasm2c -n name: "w" + 24 hex digits */
     char *dir;      /* <cache_dir>/<id> */
     bool imports_pie, imports_wasi;
+    /* Why wasm2c's code (tier 1, and tier 0 of what the own translator declines) must not run
+     * this module ("" if it may): see lc_wasm_info.import_in_table. Set before compiling. */
+    char no_wasm2c[160];
     pthread_mutex_t mu; /* guards state..tier1_err and code */
     pthread_cond_t cv;
     int state;
@@ -214,6 +224,8 @@ int lc_wasm_interrupt_signal(void);
 /* What lc_wasm_host_enter does, for any import module: checks that inst runs on this thread and
  * that LC_WASM_HOST_HEADROOM bytes of stack are left (else traps with EXHAUSTION). */
 lc_wasm_instance *lc_wasm_enter(lc_wasm_instance *inst);
+/* lc_wasm_host_enter for WASI functions (checks that wasi is the running instance's). */
+lc_wasm_instance *lc_wasm_wasi_enter(struct Z_wasi_snapshot_preview1_instance_t *wasi);
 
 /* Text for a trap reason ("integer divide by zero"). */
 const char *lc_wasm_trap_text(int reason);

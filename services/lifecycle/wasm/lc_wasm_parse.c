@@ -3,7 +3,8 @@
  * Owns: the checks that give a client a precise reason early (not wasm, wrong version, truncated
  * or overlong sections, imports of kinds other than functions, no `_start` of type () -> ()),
  * the list of function imports with their types as WAT text, the check of those imports against
- * what the host provides, and wasm2c's name mangling. Full validation of code is wasm2c's (it
+ * what the host provides, whether an element segment puts an import into a table (wasm2c's code
+ * must not run such a module), and wasm2c's name mangling. Full validation of code is wasm2c's (it
  * validates while translating; its message is passed on). Binary format: WebAssembly core spec
  * 1.0, §5 "Binary Format". */
 #include <stdarg.h>
@@ -293,7 +294,15 @@ static void read_types(reader *r, module_scan *m) {
         return;
     }
     m->n_types = n;
-    for (uint32_t i = 0; i < n && !r->failed; i++) read_functype(r, &m->types[i]);
+    for (uint32_t i = 0; i < n && !r->failed; i++) {
+        read_functype(r, &m->types[i]);
+        uint64_t arity = (uint64_t)m->types[i].n_params + m->types[i].n_results;
+        if (!r->failed && arity > LC_WASM_MAX_TYPE_ARITY)
+            limit_fail(r,
+                       "function type %u has %llu parameters and results, more than the %u that "
+                       "the tier-0 compiler (tcc) can pass in one call",
+                       i, (unsigned long long)arity, LC_WASM_MAX_TYPE_ARITY);
+    }
 }
 
 static void read_imports(reader *r, module_scan *m, lc_wasm_info *info) {
@@ -553,6 +562,80 @@ static void read_code(reader *r, module_scan *m) {
     }
 }
 
+/* ---- element segments ------------------------------------------------------------------------
+ * Read only to find imported functions placed in a table (lc_wasm_info.import_in_table); wasm2c
+ * validates the rest. Segment forms (core spec 2.0 §5.5.12, flags 0-7): bit 0 passive or
+ * declarative, bit 1 with bit 0 declarative, else an explicit table index; bit 2 expressions
+ * instead of function indices. */
+
+/* A constant expression up to its `end`; *func gets the index of a ref.func in it (else
+ * UINT32_MAX). Instructions: the constants, global.get, ref.null, ref.func and the extended
+ * constant arithmetic (no immediates). */
+static void const_expr(reader *r, uint32_t *func) {
+    *func = UINT32_MAX;
+    for (;;) {
+        uint8_t op = byte(r);
+        if (r->failed || op == 0x0b) return;
+        switch (op) {
+        case 0x41: skip_leb(r, 5); break;  /* i32.const */
+        case 0x42: skip_leb(r, 10); break; /* i64.const */
+        case 0x43: skip_bytes(r, 4); break;
+        case 0x44: skip_bytes(r, 8); break;
+        case 0x23: skip_leb(r, 5); break;   /* global.get */
+        case 0xd0: skip_bytes(r, 1); break; /* ref.null t */
+        case 0xd2: *func = u32(r); break;   /* ref.func */
+        case 0x6a:
+        case 0x6b:
+        case 0x6c:
+        case 0x7c:
+        case 0x7d:
+        case 0x7e: break; /* i32/i64 add, sub, mul */
+        default:
+            r->p--;
+            fail(r, "instruction 0x%02x in a constant expression", op);
+            return;
+        }
+    }
+}
+
+/* Notes function f of segment seg if it is an import placed in a table. */
+static void note_elem_func(const module_scan *m, lc_wasm_info *info, uint32_t seg, uint32_t f,
+                           bool placed) {
+    if (!placed || f >= m->n_imported || info->import_in_table) return;
+    info->import_in_table = true;
+    info->table_import = f;
+    info->table_segment = seg;
+}
+
+static void read_elems(reader *r, const module_scan *m, lc_wasm_info *info) {
+    uint32_t n = u32(r);
+    for (uint32_t i = 0; i < n && !r->failed; i++) {
+        uint32_t flags = u32(r), f;
+        if (r->failed) return;
+        if (flags > 7) {
+            fail(r, "element segment %u has unknown flags %u", i, flags);
+            return;
+        }
+        bool placed = (flags & 3) != 3; /* declarative segments only declare references */
+        if (flags == 2 || flags == 6) skip_leb(r, 5); /* table index */
+        if (!(flags & 1)) const_expr(r, &f);          /* offset */
+        if (flags & 3) skip_bytes(r, 1);              /* element kind or reference type */
+        uint32_t count = u32(r);
+        if (r->failed) return;
+        if ((size_t)(r->end - r->p) < count) {
+            fail(r, "element segment %u declares %u elements but is too short for them", i, count);
+            return;
+        }
+        for (uint32_t k = 0; k < count && !r->failed; k++) {
+            if (flags & 4)
+                const_expr(r, &f);
+            else
+                f = u32(r);
+            if (!r->failed) note_elem_func(m, info, i, f, placed);
+        }
+    }
+}
+
 static void read_memories(reader *r) {
     uint32_t n = u32(r);
     for (uint32_t i = 0; i < n && !r->failed; i++) limits(r);
@@ -642,6 +725,7 @@ pie_code lc_wasm_parse_limited(const uint8_t *b, size_t n, const lc_wasm_module_
         case 3: read_functions(&s, &m); break;
         case 5: read_memories(&s); break;
         case 7: read_exports(&s, &m); break;
+        case 9: read_elems(&s, &m, info); break;
         case 10: read_code(&s, &m); break;
         default: s.p = s.end; break;
         }

@@ -41,7 +41,7 @@ enum { W_EVENTTYPE_CLOCK = 0, W_EVENTTYPE_FD_READ = 1, W_EVENTTYPE_FD_WRITE = 2 
 
 /* ---- linear memory access ----------------------------------------------------------------- */
 
-static lc_wasm_instance *enter(wasi_t *w) { return lc_wasm_enter(w->inst); }
+static lc_wasm_instance *enter(wasi_t *w) { return lc_wasm_wasi_enter(w); }
 
 static bool put_u32(lc_wasm_instance *inst, uint32_t addr, uint32_t v) {
     void *p = lc_wasm_mem(inst, addr, 4);

@@ -137,6 +137,7 @@ typedef struct xv {
     uint8_t eff;     /* may trap or read state an effect changes */
     uint8_t rdloc;   /* reads a local */
     uint8_t nest;    /* depth of the expression tree */
+    uint8_t load;    /* K_EXPR: a memory load is its outermost operation (see op_drop) */
     int32_t tmax;    /* deepest temporary it reads; -1 none */
     uint32_t idx;    /* K_TMP: depth; K_LOC: local */
     uint64_t c;      /* K_CONST: bits */
@@ -374,6 +375,17 @@ static int ti(uint8_t t) { return T_I32 - t; } /* i32 0, i64 1, f32 2, f64 3 */
 static const char *const CT[4] = {"u32", "u64", "f32", "f64"};
 static const char LET[4] = {'i', 'j', 'f', 'd'};
 
+/* A temporary's name: '_', the letter of its type and its stack depth ("_f32": an f32 at depth
+ * 32). Without the '_' depths 32 and 64 would name f32 temporaries "f32" and "f64", shadowing
+ * the prelude's typedefs (tcc then refuses the C). Block-scope names of '_' and a lowercase
+ * letter belong to the program (C11 7.1.3: reserved only at file scope), so no header can
+ * define them as macros, and the prelude defines none. */
+static void put_tmp(xb *b, int k, uint32_t depth) { /* k: ti() of its type */
+    xb_ch(b, '_');
+    xb_ch(b, LET[k]);
+    xb_dec(b, depth);
+}
+
 static const char *tname(uint8_t t) {
     switch (t) {
     case T_I32: return "i32";
@@ -431,10 +443,7 @@ static void put_const(xb *b, uint8_t t, uint64_t c) {
 static void put_val(xl *x, xb *b, const xv *v) {
     switch (v->k) {
     case K_CONST: put_const(b, v->t, v->c); return;
-    case K_TMP:
-        xb_ch(b, LET[ti(v->t)]);
-        xb_dec(b, v->idx);
-        return;
+    case K_TMP: put_tmp(b, ti(v->t), v->idx); return;
     case K_LOC:
         xb_ch(b, 'l');
         xb_dec(b, v->idx);
@@ -459,8 +468,7 @@ static void mat(xl *x, uint32_t i) {
     xv *v = &x->vs[i];
     if (v->k == K_DEAD || (v->k == K_TMP && v->idx == i)) return;
     xb *b = &x->fn;
-    xb_ch(b, LET[ti(v->t)]);
-    xb_dec(b, i);
+    put_tmp(b, ti(v->t), i);
     xb_ch(b, '=');
     put_val(x, b, v);
     xb_puts(b, ";\n");
@@ -669,7 +677,7 @@ static const xop NUM[0xc5 - 0x45] = {
     [0x89 - 0x45] = {"lc_rotl64(@,#)", J, J, J, 0},
     [0x8a - 0x45] = {"lc_rotr64(@,#)", J, J, J, 0},
     [0x8b - 0x45] = {"lc_absf(@)", F, 0, F, 0},
-    [0x8c - 0x45] = {"(-@)", F, 0, F, 0},
+    [0x8c - 0x45] = {"lc_negf(@)", F, 0, F, 0},
     [0x8d - 0x45] = {"lc_ceilf(@)", F, 0, F, 0},
     [0x8e - 0x45] = {"lc_floorf(@)", F, 0, F, 0},
     [0x8f - 0x45] = {"lc_truncf(@)", F, 0, F, 0},
@@ -683,7 +691,7 @@ static const xop NUM[0xc5 - 0x45] = {
     [0x97 - 0x45] = {"lc_maxf(@,#)", F, F, F, 0},
     [0x98 - 0x45] = {"copysignf(@,#)", F, F, F, 0},
     [0x99 - 0x45] = {"lc_abs(@)", D, 0, D, 0},
-    [0x9a - 0x45] = {"(-@)", D, 0, D, 0},
+    [0x9a - 0x45] = {"lc_neg(@)", D, 0, D, 0},
     [0x9b - 0x45] = {"lc_ceil(@)", D, 0, D, 0},
     [0x9c - 0x45] = {"lc_floor(@)", D, 0, D, 0},
     [0x9d - 0x45] = {"lc_trunc(@)", D, 0, D, 0},
@@ -797,6 +805,7 @@ static void load(xl *x, xr *r, unsigned k) {
     xb_puts(&x->sc, "u)");
     xb_puts(&x->sc, LOADS[k].post);
     push_sc(x, LOADS[k].out, true, a.rdloc, a.nest + 1, a.tmax);
+    if (!x->failed && x->vs[x->nv - 1].k == K_EXPR) x->vs[x->nv - 1].load = 1;
 }
 
 static void store(xl *x, xr *r, unsigned k) {
@@ -892,12 +901,9 @@ static void emit_branch(xl *x, xc *t) {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t from = x->nv - n + i, to = t->base + i;
         if (from == to) continue;
-        char l = LET[ti(ts[i])];
-        xb_ch(b, l);
-        xb_dec(b, to);
+        put_tmp(b, ti(ts[i]), to);
         xb_ch(b, '=');
-        xb_ch(b, l);
-        xb_dec(b, from);
+        put_tmp(b, ti(ts[i]), from);
         xb_ch(b, ';');
         note_tmp(x, ts[i], to);
     }
@@ -1035,8 +1041,8 @@ static void op_end(xl *x, xr *r) {
         if (c->kind == C_FUNC && c->nr == 1) {
             note_tmp(x, c->rt[0], 0);
             xb_puts(b, "return ");
-            xb_ch(b, LET[ti(c->rt[0])]);
-            xb_puts(b, "0;\n");
+            put_tmp(b, ti(c->rt[0]), 0);
+            xb_puts(b, ";\n");
         }
     }
     x->nc--;
@@ -1426,6 +1432,20 @@ static void op_fc(xl *x, xr *r) {
     xb_puts(&x->fn, ");\n");
 }
 
+/* drop: an effectful value is still evaluated, as the statement "(void)e;". But a load at the
+ * top of e is an lvalue, and tcc does not read an lvalue whose value is cast to void (volatile
+ * or not): the access, and with it the out-of-bounds fault that is the bounds check, would be
+ * skipped. So a dropped load is stored into its temporary instead, an assignment that tcc always
+ * performs. Only dropped loads pay for it (one store); loads whose value is used are as before. */
+static void op_drop(xl *x, xr *r) {
+    if (live(x) && x->nv > top(x)->base && x->vs[x->nv - 1].load) mat(x, x->nv - 1);
+    xv v = pop(x, r, 0);
+    if (x->failed || !live(x) || !v.eff) return;
+    xb_puts(&x->fn, "(void)");
+    emit_val(x, &v);
+    xb_puts(&x->fn, ";\n");
+}
+
 static void instr(xl *x, xr *r) {
     uint8_t op = rd_byte(x, r);
     if (x->failed) return;
@@ -1461,15 +1481,7 @@ static void instr(xl *x, xr *r) {
     case 0x0f: op_return(x, r); return;
     case 0x10: op_call(x, r); return;
     case 0x11: op_call_indirect(x, r); return;
-    case 0x1a: {
-        xv v = pop(x, r, 0);
-        if (!x->failed && live(x) && v.eff) {
-            xb_puts(&x->fn, "(void)");
-            emit_val(x, &v);
-            xb_puts(&x->fn, ";\n");
-        }
-        return;
-    }
+    case 0x1a: op_drop(x, r); return;
     case 0x1b:
     case 0x1c: op_select(x, r, op); return;
     case 0x20:
@@ -1671,9 +1683,8 @@ static void body(xl *x, xr *r, uint32_t f) {
         if (!first) xb_puts(o, ";\n");
         for (uint32_t i = 0; i < x->tdep[k]; i++) {
             xb_puts(o, i ? "," : CT[k]);
-            xb_ch(o, i ? LET[k] : ' ');
-            if (!i) xb_ch(o, LET[k]);
-            xb_dec(o, i);
+            if (!i) xb_ch(o, ' ');
+            put_tmp(o, k, i);
         }
         if (x->tdep[k]) xb_puts(o, ";\n");
     }
@@ -1728,6 +1739,10 @@ static const char PRELUDE[] =
     "static f64 lc_quiet(f64 x){return x!=x?lc_f64(lc_i64d(x)|0x7ff8000000000000ull):x;}\n"
     "static f32 lc_absf(f32 x){return lc_f32(lc_i32f(x)&0x7fffffffu);}\n"
     "static f64 lc_abs(f64 x){return lc_f64(lc_i64d(x)&0x7fffffffffffffffull);}\n"
+    /* neg flips the sign bit, also of a NaN: tcc compiles -x as a subtraction from a zero, which
+     * keeps a NaN operand's sign */
+    "static f32 lc_negf(f32 x){return lc_f32(lc_i32f(x)^0x80000000u);}\n"
+    "static f64 lc_neg(f64 x){return lc_f64(lc_i64d(x)^0x8000000000000000ull);}\n"
     "static f32 lc_ceilf(f32 x){return x!=x?lc_quietf(x):ceilf(x);}\n"
     "static f32 lc_floorf(f32 x){return x!=x?lc_quietf(x):floorf(x);}\n"
     "static f32 lc_truncf(f32 x){return x!=x?lc_quietf(x):truncf(x);}\n"
@@ -1855,6 +1870,9 @@ static void sec_types(xl *x, xr *r) {
             }
             r->p += c;
         }
+        if (!x->failed && (uint64_t)x->types[i].np + x->types[i].nr > LC_WASM_MAX_TYPE_ARITY)
+            DECLINE("function type %u with more than %u parameters and results (tcc's limit)", i,
+                    LC_WASM_MAX_TYPE_ARITY);
     }
 }
 
@@ -2095,37 +2113,59 @@ static void sec_start(xl *x, xr *r) {
     x->start = f;
 }
 
+/* ---- element and data segments: the same skeleton ------------------------------------------- */
+
+typedef struct xseg {
+    const char *what, *target, *declined; /* "element", "table", the kinds that are declined */
+} xseg;
+static const xseg SEG_ELEM = {"element", "table", "passive, declarative or expressions"};
+static const xseg SEG_DATA = {"data", "memory", "passive or with a memory index"};
+
+/* The segment count, which must fit in the section (a segment takes at least a byte), and a
+ * zeroed array of that many elt-byte entries; NULL after a failure. */
+static void *seg_list(xl *x, xr *r, const xseg *k, size_t elt, uint32_t *n) {
+    *n = rd_u32(x, r);
+    if (x->failed) return NULL;
+    if ((size_t)(r->end - r->p) < *n) {
+        INVALID("%s section too short", k->what);
+        return NULL;
+    }
+    void *a = calloc(*n ? *n : 1, elt);
+    if (a == NULL) xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
+    return a;
+}
+
+/* A segment's head: flags (0, an active segment of table or memory 0; other kinds are declined),
+ * its offset and its item count, which must fit in the rest of the section (an item takes at
+ * least a byte). has_target: the module has the table or memory. False after a failure. */
+static bool seg_head(xl *x, xr *r, const xseg *k, bool has_target, uint32_t *off, uint32_t *n) {
+    uint32_t flags = rd_u32(x, r);
+    if (x->failed) return false;
+    if (flags != 0) {
+        DECLINE("%s segment kind %u (%s)", k->what, flags, k->declined);
+        return false;
+    }
+    if (!has_target) {
+        INVALID("%s segment without a %s", k->what, k->target);
+        return false;
+    }
+    *off = (uint32_t)const_expr(x, r, T_I32);
+    *n = rd_u32(x, r);
+    if (x->failed) return false;
+    if ((size_t)(r->end - r->p) < *n) {
+        INVALID("%s segment runs past its section", k->what);
+        return false;
+    }
+    return true;
+}
+
 static void sec_elems(xl *x, xr *r) {
-    uint32_t n = rd_u32(x, r);
-    if (x->failed) return;
-    if ((size_t)(r->end - r->p) < n) {
-        INVALID("element section too short");
-        return;
-    }
-    x->elems = calloc(n ? n : 1, sizeof *x->elems);
-    if (x->elems == NULL) {
-        xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
+    uint32_t n;
+    x->elems = seg_list(x, r, &SEG_ELEM, sizeof *x->elems, &n);
     for (uint32_t i = 0; i < n && !x->failed; i++) {
-        uint32_t flags = rd_u32(x, r);
-        if (x->failed) return;
-        if (flags != 0) {
-            DECLINE("element segment kind %u (passive, declarative or expressions)", flags);
-            return;
-        }
-        if (!x->has_tab) {
-            INVALID("element segment without a table");
-            return;
-        }
-        xelem *e = &x->elems[x->n_elems++];
-        e->off = (uint32_t)const_expr(x, r, T_I32);
-        e->n = rd_u32(x, r);
-        if (x->failed) return;
-        if ((size_t)(r->end - r->p) < e->n) {
-            INVALID("element segment runs past its section");
-            return;
-        }
+        xelem *e = &x->elems[x->n_elems];
+        if (!seg_head(x, r, &SEG_ELEM, x->has_tab, &e->off, &e->n)) return;
+        x->n_elems++;
         e->fn = malloc((size_t)(e->n ? e->n : 1) * sizeof *e->fn);
         if (e->fn == NULL) {
             xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
@@ -2140,40 +2180,16 @@ static void sec_elems(xl *x, xr *r) {
 }
 
 static void sec_datas(xl *x, xr *r) {
-    uint32_t n = rd_u32(x, r);
-    if (x->failed) return;
-    if ((size_t)(r->end - r->p) < n) {
-        INVALID("data section too short");
-        return;
-    }
-    if (x->has_dcount && x->dcount != n) {
+    uint32_t n;
+    x->datas = seg_list(x, r, &SEG_DATA, sizeof *x->datas, &n);
+    if (!x->failed && x->has_dcount && x->dcount != n) {
         INVALID("data count section says %u segments, data section has %u", x->dcount, n);
         return;
     }
-    x->datas = calloc(n ? n : 1, sizeof *x->datas);
-    if (x->datas == NULL) {
-        xfail(x, r, PIE_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
     for (uint32_t i = 0; i < n && !x->failed; i++) {
-        uint32_t flags = rd_u32(x, r);
-        if (x->failed) return;
-        if (flags != 0) {
-            DECLINE("data segment kind %u (passive or with a memory index)", flags);
-            return;
-        }
-        if (!x->has_mem) {
-            INVALID("data segment without a memory");
-            return;
-        }
-        xdata *d = &x->datas[x->n_datas++];
-        d->off = (uint32_t)const_expr(x, r, T_I32);
-        d->n = rd_u32(x, r);
-        if (x->failed) return;
-        if ((size_t)(r->end - r->p) < d->n) {
-            INVALID("data segment runs past its section");
-            return;
-        }
+        xdata *d = &x->datas[x->n_datas];
+        if (!seg_head(x, r, &SEG_DATA, x->has_mem, &d->off, &d->n)) return;
+        x->n_datas++;
         d->bytes = r->p;
         r->p += d->n;
     }
