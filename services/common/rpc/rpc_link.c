@@ -89,6 +89,24 @@ static bool link_sleep(rpc_link *l, int64_t ms) {
     return stop;
 }
 
+/* The end of an attempt that ended without a stop (mu not held), for both ways of driving the
+ * stream: on_disconnect says why (st; a clean end from the server is UNAVAILABLE too), then
+ * on_backoff and the wait before the next attempt. An attempt opened at t_open_ns that
+ * connected and then delivered a message or lived RPC_LINK_HEALTHY_NS starts the backoff over
+ * (*attempt = 0). Returns true if the link is stopping. */
+static bool link_after_attempt(rpc_link *l, pie_status *st, bool connected, bool got_msg,
+                               int64_t t_open_ns, unsigned *attempt) {
+    if (st->code == PIE_OK) pie_status_set(st, PIE_UNAVAILABLE, "the server ended the stream");
+    if (l->o.on_disconnect) l->o.on_disconnect(l, st, l->o.user);
+    if (connected && (got_msg || rpc_now_ns() - t_open_ns >= RPC_LINK_HEALTHY_NS)) *attempt = 0;
+    int64_t delay = link_delay_ms(l, *attempt);
+    if (l->o.on_backoff) l->o.on_backoff(l, *attempt, delay, l->o.user);
+    if (*attempt < 64) (*attempt)++;
+    pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
+                  pie_code_name(st->code), (long long)delay);
+    return link_sleep(l, delay);
+}
+
 /* ---- asynchronous mode ----------------------------------------------------------------------
  * The call and its tags belong to the server's thread (rpc__link_on_tag); the link thread opens
  * it, waits until every tag of it is back, releases it and backs off. outstanding counts the
@@ -292,15 +310,7 @@ static void *alink_main(void *arg) {
         }
         if (l->stop) break;
         pthread_mutex_unlock(&l->mu);
-        if (st.code == PIE_OK) pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
-        if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
-        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
-        int64_t delay = link_delay_ms(l, attempt);
-        if (l->o.on_backoff) l->o.on_backoff(l, attempt, delay, l->o.user);
-        if (attempt < 64) attempt++;
-        pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
-                      pie_code_name(st.code), (long long)delay);
-        bool stop = link_sleep(l, delay);
+        bool stop = link_after_attempt(l, &st, connected, got_msg, t_open, &attempt);
         pthread_mutex_lock(&l->mu);
         if (stop) break;
     }
@@ -424,15 +434,7 @@ static void *link_main(void *arg) {
         bool stop = l->stop;
         pthread_mutex_unlock(&l->mu);
         if (stop) break;
-        if (st.code == PIE_OK) pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
-        if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
-        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
-        int64_t delay = link_delay_ms(l, attempt);
-        if (l->o.on_backoff) l->o.on_backoff(l, attempt, delay, l->o.user);
-        if (attempt < 64) attempt++;
-        pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
-                      pie_code_name(st.code), (long long)delay);
-        if (link_sleep(l, delay)) break;
+        if (link_after_attempt(l, &st, connected, got_msg, t_open, &attempt)) break;
     }
     return NULL;
 }
