@@ -89,6 +89,16 @@ static bool link_sleep(rpc_link *l, int64_t ms) {
     return stop;
 }
 
+/* After an attempt (mu held): if the link ended it itself (rpc_link_reset; asynchronous mode
+ * also on a failed send or at the send queue's bound), *st becomes the reason it was ended
+ * rather than the CANCELLED of our own cancel; a status the server sent first (e.g. its reason
+ * for ending) is kept. */
+static void link_take_reset_locked(rpc_link *l, pie_status *st) {
+    if (!l->reset) return;
+    if (st->code == PIE_CANCELLED || st->code == PIE_OK) *st = l->reset_st;
+    l->reset = false;
+}
+
 /* The end of an attempt that ended without a stop (mu not held), for both ways of driving the
  * stream: on_disconnect says why (st; a clean end from the server is UNAVAILABLE too), then
  * on_backoff and the wait before the next attempt. An attempt opened at t_open_ns that
@@ -298,10 +308,7 @@ static void *alink_main(void *arg) {
             alink_release_locked(l, &st);
             l->gen = 0;
             alink_wake(l); /* a detach waits for the release */
-            if (l->reset) { /* our own cancel: report why (a status the server sent is kept) */
-                if (st.code == PIE_CANCELLED || st.code == PIE_OK) st = l->reset_st;
-                l->reset = false;
-            }
+            link_take_reset_locked(l, &st);
             if (l->detached && !l->stop) {
                 if (st.code == PIE_CANCELLED || st.code == PIE_OK)
                     pie_status_set(&st, PIE_UNAVAILABLE,
@@ -423,11 +430,7 @@ static void *link_main(void *arg) {
             if (connected || st.code == PIE_OK) (void)rpc_stream_finish(s, &st);
             rpc_stream_destroy(s);
             pthread_mutex_lock(&l->mu);
-            if (l->reset) { /* our own cancel: report why it was ended, not CANCELLED (a status
-                               the server sent first, e.g. its reason for ending, is kept) */
-                if (st.code == PIE_CANCELLED || st.code == PIE_OK) st = l->reset_st;
-                l->reset = false;
-            }
+            link_take_reset_locked(l, &st);
             pthread_mutex_unlock(&l->mu);
         }
         pthread_mutex_lock(&l->mu);
