@@ -313,6 +313,7 @@ Test(rpc_alink, a_peer_restart_while_messages_queue_loses_only_the_old_streams_t
  * what it refused. */
 typedef struct flooder {
     rpc_link *l;
+    pthread_t th;
     atomic_bool stop;
     atomic_int ok, refused;
 } flooder;
@@ -334,17 +335,26 @@ static void *flooder_main(void *arg) {
     return NULL;
 }
 
+/* Starts f's thread on l and waits until the link took 100 of its messages. */
+static void flood_start(flooder *f, rpc_link *l) {
+    memset(f, 0, sizeof *f);
+    f->l = l;
+    cr_assert_eq(pthread_create(&f->th, NULL, flooder_main, f), 0);
+    cr_assert(TWAIT(atomic_load(&f->ok) > 100, HANG_MS), "the flood is under way");
+}
+
+static void flood_stop(flooder *f) {
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+}
+
 /* The home server shuts down while a thread floods the link with large messages: the server's
  * shutdown ends the stream and returns, sends answer UNAVAILABLE from then on, on_disconnect
  * says why, the link never reconnects, and everything is freed (the suite's leak check). */
 Test(rpc_alink, server_shutdown_with_sends_in_flight_ends_the_link_cleanly) {
     alink_fx *fx = fx_start(0);
     static flooder f;
-    memset(&f, 0, sizeof f);
-    f.l = fx->l;
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, flooder_main, &f), 0);
-    cr_assert(TWAIT(atomic_load(&f.ok) > 100, HANG_MS), "the flood is under way");
+    flood_start(&f, fx->l);
     rpc_server_shutdown(fx->home, 0); /* with sends queued and in flight */
     rpc_server_destroy(fx->home);
     fx->home = NULL;
@@ -357,8 +367,7 @@ Test(rpc_alink, server_shutdown_with_sends_in_flight_ends_the_link_cleanly) {
     tsleep_ms(300); /* longer than the 20-200 ms backoff: a reconnect would have happened */
     cr_assert_eq(atomic_load(&fx->r.connects), 1, "the link reconnected without its server");
     cr_assert_eq(atomic_load(&fx->r.disconnects), 1);
-    atomic_store(&f.stop, true);
-    pthread_join(th, NULL);
+    flood_stop(&f);
     fx_finish(fx);
 }
 
@@ -398,13 +407,8 @@ Test(rpc_alink, a_peer_that_stops_reading_ends_the_stream_at_the_queue_bound) {
 Test(rpc_alink, stop_with_sends_in_flight_frees_everything_and_the_server_stops) {
     alink_fx *fx = fx_start(0);
     static flooder f;
-    memset(&f, 0, sizeof f);
-    f.l = fx->l;
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, flooder_main, &f), 0);
-    cr_assert(TWAIT(atomic_load(&f.ok) > 100, HANG_MS), "the flood is under way");
-    atomic_store(&f.stop, true);
-    pthread_join(th, NULL); /* its last sends are still queued behind the one in flight */
+    flood_start(&f, fx->l);
+    flood_stop(&f); /* its last sends are still queued behind the one in flight */
     fx_stop_link(fx);
     rpc_server_shutdown(fx->home, 0); /* returns: the link's call no longer holds its queue */
     cr_assert_eq(atomic_load(&fx->r.disconnects), 0, "stop reports no disconnect");
