@@ -89,6 +89,34 @@ static bool link_sleep(rpc_link *l, int64_t ms) {
     return stop;
 }
 
+/* After an attempt (mu held): if the link ended it itself (rpc_link_reset; asynchronous mode
+ * also on a failed send or at the send queue's bound), *st becomes the reason it was ended
+ * rather than the CANCELLED of our own cancel; a status the server sent first (e.g. its reason
+ * for ending) is kept. */
+static void link_take_reset_locked(rpc_link *l, pie_status *st) {
+    if (!l->reset) return;
+    if (st->code == PIE_CANCELLED || st->code == PIE_OK) *st = l->reset_st;
+    l->reset = false;
+}
+
+/* The end of an attempt that ended without a stop (mu not held), for both ways of driving the
+ * stream: on_disconnect says why (st; a clean end from the server is UNAVAILABLE too), then
+ * on_backoff and the wait before the next attempt. An attempt opened at t_open_ns that
+ * connected and then delivered a message or lived RPC_LINK_HEALTHY_NS starts the backoff over
+ * (*attempt = 0). Returns true if the link is stopping. */
+static bool link_after_attempt(rpc_link *l, pie_status *st, bool connected, bool got_msg,
+                               int64_t t_open_ns, unsigned *attempt) {
+    if (st->code == PIE_OK) pie_status_set(st, PIE_UNAVAILABLE, "the server ended the stream");
+    if (l->o.on_disconnect) l->o.on_disconnect(l, st, l->o.user);
+    if (connected && (got_msg || rpc_now_ns() - t_open_ns >= RPC_LINK_HEALTHY_NS)) *attempt = 0;
+    int64_t delay = link_delay_ms(l, *attempt);
+    if (l->o.on_backoff) l->o.on_backoff(l, *attempt, delay, l->o.user);
+    if (*attempt < 64) (*attempt)++;
+    pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
+                  pie_code_name(st->code), (long long)delay);
+    return link_sleep(l, delay);
+}
+
 /* ---- asynchronous mode ----------------------------------------------------------------------
  * The call and its tags belong to the server's thread (rpc__link_on_tag); the link thread opens
  * it, waits until every tag of it is back, releases it and backs off. outstanding counts the
@@ -280,10 +308,7 @@ static void *alink_main(void *arg) {
             alink_release_locked(l, &st);
             l->gen = 0;
             alink_wake(l); /* a detach waits for the release */
-            if (l->reset) { /* our own cancel: report why (a status the server sent is kept) */
-                if (st.code == PIE_CANCELLED || st.code == PIE_OK) st = l->reset_st;
-                l->reset = false;
-            }
+            link_take_reset_locked(l, &st);
             if (l->detached && !l->stop) {
                 if (st.code == PIE_CANCELLED || st.code == PIE_OK)
                     pie_status_set(&st, PIE_UNAVAILABLE,
@@ -292,15 +317,7 @@ static void *alink_main(void *arg) {
         }
         if (l->stop) break;
         pthread_mutex_unlock(&l->mu);
-        if (st.code == PIE_OK) pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
-        if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
-        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
-        int64_t delay = link_delay_ms(l, attempt);
-        if (l->o.on_backoff) l->o.on_backoff(l, attempt, delay, l->o.user);
-        if (attempt < 64) attempt++;
-        pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
-                      pie_code_name(st.code), (long long)delay);
-        bool stop = link_sleep(l, delay);
+        bool stop = link_after_attempt(l, &st, connected, got_msg, t_open, &attempt);
         pthread_mutex_lock(&l->mu);
         if (stop) break;
     }
@@ -413,26 +430,14 @@ static void *link_main(void *arg) {
             if (connected || st.code == PIE_OK) (void)rpc_stream_finish(s, &st);
             rpc_stream_destroy(s);
             pthread_mutex_lock(&l->mu);
-            if (l->reset) { /* our own cancel: report why it was ended, not CANCELLED (a status
-                               the server sent first, e.g. its reason for ending, is kept) */
-                if (st.code == PIE_CANCELLED || st.code == PIE_OK) st = l->reset_st;
-                l->reset = false;
-            }
+            link_take_reset_locked(l, &st);
             pthread_mutex_unlock(&l->mu);
         }
         pthread_mutex_lock(&l->mu);
         bool stop = l->stop;
         pthread_mutex_unlock(&l->mu);
         if (stop) break;
-        if (st.code == PIE_OK) pie_status_set(&st, PIE_UNAVAILABLE, "the server ended the stream");
-        if (l->o.on_disconnect) l->o.on_disconnect(l, &st, l->o.user);
-        if (connected && (got_msg || rpc_now_ns() - t_open >= RPC_LINK_HEALTHY_NS)) attempt = 0;
-        int64_t delay = link_delay_ms(l, attempt);
-        if (l->o.on_backoff) l->o.on_backoff(l, attempt, delay, l->o.user);
-        if (attempt < 64) attempt++;
-        pie_log_debug("rpc.link_retry", "path=%s code=%s delay_ms=%lld", l->path,
-                      pie_code_name(st.code), (long long)delay);
-        if (link_sleep(l, delay)) break;
+        if (link_after_attempt(l, &st, connected, got_msg, t_open, &attempt)) break;
     }
     return NULL;
 }
