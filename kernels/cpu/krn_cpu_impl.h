@@ -53,6 +53,34 @@ void krn_bf16dot_pack(krn_pool *p, const float *x, int n, int in, void *xp);
 void krn_bf16dot_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
                       int out);
 
+/* ---- packed panels (krn_panel.c) ----------------------------------------------------------- */
+
+/* Outputs (rows of W) per packed panel: two vectors of 16. */
+#define KRN_PANEL_ROWS 32
+/* Most rows of x in one register tile: 12 × 2 accumulators + 4 weight vectors of 32 zmm. */
+#define KRN_PANEL_MAX_R 12
+/* Columns of W per packed block of a panel: 32 rows × 128 in f32 (16 KiB) and the matching
+ * slice of x (at most 32 rows, 16 KiB) fit the 48 KiB L1 together. A multiple of 32. */
+#define KRN_PANEL_KC 128
+
+/* Whether the panel path may run: the SIMD path is avx512 and neither PIE_KRN_PANEL=0 (read
+ * once) nor krn_cpu_set_panel(0) turned it off. krn_cpu_set_panel is for tests and benchmarks
+ * (old against new on one machine); not to be called while kernels run. */
+int krn_panel_on(void);
+void krn_cpu_set_panel(int on);
+/* Bytes of x[n, in] packed into row tiles; bytes of a worker's panel buffer (one block). */
+size_t krn_panel_x_bytes(int n, int in);
+size_t krn_panel_w_bytes(int in, krn_dtype wt);
+/* Row tiles x is cut into (the tasks of krn_panel_pack_x). */
+int krn_panel_tiles(int n);
+/* Packs x[n, in] into xp (krn_panel_x_bytes), across the pool. */
+void krn_panel_pack_x(krn_pool *p, const float *x, int n, int in, float *xp);
+/* y[r, o] = Σ_k f32(w[o, k]) · x[r, k] in f32 for o in [o0, o1), o0 a multiple of
+ * KRN_PANEL_ROWS, wt bf16 or f16, x as packed; `panel` is this worker's buffer
+ * (krn_panel_w_bytes, 64-byte aligned). Only when krn_panel_on(). */
+void krn_panel_rows(const float *xp, int n, int in, const uint16_t *w, krn_dtype wt, int o0,
+                    int o1, void *panel, float *y, int out);
+
 /* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
 
 /* Like krn_task_fn, plus the index in [0, krn_pool_size) of the worker running the task (0 is

@@ -67,6 +67,14 @@
 #define KRN_LINEAR_DOT_MIN_N 8
 /* Output rows per AVX512-BF16 task (a multiple of the tile's 3 rows of W). */
 #define KRN_LINEAR_DOT_ROWS 48
+/* bf16/f16 weights on packed panels (krn_panel.c) for KRN_LINEAR_PANEL_MIN_N..
+ * KRN_LINEAR_PANEL_MAX_N rows of x on the avx512 path, where neither AMX nor AVX512-BF16 takes
+ * them. */
+#define KRN_LINEAR_PANEL_MIN_N 2
+#define KRN_LINEAR_PANEL_MAX_N 32
+/* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
+ * than 4 tasks per worker. */
+#define KRN_LINEAR_PANEL_TASK_ROWS 64
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -376,9 +384,10 @@ typedef struct linear_job {
     krn_dtype wt;
     float *y;
     int rows_per_task;  /* output rows (W rows) per task */
-    int tile_k;         /* tile path: input columns per converted tile */
-    float *tiles[1024]; /* per worker, tile path only */
-    const void *xp;     /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16 */
+    int tile_k;           /* tile path: input columns per converted tile */
+    void *scratch[1024];  /* per worker: the tile path's f32 tile, the panel path's panel */
+    const void *xp;       /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16;
+                             panel path: x packed into row tiles */
     int out16;          /* AMX path: rows of W it covers */
 } linear_job;
 
@@ -429,7 +438,7 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
-    float *tile = j->tiles[worker];
+    float *tile = j->scratch[worker];
     const uint16_t *w = j->w;
     for (int k0 = 0; k0 < j->in; k0 += j->tile_k) {
         int kk = j->in - k0 < j->tile_k ? j->in - k0 : j->tile_k;
@@ -441,7 +450,43 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
     }
 }
 
+static void task_panel(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    krn_panel_rows(j->xp, j->n, j->in, j->w, j->wt, o0, o1, j->scratch[worker], j->y, j->out);
+}
+
 static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+
+/* The panel path: x packed once (the pool's shared scratch), a panel buffer per worker, blocks
+ * of panels as the tasks; without a pool one malloc for both. -1 when memory runs out (the
+ * caller takes another path). */
+static int linear_panel(krn_pool *p, linear_job *j) {
+    int threads = krn_pool_size(p);
+    size_t xb = krn_panel_x_bytes(j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
+    void *own = NULL, *xp = NULL;
+    if (threads > 1024) return -1;
+    if (p) {
+        xp = krn_pool_scratch(p, threads, xb);
+        for (int t = 0; xp && t < threads; t++)
+            if (!(j->scratch[t] = krn_pool_scratch(p, t, wb))) xp = NULL;
+    } else if ((own = aligned_alloc(64, round64(xb) + round64(wb)))) {
+        xp = own;
+        j->scratch[0] = (char *)own + round64(xb);
+    }
+    if (!xp) return -1;
+    krn_panel_pack_x(p, j->x, j->n, j->in, xp);
+    j->xp = xp;
+    j->rows_per_task = KRN_LINEAR_PANEL_TASK_ROWS;
+    if (div_up(j->out, j->rows_per_task) < 4 * threads) j->rows_per_task = KRN_PANEL_ROWS;
+    krn_pool_run_ex(p, task_panel, j, div_up(j->out, j->rows_per_task));
+    free(own);
+    return 0;
+}
 
 /* The paths that pack x once (AMX: bf16 hi/lo tiles; AVX512-BF16: x rounded to bf16), in the
  * pool's shared scratch or a malloc without a pool, then split the rows of W over the pool. -1
@@ -489,6 +534,10 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         krn_cpu_bf16dot_active() && linear_packed(p, &j, 0) == 0)
         return;
 
+    if (n >= KRN_LINEAR_PANEL_MIN_N && n <= KRN_LINEAR_PANEL_MAX_N && krn_panel_on() &&
+        linear_panel(p, &j) == 0)
+        return;
+
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
         int rows = KRN_LINEAR_TILE_ROWS, tk = KRN_LINEAR_TILE_K;
         if (tk > in) tk = in;
@@ -502,7 +551,7 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         if (!use) use = own = krn_pool_create(1);
         int ok = use != NULL;
         for (int t = 0; ok && t < threads; t++)
-            ok = (j.tiles[t] = krn_pool_scratch(use, t, bytes)) != NULL;
+            ok = (j.scratch[t] = krn_pool_scratch(use, t, bytes)) != NULL;
         if (ok) {
             j.rows_per_task = rows;
             krn_pool_run_ex(use, task_tile, &j, div_up(out, rows));
