@@ -13,7 +13,8 @@
  * all alike. The panel result is checked against the tiles' (relative difference printed).
  * Weights: one copy (warm in the caches that hold it) or, with --rotate, copies totalling
  * >= 1 GiB used in turn, so every call streams W from DRAM as in a forward pass.
- * Usage: bench_krn_batch [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] [--shape IxO]
+ * Usage: bench_krn_batch [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] [--shape IxO]...
+ *                        [--variants tiles,panel,dot]
  * Results: bench/results/engine.md. */
 #include <math.h>
 #include <stdio.h>
@@ -104,7 +105,10 @@ static void run_panel(krn_pool *p, const float *x, int n, int in, const uint16_t
     krn_panel_rows(xp, n, in, w, wt, 0, out, panel, y, out);
 }
 
+static int g_want[N_VARIANTS] = {1, 1, 1}; /* --variants */
+
 static int variant_runs(int v, krn_dtype wt, int n, int have_dot) {
+    if (!g_want[v]) return 0;
     if (v == V_DOT) return have_dot && wt == KRN_BF16 && n >= 8 && n <= 32;
     return 1;
 }
@@ -146,7 +150,9 @@ static void bench_shape(krn_pool *p, const shape *s, krn_dtype wt, const int *ns
             y[v] = xmalloc((size_t)n * (size_t)s->out * 4);
             if (variant_runs(v, wt, n, have_dot)) run_variant(v, p, x, n, s, 0, wt, y[v]);
         }
-        double diff = rel_diff(y[V_PANEL], y[V_TILES], (size_t)n * (size_t)s->out);
+        double diff = g_want[V_PANEL] && g_want[V_TILES]
+                          ? rel_diff(y[V_PANEL], y[V_TILES], (size_t)n * (size_t)s->out)
+                          : 0;
         for (int r = 0; r < reps; r++)
             for (int v = 0; v < N_VARIANTS; v++) {
                 if (!variant_runs(v, wt, n, have_dot)) continue;
@@ -162,7 +168,9 @@ static void bench_shape(krn_pool *p, const shape *s, krn_dtype wt, const int *ns
             printf("  %s %8.3f ms %5.1f GMAC/s", VARIANT_NAMES[v], best[v] * 1e3,
                    macs / best[v] / 1e9);
         }
-        printf("  panel/tiles %.2fx  (rel diff %.1e)\n", best[V_TILES] / best[V_PANEL], diff);
+        if (g_want[V_PANEL] && g_want[V_TILES])
+            printf("  panel/tiles %.2fx  (rel diff %.1e)", best[V_TILES] / best[V_PANEL], diff);
+        printf("\n");
         fflush(stdout);
         for (int v = 0; v < N_VARIANTS; v++) free(y[v]);
         free(x);
@@ -192,7 +200,10 @@ int main(int argc, char **argv) {
             n_ns = parse_ns(argv[++i], ns, 64);
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
             wt = strcmp(argv[++i], "f16") == 0 ? KRN_F16 : KRN_BF16;
-        else if (strcmp(argv[i], "--rotate") == 0)
+        else if (strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
+            const char *list = argv[++i];
+            for (int v = 0; v < N_VARIANTS; v++) g_want[v] = strstr(list, VARIANT_NAMES[v]) != NULL;
+        } else if (strcmp(argv[i], "--rotate") == 0)
             rotate = 1;
         else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc && custom < 8) {
             if (sscanf(argv[++i], "%dx%d", &shapes[custom][0], &shapes[custom][1]) != 2) {
@@ -203,7 +214,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] "
-                    "[--shape INxOUT]...\n",
+                    "[--shape INxOUT]... [--variants tiles,panel,dot]\n",
                     argv[0]);
             return 2;
         }

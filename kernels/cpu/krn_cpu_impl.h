@@ -61,7 +61,9 @@ void krn_bf16dot_rows(const void *xp, int n, int in, const uint16_t *w, int o0, 
 #define KRN_PANEL_MAX_R 12
 /* Columns of W per packed block of a panel: 32 rows × 128 in f32 (16 KiB) and the matching
  * slice of x (at most 32 rows, 16 KiB) fit the 48 KiB L1 together. A multiple of 32. */
+#ifndef KRN_PANEL_KC
 #define KRN_PANEL_KC 128
+#endif
 
 /* Whether the panel path may run: the SIMD path is avx512 and neither PIE_KRN_PANEL=0 (read
  * once) nor krn_cpu_set_panel(0) turned it off. krn_cpu_set_panel is for tests and benchmarks

@@ -69,9 +69,13 @@
 #define KRN_LINEAR_DOT_ROWS 48
 /* bf16/f16 weights on packed panels (krn_panel.c) for KRN_LINEAR_PANEL_MIN_N..
  * KRN_LINEAR_PANEL_MAX_N rows of x on the avx512 path, where neither AMX nor AVX512-BF16 takes
- * them. */
-#define KRN_LINEAR_PANEL_MIN_N 2
-#define KRN_LINEAR_PANEL_MAX_N 32
+ * them. Below 4 rows both kernels wait for W from DRAM (one thread, W streamed: equal within
+ * ±8%) and with W in cache the GEMV tiles are faster (they pack nothing); at b=4 decode the
+ * panels took 2% less CPU per step, at b=8-32 11-16% less. Past 256 rows the sgemm tiles
+ * catch up (one thread: panels 1.1-1.2x at n = 192-256, 0.92-1.03x at 384-512;
+ * bench/results/engine.md). */
+#define KRN_LINEAR_PANEL_MIN_N 4
+#define KRN_LINEAR_PANEL_MAX_N 256
 /* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
  * than 4 tasks per worker. */
 #define KRN_LINEAR_PANEL_TASK_ROWS 64

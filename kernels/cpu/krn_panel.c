@@ -29,6 +29,9 @@
  * Accuracy: each y is Σ_k f32(w[o][k]) · x[r][k], every product exact inside an FMA and summed
  * in k order in f32 (one rounding per step): the order of the scalar reference path. */
 #include "krn_cpu_impl.h"
+#ifndef KRN_PANEL_PF_ON
+#define KRN_PANEL_PF_ON 1
+#endif
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -219,9 +222,12 @@ KRN_TARGET_AVX512 KRN_INLINE void micro(const float *panel, const float *xt, int
     for (int q = 0; q < pairs; q++) {
         const float *wq = panel + (size_t)q * 64;
         const float *xk = xt + (size_t)q * 2 * (size_t)R;
-        if (q < pf->rows)
+#ifndef KRN_PANEL_PF
+#define KRN_PANEL_PF _MM_HINT_T0
+#endif
+        if (KRN_PANEL_PF_ON && q < pf->rows)
             for (int l = 0; l < pf->lines; l++)
-                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, KRN_PANEL_PF);
         /* column k, then k + 1: two weight vectors live at a time (24 accumulators + 2 + the
          * broadcasts fit the 32 registers; with all four GCC spilled one) */
         KRN_UNROLL for (int h = 0; h < 2; h++) {

@@ -535,9 +535,10 @@ static double linear_error_units(krn_pool *p, rng *r, krn_dtype wt, int n, int i
     return worst;
 }
 
-/* Decode batches on the exact paths, every n from 1 to 40 (n = 1's kernel, the packed panels of
- * krn_panel.c for 2..32 rows on avx512 — tiles of up to 12 rows, 32 outputs, 128 columns per
- * block — and the prefill tiles past 32), bf16 and f16, pools of 1 and 2 threads, `in` not a
+/* Decode batches on the exact paths, every n from 1 to 40 (on avx512: the GEMV kernels below 4
+ * rows, the packed panels of krn_panel.c from 4 — tiles of up to 12 rows, 32 outputs, 128
+ * columns per block — up to 256, then the sgemm tiles), bf16 and f16, pools of 1 and 2
+ * threads, `in` not a
  * multiple of 16 (a block tail, an odd last pair) and `out` not a multiple of a panel. The
  * bound is tight: 32 · 2^-24 · Σ|w·x| (check_linear allows 1e-5, ~168 units). Every path sums
  * in f32 with one rounding per step, and with these zero-mean inputs the roundings do not add
@@ -571,8 +572,12 @@ Test(krn_linear, decode_batches_1_to_40_on_exact_paths_are_within_32_units) {
         }
         krn_cpu_set_panel(1);
         /* no pool: the panel path allocates its own buffers */
-        for (int n = 2; n <= 33; n += 31)
+        for (int n = 4; n <= 33; n += 29)
             linear_error_units(NULL, &r, KRN_BF16, n, 531, 67, bound, SIMD_PATHS[s]);
+        /* prefill sizes: the last on panels (256 rows, 22 tiles) and the first past them */
+        for (int n = 255; n <= 257; n++)
+            for (int wt = KRN_F16; wt <= KRN_BF16; wt++)
+                linear_error_units(pools[1], &r, (krn_dtype)wt, n, 45, 67, bound, SIMD_PATHS[s]);
         cr_log_info("%s: largest linear error %.2f · 2^-24 · Σ|w·x| (bound %g)", SIMD_PATHS[s],
                     worst, bound);
     }
