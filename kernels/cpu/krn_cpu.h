@@ -86,8 +86,9 @@ typedef struct krn_linear_out {
 } krn_linear_out;
 
 /* krn_cpu_linear for count weights of one dtype that read the same x (q/k/v, gate/up), with the
- * same bits as count separate calls: on the AMX path x is packed once and the rows of every W
- * are the tasks of one pool run (one wait instead of count). No y may overlap x or a W. */
+ * same bits as count separate calls: on the paths that pack x (AMX, AVX512-BF16, the packed
+ * panels) x is packed once and the rows of every W are the tasks of one pool run (one wait
+ * instead of count). No y may overlap x or a W. */
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
                           const krn_linear_out *outs, int count);
 

@@ -418,8 +418,8 @@ static void task_gemv(void *arg, int task, int n_tasks) {
 }
 
 /* AMX for the first out16 rows (a multiple of 16), the exact GEMV for the rest. */
-static void task_amx(void *arg, int task, int n_tasks) {
-    (void)n_tasks;
+static void task_amx(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
@@ -429,8 +429,8 @@ static void task_amx(void *arg, int task, int n_tasks) {
     if (o1 > g0) gemv_range(j->x, j->n, j->in, j->w, j->wt, g0, o1, j->y, j->out);
 }
 
-static void task_dot(void *arg, int task, int n_tasks) {
-    (void)n_tasks;
+static void task_dot(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
@@ -469,15 +469,28 @@ static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 /* The panel path: x packed once (the pool's shared scratch), a panel buffer per worker, blocks
  * of panels as the tasks; without a pool one malloc for both. -1 when memory runs out (the
  * caller takes another path). */
-static int linear_panel(krn_pool *p, linear_job *j) {
+/* Rows of W per panel task for `out` rows: KRN_LINEAR_PANEL_TASK_ROWS, or one panel when that
+ * leaves fewer than 4 tasks per worker. */
+static int panel_task_rows(int out, int threads) {
+    if (div_up(out, KRN_LINEAR_PANEL_TASK_ROWS) < 4 * threads) return KRN_PANEL_ROWS;
+    return KRN_LINEAR_PANEL_TASK_ROWS;
+}
+
+/* The pool's shared scratch for x packed for the panels and each worker's panel buffer (into
+ * scratch[]); NULL when memory runs out. */
+static float *panel_scratch(krn_pool *p, int n, int in, krn_dtype wt, void **scratch) {
     int threads = krn_pool_size(p);
+    float *xp = threads <= 1024 ? krn_pool_scratch(p, threads, krn_panel_x_bytes(n, in)) : NULL;
+    for (int t = 0; xp && t < threads; t++)
+        if (!(scratch[t] = krn_pool_scratch(p, t, krn_panel_w_bytes(in, wt)))) xp = NULL;
+    return xp;
+}
+
+static int linear_panel(krn_pool *p, linear_job *j) {
     size_t xb = krn_panel_x_bytes(j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
     void *own = NULL, *xp = NULL;
-    if (threads > 1024) return -1;
     if (p) {
-        xp = krn_pool_scratch(p, threads, xb);
-        for (int t = 0; xp && t < threads; t++)
-            if (!(j->scratch[t] = krn_pool_scratch(p, t, wb))) xp = NULL;
+        xp = panel_scratch(p, j->n, j->in, j->wt, j->scratch);
     } else if ((own = aligned_alloc(64, round64(xb) + round64(wb)))) {
         xp = own;
         j->scratch[0] = (char *)own + round64(xb);
@@ -485,8 +498,7 @@ static int linear_panel(krn_pool *p, linear_job *j) {
     if (!xp) return -1;
     krn_panel_pack_x(p, j->x, j->n, j->in, xp);
     j->xp = xp;
-    j->rows_per_task = KRN_LINEAR_PANEL_TASK_ROWS;
-    if (div_up(j->out, j->rows_per_task) < 4 * threads) j->rows_per_task = KRN_PANEL_ROWS;
+    j->rows_per_task = panel_task_rows(j->out, krn_pool_size(p));
     krn_pool_run_ex(p, task_panel, j, div_up(j->out, j->rows_per_task));
     free(own);
     return 0;
@@ -508,9 +520,26 @@ static int linear_packed(krn_pool *p, linear_job *j, int amx) {
     j->xp = xp;
     j->out16 = j->out / 16 * 16;
     j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
-    krn_pool_run(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
+    krn_pool_run_ex(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
     free(own);
     return 0;
+}
+
+/* The paths that pack x once per call, in the order krn_cpu_linear tries them; PATH_NONE: the
+ * f32, GEMV and tile paths. */
+typedef enum linear_path { PATH_NONE, PATH_AMX, PATH_DOT, PATH_PANEL } linear_path;
+
+static linear_path packed_path(krn_dtype wt, int n, int in, int out) {
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
+        krn_cpu_amx_active())
+        return PATH_AMX;
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
+        krn_cpu_bf16dot_active())
+        return PATH_DOT;
+    if (wt != KRN_F32 && n >= KRN_LINEAR_PANEL_MIN_N && n <= KRN_LINEAR_PANEL_MAX_N &&
+        krn_panel_on())
+        return PATH_PANEL;
+    return PATH_NONE;
 }
 
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
@@ -531,16 +560,19 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         return;
     }
 
-    if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
-        krn_cpu_amx_active() && linear_packed(p, &j, 1) == 0)
-        return;
-    if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-        krn_cpu_bf16dot_active() && linear_packed(p, &j, 0) == 0)
-        return;
-
-    if (n >= KRN_LINEAR_PANEL_MIN_N && n <= KRN_LINEAR_PANEL_MAX_N && krn_panel_on() &&
-        linear_panel(p, &j) == 0)
-        return;
+    /* out of memory for packing: the paths below need none (or fall back themselves) */
+    switch (packed_path(wt, n, in, out)) {
+    case PATH_AMX:
+        if (linear_packed(p, &j, 1) == 0) return;
+        break;
+    case PATH_DOT:
+        if (linear_packed(p, &j, 0) == 0) return;
+        break;
+    case PATH_PANEL:
+        if (linear_panel(p, &j) == 0) return;
+        break;
+    case PATH_NONE: break;
+    }
 
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
         int rows = KRN_LINEAR_TILE_ROWS, tk = KRN_LINEAR_TILE_K;
@@ -578,33 +610,37 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
 #define KRN_LINEAR_MULTI_MAX 4
 
 typedef struct multi_job {
-    krn_task_fn fn; /* task_amx or task_dot */
+    krn_task_ex_fn fn; /* task_amx, task_dot or task_panel */
     linear_job j[KRN_LINEAR_MULTI_MAX];
     int first[KRN_LINEAR_MULTI_MAX + 1]; /* tasks of weight i: [first[i], first[i + 1]) */
     int count;
 } multi_job;
 
-static void task_multi(void *arg, int task, int n_tasks) {
+static void task_multi(void *arg, int task, int n_tasks, int worker) {
     const multi_job *m = arg;
     int i = 0;
     while (task >= m->first[i + 1]) i++;
-    m->fn((void *)&m->j[i], task - m->first[i], n_tasks);
+    m->fn((void *)&m->j[i], task - m->first[i], n_tasks, worker);
 }
 
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
                           const krn_linear_out *outs, int count) {
-    int amx = wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in > 0 && in % 32 == 0 &&
-              count <= KRN_LINEAR_MULTI_MAX && krn_cpu_amx_active();
-    for (int i = 0; amx && i < count; i++) amx = outs[i].out >= 16;
-    int dot = !amx && wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-              in > 0 && count <= KRN_LINEAR_MULTI_MAX && krn_cpu_bf16dot_active();
-    for (int i = 0; dot && i < count; i++) dot = outs[i].out > 0;
+    /* one shared run only where every weight would take the same packing path alone */
+    linear_path path = n > 0 && in > 0 && count > 0 && count <= KRN_LINEAR_MULTI_MAX
+                           ? packed_path(wt, n, in, outs[0].out)
+                           : PATH_NONE;
+    for (int i = 0; i < count && path != PATH_NONE; i++)
+        if (outs[i].out <= 0 || packed_path(wt, n, in, outs[i].out) != path) path = PATH_NONE;
+    int amx = path == PATH_AMX, dot = path == PATH_DOT, panel = path == PATH_PANEL;
     void *xp = NULL;
+    multi_job m = {.count = count, .fn = amx ? task_amx : dot ? task_dot : task_panel};
     if ((amx || dot) && p) {
         size_t bytes = amx ? krn_amx_pack_bytes(n, in) : krn_bf16dot_pack_bytes(n, in);
         xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
+    } else if (panel && p) {
+        xp = panel_scratch(p, n, in, wt, m.j[0].scratch);
     }
-    if (!xp) { /* not on AMX or bf16 dot (or no pool, or no scratch): the separate calls */
+    if (!xp) { /* not on AMX, bf16 dot or panels (or no pool, or no scratch): separate calls */
         for (int i = 0; i < count; i++)
             krn_cpu_linear(p, x, n, in, outs[i].w, wt, outs[i].out, outs[i].y);
         return;
@@ -612,18 +648,23 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
     pthread_once(&g_blas_once, blas_single_thread);
     if (amx)
         krn_amx_pack(p, x, n, in, xp);
-    else
+    else if (dot)
         krn_bf16dot_pack(p, x, n, in, xp);
-    multi_job m = {.count = count, .fn = amx ? task_amx : task_dot};
+    else
+        krn_panel_pack_x(p, x, n, in, xp);
     m.first[0] = 0;
     for (int i = 0; i < count; i++) {
         linear_job *j = &m.j[i];
         j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w, j->wt = wt;
         j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16;
-        j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
+        j->rows_per_task = amx   ? KRN_LINEAR_AMX_ROWS
+                           : dot ? KRN_LINEAR_DOT_ROWS
+                                 : panel_task_rows(j->out, krn_pool_size(p));
+        if (panel && i > 0)
+            memcpy(j->scratch, m.j[0].scratch, (size_t)krn_pool_size(p) * sizeof *j->scratch);
         m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
     }
-    krn_pool_run(p, task_multi, &m, m.first[count]);
+    krn_pool_run_ex(p, task_multi, &m, m.first[count]);
 }
 
 void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst) {
