@@ -7,14 +7,15 @@
  *           tiles up to 32 rows, the converted-tile sgemm above;
  *   panel   the packed-panel kernel (krn_panel.c), called directly so it runs at any n;
  *   dot     krn_cpu_linear on the AVX512-BF16 path (x rounded to bf16; bf16 weights, 8-32
- *           rows, when the CPU has it);
+ *           rows, when the CPU has it), its tiles;
+ *   dotpanel the same path's packed-panel variant (PIE_KRN_BF16DOT=panel);
  * in thread CPU time (CLOCK_THREAD_CPUTIME_ID: the machine is shared, time spent descheduled
  * does not count), best of --reps, the variants interleaved rep by rep so drifts in load hit
  * all alike. The panel result is checked against the tiles' (relative difference printed).
  * Weights: one copy (warm in the caches that hold it) or, with --rotate, copies totalling
  * >= 1 GiB used in turn, so every call streams W from DRAM as in a forward pass.
  * Usage: bench_krn_batch [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] [--shape IxO]...
- *                        [--variants tiles,panel,dot]
+ *                        [--variants tiles,panel,dot,dotpanel]
  * Results: bench/results/engine.md. */
 #include <math.h>
 #include <stdio.h>
@@ -89,27 +90,27 @@ static void shape_free(shape *s) {
     free(s->w);
 }
 
-enum { V_TILES, V_PANEL, V_DOT, N_VARIANTS };
-static const char *const VARIANT_NAMES[N_VARIANTS] = {"tiles", "panel", "dot"};
+enum { V_TILES, V_PANEL, V_DOT, V_DOTPANEL, N_VARIANTS };
+static const char *const VARIANT_NAMES[N_VARIANTS] = {"tiles", "panel", "dot", "dotpanel"};
 
 /* The panel kernel on one thread, as krn_cpu_linear runs it with a 1-thread pool. */
 static void run_panel(krn_pool *p, const float *x, int n, int in, const uint16_t *w, krn_dtype wt,
                       int out, float *y) {
-    float *xp = krn_pool_scratch(p, 1, krn_panel_x_bytes(n, in));
+    void *xp = krn_pool_scratch(p, 1, krn_panel_x_bytes(KRN_PANEL_F32, n, in));
     void *panel = krn_pool_scratch(p, 0, krn_panel_w_bytes(in, wt));
     if (!xp || !panel) {
         fprintf(stderr, "bench_krn_batch: out of memory for the panel path\n");
         exit(1);
     }
-    krn_panel_pack_x(p, x, n, in, xp);
-    krn_panel_rows(xp, n, in, w, wt, 0, out, panel, y, out);
+    krn_panel_pack_x(p, KRN_PANEL_F32, x, n, in, xp);
+    krn_panel_rows(KRN_PANEL_F32, xp, n, in, w, wt, 0, out, panel, y, out);
 }
 
-static int g_want[N_VARIANTS] = {1, 1, 1}; /* --variants */
+static int g_want[N_VARIANTS] = {1, 1, 1, 1}; /* --variants */
 
 static int variant_runs(int v, krn_dtype wt, int n, int have_dot) {
     if (!g_want[v]) return 0;
-    if (v == V_DOT) return have_dot && wt == KRN_BF16 && n >= 8 && n <= 32;
+    if (v == V_DOT || v == V_DOTPANEL) return have_dot && wt == KRN_BF16 && n >= 8 && n <= 32;
     return 1;
 }
 
@@ -122,7 +123,7 @@ static void run_variant(int v, krn_pool *p, const float *x, int n, const shape *
         run_panel(p, x, n, s->in, w, wt, s->out, y);
         return;
     }
-    krn_cpu_set_bf16dot(v == V_DOT);
+    krn_cpu_set_bf16dot(v == V_DOT ? 1 : v == V_DOTPANEL ? 2 : 0);
     krn_cpu_linear(p, x, n, s->in, w, wt, s->out, y);
     krn_cpu_set_bf16dot(0);
 }
@@ -188,6 +189,14 @@ static int parse_ns(const char *arg, int *ns, int max) {
     return k;
 }
 
+/* Whether `name` is one of the comma-separated words of `list`. */
+static int in_list(const char *list, const char *name) {
+    size_t len = strlen(name);
+    for (const char *c = list; c; c = strchr(c, ',') ? strchr(c, ',') + 1 : NULL)
+        if (strncmp(c, name, len) == 0 && (c[len] == ',' || c[len] == '\0')) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int reps = 10, rotate = 0, ns[64] = {2, 4, 8, 16, 32}, n_ns = 5;
     krn_dtype wt = KRN_BF16;
@@ -202,7 +211,7 @@ int main(int argc, char **argv) {
             wt = strcmp(argv[++i], "f16") == 0 ? KRN_F16 : KRN_BF16;
         else if (strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
             const char *list = argv[++i];
-            for (int v = 0; v < N_VARIANTS; v++) g_want[v] = strstr(list, VARIANT_NAMES[v]) != NULL;
+            for (int v = 0; v < N_VARIANTS; v++) g_want[v] = in_list(list, VARIANT_NAMES[v]);
         } else if (strcmp(argv[i], "--rotate") == 0)
             rotate = 1;
         else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc && custom < 8) {
@@ -214,7 +223,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] "
-                    "[--shape INxOUT]... [--variants tiles,panel,dot]\n",
+                    "[--shape INxOUT]... [--variants tiles,panel,dot,dotpanel]\n",
                     argv[0]);
             return 2;
         }

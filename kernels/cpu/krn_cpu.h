@@ -58,9 +58,10 @@ int krn_cpu_set_amx(int on);
  * PIE_KRN_BF16DOT=1 or 0 (read once) and krn_cpu_set_bf16dot override it. */
 int krn_cpu_bf16dot_active(void);
 
-/* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine). -1
- * (nothing changed) when asked to turn it on and the CPU lacks AVX512-BF16. Not to be called
- * while kernels run. */
+/* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine); 2
+ * turns it on with its packed-panel variant (PIE_KRN_BF16DOT=panel; same precision, sums in
+ * k order). -1 (nothing changed) when asked to turn it on and the CPU lacks AVX512-BF16. Not
+ * to be called while kernels run. */
 int krn_cpu_set_bf16dot(int on);
 
 /* ---- dense ------------------------------------------------------------------------------- */

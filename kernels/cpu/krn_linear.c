@@ -393,6 +393,7 @@ typedef struct linear_job {
     const void *xp;       /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16;
                              panel path: x packed into row tiles */
     int out16;          /* AMX path: rows of W it covers */
+    krn_panel_kind kind; /* panel paths: exact f32 or bf16 dot products */
 } linear_job;
 
 static void task_f32(void *arg, int task, int n_tasks) {
@@ -459,7 +460,8 @@ static void task_panel(void *arg, int task, int n_tasks, int worker) {
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
-    krn_panel_rows(j->xp, j->n, j->in, j->w, j->wt, o0, o1, j->scratch[worker], j->y, j->out);
+    krn_panel_rows(j->kind, j->xp, j->n, j->in, j->w, j->wt, o0, o1, j->scratch[worker], j->y,
+                   j->out);
 }
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
@@ -478,25 +480,27 @@ static int panel_task_rows(int out, int threads) {
 
 /* The pool's shared scratch for x packed for the panels and each worker's panel buffer (into
  * scratch[]); NULL when memory runs out. */
-static float *panel_scratch(krn_pool *p, int n, int in, krn_dtype wt, void **scratch) {
+static void *panel_scratch(krn_pool *p, krn_panel_kind kind, int n, int in, krn_dtype wt,
+                           void **scratch) {
     int threads = krn_pool_size(p);
-    float *xp = threads <= 1024 ? krn_pool_scratch(p, threads, krn_panel_x_bytes(n, in)) : NULL;
+    void *xp =
+        threads <= 1024 ? krn_pool_scratch(p, threads, krn_panel_x_bytes(kind, n, in)) : NULL;
     for (int t = 0; xp && t < threads; t++)
         if (!(scratch[t] = krn_pool_scratch(p, t, krn_panel_w_bytes(in, wt)))) xp = NULL;
     return xp;
 }
 
 static int linear_panel(krn_pool *p, linear_job *j) {
-    size_t xb = krn_panel_x_bytes(j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
+    size_t xb = krn_panel_x_bytes(j->kind, j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
     void *own = NULL, *xp = NULL;
     if (p) {
-        xp = panel_scratch(p, j->n, j->in, j->wt, j->scratch);
+        xp = panel_scratch(p, j->kind, j->n, j->in, j->wt, j->scratch);
     } else if ((own = aligned_alloc(64, round64(xb) + round64(wb)))) {
         xp = own;
         j->scratch[0] = (char *)own + round64(xb);
     }
     if (!xp) return -1;
-    krn_panel_pack_x(p, j->x, j->n, j->in, xp);
+    krn_panel_pack_x(p, j->kind, j->x, j->n, j->in, xp);
     j->xp = xp;
     j->rows_per_task = panel_task_rows(j->out, krn_pool_size(p));
     krn_pool_run_ex(p, task_panel, j, div_up(j->out, j->rows_per_task));
@@ -566,7 +570,12 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         if (linear_packed(p, &j, 1) == 0) return;
         break;
     case PATH_DOT:
-        if (linear_packed(p, &j, 0) == 0) return;
+        if (krn_bf16dot_panel()) {
+            j.kind = KRN_PANEL_DOT;
+            if (linear_panel(p, &j) == 0) return;
+        } else if (linear_packed(p, &j, 0) == 0) {
+            return;
+        }
         break;
     case PATH_PANEL:
         if (linear_panel(p, &j) == 0) return;
@@ -633,12 +642,15 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
         if (outs[i].out <= 0 || packed_path(wt, n, in, outs[i].out) != path) path = PATH_NONE;
     int amx = path == PATH_AMX, dot = path == PATH_DOT, panel = path == PATH_PANEL;
     void *xp = NULL;
+    krn_panel_kind kind = KRN_PANEL_F32;
+    if (dot && krn_bf16dot_panel()) /* the AVX512-BF16 path's panel variant */
+        kind = KRN_PANEL_DOT, panel = 1, dot = 0;
     multi_job m = {.count = count, .fn = amx ? task_amx : dot ? task_dot : task_panel};
     if ((amx || dot) && p) {
         size_t bytes = amx ? krn_amx_pack_bytes(n, in) : krn_bf16dot_pack_bytes(n, in);
         xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
     } else if (panel && p) {
-        xp = panel_scratch(p, n, in, wt, m.j[0].scratch);
+        xp = panel_scratch(p, kind, n, in, wt, m.j[0].scratch);
     }
     if (!xp) { /* not on AMX, bf16 dot or panels (or no pool, or no scratch): separate calls */
         for (int i = 0; i < count; i++)
@@ -651,12 +663,12 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
     else if (dot)
         krn_bf16dot_pack(p, x, n, in, xp);
     else
-        krn_panel_pack_x(p, x, n, in, xp);
+        krn_panel_pack_x(p, kind, x, n, in, xp);
     m.first[0] = 0;
     for (int i = 0; i < count; i++) {
         linear_job *j = &m.j[i];
         j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w, j->wt = wt;
-        j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16;
+        j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16, j->kind = kind;
         j->rows_per_task = amx   ? KRN_LINEAR_AMX_ROWS
                            : dot ? KRN_LINEAR_DOT_ROWS
                                  : panel_task_rows(j->out, krn_pool_size(p));

@@ -401,19 +401,26 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     krn_pool_destroy(pools[2]);
 }
 
-/* bf16 weights × bf16-rounded x on AVX512-BF16 (VDPBF16PS; when the CPU has it, AMX off): the
- * reference rounds x itself (ref_round_bf16) and sums in double; what is left is f32 summation,
- * each of 16 lanes adding in32/16 exact products in turn and the lanes added in a tree of 4
- * levels, so |y - ref| <= (in32/16 + 5) · 2^-24 · Σ|w·bf16(x)| (in32 = in rounded up to 32;
- * one level spare). Shapes cover K tails (masked loads of W), 1-8 rows of x past a multiple of
- * 8 and 1-2 rows of W past a multiple of 3 (the tile's sizes). Then probes whose exact sums tell
- * nearest-even rounding of x apart from truncation or ties away from zero. */
-Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
+/* bf16 weights × bf16-rounded x on AVX512-BF16 (VDPBF16PS; when the CPU has it, AMX off), in
+ * the path's variant `variant` (krn_cpu_set_bf16dot: 1 the tiles, 2 the packed panels): the
+ * reference rounds x itself (ref_round_bf16) and sums in double; what is left is f32
+ * summation. The tiles' 16 lanes each add in32/16 exact products in turn and the lanes are
+ * added in a tree of 4 levels, so |y - ref| <= (in32/16 + 5) · 2^-24 · Σ|w·bf16(x)| (in32 =
+ * in rounded up to 32; one level spare). The panels add all `in` products in k order: the
+ * worst case is (in + 2) · 2^-24 · Σ|w·bf16(x)|, too loose to notice a lost product, so they
+ * get the exact paths' statistical 32 units (decode_batches_1_to_40_...; the log says the
+ * largest seen). Shapes cover K tails (masked loads of W), 1-8 rows of x past a multiple of 8
+ * and 1-2 rows of W past a multiple of 3 (the tiles' sizes), tiles of x and panels of W with
+ * tails. Then probes whose exact sums tell nearest-even rounding of x apart from truncation or
+ * ties away from zero. Returns the largest error in units of 2^-24 · Σ|w·bf16(x)|. */
+static double bf16dot_check(int variant) {
     const char *only = selected_path();
     if (only && strcmp(only, "avx512bf16") != 0)
         cr_skip_test("runs in the avx512bf16 registration only");
     if (force_simd("avx512bf16") != 0) cr_skip_test("no AVX512-BF16 on this CPU");
+    cr_assert_eq(krn_cpu_set_bf16dot(variant), 0);
     cr_assert(krn_cpu_bf16dot_active() && !krn_cpu_amx_active());
+    double worst = 0;
     static const int ns[] = {8, 9, 15, 16, 17, 23, 31, 32};
     static const int ins[] = {1, 31, 32, 33, 96, 2048, 2050};
     static const int outs[] = {1, 2, 4, 7, 49, 67};
@@ -443,12 +450,15 @@ Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
                             mag += fabs(t);
                         }
                         double got = y[(size_t)i * (size_t)out + (size_t)o];
-                        double bound = (in32 / 16 + 5) * 0x1p-24 * mag + 1e-30;
+                        double units = variant == 1 ? in32 / 16 + 5 : 32;
+                        double bound = units * 0x1p-24 * mag + 1e-30;
                         cr_assert(fabs(got - sum) <= bound,
-                                  "bf16 dot n=%d in=%d out=%d threads=%d: y[%d,%d] = %.9g, want "
-                                  "%.9g (|diff| %.3g > bound %.3g)",
-                                  n, in, out, krn_pool_size(p), i, o, got, sum, fabs(got - sum),
-                                  bound);
+                                  "bf16 dot (variant %d) n=%d in=%d out=%d threads=%d: y[%d,%d] = "
+                                  "%.9g, want %.9g (|diff| %.3g > bound %.3g)",
+                                  variant, n, in, out, krn_pool_size(p), i, o, got, sum,
+                                  fabs(got - sum), bound);
+                        if (mag > 0 && fabs(got - sum) / (0x1p-24 * mag) > worst)
+                            worst = fabs(got - sum) / (0x1p-24 * mag);
                     }
                 free(x);
                 free(wref);
@@ -493,9 +503,49 @@ Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
     cr_assert(!krn_cpu_bf16dot_active());
     krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
     cr_assert_eq(ys[0], 40.0f * v[0], "bf16 dot off: y[0,0] = %.9g", ys[0]);
-    cr_assert_eq(krn_cpu_set_bf16dot(1), 0);
+    cr_assert_eq(krn_cpu_set_bf16dot(variant), 0);
     krn_pool_destroy(pools[1]);
     krn_pool_destroy(pools[2]);
+    return worst;
+}
+
+Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
+    double worst = bf16dot_check(1);
+    cr_log_info("bf16 dot tiles: largest error %.2f · 2^-24 · Σ|w·bf16(x)|", worst);
+}
+
+Test(krn_linear, bf16_dot_panels_round_x_the_same_and_sum_in_k_order) {
+    double worst = bf16dot_check(2);
+    cr_log_info("bf16 dot panels: largest error %.2f · 2^-24 · Σ|w·bf16(x)|", worst);
+    /* several weights in one run (x packed once) write the bits of one call each */
+    enum { N = 17, IN = 96, COUNT = 3 };
+    static const int outs[COUNT] = {64, 48, 7};
+    rng r = {0xd07u};
+    krn_pool *p = krn_pool_create(2);
+    cr_assert_not_null(p);
+    float x[N * IN], *y1[COUNT], *y2[COUNT];
+    void *w[COUNT];
+    krn_linear_out lo[COUNT];
+    fill(&r, x, N * IN);
+    for (int k = 0; k < COUNT; k++) {
+        double *wref = xmalloc((size_t)outs[k] * IN * sizeof(double));
+        w[k] = make_weights(&r, KRN_BF16, (size_t)outs[k] * IN, wref);
+        free(wref);
+        y1[k] = xmalloc((size_t)N * (size_t)outs[k] * 4);
+        y2[k] = xmalloc((size_t)N * (size_t)outs[k] * 4);
+        krn_cpu_linear(p, x, N, IN, w[k], KRN_BF16, outs[k], y1[k]);
+        lo[k] = (krn_linear_out){.w = w[k], .out = outs[k], .y = y2[k]};
+    }
+    krn_cpu_linear_multi(p, x, N, IN, KRN_BF16, lo, COUNT);
+    for (int k = 0; k < COUNT; k++) {
+        cr_assert(memcmp(y1[k], y2[k], (size_t)N * (size_t)outs[k] * 4) == 0,
+                  "bf16 dot panels out=%d: multi differs from the single call", outs[k]);
+        free(w[k]);
+        free(y1[k]);
+        free(y2[k]);
+    }
+    krn_pool_destroy(p);
+    cr_assert_eq(krn_cpu_set_bf16dot(1), 0); /* the default variant for the other tests */
 }
 
 /* max over y of |y - ref| / (2^-24 · Σ|w·x|) for one krn_cpu_linear call, asserting it stays
