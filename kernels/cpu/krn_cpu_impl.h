@@ -63,10 +63,9 @@ int krn_bf16dot_panel(void);
 /* Most rows of x in one register tile: 12 × 2 accumulators + 4 weight vectors of 32 zmm. */
 #define KRN_PANEL_MAX_R 12
 /* Columns of W per packed block of a panel: 32 rows × 128 in f32 (16 KiB) and the matching
- * slice of x (at most 32 rows, 16 KiB) fit the 48 KiB L1 together. A multiple of 32. */
-#ifndef KRN_PANEL_KC
+ * slice of x (at most 32 rows, 16 KiB) fit the 48 KiB L1 together. A multiple of 32; 256 was
+ * no faster and 512 10-25% slower (one thread, W from DRAM, n = 8-32). */
 #define KRN_PANEL_KC 128
-#endif
 
 /* Whether the panel path may run: the SIMD path is avx512 and neither PIE_KRN_PANEL=0 (read
  * once) nor krn_cpu_set_panel(0) turned it off. krn_cpu_set_panel is for tests and benchmarks
