@@ -76,6 +76,11 @@
  * bench/results/engine.md). */
 #define KRN_LINEAR_PANEL_MIN_N 4
 #define KRN_LINEAR_PANEL_MAX_N 256
+/* f16 weights from this many rows: packing them costs twice bf16's (a 4-byte transpose per
+ * weight after vcvtph2ps, where bf16 moves (k, k + 1) pairs), so with W from DRAM the panels
+ * ran at 0.86-0.98x the GEMV tiles at 8-16 rows, 0.97-1.07x at 4, 1.00-1.03x at 20-24,
+ * 1.08-1.13x at 28-32 (one thread; bench/results/engine.md). */
+#define KRN_LINEAR_PANEL_MIN_N_F16 24
 /* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
  * than 4 tasks per worker. */
 #define KRN_LINEAR_PANEL_TASK_ROWS 64
@@ -540,8 +545,8 @@ static linear_path packed_path(krn_dtype wt, int n, int in, int out) {
     if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
         krn_cpu_bf16dot_active())
         return PATH_DOT;
-    if (wt != KRN_F32 && n >= KRN_LINEAR_PANEL_MIN_N && n <= KRN_LINEAR_PANEL_MAX_N &&
-        krn_panel_on())
+    int min_n = wt == KRN_F16 ? KRN_LINEAR_PANEL_MIN_N_F16 : KRN_LINEAR_PANEL_MIN_N;
+    if (wt != KRN_F32 && n >= min_n && n <= KRN_LINEAR_PANEL_MAX_N && krn_panel_on())
         return PATH_PANEL;
     return PATH_NONE;
 }

@@ -586,10 +586,10 @@ static double linear_error_units(krn_pool *p, rng *r, krn_dtype wt, int n, int i
 }
 
 /* Decode batches on the exact paths, every n from 1 to 40 (on avx512: the GEMV kernels below 4
- * rows, the packed panels of krn_panel.c from 4 — tiles of up to 12 rows, 32 outputs, 128
- * columns per block — up to 256, then the sgemm tiles), bf16 and f16, pools of 1 and 2
- * threads, `in` not a multiple of 16 (a block tail, an odd last pair) and `out` not a multiple
- * of a panel. The bound is tight: 32 · 2^-24 · Σ|w·x| (check_linear allows 1e-5, ~168
+ * rows (f16: 24), the packed panels of krn_panel.c from there — tiles of up to 12 rows, 32
+ * outputs, 128 columns per block — up to 256, then the sgemm tiles), bf16 and f16, pools of 1
+ * and 2 threads, `in` not a multiple of 16 (a block tail, an odd last pair) and `out` not a
+ * multiple of a panel. The bound is tight: 32 · 2^-24 · Σ|w·x| (check_linear allows 1e-5, ~168
  * units). Every path sums in f32 with one rounding per step, and with these zero-mean inputs
  * the roundings do not add up the worst-case way (in · 2^-24): the largest error seen was 7.3
  * units (f16, whose weights span 10 binades, at in = 45; the log says each run's largest).
