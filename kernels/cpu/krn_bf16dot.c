@@ -39,7 +39,7 @@
  * switch is changed only by krn_cpu_set_bf16dot, which tests call between kernel calls. */
 static pthread_once_t g_dot_once = PTHREAD_ONCE_INIT;
 static atomic_int g_dot_have; /* CPU has AVX512-BF16 (and the avx512 path's features) */
-static atomic_int g_dot_on;   /* what krn_cpu_linear uses when AMX is not active */
+static atomic_int g_dot_on;   /* 0 off, 1 the tiles below, 2 the panel variant (krn_panel.c) */
 
 /* Default: on for AMD CPUs, off for others; PIE_KRN_BF16DOT=1 / 0 overrides either way. On the
  * Intel Xeon of the development VMs (AMX off) the path costs ~24% more CPU per 32-sequence
@@ -55,9 +55,9 @@ static void dot_init(void) {
     amd = __builtin_cpu_is("amd");
 #endif
     const char *env = getenv("PIE_KRN_BF16DOT");
-    int want = env && *env ? env[0] != '0' : amd;
+    int want = !(env && *env) ? amd : strcmp(env, "panel") == 0 ? 2 : env[0] != '0';
     atomic_store(&g_dot_have, have);
-    atomic_store(&g_dot_on, have && want);
+    atomic_store(&g_dot_on, have ? want : 0);
 }
 
 int krn_cpu_bf16dot_active(void) {
@@ -66,10 +66,15 @@ int krn_cpu_bf16dot_active(void) {
            krn_simd_level() == KRN_SIMD_AVX512 && !krn_cpu_amx_active();
 }
 
+int krn_bf16dot_panel(void) {
+    pthread_once(&g_dot_once, dot_init);
+    return atomic_load_explicit(&g_dot_on, memory_order_relaxed) == 2;
+}
+
 int krn_cpu_set_bf16dot(int on) {
     pthread_once(&g_dot_once, dot_init);
     if (on && !atomic_load(&g_dot_have)) return -1;
-    atomic_store(&g_dot_on, on ? 1 : 0);
+    atomic_store(&g_dot_on, on == 2 ? 2 : on ? 1 : 0);
     return 0;
 }
 

@@ -58,9 +58,10 @@ int krn_cpu_set_amx(int on);
  * PIE_KRN_BF16DOT=1 or 0 (read once) and krn_cpu_set_bf16dot override it. */
 int krn_cpu_bf16dot_active(void);
 
-/* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine). -1
- * (nothing changed) when asked to turn it on and the CPU lacks AVX512-BF16. Not to be called
- * while kernels run. */
+/* Turns the AVX512-BF16 path on or off for later calls (tests check both on one machine); 2
+ * turns it on with its packed-panel variant (PIE_KRN_BF16DOT=panel; same precision, sums in
+ * k order). -1 (nothing changed) when asked to turn it on and the CPU lacks AVX512-BF16. Not
+ * to be called while kernels run. */
 int krn_cpu_set_bf16dot(int on);
 
 /* ---- dense ------------------------------------------------------------------------------- */
@@ -86,8 +87,9 @@ typedef struct krn_linear_out {
 } krn_linear_out;
 
 /* krn_cpu_linear for count weights of one dtype that read the same x (q/k/v, gate/up), with the
- * same bits as count separate calls: on the AMX path x is packed once and the rows of every W
- * are the tasks of one pool run (one wait instead of count). No y may overlap x or a W. */
+ * same bits as count separate calls: on the paths that pack x (AMX, AVX512-BF16, the packed
+ * panels) x is packed once and the rows of every W are the tasks of one pool run (one wait
+ * instead of count). No y may overlap x or a W. */
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
                           const krn_linear_out *outs, int count);
 

@@ -52,6 +52,42 @@ void krn_bf16dot_pack(krn_pool *p, const float *x, int n, int in, void *xp);
  * krn_cpu_bf16dot_active(). */
 void krn_bf16dot_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
                       int out);
+/* Whether the AVX512-BF16 path runs on the dot panels of krn_panel.c (KRN_PANEL_DOT) instead of
+ * the tiles above: PIE_KRN_BF16DOT=panel or krn_cpu_set_bf16dot(2). */
+int krn_bf16dot_panel(void);
+
+/* ---- packed panels (krn_panel.c) ----------------------------------------------------------- */
+
+/* Outputs (rows of W) per packed panel: two vectors of 16. */
+#define KRN_PANEL_ROWS 32
+/* Most rows of x in one register tile: 12 × 2 accumulators + 4 weight vectors of 32 zmm. */
+#define KRN_PANEL_MAX_R 12
+/* Columns of W per packed block of a panel: 32 rows × 128 in f32 (16 KiB) and the matching
+ * slice of x (at most 32 rows, 16 KiB) fit the 48 KiB L1 together. A multiple of 32; 256 was
+ * no faster and 512 10-25% slower (one thread, W from DRAM, n = 8-32). */
+#define KRN_PANEL_KC 128
+
+/* Whether the panel path may run: the SIMD path is avx512 and neither PIE_KRN_PANEL=0 (read
+ * once) nor krn_cpu_set_panel(0) turned it off. krn_cpu_set_panel is for tests and benchmarks
+ * (old against new on one machine); not to be called while kernels run. */
+int krn_panel_on(void);
+void krn_cpu_set_panel(int on);
+/* What a panel multiplies: W converted exactly to f32 against f32 x (KRN_PANEL_F32, bf16 or
+ * f16 W), or bf16 W pairs against x rounded to bf16 pairs by VDPBF16PS (KRN_PANEL_DOT, bf16 W,
+ * only while krn_cpu_bf16dot_active(): the precision of krn_bf16dot.c). */
+typedef enum krn_panel_kind { KRN_PANEL_F32 = 0, KRN_PANEL_DOT = 1 } krn_panel_kind;
+/* Bytes of x[n, in] packed into row tiles; bytes of a worker's panel buffer (one block). */
+size_t krn_panel_x_bytes(krn_panel_kind kind, int n, int in);
+size_t krn_panel_w_bytes(int in, krn_dtype wt);
+/* Row tiles x is cut into (the tasks of krn_panel_pack_x). */
+int krn_panel_tiles(int n);
+/* Packs x[n, in] into xp (krn_panel_x_bytes, 64-byte aligned), across the pool. */
+void krn_panel_pack_x(krn_pool *p, krn_panel_kind kind, const float *x, int n, int in, void *xp);
+/* y[r, o] = Σ_k w[o, k] · x[r, k] for o in [o0, o1), o0 a multiple of KRN_PANEL_ROWS, x as
+ * packed for `kind`, f32 sums in k order; `panel` is this worker's buffer (krn_panel_w_bytes,
+ * 64-byte aligned). Only when krn_panel_on() (and for KRN_PANEL_DOT krn_cpu_bf16dot_active()). */
+void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const uint16_t *w,
+                    krn_dtype wt, int o0, int o1, void *panel, float *y, int out);
 
 /* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
 

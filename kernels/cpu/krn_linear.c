@@ -67,6 +67,23 @@
 #define KRN_LINEAR_DOT_MIN_N 8
 /* Output rows per AVX512-BF16 task (a multiple of the tile's 3 rows of W). */
 #define KRN_LINEAR_DOT_ROWS 48
+/* bf16/f16 weights on packed panels (krn_panel.c) for KRN_LINEAR_PANEL_MIN_N..
+ * KRN_LINEAR_PANEL_MAX_N rows of x on the avx512 path, where neither AMX nor AVX512-BF16 takes
+ * them. Below 4 rows both kernels wait for W from DRAM (one thread, W streamed: equal within
+ * ±8%) and with W in cache the GEMV tiles are faster (they pack nothing); at b=4 decode the
+ * panels took 2% less CPU per step, at b=8-32 11-16% less. Past 256 rows the sgemm tiles
+ * catch up (one thread: panels 1.1-1.2x at n = 192-256, 0.92-1.03x at 384-512;
+ * bench/results/engine.md). */
+#define KRN_LINEAR_PANEL_MIN_N 4
+#define KRN_LINEAR_PANEL_MAX_N 256
+/* f16 weights from this many rows: packing them costs twice bf16's (a 4-byte transpose per
+ * weight after vcvtph2ps, where bf16 moves (k, k + 1) pairs), so with W from DRAM the panels
+ * ran at 0.86-0.98x the GEMV tiles at 8-16 rows, 0.97-1.07x at 4, 1.00-1.03x at 20-24,
+ * 1.08-1.13x at 28-32 (one thread; bench/results/engine.md). */
+#define KRN_LINEAR_PANEL_MIN_N_F16 24
+/* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
+ * than 4 tasks per worker. */
+#define KRN_LINEAR_PANEL_TASK_ROWS 64
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -376,10 +393,12 @@ typedef struct linear_job {
     krn_dtype wt;
     float *y;
     int rows_per_task;  /* output rows (W rows) per task */
-    int tile_k;         /* tile path: input columns per converted tile */
-    float *tiles[1024]; /* per worker, tile path only */
-    const void *xp;     /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16 */
+    int tile_k;           /* tile path: input columns per converted tile */
+    void *scratch[1024];  /* per worker: the tile path's f32 tile, the panel path's panel */
+    const void *xp;       /* AMX path: x packed as bf16 tiles; bf16-dot path: x rounded to bf16;
+                             panel path: x packed into row tiles */
     int out16;          /* AMX path: rows of W it covers */
+    krn_panel_kind kind; /* panel paths: exact f32 or bf16 dot products */
 } linear_job;
 
 static void task_f32(void *arg, int task, int n_tasks) {
@@ -405,8 +424,8 @@ static void task_gemv(void *arg, int task, int n_tasks) {
 }
 
 /* AMX for the first out16 rows (a multiple of 16), the exact GEMV for the rest. */
-static void task_amx(void *arg, int task, int n_tasks) {
-    (void)n_tasks;
+static void task_amx(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
@@ -416,8 +435,8 @@ static void task_amx(void *arg, int task, int n_tasks) {
     if (o1 > g0) gemv_range(j->x, j->n, j->in, j->w, j->wt, g0, o1, j->y, j->out);
 }
 
-static void task_dot(void *arg, int task, int n_tasks) {
-    (void)n_tasks;
+static void task_dot(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
@@ -429,7 +448,7 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
     const linear_job *j = arg;
     int o0 = task * j->rows_per_task;
     int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
-    float *tile = j->tiles[worker];
+    float *tile = j->scratch[worker];
     const uint16_t *w = j->w;
     for (int k0 = 0; k0 < j->in; k0 += j->tile_k) {
         int kk = j->in - k0 < j->tile_k ? j->in - k0 : j->tile_k;
@@ -441,7 +460,58 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
     }
 }
 
+static void task_panel(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    krn_panel_rows(j->kind, j->xp, j->n, j->in, j->w, j->wt, o0, o1, j->scratch[worker], j->y,
+                   j->out);
+}
+
 static int div_up(int a, int b) { return (a + b - 1) / b; }
+
+static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+
+/* The panel path: x packed once (the pool's shared scratch), a panel buffer per worker, blocks
+ * of panels as the tasks; without a pool one malloc for both. -1 when memory runs out (the
+ * caller takes another path). */
+/* Rows of W per panel task for `out` rows: KRN_LINEAR_PANEL_TASK_ROWS, or one panel when that
+ * leaves fewer than 4 tasks per worker. */
+static int panel_task_rows(int out, int threads) {
+    if (div_up(out, KRN_LINEAR_PANEL_TASK_ROWS) < 4 * threads) return KRN_PANEL_ROWS;
+    return KRN_LINEAR_PANEL_TASK_ROWS;
+}
+
+/* The pool's shared scratch for x packed for the panels and each worker's panel buffer (into
+ * scratch[]); NULL when memory runs out. */
+static void *panel_scratch(krn_pool *p, krn_panel_kind kind, int n, int in, krn_dtype wt,
+                           void **scratch) {
+    int threads = krn_pool_size(p);
+    void *xp =
+        threads <= 1024 ? krn_pool_scratch(p, threads, krn_panel_x_bytes(kind, n, in)) : NULL;
+    for (int t = 0; xp && t < threads; t++)
+        if (!(scratch[t] = krn_pool_scratch(p, t, krn_panel_w_bytes(in, wt)))) xp = NULL;
+    return xp;
+}
+
+static int linear_panel(krn_pool *p, linear_job *j) {
+    size_t xb = krn_panel_x_bytes(j->kind, j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
+    void *own = NULL, *xp = NULL;
+    if (p) {
+        xp = panel_scratch(p, j->kind, j->n, j->in, j->wt, j->scratch);
+    } else if ((own = aligned_alloc(64, round64(xb) + round64(wb)))) {
+        xp = own;
+        j->scratch[0] = (char *)own + round64(xb);
+    }
+    if (!xp) return -1;
+    krn_panel_pack_x(p, j->kind, j->x, j->n, j->in, xp);
+    j->xp = xp;
+    j->rows_per_task = panel_task_rows(j->out, krn_pool_size(p));
+    krn_pool_run_ex(p, task_panel, j, div_up(j->out, j->rows_per_task));
+    free(own);
+    return 0;
+}
 
 /* The paths that pack x once (AMX: bf16 hi/lo tiles; AVX512-BF16: x rounded to bf16), in the
  * pool's shared scratch or a malloc without a pool, then split the rows of W over the pool. -1
@@ -459,9 +529,26 @@ static int linear_packed(krn_pool *p, linear_job *j, int amx) {
     j->xp = xp;
     j->out16 = j->out / 16 * 16;
     j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
-    krn_pool_run(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
+    krn_pool_run_ex(p, amx ? task_amx : task_dot, j, div_up(j->out, j->rows_per_task));
     free(own);
     return 0;
+}
+
+/* The paths that pack x once per call, in the order krn_cpu_linear tries them; PATH_NONE: the
+ * f32, GEMV and tile paths. */
+typedef enum linear_path { PATH_NONE, PATH_AMX, PATH_DOT, PATH_PANEL } linear_path;
+
+static linear_path packed_path(krn_dtype wt, int n, int in, int out) {
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
+        krn_cpu_amx_active())
+        return PATH_AMX;
+    if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
+        krn_cpu_bf16dot_active())
+        return PATH_DOT;
+    int min_n = wt == KRN_F16 ? KRN_LINEAR_PANEL_MIN_N_F16 : KRN_LINEAR_PANEL_MIN_N;
+    if (wt != KRN_F32 && n >= min_n && n <= KRN_LINEAR_PANEL_MAX_N && krn_panel_on())
+        return PATH_PANEL;
+    return PATH_NONE;
 }
 
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
@@ -482,12 +569,24 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         return;
     }
 
-    if (wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in % 32 == 0 && out >= 16 &&
-        krn_cpu_amx_active() && linear_packed(p, &j, 1) == 0)
-        return;
-    if (wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-        krn_cpu_bf16dot_active() && linear_packed(p, &j, 0) == 0)
-        return;
+    /* out of memory for packing: the paths below need none (or fall back themselves) */
+    switch (packed_path(wt, n, in, out)) {
+    case PATH_AMX:
+        if (linear_packed(p, &j, 1) == 0) return;
+        break;
+    case PATH_DOT:
+        if (krn_bf16dot_panel()) {
+            j.kind = KRN_PANEL_DOT;
+            if (linear_panel(p, &j) == 0) return;
+        } else if (linear_packed(p, &j, 0) == 0) {
+            return;
+        }
+        break;
+    case PATH_PANEL:
+        if (linear_panel(p, &j) == 0) return;
+        break;
+    case PATH_NONE: break;
+    }
 
     if (n > KRN_LINEAR_GEMV_MAX_N && threads <= 1024) {
         int rows = KRN_LINEAR_TILE_ROWS, tk = KRN_LINEAR_TILE_K;
@@ -502,7 +601,7 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         if (!use) use = own = krn_pool_create(1);
         int ok = use != NULL;
         for (int t = 0; ok && t < threads; t++)
-            ok = (j.tiles[t] = krn_pool_scratch(use, t, bytes)) != NULL;
+            ok = (j.scratch[t] = krn_pool_scratch(use, t, bytes)) != NULL;
         if (ok) {
             j.rows_per_task = rows;
             krn_pool_run_ex(use, task_tile, &j, div_up(out, rows));
@@ -525,33 +624,40 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
 #define KRN_LINEAR_MULTI_MAX 4
 
 typedef struct multi_job {
-    krn_task_fn fn; /* task_amx or task_dot */
+    krn_task_ex_fn fn; /* task_amx, task_dot or task_panel */
     linear_job j[KRN_LINEAR_MULTI_MAX];
     int first[KRN_LINEAR_MULTI_MAX + 1]; /* tasks of weight i: [first[i], first[i + 1]) */
     int count;
 } multi_job;
 
-static void task_multi(void *arg, int task, int n_tasks) {
+static void task_multi(void *arg, int task, int n_tasks, int worker) {
     const multi_job *m = arg;
     int i = 0;
     while (task >= m->first[i + 1]) i++;
-    m->fn((void *)&m->j[i], task - m->first[i], n_tasks);
+    m->fn((void *)&m->j[i], task - m->first[i], n_tasks, worker);
 }
 
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
                           const krn_linear_out *outs, int count) {
-    int amx = wt == KRN_BF16 && n >= KRN_LINEAR_AMX_MIN_N && in > 0 && in % 32 == 0 &&
-              count <= KRN_LINEAR_MULTI_MAX && krn_cpu_amx_active();
-    for (int i = 0; amx && i < count; i++) amx = outs[i].out >= 16;
-    int dot = !amx && wt == KRN_BF16 && n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
-              in > 0 && count <= KRN_LINEAR_MULTI_MAX && krn_cpu_bf16dot_active();
-    for (int i = 0; dot && i < count; i++) dot = outs[i].out > 0;
+    /* one shared run only where every weight would take the same packing path alone */
+    linear_path path = n > 0 && in > 0 && count > 0 && count <= KRN_LINEAR_MULTI_MAX
+                           ? packed_path(wt, n, in, outs[0].out)
+                           : PATH_NONE;
+    for (int i = 0; i < count && path != PATH_NONE; i++)
+        if (outs[i].out <= 0 || packed_path(wt, n, in, outs[i].out) != path) path = PATH_NONE;
+    int amx = path == PATH_AMX, dot = path == PATH_DOT, panel = path == PATH_PANEL;
     void *xp = NULL;
+    krn_panel_kind kind = KRN_PANEL_F32;
+    if (dot && krn_bf16dot_panel()) /* the AVX512-BF16 path's panel variant */
+        kind = KRN_PANEL_DOT, panel = 1, dot = 0;
+    multi_job m = {.count = count, .fn = amx ? task_amx : dot ? task_dot : task_panel};
     if ((amx || dot) && p) {
         size_t bytes = amx ? krn_amx_pack_bytes(n, in) : krn_bf16dot_pack_bytes(n, in);
         xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
+    } else if (panel && p) {
+        xp = panel_scratch(p, kind, n, in, wt, m.j[0].scratch);
     }
-    if (!xp) { /* not on AMX or bf16 dot (or no pool, or no scratch): the separate calls */
+    if (!xp) { /* not on AMX, bf16 dot or panels (or no pool, or no scratch): separate calls */
         for (int i = 0; i < count; i++)
             krn_cpu_linear(p, x, n, in, outs[i].w, wt, outs[i].out, outs[i].y);
         return;
@@ -559,18 +665,23 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
     pthread_once(&g_blas_once, blas_single_thread);
     if (amx)
         krn_amx_pack(p, x, n, in, xp);
-    else
+    else if (dot)
         krn_bf16dot_pack(p, x, n, in, xp);
-    multi_job m = {.count = count, .fn = amx ? task_amx : task_dot};
+    else
+        krn_panel_pack_x(p, kind, x, n, in, xp);
     m.first[0] = 0;
     for (int i = 0; i < count; i++) {
         linear_job *j = &m.j[i];
         j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w, j->wt = wt;
-        j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16;
-        j->rows_per_task = amx ? KRN_LINEAR_AMX_ROWS : KRN_LINEAR_DOT_ROWS;
+        j->y = outs[i].y, j->xp = xp, j->out16 = j->out / 16 * 16, j->kind = kind;
+        j->rows_per_task = amx   ? KRN_LINEAR_AMX_ROWS
+                           : dot ? KRN_LINEAR_DOT_ROWS
+                                 : panel_task_rows(j->out, krn_pool_size(p));
+        if (panel && i > 0)
+            memcpy(j->scratch, m.j[0].scratch, (size_t)krn_pool_size(p) * sizeof *j->scratch);
         m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
     }
-    krn_pool_run(p, task_multi, &m, m.first[count]);
+    krn_pool_run_ex(p, task_multi, &m, m.first[count]);
 }
 
 void krn_cvt_f32(const void *src, krn_dtype wt, size_t n, float *dst) {

@@ -350,9 +350,10 @@ Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
 /* bf16 weights on AMX (when the CPU and kernel have it): the same accuracy as every other
  * path (check_linear's 1e-5 · Σ|w·x|) on batch sizes from 8, odd row counts of W (the last
  * out % 16 rows take the exact path) and K up to 2048; then a probe that tells the paths
- * apart: x = 1 + 2^-10 + 2^-20 needs 21 significant bits, so the AMX path (x as two bf16
- * parts, 1 and 2^-10) gives exactly 32 + 2^-5 for 32 such products with w = 1, where the
- * exact path gives 32 + 2^-5 + 2^-15. */
+ * apart: x = 1 + 2^-10 + 2^-18 needs 19 significant bits, so the AMX path (x as two bf16
+ * parts, 1 and 2^-10; 2^-18 is a tie that rounds to even) gives exactly 32 + 2^-5 for 32 such
+ * products with w = 1, where the exact paths give 32 + 2^-5 + 2^-13. Every partial sum is a
+ * multiple of 2^-18 below 64, so exact in f32 whatever order a path adds in. */
 Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     const char *only = selected_path();
     if (only && strcmp(only, "amx") != 0) cr_skip_test("runs in the amx registration only");
@@ -373,10 +374,10 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     enum { N = 9, K = 32, OUT = 35 };
     float xs[N * K], ys[N * OUT];
     uint16_t ws[OUT * K];
-    for (int i = 0; i < N * K; i++) xs[i] = 1.0f + 0x1p-10f + 0x1p-20f;
+    for (int i = 0; i < N * K; i++) xs[i] = 1.0f + 0x1p-10f + 0x1p-18f;
     for (int i = 0; i < OUT * K; i++) ws[i] = 0x3f80; /* 1.0 */
     xs[3 * K + 5] = INFINITY;                         /* special values survive the split */
-    const float amx = 32.0f + 0x1p-5f, exact = 32.0f + 0x1p-5f + 0x1p-15f;
+    const float amx = 32.0f + 0x1p-5f, exact = 32.0f + 0x1p-5f + 0x1p-13f;
     krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
     for (int i = 0; i < N; i++)
         for (int o = 0; o < OUT; o++) {
@@ -400,19 +401,26 @@ Test(krn_linear, bf16_on_amx_is_as_accurate_and_covers_odd_rows_and_batches) {
     krn_pool_destroy(pools[2]);
 }
 
-/* bf16 weights × bf16-rounded x on AVX512-BF16 (VDPBF16PS; when the CPU has it, AMX off): the
- * reference rounds x itself (ref_round_bf16) and sums in double; what is left is f32 summation,
- * each of 16 lanes adding in32/16 exact products in turn and the lanes added in a tree of 4
- * levels, so |y - ref| <= (in32/16 + 5) · 2^-24 · Σ|w·bf16(x)| (in32 = in rounded up to 32;
- * one level spare). Shapes cover K tails (masked loads of W), 1-8 rows of x past a multiple of
- * 8 and 1-2 rows of W past a multiple of 3 (the tile's sizes). Then probes whose exact sums tell
- * nearest-even rounding of x apart from truncation or ties away from zero. */
-Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
+/* bf16 weights × bf16-rounded x on AVX512-BF16 (VDPBF16PS; when the CPU has it, AMX off), in
+ * the path's variant `variant` (krn_cpu_set_bf16dot: 1 the tiles, 2 the packed panels): the
+ * reference rounds x itself (ref_round_bf16) and sums in double; what is left is f32
+ * summation. The tiles' 16 lanes each add in32/16 exact products in turn and the lanes are
+ * added in a tree of 4 levels, so |y - ref| <= (in32/16 + 5) · 2^-24 · Σ|w·bf16(x)| (in32 =
+ * in rounded up to 32; one level spare). The panels add all `in` products in k order: the
+ * worst case is (in + 2) · 2^-24 · Σ|w·bf16(x)|, too loose to notice a lost product, so they
+ * get the exact paths' statistical 32 units (decode_batches_1_to_40_...; the log says the
+ * largest seen). Shapes cover K tails (masked loads of W), 1-8 rows of x past a multiple of 8
+ * and 1-2 rows of W past a multiple of 3 (the tiles' sizes), tiles of x and panels of W with
+ * tails. Then probes whose exact sums tell nearest-even rounding of x apart from truncation or
+ * ties away from zero. Returns the largest error in units of 2^-24 · Σ|w·bf16(x)|. */
+static double bf16dot_check(int variant) {
     const char *only = selected_path();
     if (only && strcmp(only, "avx512bf16") != 0)
         cr_skip_test("runs in the avx512bf16 registration only");
     if (force_simd("avx512bf16") != 0) cr_skip_test("no AVX512-BF16 on this CPU");
+    cr_assert_eq(krn_cpu_set_bf16dot(variant), 0);
     cr_assert(krn_cpu_bf16dot_active() && !krn_cpu_amx_active());
+    double worst = 0;
     static const int ns[] = {8, 9, 15, 16, 17, 23, 31, 32};
     static const int ins[] = {1, 31, 32, 33, 96, 2048, 2050};
     static const int outs[] = {1, 2, 4, 7, 49, 67};
@@ -442,12 +450,15 @@ Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
                             mag += fabs(t);
                         }
                         double got = y[(size_t)i * (size_t)out + (size_t)o];
-                        double bound = (in32 / 16 + 5) * 0x1p-24 * mag + 1e-30;
+                        double units = variant == 1 ? in32 / 16 + 5 : 32;
+                        double bound = units * 0x1p-24 * mag + 1e-30;
                         cr_assert(fabs(got - sum) <= bound,
-                                  "bf16 dot n=%d in=%d out=%d threads=%d: y[%d,%d] = %.9g, want "
-                                  "%.9g (|diff| %.3g > bound %.3g)",
-                                  n, in, out, krn_pool_size(p), i, o, got, sum, fabs(got - sum),
-                                  bound);
+                                  "bf16 dot (variant %d) n=%d in=%d out=%d threads=%d: y[%d,%d] = "
+                                  "%.9g, want %.9g (|diff| %.3g > bound %.3g)",
+                                  variant, n, in, out, krn_pool_size(p), i, o, got, sum,
+                                  fabs(got - sum), bound);
+                        if (mag > 0 && fabs(got - sum) / (0x1p-24 * mag) > worst)
+                            worst = fabs(got - sum) / (0x1p-24 * mag);
                     }
                 free(x);
                 free(wref);
@@ -492,9 +503,135 @@ Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
     cr_assert(!krn_cpu_bf16dot_active());
     krn_cpu_linear(pools[1], xs, N, K, ws, KRN_BF16, OUT, ys);
     cr_assert_eq(ys[0], 40.0f * v[0], "bf16 dot off: y[0,0] = %.9g", ys[0]);
-    cr_assert_eq(krn_cpu_set_bf16dot(1), 0);
+    cr_assert_eq(krn_cpu_set_bf16dot(variant), 0);
     krn_pool_destroy(pools[1]);
     krn_pool_destroy(pools[2]);
+    return worst;
+}
+
+Test(krn_linear, bf16_dot_rounds_x_to_nearest_even_and_sums_in_f32) {
+    double worst = bf16dot_check(1);
+    cr_log_info("bf16 dot tiles: largest error %.2f · 2^-24 · Σ|w·bf16(x)|", worst);
+}
+
+Test(krn_linear, bf16_dot_panels_round_x_the_same_and_sum_in_k_order) {
+    double worst = bf16dot_check(2);
+    cr_log_info("bf16 dot panels: largest error %.2f · 2^-24 · Σ|w·bf16(x)|", worst);
+    /* several weights in one run (x packed once) write the bits of one call each */
+    enum { N = 17, IN = 96, COUNT = 3 };
+    static const int outs[COUNT] = {64, 48, 7};
+    rng r = {0xd07u};
+    krn_pool *p = krn_pool_create(2);
+    cr_assert_not_null(p);
+    float x[N * IN], *y1[COUNT], *y2[COUNT];
+    void *w[COUNT];
+    krn_linear_out lo[COUNT];
+    fill(&r, x, N * IN);
+    for (int k = 0; k < COUNT; k++) {
+        double *wref = xmalloc((size_t)outs[k] * IN * sizeof(double));
+        w[k] = make_weights(&r, KRN_BF16, (size_t)outs[k] * IN, wref);
+        free(wref);
+        y1[k] = xmalloc((size_t)N * (size_t)outs[k] * 4);
+        y2[k] = xmalloc((size_t)N * (size_t)outs[k] * 4);
+        krn_cpu_linear(p, x, N, IN, w[k], KRN_BF16, outs[k], y1[k]);
+        lo[k] = (krn_linear_out){.w = w[k], .out = outs[k], .y = y2[k]};
+    }
+    krn_cpu_linear_multi(p, x, N, IN, KRN_BF16, lo, COUNT);
+    for (int k = 0; k < COUNT; k++) {
+        cr_assert(memcmp(y1[k], y2[k], (size_t)N * (size_t)outs[k] * 4) == 0,
+                  "bf16 dot panels out=%d: multi differs from the single call", outs[k]);
+        free(w[k]);
+        free(y1[k]);
+        free(y2[k]);
+    }
+    krn_pool_destroy(p);
+    cr_assert_eq(krn_cpu_set_bf16dot(1), 0); /* the default variant for the other tests */
+}
+
+/* max over y of |y - ref| / (2^-24 · Σ|w·x|) for one krn_cpu_linear call, asserting it stays
+ * within `bound` (the reference in double, x exact). */
+static double linear_error_units(krn_pool *p, rng *r, krn_dtype wt, int n, int in, int out,
+                                 double bound, const char *what) {
+    float *x = xmalloc((size_t)n * (size_t)in * 4);
+    double *wref = xmalloc((size_t)out * (size_t)in * sizeof(double));
+    float *y = xmalloc((size_t)n * (size_t)out * 4);
+    fill(r, x, (size_t)n * (size_t)in);
+    void *w = make_weights(r, wt, (size_t)out * (size_t)in, wref);
+    for (size_t i = 0; i < (size_t)n * (size_t)out; i++) y[i] = NAN;
+    krn_cpu_linear(p, x, n, in, w, wt, out, y);
+    double worst = 0;
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < out; o++) {
+            double sum = 0, mag = 0;
+            for (int k = 0; k < in; k++) {
+                double t = (double)x[(size_t)i * (size_t)in + (size_t)k] *
+                           wref[(size_t)o * (size_t)in + (size_t)k];
+                sum += t;
+                mag += fabs(t);
+            }
+            double got = y[(size_t)i * (size_t)out + (size_t)o];
+            double units = mag > 0 ? fabs(got - sum) / (0x1p-24 * mag) : fabs(got - sum);
+            cr_assert(units <= bound,
+                      "linear %s %s n=%d in=%d out=%d threads=%d: y[%d,%d] = %.9g, want %.9g "
+                      "(off by %.3g · 2^-24 · Σ|w·x|, bound %g)",
+                      what, dtype_name(wt), n, in, out, krn_pool_size(p), i, o, got, sum, units,
+                      bound);
+            if (units > worst) worst = units;
+        }
+    free(x);
+    free(wref);
+    free(w);
+    free(y);
+    return worst;
+}
+
+/* Decode batches on the exact paths, every n from 1 to 40 (on avx512: the GEMV kernels below 4
+ * rows (f16: 24), the packed panels of krn_panel.c from there — tiles of up to 12 rows, 32
+ * outputs, 128 columns per block — up to 256, then the sgemm tiles), bf16 and f16, pools of 1
+ * and 2 threads, `in` not a multiple of 16 (a block tail, an odd last pair) and `out` not a
+ * multiple of a panel. The bound is tight: 32 · 2^-24 · Σ|w·x| (check_linear allows 1e-5, ~168
+ * units). Every path sums in f32 with one rounding per step, and with these zero-mean inputs
+ * the roundings do not add up the worst-case way (in · 2^-24): the largest error seen was 7.3
+ * units (f16, whose weights span 10 binades, at in = 45; the log says each run's largest).
+ * Losing one product (say the last column) costs about Σ|w·x| / in, over 2^14 units here. On
+ * avx512 the panel path is also switched off to keep the 4 × 6 GEMV tiles it replaced checked
+ * (PIE_KRN_PANEL=0, and the fallback when scratch memory runs out). */
+Test(krn_linear, decode_batches_1_to_40_on_exact_paths_are_within_32_units) {
+    static const int shapes[][2] = {{45, 67}, {300, 33}, {531, 67}}; /* {in, out} */
+    const double bound = 32;
+    rng r = {0x40404u};
+    krn_pool *pools[2] = {krn_pool_create(1), krn_pool_create(2)};
+    cr_assert(pools[0] && pools[1]);
+    for (int s = 0; s < 3; s++) { /* scalar, avx2, avx512: the exact paths */
+        if (!use_simd(s)) continue;
+        double worst = 0;
+        for (int panel = 1; panel >= (s == 2 ? 0 : 1); panel--) {
+            krn_cpu_set_panel(panel);
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+                if (!panel && sh > 0) continue;
+                for (int wt = KRN_F16; wt <= KRN_BF16; wt++)
+                    for (int n = 1; n <= 40; n++)
+                        for (int t = 0; t < 2; t++) {
+                            double e = linear_error_units(pools[t], &r, (krn_dtype)wt, n,
+                                                          shapes[sh][0], shapes[sh][1], bound,
+                                                          panel ? SIMD_PATHS[s] : "avx512 tiles");
+                            if (e > worst) worst = e;
+                        }
+            }
+        }
+        krn_cpu_set_panel(1);
+        /* no pool: the panel path allocates its own buffers */
+        for (int n = 4; n <= 33; n += 29)
+            linear_error_units(NULL, &r, KRN_BF16, n, 531, 67, bound, SIMD_PATHS[s]);
+        /* prefill sizes: the last on panels (256 rows, 22 tiles) and the first past them */
+        for (int n = 255; n <= 257; n++)
+            for (int wt = KRN_F16; wt <= KRN_BF16; wt++)
+                linear_error_units(pools[1], &r, (krn_dtype)wt, n, 45, 67, bound, SIMD_PATHS[s]);
+        cr_log_info("%s: largest linear error %.2f · 2^-24 · Σ|w·x| (bound %g)", SIMD_PATHS[s],
+                    worst, bound);
+    }
+    krn_pool_destroy(pools[0]);
+    krn_pool_destroy(pools[1]);
 }
 
 /* Several weights reading one x in one call write the bits of one call per weight, on every

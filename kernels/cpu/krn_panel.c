@@ -1,0 +1,461 @@
+/* krn_panel.c — bf16/f16 weights × f32 x for a few to a few hundred rows of x (batched decode,
+ * short prefills) without AMX: the packed-panel form of a GEMM, exact f32 arithmetic; and the
+ * same panels of bf16 pairs for the AVX512-BF16 path's VDPBF16PS (its precision: x rounded to
+ * bf16; the variant PIE_KRN_BF16DOT=panel selects, krn_bf16dot.c).
+ *
+ * Owns: the PIE_KRN_PANEL switch and krn_cpu_set_panel, packing x into row tiles (f32, or
+ * rounded to bf16 pairs), packing a panel of W (f32, or bf16 pairs), the register
+ * micro-kernels, and the loop over a panel's column blocks.
+ * Does not own: when the path is used nor the threads (krn_linear.c splits panels over the
+ * pool and gives each worker its panel buffer), nor whether AVX512-BF16 is on (krn_bf16dot.c).
+ *
+ * Why: the GEMV tiles of krn_linear.c (4 rows of W × 6 rows of x, lanes over k, reduced at the
+ * end) read 6 lines of x from L2 for every 24 FMAs and run at 48-63 GMAC/s per core on the
+ * Xeon, 40-55% of its f32 FMA peak. Here a vector holds 16 *outputs* at one k, so no lanes are
+ * reduced and a loaded weight vector feeds one FMA per row of x, with x[r][k] broadcast from
+ * a small packed tile that stays in L1.
+ *
+ * Layouts:
+ *   x  tiles of R <= KRN_PANEL_MAX_R rows (n split evenly), one after another; tile rows
+ *      [r0, r0 + R) hold x[r0 + i][k] at xp[r0 · k2 + k · R + i], k2 = in rounded up to even,
+ *      the odd padding column zero. Packed once per call, read by every panel.
+ *   W  a panel is KRN_PANEL_ROWS (32) rows of W, rows past `out` zero, packed KRN_PANEL_KC
+ *      columns at a time into a block of f32 (exact: bf16 by a shift, f16 by vcvtph2ps):
+ *      per pair of columns (k, k + 1), 4 vectors: k for rows 0-15, rows 16-31, then k + 1.
+ *      A bf16 row's 64-byte line is 16 (k, k + 1) pairs, so a 16 × 16 transpose of 32-bit
+ *      elements puts 16 rows' pair in one vector; shifted left by 16 it is f32(w[k]), with
+ *      its low half cleared f32(w[k + 1]).
+ *   The micro-kernel keeps R × 2 vectors of y (R rows of x × 32 outputs) in registers over a
+ *   block, starting from zero (first block) or from y, and stores them back (masked past
+ *   `out`). While the first tile runs, the next block's rows of W are prefetched.
+ *
+ *   The dot panels: W pairs transposed the same way but not converted (128 bytes per pair),
+ *   x rounded to bf16 pairs (x[k], x[k + 1]) per 32-bit element, broadcast as one: one
+ *   VDPBF16PS per 16 outputs, row of x and pair.
+ *
+ * Accuracy: each y is Σ_k f32(w[o][k]) · x[r][k], every product exact inside an FMA and summed
+ * in k order in f32 (one rounding per step): the order of the scalar reference path. The dot
+ * panels sum Σ_k w[o][k] · bf16(x[r][k]) in the same order (VDPBF16PS adds the pair's two
+ * exact products in turn). */
+#include "krn_cpu_impl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KRN_TARGET_BF16DOT \
+    __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KRN_INLINE static inline __attribute__((always_inline))
+#define KRN_UNROLL _Pragma("GCC unroll 16")
+
+/* Global on purpose, as krn_amx.c's switch: set once from the environment, changed only by
+ * krn_cpu_set_panel between kernel calls (tests, benchmarks). */
+static pthread_once_t g_panel_once = PTHREAD_ONCE_INIT;
+static atomic_int g_panel_on;
+
+static void panel_init(void) {
+    const char *env = getenv("PIE_KRN_PANEL");
+    atomic_store(&g_panel_on, !(env && env[0] == '0'));
+}
+
+int krn_panel_on(void) {
+    pthread_once(&g_panel_once, panel_init);
+    return atomic_load_explicit(&g_panel_on, memory_order_relaxed) &&
+           krn_simd_level() == KRN_SIMD_AVX512;
+}
+
+void krn_cpu_set_panel(int on) {
+    pthread_once(&g_panel_once, panel_init);
+    atomic_store(&g_panel_on, on ? 1 : 0);
+}
+
+static size_t in_even(int in) { return ((size_t)in + 1) / 2 * 2; }
+
+/* f32 x, or bf16 x (two per 32-bit pair) for the dot panels */
+static size_t x_elt(krn_panel_kind kind) { return kind == KRN_PANEL_DOT ? 2 : 4; }
+
+size_t krn_panel_x_bytes(krn_panel_kind kind, int n, int in) {
+    return (size_t)n * in_even(in) * x_elt(kind);
+}
+
+/* One block of a panel: KRN_PANEL_KC columns of 32 rows in f32 (the dot panels' bf16 pairs
+ * take half). */
+size_t krn_panel_w_bytes(int in, krn_dtype wt) {
+    (void)in, (void)wt;
+    return (size_t)KRN_PANEL_ROWS * KRN_PANEL_KC * sizeof(float);
+}
+
+/* Tile t of n rows split into ceil(n / KRN_PANEL_MAX_R) tiles of near-equal size: its first
+ * row and its row count. */
+static void tile_rows(int n, int t, int *r0, int *rows) {
+    int tiles = (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R;
+    int base = n / tiles, extra = n % tiles;
+    *rows = base + (t < extra);
+    *r0 = t * base + (t < extra ? t : extra);
+}
+
+int krn_panel_tiles(int n) { return (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R; }
+
+typedef struct pack_x_job {
+    const float *x;
+    int n, in;
+    void *xp;
+} pack_x_job;
+
+/* Tile `task` of x into its [k2][R] block (portable C: about n · in floats per call, against
+ * n · in · out multiply-adds). */
+static void pack_x_tile(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const pack_x_job *j = arg;
+    int r0, rows;
+    tile_rows(j->n, task, &r0, &rows);
+    size_t k2 = in_even(j->in);
+    float *dst = (float *)j->xp + (size_t)r0 * k2;
+    const float *src = j->x + (size_t)r0 * (size_t)j->in;
+    for (int k = 0; k < j->in; k++) /* writes in order, reads `rows` streams */
+        for (int i = 0; i < rows; i++) *dst++ = src[(size_t)i * (size_t)j->in + (size_t)k];
+    if ((size_t)j->in < k2)
+        for (int i = 0; i < rows; i++) *dst++ = 0.0f;
+}
+
+#if KRN_X86
+/* Tile `task` of x rounded to bf16 (VCVTNE2PS2BF16: nearest even, subnormals to zero, as the
+ * AVX512-BF16 tiles of krn_bf16dot.c round it) into its [k2 / 2][R] block of 32-bit pairs
+ * (x[k], x[k + 1]), the odd padding column zero. */
+KRN_TARGET_BF16DOT static void pack_x_tile_dot(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const pack_x_job *j = arg;
+    int r0, rows;
+    tile_rows(j->n, task, &r0, &rows);
+    size_t pairs = in_even(j->in) / 2;
+    uint32_t *dst = (uint32_t *)(void *)j->xp + (size_t)r0 * pairs;
+    for (int i = 0; i < rows; i++) {
+        const float *src = j->x + (size_t)(r0 + i) * (size_t)j->in;
+        for (int k = 0; k < j->in; k += 32) {
+            int left = j->in - k;
+            __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __mmask16 m1 = left >= 32   ? (__mmask16)0xffff
+                           : left <= 16 ? (__mmask16)0
+                                        : (__mmask16)((1u << (left - 16)) - 1u);
+            __m512 a = _mm512_maskz_loadu_ps(m0, src + k),
+                   b = _mm512_maskz_loadu_ps(m1, src + k + 16);
+            uint32_t pair[16]; /* low half x[k + 2j], high half x[k + 2j + 1] */
+            _mm512_storeu_si512((void *)pair, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            for (size_t q = (size_t)k / 2, e = 0; e < 16 && q < pairs; q++, e++)
+                dst[q * (size_t)rows + (size_t)i] = pair[e];
+        }
+    }
+}
+#else
+static void pack_x_tile_dot(void *arg, int task, int n_tasks) {
+    (void)arg, (void)task, (void)n_tasks;
+    abort(); /* unreachable: the dot panels need AVX512-BF16 */
+}
+#endif
+
+void krn_panel_pack_x(krn_pool *p, krn_panel_kind kind, const float *x, int n, int in, void *xp) {
+    pack_x_job j = {.x = x, .n = n, .in = in, .xp = xp};
+    krn_pool_run(p, kind == KRN_PANEL_DOT ? pack_x_tile_dot : pack_x_tile, &j, krn_panel_tiles(n));
+}
+
+#if KRN_X86
+/* v[i] = row i of a 16 × 16 matrix of 32-bit elements → v[j] = column j. Four rounds of 16
+ * shuffles: pairs of rows by 32-bit, then 64-bit unpacks (giving 4 × 4 blocks in each 128-bit
+ * lane), then two rounds of 128-bit lane exchanges. */
+KRN_TARGET_AVX512 KRN_INLINE void transpose16(__m512i v[16]) {
+    __m512i t[16];
+    KRN_UNROLL for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    /* u[4g + c]: in each 128-bit lane L, column 4L + c of rows 4g..4g+3 */
+    __m512i u[16];
+    KRN_UNROLL for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    KRN_UNROLL for (int c = 0; c < 4; c++) {
+        __m512i lo01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);      /* lanes 0,1 of g 0,1 */
+        __m512i hi01 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);      /* lanes 2,3 of g 0,1 */
+        __m512i lo23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44); /* lanes 0,1 of g 2,3 */
+        __m512i hi23 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        v[c] = _mm512_shuffle_i32x4(lo01, lo23, 0x88);      /* lane 0 of g 0..3 */
+        v[4 + c] = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);  /* lane 1 */
+        v[8 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0x88);  /* lane 2 */
+        v[12 + c] = _mm512_shuffle_i32x4(hi01, hi23, 0xdd); /* lane 3 */
+    }
+}
+
+/* Columns [k, k + 32) ∩ [0, in) of rows [0, rows) of bf16 W (rows past `rows` are zero) into
+ * pairs k/2 .. k/2 + 15 of the panel block `dst` (f32, 64 floats per pair). A row's 32 bf16
+ * are 16 (k, k + 1) pairs, so one 16 × 16 transpose of 32-bit elements per half panel puts 16
+ * rows' pair q in one vector; the lane shifted left by 16 is f32(w[k]), the lane with its low
+ * half cleared f32(w[k + 1]). */
+KRN_TARGET_AVX512 KRN_INLINE void pack_bf16_32(const uint16_t *w, size_t ldw, int rows, int k,
+                                               int in, float *dst) {
+    __mmask32 m = in - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (in - k)) - 1u);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int h = 0; h < 2; h++) {
+        __m512i v[16];
+        KRN_UNROLL for (int i = 0; i < 16; i++) {
+            int o = 16 * h + i;
+            v[i] = o < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
+                            : _mm512_setzero_si512();
+        }
+        transpose16(v);
+        KRN_UNROLL for (int q = 0; q < 16; q++) {
+            float *d = dst + (size_t)q * 64 + (size_t)h * 16;
+            _mm512_store_si512((void *)d, _mm512_slli_epi32(v[q], 16));
+            _mm512_store_si512((void *)(d + 32), _mm512_and_si512(v[q], hi));
+        }
+    }
+}
+
+/* The same for f16 W, 16 columns at a time (vcvtph2ps, exact): column k + i goes to pair i / 2,
+ * vector i % 2 (rows 0-15 at +0, rows 16-31 at +16, k + 1 at +32). */
+KRN_TARGET_AVX512 KRN_INLINE void pack_f16_16(const uint16_t *w, size_t ldw, int rows, int k,
+                                              int in, float *dst) {
+    __mmask16 m = in - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - k)) - 1u);
+    for (int h = 0; h < 2; h++) {
+        __m512i v[16];
+        KRN_UNROLL for (int i = 0; i < 16; i++) {
+            int o = 16 * h + i;
+            __m256i hv = o < rows ? _mm256_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
+                                  : _mm256_setzero_si256();
+            v[i] = _mm512_castps_si512(_mm512_cvtph_ps(hv));
+        }
+        transpose16(v);
+        KRN_UNROLL for (int i = 0; i < 16; i++) {
+            float *d = dst + (size_t)(i / 2) * 64 + (size_t)(i % 2) * 32 + (size_t)h * 16;
+            _mm512_store_si512((void *)d, v[i]);
+        }
+    }
+}
+
+/* For the dot panels: the same transpose without the conversion, pair q's two vectors (rows
+ * 0-15, 16-31; a (k, k + 1) bf16 pair per lane, what VDPBF16PS multiplies) at dst + 32 q. */
+KRN_TARGET_AVX512 KRN_INLINE void pack_pairs_32(const uint16_t *w, size_t ldw, int rows, int k,
+                                                int in, uint32_t *dst) {
+    __mmask32 m = in - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (in - k)) - 1u);
+    for (int h = 0; h < 2; h++) {
+        __m512i v[16];
+        KRN_UNROLL for (int i = 0; i < 16; i++) {
+            int o = 16 * h + i;
+            v[i] = o < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
+                            : _mm512_setzero_si512();
+        }
+        transpose16(v);
+        KRN_UNROLL for (int q = 0; q < 16; q++) {
+            _mm512_store_si512((void *)(dst + (size_t)q * 32 + (size_t)h * 16), v[q]);
+        }
+    }
+}
+
+/* Columns [k0, k0 + kc) of the panel's rows into the block buffer (pairs from 0). */
+KRN_TARGET_AVX512 static void pack_block(krn_panel_kind kind, const uint16_t *w, krn_dtype wt,
+                                         int in, int rows, int k0, int kc, void *dst) {
+    size_t ldw = (size_t)in;
+    int k1 = k0 + kc < in ? k0 + kc : in;
+    if (kind == KRN_PANEL_DOT)
+        for (int k = k0; k < k1; k += 32)
+            pack_pairs_32(w, ldw, rows, k, k1, (uint32_t *)dst + (k - k0) * 16);
+    else if (wt == KRN_BF16)
+        for (int k = k0; k < k1; k += 32)
+            pack_bf16_32(w, ldw, rows, k, k1, (float *)dst + (k - k0) * 32);
+    else
+        for (int k = k0; k < k1; k += 16)
+            pack_f16_16(w, ldw, rows, k, k1, (float *)dst + (k - k0) * 32);
+}
+
+/* The rows of W the next block will read: row q of it is prefetched (`lines` cache lines from
+ * its first column) in step q of a micro-kernel run. The block takes about as long to
+ * multiply as its lines take to arrive from DRAM at n >= ~8; without this, packing waits for
+ * memory while the FMA units idle (one thread, W from DRAM: 9-19% more time at n = 8-32;
+ * prefetching into L2 instead of L1 was no different). */
+typedef struct pf_rows {
+    const char *first; /* row 0's first column of the block */
+    size_t ld;         /* bytes from row to row */
+    int rows, lines;
+} pf_rows;
+
+/* y[r][0, 32) (+)= the R rows of tile xt against `pairs` pairs of the panel block, k in order;
+ * `first` starts from zero, otherwise from y (the earlier column blocks). m0/m1 mask outputs
+ * past `out`. R is a compile-time constant after inlining. */
+KRN_TARGET_AVX512 KRN_INLINE void micro(const float *panel, const float *xt, int R, int pairs,
+                                        int first, float *y, size_t ldy, __mmask16 m0, __mmask16 m1,
+                                        const pf_rows *pf) {
+    __m512 acc[KRN_PANEL_MAX_R][2];
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + (size_t)r * ldy);
+        acc[r][1] =
+            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + (size_t)r * ldy + 16);
+    }
+    for (int q = 0; q < pairs; q++) {
+        const float *wq = panel + (size_t)q * 64;
+        const float *xk = xt + (size_t)q * 2 * (size_t)R;
+        if (q < pf->rows)
+            for (int l = 0; l < pf->lines; l++)
+                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+        /* column k, then k + 1: two weight vectors live at a time (24 accumulators + 2 + the
+         * broadcasts fit the 32 registers; with all four GCC spilled one) */
+        KRN_UNROLL for (int h = 0; h < 2; h++) {
+            __m512 w0 = _mm512_load_ps(wq + 32 * h), w1 = _mm512_load_ps(wq + 32 * h + 16);
+            KRN_UNROLL for (int r = 0; r < R; r++) {
+                __m512 b = _mm512_set1_ps(xk[h * R + r]);
+                acc[r][0] = _mm512_fmadd_ps(w0, b, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w1, b, acc[r][1]);
+            }
+        }
+    }
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
+    }
+}
+
+#define KRN_PANEL_CASE(R) \
+    case R: micro(panel, xt, R, pairs, first, y, ldy, m0, m1, pf); return
+
+/* One instance of the micro-kernel per tile height (at most KRN_PANEL_MAX_R). */
+KRN_TARGET_AVX512 static void micro_any(const float *panel, const float *xt, int R, int pairs,
+                                        int first, float *y, size_t ldy, __mmask16 m0, __mmask16 m1,
+                                        const pf_rows *pf) {
+    switch (R) {
+        KRN_PANEL_CASE(1);
+        KRN_PANEL_CASE(2);
+        KRN_PANEL_CASE(3);
+        KRN_PANEL_CASE(4);
+        KRN_PANEL_CASE(5);
+        KRN_PANEL_CASE(6);
+        KRN_PANEL_CASE(7);
+        KRN_PANEL_CASE(8);
+        KRN_PANEL_CASE(9);
+        KRN_PANEL_CASE(10);
+        KRN_PANEL_CASE(11);
+        KRN_PANEL_CASE(12);
+    default: return;
+    }
+}
+
+/* The dot panels' micro-kernel: y[r][0, 32) (+)= Σ over `pairs` pairs of W (bf16 pairs) ·
+ * x (bf16 pairs, tile xt), one VDPBF16PS per 16 outputs, row of x and pair: each lane adds
+ * w[k] · x[k] and w[k + 1] · x[k + 1] (exact products) in turn, k in order. As micro(). */
+KRN_TARGET_BF16DOT KRN_INLINE void micro_dot(const uint32_t *panel, const uint32_t *xt, int R,
+                                             int pairs, int first, float *y, size_t ldy,
+                                             __mmask16 m0, __mmask16 m1, const pf_rows *pf) {
+    __m512 acc[KRN_PANEL_MAX_R][2];
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + (size_t)r * ldy);
+        acc[r][1] =
+            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + (size_t)r * ldy + 16);
+    }
+    for (int q = 0; q < pairs; q++) {
+        const uint32_t *wq = panel + (size_t)q * 32, *xq = xt + (size_t)q * (size_t)R;
+        if (q < pf->rows)
+            for (int l = 0; l < pf->lines; l++)
+                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+        __m512bh w0 = (__m512bh)_mm512_load_si512((const void *)wq);
+        __m512bh w1 = (__m512bh)_mm512_load_si512((const void *)(wq + 16));
+        KRN_UNROLL for (int r = 0; r < R; r++) {
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)xq[r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], b, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b, w1);
+        }
+    }
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
+    }
+}
+
+#define KRN_PANEL_DOT_CASE(R) \
+    case R: micro_dot(panel, xt, R, pairs, first, y, ldy, m0, m1, pf); return
+
+KRN_TARGET_BF16DOT static void micro_dot_any(const uint32_t *panel, const uint32_t *xt, int R,
+                                             int pairs, int first, float *y, size_t ldy,
+                                             __mmask16 m0, __mmask16 m1, const pf_rows *pf) {
+    switch (R) {
+        KRN_PANEL_DOT_CASE(1);
+        KRN_PANEL_DOT_CASE(2);
+        KRN_PANEL_DOT_CASE(3);
+        KRN_PANEL_DOT_CASE(4);
+        KRN_PANEL_DOT_CASE(5);
+        KRN_PANEL_DOT_CASE(6);
+        KRN_PANEL_DOT_CASE(7);
+        KRN_PANEL_DOT_CASE(8);
+        KRN_PANEL_DOT_CASE(9);
+        KRN_PANEL_DOT_CASE(10);
+        KRN_PANEL_DOT_CASE(11);
+        KRN_PANEL_DOT_CASE(12);
+    default: return;
+    }
+}
+
+/* Columns [k0, k0 + KRN_PANEL_KC) ∩ [0, in) of `rows` rows of W at w. */
+static pf_rows pf_block(const uint16_t *w, int in, int rows, int k0) {
+    int k1 = k0 + KRN_PANEL_KC < in ? k0 + KRN_PANEL_KC : in;
+    pf_rows pf = {.first = (const char *)(w + k0),
+                  .ld = (size_t)in * 2,
+                  .rows = rows,
+                  .lines = (k1 - k0 + 31) / 32};
+    return pf;
+}
+
+/* One panel (rows of W at w, rows <= 32) against every tile of x, KRN_PANEL_KC columns at a
+ * time: the block of the panel and the matching k-slice of x stay in L1 while every tile runs
+ * over them; y holds the sums between blocks. The first tile of each block prefetches the
+ * next block: this panel's, or the first of the next panel (next_rows rows at next_w). */
+KRN_TARGET_AVX512 static void panel_one(krn_panel_kind kind, const void *xp, int n, int in,
+                                        const uint16_t *w, krn_dtype wt, int rows,
+                                        const uint16_t *next_w, int next_rows, void *panel,
+                                        float *y, size_t ldy) {
+    __mmask16 m0 = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1u);
+    __mmask16 m1 = rows >= 32   ? (__mmask16)0xffff
+                   : rows <= 16 ? (__mmask16)0
+                                : (__mmask16)((1u << (rows - 16)) - 1u);
+    int tiles = krn_panel_tiles(n);
+    size_t k2 = in_even(in);
+    for (int k0 = 0; k0 < in; k0 += KRN_PANEL_KC) {
+        int kc = in - k0 < KRN_PANEL_KC ? in - k0 : KRN_PANEL_KC;
+        pack_block(kind, w, wt, in, rows, k0, kc, panel);
+        pf_rows none = {.rows = 0};
+        pf_rows pf = k0 + KRN_PANEL_KC < in ? pf_block(w, in, rows, k0 + KRN_PANEL_KC)
+                                            : pf_block(next_w, in, next_rows, 0);
+        for (int t = 0; t < tiles; t++) {
+            int r0, rt;
+            tile_rows(n, t, &r0, &rt);
+            const void *xt =
+                (const char *)xp + ((size_t)r0 * k2 + (size_t)k0 * (size_t)rt) * x_elt(kind);
+            const pf_rows *tpf = t == 0 ? &pf : &none;
+            if (kind == KRN_PANEL_DOT)
+                micro_dot_any(panel, xt, rt, (kc + 1) / 2, k0 == 0, y + (size_t)r0 * ldy, ldy, m0,
+                              m1, tpf);
+            else
+                micro_any(panel, xt, rt, (kc + 1) / 2, k0 == 0, y + (size_t)r0 * ldy, ldy, m0, m1,
+                          tpf);
+        }
+    }
+}
+
+KRN_TARGET_AVX512 void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in,
+                                      const uint16_t *w, krn_dtype wt, int o0, int o1, void *panel,
+                                      float *y, int out) {
+    for (int o = o0; o < o1; o += KRN_PANEL_ROWS) {
+        int rows = o1 - o < KRN_PANEL_ROWS ? o1 - o : KRN_PANEL_ROWS;
+        int next = o1 - o - rows < KRN_PANEL_ROWS ? o1 - o - rows : KRN_PANEL_ROWS;
+        const uint16_t *wo = w + (size_t)o * (size_t)in;
+        panel_one(kind, xp, n, in, wo, wt, rows, wo + (size_t)rows * (size_t)in, next, panel, y + o,
+                  (size_t)out);
+    }
+}
+#else
+void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const uint16_t *w,
+                    krn_dtype wt, int o0, int o1, void *panel, float *y, int out) {
+    (void)kind, (void)xp, (void)n, (void)in, (void)w, (void)wt, (void)o0, (void)o1, (void)panel;
+    (void)y, (void)out;
+    abort(); /* unreachable: krn_panel_on() is 0 off x86 */
+}
+#endif
