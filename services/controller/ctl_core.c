@@ -384,9 +384,9 @@ void ctl_core_advance(ctl_core *c, ctl_queue *q) {
     ctl_call *call;
     while (!q->dead && (call = ctl_queue_head(q)) != NULL) {
         /* Deferral (ctl_exec.c): a queue with calls in a step sent to a worker that may defer
-         * them waits for that step's results; a controller call also waits for calls taken
-         * into the step being formed (a deferred call runs again before it). */
-        if (q->held || (call->kind == CTL_KIND_CTRL && ctl_exec_defer_pending(q))) {
+         * them waits for that step's results; a controller call (but synchronize) also waits
+         * for calls taken into the step being formed (a deferred call runs again before it). */
+        if (q->held || ctl_exec_ctrl_waits(q, call)) {
             unready(q);
             return;
         }

@@ -192,9 +192,9 @@ void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call);
 void ctl_exec_fail_unplaced(ctl_core *c, ctl_queue *q, ctl_call *call);
 /* Forms and sends steps on w while it has credits and work. */
 void ctl_exec_dispatch(ctl_core *c, ctl_worker *w);
-/* Whether q has calls in flight on a worker that may defer them: its controller calls wait
- * (a deferred call must run before them). */
-bool ctl_exec_defer_pending(const ctl_queue *q);
+/* Whether call, q's head, is a controller call that must wait because q has calls in flight on
+ * a worker that may defer them (a deferred call must run before it). */
+bool ctl_exec_ctrl_waits(const ctl_queue *q, const ctl_call *call);
 /* After a WorkerUp's results: advances the queues whose last in-flight call was answered on w
  * (they waited: ctl_queue.held). */
 void ctl_exec_wake(ctl_core *c, ctl_worker *w);

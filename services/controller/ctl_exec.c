@@ -1401,11 +1401,14 @@ static bool may_send(const ctl_core *c, ctl_worker *w) {
  *    like any call;
  *  * one step at a time per queue: once a step is sent, its queues are held (ctl_queue.held):
  *    none of their calls joins a later step, and their controller calls (alloc, dealloc,
- *    export, ...) wait, until every call of theirs in flight is answered. Otherwise a call
- *    taken into the next step, or a dealloc of a page a deferred forward writes, could overtake
- *    a call the worker defers. Calls of one step still batch vertically. The price: a queue
- *    whose consecutive calls did not fit in one step waits a round trip between them (a decode
- *    loop, whose next call needs the previous result, never does);
+ *    export, ...; not synchronize, which retires in order anyway) wait, until every call of
+ *    theirs in flight is answered. Otherwise a call taken into the next step, or a dealloc of a
+ *    page a deferred forward writes, could overtake a call the worker defers. Calls of one step
+ *    still batch vertically. The price: a queue whose consecutive calls did not fit in one step
+ *    waits a round trip between them (a decode loop, whose next call needs the previous result,
+ *    never does);
+ *  * a next_dist done behind a deferred call of its queue runs again (its distributions live
+ *    only in the WorkerUp being processed, and it only reads);
  *  * a bound: a call deferred more than CTL_DEFER_MAX times fails INTERNAL. The worker's own
  *    rule runs a request deferred WRK_OFF_DEFER_MAX (8) steps in a row at its next step, and a
  *    dependent waits for what it depends on, so a correct worker stays far below it; a worker
@@ -1413,7 +1416,12 @@ static bool may_send(const ctl_core *c, ctl_worker *w) {
  * A worker that did not register may_defer and answers deferred breaks the contract: its link
  * ends (INVALID_ARGUMENT). */
 
-bool ctl_exec_defer_pending(const ctl_queue *q) {
+bool ctl_exec_ctrl_waits(const ctl_queue *q, const ctl_call *call) {
+    /* synchronize need not wait: it completes when it retires, after every call before it in
+     * the completion FIFO — deferred ones included. The SDK issues one between a step's
+     * forward and its next_dist: waiting would split every decode over two steps. */
+    if (call->kind != CTL_KIND_CTRL || call->api->op_case == PIE__V1__API_CALL__OP_SYNCHRONIZE)
+        return false;
     return q->n_inflight > 0 && q->place && q->place->w->defers;
 }
 

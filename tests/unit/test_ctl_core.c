@@ -2225,6 +2225,7 @@ Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
     cr_assert_not_null(e1);
     cr_assert_eq(e1->embed_text->n_call_items, 1, "call_items go to a worker that may defer");
     cr_assert_eq(e1->embed_text->call_items[0], 1);
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_NEXT_DIST), "one step for the decode");
     const Pie__V1__ForwardItem *f1 = batch_of(d1, PIE__V1__BATCH__KIND_FORWARD)->forward->items[0];
     serve_n(W, 0, 1);
     cr_assert_eq(W->wk[0].deferred_items, 2, "the forward and the next_dist reading its output");
@@ -2389,5 +2390,40 @@ Test(ctl_core, a_call_deferred_in_part_fails_internal) {
     expect_error(W, 0, d, PIE_INTERNAL,
                  "next_dist: worker g1 deferred 1 of the call's 2 items (it must defer a call "
                  "whole)");
+    world_free(W);
+}
+
+/* On a worker that may defer, a controller call behind a call in flight waits for its result
+ * (a dealloc must not free a page a deferred forward writes), but synchronize does not (it
+ * retires in order anyway): the SDK's embed, forward, synchronize, next_dist stay one step. */
+Test(ctl_core, a_synchronize_keeps_a_decode_in_one_step_but_a_dealloc_waits_for_the_results) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, a, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(1), 1));
+    uint64_t sync = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    uint64_t dist = ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(1), 1, 0, 0));
+    ub_call(W, &b, a, 1, OP(DEALLOC_KV_PAGES), mk_dealloc_kv(U32(1), 1));
+    send_up(W, 0, &b);
+    const Pie__V1__WorkerDown *d1 = unread_step(W, 0, 0);
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_FORWARD));
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_NEXT_DIST), "the decode is one step");
+    const Pie__V1__Batch *sb = batch_of(d1, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert(sb == NULL || sb->slots->n_free_kv_slots == 0, "the dealloc waits for the results");
+    serve_n(W, 0, 1);
+    const Pie__V1__WorkerDown *d2 = unread_step(W, 0, 0);
+    sb = batch_of(d2, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert(sb && sb->slots->n_free_kv_slots == 1, "then the dealloc goes out");
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 2);
+    cr_assert_eq(W->res[0][0]->call_id, sync);
+    cr_assert_eq(W->res[0][1]->call_id, dist);
     world_free(W);
 }
