@@ -383,6 +383,13 @@ static void unready(ctl_queue *q) {
 void ctl_core_advance(ctl_core *c, ctl_queue *q) {
     ctl_call *call;
     while (!q->dead && (call = ctl_queue_head(q)) != NULL) {
+        /* Deferral (ctl_exec.c): a queue with calls in a step sent to a worker that may defer
+         * them waits for that step's results; a controller call (but synchronize) also waits
+         * for calls taken into the step being formed (a deferred call runs again before it). */
+        if (q->held || ctl_exec_ctrl_waits(q, call)) {
+            unready(q);
+            return;
+        }
         if (call->kind == CTL_KIND_CTRL) {
             unready(q);
             ctl_queue_take(q);
@@ -613,8 +620,8 @@ static void inst_free(ctl_inst *inst) {
     free(inst);
 }
 
-/* Drops every call of q: pending and retired-pending calls are freed, calls in flight are
- * orphaned (their batch frees them). */
+/* Drops every call of q: pending, deferred and retired-pending calls are freed, calls in flight
+ * are orphaned (their batch frees them). */
 static void queue_drop_calls(ctl_core *c, ctl_queue *q) {
     ctl_call *call = q->pend;
     while (call) {
@@ -633,8 +640,8 @@ static void queue_drop_calls(ctl_core *c, ctl_queue *q) {
         }
         call = next;
     }
-    q->pend = q->pend_tail = q->fifo = q->fifo_tail = NULL;
-    q->n_pend = q->n_fifo = 0;
+    q->pend = q->pend_tail = q->fifo = q->fifo_tail = q->redo = NULL;
+    q->n_pend = q->n_fifo = q->n_inflight = 0;
 }
 
 /* Everything an instance holds is released; it is freed at the end of the entry. */
@@ -999,6 +1006,14 @@ ctl_core *ctl_core_create(const ctl_core_config *cfg, const ctl_sink *sink, pie_
             "KV allocations granted past a worker's effective capacity (up to kv_pages_max: its "
             "host pool) instead of settling contention.",
             NULL, 0, &ms);
+        c->m_deferred = pie_metrics_counter(
+            metrics, "pie_controller_deferred_calls_total",
+            "Calls a worker deferred (ItemResult.deferred: not run) and the controller offered "
+            "again.",
+            NULL, 0, &ms);
+        c->m_defer_failed = pie_metrics_counter(
+            metrics, "pie_controller_deferral_failures_total",
+            "Calls failed because a worker deferred them more than 64 times.", NULL, 0, &ms);
         c->m_instances =
             pie_metrics_gauge(metrics, "pie_controller_instances", "Live instances.", NULL, 0, &ms);
         c->m_workers = pie_metrics_gauge(metrics, "pie_controller_workers",
@@ -1028,7 +1043,7 @@ void ctl_core_destroy(ctl_core *c) {
     if (c == NULL) return;
     /* The metrics registry may be gone already (svc_stop frees it first): touch it no more. */
     c->m_calls = c->m_batches = c->m_steps = c->m_items = c->m_terminated = NULL;
-    c->m_kv_spills = NULL;
+    c->m_kv_spills = c->m_deferred = c->m_defer_failed = NULL;
     c->m_instances = c->m_workers = c->m_replicas = c->m_waiting = NULL;
     c->m_wait = c->m_batch_size = NULL;
     c->metrics = NULL;
@@ -1222,7 +1237,8 @@ void ctl_core_worker_gauges(ctl_core *c, const ctl_worker *w, bool gone) {
 static bool inst_waiting(const ctl_inst *inst) {
     for (uint32_t i = 0; i < inst->n_all; i++) {
         const ctl_queue *q = inst->all[i];
-        if (q && q->pend && q->pend->kind != CTL_KIND_CTRL) return true;
+        const ctl_call *h = q ? ctl_queue_head(q) : NULL;
+        if (h && h->kind != CTL_KIND_CTRL) return true;
     }
     return false;
 }

@@ -141,6 +141,8 @@ struct ctl_core {
     /* metrics (may be NULL) */
     pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
     pie_counter *m_kv_spills; /* KV allocations granted past a worker's effective capacity */
+    pie_counter *m_deferred;     /* calls a worker deferred (taken back) */
+    pie_counter *m_defer_failed; /* calls failed for being deferred more than CTL_DEFER_MAX */
     pie_gauge *m_instances, *m_workers, *m_replicas, *m_waiting;
     pie_histogram *m_wait;       /* GPU call: arrival → taken into a batch, seconds */
     pie_histogram *m_batch_size; /* items per batch sent */
@@ -190,6 +192,12 @@ void ctl_exec_ctrl(ctl_core *c, ctl_queue *q, ctl_call *call);
 void ctl_exec_fail_unplaced(ctl_core *c, ctl_queue *q, ctl_call *call);
 /* Forms and sends steps on w while it has credits and work. */
 void ctl_exec_dispatch(ctl_core *c, ctl_worker *w);
+/* Whether call, q's head, is a controller call that must wait because q has calls in flight on
+ * a worker that may defer them (a deferred call must run before it). */
+bool ctl_exec_ctrl_waits(const ctl_queue *q, const ctl_call *call);
+/* After a WorkerUp's results: advances the queues whose last in-flight call was answered on w
+ * (they waited: ctl_queue.held). */
+void ctl_exec_wake(ctl_core *c, ctl_worker *w);
 /* Applies one BatchResult to the oldest outstanding batch of w. Returns false on a protocol
  * violation (the link is ended by the caller with st). */
 bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_status *st);

@@ -10,7 +10,8 @@
  *    rules that keep two calls out of one batch;
  *  * the step under construction (ctl_step): the scheduler's callbacks, SlotBatches placed
  *    before the batches that depend on them, and sending the step when the worker has a credit;
- *  * applying BatchResults: completing calls with their data or errors.
+ *  * applying BatchResults: completing calls with their data or errors, and taking back the
+ *    calls a worker deferred (below, "Deferral").
  * Does not own: when a call reaches its head (ctl_core.c), which batch is next (ctl_sched.c),
  * slot bookkeeping itself (ctl_vspace.c).
  *
@@ -865,7 +866,8 @@ static ctl_admit admit_take(ctl_core *c, ctl_queue *q, uint32_t n_items) {
     ctl_step *s = &c->step;
     ctl_batch *b = s->rec;
     ctl_call *call = ctl_queue_take(q);
-    pie_histogram_observe(c->m_wait, (double)(c->now_ns - call->t_ns) / 1e9);
+    if (call->deferrals == 0) /* the wait until first taken; a deferral's shows as latency */
+        pie_histogram_observe(c->m_wait, (double)(c->now_ns - call->t_ns) / 1e9);
     b->calls[b->n_calls++] = (ctl_batch_call){call, n_items};
     b->n_items += n_items;
     s->n_items += n_items;
@@ -904,6 +906,10 @@ static ctl_admit admit_bytes(ctl_core *c, ctl_queue *q, const char *op, size_t n
     return step_bytes(c, n) ? CTL_ADMIT_TAKEN : CTL_ADMIT_FULL;
 }
 
+/* Wire bytes of a call's entry in EmbedTextBatch.call_items / NextDistBatch.call_items (a
+ * varint of at most 5 bytes), sent only to a worker that may defer. */
+static size_t call_items_bytes(const ctl_worker *w) { return w->defers ? 5 : 0; }
+
 /* Wire bytes of one item in its batch: tag, length, body. */
 static size_t item_bytes(const ProtobufCMessage *m) {
     return 6 + protobuf_c_message_get_packed_size(m);
@@ -939,7 +945,8 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
             return admit_fail(c, q, &st);
         }
         if (s->n_tokens + n > w->max_tokens) return CTL_ADMIT_FULL;
-        if ((fits = admit_bytes(c, q, "embed_text", 15 * (size_t)n)) != CTL_ADMIT_TAKEN)
+        if ((fits = admit_bytes(c, q, "embed_text", 15 * (size_t)n + call_items_bytes(w))) !=
+            CTL_ADMIT_TAKEN)
             return fits;
         if (check_embed(c, q, api, s, &st) != PIE_OK) return admit_fail(c, q, &st);
         /* Same-instance calls of this batch must not write the same embedding. */
@@ -1015,7 +1022,9 @@ static ctl_admit admit(void *user, ctl_sq *sq, int kind) {
             return admit_fail(c, q, &st);
         }
         if (s->result_bytes + rb + 2 * CTL_BATCH_BYTES > ctl_msg_budget(c)) return CTL_ADMIT_FULL;
-        if ((fits = admit_bytes(c, q, "next_dist", 32 * (size_t)n)) != CTL_ADMIT_TAKEN) return fits;
+        if ((fits = admit_bytes(c, q, "next_dist", 32 * (size_t)n + call_items_bytes(w))) !=
+            CTL_ADMIT_TAKEN)
+            return fits;
         s->result_bytes += rb;
         size_t before = s->items.n;
         if (check_dist(c, q, api, s, &st) != PIE_OK) {
@@ -1062,6 +1071,10 @@ static uint32_t *dup_u32(ctl_step *s, const uint32_t *v, size_t n) {
     if (p && n) memcpy(p, v, n * sizeof *p);
     return p;
 }
+
+/* Deferrals of one call after which it fails (ctl_exec.c, "Deferral"): generous against the
+ * worker's own bound (8 steps in a row for a request, plus what a dependent waits for). */
+#define CTL_DEFER_MAX 64u
 
 /* Most slot changes one step carries (at most 16 bytes each on the wire; the byte budget of
  * the step, ctl_msg_budget, may cut it further). More wait for the next step. */
@@ -1186,8 +1199,21 @@ static void on_open(void *user, int kind) {
     s->serial = ++c->batch_serial;
 }
 
-/* The Batch message of the batch just formed. */
-static Pie__V1__Batch *build_batch(ctl_core *c, int kind) {
+/* To a worker that may defer: the items of each call of rec, in order (a worker defers a call
+ * whole: EmbedTextBatch.call_items). *n ← 0 and NULL for another worker; false when out of
+ * memory. */
+static bool call_items(ctl_step *s, const ctl_batch *rec, uint32_t **v, size_t *n) {
+    *v = NULL;
+    *n = 0;
+    if (!s->w->defers) return true;
+    if ((*v = arena_u32(s, rec->n_calls)) == NULL) return false;
+    for (uint32_t i = 0; i < rec->n_calls; i++) (*v)[i] = rec->calls[i].n_items;
+    *n = rec->n_calls;
+    return true;
+}
+
+/* The Batch message of the batch just formed (its calls: rec). */
+static Pie__V1__Batch *build_batch(ctl_core *c, int kind, const ctl_batch *rec) {
     ctl_step *s = &c->step;
     Pie__V1__Batch *pb = ctl_arena_alloc(&s->arena, sizeof *pb);
     if (pb == NULL) return NULL;
@@ -1206,6 +1232,8 @@ static Pie__V1__Batch *build_batch(ctl_core *c, int kind) {
         uint32_t *slots = dup_u32(s, s->emb_slots.v, total);
         uint32_t *toks = arena_u32(s, total), *pos = arena_u32(s, total);
         if (!eb || !slots || !toks || !pos) return NULL;
+        pie__v1__embed_text_batch__init(eb);
+        if (!call_items(s, rec, &eb->call_items, &eb->n_call_items)) return NULL;
         uint32_t at = 0;
         for (size_t i = 0; i < s->emb_calls.n; i++) {
             const Pie__V1__EmbedText *e = ((ctl_call *)s->emb_calls.v[i])->api->embed_text;
@@ -1213,7 +1241,6 @@ static Pie__V1__Batch *build_batch(ctl_core *c, int kind) {
             memcpy(pos + at, e->positions, e->n_positions * sizeof *pos);
             at += (uint32_t)e->n_token_ids;
         }
-        pie__v1__embed_text_batch__init(eb);
         eb->embed_slots = slots;
         eb->n_embed_slots = total;
         eb->token_ids = toks;
@@ -1258,6 +1285,7 @@ static Pie__V1__Batch *build_batch(ctl_core *c, int kind) {
         Pie__V1__NextDistBatch *db = ctl_arena_alloc(&s->arena, sizeof *db);
         if (db == NULL) return NULL;
         pie__v1__next_dist_batch__init(db);
+        if (!call_items(s, rec, &db->call_items, &db->n_call_items)) return NULL;
         db->items = (Pie__V1__NextDistItem **)items;
         db->n_items = n;
         pb->kind_case = PIE__V1__BATCH__KIND_NEXT_DIST;
@@ -1290,7 +1318,7 @@ static void on_close(void *user, int kind, uint32_t n_taken) {
         rec_put(c, rec);
         return;
     }
-    Pie__V1__Batch *pb = build_batch(c, kind);
+    Pie__V1__Batch *pb = build_batch(c, kind, rec);
     if (pb == NULL || !step_push(c, pb, rec)) {
         fail_batch_calls(c, rec, PIE_RESOURCE_EXHAUSTED,
                          "controller: out of memory forming a batch");
@@ -1360,6 +1388,78 @@ static bool may_send(const ctl_core *c, ctl_worker *w) {
     return false;
 }
 
+/* ---- Deferral ----------------------------------------------------------------------------------
+ *
+ * A worker that registered may_defer (and got defer_ok) may answer an item ItemResult.deferred:
+ * not run at all, offered again. It defers whole calls, and with a call every later item of the
+ * same step that depends on it through a page or an embedding (services/worker/wrk_dep.h), so
+ * what ran never depends on what did not. What the controller adds:
+ *  * a deferred call goes back to the front of its queue (ctl_queue_defer: the redo list, before
+ *    every call never taken, in issue order; it keeps its place in the completion FIFO, so
+ *    results still come in issue order) and is offered in a later step to the same worker (an
+ *    instance's objects of a model live on one worker) — validated and mapped again when taken,
+ *    like any call;
+ *  * one step at a time per queue: once a step is sent, its queues are held (ctl_queue.held):
+ *    none of their calls joins a later step, and their controller calls (alloc, dealloc,
+ *    export, ...; not synchronize, which retires in order anyway) wait, until every call of
+ *    theirs in flight is answered. Otherwise a call taken into the next step, or a dealloc of a
+ *    page a deferred forward writes, could overtake a call the worker defers. Calls of one step
+ *    still batch vertically. The price: a queue whose consecutive calls did not fit in one step
+ *    waits a round trip between them (a decode loop, whose next call needs the previous result,
+ *    never does);
+ *  * a next_dist done behind a deferred call of its queue runs again (its distributions live
+ *    only in the WorkerUp being processed, and it only reads);
+ *  * a bound: a call deferred more than CTL_DEFER_MAX times fails INTERNAL. The worker's own
+ *    rule runs a request deferred WRK_OFF_DEFER_MAX (8) steps in a row at its next step, and a
+ *    dependent waits for what it depends on, so a correct worker stays far below it; a worker
+ *    that defers forever costs its instances an error, not a livelock.
+ * A worker that did not register may_defer and answers deferred breaks the contract: its link
+ * ends (INVALID_ARGUMENT). */
+
+bool ctl_exec_ctrl_waits(const ctl_queue *q, const ctl_call *call) {
+    /* synchronize need not wait: it completes when it retires, after every call before it in
+     * the completion FIFO — deferred ones included. The SDK issues one between a step's
+     * forward and its next_dist: waiting would split every decode over two steps. */
+    if (call->kind != CTL_KIND_CTRL || call->api->op_case == PIE__V1__API_CALL__OP_SYNCHRONIZE)
+        return false;
+    return q->n_inflight > 0 && q->place && q->place->w->defers;
+}
+
+/* Holds every queue with a call in the step just sent (its worker may defer). */
+static void hold_step_queues(ctl_step *s) {
+    for (size_t i = 0; i < s->recs.n; i++) {
+        const ctl_batch *b = s->recs.v[i];
+        for (uint32_t k = 0; k < b->n_calls; k++) {
+            ctl_queue *q = b->calls[k].call->q;
+            if (q == NULL || q->held) continue;
+            q->held = true;
+            if (q->sched) ctl_sched_unready(q->sched, &q->sq);
+            q->sched = NULL;
+        }
+    }
+}
+
+/* q's last in-flight call was answered: if it was held, advance it once the WorkerUp is
+ * processed (ctl_exec_wake; the worker's settle list is empty outside batch forming). */
+static void wake_later(ctl_worker *w, ctl_queue *q) {
+    if (q->dead || !q->held || q->n_inflight > 0 || q->in_settle) return;
+    q->in_settle = true;
+    q->settle_next = w->settle;
+    w->settle = q;
+}
+
+void ctl_exec_wake(ctl_core *c, ctl_worker *w) {
+    while (w->settle) {
+        ctl_queue *q = w->settle;
+        w->settle = q->settle_next;
+        q->settle_next = NULL;
+        q->in_settle = false;
+        if (q->dead || q->n_inflight > 0) continue;
+        q->held = false;
+        ctl_core_advance(c, q);
+    }
+}
+
 void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
     ctl_step *s = &c->step;
     while (may_send(c, w)) {
@@ -1397,6 +1497,7 @@ void ctl_exec_dispatch(ctl_core *c, ctl_worker *w) {
             w->out_tail = b;
             w->n_out++;
         }
+        if (w->defers) hold_step_queues(s);
         w->credits--;
         w->steps++;
         w->batches_sent += s->batches.n;
@@ -1419,6 +1520,51 @@ void ctl_exec_batch_free(ctl_core *c, ctl_batch *b) {
     rec_put(c, b);
 }
 
+/* A call's items in r (from at, n of them): how many the worker deferred. */
+static uint32_t deferred_items(const Pie__V1__BatchResult *r, uint32_t at, uint32_t n) {
+    uint32_t d = 0;
+    for (uint32_t k = at; k < at + n && k < r->n_items; k++) d += r->items[k]->deferred;
+    return d;
+}
+
+/* A result may carry deferred items only from a worker that may defer, and never for a slot
+ * batch (slot changes are not deferred). */
+static bool deferrals_allowed(const ctl_worker *w, const ctl_batch *b,
+                              const Pie__V1__BatchResult *r, pie_status *st) {
+    if (r->code != 0 || deferred_items(r, 0, (uint32_t)r->n_items) == 0) return true;
+    if (!w->defers)
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "WorkerLink: batch %llu has deferred items, but the worker's registration "
+                       "did not say may_defer",
+                       (unsigned long long)r->batch_id);
+    else if (b->kind == CTL_KIND_NONE)
+        pie_status_set(st, PIE_INVALID_ARGUMENT,
+                       "WorkerLink: batch %llu is a slot batch, whose items are never deferred",
+                       (unsigned long long)r->batch_id);
+    else
+        return true;
+    return false;
+}
+
+/* The worker deferred every item of call: it goes back to its queue's front, or fails once it
+ * was deferred more than CTL_DEFER_MAX times. */
+static void take_back(ctl_core *c, ctl_worker *w, ctl_call *call, const char *kname) {
+    if (call->deferrals < CTL_DEFER_MAX) {
+        ctl_queue_defer(call);
+        if (c->m_deferred) pie_counter_add(c->m_deferred, 1);
+        return;
+    }
+    char msg[PIE_STATUS_MSG_MAX];
+    snprintf(msg, sizeof msg,
+             "%s: worker %s deferred this call %u times without running it (a worker runs a "
+             "deferred call within a few steps); giving up",
+             kname, w->reg->group_id, call->deferrals + 1);
+    pie_log_warn("ctl.worker.defer_bound", "worker_index=%u group=%s call_kind=%s deferrals=%u",
+                 w->index, w->reg->group_id, kname, call->deferrals + 1);
+    if (c->m_defer_failed) pie_counter_add(c->m_defer_failed, 1);
+    ctl_queue_done(call, PIE_INTERNAL, msg);
+}
+
 bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_status *st) {
     ctl_batch *b = w->out;
     if (b == NULL) {
@@ -1434,6 +1580,7 @@ bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_st
                        (unsigned long long)r->batch_id, (unsigned long long)b->id);
         return false;
     }
+    if (!deferrals_allowed(w, b, r, st)) return false;
     w->out = b->next;
     if (w->out == NULL) w->out_tail = NULL;
     w->n_out--;
@@ -1481,11 +1628,34 @@ bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_st
     for (uint32_t i = 0; i < b->n_calls; i++) {
         ctl_call *call = b->calls[i].call;
         uint32_t n = b->calls[i].n_items;
-        if (call->q) {
+        /* The call may be freed by ctl_core_completed; a held queue is not (its destroy_queue
+         * waits behind its calls in flight), so only a held queue is looked at after it. */
+        ctl_queue *q = call->q;
+        ctl_queue *held = q && q->held ? q : NULL;
+        uint32_t n_def = fail_code || r->n_items == 0 ? 0 : deferred_items(r, at, n);
+        if (q && n_def == 0 && !fail_code && b->kind == CTL_KIND_DIST && q->redo &&
+            q->redo->seq < call->seq)
+            n_def = n; /* behind a deferred call: its distributions would have to outlive this
+                          message until that one ran; it only reads, so it runs again instead */
+        if (q && n_def > 0 && n_def == n) {
+            take_back(c, w, call, kname);
+            at += n;
+            if (call->state == CTL_CALL_DONE) ctl_core_completed(c, call);
+            if (held) wake_later(w, held);
+            continue;
+        }
+        if (q) {
             if (fail_code) {
                 ctl_queue_done(call, fail_code, msg);
             } else if (r->n_items == 0) {
                 ctl_queue_done(call, 0, NULL);
+            } else if (n_def) { /* the contract defers calls whole */
+                char part[PIE_STATUS_MSG_MAX];
+                snprintf(part, sizeof part,
+                         "%s: worker %s deferred %u of the call's %u items (it must defer a call "
+                         "whole)",
+                         kname, w->reg->group_id, n_def, n);
+                ctl_queue_done(call, PIE_INTERNAL, part);
             } else {
                 uint32_t code = 0;
                 const char *m = NULL;
@@ -1513,6 +1683,7 @@ bool ctl_exec_result(ctl_core *c, ctl_worker *w, Pie__V1__BatchResult *r, pie_st
         }
         at += n;
         ctl_core_completed(c, call);
+        if (held) wake_later(w, held);
     }
     b->n_calls = 0;
     rec_put(c, b);

@@ -317,6 +317,7 @@ ctl_worker *ctl_core_worker_join(ctl_core *c, void *link, Pie__V1__WorkerUp *reg
     w->last_heard_ns = now_ns;
     w->max_items = cap->max_batch_items;
     w->max_tokens = cap->max_batch_tokens;
+    w->defers = r->may_defer; /* this controller takes deferred items back whenever offered */
     w->next = c->workers;
     c->workers = w;
     c->models[model].workers++;
@@ -324,6 +325,7 @@ ctl_worker *ctl_core_worker_join(ctl_core *c, void *link, Pie__V1__WorkerUp *reg
     reg.worker_index = index;
     reg.version = "pie-c/0.1.0";
     reg.heartbeat_ms = c->cfg.heartbeat_ms;
+    reg.defer_ok = w->defers;
     Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
     down.registered = &reg;
     c->sink.to_worker(c->sink.user, link, &down);
@@ -339,9 +341,9 @@ ctl_worker *ctl_core_worker_join(ctl_core *c, void *link, Pie__V1__WorkerUp *reg
     }
     pie_log_info("ctl.worker.registered",
                  "worker_index=%u group=%s model=%s kv_pages=%u embed_slots=%u max_items=%u "
-                 "max_tokens=%u",
+                 "max_tokens=%u defers=%s",
                  index, r->group_id, r->model->name, cap->kv_pages_effective, cap->embed_slots,
-                 cap->max_batch_items, cap->max_batch_tokens);
+                 cap->max_batch_items, cap->max_batch_tokens, w->defers ? "true" : "false");
     ctl_core_leave(c);
     return w;
 }
@@ -393,7 +395,8 @@ void ctl_core_worker_up(ctl_core *c, ctl_worker *w, Pie__V1__WorkerUp *up, int64
         keep = true;
     }
 out:
-    ctl_core_leave(c); /* dispatches, then sends the results that point into up */
+    ctl_exec_wake(c, w); /* queues whose results all came back: before dispatching */
+    ctl_core_leave(c);   /* dispatches, then sends the results that point into up */
     if (!keep) free_msg(up);
 }
 

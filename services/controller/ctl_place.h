@@ -86,6 +86,10 @@ typedef struct ctl_worker {
     /* WorkerUp.draining received (the worker got SIGTERM): no new placements; its instances
      * keep their steps, and Drain{shutdown} follows once it holds none (ctl_core_retire_worker) */
     bool leaving;
+    /* Its registration said may_defer and the controller answered defer_ok: its items may come
+     * back ItemResult.deferred (ctl_exec.c, "Deferral"); false: a deferred item is a protocol
+     * violation. */
+    bool defers;
     /* work_conserving: how long a step takes on the worker (moving average of the exec_us of
      * its batches), while one step runs when the next one is to be formed (0: none), and when
      * the last step's results arrived (a step sent while another ran starts about then). */

@@ -34,13 +34,22 @@ void ctl_queue_push(ctl_queue *q, ctl_call *c) {
 }
 
 ctl_call *ctl_queue_take(ctl_queue *q) {
-    ctl_call *c = q->pend;
+    ctl_call *c = q->redo;
+    if (c) { /* taken again: its FIFO place is where it was first taken */
+        q->redo = c->redo_next;
+        c->redo_next = NULL;
+        c->state = CTL_CALL_INFLIGHT;
+        q->n_inflight++;
+        return c;
+    }
+    c = q->pend;
     if (c == NULL) return NULL;
     q->pend = c->next;
     if (q->pend == NULL) q->pend_tail = NULL;
     q->n_pend--;
     c->next = NULL;
     c->state = CTL_CALL_INFLIGHT;
+    q->n_inflight++;
     if (q->fifo_tail)
         q->fifo_tail->next = c;
     else
@@ -51,6 +60,7 @@ ctl_call *ctl_queue_take(ctl_queue *q) {
 }
 
 void ctl_queue_done(ctl_call *c, uint32_t code, const char *err) {
+    if (c->state == CTL_CALL_INFLIGHT && c->q && c->q->n_inflight) c->q->n_inflight--;
     c->state = CTL_CALL_DONE;
     c->code = code;
     if (code != 0) {
@@ -58,6 +68,17 @@ void ctl_queue_done(ctl_call *c, uint32_t code, const char *err) {
         free(c->err);
         c->err = strdup(err ? err : "");
     }
+}
+
+void ctl_queue_defer(ctl_call *c) {
+    ctl_queue *q = c->q;
+    if (q->n_inflight) q->n_inflight--;
+    c->state = CTL_CALL_DEFERRED;
+    c->deferrals++;
+    ctl_call **at = &q->redo;
+    while (*at && (*at)->seq < c->seq) at = &(*at)->redo_next;
+    c->redo_next = *at;
+    *at = c;
 }
 
 ctl_call *ctl_queue_retire(ctl_queue *q) {

@@ -11,9 +11,16 @@
  * arrive in issue order, and a synchronize (DONE as soon as it is taken) is emitted exactly
  * when everything before it completed, without holding up the calls after it.
  *
- * A queue is destroyed when its destroy_queue call retires. When its instance ends, pending
- * and retired calls are freed and in-flight ones are orphaned (q = NULL): the batch that holds
- * them frees them when its result arrives or its worker is lost.
+ * A call a worker deferred (ItemResult.deferred: not run, to be offered again) goes from
+ * INFLIGHT to DEFERRED: it keeps its place in the completion FIFO (nothing after it retires
+ * before it) and joins the queue's redo list, which comes before the pending calls: the head is
+ * the oldest deferred call, taken again (back to INFLIGHT, same FIFO place) before any call
+ * never taken. So the calls of a queue are taken, run and retired in issue order however often
+ * a worker defers them.
+ *
+ * A queue is destroyed when its destroy_queue call retires. When its instance ends, pending,
+ * deferred and retired calls are freed and in-flight ones are orphaned (q = NULL): the batch
+ * that holds them frees them when its result arrives or its worker is lost.
  * Does not own: what calls mean (ctl_exec.c), scheduling (ctl_sched.c). */
 #ifndef CTL_QUEUE_H
 #define CTL_QUEUE_H
@@ -28,6 +35,7 @@ typedef enum ctl_call_state {
     CTL_CALL_PENDING = 0,
     CTL_CALL_INFLIGHT = 1,
     CTL_CALL_DONE = 2,
+    CTL_CALL_DEFERRED = 3, /* in the FIFO and the redo list: to be taken again */
 } ctl_call_state;
 
 struct ctl_queue;
@@ -35,6 +43,7 @@ struct ctl_msg;
 
 typedef struct ctl_call {
     struct ctl_call *next;       /* pending list or completion FIFO; free list of the slab */
+    struct ctl_call *redo_next;  /* DEFERRED: the queue's redo list */
     struct ctl_queue *q;         /* NULL once orphaned */
     const Pie__V1__ApiCall *api; /* inside msg */
     struct ctl_msg *msg;         /* the kept SessionUp that holds api (refcounted) */
@@ -47,6 +56,7 @@ typedef struct ctl_call {
     char *err;                   /* when code != 0: malloc'd message */
     uint32_t *out_ids;           /* import_kv_pages: the ids bound (malloc'd) */
     uint32_t n_out_ids;
+    uint32_t deferrals; /* times a worker deferred it (bounded: CTL_DEFER_MAX, ctl_exec.c) */
     /* next_dist, only while its WorkerUp is being processed: the items of its batch result. */
     Pie__V1__ItemResult **items;
     uint32_t n_items;
@@ -63,7 +73,13 @@ typedef struct ctl_queue {
     struct ctl_queue *settle_next;
     ctl_call *pend, *pend_tail; /* not yet taken, issue order */
     ctl_call *fifo, *fifo_tail; /* taken, not yet retired, issue order */
+    ctl_call *redo;             /* DEFERRED calls, issue order: taken before pend */
     uint32_t n_pend, n_fifo;
+    uint32_t n_inflight; /* taken and neither done nor deferred (in a batch, or running) */
+    /* On a worker that may defer: the queue has calls in a step sent and not answered, so
+     * none of its calls joins another step and its controller calls wait (ctl_exec.c,
+     * "Deferral"). Cleared when its last in-flight call is answered. */
+    bool held;
     uint32_t vindex;         /* index in the instance's queue table */
     struct ctl_place *place; /* the instance's objects of this model, once placed */
     ctl_sched *sched;        /* the scheduler whose ready list holds sq, or NULL */
@@ -74,16 +90,23 @@ void ctl_queue_init(ctl_queue *q, uint32_t id, uint32_t model, struct ctl_inst *
 int ctl_queue_rank(int wire_priority);
 
 void ctl_queue_push(ctl_queue *q, ctl_call *c);
-static inline ctl_call *ctl_queue_head(const ctl_queue *q) { return q->pend; }
-/* Moves the head call to the completion FIFO as INFLIGHT and returns it. */
+/* The next call to take: the oldest deferred one, else the oldest pending one. */
+static inline ctl_call *ctl_queue_head(const ctl_queue *q) { return q->redo ? q->redo : q->pend; }
+/* Takes the head call as INFLIGHT and returns it: a pending call moves to the completion
+ * FIFO's end, a deferred one keeps its FIFO place. */
 ctl_call *ctl_queue_take(ctl_queue *q);
 /* Marks a taken call DONE with a result code (err: message, copied; NULL for none). */
 void ctl_queue_done(ctl_call *c, uint32_t code, const char *err);
+/* A worker deferred an in-flight call: DEFERRED, into the redo list in issue order (by seq),
+ * its deferrals counted. */
+void ctl_queue_defer(ctl_call *c);
 /* The FIFO front if it is DONE, removed from the FIFO; NULL otherwise. */
 ctl_call *ctl_queue_retire(ctl_queue *q);
 /* Whether the queue holds nothing (neither pending nor unretired calls). */
 static inline bool ctl_queue_empty(const ctl_queue *q) {
     return q->pend == NULL && q->fifo == NULL;
 }
+/* Whether the queue's next call waits to be taken: pending or deferred. */
+static inline bool ctl_queue_waiting(const ctl_queue *q) { return q->redo || q->pend; }
 
 #endif

@@ -27,6 +27,16 @@ static pie_code engine_forward(void *ctx, const eng_forward_item *items, uint32_
     return eng_forward(ctx, items, n, st);
 }
 
+static pie_code engine_forward_plan(void *ctx, const eng_forward_item *items, uint32_t n,
+                                    uint8_t *defer, pie_status *st) {
+    return eng_forward_plan(ctx, items, n, defer, st);
+}
+
+static pie_code engine_forward_skip(void *ctx, const eng_forward_item *items, uint32_t n,
+                                    const uint8_t *skip, pie_status *st) {
+    return eng_forward_skip(ctx, items, n, skip, st);
+}
+
 static pie_code engine_mask_page(void *ctx, uint32_t page, const bool *masked, pie_status *st) {
     return eng_mask_page(ctx, page, masked, st);
 }
@@ -58,6 +68,8 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .ctx = e,
         .embed_text = engine_embed_text,
         .forward = engine_forward,
+        .forward_plan = engine_forward_plan,
+        .forward_skip = engine_forward_skip,
         .mask_page = engine_mask_page,
         .copy_pages = engine_copy_pages,
         .next_dist = engine_next_dist,

@@ -25,6 +25,12 @@ typedef struct wrk_backend {
     pie_code (*embed_text)(void *ctx, const uint32_t *slots, const uint32_t *tokens,
                            const uint32_t *positions, uint32_t n, pie_status *st);
     pie_code (*forward)(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st);
+    /* Deferral (eng_forward_plan, eng_forward_skip); NULL: this backend never defers (null,
+     * cuda). */
+    pie_code (*forward_plan)(void *ctx, const eng_forward_item *items, uint32_t n, uint8_t *defer,
+                             pie_status *st);
+    pie_code (*forward_skip)(void *ctx, const eng_forward_item *items, uint32_t n,
+                             const uint8_t *skip, pie_status *st);
     pie_code (*mask_page)(void *ctx, uint32_t page, const bool *masked, pie_status *st);
     pie_code (*copy_pages)(void *ctx, const eng_copy_item *items, uint32_t n, pie_status *st);
     pie_code (*next_dist)(void *ctx, eng_dist_item *items, uint32_t n, pie_status *st);

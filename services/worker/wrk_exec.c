@@ -19,6 +19,7 @@
 #include "pie_check.h"
 #include "pie_log.h"
 #include "rpc.h"
+#include "wrk_dep.h"
 
 /* ---- growable arrays ---------------------------------------------------------------------------
  */
@@ -95,13 +96,22 @@ struct wrk_exec {
     wrk_buf fwd;                          /* eng_forward_item */
     wrk_buf copies;                       /* eng_copy_item */
     wrk_buf dist_items;                   /* eng_dist_item */
+    wrk_buf dfr;                          /* uint8_t: items deferred (deferral) */
+
+    /* deferral: the step's footprint of deferred items, whether this step defers, how many */
+    wrk_dep dep;
+    bool step_defers;
+    uint32_t step_deferred;
+    atomic_bool defer_on; /* wrk_exec_set_defer */
 
     /* counters, read by any thread */
-    atomic_uint_least64_t n_batches, n_items, n_forward_tokens, busy_us;
+    atomic_uint_least64_t n_batches, n_items, n_forward_tokens, busy_us, n_deferred;
     atomic_uint kv_live_count;
 
     pie_histogram *h_exec[WRK_KINDS];
     pie_counter *c_batches, *c_batch_failures, *c_item_failures;
+    pie_counter *c_deferred[WRK_KINDS]; /* by kind (slots never: index 0 unused) */
+    pie_histogram *h_deferred;          /* deferred items per step, with deferral on */
 };
 
 /* One batch being run: where its result and item results go. */
@@ -110,7 +120,8 @@ typedef struct wrk_batch {
     char *msg;                  /* [PIE_STATUS_MSG_MAX] the batch's own message */
     Pie__V1__ItemResult *items; /* [n_items], initialised OK */
     Pie__V1__ItemResult **item_ptrs;
-    size_t n_items, n_bad;
+    size_t n_items, n_bad, n_deferred;
+    int kind; /* kind_index */
 } wrk_batch;
 
 static void batch_fail(wrk_exec *x, wrk_batch *b, pie_code code, const char *fmt, ...)
@@ -147,10 +158,23 @@ static void item_fail(wrk_exec *x, wrk_batch *b, size_t i, pie_code code, const 
     pie_counter_add(x->c_item_failures, 1);
 }
 
-/* Items go out when some failed or the kind returns data (and the batch did not fail). */
+/* Item i is deferred: not run, offered again by the controller (ItemResult.deferred). Its code
+ * is UNAVAILABLE so that a peer ignoring `deferred` fails it rather than take it for done;
+ * non-zero, it also drops out of the compacted lists the backend gets. */
+static void item_defer(wrk_exec *x, wrk_batch *b, size_t i) {
+    b->items[i].code = PIE_UNAVAILABLE;
+    b->items[i].message = "deferred";
+    b->items[i].deferred = true;
+    b->n_deferred++;
+    x->step_deferred++;
+    pie_counter_add(x->c_deferred[b->kind], 1);
+}
+
+/* Items go out when some failed or were deferred or the kind returns data (and the batch did
+ * not fail). */
 static void batch_finish(wrk_batch *b, bool returns_data) {
     if (b->res->code != 0) return;
-    if (b->n_bad > 0 || returns_data) {
+    if (b->n_bad > 0 || b->n_deferred > 0 || returns_data) {
         b->res->n_items = b->n_items;
         b->res->items = b->item_ptrs;
     }
@@ -174,7 +198,7 @@ static void remap_item(char *msg, const uint32_t *map, uint32_t n) {
 /* Fails the batch with the backend's status, naming the batch's own item numbers. */
 static void backend_fail(wrk_exec *x, wrk_batch *b, pie_status *st, const uint32_t *map,
                          uint32_t n) {
-    if (b->n_bad > 0) remap_item(st->msg, map, n);
+    if (b->n_bad > 0 || b->n_deferred > 0) remap_item(st->msg, map, n);
     batch_fail(x, b, st->code, "%s", st->msg);
 }
 
@@ -208,6 +232,59 @@ static uint32_t dist_k(const wrk_exec *x, const Pie__V1__NextDistItem *it) {
 static bool item_checked(wrk_exec *x, wrk_batch *b, size_t i, pie_code c, const pie_status *st) {
     if (c != PIE_OK) item_fail(x, b, i, st->code, "%s", st->msg);
     return c == PIE_OK;
+}
+
+/* ---- deferral (wrk_exec.h; the footprint and its rule: mem/wrk_dep.h) -------------------- */
+
+/* Whether this step defers and something in it was deferred already: only then can an item
+ * depend on a deferred one. */
+static bool may_depend(const wrk_exec *x) { return x->step_defers && !wrk_dep_empty(&x->dep); }
+
+/* One slot's access, for the kinds whose items touch one slot each way. */
+static wrk_dep_access access_one(const uint32_t *kv_read, const uint32_t *kv_write,
+                                 const uint32_t *emb_read, const uint32_t *emb_write) {
+    return (wrk_dep_access){.kv_read = kv_read,
+                            .n_kv_read = kv_read != NULL,
+                            .kv_write = kv_write,
+                            .n_kv_write = kv_write != NULL,
+                            .emb_read = emb_read,
+                            .n_emb_read = emb_read != NULL,
+                            .emb_write = emb_write,
+                            .n_emb_write = emb_write != NULL};
+}
+
+/* A forward item reads its pages and its inputs, writes its outputs and, when it appends, the
+ * pages its inputs land in (the last ones). */
+static wrk_dep_access forward_access(const eng_forward_item *it, uint32_t page_size) {
+    wrk_dep_access a = {.kv_read = it->kv_pages,
+                        .n_kv_read = it->n_kv_pages,
+                        .emb_read = it->in_slots,
+                        .n_emb_read = it->n_in,
+                        .emb_write = it->out_slots,
+                        .n_emb_write = it->n_out};
+    if (it->append_kv && it->n_kv_pages > 0 && page_size > 0) {
+        uint64_t seq = (uint64_t)(it->n_kv_pages - 1) * page_size + it->kv_last_page_len;
+        uint64_t from = seq > it->n_in ? seq - it->n_in : 0;
+        uint32_t first = (uint32_t)(from / page_size);
+        if (first < it->n_kv_pages) {
+            a.kv_write = it->kv_pages + first;
+            a.n_kv_write = it->n_kv_pages - first;
+        }
+    }
+    return a;
+}
+
+/* A call is deferred whole: spreads the flags d[0, n) over the calls of `calls` (their items
+ * in order; absent, or not adding up to n: each item is a call). */
+static void defer_whole_calls(uint8_t *d, size_t n, const uint32_t *calls, size_t n_calls) {
+    uint64_t sum = 0;
+    for (size_t c = 0; c < n_calls; c++) sum += calls[c];
+    if (n_calls == 0 || sum != n) return;
+    for (size_t c = 0, at = 0; c < n_calls; at += calls[c++]) {
+        bool any = false;
+        for (size_t k = at; k < at + calls[c]; k++) any = any || d[k];
+        if (any) memset(d + at, 1, calls[c]);
+    }
 }
 
 /* ---- the kinds ----------------------------------------------------------------------------- */
@@ -317,9 +394,23 @@ static void run_embed_text(wrk_exec *x, wrk_batch *b, const Pie__V1__EmbedTextBa
             c = pie_check_lt(at, "position", e->positions[i], lim->max_context_tokens, &st);
         item_checked(x, b, i, c, &st);
     }
+    if (may_depend(x)) { /* writing a slot a deferred item reads or writes: its call waits */
+        uint8_t *d = x->dfr.p;
+        for (size_t i = 0; i < n; i++) {
+            wrk_dep_access a = access_one(NULL, NULL, NULL, &e->embed_slots[i]);
+            d[i] = wrk_dep_hits(&x->dep, &a);
+        }
+        defer_whole_calls(d, n, e->call_items, e->n_call_items);
+        for (size_t i = 0; i < n; i++) {
+            if (!d[i] || b->items[i].code != 0) continue;
+            wrk_dep_access a = access_one(NULL, NULL, NULL, &e->embed_slots[i]);
+            wrk_dep_add(&x->dep, &a);
+            item_defer(x, b, i);
+        }
+    }
     const uint32_t *slots = e->embed_slots, *toks = e->token_ids, *pos = e->positions;
     uint32_t m = (uint32_t)n, *map = x->map.p;
-    if (b->n_bad > 0) { /* compact the good entries (room reserved by run_batch) */
+    if (b->n_bad > 0 || b->n_deferred > 0) { /* compact the good entries (room: run_batch) */
         uint32_t *cs = x->emb_slots.p, *ct = x->emb_toks.p, *cp = x->emb_pos.p;
         m = 0;
         for (size_t i = 0; i < n; i++) {
@@ -335,7 +426,7 @@ static void run_embed_text(wrk_exec *x, wrk_batch *b, const Pie__V1__EmbedTextBa
         backend_fail(x, b, &st, map, m);
         return;
     }
-    atomic_fetch_add(&x->n_items, n);
+    atomic_fetch_add(&x->n_items, n - b->n_deferred);
     batch_finish(b, false);
 }
 
@@ -410,14 +501,37 @@ static void run_forward(wrk_exec *x, wrk_batch *b, const Pie__V1__ForwardBatch *
     }
     pie_status st;
     int64_t t0 = rpc_now_ns();
-    if (m > 0 && x->o.backend.forward(x->o.backend.ctx, items, m, &st) != PIE_OK) {
+    uint32_t kept = m;
+    if (x->step_defers && m > 0) {
+        uint8_t *d = x->dfr.p;
+        if (x->o.backend.forward_plan(x->o.backend.ctx, items, m, d, &st) != PIE_OK) {
+            backend_fail(x, b, &st, map, m);
+            return;
+        }
+        kept = 0;
+        for (uint32_t k = 0; k < m; k++) { /* what the scheduler deferred, and its dependents */
+            wrk_dep_access a = forward_access(&items[k], x->o.lim.kv_page_size);
+            if (d[k] || wrk_dep_hits(&x->dep, &a)) {
+                d[k] = 1;
+                wrk_dep_add(&x->dep, &a);
+                item_defer(x, b, map[k]);
+                tokens -= items[k].n_in;
+                continue;
+            }
+            map[kept++] = map[k]; /* the batch items of what runs, for error messages */
+        }
+        if (x->o.backend.forward_skip(x->o.backend.ctx, items, m, d, &st) != PIE_OK) {
+            backend_fail(x, b, &st, map, kept);
+            return;
+        }
+    } else if (m > 0 && x->o.backend.forward(x->o.backend.ctx, items, m, &st) != PIE_OK) {
         backend_fail(x, b, &st, map, m);
         return;
     }
-    if (m > 0 && x->o.after_forward)
+    if (kept > 0 && x->o.after_forward)
         x->o.after_forward(x->o.mem_user, tokens, (uint64_t)(rpc_now_ns() - t0),
                            atomic_load(&x->kv_live_count));
-    atomic_fetch_add(&x->n_items, f->n_items);
+    atomic_fetch_add(&x->n_items, f->n_items - b->n_deferred);
     atomic_fetch_add(&x->n_forward_tokens, tokens);
     batch_finish(b, false);
 }
@@ -439,11 +553,17 @@ static void run_mask_page(wrk_exec *x, wrk_batch *b, const Pie__V1__MaskPageBatc
                                              lim->kv_page_size, &st),
                           &st))
             continue;
+        wrk_dep_access a = access_one(NULL, &it->kv_slot, NULL, NULL);
+        if (may_depend(x) && wrk_dep_hits(&x->dep, &a)) { /* masks a page a deferred item uses */
+            wrk_dep_add(&x->dep, &a);
+            item_defer(x, b, i);
+            continue;
+        }
         for (uint32_t j = 0; j < lim->kv_page_size; j++) x->mask_buf[j] = it->masked[j] != 0;
         if (x->o.backend.mask_page(x->o.backend.ctx, it->kv_slot, x->mask_buf, &st) != PIE_OK)
             item_fail(x, b, i, st.code, "mask_page: item %zu: %s", i, st.msg);
     }
-    atomic_fetch_add(&x->n_items, mb->n_items);
+    atomic_fetch_add(&x->n_items, mb->n_items - b->n_deferred);
     batch_finish(b, false);
 }
 
@@ -466,6 +586,12 @@ static void run_copy_page(wrk_exec *x, wrk_batch *b, const Pie__V1__CopyPageBatc
                                              it->dst_kv_slot, it->src_offset, it->dst_offset,
                                              it->token_count, lim->kv_page_size, &st),
                               &st)) {
+            wrk_dep_access a = access_one(&it->src_kv_slot, &it->dst_kv_slot, NULL, NULL);
+            if (may_depend(x) && wrk_dep_hits(&x->dep, &a)) {
+                wrk_dep_add(&x->dep, &a);
+                item_defer(x, b, i);
+                continue;
+            }
             copies[m] = (eng_copy_item){.src = it->src_kv_slot,
                                         .dst = it->dst_kv_slot,
                                         .src_off = it->src_offset,
@@ -478,7 +604,7 @@ static void run_copy_page(wrk_exec *x, wrk_batch *b, const Pie__V1__CopyPageBatc
         backend_fail(x, b, &st, map, m);
         return;
     }
-    atomic_fetch_add(&x->n_items, cb->n_items);
+    atomic_fetch_add(&x->n_items, cb->n_items - b->n_deferred);
     batch_finish(b, false);
 }
 
@@ -491,6 +617,15 @@ static void run_next_dist(wrk_exec *x, wrk_batch *b, const Pie__V1__NextDistBatc
     size_t k_used = 0;
     char why[64];
     pie_status st;
+    uint8_t *dfr = x->dfr.p;
+    bool depend = may_depend(x);
+    if (depend) { /* reading a slot a deferred item writes: its call waits */
+        for (size_t i = 0; i < nb->n_items; i++) {
+            wrk_dep_access a = access_one(NULL, NULL, &nb->items[i]->embed_slot, NULL);
+            dfr[i] = wrk_dep_hits(&x->dep, &a);
+        }
+        defer_whole_calls(dfr, nb->n_items, nb->call_items, nb->n_call_items);
+    }
     for (size_t i = 0; i < nb->n_items; i++) {
         const Pie__V1__NextDistItem *it = nb->items[i];
         const pie_check_at at = PIE_AT_ITEM("next_dist", i);
@@ -499,6 +634,12 @@ static void run_next_dist(wrk_exec *x, wrk_batch *b, const Pie__V1__NextDistBatc
         if (slot_bad(x->emb_live, lim->embed_slots, it->embed_slot, why)) {
             item_fail(x, b, i, PIE_INVALID_ARGUMENT, "next_dist: item %zu: embed slot %u %s", i,
                       it->embed_slot, why);
+            continue;
+        }
+        if (depend && dfr[i]) {
+            wrk_dep_access a = access_one(NULL, NULL, &it->embed_slot, NULL);
+            wrk_dep_add(&x->dep, &a);
+            item_defer(x, b, i);
             continue;
         }
         pie_code c = pie_check_range(at, "top_k", dist_k_asked(x, it), 1, lim->max_top_k, &st);
@@ -528,7 +669,7 @@ static void run_next_dist(wrk_exec *x, wrk_batch *b, const Pie__V1__NextDistBatc
     }
     x->dists_used += m;
     x->k_used += k_used;
-    atomic_fetch_add(&x->n_items, nb->n_items);
+    atomic_fetch_add(&x->n_items, nb->n_items - b->n_deferred);
     batch_finish(b, true);
 }
 
@@ -574,7 +715,8 @@ static bool reserve_step(wrk_exec *x, const Pie__V1__WorkerDown *down) {
            buf_reserve(&x->emb_pos, widest, sizeof(uint32_t)) &&
            buf_reserve(&x->fwd, widest, sizeof(eng_forward_item)) &&
            buf_reserve(&x->copies, widest, sizeof(eng_copy_item)) &&
-           buf_reserve(&x->dist_items, widest, sizeof(eng_dist_item));
+           buf_reserve(&x->dist_items, widest, sizeof(eng_dist_item)) &&
+           buf_reserve(&x->dfr, widest, 1);
 }
 
 static int kind_index(Pie__V1__Batch__KindCase k) {
@@ -608,6 +750,7 @@ static void run_batch(wrk_exec *x, const Pie__V1__Batch *batch, size_t i) {
     x->items_used += b.n_items;
     int64_t t0 = rpc_now_ns();
     int kind = kind_index(batch->kind_case);
+    b.kind = kind > 0 ? kind : 0;
     switch (batch->kind_case) {
     case PIE__V1__BATCH__KIND_SLOTS: run_slots(x, &b, batch->slots); break;
     case PIE__V1__BATCH__KIND_EMBED_TEXT: run_embed_text(x, &b, batch->embed_text); break;
@@ -669,10 +812,18 @@ static void run_step(wrk_exec *x, wrk_step *s) {
         fail_step(x, s);
     } else if (nb > 0) {
         x->items_used = x->dists_used = x->k_used = 0;
+        /* one mode for the whole step: the controller agreed before it sent it, or not */
+        x->step_defers = x->o.may_defer && atomic_load(&x->defer_on);
+        x->step_deferred = 0;
+        if (x->step_defers) wrk_dep_clear(&x->dep);
         Pie__V1__BatchResult **ptrs = x->result_ptrs.p;
         for (size_t i = 0; i < nb; i++) {
             run_batch(x, down->batches[i], i);
             ptrs[i] = (Pie__V1__BatchResult *)x->results.p + i;
+        }
+        if (x->step_defers) {
+            atomic_fetch_add(&x->n_deferred, x->step_deferred);
+            pie_histogram_observe(x->h_deferred, x->step_deferred);
         }
         if (x->o.group.check) group_check(x, x->o.group.check(x->o.group.g, &gst), &gst);
         Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
@@ -745,6 +896,8 @@ static void exec_free(wrk_exec *x) {
                        &x->owned,   &x->map,         &x->emb_slots,  &x->emb_toks,
                        &x->emb_pos, &x->fwd,         &x->copies,     &x->dist_items};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(bufs[i]);
+    buf_free(&x->dfr);
+    wrk_dep_free(&x->dep);
     free(x);
 }
 
@@ -768,6 +921,19 @@ wrk_exec *wrk_exec_start(const wrk_exec_opts *opts, pie_status *st) {
                        lim->kv_pages, lim->embed_slots);
         return NULL;
     }
+    if (opts->may_defer) {
+        if (!opts->backend.forward_plan || !opts->backend.forward_skip) {
+            exec_free(x);
+            pie_status_set(st, PIE_INVALID_ARGUMENT,
+                           "executor: deferral needs a backend that plans forwards (%s does not)",
+                           opts->backend.name ? opts->backend.name : "this one");
+            return NULL;
+        }
+        if (wrk_dep_init(&x->dep, lim->kv_pages, lim->embed_slots, st) != PIE_OK) {
+            exec_free(x);
+            return NULL;
+        }
+    }
     pie_metrics *m = opts->metrics;
     if (m != NULL) {
         double bounds[16];
@@ -784,6 +950,20 @@ wrk_exec *wrk_exec_start(const wrk_exec_opts *opts, pie_status *st) {
                                                   "Batches that failed as a whole.", NULL, 0, st);
         x->c_item_failures = pie_metrics_counter(m, "pie_worker_item_failures_total",
                                                  "Items that failed alone.", NULL, 0, st);
+        for (int k = 1; k < WRK_KINDS; k++) { /* a slot batch is never deferred */
+            pie_metric_label l = {"kind", wrk_kind_names[k]};
+            x->c_deferred[k] = pie_metrics_counter(
+                m, "pie_worker_deferred_items_total",
+                "Items answered deferred (not run; the controller offers them again): forward "
+                "items offload's scheduler deferred and the items depending on them.",
+                &l, 1, st);
+        }
+        double dbounds[12];
+        pie_metrics_exponential_bounds(1, 2, 12, dbounds); /* 1 .. 2048 items */
+        x->h_deferred = pie_metrics_histogram(m, "pie_worker_deferred_items_per_step",
+                                              "Items deferred per step, steps run with deferral "
+                                              "on.",
+                                              dbounds, 12, NULL, 0, st);
     }
     if (pthread_mutex_init(&x->mu, NULL) != 0) {
         exec_free(x);
@@ -879,8 +1059,13 @@ void wrk_exec_stats(wrk_exec *x, Pie__V1__WorkerStats *out) {
     out->forward_tokens = atomic_load(&x->n_forward_tokens);
     out->busy_us = atomic_load(&x->busy_us);
     out->kv_pages_on_device = atomic_load(&x->kv_live_count);
+    out->deferred_items = atomic_load(&x->n_deferred);
     out->kv_pages_on_host = 0;
 }
+
+void wrk_exec_set_defer(wrk_exec *x, bool on) { atomic_store(&x->defer_on, on && x->o.may_defer); }
+
+bool wrk_exec_defers(wrk_exec *x) { return atomic_load(&x->defer_on); }
 
 void wrk_exec_stop(wrk_exec *x) {
     if (x == NULL) return;

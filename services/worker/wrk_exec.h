@@ -17,6 +17,11 @@
  *   * Per item (ItemResult.code, INVALID_ARGUMENT): an item that names a slot outside the
  *     capacities or not allocated by an earlier SlotBatch, or has a bad count, length, top_k
  *     or temperature. The other items of the batch still run.
+ *   * Deferred (ItemResult.deferred, code UNAVAILABLE "deferred"; only with deferral on, see
+ *     wrk_exec_set_defer): a forward item the backend's scheduler deferred (eng_forward_plan),
+ *     every later item of the step that depends on a deferred one (mem/wrk_dep.h), and every
+ *     other item of a call (EmbedTextBatch.call_items, NextDistBatch.call_items) with one. A
+ *     deferred item is not run at all and not counted as executed.
  *
  * Threads: submit, reset, stats and stop may be called from any thread; emit and drain are
  * called on the thread that runs the step: the executor thread, or the submitter itself when
@@ -78,6 +83,10 @@ typedef struct wrk_exec_opts {
      * the thread that runs steps, before the next batch. Optional. */
     void (*after_slots)(void *mem_user, uint32_t kv_live);
     void *mem_user;
+    /* The backend may defer forward items (forward_plan and forward_skip set: the cpu engine
+     * under offload with memory.offload_defer, tp_size 1). The executor defers only while
+     * wrk_exec_set_defer says the link's controller agreed. */
+    bool may_defer;
 } wrk_exec_opts;
 
 typedef struct wrk_exec wrk_exec;
@@ -97,6 +106,13 @@ void wrk_exec_reset(wrk_exec *x);
  * Only while no step runs or is queued (the loop of a follower rank, tp/wrk_tp.c, which
  * submits one step at a time and so always finds the executor idle). */
 void wrk_exec_reset_now(wrk_exec *x);
+
+/* Deferral on or off for the steps that start from now on (on only with opts.may_defer): the
+ * link's controller answered WorkerRegistered.defer_ok (on), or the link ended (off). */
+void wrk_exec_set_defer(wrk_exec *x, bool on);
+
+/* Whether steps run with deferral now (Info's controller_deferral). */
+bool wrk_exec_defers(wrk_exec *x);
 
 /* Execution counters and live slots now (the other WorkerStats fields are left alone). */
 void wrk_exec_stats(wrk_exec *x, Pie__V1__WorkerStats *out);

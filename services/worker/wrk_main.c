@@ -73,6 +73,8 @@ typedef struct wrk_config {
     uint32_t mem_device_layers; /* memory.device_layers */
     double mem_link_gbps;      /* memory.emulate_link_gbps */
     int32_t mem_host_numa_node; /* memory.host_numa_node (-1: the kernel's placement) */
+    bool mem_offload_defer;     /* memory.offload_defer */
+    double mem_offload_host_attn_us; /* memory.offload_host_attn_us (0: profiled) */
 } wrk_config;
 
 static const pie_config_field wrk_fields[] = {
@@ -201,6 +203,20 @@ static const pie_config_field wrk_fields[] = {
      .doc = "swap: emulated device-host link in gigabits/s each way (cpu backend: 0 = memory "
             "speed; null backend: the link of the emulated device, 0 = copies take no time, for "
             "offload's page moves too); auto weighs it against a layer's compute"},
+    {"memory.offload_defer", PIE_CFG_BOOL, PIE_CONFIG_AT(wrk_config, mem_offload_defer),
+     .def = "false",
+     .doc = "offload (and auto when it chooses offload), cpu backend, tp.size 1: the load-aware "
+            "scheduler may defer a host decode whose attention would not hide behind the "
+            "step's device work to a later step (Neo's rule; at most 8 steps in a row), once "
+            "the controller agrees (it offers the call again); false = every item of a batch "
+            "runs"},
+    {"memory.offload_host_attn_us", PIE_CFG_DOUBLE,
+     PIE_CONFIG_AT(wrk_config, mem_offload_host_attn_us), .def = "0", .min = "0",
+     .max = "1000000",
+     .doc = "offload, auto (cpu backend): host attention per KV token for all layers, in "
+            "microseconds, that the load-aware scheduler (and auto's choice) uses instead of "
+            "the cost profiled at load (0 = profiled; the wrk.mem.offload log line shows what "
+            "is used); pins the decisions where a profile taken under load would be off"},
 };
 static const pie_config_schema wrk_schema = PIE_CONFIG_SCHEMA(wrk_config, wrk_fields);
 
@@ -328,6 +344,7 @@ again:;
         .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
         .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
         .offload_host_threads = offload ? (int)threads : 0,
+        .offload_host_attn_s = offload ? cfg->mem_offload_host_attn_us * 1e-6 : 0,
         .host_numa_bind = cfg->mem_host_numa_node >= 0,
         .host_numa_node = cfg->mem_host_numa_node,
     };
@@ -621,6 +638,16 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     if (loaded.auto_choice != WRK_MEM_GPU)
         pie_log_info("wrk.mem.auto", "policy=%s reason=\"%s\"",
                      wrk_mem_policy_names[loaded.auto_choice], loaded.auto_why);
+    /* Deferral needs the cpu engine's plan (eng_forward_plan) and one rank: a group's ranks
+     * would each have to skip the same items, and rank 0's plan travels without deferral. */
+    bool may_defer = cfg->mem_offload_defer && loaded.plan.policy == WRK_MEM_OFFLOAD &&
+                     loaded.engine != NULL && group == NULL;
+    if (cfg->mem_offload_defer && !may_defer)
+        pie_log_info("wrk.mem.offload_defer",
+                     "deferral=off reason=\"%s\"",
+                     loaded.plan.policy != WRK_MEM_OFFLOAD ? "the memory policy is not offload"
+                     : group ? "not in a tensor-parallel group"
+                             : "the backend has no offload scheduler to defer with");
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;
         if (loaded.nulldev) wrk_offrt_nulldev_stats(loaded.nulldev, &os);
@@ -628,12 +655,13 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
                      "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "
-                     "host_attn_per_kv=%.5f transfer_per_token=%.4f",
+                     "host_attn_per_kv=%.5f%s transfer_per_token=%.4f defer=%s",
                      (unsigned long long)loaded.plan.device_kv,
                      (unsigned long long)loaded.plan.host_bytes, loaded.plan.kv_pages_gpu,
                      loaded.plan.kv_pages_max, os.lin_tok * 1e6, os.lin_fixed * 1e6,
-                     os.dattn_kv * 1e6,
-                     os.hattn_kv * 1e6, os.xfer_tok * 1e6);
+                     os.dattn_kv * 1e6, os.hattn_kv * 1e6,
+                     cfg->mem_offload_host_attn_us > 0 ? "(memory.offload_host_attn_us)" : "",
+                     os.xfer_tok * 1e6, may_defer ? "true" : "false");
     }
     if (loaded.plan.policy == WRK_MEM_SWAP)
         pie_log_info("wrk.mem.swap",
@@ -646,6 +674,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
                      loaded.plan.adaptive ? "true" : "false", cfg->mem_link_gbps,
                      cfg->mem_host_numa_node);
     wrk_node_ready ready = {
+        .may_defer = may_defer,
         .mem = mem,
         .desc = &loaded.desc,
         .backend = loaded.backend,

@@ -140,6 +140,7 @@ static void link_on_connect(rpc_link *link, void *user) {
     reg.address = (char *)w->cfg.advertise;
     reg.n_ranks = w->n_ranks;
     reg.ranks = w->rank_ptrs;
+    reg.may_defer = w->ready.may_defer;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.registration = &reg;
     attach_tokenizer(w, &up);
@@ -164,6 +165,8 @@ static void on_registered(wrk_node *w, const Pie__V1__WorkerRegistered *r) {
     up.stats = &stats;
     up.draining = atomic_load(&w->draining); /* a new controller must not place on us either */
     pie_status st;
+    /* before this link's first step: it arrives after this message on the same thread */
+    wrk_exec_set_defer(w->exec, r->defer_ok);
     pthread_mutex_lock(&w->send_mu);
     w->worker_index = r->worker_index;
     atomic_store(&w->linked_index, r->worker_index);
@@ -177,8 +180,10 @@ static void on_registered(wrk_node *w, const Pie__V1__WorkerRegistered *r) {
     pthread_cond_signal(&w->beat_cv);
     pthread_mutex_unlock(&w->beat_mu);
     pie_gauge_set(w->g_linked, 1);
-    pie_log_info("wrk.link.registered", "worker_index=%u controller_version=%s heartbeat_ms=%u",
-                 r->worker_index, r->version, atomic_load(&w->heartbeat_ms));
+    pie_log_info("wrk.link.registered",
+                 "worker_index=%u deferral=%s controller_version=%s heartbeat_ms=%u",
+                 r->worker_index, wrk_exec_defers(w->exec) ? "on" : "off", r->version,
+                 atomic_load(&w->heartbeat_ms));
 }
 
 static bool link_on_message(rpc_link *link, ProtobufCMessage *msg, void *user) {
@@ -218,6 +223,7 @@ static void link_on_disconnect(rpc_link *link, const pie_status *st, void *user)
     atomic_store(&w->linked_index, 0);
     pthread_mutex_unlock(&w->send_mu);
     wrk_exec_reset(w->exec); /* queued steps dropped; every slot free for the next link */
+    wrk_exec_set_defer(w->exec, false); /* the next controller decides again */
     pie_gauge_set(w->g_linked, 0);
     if (atomic_load(&w->draining)) drain_finish(w); /* nothing is placed on us any more */
     if (was)
@@ -406,6 +412,10 @@ static bool info_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
         status.message = w->failed.msg;
     }
     resp.controller_linked = atomic_load(&w->linked_index) != 0;
+    if (state == PIE__V1__LOAD_STATE__LOAD_STATE_READY) {
+        resp.may_defer = w->ready.may_defer;
+        resp.controller_deferral = resp.controller_linked && wrk_exec_defers(w->exec);
+    }
     rpc_call_reply(call, &resp.base);
     return false;
 }
@@ -588,6 +598,7 @@ pie_code wrk_node_set_ready(wrk_node *w, const wrk_node_ready *r, pie_status *st
         .after_forward = wrk_memrt_after_forward,
         .after_slots = wrk_memrt_after_slots,
         .mem_user = r->mem,
+        .may_defer = r->may_defer,
     };
     if (r->mem == NULL)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "wrk_node_set_ready: no memory policy");

@@ -63,6 +63,9 @@ typedef struct wrk_node_ready {
     /* the memory policy (borrowed; must outlive the node): registration, Info, stats, and
      * CapacityChange when expansion moves the effective capacity */
     struct wrk_memrt *mem;
+    /* The backend may defer items (wrk_exec_opts.may_defer): the registration says may_defer,
+     * and each link whose controller answers defer_ok runs its steps with deferral. */
+    bool may_defer;
 } wrk_node_ready;
 
 /* The model is loaded: starts the executor; Info says READY. */

@@ -6,8 +6,17 @@
  * cannot hold them); text completion, parallel generation (a fork: pages shared between
  * sequences) and prefix caching's export, import and unexport say byte for byte what a worker
  * with policy gpu says, and the worker's metrics show decodes attended on the host and pages
- * moved there. */
+ * moved there.
+ *
+ * Deferral (memory.offload_defer; Neo's rule in the worker, the controller offering deferred
+ * calls again): concurrent text completions and a parallel generation, with the scheduler's
+ * host attention cost pinned so that no host decode hides behind device work, say what a
+ * worker with policy gpu says, while host decodes were deferred and offered again (both
+ * services' counters). Without the switch nothing is deferred. */
 #include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "e2e_support.h"
 
@@ -26,8 +35,106 @@ Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
     cr_expect_gt(hosted, 0, "no decode attended on the host");
     cr_expect_gt(moved, 0, "no page moved to the host");
     cr_expect_gt(forced, 0, "4 device pages never forced a decode to the host");
+    /* deferral is off unless switched on: every item ran where it was sent */
+    cr_expect_eq(e2e_metric(v.c.wrk, "pie_worker_deferred_items_total{kind=\"forward\"}"), 0);
+    cr_expect_eq(e2e_metric(v.c.ctl, "pie_controller_deferred_calls_total"), 0);
+    cr_expect_eq(pie_proc_log_count(v.c.wrk, "deferral=on"), 0);
 
     e2e_vs_gpu_end(&v);
+}
+
+/* ---- deferral ---------------------------------------------------------------------------- */
+
+#define N_MIXED 4
+
+/* Three text completions and a parallel generation (a fork into 3) at once: their decodes
+ * share steps, some with KV on the device (device work), some on the host. */
+static void run_mixed(e2e_cluster *c, char *const ids[3], e2e_run out[N_MIXED]) {
+    static const char *const tc_b[] = {"--prompt", "Once upon a time in a land far away there",
+                                       "--max-tokens", "40", "--ignore-eos", NULL};
+    static const char *const tc_c[] = {"--prompt", "The capital of France is", "--max-tokens",
+                                       "24", "--ignore-eos", NULL};
+    static const char *const pg[] = {"--prompt", "In a small village by the sea there lived",
+                                     "--n", "3", "--suffixes", " one day| never|",
+                                     "--max-tokens", "16", "--ignore-eos", NULL};
+    rpc_stream *s[N_MIXED] = {e2e_run_open(c, ids[0], e2e_tc_args, NULL),
+                              e2e_run_open(c, ids[0], tc_b, NULL),
+                              e2e_run_open(c, ids[0], tc_c, NULL),
+                              e2e_run_open(c, ids[1], pg, NULL)};
+    for (int i = 0; i < N_MIXED; i++) {
+        e2e_run_collect(s[i], &out[i]);
+        char what[32];
+        snprintf(what, sizeof what, "concurrent run %d", i);
+        e2e_assert_success(&out[i], what);
+    }
+}
+
+/* Policy offload with deferral against policy gpu: the concurrent programs, then the
+ * sequential ones (fork, export/import), byte for byte the same; host decodes were deferred by
+ * the worker and taken back by the controller. 4 device pages; a host attention cost of a
+ * second per KV token (memory.offload_host_attn_us) hides nothing, so a host decode waits
+ * whenever its step has device work — up to 8 steps in a row, then it runs. */
+Test(offload, deferred_host_decodes_change_no_output_of_concurrent_and_sequential_programs) {
+    e2e_cluster c;
+    const char *gpu_env[] = {"PIE_WORKER_GROUP_ID=gpu", NULL};
+    e2e_cluster_start_full(&c, gpu_env, NULL, NULL);
+    pie_status st;
+    rpc_channel *ctl = rpc_channel_create(pie_proc_addr(c.ctl), NULL, &st);
+    cr_assert(ctl, "%s", st.msg);
+    char *ids[3];
+    e2e_upload_programs(&c, ids);
+    cr_assert_eq(e2e_wait_worker(ctl, "gpu"), PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU);
+    e2e_run gpu_mixed[N_MIXED], got_mixed[N_MIXED], gpu_seq[E2E_N_RUNS], got_seq[E2E_N_RUNS];
+    run_mixed(&c, ids, gpu_mixed);
+    e2e_run_programs(&c, ids, "defer-prefix", gpu_seq);
+
+    const char *defer_env[] = {"PIE_WORKER_GROUP_ID=offload-defer",
+                               "PIE_MEMORY_POLICY=offload",
+                               "PIE_MEMORY_DEVICE_KV=128KiB",
+                               "PIE_MEMORY_HOST_POOL=64MiB",
+                               "PIE_MEMORY_OFFLOAD_DEFER=true",
+                               "PIE_MEMORY_OFFLOAD_HOST_ATTN_US=1000000",
+                               NULL};
+    e2e_worker_replace(&c, "the worker", defer_env);
+    cr_assert_eq(e2e_wait_serving(&c, ctl, "offload-defer"),
+                 PIE__V1__MEMORY_POLICY__MEMORY_POLICY_OFFLOAD);
+    cr_assert_eq(pie_proc_log_count(c.wrk, "deferral=on"), 1, "the link runs with deferral");
+    run_mixed(&c, ids, got_mixed);
+    e2e_run_programs(&c, ids, "defer-prefix", got_seq);
+    for (int i = 0; i < N_MIXED; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "concurrent run %d", i);
+        e2e_expect_same_msgs(&got_mixed[i], &gpu_mixed[i], what, "offload with deferral", "gpu");
+    }
+    const char *what[E2E_N_RUNS] = {"text_completion", "parallel_generation",
+                                    "prefix_caching (export)", "prefix_caching (import)",
+                                    "prefix_caching (unexport)"};
+    for (int i = 0; i < E2E_N_RUNS; i++)
+        e2e_expect_same_msgs(&got_seq[i], &gpu_seq[i], what[i], "offload with deferral", "gpu");
+    double wrk_fwd = e2e_metric(c.wrk, "pie_worker_deferred_items_total{kind=\"forward\"}");
+    double ctl_calls = e2e_metric(c.ctl, "pie_controller_deferred_calls_total");
+    double failed = e2e_metric(c.ctl, "pie_controller_deferral_failures_total");
+    cr_expect_gt(wrk_fwd, 0, "no forward was deferred");
+    cr_expect_geq(ctl_calls, wrk_fwd, "the controller took back %g calls for %g deferred forwards",
+                  ctl_calls, wrk_fwd);
+    cr_expect_eq(failed, 0, "no call reached the controller's bound");
+    double wrk_dist = e2e_metric(c.wrk, "pie_worker_deferred_items_total{kind=\"next_dist\"}");
+    cr_expect_eq(ctl_calls, wrk_fwd + wrk_dist,
+                 "calls taken back: %g; deferred forwards %g and next_dists %g (one item each)",
+                 ctl_calls, wrk_fwd, wrk_dist);
+    cr_log_info("deferred: %g forward items, %g next_dist items, %g calls taken back", wrk_fwd,
+                wrk_dist, ctl_calls);
+    for (int i = 0; i < N_MIXED; i++) {
+        e2e_run_free(&gpu_mixed[i]);
+        e2e_run_free(&got_mixed[i]);
+    }
+    for (int i = 0; i < E2E_N_RUNS; i++) {
+        e2e_run_free(&gpu_seq[i]);
+        e2e_run_free(&got_seq[i]);
+    }
+    for (int i = 0; i < 3; i++) free(ids[i]);
+    rpc_channel_destroy(ctl);
+    e2e_cluster_stop(&c);
 }
 
 /* ---- inside a tensor-parallel group (each rank's host pool holds its KV heads' share) ---- */

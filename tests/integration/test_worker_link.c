@@ -312,6 +312,18 @@ static Pie__V1__WorkerUp *expect_registration(fc *f, const pie_proc *w, int nth_
     return up;
 }
 
+/* `registered`, agreeing to deferred items (defer_ok) or not. */
+static void send_registered_defer(fc *f, uint32_t index, uint32_t heartbeat_ms, bool defer_ok) {
+    Pie__V1__WorkerRegistered r = PIE__V1__WORKER_REGISTERED__INIT;
+    r.worker_index = index;
+    r.version = "pie-c/0.1.0";
+    r.heartbeat_ms = heartbeat_ms;
+    r.defer_ok = defer_ok;
+    Pie__V1__WorkerDown down = PIE__V1__WORKER_DOWN__INIT;
+    down.registered = &r;
+    fc_send(f, &down);
+}
+
 static void send_registered(fc *f, uint32_t index, uint32_t heartbeat_ms) {
     Pie__V1__WorkerRegistered r = PIE__V1__WORKER_REGISTERED__INIT;
     r.worker_index = index;
@@ -1824,6 +1836,269 @@ Test(worker_link, offload_policy_registers_device_plus_host_pages_and_serves_wha
     cr_assert_eq(pie_proc_log_count(w, "wrk.mem.offload"), 1, "the offload line at load");
     stop_worker(w, 0);
     fc_stop(&f);
+}
+
+/* ---- deferral (issue 13: Neo's rule in the worker, ItemResult.deferred) ----------------- */
+
+/* small-f32 with 2 device pages (64 KiB: 4 layers x 8 KiB a page), a 2 MiB host pool and the
+ * scheduler's host attention cost pinned at a second per KV token: a decode whose KV is on the
+ * host never hides behind device work, so beside any it is deferred (until its 9th offer). */
+static const char *const defer_env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_DEVICE_KV=64KiB",
+                                        "PIE_MEMORY_HOST_POOL=2MiB",
+                                        "PIE_MEMORY_OFFLOAD_HOST_ATTN_US=1000000",
+                                        "PIE_MEMORY_OFFLOAD_DEFER=true", NULL};
+
+/* A next_dist batch whose items are each a call of their own (call_items all 1). */
+static Pie__V1__Batch *b_next_dist_calls(arena *a, uint64_t id, const uint32_t *slots, size_t n) {
+    uint32_t k[8], ones[8];
+    float t[8];
+    cr_assert_leq(n, 8);
+    for (size_t i = 0; i < n; i++) k[i] = 8, t[i] = 1.0f, ones[i] = 1;
+    Pie__V1__Batch *b = b_next_dist(a, id, slots, k, t, n);
+    b->next_dist->call_items = acopy(a, ones, b->next_dist->n_call_items = n);
+    return b;
+}
+
+/* Distributions of slots (top 8, t = 1) from the reference engine in one call, as the worker
+ * computes one batch's, against the items of r (want_items: which of r's items). */
+static void expect_dists(eng *e, const Pie__V1__BatchResult *r, const uint32_t *slots,
+                         const size_t *want_items, size_t n, const char *what) {
+    static direct_dist want[4];
+    uint32_t k[4] = {8, 8, 8, 8};
+    float t[4] = {1, 1, 1, 1};
+    engine_dists(e, slots, k, t, n, want);
+    for (size_t i = 0; i < n; i++) {
+        const Pie__V1__ItemResult *it = r->items[want_items[i]];
+        cr_assert_eq(it->code, 0, "%s: item %zu: %s", what, want_items[i], it->message);
+        assert_dist_equal(&want[i], it->distribution, what);
+    }
+}
+
+static void expect_deferred(const Pie__V1__BatchResult *r, size_t i, const char *what) {
+    cr_assert_eq(r->code, 0, "%s: the batch failed: %s", what, r->message);
+    cr_assert_gt(r->n_items, i, "%s: no item results", what);
+    const Pie__V1__ItemResult *it = r->items[i];
+    cr_assert(it->deferred, "%s: item %zu not deferred (code %u \"%s\")", what, i, it->code,
+              it->message);
+    cr_assert_eq(it->code, PIE_UNAVAILABLE, "%s", what);
+    cr_assert_str_eq(it->message, "deferred", "%s", what);
+    cr_assert_null(it->distribution, "%s", what);
+}
+
+/* expect_results, after any CapacityChange the step's slot batch caused (allocating past the
+ * effective capacity spills: the worker grows it and says so first). */
+static Pie__V1__WorkerUp *results_past_capacity(fc *f, const pie_proc *w, Pie__V1__Batch **b,
+                                                size_t n) {
+    Pie__V1__WorkerUp *up = fc_recv(f, w);
+    while (up->capacity && up->n_results == 0) {
+        rpc_msg_free(&up->base);
+        up = fc_recv(f, w);
+    }
+    cr_assert_eq(up->n_results, n, "a step of %zu batches came back as %zu results", n,
+                 up->n_results);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(up->results[i]->batch_id, b[i]->batch_id);
+    return up;
+}
+
+static double metric(const pie_proc *w, const char *series) {
+    double v = -1;
+    pie_status st;
+    cr_assert_eq(pie_proc_metric(w, series, &v, &st), PIE_OK, "%s: %s", series, st.msg);
+    return v;
+}
+
+/* Steps 1 and 2 on the worker and the reference engine: A (pages 0-1, slots 0-19) and B
+ * (pages 2-3, slots 40-59) prefill 20 tokens together, then decode one (inputs 20, 60, outputs
+ * 21, 61): the device holds 32 tokens of decodes, A and B need 42, so A's KV goes to the host.
+ * Every batch must succeed without deferrals (nothing is on the host before). */
+static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
+    static const uint32_t kv[8] = {0, 1, 2, 3, 4, 5, 6, 7}, pa[2] = {0, 1}, pb[2] = {2, 3};
+    uint32_t emb[100], slots[40], toks[40], pos[40], sa[20], sb[20];
+    for (uint32_t i = 0; i < 100; i++) emb[i] = i;
+    for (uint32_t i = 0; i < 20; i++) {
+        slots[i] = sa[i] = i, toks[i] = prompt_token(i), pos[i] = i;
+        slots[20 + i] = sb[i] = 40 + i, toks[20 + i] = prompt_token(100 + i), pos[20 + i] = i;
+    }
+    a->used = 0;
+    eng_forward_item pre[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 4,
+                                .append_kv = true, .in_slots = sa, .n_in = 20},
+                               {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 4,
+                                .append_kv = true, .in_slots = sb, .n_in = 20}};
+    Pie__V1__Batch *s1[3] = {
+        b_slots(a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = 8, .alloc_emb = emb,
+                                   .n_alloc_emb = 100}),
+        b_embed(a, 2, slots, toks, pos, 40), b_forward(a, 3, pre, 2)};
+    send_step(f, s1, 3);
+    pie_status st;
+    alloc_pages(e, kv, 8);
+    cr_assert_eq(eng_embed_text(e, slots, toks, pos, 40, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, pre, 2, &st), PIE_OK, "%s", st.msg);
+    Pie__V1__WorkerUp *up = results_past_capacity(f, w, s1, 3);
+    for (int i = 0; i < 3; i++) assert_batch_ok(up->results[i], 0);
+    rpc_msg_free(&up->base);
+    const uint32_t in[2] = {20, 60}, out[2] = {21, 61}, tk[2] = {prompt_token(20), prompt_token(120)},
+                   p20[2] = {20, 20};
+    eng_forward_item d1[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 5,
+                               .append_kv = true, .in_slots = &in[0], .n_in = 1,
+                               .out_slots = &out[0], .n_out = 1},
+                              {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 5,
+                               .append_kv = true, .in_slots = &in[1], .n_in = 1,
+                               .out_slots = &out[1], .n_out = 1}};
+    Pie__V1__Batch *s2[2] = {b_embed(a, 4, in, tk, p20, 2), b_forward(a, 5, d1, 2)};
+    send_step(f, s2, 2);
+    cr_assert_eq(eng_embed_text(e, in, tk, p20, 2, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, d1, 2, &st), PIE_OK, "%s", st.msg);
+    up = expect_results(f, w, s2, 2);
+    assert_batch_ok(up->results[0], 0);
+    assert_batch_ok(up->results[1], 0);
+    rpc_msg_free(&up->base);
+}
+
+/* The worker defers A's next decode (its KV on the host, B's decode as device work) and every
+ * later item of the step that depends on it: the next_dist of its output (a call of its own,
+ * B's beside it runs), a mask of a page it reads, a copy reading the page it appends to, an
+ * embed_text into its input. Nothing of them happened: probes of A's pages, of the copy's
+ * destination and of A's output slot read what policy gpu — which never ran them — reads; B
+ * got what a batch of B alone gets. Offered again alone, A runs and says what policy gpu says.
+ * The counters say what was deferred, by kind. */
+Test(worker_link, offload_deferral_defers_a_host_decode_and_its_dependents_leaving_no_trace) {
+    fc f;
+    fc_start(&f);
+    pie_proc *w = start_worker(&f, &(wopts){.model_path = SWAP_MODEL, .env = defer_env});
+    Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+    cr_assert(up->registration->may_defer, "deferral on: the registration offers it");
+    rpc_msg_free(&up->base);
+    send_registered_defer(&f, 1, 60000, true);
+    expect_credits(&f, w, 1);
+    cr_assert(pie_proc_wait_log(w, "deferral=on", 1, WAIT_MS), "the link says deferral=on");
+    eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
+    static arena a;
+    defer_prologue(&f, w, e, &a);
+    pie_status st;
+    /* step 3: A and B decode again, then what depends on A */
+    static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
+    const uint32_t in[2] = {22, 62}, out[2] = {23, 63}, tk[2] = {prompt_token(21), prompt_token(121)},
+                   p21[2] = {21, 21}, again = 22, tk7 = 7, p30 = 30;
+    eng_forward_item d2[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 6,
+                               .append_kv = true, .in_slots = &in[0], .n_in = 1,
+                               .out_slots = &out[0], .n_out = 1},
+                              {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 6,
+                               .append_kv = true, .in_slots = &in[1], .n_in = 1,
+                               .out_slots = &out[1], .n_out = 1}};
+    bool masked[PAGE] = {false};
+    masked[3] = true;
+    const eng_forward_item a_alone = d2[0];
+    a.used = 0;
+    Pie__V1__Batch *s3[6] = {b_embed(&a, 6, in, tk, p21, 2), b_forward(&a, 7, d2, 2),
+                             b_next_dist_calls(&a, 8, out, 2), b_mask(&a, 9, 1, masked, PAGE),
+                             b_copy(&a, 10, &(eng_copy_item){1, 6, 0, 0, 4}),
+                             b_embed(&a, 11, &again, &tk7, &p30, 1)};
+    send_step(&f, s3, 6);
+    cr_assert_eq(eng_embed_text(e, in, tk, p21, 2, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, &d2[1], 1, &st), PIE_OK, "%s", st.msg); /* what ran: B alone */
+    up = expect_results(&f, w, s3, 6);
+    assert_batch_ok(up->results[0], 0);
+    expect_deferred(up->results[1], 0, "A's decode");
+    cr_assert_eq(up->results[1]->items[1]->code, 0, "B's decode ran");
+    cr_assert_not(up->results[1]->items[1]->deferred);
+    expect_deferred(up->results[2], 0, "the next_dist of A's output");
+    expect_dists(e, up->results[2], &out[1], (size_t[]){1}, 1, "B's distribution");
+    expect_deferred(up->results[3], 0, "a mask of A's page");
+    expect_deferred(up->results[4], 0, "a copy of the page A appends to");
+    expect_deferred(up->results[5], 0, "an embed_text into A's input");
+    rpc_msg_free(&up->base);
+    /* step 4: probes (device work that writes nothing but outputs) */
+    const uint32_t pin[2] = {24, 26}, pout[2] = {25, 27}, ptk[2] = {prompt_token(22), 9},
+                   ppos[2] = {22, 1}, p6[1] = {6};
+    eng_forward_item probes[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 7,
+                                   .append_kv = false, .in_slots = &pin[0], .n_in = 1,
+                                   .out_slots = &pout[0], .n_out = 1},
+                                  {.kv_pages = p6, .n_kv_pages = 1, .kv_last_page_len = 4,
+                                   .append_kv = false, .in_slots = &pin[1], .n_in = 1,
+                                   .out_slots = &pout[1], .n_out = 1}};
+    const uint32_t look[3] = {25, 27, 23};
+    a.used = 0;
+    Pie__V1__Batch *s4[3] = {b_embed(&a, 12, pin, ptk, ppos, 2), b_forward(&a, 13, probes, 2),
+                             b_next_dist_calls(&a, 14, look, 3)};
+    send_step(&f, s4, 3);
+    cr_assert_eq(eng_embed_text(e, pin, ptk, ppos, 2, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_forward(e, probes, 2, &st), PIE_OK, "%s", st.msg);
+    up = expect_results(&f, w, s4, 3);
+    assert_batch_ok(up->results[1], 0);
+    assert_batch_ok(up->results[2], 3);
+    expect_dists(e, up->results[2], look, (size_t[]){0, 1, 2}, 3,
+                 "probes of A's pages, the copy's destination and A's output slot");
+    rpc_msg_free(&up->base);
+    /* step 5: A's decode offered again, alone: it runs */
+    a.used = 0;
+    Pie__V1__Batch *s5[2] = {b_forward(&a, 15, &a_alone, 1), b_next_dist_calls(&a, 16, out, 1)};
+    send_step(&f, s5, 2);
+    cr_assert_eq(eng_forward(e, &a_alone, 1, &st), PIE_OK, "%s", st.msg);
+    up = expect_results(&f, w, s5, 2);
+    assert_batch_ok(up->results[0], 0);
+    assert_batch_ok(up->results[1], 1);
+    expect_dists(e, up->results[1], out, (size_t[]){0}, 1, "A, a step late");
+    rpc_msg_free(&up->base);
+    static const char *const kinds[] = {"embed_text", "forward", "mask_page", "copy_page",
+                                        "next_dist"};
+    for (int k = 0; k < 5; k++) {
+        char series[128];
+        snprintf(series, sizeof series, "pie_worker_deferred_items_total{kind=\"%s\"}", kinds[k]);
+        cr_assert_eq(metric(w, series), 1.0, "%s", series);
+    }
+    cr_assert_eq(metric(w, "pie_worker_deferred_items_per_step_count"), 5.0,
+                 "five steps ran with deferral on");
+    eng_close(e);
+    stop_worker(w, 0);
+    fc_stop(&f);
+}
+
+/* A controller that does not answer defer_ok (an older one) never sees a deferral: the same
+ * steps run whole, as with deferral switched off, whose registration does not offer it. */
+Test(worker_link, offload_deferral_needs_the_controllers_agreement_and_is_off_by_default) {
+    for (int round = 0; round < 2; round++) {
+        fc f;
+        fc_start(&f);
+        const char *const off_env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_DEVICE_KV=64KiB",
+                                       "PIE_MEMORY_HOST_POOL=2MiB",
+                                       "PIE_MEMORY_OFFLOAD_HOST_ATTN_US=1000000", NULL};
+        pie_proc *w = start_worker(
+            &f, &(wopts){.model_path = SWAP_MODEL, .env = round == 0 ? defer_env : off_env});
+        Pie__V1__WorkerUp *up = expect_registration(&f, w, 1);
+        cr_assert_eq(up->registration->may_defer, round == 0);
+        rpc_msg_free(&up->base);
+        send_registered_defer(&f, 1, 60000, false);
+        expect_credits(&f, w, 1);
+        eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
+        static arena a;
+        defer_prologue(&f, w, e, &a);
+        static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
+        const uint32_t in[2] = {22, 62}, out[2] = {23, 63},
+                       tk[2] = {prompt_token(21), prompt_token(121)}, p21[2] = {21, 21};
+        eng_forward_item d2[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 6,
+                                   .append_kv = true, .in_slots = &in[0], .n_in = 1,
+                                   .out_slots = &out[0], .n_out = 1},
+                                  {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 6,
+                                   .append_kv = true, .in_slots = &in[1], .n_in = 1,
+                                   .out_slots = &out[1], .n_out = 1}};
+        a.used = 0;
+        Pie__V1__Batch *s3[3] = {b_embed(&a, 6, in, tk, p21, 2), b_forward(&a, 7, d2, 2),
+                                 b_next_dist(&a, 8, out, (uint32_t[]){8, 8}, (float[]){1, 1}, 2)};
+        send_step(&f, s3, 3);
+        pie_status st;
+        cr_assert_eq(eng_embed_text(e, in, tk, p21, 2, &st), PIE_OK, "%s", st.msg);
+        cr_assert_eq(eng_forward(e, d2, 2, &st), PIE_OK, "%s", st.msg);
+        up = expect_results(&f, w, s3, 3);
+        assert_batch_ok(up->results[1], 0); /* the forward ran whole */
+        assert_batch_ok(up->results[2], 2);
+        expect_dists(e, up->results[2], out, (size_t[]){0, 1}, 2, "both decodes");
+        rpc_msg_free(&up->base);
+        cr_assert_eq(pie_proc_log_count(w, "deferral=on"), 0);
+        cr_assert_eq(metric(w, "pie_worker_deferred_items_total{kind=\"forward\"}"), 0.0);
+        eng_close(e);
+        stop_worker(w, 0);
+        fc_stop(&f);
+    }
 }
 
 /* Auto: the worker chooses swap or offload at load, registers the one it chose and says why.

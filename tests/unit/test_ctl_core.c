@@ -99,6 +99,16 @@ typedef struct fworker {
     uint64_t exec_us;   /* reported as every batch's execution time */
     /* The last forward batch answered (copies of items' kv_slots etc. via the message). */
     Pie__V1__ForwardBatch *last_forward;
+    /* Deferral (WorkerRegistration.may_defer): in the next defer_steps steps (-1: every step)
+     * with a forward batch, the forward items whose index is in defer_mask are deferred, and so
+     * is every next_dist call (whole, by call_items) that reads one of their output embeddings,
+     * as a worker defers dependents. defer_partial: in the next next_dist batch, only the first
+     * item of its first call is deferred (a contract violation). */
+    bool may_defer;
+    uint32_t defer_mask;
+    int defer_steps;
+    bool defer_partial;
+    uint64_t deferred_items; /* items answered deferred, summed */
 } fworker;
 
 typedef struct world {
@@ -211,6 +221,7 @@ static int add_worker_mem(world *W, const char *model, uint32_t kv_pages, uint32
                                      : PIE__V1__MEMORY_POLICY__MEMORY_POLICY_GPU;
     reg.capacity = &cap;
     reg.tp_size = 1;
+    reg.may_defer = f->may_defer;
     Pie__V1__WorkerUp up = PIE__V1__WORKER_UP__INIT;
     up.registration = &reg;
     up.credits = credits;
@@ -221,6 +232,7 @@ static int add_worker_mem(world *W, const char *model, uint32_t kv_pages, uint32
     cr_assert_eq(f->link.n, 1);
     Pie__V1__WorkerDown *d = (Pie__V1__WorkerDown *)f->link.msgs[0];
     cr_assert_not_null(d->registered);
+    cr_assert_eq(d->registered->defer_ok, f->may_defer, "defer_ok answers may_defer");
     f->link.read = 1;
     return i;
 }
@@ -230,6 +242,37 @@ static int add_worker_n(world *W, const char *model, uint32_t kv_pages, uint32_t
 }
 
 static int add_worker(world *W, const char *model) { return add_worker_n(W, model, 0, 1); }
+
+/* A worker group whose registration says may_defer (the fake defers what defer_mask says). */
+static int add_deferring_worker(world *W, const char *model, uint32_t credits) {
+    W->wk[W->nw].may_defer = true;
+    return add_worker_n(W, model, 0, credits);
+}
+
+/* A batch's call_items must be present for a worker that may defer (adding up to its n items)
+ * and absent otherwise; returns them (n_calls ← how many). */
+static const uint32_t *check_call_items(const fworker *f, const uint32_t *v, size_t n_v,
+                                        size_t n_items, size_t *n_calls) {
+    if (!f->may_defer) {
+        cr_assert_eq(n_v, 0, "call_items sent to a worker that does not defer");
+        *n_calls = 0;
+        return NULL;
+    }
+    size_t sum = 0;
+    for (size_t k = 0; k < n_v; k++) sum += v[k];
+    cr_assert(n_v > 0 && sum == n_items, "call_items (%zu calls) add up to %zu of %zu items", n_v,
+              sum, n_items);
+    *n_calls = n_v;
+    return v;
+}
+
+/* An item the fake worker deferred. */
+static void item_deferred(Pie__V1__ItemResult *it) {
+    pie__v1__item_result__init(it);
+    it->code = PIE_UNAVAILABLE;
+    it->message = "deferred";
+    it->deferred = true;
+}
 
 /* ---- SessionUp builder ------------------------------------------------------------------------
  */
@@ -438,6 +481,8 @@ static int serve_n(world *W, int i, int max) {
         uint32_t *tok = calloc(4096, sizeof *tok);
         float *prob = calloc(4096, sizeof *prob);
         size_t ni = 0;
+        uint8_t def_emb[EMB_SLOTS] = {0}; /* outputs of the forward items deferred this step */
+        bool defer_now = f->defer_steps != 0 && f->defer_mask != 0;
         for (size_t b = 0; b < d->n_batches; b++) {
             const Pie__V1__Batch *bt = d->batches[b];
             pie__v1__batch_result__init(&res[b]);
@@ -473,12 +518,16 @@ static int serve_n(world *W, int i, int max) {
                 }
                 break;
             }
-            case PIE__V1__BATCH__KIND_EMBED_TEXT:
+            case PIE__V1__BATCH__KIND_EMBED_TEXT: {
                 for (size_t k = 0; k < bt->embed_text->n_embed_slots; k++)
                     cr_assert(f->emb_live[bt->embed_text->embed_slots[k]],
                               "embed into a dead slot");
                 n_items = bt->embed_text->n_embed_slots;
+                size_t n_calls;
+                check_call_items(f, bt->embed_text->call_items, bt->embed_text->n_call_items,
+                                 n_items, &n_calls);
                 break;
+            }
             case PIE__V1__BATCH__KIND_FORWARD:
                 cr_assert_leq(bt->forward->n_items, MAX_ITEMS);
                 for (size_t k = 0; k < bt->forward->n_items; k++) {
@@ -489,6 +538,24 @@ static int serve_n(world *W, int i, int max) {
                 }
                 f->last_forward = bt->forward;
                 n_items = bt->forward->n_items;
+                if (defer_now) {
+                    res[b].items = &ip[ni];
+                    res[b].n_items = n_items;
+                    for (size_t k = 0; k < n_items; k++, ni++) {
+                        const Pie__V1__ForwardItem *it = bt->forward->items[k];
+                        ip[ni] = &items[ni];
+                        if (!(k < 32 && (f->defer_mask >> k) & 1)) {
+                            pie__v1__item_result__init(&items[ni]);
+                            continue;
+                        }
+                        item_deferred(&items[ni]);
+                        f->deferred_items++;
+                        for (size_t j = 0; j < it->n_output_embed_slots; j++)
+                            def_emb[it->output_embed_slots[j]] = 1;
+                    }
+                    if (f->defer_steps > 0) f->defer_steps--;
+                    defer_now = false;
+                }
                 break;
             case PIE__V1__BATCH__KIND_MASK_PAGE: n_items = bt->mask_page->n_items; break;
             case PIE__V1__BATCH__KIND_COPY_PAGE: n_items = bt->copy_page->n_items; break;
@@ -496,7 +563,31 @@ static int serve_n(world *W, int i, int max) {
                 n_items = bt->next_dist->n_items;
                 res[b].items = &ip[ni];
                 res[b].n_items = n_items;
+                size_t n_calls;
+                const uint32_t *ci = check_call_items(f, bt->next_dist->call_items,
+                                                      bt->next_dist->n_call_items, n_items,
+                                                      &n_calls);
+                /* which items are deferred: whole calls reading a deferred output */
+                uint8_t dfr[MAX_ITEMS * 64] = {0};
+                for (size_t c0 = 0, c = 0; c < n_calls; c0 += ci[c++]) {
+                    bool any = false;
+                    for (size_t k = c0; k < c0 + ci[c]; k++)
+                        any = any || def_emb[bt->next_dist->items[k]->embed_slot];
+                    for (size_t k = c0; k < c0 + ci[c]; k++) dfr[k] = any;
+                }
+                if (f->defer_partial && n_items > 1) {
+                    memset(dfr, 0, sizeof dfr);
+                    dfr[0] = 1;
+                    f->defer_partial = false;
+                }
                 for (size_t k = 0; k < n_items; k++) {
+                    if (dfr[k]) {
+                        item_deferred(&items[ni]);
+                        f->deferred_items++;
+                        ip[ni] = &items[ni];
+                        ni++;
+                        continue;
+                    }
                     const Pie__V1__NextDistItem *it = bt->next_dist->items[k];
                     cr_assert(f->emb_live[it->embed_slot]);
                     cr_assert(it->top_k >= 1 && it->top_k <= 8, "top_k %u", it->top_k);
@@ -2096,5 +2187,243 @@ Test(ctl_core, a_group_registers_its_ranks_and_cluster_status_lists_them) {
         cr_expect_eq(got->pid, want->pid);
     }
     protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}
+
+/* ---- deferral (ItemResult.deferred: the worker did not run an item; offer it again) ------- */
+
+/* The unread steps of worker i, oldest first (n ← how many). */
+static Pie__V1__WorkerDown *unread_step(world *W, int i, int k) {
+    fworker *f = &W->wk[i];
+    cr_assert_lt(f->link.read + k, f->link.n, "worker %d has no unread step %d", i, k);
+    return (Pie__V1__WorkerDown *)f->link.msgs[f->link.read + k];
+}
+
+/* The batch of a kind in step d, or NULL. */
+static const Pie__V1__Batch *batch_of(const Pie__V1__WorkerDown *d, Pie__V1__Batch__KindCase k) {
+    for (size_t i = 0; i < d->n_batches; i++)
+        if (d->batches[i]->kind_case == k) return d->batches[i];
+    return NULL;
+}
+
+Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    W->wk[0].defer_mask = 1; /* the forward of the next step */
+    W->wk[0].defer_steps = 1;
+    ub b;
+    ub_init(&b);
+    uint64_t dist = ub_decode(W, &b, a, 0, 0, 1);
+    uint64_t sync = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    send_up(W, 0, &b);
+    const Pie__V1__WorkerDown *d1 = unread_step(W, 0, 0);
+    const Pie__V1__Batch *e1 = batch_of(d1, PIE__V1__BATCH__KIND_EMBED_TEXT);
+    cr_assert_not_null(e1);
+    cr_assert_eq(e1->embed_text->n_call_items, 1, "call_items go to a worker that may defer");
+    cr_assert_eq(e1->embed_text->call_items[0], 1);
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_NEXT_DIST), "one step for the decode");
+    const Pie__V1__ForwardItem *f1 = batch_of(d1, PIE__V1__BATCH__KIND_FORWARD)->forward->items[0];
+    serve_n(W, 0, 1);
+    cr_assert_eq(W->wk[0].deferred_items, 2, "the forward and the next_dist reading its output");
+    expect_no_result(W, 0, dist);
+    expect_no_result(W, 0, sync);
+    /* the next step offers the forward again, then its next_dist; the embed_text ran */
+    const Pie__V1__WorkerDown *d2 = unread_step(W, 0, 0);
+    cr_assert_null(batch_of(d2, PIE__V1__BATCH__KIND_EMBED_TEXT), "the embed_text is not rerun");
+    const Pie__V1__Batch *fw = batch_of(d2, PIE__V1__BATCH__KIND_FORWARD);
+    const Pie__V1__Batch *nd = batch_of(d2, PIE__V1__BATCH__KIND_NEXT_DIST);
+    cr_assert(fw && nd && fw->batch_id < nd->batch_id, "forward, then next_dist");
+    cr_assert_eq(fw->forward->n_items, 1);
+    cr_assert_eq(fw->forward->items[0]->kv_slots[0], f1->kv_slots[0], "the same forward");
+    cr_assert_eq(fw->forward->items[0]->output_embed_slots[0], f1->output_embed_slots[0]);
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 2);
+    cr_assert_eq(W->res[0][0]->call_id, dist, "issue order: the distribution first");
+    cr_assert_eq(W->res[0][0]->code, 0);
+    cr_assert_eq(W->res[0][0]->distributions->dists[0]->token_ids[0], f1->output_embed_slots[0]);
+    cr_assert_eq(W->res[0][1]->call_id, sync);
+    world_free(W);
+}
+
+/* A call of the queue done after one the worker deferred waits for it in the completion FIFO;
+ * a next_dist there runs again instead (its distributions live in the WorkerUp). */
+Test(ctl_core, calls_done_behind_a_deferred_one_wait_for_it_and_a_next_dist_runs_again) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    W->wk[0].defer_mask = 1;
+    W->wk[0].defer_steps = 1;
+    ub b;
+    ub_init(&b);
+    /* the forward writes embedding 1 (deferred); the next_dist reads embedding 2 (written) */
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(1), 1));
+    uint64_t dist = ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(2), 1, 0, 0));
+    uint64_t sync = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    send_up(W, 0, &b);
+    serve_n(W, 0, 1);
+    cr_assert_eq(W->wk[0].deferred_items, 1, "only the forward was deferred");
+    expect_no_result(W, 0, dist);
+    expect_no_result(W, 0, sync);
+    const Pie__V1__WorkerDown *d2 = unread_step(W, 0, 0);
+    cr_assert_not_null(batch_of(d2, PIE__V1__BATCH__KIND_FORWARD));
+    cr_assert_not_null(batch_of(d2, PIE__V1__BATCH__KIND_NEXT_DIST), "the next_dist runs again");
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 2);
+    cr_assert_eq(W->res[0][0]->call_id, dist);
+    cr_assert_eq(W->res[0][0]->code, 0);
+    cr_assert_eq(W->res[0][1]->call_id, sync);
+    world_free(W);
+}
+
+/* While a step holding a queue's calls is out, none of its calls joins another step and its
+ * controller calls wait: a dealloc of the page a deferred forward writes is applied only after
+ * that forward ran. Other queues go on meanwhile. */
+Test(ctl_core, a_queue_with_a_step_out_waits_for_it_and_its_dealloc_follows_the_deferred_call) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 2);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4), c = written_instance(W, 0, 2, 1, 2);
+    serve_all(W);
+    W->wk[0].defer_mask = 1;
+    W->wk[0].defer_steps = 1;
+    int before = W->wk[0].link.n;
+    one(W, 0, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(1), 1, U32(1), 1));
+    cr_assert_eq(W->wk[0].link.n, before + 1, "step 1: a's forward");
+    ub b;
+    ub_init(&b);
+    uint64_t a2 = ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(2), 1, 0, 0));
+    uint64_t dealloc = ub_call(W, &b, a, 1, OP(DEALLOC_KV_PAGES), mk_dealloc_kv(U32(1), 1));
+    uint64_t cd = ub_call(W, &b, c, 1, OP(NEXT_DIST), mk_dist(U32(0), 1, 0, 0));
+    send_up(W, 0, &b);
+    cr_assert_eq(W->wk[0].link.n, before + 2, "step 2, while step 1 runs");
+    const Pie__V1__WorkerDown *d2 = unread_step(W, 0, 1);
+    cr_assert_null(batch_of(d2, PIE__V1__BATCH__KIND_SLOTS), "the dealloc waits");
+    const Pie__V1__Batch *nd = batch_of(d2, PIE__V1__BATCH__KIND_NEXT_DIST);
+    cr_assert(nd && nd->next_dist->n_items == 1, "only c's next_dist: a's queue is held");
+    serve_n(W, 0, 2); /* step 1 defers a's forward; step 2 runs c's next_dist */
+    cr_assert_eq(result_of(W, 0, cd)->code, 0);
+    expect_no_result(W, 0, a2);
+    const Pie__V1__WorkerDown *d3 = unread_step(W, 0, 0);
+    cr_assert_null(batch_of(d3, PIE__V1__BATCH__KIND_SLOTS), "the dealloc still waits");
+    cr_assert_not_null(batch_of(d3, PIE__V1__BATCH__KIND_FORWARD), "the forward again");
+    const Pie__V1__Batch *nd3 = batch_of(d3, PIE__V1__BATCH__KIND_NEXT_DIST);
+    cr_assert(nd3 && nd3->batch_id > batch_of(d3, PIE__V1__BATCH__KIND_FORWARD)->batch_id,
+              "then a's next_dist");
+    serve_n(W, 0, 1);
+    const Pie__V1__WorkerDown *d4 = unread_step(W, 0, 0);
+    const Pie__V1__Batch *sb = batch_of(d4, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert(sb && sb->slots->n_free_kv_slots == 1, "the dealloc, once the forward ran");
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, a2)->code, 0);
+    expect_no_result(W, 0, dealloc);
+    Pie__V1__ClusterStatusResponse *s = status(W);
+    cr_assert_eq(worker_status(s, 1)->batches_in_flight, 0);
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    world_free(W);
+}
+
+Test(ctl_core, a_call_deferred_more_than_64_times_fails_and_the_queue_goes_on) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    W->wk[0].defer_mask = 1;
+    W->wk[0].defer_steps = -1; /* a worker that never runs it */
+    ub b;
+    ub_init(&b);
+    uint64_t fwd =
+        ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    uint64_t sync = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    send_up(W, 0, &b);
+    int steps = serve_n(W, 0, 1000);
+    cr_assert_eq(steps, 65, "offered 65 times");
+    cr_assert_eq(W->wk[0].deferred_items, 65);
+    expect_error(W, 0, fwd, PIE_INTERNAL,
+                 "forward: worker g1 deferred this call 65 times without running it (a worker "
+                 "runs a deferred call within a few steps); giving up");
+    cr_assert_eq(result_of(W, 0, sync)->code, 0);
+    /* the queue serves on */
+    W->wk[0].defer_steps = 0;
+    uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(2), 1, 0, 0));
+    serve_all(W);
+    cr_assert_eq(result_of(W, 0, d)->code, 0);
+    world_free(W);
+}
+
+Test(ctl_core, deferrals_from_a_worker_that_did_not_offer_them_end_its_link) {
+    world *W = world_std(NULL);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    W->wk[0].defer_mask = 1;
+    W->wk[0].defer_steps = 1;
+    one(W, 0, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
+    serve_n(W, 0, 1);
+    cr_assert(W->wk[0].link.ended);
+    cr_assert_eq(W->wk[0].link.end_code, PIE_INVALID_ARGUMENT);
+    cr_assert(strstr(W->wk[0].link.end_msg, "did not say may_defer") != NULL, "%s",
+              W->wk[0].link.end_msg);
+    world_free(W);
+}
+
+Test(ctl_core, a_call_deferred_in_part_fails_internal) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 1, 4);
+    serve_all(W);
+    W->wk[0].defer_partial = true;
+    uint64_t d = one(W, 0, a, 1, OP(NEXT_DIST), mk_dist(U32(0, 1), 2, 0, 0));
+    serve_all(W);
+    expect_error(W, 0, d, PIE_INTERNAL,
+                 "next_dist: worker g1 deferred 1 of the call's 2 items (it must defer a call "
+                 "whole)");
+    world_free(W);
+}
+
+/* On a worker that may defer, a controller call behind a call in flight waits for its result
+ * (a dealloc must not free a page a deferred forward writes), but synchronize does not (it
+ * retires in order anyway): the SDK's embed, forward, synchronize, next_dist stay one step. */
+Test(ctl_core, a_synchronize_keeps_a_decode_in_one_step_but_a_dealloc_waits_for_the_results) {
+    ctl_core_config cfg = base_cfg();
+    world *W = world_new(&cfg);
+    add_deferring_worker(W, "m", 1);
+    add_replica(W);
+    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    serve_all(W);
+    ub b;
+    ub_init(&b);
+    ub_call(W, &b, a, 1, OP(EMBED_TEXT), mk_embed(U32(0), U32(1), U32(0), 1));
+    ub_call(W, &b, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, U32(1), 1));
+    uint64_t sync = ub_call(W, &b, a, 1, OP(SYNCHRONIZE), mk_empty(OP(SYNCHRONIZE)));
+    uint64_t dist = ub_call(W, &b, a, 1, OP(NEXT_DIST), mk_dist(U32(1), 1, 0, 0));
+    ub_call(W, &b, a, 1, OP(DEALLOC_KV_PAGES), mk_dealloc_kv(U32(1), 1));
+    send_up(W, 0, &b);
+    const Pie__V1__WorkerDown *d1 = unread_step(W, 0, 0);
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_FORWARD));
+    cr_assert_not_null(batch_of(d1, PIE__V1__BATCH__KIND_NEXT_DIST), "the decode is one step");
+    const Pie__V1__Batch *sb = batch_of(d1, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert(sb == NULL || sb->slots->n_free_kv_slots == 0, "the dealloc waits for the results");
+    serve_n(W, 0, 1);
+    const Pie__V1__WorkerDown *d2 = unread_step(W, 0, 0);
+    sb = batch_of(d2, PIE__V1__BATCH__KIND_SLOTS);
+    cr_assert(sb && sb->slots->n_free_kv_slots == 1, "then the dealloc goes out");
+    serve_all(W);
+    collect(W, 0);
+    cr_assert_eq(W->nres[0], 2);
+    cr_assert_eq(W->res[0][0]->call_id, sync);
+    cr_assert_eq(W->res[0][1]->call_id, dist);
     world_free(W);
 }

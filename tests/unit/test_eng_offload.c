@@ -43,6 +43,7 @@ typedef struct off_setup {
     int numa_node; /* the host region's NUMA node; 0 with numa_bind false: none */
     bool numa_bind;
     eng_kv_dtype kv_dtype;
+    double host_attn_s; /* the scheduler's host attention cost, pinned (0: profiled) */
 } off_setup;
 
 static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
@@ -57,6 +58,7 @@ static pie_code open_off(const off_setup *s, eng **out, pie_status *st) {
     o.host_numa_bind = s->numa_bind;
     o.host_numa_node = s->numa_node;
     o.kv_dtype = s->kv_dtype;
+    o.offload_host_attn_s = s->host_attn_s;
     return eng_open(&o, out, st);
 }
 
@@ -283,4 +285,152 @@ Test(eng_offload, is_refused_with_swap_and_beyond_the_page_ids) {
     off_setup near = {.device_pages = 8, .numa_bind = true, .numa_node = wrk_numa_nodes() - 1};
     e = open_ok(&near);
     eng_close(e);
+}
+
+/* ---- deferral (eng_forward_plan / eng_forward_skip) --------------------------------------- */
+
+/* The same batch on two engines: under test (e) and policy gpu (ref), which must agree. */
+static void embed_both(eng *e, eng *ref, uint32_t slot, uint32_t tok, uint32_t pos) {
+    pie_status st = {0};
+    cr_assert_eq(eng_embed_text(e, &slot, &tok, &pos, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_embed_text(ref, &slot, &tok, &pos, 1, &st), PIE_OK, "%s", st.msg);
+}
+
+static void forward_both(eng *e, eng *ref, const eng_forward_item *items, uint32_t n) {
+    pie_test_forward_ok(e, items, n);
+    pie_test_forward_ok(ref, items, n);
+}
+
+/* The logits of slot are bit for bit the same on both engines. */
+static void same_logits(eng *e, eng *ref, uint32_t slot, const char *what) {
+    uint32_t V = eng_get_info(e)->vocab_size;
+    float *a = calloc(V, sizeof *a), *b = calloc(V, sizeof *b);
+    cr_assert(a && b);
+    pie_status st = {0};
+    cr_assert_eq(eng_logits(e, slot, a, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_logits(ref, slot, b, &st), PIE_OK, "%s", st.msg);
+    cr_assert(memcmp(a, b, V * sizeof *a) == 0, "%s: the logits of slot %u differ from policy gpu's",
+              what, slot);
+    free(a);
+    free(b);
+}
+
+/* A decode of a sequence of `len` tokens (the new one included) over pages p[0..1]. */
+static eng_forward_item dec(const uint32_t *p, uint32_t len, const uint32_t *in, const uint32_t *out) {
+    return pie_test_item(PAGE, p, len, true, in, 1, out, 1);
+}
+
+/* Reading pages p[0..1] up to `len` tokens without appending: device work that writes nothing
+ * (and shows what the pages hold up to there). */
+static eng_forward_item probe(const uint32_t *p, uint32_t len, const uint32_t *in,
+                              const uint32_t *out) {
+    return pie_test_item(PAGE, p, len, false, in, 1, out, 1);
+}
+
+/* With 2 device pages and host attention pinned at a second per KV token, nothing on the host
+ * hides: a decode whose KV is on the host is deferred whenever the step has device work, and
+ * runs on its own, or after WRK_OFF_DEFER_MAX (8) deferrals in a row. A deferred decode writes
+ * neither its K/V nor its output (probes read both against policy gpu, which never ran it);
+ * what runs beside it computes what a batch of it alone computes on policy gpu. */
+Test(eng_offload, a_deferred_decode_leaves_no_trace_and_runs_after_at_most_8_deferrals) {
+    eng *e = open_ok(&(off_setup){.device_pages = 2, .host_attn_s = 1.0});
+    eng *ref = open_ok(&(off_setup){0});
+    const uint32_t pa[] = {0, 1}, pb[] = {2, 3};
+    uint32_t sa[20], sb[20];
+    for (uint32_t i = 0; i < 20; i++) {
+        embed_both(e, ref, i, 5 + i, i);
+        embed_both(e, ref, 40 + i, 300 + i, i);
+        sa[i] = i, sb[i] = 40 + i;
+    }
+    eng_forward_item pre[2] = {pie_test_item(PAGE, pa, 20, true, sa, 20, NULL, 0),
+                               pie_test_item(PAGE, pb, 20, true, sb, 20, NULL, 0)};
+    forward_both(e, ref, pre, 2);
+    /* decode 1: the device holds 32 tokens of decodes, A and B need 42: A goes to the host */
+    const uint32_t a1 = 20, a1o = 21, b1 = 60, b1o = 61;
+    embed_both(e, ref, a1, 25, 20);
+    embed_both(e, ref, b1, 320, 20);
+    eng_forward_item d1[2] = {dec(pa, 21, &a1, &a1o), dec(pb, 21, &b1, &b1o)};
+    forward_both(e, ref, d1, 2);
+    eng_offload_stats s;
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.forced_steps, 1, "A was forced to the host");
+    /* decode 2: A (host) does not hide behind B's linear layers: deferred */
+    const uint32_t a2 = 22, a2o = 23, b2 = 62, b2o = 63;
+    embed_both(e, ref, a2, 26, 21);
+    embed_both(e, ref, b2, 321, 21);
+    eng_forward_item d2[2] = {dec(pa, 22, &a2, &a2o), dec(pb, 22, &b2, &b2o)};
+    uint8_t defer[2] = {9, 9};
+    pie_status st = {0};
+    cr_assert_eq(eng_forward_plan(e, d2, 2, defer, &st), PIE_OK, "%s", st.msg);
+    cr_assert(defer[0] == 1 && defer[1] == 0, "A deferred, B runs: %u %u", defer[0], defer[1]);
+    cr_assert_eq(eng_forward_skip(e, d2, 2, defer, &st), PIE_OK, "%s", st.msg);
+    pie_test_forward_ok(ref, &d2[1], 1); /* what ran: B alone */
+    same_logits(e, ref, b2o, "B beside a deferred A");
+    same_logits(e, ref, a2o, "A's output slot (never written)");
+    /* A's pages up to position 21, which the deferred decode would have written */
+    const uint32_t pr = 24, pro = 25;
+    embed_both(e, ref, pr, 27, 22);
+    eng_forward_item look = probe(pa, 23, &pr, &pro);
+    forward_both(e, ref, &look, 1);
+    same_logits(e, ref, pro, "a probe of A's pages");
+    /* offered again alone (nothing to hide behind): it runs */
+    cr_assert_eq(eng_forward_plan(e, d2, 1, defer, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(defer[0], 0, "alone, A runs");
+    cr_assert_eq(eng_forward_skip(e, d2, 1, defer, &st), PIE_OK, "%s", st.msg);
+    pie_test_forward_ok(ref, d2, 1);
+    same_logits(e, ref, a2o, "A, run a step late");
+    /* the bound: beside B's probe (device work) A is deferred 8 times, then runs */
+    const uint32_t a3 = 26, a3o = 27, bp = 64, bpo = 65;
+    embed_both(e, ref, a3, 28, 22);
+    embed_both(e, ref, bp, 322, 22);
+    eng_forward_item d3[2] = {dec(pa, 23, &a3, &a3o), probe(pb, 22, &bp, &bpo)};
+    for (int k = 0; k <= 8; k++) {
+        cr_assert_eq(eng_forward_plan(e, d3, 2, defer, &st), PIE_OK, "%s", st.msg);
+        cr_assert_eq(defer[0], k < 8, "offer %d: A %s", k, defer[0] ? "deferred" : "runs");
+        cr_assert_eq(defer[1], 0);
+        cr_assert_eq(eng_forward_skip(e, d3, 2, defer, &st), PIE_OK, "%s", st.msg);
+    }
+    pie_test_forward_ok(ref, d3, 2); /* the 9th offer ran both, as one batch */
+    same_logits(e, ref, a3o, "A after 8 deferrals");
+    same_logits(e, ref, bpo, "B's probe beside it");
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.deferred, 9, "the scheduler deferred 1 + 8 times: %llu",
+                 (unsigned long long)s.deferred);
+    eng_close(e);
+    eng_close(ref);
+}
+
+/* An item the caller skips beyond the scheduler's deferrals (a dependent) is not run either,
+ * and skipping needs offload. */
+Test(eng_offload, skipped_dependents_are_not_run_and_skipping_needs_offload) {
+    eng *e = open_ok(&(off_setup){.device_pages = 8});
+    eng *ref = open_ok(&(off_setup){0});
+    const uint32_t pa[] = {0, 1}, pb[] = {2, 3};
+    uint32_t sa[20], sb[20];
+    for (uint32_t i = 0; i < 20; i++) {
+        embed_both(e, ref, i, 5 + i, i);
+        embed_both(e, ref, 40 + i, 300 + i, i);
+        sa[i] = i, sb[i] = 40 + i;
+    }
+    const uint32_t ao = 30, bo = 31;
+    eng_forward_item two[2] = {pie_test_item(PAGE, pa, 20, true, sa, 20, &ao, 1),
+                               pie_test_item(PAGE, pb, 20, true, sb, 20, &bo, 1)};
+    uint8_t defer[2], skip[2] = {0, 1};
+    pie_status st = {0};
+    cr_assert_eq(eng_forward_plan(e, two, 2, defer, &st), PIE_OK, "%s", st.msg);
+    cr_assert(defer[0] == 0 && defer[1] == 0, "prefills are never deferred");
+    cr_assert_eq(eng_forward_skip(e, two, 2, skip, &st), PIE_OK, "%s", st.msg);
+    pie_test_forward_ok(ref, two, 1);
+    same_logits(e, ref, ao, "A beside a skipped B");
+    same_logits(e, ref, bo, "B's output slot (never written)");
+    eng_offload_stats s;
+    eng_offload_get_stats(e, &s);
+    cr_assert_eq(s.pages_on_device + s.pages_on_host, 2, "only A's pages were written");
+    /* policy gpu plans nothing and cannot skip */
+    cr_assert_eq(eng_forward_plan(ref, two, 2, defer, &st), PIE_OK, "%s", st.msg);
+    cr_assert(defer[0] == 0 && defer[1] == 0);
+    cr_assert_eq(eng_forward_skip(ref, two, 2, skip, &st), PIE_FAILED_PRECONDITION);
+    cr_assert_str_eq(st.msg, "forward: skipping items needs the offload memory policy");
+    eng_close(e);
+    eng_close(ref);
 }

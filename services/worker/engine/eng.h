@@ -92,6 +92,11 @@ typedef struct eng_opts {
      * to the other ranks, whose own scheduler and pick are never asked. */
     bool (*offload_pick)(void *user, uint32_t item, const struct eng_forward_item *it);
     void *offload_pick_user;
+    /* The host attention cost the load-aware scheduler uses, seconds per KV token for all
+     * layers, instead of the one profiled at open (0: profiled). A profile taken on a busy
+     * machine can be far off; pinning it makes the decisions reproducible (tests make every
+     * host decode that cannot hide deferrable with it). */
+    double offload_host_attn_s;
 } eng_opts;
 
 typedef struct eng_info {
@@ -150,6 +155,24 @@ typedef struct eng_forward_item {
  * position, or an item whose input slot is another item's output slot, are refused. Page masks
  * apply to the context tokens (those before the inputs). */
 pie_code eng_forward(eng *e, const eng_forward_item *items, uint32_t n, pie_status *st);
+
+/* Deferral under CPU attention offload (issue 13; Neo §3.3, wrk_offload.h's rules with
+ * defer_ok): eng_forward_plan validates a forward batch as eng_forward does and decides its
+ * split with the scheduler allowed to defer the host decodes whose attention would not hide
+ * behind the device's work: defer[i] ← 1 for each (the request's wait is counted: one deferred
+ * WRK_OFF_DEFER_MAX steps in a row runs at its next), 0 for the rest. Without offload, or at
+ * tp_size > 1, nothing is deferred and nothing is planned. The caller may skip more items (those
+ * that depend on a deferred one) and runs the batch with eng_forward_skip over the same items:
+ * the items with skip[i] ≠ 0 (every deferred one among them) are not run at all — no K/V
+ * stored, no output written, no page of theirs moved — and the others run with the plan's
+ * split, exactly as eng_forward runs a batch of them alone. An item skipped as a dependent
+ * counts as having waited a step. Without a plan (none, or not offload) eng_forward_skip runs
+ * the others with a fresh decision; skipping needs the offload policy (else
+ * FAILED_PRECONDITION "forward: skipping items needs the offload memory policy"). */
+pie_code eng_forward_plan(eng *e, const eng_forward_item *items, uint32_t n, uint8_t *defer,
+                          pie_status *st);
+pie_code eng_forward_skip(eng *e, const eng_forward_item *items, uint32_t n, const uint8_t *skip,
+                          pie_status *st);
 
 /* Sets the per-token mask of page: masked[page_size], true = hidden from every query. */
 pie_code eng_mask_page(eng *e, uint32_t page, const bool *masked, pie_status *st);
@@ -227,8 +250,7 @@ typedef struct eng_offload_stats {
     uint64_t last_host_attn_ns;  /* in the last forward batch */
     uint64_t host_wait_ns;       /* the device side waited for host attention, summed */
     uint64_t pages_to_host, pages_to_device;
-    uint64_t deferred;               /* decodes deferred a step (never on the engine: it runs
-                                        every item of a batch) */
+    uint64_t deferred;               /* decodes the scheduler deferred (eng_forward_plan) */
     uint64_t gain_pages, gain_steps; /* the scheduler's estimate (wrk_offplace_stats) */
     /* the cost model profiled at open, seconds for all layers (wrk_offload.h) */
     double lin_tok, lin_fixed, dattn_kv, hattn_kv, xfer_tok;

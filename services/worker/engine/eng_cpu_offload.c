@@ -26,7 +26,15 @@
  * rank moves the same pages and attends the same items on its host pool: the ranks' profiled
  * costs differ, and two plans would make the faster rank wait at each layer's all-reduce.
  *
+ * Deferral (eng_forward_plan, eng_forward_skip; Neo §3.3): the plan decides over the whole
+ * batch with the scheduler allowed to defer host decodes, and keeps the split; the caller then
+ * runs the batch without the deferred items (and those depending on them), compacted, and the
+ * kept split is applied to the full batch's page table (skipped items move no page, write
+ * nothing) and compacted the same way. The kept items run as a batch of their own: what they
+ * compute is what eng_forward computes for that batch.
+ *
  * Without offload (e->off NULL) every hook does what policy gpu does. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +62,12 @@ struct eng_offload {
     uint32_t *attn_item;      /* [T] forward item of each entry of e->attn */
     krn_attn_item *dev_items, *host_items; /* [T] */
     wrk_off_costs costs;
+    /* deferral: the last eng_forward_plan's batch (its items' pitems and item_host, full
+     * length), until the eng_forward_skip that runs it */
+    bool planned;
+    uint32_t plan_n;
+    uint8_t *skip;           /* [T] the skip mask of that run */
+    eng_forward_item *kept;  /* [T] the items run, compacted */
     bool (*pick)(void *user, uint32_t item, const eng_forward_item *it);
     void *pick_user;
     eng_offload_stats stats;
@@ -169,6 +183,28 @@ static bool off_pick(void *user, uint32_t item) {
     return e->off->pick(e->off->pick_user, item, &e->off->step_items[item]);
 }
 
+/* The split of a step: its pages moved, the host items counted. */
+static void off_apply(eng *e, uint32_t n) {
+    eng_offload *o = e->off;
+    uint32_t hosted = wrk_offplace_apply(&o->place, o->pitems, n, o->item_host, off_move_page, e);
+    if (hosted) o->stats.offload_steps++;
+    o->stats.last_host_items = hosted;
+    o->stats.host_items += hosted;
+}
+
+/* eng_offload_prepare of a planned batch run without its skipped items (n_kept of them): the
+ * plan's split over the full batch, the skipped items deferred, compacted to the kept ones. */
+static void off_prepare_planned(eng *e, uint32_t n_kept) {
+    eng_offload *o = e->off;
+    o->planned = false;
+    wrk_offplace_skip(&o->place, o->pitems, o->plan_n, o->item_host, o->skip);
+    off_apply(e, o->plan_n);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < o->plan_n; i++)
+        if (!o->skip[i]) o->item_host[k++] = o->item_host[i];
+    (void)n_kept; /* == k: eng_forward_skip compacted the same mask */
+}
+
 pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
                              pie_status *st) {
     eng_offload *o = e->off;
@@ -176,6 +212,10 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
     o->stats.steps++;
     o->stats.last_host_items = 0;
     o->stats.last_host_attn_ns = 0;
+    if (o->planned) {
+        off_prepare_planned(e, n);
+        return PIE_OK;
+    }
     bool any = false; /* a decode that may go to the host */
     for (uint32_t i = 0; i < n; i++) {
         o->pitems[i] = (wrk_offplace_item){.pages = items[i].kv_pages,
@@ -197,12 +237,67 @@ pie_code eng_offload_prepare(eng *e, const eng_forward_item *items, uint32_t n,
     } else if (e->coll) {
         memset(o->item_host, 0, n);
     }
-    /* move the pages, then mark what this step writes */
-    uint32_t hosted = wrk_offplace_apply(&o->place, o->pitems, n, o->item_host, off_move_page, e);
-    if (hosted) o->stats.offload_steps++;
-    o->stats.last_host_items = hosted;
-    o->stats.host_items += hosted;
+    off_apply(e, n); /* move the pages, then mark what this step writes */
     return PIE_OK;
+}
+
+/* ---- deferral -------------------------------------------------------------------------------- */
+
+pie_code eng_forward_plan(eng *e, const eng_forward_item *items, uint32_t n, uint8_t *defer,
+                          pie_status *st) {
+    if (n) memset(defer, 0, n);
+    eng_offload *o = e->off;
+    if (o) o->planned = false;
+    if (!o || e->coll || n == 0) return PIE_OK; /* a group runs rank 0's plan without deferral */
+    uint32_t T = 0;
+    pie_code rc = eng_check_forward(&e->chk, items, n, e->page_n_masked, &T, st);
+    if (rc != PIE_OK) return rc;
+    for (uint32_t i = 0; i < n; i++)
+        o->pitems[i] = (wrk_offplace_item){.pages = items[i].kv_pages,
+                                           .n_pages = items[i].n_kv_pages,
+                                           .ctx = e->chk.plan[i].ctx,
+                                           .n_in = items[i].n_in,
+                                           .append = items[i].append_kv};
+    o->step_items = items;
+    wrk_offplace_set_defer(&o->place, true);
+    wrk_offplace_decide(&o->place, &o->costs, o->pitems, n, o->pick ? off_pick : NULL, e,
+                        o->item_host, NULL);
+    wrk_offplace_set_defer(&o->place, false);
+    for (uint32_t i = 0; i < n; i++) defer[i] = o->item_host[i] == WRK_OFF_DEFER;
+    o->planned = true;
+    o->plan_n = n;
+    return PIE_OK;
+}
+
+pie_code eng_forward_skip(eng *e, const eng_forward_item *items, uint32_t n, const uint8_t *skip,
+                          pie_status *st) {
+    eng_offload *o = e->off;
+    if (o && o->planned && o->plan_n != n) o->planned = false; /* not this batch's plan */
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) m += skip[i] == 0;
+    pie_code rc = PIE_OK;
+    if (m == n) { /* nothing skipped: the plan (if any) runs as it is */
+        if (o && o->planned) memset(o->skip, 0, n);
+        rc = eng_forward(e, items, n, st);
+    } else if (!o) {
+        rc = pie_status_set(st, PIE_FAILED_PRECONDITION,
+                            "forward: skipping items needs the offload memory policy");
+    } else if (n > e->info.max_batch_tokens) { /* every item has an input: never valid */
+        rc = pie_status_set(st, PIE_INVALID_ARGUMENT,
+                            "forward: %u items, more than max_batch_tokens %u", n,
+                            e->info.max_batch_tokens);
+    } else {
+        memcpy(o->skip, skip, n);
+        for (uint32_t i = 0, k = 0; i < n; i++)
+            if (!skip[i]) o->kept[k++] = items[i];
+        if (m > 0) {
+            rc = eng_forward(e, o->kept, m, st);
+        } else if (o->planned) { /* nothing runs; the skipped requests did wait */
+            wrk_offplace_skip(&o->place, o->pitems, o->plan_n, o->item_host, o->skip);
+        }
+    }
+    if (o) o->planned = false; /* used by eng_offload_prepare, or dropped with a failure */
+    return rc;
 }
 
 void eng_offload_copy(eng *e, const eng_copy_item *c) {
@@ -306,6 +401,10 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     if (opts->swap_slots)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: offload_device_pages and swap_slots exclude each other");
+    if (!(opts->offload_host_attn_s >= 0) || isinf(opts->offload_host_attn_s))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_host_attn_s %g is not a finite number >= 0",
+                              opts->offload_host_attn_s);
     if (opts->offload_device_pages > e->info.kv_pages)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "eng_open: offload_device_pages %u exceeds kv_pages %u",
@@ -321,14 +420,16 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     pie_code prc = wrk_offplace_init(&o->place, pages, o->device_pages, e->info.kv_page_size, T, st);
     if (prc != PIE_OK) return prc;
     o->pitems = calloc(T, sizeof *o->pitems);
+    o->skip = calloc(T, 1);
+    o->kept = calloc(T, sizeof *o->kept);
     o->host_regions = calloc(L ? L : 1, sizeof *o->host_regions);
     o->kv_host = calloc(L ? L : 1, sizeof *o->kv_host);
     o->item_host = calloc(T, 1);
     o->attn_item = calloc(T, sizeof *o->attn_item);
     o->dev_items = calloc(T, sizeof *o->dev_items);
     o->host_items = calloc(T, sizeof *o->host_items);
-    if (!o->pitems || !o->host_regions || !o->kv_host || !o->item_host || !o->attn_item ||
-        !o->dev_items || !o->host_items)
+    if (!o->pitems || !o->skip || !o->kept || !o->host_regions || !o->kv_host || !o->item_host ||
+        !o->attn_item || !o->dev_items || !o->host_items)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: out of memory for the offload tables");
     for (uint32_t l = 0; l < L; l++) {
@@ -367,6 +468,8 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     }
     o->started = true;
     off_profile(e);
+    if (opts->offload_host_attn_s > 0) /* pinned by the caller (eng_opts) */
+        o->costs.hattn_kv = o->stats.hattn_kv = opts->offload_host_attn_s;
     return PIE_OK;
 }
 
@@ -389,6 +492,8 @@ void eng_offload_close(eng *e) {
     free(o->kv_host);
     wrk_offplace_free(&o->place);
     free(o->pitems);
+    free(o->skip);
+    free(o->kept);
     free(o->item_host);
     free(o->attn_item);
     free(o->dev_items);

@@ -140,6 +140,17 @@ void wrk_offplace_decide(wrk_offplace *p, const wrk_off_costs *costs,
     if (choice) *choice = ch;
 }
 
+void wrk_offplace_skip(wrk_offplace *p, const wrk_offplace_item *items, uint32_t n,
+                       uint8_t *item_host, const uint8_t *skip) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (!skip[i] || item_host[i] == WRK_OFF_DEFER) continue;
+        item_host[i] = WRK_OFF_DEFER;
+        if (!wrk_offplace_eligible(&items[i])) continue;
+        uint16_t *w = &p->waited[items[i].pages[0]];
+        if (*w < UINT16_MAX) (*w)++;
+    }
+}
+
 uint32_t wrk_offplace_apply(wrk_offplace *p, const wrk_offplace_item *items, uint32_t n,
                             const uint8_t *item_host,
                             void (*move)(void *user, uint32_t page, uint8_t to), void *user) {

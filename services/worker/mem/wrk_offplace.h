@@ -66,8 +66,8 @@ bool wrk_offplace_eligible(const wrk_offplace_item *it);
 /* Deferral (Neo §3.3; wrk_offload.h's rules with defer_ok): on, the decision may mark an item
  * WRK_OFF_DEFER — the caller must then not run it this step (it is offered again later; the
  * scheduler bounds the wait, WRK_OFF_DEFER_MAX). A request is known by its first page (page ids
- * never change; forks sharing a first page share one count). Off by default: the worker runs
- * the controller's batches whole. */
+ * never change; forks sharing a first page share one count). Off by default: on for the cpu
+ * engine's eng_forward_plan and the emulated device's offload_defer. */
 void wrk_offplace_set_defer(wrk_offplace *p, bool on);
 
 /* The step's split into item_host[0, n) (WRK_OFF_HOST: attends on the host; WRK_OFF_DEFER:
@@ -79,6 +79,12 @@ void wrk_offplace_decide(wrk_offplace *p, const wrk_off_costs *costs,
                          const wrk_offplace_item *items, uint32_t n,
                          bool (*pick)(void *user, uint32_t item), void *user, uint8_t *item_host,
                          wrk_off_choice *choice);
+
+/* The caller skips more items than the decision deferred (skip[i] ≠ 0: they depend on a
+ * deferred one): they become WRK_OFF_DEFER in item_host, and a decode request among them counts
+ * a step of waiting as a deferred one does (it did wait). */
+void wrk_offplace_skip(wrk_offplace *p, const wrk_offplace_item *items, uint32_t n,
+                       uint8_t *item_host, const uint8_t *skip);
 
 /* Executes a split: every item's pages go where it attends — move(user, page, to) for each
  * written page that changes region (to = 1: to the host) — and the pages the step appends to
