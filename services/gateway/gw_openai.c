@@ -687,7 +687,8 @@ static bool apply_finish(gw_result *res, json_t *msg, gw_event *ev, gw_error *e)
 bool gw_result_apply(gw_result *res, const char *msg, size_t len, gw_event *ev, gw_error *e) {
     memset(ev, 0, sizeof *ev);
     json_decref(res->last);
-    res->last = json_loadb(msg, len, 0, NULL);
+    /* ALLOW_NUL: a byte-level token may be the NUL byte, sent as "\u0000" (valid JSON). */
+    res->last = json_loadb(msg, len, JSON_ALLOW_NUL, NULL);
     json_t *m = res->last;
     if (!json_is_object(m)) return protocol_error(e, "not a JSON object");
     json_t *pt = json_object_get(m, "prompt_tokens");

@@ -182,6 +182,43 @@ Test(gw_openai, chat_response_collects_text_finish_and_usage) {
     gw_req_free(&r);
 }
 
+/* A byte-level token can be the NUL byte; the inferlet sends it as "\u0000", which is valid JSON
+ * the gateway must carry through to the response and the stream, not call a protocol error. */
+Test(gw_openai, a_nul_byte_in_the_text_survives_to_the_response) {
+    const char *msgs[] = {
+        "{\"prompt_tokens\":3}",
+        "{\"c\":0,\"text\":\"a\\u0000b\"}",
+        "{\"c\":0,\"finish\":\"length\",\"completion_tokens\":1}",
+    };
+    gw_req r;
+    gw_result res;
+    gw_error e;
+    cr_assert(parse(GW_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":\"x\"}", &r, &e), "%s",
+              e.message);
+    cr_assert(gw_result_init(&res, &r));
+    char *chunk = NULL;
+    for (size_t i = 0; i < 3; i++) {
+        gw_event ev;
+        cr_assert(gw_result_apply(&res, msgs[i], strlen(msgs[i]), &ev, &e), "%s: %s", msgs[i],
+                  e.message);
+        if (ev.kind == GW_EV_TOKEN) chunk = gw_chunk_token(&res, &ev);
+        json_decref(ev.logprob);
+    }
+    cr_assert_not_null(chunk);
+    cr_assert_not_null(strstr(chunk, "\"a\\u0000b\""), "%s", chunk);
+    char *json = gw_result_json(&res);
+    json_t *v = json_loads(json, JSON_ALLOW_NUL, NULL);
+    cr_assert_not_null(v, "%s", json);
+    json_t *text = json_object_get(json_array_get(json_object_get(v, "choices"), 0), "text");
+    cr_assert_eq(json_string_length(text), 3, "%s", json);
+    cr_assert_eq(memcmp(json_string_value(text), "a\0b", 3), 0, "%s", json);
+    json_decref(v);
+    free(json);
+    free(chunk);
+    gw_result_free(&res);
+    gw_req_free(&r);
+}
+
 Test(gw_openai, completion_logprobs_take_openai_legacy_shape) {
     const char *msgs[] = {
         "{\"prompt_tokens\":2}",
