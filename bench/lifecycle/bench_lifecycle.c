@@ -5,7 +5,8 @@
  *
  *   bench_lifecycle [--quick] [--no-tier1] [--cold-only | --calls-only]
  *   bench_lifecycle --serving [--model NAME] [--reps N] [--instances N] [--worker-credits N]
- *                             [--controller-env PIE_NAME=VALUE]... [--lifecycle-bin PATH]
+ *                             [--controller-env PIE_NAME=VALUE]... [--worker-env PIE_NAME=VALUE]...
+ *                             [--lifecycle-bin PATH]
  *                                    (release build: build-perf/bench/bench_lifecycle)
  * --no-tier1 keeps the background cc -O2 from competing with the cold launches measured
  * (2 cores); --cold-only measures nothing else, --calls-only only the host and GPU calls.
@@ -25,8 +26,10 @@
  * per-token serving overhead is defined and computed in bench_serving. --instances N runs only
  * that count; --worker-credits sets the worker's batch.credits (steps the controller may keep
  * outstanding on it; default 1); --controller-env passes a setting to the controller (e.g.
- * PIE_SCHEDULER_STRATEGY=k_only, at most 4); --lifecycle-bin runs another build of pie-lifecycle
- * (A/B comparisons). */
+ * PIE_SCHEDULER_STRATEGY=k_only, at most 4); --worker-env passes a setting to the worker (e.g.
+ * PIE_MEMORY_POLICY=offload, at most 6; with offload the run also prints the worker's offload
+ * and deferral counters and the controller's deferred calls over the measured rounds);
+ * --lifecycle-bin runs another build of pie-lifecycle (A/B comparisons). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -62,6 +65,7 @@ static pie_proc *g_ctl, *g_wrk, *g_lc;
 static const char *g_lc_bin = "pie-lifecycle"; /* --lifecycle-bin: another build, for A/B runs */
 static int g_credits;                          /* --worker-credits: batch.credits (0: default) */
 static const char *g_ctl_env[5];               /* --controller-env NAME=VALUE, up to 4 */
+static const char *g_wrk_env[7];               /* --worker-env NAME=VALUE, up to 6 */
 static rpc_channel *g_ch;
 
 static pie_proc *start(const char *bin, const char *const *env) {
@@ -598,6 +602,29 @@ static serve_round serve_once(const char *id, int n, int tokens, double *gaps, i
  * pairs), from the worker's pie_worker_batch_seconds (all batch kinds: embed_text, forward,
  * next_dist, slots). What remains is the serving path: the inferlet's own work, lifecycle,
  * controller, four gRPC hops, thread wake-ups, and the worker waiting for the next batch. */
+/* A metric series of p (0 when the page lacks it: a policy or service without it). */
+static double metric_or_0(const pie_proc *p, const char *series) {
+    double v = 0;
+    pie_status st;
+    return pie_proc_metric(p, series, &v, &st) == PIE_OK ? v : 0;
+}
+
+/* Offload's and deferral's counters now (all 0 under another memory policy). */
+typedef struct defer_counters {
+    double host_items, fwd_deferred, dist_deferred, ctl_deferred, ctl_failed, forced, two;
+} defer_counters;
+
+static defer_counters defer_now(void) {
+    return (defer_counters){
+        metric_or_0(g_wrk, "pie_worker_offload_host_instances_total"),
+        metric_or_0(g_wrk, "pie_worker_deferred_items_total{kind=\"forward\"}"),
+        metric_or_0(g_wrk, "pie_worker_deferred_items_total{kind=\"next_dist\"}"),
+        metric_or_0(g_ctl, "pie_controller_deferred_calls_total"),
+        metric_or_0(g_ctl, "pie_controller_deferral_failures_total"),
+        metric_or_0(g_wrk, "pie_worker_offload_steps_total{decision=\"forced\"}"),
+        metric_or_0(g_wrk, "pie_worker_offload_steps_total{decision=\"two_sub_batches\"}")};
+}
+
 static void bench_serving(const char *id, int n, int reps, int lo, int hi) {
     enum {
         TOK,
@@ -622,9 +649,13 @@ static void bench_serving(const char *id, int n, int reps, int lo, int hi) {
     double *gaps = malloc(sizeof(double) * (size_t)gaps_cap);
     if (gaps == NULL) DIE("out of memory");
     serve_once(id, n, lo, NULL, NULL, 0); /* warm-up: pages, threads, caches */
+    defer_counters d0 = defer_now();
+    double wall = 0, tokens = 0;
     for (int r = 0; r < reps; r++) {
         serve_round a = serve_once(id, n, lo, NULL, NULL, 0);
         serve_round b = serve_once(id, n, hi, gaps, &n_gaps, gaps_cap);
+        wall += a.wall_us + b.wall_us;
+        tokens += (double)n * (lo + hi);
         double k = hi - lo;
         v[TOK][r] = (b.wall_us - a.wall_us) / k;
         v[STEP][r] = (b.d.busy_s - a.d.busy_s) * 1e6 / k;
@@ -654,6 +685,17 @@ static void bench_serving(const char *id, int n, int reps, int lo, int hi) {
            "%.3f ms, worker %.3f ms, this client %.3f ms\n",
            pct(v[CPU_LC], reps, 0.5), pct(v[CPU_CTL], reps, 0.5), pct(v[CPU_WRK], reps, 0.5),
            pct(v[CPU_CLI], reps, 0.5));
+    defer_counters d1 = defer_now();
+    printf("  throughput %.1f generated tokens/s over the measured rounds (%.0f tokens, %.2f s, "
+           "launches and prefills included)\n",
+           tokens / (wall / 1e6), tokens, wall / 1e6);
+    if (d1.host_items > 0 || d1.forced > 0)
+        printf("  offload over the measured rounds: %.0f decodes attended on the host, %.0f forced "
+               "steps, %.0f two-sub-batch steps; deferred: %.0f forward and %.0f next_dist items "
+               "(worker), %.0f calls taken back, %.0f failed at the bound (controller)\n",
+               d1.host_items - d0.host_items, d1.forced - d0.forced, d1.two - d0.two,
+               d1.fwd_deferred - d0.fwd_deferred, d1.dist_deferred - d0.dist_deferred,
+               d1.ctl_deferred - d0.ctl_deferred, d1.ctl_failed - d0.ctl_failed);
     for (int i = 0; i < NV; i++) free(v[i]);
     free(gaps);
 }
@@ -696,12 +738,11 @@ static void cluster_start(const char *dir, bool tier1, const char *cpu_model) {
     const char *null_env[] = {ctl_env, "PIE_BACKEND=null", NULL};
     static char credits_env[48];
     snprintf(credits_env, sizeof credits_env, "PIE_BATCH_CREDITS=%d", g_credits);
-    const char *cpu_env[] = {ctl_env,
-                             "PIE_BACKEND=cpu",
-                             model_env,
-                             "PIE_ENGINE_THREADS=1",
-                             g_credits ? credits_env : NULL,
-                             NULL};
+    const char *cpu_env[16] = {ctl_env, "PIE_BACKEND=cpu", model_env, "PIE_ENGINE_THREADS=1"};
+    size_t n_env = 4;
+    if (g_credits) cpu_env[n_env++] = credits_env;
+    for (size_t i = 0; g_wrk_env[i]; i++) cpu_env[n_env++] = g_wrk_env[i];
+    cpu_env[n_env] = NULL;
     g_wrk = start("pie-worker", cpu_model ? cpu_env : null_env);
     const char *lenv[] = {ctl_env,
                           dir_env,
@@ -768,7 +809,7 @@ static void main_serving(const char *model, int reps, int only_n) {
 int main(int argc, char **argv) {
     bool quick = false, tier1 = true, cold_only = false, calls_only = false, serving = false;
     const char *model = "small-f32";
-    int reps = 0, only_n = 0, n_ctl_env = 0;
+    int reps = 0, only_n = 0, n_ctl_env = 0, n_wrk_env = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = true;
@@ -786,6 +827,8 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--controller-env") == 0 && i + 1 < argc && n_ctl_env < 4)
             g_ctl_env[n_ctl_env++] = argv[++i];
+        else if (strcmp(argv[i], "--worker-env") == 0 && i + 1 < argc && n_wrk_env < 6)
+            g_wrk_env[n_wrk_env++] = argv[++i];
         else if (strcmp(argv[i], "--worker-credits") == 0 && i + 1 < argc)
             g_credits = atoi(argv[++i]);
         else if (strcmp(argv[i], "--instances") == 0 && i + 1 < argc)
@@ -795,8 +838,8 @@ int main(int argc, char **argv) {
         else
             DIE("unknown option %s (--quick, --no-tier1, --cold-only, --calls-only, --serving "
                 "[--model NAME] "
-                "[--reps N] [--instances N] [--worker-credits N] [--controller-env NAME=VALUE], "
-                "--lifecycle-bin PATH)",
+                "[--reps N] [--instances N] [--worker-credits N] [--controller-env NAME=VALUE] "
+                "[--worker-env NAME=VALUE], --lifecycle-bin PATH)",
                 argv[i]);
     }
     if (reps <= 0) reps = quick ? 3 : 7;

@@ -141,7 +141,7 @@ struct ctl_core {
     /* metrics (may be NULL) */
     pie_counter *m_calls, *m_batches, *m_steps, *m_terminated, *m_items;
     pie_counter *m_kv_spills; /* KV allocations granted past a worker's effective capacity */
-    pie_counter *m_deferred;     /* calls a worker deferred (taken back) */
+    pie_counter *m_deferred;  /* calls a worker deferred (taken back) */
     pie_counter *m_defer_failed; /* calls failed for being deferred more than CTL_DEFER_MAX */
     pie_gauge *m_instances, *m_workers, *m_replicas, *m_waiting;
     pie_histogram *m_wait;       /* GPU call: arrival → taken into a batch, seconds */

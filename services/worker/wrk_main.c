@@ -211,8 +211,7 @@ static const pie_config_field wrk_fields[] = {
             "the controller agrees (it offers the call again); false = every item of a batch "
             "runs"},
     {"memory.offload_host_attn_us", PIE_CFG_DOUBLE,
-     PIE_CONFIG_AT(wrk_config, mem_offload_host_attn_us), .def = "0", .min = "0",
-     .max = "1000000",
+     PIE_CONFIG_AT(wrk_config, mem_offload_host_attn_us), .def = "0", .min = "0", .max = "1000000",
      .doc = "offload, auto (cpu backend): host attention per KV token for all layers, in "
             "microseconds, that the load-aware scheduler (and auto's choice) uses instead of "
             "the cost profiled at load (0 = profiled; the wrk.mem.offload log line shows what "
@@ -643,10 +642,9 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     bool may_defer = cfg->mem_offload_defer && loaded.plan.policy == WRK_MEM_OFFLOAD &&
                      loaded.engine != NULL && group == NULL;
     if (cfg->mem_offload_defer && !may_defer)
-        pie_log_info("wrk.mem.offload_defer",
-                     "deferral=off reason=\"%s\"",
+        pie_log_info("wrk.mem.offload_defer", "deferral=off reason=\"%s\"",
                      loaded.plan.policy != WRK_MEM_OFFLOAD ? "the memory policy is not offload"
-                     : group ? "not in a tensor-parallel group"
+                     : group                               ? "not in a tensor-parallel group"
                              : "the backend has no offload scheduler to defer with");
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;

@@ -50,17 +50,19 @@ Test(offload, host_attention_changes_no_output_of_fork_export_and_import) {
 /* Three text completions and a parallel generation (a fork into 3) at once: their decodes
  * share steps, some with KV on the device (device work), some on the host. */
 static void run_mixed(e2e_cluster *c, char *const ids[3], e2e_run out[N_MIXED]) {
-    static const char *const tc_b[] = {"--prompt", "Once upon a time in a land far away there",
-                                       "--max-tokens", "40", "--ignore-eos", NULL};
-    static const char *const tc_c[] = {"--prompt", "The capital of France is", "--max-tokens",
-                                       "24", "--ignore-eos", NULL};
-    static const char *const pg[] = {"--prompt", "In a small village by the sea there lived",
-                                     "--n", "3", "--suffixes", " one day| never|",
-                                     "--max-tokens", "16", "--ignore-eos", NULL};
-    rpc_stream *s[N_MIXED] = {e2e_run_open(c, ids[0], e2e_tc_args, NULL),
-                              e2e_run_open(c, ids[0], tc_b, NULL),
-                              e2e_run_open(c, ids[0], tc_c, NULL),
-                              e2e_run_open(c, ids[1], pg, NULL)};
+    static const char *const tc_b[] = {"--prompt",     "Once upon a time in a land far away there",
+                                       "--max-tokens", "40",
+                                       "--ignore-eos", NULL};
+    static const char *const tc_c[] = {
+        "--prompt", "The capital of France is", "--max-tokens", "24", "--ignore-eos", NULL};
+    static const char *const pg[] = {"--prompt",     "In a small village by the sea there lived",
+                                     "--n",          "3",
+                                     "--suffixes",   " one day| never|",
+                                     "--max-tokens", "16",
+                                     "--ignore-eos", NULL};
+    rpc_stream *s[N_MIXED] = {
+        e2e_run_open(c, ids[0], e2e_tc_args, NULL), e2e_run_open(c, ids[0], tc_b, NULL),
+        e2e_run_open(c, ids[0], tc_c, NULL), e2e_run_open(c, ids[1], pg, NULL)};
     for (int i = 0; i < N_MIXED; i++) {
         e2e_run_collect(s[i], &out[i]);
         char what[32];

@@ -1843,10 +1843,10 @@ Test(worker_link, offload_policy_registers_device_plus_host_pages_and_serves_wha
 /* small-f32 with 2 device pages (64 KiB: 4 layers x 8 KiB a page), a 2 MiB host pool and the
  * scheduler's host attention cost pinned at a second per KV token: a decode whose KV is on the
  * host never hides behind device work, so beside any it is deferred (until its 9th offer). */
-static const char *const defer_env[] = {"PIE_MEMORY_POLICY=offload", "PIE_MEMORY_DEVICE_KV=64KiB",
-                                        "PIE_MEMORY_HOST_POOL=2MiB",
-                                        "PIE_MEMORY_OFFLOAD_HOST_ATTN_US=1000000",
-                                        "PIE_MEMORY_OFFLOAD_DEFER=true", NULL};
+static const char *const defer_env[] = {
+    "PIE_MEMORY_POLICY=offload",     "PIE_MEMORY_DEVICE_KV=64KiB",
+    "PIE_MEMORY_HOST_POOL=2MiB",     "PIE_MEMORY_OFFLOAD_HOST_ATTN_US=1000000",
+    "PIE_MEMORY_OFFLOAD_DEFER=true", NULL};
 
 /* A next_dist batch whose items are each a call of their own (call_items all 1). */
 static Pie__V1__Batch *b_next_dist_calls(arena *a, uint64_t id, const uint32_t *slots, size_t n) {
@@ -1920,13 +1920,22 @@ static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
         slots[20 + i] = sb[i] = 40 + i, toks[20 + i] = prompt_token(100 + i), pos[20 + i] = i;
     }
     a->used = 0;
-    eng_forward_item pre[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 4,
-                                .append_kv = true, .in_slots = sa, .n_in = 20},
-                               {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 4,
-                                .append_kv = true, .in_slots = sb, .n_in = 20}};
+    eng_forward_item pre[2] = {{.kv_pages = pa,
+                                .n_kv_pages = 2,
+                                .kv_last_page_len = 4,
+                                .append_kv = true,
+                                .in_slots = sa,
+                                .n_in = 20},
+                               {.kv_pages = pb,
+                                .n_kv_pages = 2,
+                                .kv_last_page_len = 4,
+                                .append_kv = true,
+                                .in_slots = sb,
+                                .n_in = 20}};
     Pie__V1__Batch *s1[3] = {
-        b_slots(a, 1, (slots_spec){.alloc_kv = kv, .n_alloc_kv = 8, .alloc_emb = emb,
-                                   .n_alloc_emb = 100}),
+        b_slots(
+            a, 1,
+            (slots_spec){.alloc_kv = kv, .n_alloc_kv = 8, .alloc_emb = emb, .n_alloc_emb = 100}),
         b_embed(a, 2, slots, toks, pos, 40), b_forward(a, 3, pre, 2)};
     send_step(f, s1, 3);
     pie_status st;
@@ -1936,14 +1945,24 @@ static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
     Pie__V1__WorkerUp *up = results_past_capacity(f, w, s1, 3);
     for (int i = 0; i < 3; i++) assert_batch_ok(up->results[i], 0);
     rpc_msg_free(&up->base);
-    const uint32_t in[2] = {20, 60}, out[2] = {21, 61}, tk[2] = {prompt_token(20), prompt_token(120)},
-                   p20[2] = {20, 20};
-    eng_forward_item d1[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 5,
-                               .append_kv = true, .in_slots = &in[0], .n_in = 1,
-                               .out_slots = &out[0], .n_out = 1},
-                              {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 5,
-                               .append_kv = true, .in_slots = &in[1], .n_in = 1,
-                               .out_slots = &out[1], .n_out = 1}};
+    const uint32_t in[2] = {20, 60}, out[2] = {21, 61},
+                   tk[2] = {prompt_token(20), prompt_token(120)}, p20[2] = {20, 20};
+    eng_forward_item d1[2] = {{.kv_pages = pa,
+                               .n_kv_pages = 2,
+                               .kv_last_page_len = 5,
+                               .append_kv = true,
+                               .in_slots = &in[0],
+                               .n_in = 1,
+                               .out_slots = &out[0],
+                               .n_out = 1},
+                              {.kv_pages = pb,
+                               .n_kv_pages = 2,
+                               .kv_last_page_len = 5,
+                               .append_kv = true,
+                               .in_slots = &in[1],
+                               .n_in = 1,
+                               .out_slots = &out[1],
+                               .n_out = 1}};
     Pie__V1__Batch *s2[2] = {b_embed(a, 4, in, tk, p20, 2), b_forward(a, 5, d1, 2)};
     send_step(f, s2, 2);
     cr_assert_eq(eng_embed_text(e, in, tk, p20, 2, &st), PIE_OK, "%s", st.msg);
@@ -1977,20 +1996,33 @@ Test(worker_link, offload_deferral_defers_a_host_decode_and_its_dependents_leavi
     pie_status st;
     /* step 3: A and B decode again, then what depends on A */
     static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
-    const uint32_t in[2] = {22, 62}, out[2] = {23, 63}, tk[2] = {prompt_token(21), prompt_token(121)},
-                   p21[2] = {21, 21}, again = 22, tk7 = 7, p30 = 30;
-    eng_forward_item d2[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 6,
-                               .append_kv = true, .in_slots = &in[0], .n_in = 1,
-                               .out_slots = &out[0], .n_out = 1},
-                              {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 6,
-                               .append_kv = true, .in_slots = &in[1], .n_in = 1,
-                               .out_slots = &out[1], .n_out = 1}};
+    const uint32_t in[2] = {22, 62}, out[2] = {23, 63},
+                   tk[2] = {prompt_token(21), prompt_token(121)}, p21[2] = {21, 21}, again = 22,
+                   tk7 = 7, p30 = 30;
+    eng_forward_item d2[2] = {{.kv_pages = pa,
+                               .n_kv_pages = 2,
+                               .kv_last_page_len = 6,
+                               .append_kv = true,
+                               .in_slots = &in[0],
+                               .n_in = 1,
+                               .out_slots = &out[0],
+                               .n_out = 1},
+                              {.kv_pages = pb,
+                               .n_kv_pages = 2,
+                               .kv_last_page_len = 6,
+                               .append_kv = true,
+                               .in_slots = &in[1],
+                               .n_in = 1,
+                               .out_slots = &out[1],
+                               .n_out = 1}};
     bool masked[PAGE] = {false};
     masked[3] = true;
     const eng_forward_item a_alone = d2[0];
     a.used = 0;
-    Pie__V1__Batch *s3[6] = {b_embed(&a, 6, in, tk, p21, 2), b_forward(&a, 7, d2, 2),
-                             b_next_dist_calls(&a, 8, out, 2), b_mask(&a, 9, 1, masked, PAGE),
+    Pie__V1__Batch *s3[6] = {b_embed(&a, 6, in, tk, p21, 2),
+                             b_forward(&a, 7, d2, 2),
+                             b_next_dist_calls(&a, 8, out, 2),
+                             b_mask(&a, 9, 1, masked, PAGE),
                              b_copy(&a, 10, &(eng_copy_item){1, 6, 0, 0, 4}),
                              b_embed(&a, 11, &again, &tk7, &p30, 1)};
     send_step(&f, s3, 6);
@@ -2010,12 +2042,22 @@ Test(worker_link, offload_deferral_defers_a_host_decode_and_its_dependents_leavi
     /* step 4: probes (device work that writes nothing but outputs) */
     const uint32_t pin[2] = {24, 26}, pout[2] = {25, 27}, ptk[2] = {prompt_token(22), 9},
                    ppos[2] = {22, 1}, p6[1] = {6};
-    eng_forward_item probes[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 7,
-                                   .append_kv = false, .in_slots = &pin[0], .n_in = 1,
-                                   .out_slots = &pout[0], .n_out = 1},
-                                  {.kv_pages = p6, .n_kv_pages = 1, .kv_last_page_len = 4,
-                                   .append_kv = false, .in_slots = &pin[1], .n_in = 1,
-                                   .out_slots = &pout[1], .n_out = 1}};
+    eng_forward_item probes[2] = {{.kv_pages = pa,
+                                   .n_kv_pages = 2,
+                                   .kv_last_page_len = 7,
+                                   .append_kv = false,
+                                   .in_slots = &pin[0],
+                                   .n_in = 1,
+                                   .out_slots = &pout[0],
+                                   .n_out = 1},
+                                  {.kv_pages = p6,
+                                   .n_kv_pages = 1,
+                                   .kv_last_page_len = 4,
+                                   .append_kv = false,
+                                   .in_slots = &pin[1],
+                                   .n_in = 1,
+                                   .out_slots = &pout[1],
+                                   .n_out = 1}};
     const uint32_t look[3] = {25, 27, 23};
     a.used = 0;
     Pie__V1__Batch *s4[3] = {b_embed(&a, 12, pin, ptk, ppos, 2), b_forward(&a, 13, probes, 2),
@@ -2075,12 +2117,22 @@ Test(worker_link, offload_deferral_needs_the_controllers_agreement_and_is_off_by
         static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
         const uint32_t in[2] = {22, 62}, out[2] = {23, 63},
                        tk[2] = {prompt_token(21), prompt_token(121)}, p21[2] = {21, 21};
-        eng_forward_item d2[2] = {{.kv_pages = pa, .n_kv_pages = 2, .kv_last_page_len = 6,
-                                   .append_kv = true, .in_slots = &in[0], .n_in = 1,
-                                   .out_slots = &out[0], .n_out = 1},
-                                  {.kv_pages = pb, .n_kv_pages = 2, .kv_last_page_len = 6,
-                                   .append_kv = true, .in_slots = &in[1], .n_in = 1,
-                                   .out_slots = &out[1], .n_out = 1}};
+        eng_forward_item d2[2] = {{.kv_pages = pa,
+                                   .n_kv_pages = 2,
+                                   .kv_last_page_len = 6,
+                                   .append_kv = true,
+                                   .in_slots = &in[0],
+                                   .n_in = 1,
+                                   .out_slots = &out[0],
+                                   .n_out = 1},
+                                  {.kv_pages = pb,
+                                   .n_kv_pages = 2,
+                                   .kv_last_page_len = 6,
+                                   .append_kv = true,
+                                   .in_slots = &in[1],
+                                   .n_in = 1,
+                                   .out_slots = &out[1],
+                                   .n_out = 1}};
         a.used = 0;
         Pie__V1__Batch *s3[3] = {b_embed(&a, 6, in, tk, p21, 2), b_forward(&a, 7, d2, 2),
                                  b_next_dist(&a, 8, out, (uint32_t[]){8, 8}, (float[]){1, 1}, 2)};

@@ -564,9 +564,8 @@ static int serve_n(world *W, int i, int max) {
                 res[b].items = &ip[ni];
                 res[b].n_items = n_items;
                 size_t n_calls;
-                const uint32_t *ci = check_call_items(f, bt->next_dist->call_items,
-                                                      bt->next_dist->n_call_items, n_items,
-                                                      &n_calls);
+                const uint32_t *ci = check_call_items(
+                    f, bt->next_dist->call_items, bt->next_dist->n_call_items, n_items, &n_calls);
                 /* which items are deferred: whole calls reading a deferred output */
                 uint8_t dfr[MAX_ITEMS * 64] = {0};
                 for (size_t c0 = 0, c = 0; c < n_calls; c0 += ci[c++]) {

@@ -309,14 +309,15 @@ static void same_logits(eng *e, eng *ref, uint32_t slot, const char *what) {
     pie_status st = {0};
     cr_assert_eq(eng_logits(e, slot, a, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_logits(ref, slot, b, &st), PIE_OK, "%s", st.msg);
-    cr_assert(memcmp(a, b, V * sizeof *a) == 0, "%s: the logits of slot %u differ from policy gpu's",
-              what, slot);
+    cr_assert(memcmp(a, b, V * sizeof *a) == 0,
+              "%s: the logits of slot %u differ from policy gpu's", what, slot);
     free(a);
     free(b);
 }
 
 /* A decode of a sequence of `len` tokens (the new one included) over pages p[0..1]. */
-static eng_forward_item dec(const uint32_t *p, uint32_t len, const uint32_t *in, const uint32_t *out) {
+static eng_forward_item dec(const uint32_t *p, uint32_t len, const uint32_t *in,
+                            const uint32_t *out) {
     return pie_test_item(PAGE, p, len, true, in, 1, out, 1);
 }
 

@@ -37,9 +37,14 @@ Test(wrk_dep, a_deferred_decode_holds_back_its_readers_and_the_writers_of_what_i
     wrk_dep d = dep_new();
     /* a decode reads pages 3, 4 and embedding 1, appends to page 4, outputs embedding 2 */
     const uint32_t pages[] = {3, 4}, last[] = {4}, in[] = {1}, out[] = {2};
-    wrk_dep_access decode = {.kv_read = pages, .n_kv_read = 2, .kv_write = last,
-                             .n_kv_write = 1, .emb_read = in, .n_emb_read = 1,
-                             .emb_write = out, .n_emb_write = 1};
+    wrk_dep_access decode = {.kv_read = pages,
+                             .n_kv_read = 2,
+                             .kv_write = last,
+                             .n_kv_write = 1,
+                             .emb_read = in,
+                             .n_emb_read = 1,
+                             .emb_write = out,
+                             .n_emb_write = 1};
     wrk_dep_add(&d, &decode);
     const uint32_t p3[] = {3}, p4[] = {4}, p5[] = {5}, e1[] = {1}, e2[] = {2}, e3[] = {3};
     wrk_dep_access next_dist_of_output = emb(e2, 1, NULL, 0);
@@ -54,8 +59,13 @@ Test(wrk_dep, a_deferred_decode_holds_back_its_readers_and_the_writers_of_what_i
     cr_assert(wrk_dep_hits(&d, &writer_of_its_output), "write after write");
     wrk_dep_access reader_of_its_context = kv(p3, 1, NULL, 0);
     wrk_dep_access reader_of_its_input = emb(e1, 1, NULL, 0);
-    wrk_dep_access elsewhere = {.kv_read = p5, .n_kv_read = 1, .kv_write = p5, .n_kv_write = 1,
-                                .emb_read = e3, .n_emb_read = 1, .emb_write = e3,
+    wrk_dep_access elsewhere = {.kv_read = p5,
+                                .n_kv_read = 1,
+                                .kv_write = p5,
+                                .n_kv_write = 1,
+                                .emb_read = e3,
+                                .n_emb_read = 1,
+                                .emb_write = e3,
                                 .n_emb_write = 1};
     cr_assert_not(wrk_dep_hits(&d, &reader_of_its_context), "reads beside reads");
     cr_assert_not(wrk_dep_hits(&d, &reader_of_its_input));
@@ -86,8 +96,14 @@ Test(wrk_dep, dependents_join_the_footprint_and_a_new_step_starts_empty) {
 Test(wrk_dep, ids_past_the_pools_are_ignored) {
     wrk_dep d = dep_new();
     const uint32_t big[] = {16, 1u << 31}, ebig[] = {8};
-    wrk_dep_access a = {.kv_read = big, .n_kv_read = 2, .kv_write = big, .n_kv_write = 2,
-                        .emb_read = ebig, .n_emb_read = 1, .emb_write = ebig, .n_emb_write = 1};
+    wrk_dep_access a = {.kv_read = big,
+                        .n_kv_read = 2,
+                        .kv_write = big,
+                        .n_kv_write = 2,
+                        .emb_read = ebig,
+                        .n_emb_read = 1,
+                        .emb_write = ebig,
+                        .n_emb_write = 1};
     wrk_dep_add(&d, &a);
     cr_assert(wrk_dep_empty(&d));
     cr_assert_not(wrk_dep_hits(&d, &a));

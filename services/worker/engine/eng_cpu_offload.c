@@ -66,8 +66,8 @@ struct eng_offload {
      * length), until the eng_forward_skip that runs it */
     bool planned;
     uint32_t plan_n;
-    uint8_t *skip;           /* [T] the skip mask of that run */
-    eng_forward_item *kept;  /* [T] the items run, compacted */
+    uint8_t *skip;          /* [T] the skip mask of that run */
+    eng_forward_item *kept; /* [T] the items run, compacted */
     bool (*pick)(void *user, uint32_t item, const eng_forward_item *it);
     void *pick_user;
     eng_offload_stats stats;
