@@ -80,22 +80,18 @@ size_t krn_panel_x_bytes(krn_panel_kind kind, int n, int in) {
 }
 
 /* One block of a panel: KRN_PANEL_KC columns of 32 rows in f32 (the dot panels' bf16 pairs
- * take half). */
-size_t krn_panel_w_bytes(int in, krn_dtype wt) {
-    (void)in, (void)wt;
-    return (size_t)KRN_PANEL_ROWS * KRN_PANEL_KC * sizeof(float);
-}
+ * take half), whatever the shape. */
+size_t krn_panel_w_bytes(void) { return (size_t)KRN_PANEL_ROWS * KRN_PANEL_KC * sizeof(float); }
 
-/* Tile t of n rows split into ceil(n / KRN_PANEL_MAX_R) tiles of near-equal size: its first
- * row and its row count. */
+int krn_panel_tiles(int n) { return (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R; }
+
+/* Tile t of the krn_panel_tiles(n) near-equal tiles of n rows: its first row and row count. */
 static void tile_rows(int n, int t, int *r0, int *rows) {
-    int tiles = (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R;
+    int tiles = krn_panel_tiles(n);
     int base = n / tiles, extra = n % tiles;
     *rows = base + (t < extra);
     *r0 = t * base + (t < extra ? t : extra);
 }
-
-int krn_panel_tiles(int n) { return (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R; }
 
 typedef struct pack_x_job {
     const float *x;
