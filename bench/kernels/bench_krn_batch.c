@@ -97,7 +97,7 @@ static const char *const VARIANT_NAMES[N_VARIANTS] = {"tiles", "panel", "dot", "
 static void run_panel(krn_pool *p, const float *x, int n, int in, const uint16_t *w, krn_dtype wt,
                       int out, float *y) {
     void *xp = krn_pool_scratch(p, 1, krn_panel_x_bytes(KRN_PANEL_F32, n, in));
-    void *panel = krn_pool_scratch(p, 0, krn_panel_w_bytes(in, wt));
+    void *panel = krn_pool_scratch(p, 0, krn_panel_w_bytes());
     if (!xp || !panel) {
         fprintf(stderr, "bench_krn_batch: out of memory for the panel path\n");
         exit(1);

@@ -78,7 +78,7 @@ void krn_cpu_set_panel(int on);
 typedef enum krn_panel_kind { KRN_PANEL_F32 = 0, KRN_PANEL_DOT = 1 } krn_panel_kind;
 /* Bytes of x[n, in] packed into row tiles; bytes of a worker's panel buffer (one block). */
 size_t krn_panel_x_bytes(krn_panel_kind kind, int n, int in);
-size_t krn_panel_w_bytes(int in, krn_dtype wt);
+size_t krn_panel_w_bytes(void);
 /* Row tiles x is cut into (the tasks of krn_panel_pack_x). */
 int krn_panel_tiles(int n);
 /* Packs x[n, in] into xp (krn_panel_x_bytes, 64-byte aligned), across the pool. */

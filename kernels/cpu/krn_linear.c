@@ -485,21 +485,20 @@ static int panel_task_rows(int out, int threads) {
 
 /* The pool's shared scratch for x packed for the panels and each worker's panel buffer (into
  * scratch[]); NULL when memory runs out. */
-static void *panel_scratch(krn_pool *p, krn_panel_kind kind, int n, int in, krn_dtype wt,
-                           void **scratch) {
+static void *panel_scratch(krn_pool *p, krn_panel_kind kind, int n, int in, void **scratch) {
     int threads = krn_pool_size(p);
     void *xp =
         threads <= 1024 ? krn_pool_scratch(p, threads, krn_panel_x_bytes(kind, n, in)) : NULL;
     for (int t = 0; xp && t < threads; t++)
-        if (!(scratch[t] = krn_pool_scratch(p, t, krn_panel_w_bytes(in, wt)))) xp = NULL;
+        if (!(scratch[t] = krn_pool_scratch(p, t, krn_panel_w_bytes()))) xp = NULL;
     return xp;
 }
 
 static int linear_panel(krn_pool *p, linear_job *j) {
-    size_t xb = krn_panel_x_bytes(j->kind, j->n, j->in), wb = krn_panel_w_bytes(j->in, j->wt);
+    size_t xb = krn_panel_x_bytes(j->kind, j->n, j->in), wb = krn_panel_w_bytes();
     void *own = NULL, *xp = NULL;
     if (p) {
-        xp = panel_scratch(p, j->kind, j->n, j->in, j->wt, j->scratch);
+        xp = panel_scratch(p, j->kind, j->n, j->in, j->scratch);
     } else if ((own = aligned_alloc(64, round64(xb) + round64(wb)))) {
         xp = own;
         j->scratch[0] = (char *)own + round64(xb);
@@ -655,7 +654,7 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
         size_t bytes = amx ? krn_amx_pack_bytes(n, in) : krn_bf16dot_pack_bytes(n, in);
         xp = krn_pool_scratch(p, krn_pool_size(p), bytes);
     } else if (panel && p) {
-        xp = panel_scratch(p, kind, n, in, wt, m.j[0].scratch);
+        xp = panel_scratch(p, kind, n, in, m.j[0].scratch);
     }
     if (!xp) { /* not on AMX, bf16 dot or panels (or no pool, or no scratch): separate calls */
         for (int i = 0; i < count; i++)

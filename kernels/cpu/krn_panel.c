@@ -80,22 +80,18 @@ size_t krn_panel_x_bytes(krn_panel_kind kind, int n, int in) {
 }
 
 /* One block of a panel: KRN_PANEL_KC columns of 32 rows in f32 (the dot panels' bf16 pairs
- * take half). */
-size_t krn_panel_w_bytes(int in, krn_dtype wt) {
-    (void)in, (void)wt;
-    return (size_t)KRN_PANEL_ROWS * KRN_PANEL_KC * sizeof(float);
-}
+ * take half), whatever the shape. */
+size_t krn_panel_w_bytes(void) { return (size_t)KRN_PANEL_ROWS * KRN_PANEL_KC * sizeof(float); }
 
-/* Tile t of n rows split into ceil(n / KRN_PANEL_MAX_R) tiles of near-equal size: its first
- * row and its row count. */
+int krn_panel_tiles(int n) { return (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R; }
+
+/* Tile t of the krn_panel_tiles(n) near-equal tiles of n rows: its first row and row count. */
 static void tile_rows(int n, int t, int *r0, int *rows) {
-    int tiles = (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R;
+    int tiles = krn_panel_tiles(n);
     int base = n / tiles, extra = n % tiles;
     *rows = base + (t < extra);
     *r0 = t * base + (t < extra ? t : extra);
 }
-
-int krn_panel_tiles(int n) { return (n + KRN_PANEL_MAX_R - 1) / KRN_PANEL_MAX_R; }
 
 typedef struct pack_x_job {
     const float *x;
@@ -189,23 +185,30 @@ KRN_TARGET_AVX512 KRN_INLINE void transpose16(__m512i v[16]) {
     }
 }
 
-/* Columns [k, k + 32) ∩ [0, in) of rows [0, rows) of bf16 W (rows past `rows` are zero) into
- * pairs k/2 .. k/2 + 15 of the panel block `dst` (f32, 64 floats per pair). A row's 32 bf16
- * are 16 (k, k + 1) pairs, so one 16 × 16 transpose of 32-bit elements per half panel puts 16
- * rows' pair q in one vector; the lane shifted left by 16 is f32(w[k]), the lane with its low
- * half cleared f32(w[k + 1]). */
+/* Rows [16h, 16h + 16) of bf16 W (zero past `rows`), columns [k, k + 32) ∩ [0, in),
+ * transposed: v[q] holds pair q (columns k + 2q, k + 2q + 1) of the 16 rows, one row per
+ * 32-bit lane. A row's 64 bytes are already 16 (k, k + 1) pairs, so one 16 × 16 transpose of
+ * 32-bit elements does it. */
+KRN_TARGET_AVX512 KRN_INLINE void load_pairs(const uint16_t *w, size_t ldw, int rows, int h, int k,
+                                             int in, __m512i v[16]) {
+    __mmask32 m = in - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (in - k)) - 1u);
+    KRN_UNROLL for (int i = 0; i < 16; i++) {
+        int o = 16 * h + i;
+        v[i] = o < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
+                        : _mm512_setzero_si512();
+    }
+    transpose16(v);
+}
+
+/* Columns [k, k + 32) ∩ [0, in) of rows [0, rows) of bf16 W into pairs k/2 .. k/2 + 15 of the
+ * panel block `dst` (f32, 64 floats per pair): a pair's lane shifted left by 16 is f32(w[k]),
+ * with its low half cleared f32(w[k + 1]). */
 KRN_TARGET_AVX512 KRN_INLINE void pack_bf16_32(const uint16_t *w, size_t ldw, int rows, int k,
                                                int in, float *dst) {
-    __mmask32 m = in - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (in - k)) - 1u);
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     for (int h = 0; h < 2; h++) {
         __m512i v[16];
-        KRN_UNROLL for (int i = 0; i < 16; i++) {
-            int o = 16 * h + i;
-            v[i] = o < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
-                            : _mm512_setzero_si512();
-        }
-        transpose16(v);
+        load_pairs(w, ldw, rows, h, k, in, v);
         KRN_UNROLL for (int q = 0; q < 16; q++) {
             float *d = dst + (size_t)q * 64 + (size_t)h * 16;
             _mm512_store_si512((void *)d, _mm512_slli_epi32(v[q], 16));
@@ -235,19 +238,13 @@ KRN_TARGET_AVX512 KRN_INLINE void pack_f16_16(const uint16_t *w, size_t ldw, int
     }
 }
 
-/* For the dot panels: the same transpose without the conversion, pair q's two vectors (rows
- * 0-15, 16-31; a (k, k + 1) bf16 pair per lane, what VDPBF16PS multiplies) at dst + 32 q. */
+/* For the dot panels: the pairs as they are (what VDPBF16PS multiplies), pair q's two vectors
+ * (rows 0-15, 16-31) at dst + 32 q. */
 KRN_TARGET_AVX512 KRN_INLINE void pack_pairs_32(const uint16_t *w, size_t ldw, int rows, int k,
                                                 int in, uint32_t *dst) {
-    __mmask32 m = in - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (in - k)) - 1u);
     for (int h = 0; h < 2; h++) {
         __m512i v[16];
-        KRN_UNROLL for (int i = 0; i < 16; i++) {
-            int o = 16 * h + i;
-            v[i] = o < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)o * ldw + (size_t)k)
-                            : _mm512_setzero_si512();
-        }
-        transpose16(v);
+        load_pairs(w, ldw, rows, h, k, in, v);
         KRN_UNROLL for (int q = 0; q < 16; q++) {
             _mm512_store_si512((void *)(dst + (size_t)q * 32 + (size_t)h * 16), v[q]);
         }
