@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "krn_cpu.h"
+#include "bench_krn_util.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -27,30 +28,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
-        fprintf(stderr, "bench_krn: out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
-
-static uint64_t g_rng = 88172645463325252ull; /* bench-only generator state (single thread) */
-static float frand(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((double)(g_rng >> 11) / 4503599627370496.0 - 1.0);
-}
-
 static void fill_f32(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = frand();
+    for (size_t i = 0; i < n; i++) x[i] = bench_krn_frand();
 }
 
 static void fill_bf16(uint16_t *x, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float f = frand() * 0.05f;
+        float f = bench_krn_frand() * 0.05f;
         uint32_t u;
         memcpy(&u, &f, 4);
         x[i] = (uint16_t)(u >> 16);
@@ -104,7 +88,7 @@ __attribute__((target("avx2"))) static void bw_task(void *varg, int task, int n_
 
 static double bench_bandwidth(krn_pool *p, int threads) {
     size_t bytes = (size_t)(2.0 * GIB);
-    bw_arg a = {.buf = xmalloc(bytes), .words = bytes / 8};
+    bw_arg a = {.buf = bench_krn_alloc(bytes), .words = bytes / 8};
     memset((void *)a.buf, 1, bytes);
     double best = 0;
     for (int rep = 0; rep < 8; rep++) {
@@ -134,7 +118,7 @@ static mat mat_make(int in, int out, krn_dtype wt) {
     if (m.copies < 1) m.copies = 1;
     m.w = calloc((size_t)m.copies, sizeof *m.w);
     for (int c = 0; c < m.copies; c++) {
-        m.w[c] = xmalloc(bytes);
+        m.w[c] = bench_krn_alloc(bytes);
         if (c == 0) {
             if (wt == KRN_F32)
                 fill_f32(m.w[c], (size_t)in * (size_t)out);
@@ -158,7 +142,8 @@ static size_t mat_bytes(const mat *m) {
 
 /* Median seconds per krn_cpu_linear call with n rows, rotating through the copies. */
 static double time_linear(krn_pool *p, const mat *m, int n, int reps) {
-    float *x = xmalloc((size_t)n * (size_t)m->in * 4), *y = xmalloc((size_t)n * (size_t)m->out * 4);
+    float *x = bench_krn_alloc((size_t)n * (size_t)m->in * 4),
+          *y = bench_krn_alloc((size_t)n * (size_t)m->out * 4);
     fill_f32(x, (size_t)n * (size_t)m->in);
     double *t = malloc((size_t)reps * sizeof *t);
     krn_cpu_linear(p, x, n, m->in, m->w[0], m->wt, m->out, y); /* warm-up */
@@ -176,7 +161,8 @@ static double time_linear(krn_pool *p, const mat *m, int n, int reps) {
 
 /* Median seconds of plain cblas_sgemm (OpenBLAS's own threads) for the same product. */
 static double time_sgemm(const mat *m, int n, int reps, int threads) {
-    float *x = xmalloc((size_t)n * (size_t)m->in * 4), *y = xmalloc((size_t)n * (size_t)m->out * 4);
+    float *x = bench_krn_alloc((size_t)n * (size_t)m->in * 4),
+          *y = bench_krn_alloc((size_t)n * (size_t)m->out * 4);
     fill_f32(x, (size_t)n * (size_t)m->in);
     double *t = malloc((size_t)reps * sizeof *t);
     openblas_set_num_threads(threads);
@@ -204,12 +190,12 @@ static void bench_attention(krn_pool *p, int ctx, int batch, int reps) {
     krn_kv_layer kv = {.page_size = page, .n_kv_heads = n_kv, .head_dim = hd};
     size_t floats =
         (size_t)pages_per * (size_t)batch * 2 * (size_t)page * (size_t)n_kv * (size_t)hd;
-    kv.base = xmalloc(floats * 4);
+    kv.base = bench_krn_alloc(floats * 4);
     fill_f32(kv.base, floats);
-    uint32_t *pages = xmalloc((size_t)pages_per * (size_t)batch * 4);
+    uint32_t *pages = bench_krn_alloc((size_t)pages_per * (size_t)batch * 4);
     for (int i = 0; i < pages_per * batch; i++) pages[i] = (uint32_t)i;
-    float *q = xmalloc((size_t)batch * (size_t)n_heads * (size_t)hd * 4);
-    float *o = xmalloc((size_t)batch * (size_t)n_heads * (size_t)hd * 4);
+    float *q = bench_krn_alloc((size_t)batch * (size_t)n_heads * (size_t)hd * 4);
+    float *o = bench_krn_alloc((size_t)batch * (size_t)n_heads * (size_t)hd * 4);
     fill_f32(q, (size_t)batch * (size_t)n_heads * (size_t)hd);
     krn_attn_item *items = calloc((size_t)batch, sizeof *items);
     for (int b = 0; b < batch; b++) {

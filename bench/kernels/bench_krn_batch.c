@@ -25,6 +25,7 @@
 
 #include "krn_cpu.h"
 #include "krn_cpu_impl.h" /* the panel kernel's entry points and switch */
+#include "bench_krn_util.h"
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -32,28 +33,11 @@ static double cpu_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
-        fprintf(stderr, "bench_krn_batch: out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
-
-static uint64_t g_rng = 88172645463325252ull; /* bench-only generator state (single thread) */
-static float frand(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((double)(g_rng >> 11) / 4503599627370496.0 - 1.0);
-}
-
 /* Weights of magnitude ~0.05 as bf16 (top half of the f32) or f16 (F16C rounding; the bench
  * needs the avx512 path anyway). */
 __attribute__((target("f16c"))) static void fill_w(uint16_t *w, size_t n, krn_dtype wt) {
     for (size_t i = 0; i < n; i++) {
-        float f = frand() * 0.05f;
+        float f = bench_krn_frand() * 0.05f;
         if (wt == KRN_BF16) {
             uint32_t u;
             memcpy(&u, &f, 4);
@@ -76,7 +60,7 @@ static shape shape_make(int in, int out, krn_dtype wt, int rotate) {
     if (rotate) s.copies = (int)((1ull << 30) / bytes) + 1;
     s.w = calloc((size_t)s.copies, sizeof *s.w);
     for (int c = 0; c < s.copies; c++) {
-        s.w[c] = xmalloc(bytes);
+        s.w[c] = bench_krn_alloc(bytes);
         if (c == 0)
             fill_w(s.w[0], (size_t)in * (size_t)out, wt);
         else
@@ -142,13 +126,13 @@ static void bench_shape(krn_pool *p, const shape *s, krn_dtype wt, const int *ns
                         int reps, int have_dot) {
     for (int a = 0; a < n_ns; a++) {
         int n = ns[a];
-        float *x = xmalloc((size_t)n * (size_t)s->in * 4);
+        float *x = bench_krn_alloc((size_t)n * (size_t)s->in * 4);
         float *y[N_VARIANTS];
-        for (size_t i = 0; i < (size_t)n * (size_t)s->in; i++) x[i] = frand();
+        for (size_t i = 0; i < (size_t)n * (size_t)s->in; i++) x[i] = bench_krn_frand();
         double best[N_VARIANTS];
         for (int v = 0; v < N_VARIANTS; v++) {
             best[v] = INFINITY;
-            y[v] = xmalloc((size_t)n * (size_t)s->out * 4);
+            y[v] = bench_krn_alloc((size_t)n * (size_t)s->out * 4);
             if (variant_runs(v, wt, n, have_dot)) run_variant(v, p, x, n, s, 0, wt, y[v]);
         }
         double diff = g_want[V_PANEL] && g_want[V_TILES]

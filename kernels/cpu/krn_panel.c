@@ -278,6 +278,33 @@ typedef struct pf_rows {
     int rows, lines;
 } pf_rows;
 
+/* Step q of a micro-kernel run: row q of the next block (if it has one) towards L1. */
+KRN_TARGET_AVX512 KRN_INLINE void prefetch_step(const pf_rows *pf, int q) {
+    if (q < pf->rows)
+        for (int l = 0; l < pf->lines; l++)
+            _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+}
+
+/* The micro-kernels' accumulators at the start of a block: rows [0, R) of y (outputs masked by
+ * m0, m1), or zero for the first block. Inlined with R constant, acc stays in registers. */
+KRN_TARGET_AVX512 KRN_INLINE void acc_start(__m512 acc[][2], int R, int first, const float *y,
+                                            size_t ldy, __mmask16 m0, __mmask16 m1) {
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + (size_t)r * ldy);
+        acc[r][1] =
+            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + (size_t)r * ldy + 16);
+    }
+}
+
+/* ... and at its end: back into rows [0, R) of y, masked as they were loaded. */
+KRN_TARGET_AVX512 KRN_INLINE void acc_store(__m512 acc[][2], int R, float *y, size_t ldy,
+                                            __mmask16 m0, __mmask16 m1) {
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
+        _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
+    }
+}
+
 /* y[r][0, 32) (+)= the R rows of tile xt against `pairs` pairs of the panel block, k in order;
  * `first` starts from zero, otherwise from y (the earlier column blocks). m0/m1 mask outputs
  * past `out`. R is a compile-time constant after inlining. */
@@ -285,17 +312,11 @@ KRN_TARGET_AVX512 KRN_INLINE void micro(const float *panel, const float *xt, int
                                         int first, float *y, size_t ldy, __mmask16 m0, __mmask16 m1,
                                         const pf_rows *pf) {
     __m512 acc[KRN_PANEL_MAX_R][2];
-    KRN_UNROLL for (int r = 0; r < R; r++) {
-        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + (size_t)r * ldy);
-        acc[r][1] =
-            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + (size_t)r * ldy + 16);
-    }
+    acc_start(acc, R, first, y, ldy, m0, m1);
     for (int q = 0; q < pairs; q++) {
         const float *wq = panel + (size_t)q * 64;
         const float *xk = xt + (size_t)q * 2 * (size_t)R;
-        if (q < pf->rows)
-            for (int l = 0; l < pf->lines; l++)
-                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+        prefetch_step(pf, q);
         /* column k, then k + 1: two weight vectors live at a time (24 accumulators + 2 + the
          * broadcasts fit the 32 registers; with all four GCC spilled one) */
         KRN_UNROLL for (int h = 0; h < 2; h++) {
@@ -307,10 +328,7 @@ KRN_TARGET_AVX512 KRN_INLINE void micro(const float *panel, const float *xt, int
             }
         }
     }
-    KRN_UNROLL for (int r = 0; r < R; r++) {
-        _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
-        _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
-    }
+    acc_store(acc, R, y, ldy, m0, m1);
 }
 
 #define KRN_PANEL_CASE(R) \
@@ -344,16 +362,10 @@ KRN_TARGET_BF16DOT KRN_INLINE void micro_dot(const uint32_t *panel, const uint32
                                              int pairs, int first, float *y, size_t ldy,
                                              __mmask16 m0, __mmask16 m1, const pf_rows *pf) {
     __m512 acc[KRN_PANEL_MAX_R][2];
-    KRN_UNROLL for (int r = 0; r < R; r++) {
-        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, y + (size_t)r * ldy);
-        acc[r][1] =
-            first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, y + (size_t)r * ldy + 16);
-    }
+    acc_start(acc, R, first, y, ldy, m0, m1);
     for (int q = 0; q < pairs; q++) {
         const uint32_t *wq = panel + (size_t)q * 32, *xq = xt + (size_t)q * (size_t)R;
-        if (q < pf->rows)
-            for (int l = 0; l < pf->lines; l++)
-                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T0);
+        prefetch_step(pf, q);
         __m512bh w0 = (__m512bh)_mm512_load_si512((const void *)wq);
         __m512bh w1 = (__m512bh)_mm512_load_si512((const void *)(wq + 16));
         KRN_UNROLL for (int r = 0; r < R; r++) {
@@ -362,10 +374,7 @@ KRN_TARGET_BF16DOT KRN_INLINE void micro_dot(const uint32_t *panel, const uint32
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b, w1);
         }
     }
-    KRN_UNROLL for (int r = 0; r < R; r++) {
-        _mm512_mask_storeu_ps(y + (size_t)r * ldy, m0, acc[r][0]);
-        _mm512_mask_storeu_ps(y + (size_t)r * ldy + 16, m1, acc[r][1]);
-    }
+    acc_store(acc, R, y, ldy, m0, m1);
 }
 
 #define KRN_PANEL_DOT_CASE(R) \

@@ -1907,12 +1907,37 @@ static double metric(const pie_proc *w, const char *series) {
     return v;
 }
 
+/* A's and B's KV pages in every deferral step. */
+static const uint32_t pages_of_a[2] = {0, 1}, pages_of_b[2] = {2, 3};
+
+/* A forward item of one token (embedding *in) over n_pages pages whose last holds
+ * last_page_len tokens with it (append: the item writes its K/V there), its output into *out. */
+static eng_forward_item token_item(const uint32_t *pages, uint32_t n_pages, uint32_t last_page_len,
+                                   bool append, const uint32_t *in, const uint32_t *out) {
+    return (eng_forward_item){.kv_pages = pages,
+                              .n_kv_pages = n_pages,
+                              .kv_last_page_len = last_page_len,
+                              .append_kv = append,
+                              .in_slots = in,
+                              .n_in = 1,
+                              .out_slots = out,
+                              .n_out = 1};
+}
+
+/* d <- the decodes of A (in[0] -> out[0]) and B (in[1] -> out[1]), each appending to its two
+ * pages, whose last then holds last_page_len tokens. */
+static void decodes_of_a_and_b(eng_forward_item d[2], const uint32_t in[2], const uint32_t out[2],
+                               uint32_t last_page_len) {
+    d[0] = token_item(pages_of_a, 2, last_page_len, true, &in[0], &out[0]);
+    d[1] = token_item(pages_of_b, 2, last_page_len, true, &in[1], &out[1]);
+}
+
 /* Steps 1 and 2 on the worker and the reference engine: A (pages 0-1, slots 0-19) and B
  * (pages 2-3, slots 40-59) prefill 20 tokens together, then decode one (inputs 20, 60, outputs
  * 21, 61): the device holds 32 tokens of decodes, A and B need 42, so A's KV goes to the host.
  * Every batch must succeed without deferrals (nothing is on the host before). */
 static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
-    static const uint32_t kv[8] = {0, 1, 2, 3, 4, 5, 6, 7}, pa[2] = {0, 1}, pb[2] = {2, 3};
+    static const uint32_t kv[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     uint32_t emb[100], slots[40], toks[40], pos[40], sa[20], sb[20];
     for (uint32_t i = 0; i < 100; i++) emb[i] = i;
     for (uint32_t i = 0; i < 20; i++) {
@@ -1920,13 +1945,13 @@ static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
         slots[20 + i] = sb[i] = 40 + i, toks[20 + i] = prompt_token(100 + i), pos[20 + i] = i;
     }
     a->used = 0;
-    eng_forward_item pre[2] = {{.kv_pages = pa,
+    eng_forward_item pre[2] = {{.kv_pages = pages_of_a,
                                 .n_kv_pages = 2,
                                 .kv_last_page_len = 4,
                                 .append_kv = true,
                                 .in_slots = sa,
                                 .n_in = 20},
-                               {.kv_pages = pb,
+                               {.kv_pages = pages_of_b,
                                 .n_kv_pages = 2,
                                 .kv_last_page_len = 4,
                                 .append_kv = true,
@@ -1947,22 +1972,8 @@ static void defer_prologue(fc *f, pie_proc *w, eng *e, arena *a) {
     rpc_msg_free(&up->base);
     const uint32_t in[2] = {20, 60}, out[2] = {21, 61},
                    tk[2] = {prompt_token(20), prompt_token(120)}, p20[2] = {20, 20};
-    eng_forward_item d1[2] = {{.kv_pages = pa,
-                               .n_kv_pages = 2,
-                               .kv_last_page_len = 5,
-                               .append_kv = true,
-                               .in_slots = &in[0],
-                               .n_in = 1,
-                               .out_slots = &out[0],
-                               .n_out = 1},
-                              {.kv_pages = pb,
-                               .n_kv_pages = 2,
-                               .kv_last_page_len = 5,
-                               .append_kv = true,
-                               .in_slots = &in[1],
-                               .n_in = 1,
-                               .out_slots = &out[1],
-                               .n_out = 1}};
+    eng_forward_item d1[2];
+    decodes_of_a_and_b(d1, in, out, 5);
     Pie__V1__Batch *s2[2] = {b_embed(a, 4, in, tk, p20, 2), b_forward(a, 5, d1, 2)};
     send_step(f, s2, 2);
     cr_assert_eq(eng_embed_text(e, in, tk, p20, 2, &st), PIE_OK, "%s", st.msg);
@@ -1995,26 +2006,11 @@ Test(worker_link, offload_deferral_defers_a_host_decode_and_its_dependents_leavi
     defer_prologue(&f, w, e, &a);
     pie_status st;
     /* step 3: A and B decode again, then what depends on A */
-    static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
     const uint32_t in[2] = {22, 62}, out[2] = {23, 63},
                    tk[2] = {prompt_token(21), prompt_token(121)}, p21[2] = {21, 21}, again = 22,
                    tk7 = 7, p30 = 30;
-    eng_forward_item d2[2] = {{.kv_pages = pa,
-                               .n_kv_pages = 2,
-                               .kv_last_page_len = 6,
-                               .append_kv = true,
-                               .in_slots = &in[0],
-                               .n_in = 1,
-                               .out_slots = &out[0],
-                               .n_out = 1},
-                              {.kv_pages = pb,
-                               .n_kv_pages = 2,
-                               .kv_last_page_len = 6,
-                               .append_kv = true,
-                               .in_slots = &in[1],
-                               .n_in = 1,
-                               .out_slots = &out[1],
-                               .n_out = 1}};
+    eng_forward_item d2[2];
+    decodes_of_a_and_b(d2, in, out, 6);
     bool masked[PAGE] = {false};
     masked[3] = true;
     const eng_forward_item a_alone = d2[0];
@@ -2042,22 +2038,8 @@ Test(worker_link, offload_deferral_defers_a_host_decode_and_its_dependents_leavi
     /* step 4: probes (device work that writes nothing but outputs) */
     const uint32_t pin[2] = {24, 26}, pout[2] = {25, 27}, ptk[2] = {prompt_token(22), 9},
                    ppos[2] = {22, 1}, p6[1] = {6};
-    eng_forward_item probes[2] = {{.kv_pages = pa,
-                                   .n_kv_pages = 2,
-                                   .kv_last_page_len = 7,
-                                   .append_kv = false,
-                                   .in_slots = &pin[0],
-                                   .n_in = 1,
-                                   .out_slots = &pout[0],
-                                   .n_out = 1},
-                                  {.kv_pages = p6,
-                                   .n_kv_pages = 1,
-                                   .kv_last_page_len = 4,
-                                   .append_kv = false,
-                                   .in_slots = &pin[1],
-                                   .n_in = 1,
-                                   .out_slots = &pout[1],
-                                   .n_out = 1}};
+    eng_forward_item probes[2] = {token_item(pages_of_a, 2, 7, false, &pin[0], &pout[0]),
+                                  token_item(p6, 1, 4, false, &pin[1], &pout[1])};
     const uint32_t look[3] = {25, 27, 23};
     a.used = 0;
     Pie__V1__Batch *s4[3] = {b_embed(&a, 12, pin, ptk, ppos, 2), b_forward(&a, 13, probes, 2),
@@ -2114,25 +2096,10 @@ Test(worker_link, offload_deferral_needs_the_controllers_agreement_and_is_off_by
         eng *e = open_engine_at(SWAP_MODEL, 2 * KV_PAGES);
         static arena a;
         defer_prologue(&f, w, e, &a);
-        static const uint32_t pa[2] = {0, 1}, pb[2] = {2, 3};
         const uint32_t in[2] = {22, 62}, out[2] = {23, 63},
                        tk[2] = {prompt_token(21), prompt_token(121)}, p21[2] = {21, 21};
-        eng_forward_item d2[2] = {{.kv_pages = pa,
-                                   .n_kv_pages = 2,
-                                   .kv_last_page_len = 6,
-                                   .append_kv = true,
-                                   .in_slots = &in[0],
-                                   .n_in = 1,
-                                   .out_slots = &out[0],
-                                   .n_out = 1},
-                                  {.kv_pages = pb,
-                                   .n_kv_pages = 2,
-                                   .kv_last_page_len = 6,
-                                   .append_kv = true,
-                                   .in_slots = &in[1],
-                                   .n_in = 1,
-                                   .out_slots = &out[1],
-                                   .n_out = 1}};
+        eng_forward_item d2[2];
+        decodes_of_a_and_b(d2, in, out, 6);
         a.used = 0;
         Pie__V1__Batch *s3[3] = {b_embed(&a, 6, in, tk, p21, 2), b_forward(&a, 7, d2, 2),
                                  b_next_dist(&a, 8, out, (uint32_t[]){8, 8}, (float[]){1, 1}, 2)};

@@ -805,6 +805,22 @@ static world *world_std(const ctl_core_config *cfg) {
     return W;
 }
 
+/* world_std's, with a worker that may defer (credits steps in flight at a time). */
+static world *world_deferring(uint32_t credits) {
+    ctl_core_config base = base_cfg();
+    world *W = world_new(&base);
+    add_deferring_worker(W, "m", credits);
+    add_replica(W);
+    return W;
+}
+
+/* Worker 0 defers the first forward item of its next `steps` steps with a forward batch (-1:
+ * of every such step). */
+static void defer_forwards(world *W, int steps) {
+    W->wk[0].defer_mask = 1;
+    W->wk[0].defer_steps = steps;
+}
+
 static void quiet(void) { pie_log_set_level(PIE_LOG_OFF); }
 
 TestSuite(ctl_core, .init = quiet);
@@ -2206,14 +2222,10 @@ static const Pie__V1__Batch *batch_of(const Pie__V1__WorkerDown *d, Pie__V1__Bat
 }
 
 Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 1);
-    add_replica(W);
+    world *W = world_deferring(1);
     uint64_t a = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
-    W->wk[0].defer_mask = 1; /* the forward of the next step */
-    W->wk[0].defer_steps = 1;
+    defer_forwards(W, 1);
     ub b;
     ub_init(&b);
     uint64_t dist = ub_decode(W, &b, a, 0, 0, 1);
@@ -2252,14 +2264,10 @@ Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
 /* A call of the queue done after one the worker deferred waits for it in the completion FIFO;
  * a next_dist there runs again instead (its distributions live in the WorkerUp). */
 Test(ctl_core, calls_done_behind_a_deferred_one_wait_for_it_and_a_next_dist_runs_again) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 1);
-    add_replica(W);
+    world *W = world_deferring(1);
     uint64_t a = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
-    W->wk[0].defer_mask = 1;
-    W->wk[0].defer_steps = 1;
+    defer_forwards(W, 1);
     ub b;
     ub_init(&b);
     /* the forward writes embedding 1 (deferred); the next_dist reads embedding 2 (written) */
@@ -2287,14 +2295,10 @@ Test(ctl_core, calls_done_behind_a_deferred_one_wait_for_it_and_a_next_dist_runs
  * controller calls wait: a dealloc of the page a deferred forward writes is applied only after
  * that forward ran. Other queues go on meanwhile. */
 Test(ctl_core, a_queue_with_a_step_out_waits_for_it_and_its_dealloc_follows_the_deferred_call) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 2);
-    add_replica(W);
+    world *W = world_deferring(2);
     uint64_t a = written_instance(W, 0, 1, 2, 4), c = written_instance(W, 0, 2, 1, 2);
     serve_all(W);
-    W->wk[0].defer_mask = 1;
-    W->wk[0].defer_steps = 1;
+    defer_forwards(W, 1);
     int before = W->wk[0].link.n;
     one(W, 0, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(1), 1, U32(1), 1));
     cr_assert_eq(W->wk[0].link.n, before + 1, "step 1: a's forward");
@@ -2332,14 +2336,10 @@ Test(ctl_core, a_queue_with_a_step_out_waits_for_it_and_its_dealloc_follows_the_
 }
 
 Test(ctl_core, a_call_deferred_more_than_64_times_fails_and_the_queue_goes_on) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 1);
-    add_replica(W);
+    world *W = world_deferring(1);
     uint64_t a = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
-    W->wk[0].defer_mask = 1;
-    W->wk[0].defer_steps = -1; /* a worker that never runs it */
+    defer_forwards(W, -1); /* a worker that never runs it */
     ub b;
     ub_init(&b);
     uint64_t fwd =
@@ -2365,8 +2365,7 @@ Test(ctl_core, deferrals_from_a_worker_that_did_not_offer_them_end_its_link) {
     world *W = world_std(NULL);
     uint64_t a = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
-    W->wk[0].defer_mask = 1;
-    W->wk[0].defer_steps = 1;
+    defer_forwards(W, 1);
     one(W, 0, a, 1, OP(FORWARD), mk_forward(NULL, 0, 0, U32(0), 1, U32(0), 1, NULL, 0));
     serve_n(W, 0, 1);
     cr_assert(W->wk[0].link.ended);
@@ -2377,10 +2376,7 @@ Test(ctl_core, deferrals_from_a_worker_that_did_not_offer_them_end_its_link) {
 }
 
 Test(ctl_core, a_call_deferred_in_part_fails_internal) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 1);
-    add_replica(W);
+    world *W = world_deferring(1);
     uint64_t a = written_instance(W, 0, 1, 1, 4);
     serve_all(W);
     W->wk[0].defer_partial = true;
@@ -2396,10 +2392,7 @@ Test(ctl_core, a_call_deferred_in_part_fails_internal) {
  * (a dealloc must not free a page a deferred forward writes), but synchronize does not (it
  * retires in order anyway): the SDK's embed, forward, synchronize, next_dist stay one step. */
 Test(ctl_core, a_synchronize_keeps_a_decode_in_one_step_but_a_dealloc_waits_for_the_results) {
-    ctl_core_config cfg = base_cfg();
-    world *W = world_new(&cfg);
-    add_deferring_worker(W, "m", 1);
-    add_replica(W);
+    world *W = world_deferring(1);
     uint64_t a = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
     ub b;

@@ -315,6 +315,17 @@ static void same_logits(eng *e, eng *ref, uint32_t slot, const char *what) {
     free(b);
 }
 
+/* The prompts of two sequences, 20 tokens each at positions 0-19, embedded on both engines:
+ * A's (tokens 5-24) into slots 0-19, B's (tokens 300-319) into slots 40-59; sa, sb <- those
+ * slots, A's and B's prefill inputs. */
+static void embed_two_prompts(eng *e, eng *ref, uint32_t sa[20], uint32_t sb[20]) {
+    for (uint32_t i = 0; i < 20; i++) {
+        embed_both(e, ref, i, 5 + i, i);
+        embed_both(e, ref, 40 + i, 300 + i, i);
+        sa[i] = i, sb[i] = 40 + i;
+    }
+}
+
 /* A decode of a sequence of `len` tokens (the new one included) over pages p[0..1]. */
 static eng_forward_item dec(const uint32_t *p, uint32_t len, const uint32_t *in,
                             const uint32_t *out) {
@@ -338,11 +349,7 @@ Test(eng_offload, a_deferred_decode_leaves_no_trace_and_runs_after_at_most_8_def
     eng *ref = open_ok(&(off_setup){0});
     const uint32_t pa[] = {0, 1}, pb[] = {2, 3};
     uint32_t sa[20], sb[20];
-    for (uint32_t i = 0; i < 20; i++) {
-        embed_both(e, ref, i, 5 + i, i);
-        embed_both(e, ref, 40 + i, 300 + i, i);
-        sa[i] = i, sb[i] = 40 + i;
-    }
+    embed_two_prompts(e, ref, sa, sb);
     eng_forward_item pre[2] = {pie_test_item(PAGE, pa, 20, true, sa, 20, NULL, 0),
                                pie_test_item(PAGE, pb, 20, true, sb, 20, NULL, 0)};
     forward_both(e, ref, pre, 2);
@@ -408,11 +415,7 @@ Test(eng_offload, skipped_dependents_are_not_run_and_skipping_needs_offload) {
     eng *ref = open_ok(&(off_setup){0});
     const uint32_t pa[] = {0, 1}, pb[] = {2, 3};
     uint32_t sa[20], sb[20];
-    for (uint32_t i = 0; i < 20; i++) {
-        embed_both(e, ref, i, 5 + i, i);
-        embed_both(e, ref, 40 + i, 300 + i, i);
-        sa[i] = i, sb[i] = 40 + i;
-    }
+    embed_two_prompts(e, ref, sa, sb);
     const uint32_t ao = 30, bo = 31;
     eng_forward_item two[2] = {pie_test_item(PAGE, pa, 20, true, sa, 20, &ao, 1),
                                pie_test_item(PAGE, pb, 20, true, sb, 20, &bo, 1)};

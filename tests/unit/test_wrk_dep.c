@@ -24,6 +24,13 @@ static wrk_dep_access emb(const uint32_t *r, uint32_t nr, const uint32_t *w, uin
     return (wrk_dep_access){.emb_read = r, .n_emb_read = nr, .emb_write = w, .n_emb_write = nw};
 }
 
+/* An item's whole access: the pages of k (a kv()) and the embedding slots of e (an emb()). */
+static wrk_dep_access kv_and_emb(wrk_dep_access k, wrk_dep_access e) {
+    k.emb_read = e.emb_read, k.n_emb_read = e.n_emb_read;
+    k.emb_write = e.emb_write, k.n_emb_write = e.n_emb_write;
+    return k;
+}
+
 Test(wrk_dep, nothing_depends_on_an_empty_footprint) {
     wrk_dep d = dep_new();
     const uint32_t p[] = {1, 2};
@@ -37,14 +44,7 @@ Test(wrk_dep, a_deferred_decode_holds_back_its_readers_and_the_writers_of_what_i
     wrk_dep d = dep_new();
     /* a decode reads pages 3, 4 and embedding 1, appends to page 4, outputs embedding 2 */
     const uint32_t pages[] = {3, 4}, last[] = {4}, in[] = {1}, out[] = {2};
-    wrk_dep_access decode = {.kv_read = pages,
-                             .n_kv_read = 2,
-                             .kv_write = last,
-                             .n_kv_write = 1,
-                             .emb_read = in,
-                             .n_emb_read = 1,
-                             .emb_write = out,
-                             .n_emb_write = 1};
+    wrk_dep_access decode = kv_and_emb(kv(pages, 2, last, 1), emb(in, 1, out, 1));
     wrk_dep_add(&d, &decode);
     const uint32_t p3[] = {3}, p4[] = {4}, p5[] = {5}, e1[] = {1}, e2[] = {2}, e3[] = {3};
     wrk_dep_access next_dist_of_output = emb(e2, 1, NULL, 0);
@@ -59,14 +59,7 @@ Test(wrk_dep, a_deferred_decode_holds_back_its_readers_and_the_writers_of_what_i
     cr_assert(wrk_dep_hits(&d, &writer_of_its_output), "write after write");
     wrk_dep_access reader_of_its_context = kv(p3, 1, NULL, 0);
     wrk_dep_access reader_of_its_input = emb(e1, 1, NULL, 0);
-    wrk_dep_access elsewhere = {.kv_read = p5,
-                                .n_kv_read = 1,
-                                .kv_write = p5,
-                                .n_kv_write = 1,
-                                .emb_read = e3,
-                                .n_emb_read = 1,
-                                .emb_write = e3,
-                                .n_emb_write = 1};
+    wrk_dep_access elsewhere = kv_and_emb(kv(p5, 1, p5, 1), emb(e3, 1, e3, 1));
     cr_assert_not(wrk_dep_hits(&d, &reader_of_its_context), "reads beside reads");
     cr_assert_not(wrk_dep_hits(&d, &reader_of_its_input));
     cr_assert_not(wrk_dep_hits(&d, &elsewhere));
@@ -96,14 +89,7 @@ Test(wrk_dep, dependents_join_the_footprint_and_a_new_step_starts_empty) {
 Test(wrk_dep, ids_past_the_pools_are_ignored) {
     wrk_dep d = dep_new();
     const uint32_t big[] = {16, 1u << 31}, ebig[] = {8};
-    wrk_dep_access a = {.kv_read = big,
-                        .n_kv_read = 2,
-                        .kv_write = big,
-                        .n_kv_write = 2,
-                        .emb_read = ebig,
-                        .n_emb_read = 1,
-                        .emb_write = ebig,
-                        .n_emb_write = 1};
+    wrk_dep_access a = kv_and_emb(kv(big, 2, big, 2), emb(ebig, 1, ebig, 1));
     wrk_dep_add(&d, &a);
     cr_assert(wrk_dep_empty(&d));
     cr_assert_not(wrk_dep_hits(&d, &a));
