@@ -96,16 +96,7 @@ KRN_TARGET_BF16DOT static void pack_row(void *arg, int r, int n_tasks) {
     const float *xr = j->x + (size_t)r * (size_t)j->in;
     uint16_t *dst = j->xp + (size_t)r * in32_of(j->in);
     for (int k = 0; k < j->in; k += 32) {
-        int left = j->in - k;
-        __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-        __mmask16 m1 = left >= 32   ? (__mmask16)0xffff
-                       : left <= 16 ? (__mmask16)0
-                                    : (__mmask16)((1u << (left - 16)) - 1u);
-        __m512 a = _mm512_maskz_loadu_ps(m0, xr + k);
-        __m512 b = _mm512_maskz_loadu_ps(m1, xr + k + 16);
-        /* low 16 bf16 from the second operand: x[k..k+15], then x[k+16..k+31] */
-        __m512bh v = _mm512_cvtne2ps_pbh(b, a);
-        _mm512_storeu_si512((void *)(dst + k), (__m512i)v);
+        _mm512_storeu_si512((void *)(dst + k), krn_bf16x32_of(xr + k, j->in - k));
     }
 }
 

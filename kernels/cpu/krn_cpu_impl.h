@@ -20,6 +20,21 @@
 #define KRN_X86 0
 #endif
 
+/* ---- x rounded to bf16 for the AVX512-BF16 kernels (krn_bf16dot.c, krn_panel.c) ---------- */
+
+#if KRN_X86
+/* x[0, min(left, 32)) as 32 bf16 (nearest even), zeros past left; bf16 lane j is x[j]. */
+__attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static inline __m512i
+krn_bf16x32_of(const float *x, int left) {
+    __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __mmask16 m1 = left >= 32   ? (__mmask16)0xffff
+                   : left <= 16 ? (__mmask16)0
+                                : (__mmask16)((1u << (left - 16)) - 1u);
+    __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a); /* the low half from the second operand */
+}
+#endif
+
 /* ---- SIMD dispatch (krn_simd.c) ------------------------------------------------------------ */
 
 typedef enum krn_simd { KRN_SIMD_SCALAR = 0, KRN_SIMD_AVX2 = 1, KRN_SIMD_AVX512 = 2 } krn_simd;

@@ -129,15 +129,8 @@ KRN_TARGET_BF16DOT static void pack_x_tile_dot(void *arg, int task, int n_tasks)
     for (int i = 0; i < rows; i++) {
         const float *src = j->x + (size_t)(r0 + i) * (size_t)j->in;
         for (int k = 0; k < j->in; k += 32) {
-            int left = j->in - k;
-            __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-            __mmask16 m1 = left >= 32   ? (__mmask16)0xffff
-                           : left <= 16 ? (__mmask16)0
-                                        : (__mmask16)((1u << (left - 16)) - 1u);
-            __m512 a = _mm512_maskz_loadu_ps(m0, src + k),
-                   b = _mm512_maskz_loadu_ps(m1, src + k + 16);
             uint32_t pair[16]; /* low half x[k + 2j], high half x[k + 2j + 1] */
-            _mm512_storeu_si512((void *)pair, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            _mm512_storeu_si512((void *)pair, krn_bf16x32_of(src + k, j->in - k));
             for (size_t q = (size_t)k / 2, e = 0; e < 16 && q < pairs; q++, e++)
                 dst[q * (size_t)rows + (size_t)i] = pair[e];
         }
