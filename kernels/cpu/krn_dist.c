@@ -2,7 +2,8 @@
  *
  * Owns: softmax with temperature (max-subtracted, vector exp; its exponentials alone for a
  * slice of the logits), top-k by a bounded min-heap (O(n log k); ties keep the lower index
- * first; NaN ranks below every number) and the merge of several top-k lists. Edges, the same
+ * first; NaN ranks below every number) whose scan skips, 8 or 16 at a time, the numbers that
+ * cannot enter the heap, and the merge of several top-k lists. Edges, the same
  * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
  * and the sum and keeps a NaN probability; an infinite largest logit, a temperature that is not
  * > 0 or whose inverse overflows put all mass on the first largest number.
@@ -153,22 +154,79 @@ static void sift_up(uint32_t *ids, float *vals, int i) {
     }
 }
 
+/* ---- top-k: the scan past a full heap ---------------------------------------------------- *
+ * Every index the scan reaches is above every id in the heap, so x[j] ranks above the heap's
+ * root (value root) exactly when x[j] > root, or root is NaN and x[j] is not (a tie loses to
+ * the root's lower index; a NaN x[j] ranks below a number and loses a NaN tie by index). Most
+ * of a vocabulary fails that test, so it is made on 8 or 16 numbers at once; these return the
+ * first index in [i, n) that passes, or n. */
+
+static int next_candidate_scalar(const float *x, int i, int n, float root) {
+    if (isnan(root)) {
+        while (i < n && isnan(x[i])) i++;
+    } else {
+        while (i < n && !(x[i] > root)) i++;
+    }
+    return i;
+}
+
+#if KRN_X86
+KRN_TARGET_AVX2 static int next_candidate_avx2(const float *x, int i, int n, float root) {
+    int nan_root = isnan(root);
+    __m256 r = _mm256_set1_ps(root);
+    while (n - i >= 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 hit = nan_root ? _mm256_cmp_ps(v, v, _CMP_ORD_Q) : _mm256_cmp_ps(v, r, _CMP_GT_OQ);
+        unsigned bits = (unsigned)_mm256_movemask_ps(hit);
+        if (bits) return i + __builtin_ctz(bits);
+        i += 8;
+    }
+    return next_candidate_scalar(x, i, n, root);
+}
+
+KRN_TARGET_AVX512 static int next_candidate_avx512(const float *x, int i, int n, float root) {
+    int nan_root = isnan(root);
+    __m512 r = _mm512_set1_ps(root);
+    while (i < n) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __mmask16 hit = nan_root ? _mm512_mask_cmp_ps_mask(m, v, v, _CMP_ORD_Q)
+                                 : _mm512_mask_cmp_ps_mask(m, v, r, _CMP_GT_OQ);
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+        if (n - i <= 16) break;
+        i += 16;
+    }
+    return n;
+}
+#endif
+
+typedef int (*next_candidate_fn)(const float *x, int i, int n, float root);
+
+static next_candidate_fn pick_next_candidate(void) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: return next_candidate_avx512;
+    case KRN_SIMD_AVX2: return next_candidate_avx2;
+#endif
+    default: return next_candidate_scalar;
+    }
+}
+
 void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals) {
     if (k > n) k = n;
     if (k <= 0) return;
     /* ids/vals hold the heap while scanning */
     int size = 0;
-    for (int i = 0; i < n; i++) {
-        if (size < k) {
-            ids[size] = (uint32_t)i;
-            vals[size] = x[i];
-            sift_up(ids, vals, size);
-            size++;
-        } else if (ranks_above(x[i], (uint32_t)i, vals[0], ids[0])) {
-            ids[0] = (uint32_t)i;
-            vals[0] = x[i];
-            sift_down(ids, vals, size, 0);
-        }
+    for (; size < k; size++) {
+        ids[size] = (uint32_t)size;
+        vals[size] = x[size];
+        sift_up(ids, vals, size);
+    }
+    next_candidate_fn next = pick_next_candidate();
+    for (int i = next(x, k, n, vals[0]); i < n; i = next(x, i + 1, n, vals[0])) {
+        ids[0] = (uint32_t)i; /* x[i] ranks above the root: it replaces it */
+        vals[0] = x[i];
+        sift_down(ids, vals, size, 0);
     }
     /* pop the lowest-ranked entry to the end, k times: descending order */
     for (int end = k - 1; end > 0; end--) {

@@ -1021,6 +1021,59 @@ Test(krn_dist, topk_ranks_nan_last) {
     cr_assert_arr_eq(ids, want, sizeof ids);
 }
 
+/* Ranks x[a] and x[b] as the top-k does: larger first, NaN last, ties to the lower index. */
+static int cmp_rank(const void *a, const void *b, void *varg) {
+    const float *x = varg;
+    uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;
+    int na = isnan(x[ia]), nb = isnan(x[ib]);
+    if (na != nb) return na ? 1 : -1;
+    if (!na && x[ia] != x[ib]) return x[ia] > x[ib] ? -1 : 1;
+    return ia < ib ? -1 : 1;
+}
+
+/* A vocabulary-sized row (not a multiple of 16) of few distinct values, NaNs and infinities,
+ * on every SIMD path (the scan skips numbers 8 or 16 at a time): the same ids and values as a
+ * full sort, for k = 1, a sampling k, and k = n; a row that starts with NaNs makes the heap's
+ * root NaN until numbers push them out, and a row of mostly NaN keeps NaNs in the result. */
+Test(krn_dist, topk_of_a_vocabulary_with_ties_nan_and_inf_matches_a_full_sort) {
+    enum { N = 128256 + 5 };
+    static const int ks[] = {1, 50, 1000, N};
+    float *x = xmalloc((size_t)N * 4);
+    uint32_t *order = xmalloc((size_t)N * 4), *ids = xmalloc((size_t)N * 4);
+    float *vals = xmalloc((size_t)N * 4);
+    rng r = {41};
+    for (int row = 0; row < 3; row++) {
+        for (int i = 0; i < N; i++) {
+            uint64_t v = rng_next(&r) % 1000;
+            x[i] = v < 5 ? NAN : v < 7 ? -INFINITY : v == 7 ? INFINITY : (float)(v % 97) * 0.25f;
+        }
+        if (row == 1)
+            for (int i = 0; i < 2000; i++) x[i] = NAN;
+        if (row == 2) /* ~100 numbers: k = 1000 ends with NaNs, the lowest ids first */
+            for (int i = 0; i < N; i++)
+                if (i % 1283 != 7) x[i] = NAN;
+        for (int i = 0; i < N; i++) order[i] = (uint32_t)i;
+        qsort_r(order, N, 4, cmp_rank, x);
+        for (int s = 0; s < N_SIMD; s++) {
+            if (!use_simd(s)) continue;
+            for (size_t b = 0; b < sizeof ks / sizeof *ks; b++) {
+                int k = ks[b];
+                krn_cpu_topk(x, N, k, ids, vals);
+                for (int i = 0; i < k; i++) {
+                    cr_assert_eq(ids[i], order[i], "%s row %d k=%d: ids[%d] = %u, want %u",
+                                 SIMD_PATHS[s], row, k, i, ids[i], order[i]);
+                    cr_assert(memcmp(&vals[i], &x[order[i]], 4) == 0, "%s row %d k=%d: vals[%d]",
+                              SIMD_PATHS[s], row, k, i);
+                }
+            }
+        }
+    }
+    free(x);
+    free(order);
+    free(ids);
+    free(vals);
+}
+
 /* Tensor parallelism (engine/eng_cpu_tp.c): a rank's exponentials with the group's maximum are
  * the softmax's before its scaling, bit for bit over the whole, and to rounding over slices. */
 Test(krn_dist, exp_shifted_over_slices_reproduces_the_softmax) {
