@@ -2,8 +2,9 @@
  *
  * Owns: softmax with temperature (max-subtracted, vector exp; its exponentials alone for a
  * slice of the logits), top-k by a bounded min-heap (O(n log k); ties keep the lower index
- * first; NaN ranks below every number) whose scan skips, 8 or 16 at a time, the numbers that
- * cannot enter the heap, and the merge of several top-k lists. Edges, the same
+ * first; NaN ranks below every number) fed only numbers at or above a floor taken from block
+ * maxima, whose scan skips, 8 or 16 at a time, the numbers that cannot enter the heap, and the
+ * merge of several top-k lists. Edges, the same
  * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
  * and the sum and keeps a NaN probability; an infinite largest logit, a temperature that is not
  * > 0 or whose inverse overflows put all mass on the first largest number.
@@ -13,6 +14,11 @@
 #include <math.h>
 
 #define KRN_TOPK_MERGE_MAX 64 /* lists krn_cpu_topk_merge takes (the ranks of a group) */
+/* The top-k floor (topk_floor): blocks per entry wanted, at most this many blocks, and blocks
+ * of at least this many numbers (below that the scan is cheap anyway). */
+#define KRN_TOPK_BLOCKS_PER_K 4
+#define KRN_TOPK_MAX_BLOCKS   4096
+#define KRN_TOPK_MIN_BLOCK    32
 
 #define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define KRN_TARGET_AVX2   __attribute__((target("avx2,fma,f16c")))
@@ -212,22 +218,103 @@ static next_candidate_fn pick_next_candidate(void) {
     }
 }
 
+/* ---- top-k: a floor from block maxima ---------------------------------------------------- */
+
+/* The largest number of x[0, n) (NaN left out), or -inf. A compare and a masked move rather
+ * than max: what a max instruction returns for NaN depends on the operands' order. */
+static float block_max_scalar(const float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+#if KRN_X86
+KRN_TARGET_AVX2 static float block_max_avx2(const float *x, int n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; n - i >= 8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        m = _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, m, _CMP_GT_OQ));
+    }
+    float lanes[8], r = block_max_scalar(x + i, n - i);
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++)
+        if (lanes[l] > r) r = lanes[l];
+    return r;
+}
+
+KRN_TARGET_AVX512 static float block_max_avx512(const float *x, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(in, x + i);
+        m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(in, v, m, _CMP_GT_OQ), v);
+        if (n - i <= 16) break;
+    }
+    return _mm512_reduce_max_ps(m); /* no NaN in m */
+}
+#endif
+
+static float block_max(const float *x, int n) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: return block_max_avx512(x, n);
+    case KRN_SIMD_AVX2: return block_max_avx2(x, n);
+#endif
+    default: return block_max_scalar(x, n);
+    }
+}
+
+static void topk_heap(const float *x, int n, int k, float floor, uint32_t *ids, float *vals);
+
+/* A floor for the top k of x: the k-th largest of the maxima of nb >= k blocks. Those k maxima
+ * are k numbers >= floor, so a number below it has k numbers above it and is not in the top
+ * k (nor is a NaN); the top k of the numbers >= floor is the top k of x. -inf: no floor (x too
+ * short for blocks worth scanning, k too large, or fewer than k blocks hold a number above
+ * -inf). ids/vals (k entries) are the scratch of a top-k of the maxima. */
+static float topk_floor(const float *x, int n, int k, uint32_t *ids, float *vals) {
+    int nb = k * KRN_TOPK_BLOCKS_PER_K;
+    if (k > KRN_TOPK_MAX_BLOCKS / KRN_TOPK_BLOCKS_PER_K || n / nb < KRN_TOPK_MIN_BLOCK)
+        return -INFINITY;
+    float maxima[KRN_TOPK_MAX_BLOCKS];
+    for (int b = 0; b < nb; b++) {
+        int lo = (int)((int64_t)n * b / nb), hi = (int)((int64_t)n * (b + 1) / nb);
+        maxima[b] = block_max(x + lo, hi - lo);
+    }
+    topk_heap(maxima, nb, k, -INFINITY, ids, vals);
+    return vals[0]; /* the heap's root: the k-th largest */
+}
+
+/* ---- top-k: the heap --------------------------------------------------------------------- */
+
+/* The top k of x (k <= n) as a min-heap in ids/vals (the lowest-ranked entry at [0]), fed the
+ * first k entries of x — or, when floor > -inf (topk_floor: at least k numbers reach it), the
+ * first k numbers >= floor — then every later entry that ranks above the root. */
+static void topk_heap(const float *x, int n, int k, float floor, uint32_t *ids, float *vals) {
+    next_candidate_fn next = pick_next_candidate();
+    /* x > below <=> x >= floor for every number (IEEE compares; nothing here sets
+     * denormals-are-zero) */
+    float below = floor > -INFINITY ? nextafterf(floor, -INFINITY) : NAN;
+    int i = 0;
+    for (int size = 0; size < k; size++, i++) {
+        if (floor > -INFINITY) i = next(x, i, n, below); /* < n: k numbers reach the floor */
+        ids[size] = (uint32_t)i;
+        vals[size] = x[i];
+        sift_up(ids, vals, size);
+    }
+    for (i = next(x, i, n, vals[0]); i < n; i = next(x, i + 1, n, vals[0])) {
+        ids[0] = (uint32_t)i; /* x[i] ranks above the root: it replaces it */
+        vals[0] = x[i];
+        sift_down(ids, vals, k, 0);
+    }
+}
+
 void krn_cpu_topk(const float *x, int n, int k, uint32_t *ids, float *vals) {
     if (k > n) k = n;
     if (k <= 0) return;
     /* ids/vals hold the heap while scanning */
-    int size = 0;
-    for (; size < k; size++) {
-        ids[size] = (uint32_t)size;
-        vals[size] = x[size];
-        sift_up(ids, vals, size);
-    }
-    next_candidate_fn next = pick_next_candidate();
-    for (int i = next(x, k, n, vals[0]); i < n; i = next(x, i + 1, n, vals[0])) {
-        ids[0] = (uint32_t)i; /* x[i] ranks above the root: it replaces it */
-        vals[0] = x[i];
-        sift_down(ids, vals, size, 0);
-    }
+    topk_heap(x, n, k, topk_floor(x, n, k, ids, vals), ids, vals);
     /* pop the lowest-ranked entry to the end, k times: descending order */
     for (int end = k - 1; end > 0; end--) {
         float tv = vals[0];

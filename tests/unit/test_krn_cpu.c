@@ -1032,7 +1032,8 @@ static int cmp_rank(const void *a, const void *b, void *varg) {
 }
 
 /* A vocabulary-sized row (not a multiple of 16) of few distinct values, NaNs and infinities,
- * on every SIMD path (the scan skips numbers 8 or 16 at a time): the same ids and values as a
+ * on every SIMD path (the scan skips numbers 8 or 16 at a time, from a floor taken from block
+ * maxima when k <= n / 128: k = 1, 50, 1000 here): the same ids and values as a
  * full sort, for k = 1, a sampling k, and k = n; a row that starts with NaNs makes the heap's
  * root NaN until numbers push them out, and a row of mostly NaN keeps NaNs in the result. */
 Test(krn_dist, topk_of_a_vocabulary_with_ties_nan_and_inf_matches_a_full_sort) {
