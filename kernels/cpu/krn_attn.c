@@ -7,13 +7,10 @@
  * Does not own: the page table (the engine passes each item's page list), RoPE (applied to q
  * and K before they get here).
  *
- * A bf16 region (krn_kv_layer.dtype) gives the bits of an f32 region holding the same (rounded)
- * values; only the bytes read from memory halve. A decode unit on AVX-512 (one reader of each
- * row) widens the bf16 rows in registers as it loads them (exact) and runs the f32 kernel's
- * arithmetic on them; otherwise the unit's slice of each token row of a block is converted to
- * f32 (exactly) into the worker's copy buffer and the same kernels run on the copy. Reading in
- * place saves writing and rereading that copy (32 keys x 8 heads x 64 dims, 2 x 64 KiB, per
- * block: more than L1).
+ * A bf16 region (krn_kv_layer.dtype) is read a block at a time: the unit's slice of each token
+ * row of the block is converted to f32 (exactly) into the worker's copy buffer, and the same
+ * kernels run on the copy, so bf16 KV gives the bits of an f32 region holding the same
+ * (rounded) values; only the bytes read from memory halve.
  *
  * A unit keeps, for each of its rows (query i, head h), the running max m, the running sum l
  * and the unnormalised output acc[head_dim], and walks its key range in blocks of
@@ -247,26 +244,12 @@ KRN_TARGET_AVX512 KRN_INLINE __m512 hsum16x16_avx512(const __m512 *a) {
                          _mm512_shuffle_f32x4(s01, s23, 0xdd));
 }
 
-/* 16 floats of a K or V row from element i: row pf[j] (f32), or row ph[j] (bf16) widened in
- * the register — a bf16 is the high half of the f32 with the same value, so zero-extending
- * and shifting left by 16 gives exactly the floats a converted copy would hold. bf is a
- * constant where this is inlined: one of the two loads is compiled. */
-KRN_TARGET_AVX512 KRN_INLINE __m512 load_row16(const float *const *pf, const uint16_t *const *ph,
-                                               int bf, int j, int i, __mmask16 m) {
-    if (bf) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, ph[j] + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_maskz_loadu_ps(m, pf[j] + i);
-}
-
 /* RB rows (queries' heads sharing one visibility) against one block: every K and V row of the
- * block is loaded once for all RB rows. V rows are vp[j] (f32) or vh[j] (bf16, bf). */
+ * block is loaded once for all RB rows. */
 KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (*s)[KRN_ATTN_BLOCK],
                                                  const float *corr, int RB, int NS, int i0,
                                                  const __mmask16 *mk, const float *const *vp,
-                                                 const uint16_t *const *vh, int bf, int nb,
-                                                 const uint8_t *vis) {
+                                                 int nb, const uint8_t *vis) {
     __m512 a[4][4];
     KRN_UNROLL for (int r = 0; r < RB; r++) {
         KRN_UNROLL for (int g = 0; g < NS; g++) {
@@ -278,7 +261,7 @@ KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (
         if (vis && !vis[j]) continue; /* V rows of hidden keys may hold anything */
         __m512 v[4];
         KRN_UNROLL for (int g = 0; g < NS; g++) {
-            v[g] = load_row16(vp, vh, bf, j, i0 + 16 * g, mk[g]);
+            v[g] = _mm512_maskz_loadu_ps(mk[g], vp[j] + i0 + 16 * g);
         }
         KRN_UNROLL for (int r = 0; r < RB; r++) {
             __m512 pr = _mm512_set1_ps(s[r][j]);
@@ -294,13 +277,10 @@ KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (
     }
 }
 
-/* RB rows against one block whose K/V rows are kp/vp (f32) or kh/vh (bf16, bf): the same
- * arithmetic on the same floats either way. */
 KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float *const *st, int RB,
                                                     const float *const *kp, const float *const *vp,
-                                                    const uint16_t *const *kh,
-                                                    const uint16_t *const *vh, int bf, int nb,
-                                                    const uint8_t *vis, float scale, int d) {
+                                                    int nb, const uint8_t *vis, float scale,
+                                                    int d) {
     float s[4][KRN_ATTN_BLOCK];
     int nb16 = (nb + 15) & ~15;
     /* scores, 4 keys x RB rows at a time: 16 accumulators reduced by one tree */
@@ -311,7 +291,7 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
             __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
             __m512 kv[4];
             KRN_UNROLL for (int jj = 0; jj < 4; jj++) {
-                kv[jj] = load_row16(kp, kh, bf, j0 + jj, i, m);
+                kv[jj] = _mm512_maskz_loadu_ps(m, kp[j0 + jj] + i);
             }
             KRN_UNROLL for (int r = 0; r < RB; r++) {
                 __m512 qv = _mm512_maskz_loadu_ps(m, q[r] + i);
@@ -370,39 +350,19 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
         }
         switch (ns) {
         case 4:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 4, i0, mk, vp, vh, bf,
-                           nb, vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 4, i0, mk, vp, nb, vis);
             break;
         case 3:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 3, i0, mk, vp, vh, bf,
-                           nb, vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 3, i0, mk, vp, nb, vis);
             break;
         case 2:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 2, i0, mk, vp, vh, bf,
-                           nb, vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 2, i0, mk, vp, nb, vis);
             break;
         default:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 1, i0, mk, vp, vh, bf,
-                           nb, vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 1, i0, mk, vp, nb, vis);
             break;
         }
     }
-}
-
-/* R rows in tiles of 4, 2 and 1 (bf: the rows are kh/vh). */
-KRN_TARGET_AVX512 KRN_INLINE void heads_rows_avx512(const float *const *q, float *const *st, int R,
-                                                    const float *const *kp, const float *const *vp,
-                                                    const uint16_t *const *kh,
-                                                    const uint16_t *const *vh, int bf, int nb,
-                                                    const uint8_t *vis, float scale, int d) {
-    int r = 0;
-    for (; r + 4 <= R; r += 4)
-        heads_tile_avx512(q + r, st + r, 4, kp, vp, kh, vh, bf, nb, vis, scale, d);
-    if (R - r >= 2) {
-        heads_tile_avx512(q + r, st + r, 2, kp, vp, kh, vh, bf, nb, vis, scale, d);
-        r += 2;
-    }
-    if (r < R) heads_tile_avx512(q + r, st + r, 1, kp, vp, kh, vh, bf, nb, vis, scale, d);
 }
 
 KRN_TARGET_AVX512 static void heads_block_avx512(const float *const *q, float *const *st, int R,
@@ -410,14 +370,13 @@ KRN_TARGET_AVX512 static void heads_block_avx512(const float *const *q, float *c
                                                  int nb, const uint8_t *vis, float scale, int d,
                                                  float *s) {
     (void)s;
-    heads_rows_avx512(q, st, R, kp, vp, NULL, NULL, 0, nb, vis, scale, d);
-}
-
-KRN_TARGET_AVX512 static void heads_block_bf16_avx512(const float *const *q, float *const *st,
-                                                      int R, const uint16_t *const *kh,
-                                                      const uint16_t *const *vh, int nb,
-                                                      const uint8_t *vis, float scale, int d) {
-    heads_rows_avx512(q, st, R, NULL, NULL, kh, vh, 1, nb, vis, scale, d);
+    int r = 0;
+    for (; r + 4 <= R; r += 4) heads_tile_avx512(q + r, st + r, 4, kp, vp, nb, vis, scale, d);
+    if (R - r >= 2) {
+        heads_tile_avx512(q + r, st + r, 2, kp, vp, nb, vis, scale, d);
+        r += 2;
+    }
+    if (r < R) heads_tile_avx512(q + r, st + r, 1, kp, vp, nb, vis, scale, d);
 }
 #endif
 
@@ -426,10 +385,6 @@ KRN_TARGET_AVX512 static void heads_block_bf16_avx512(const float *const *q, flo
 typedef void (*heads_block_fn)(const float *const *q, float *const *st, int R,
                                const float *const *kp, const float *const *vp, int nb,
                                const uint8_t *vis, float scale, int d, float *s);
-/* The same with bf16 K/V rows read in place (their floats: the rows' values exactly). */
-typedef void (*heads_block_bf16_fn)(const float *const *q, float *const *st, int R,
-                                    const uint16_t *const *kh, const uint16_t *const *vh, int nb,
-                                    const uint8_t *vis, float scale, int d);
 
 static void heads_block_scalar(const float *const *q, float *const *st, int R,
                                const float *const *kp, const float *const *vp, int nb,
@@ -466,8 +421,7 @@ typedef struct attn_ctx {
     int n_heads, group, d;
     float scale;
     heads_block_fn heads_block;
-    heads_block_bf16_fn heads_block_bf16; /* NULL: bf16 blocks are converted to f32 first */
-    int shares_kv;                        /* heads_block loads each K/V row once for all its rows */
+    int shares_kv; /* heads_block loads each K/V row once for all its rows */
     const attn_unit *units;
     const attn_group *groups;
     float *parts;                           /* row states [*, d + 2] of chunked units */
@@ -530,20 +484,14 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
     const void *tk[KRN_ATTN_BLOCK], *tv[KRN_ATTN_BLOCK];
     uint8_t tbf[KRN_ATTN_BLOCK]; /* the row is bf16 (a page of a bf16 region) */
     const float *kp[KRN_ATTN_BLOCK], *vp[KRN_ATTN_BLOCK];
-    const uint16_t *kh[KRN_ATTN_BLOCK], *vh[KRN_ATTN_BLOCK]; /* the same, read in place as bf16 */
     size_t st_len = (size_t)d + 2;
     int nh_kv = u->k1 - u->k0;
     size_t slice = (size_t)nh_kv * (size_t)d; /* floats of one token row this unit reads */
     /* one KV head's slice of the block, copied when more than one pass reads it */
     float *kbuf = buf, *vbuf = buf ? buf + buf_floats : NULL;
     int readers = c->shares_kv ? u->q1 - u->q0 : (u->q1 - u->q0) * (u->h1 - u->h0);
-    int bf16 = kv->dtype == KRN_BF16;
-    /* in place: one reader per row, as the f32 path without a copy; several readers (prefill)
-     * keep the contiguous f32 copy, which also dodges the L1 set conflicts below. Tails are f32
-     * rows, so an item with one is converted (its blocks stay those of the f32 path). */
-    int direct = bf16 && c->heads_block_bf16 && readers == 1 && it->n_tail == 0;
-    int convert = bf16 && !direct;
-    int copy = !bf16 && buf && d <= KRN_ATTN_COPY_MAX_DIM && readers > 1;
+    int convert = kv->dtype == KRN_BF16;
+    int copy = !convert && buf && d <= KRN_ATTN_COPY_MAX_DIM && readers > 1;
 
     for (int r = 0; r < unit_rows(u); r++) {
         float *st = st_mem + (size_t)r * st_len;
@@ -577,13 +525,7 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
         if (convert) /* the block's rows as f32, [nb][nh_kv * d] */
             convert_block(tk, tv, tbf, nb, (size_t)u->k0 * (size_t)d, slice, kbuf, vbuf);
         for (int kvh = u->k0; kvh < u->k1; kvh++) {
-            if (direct) {
-                for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
-                    int jj = j < nb ? j : 0;
-                    kh[j] = (const uint16_t *)tk[jj] + (size_t)kvh * (size_t)d;
-                    vh[j] = (const uint16_t *)tv[jj] + (size_t)kvh * (size_t)d;
-                }
-            } else if (convert) {
+            if (convert) {
                 size_t h_off = (size_t)(kvh - u->k0) * (size_t)d;
                 for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
                     size_t row = (size_t)(j < nb ? j : 0) * slice + h_off;
@@ -629,10 +571,7 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
                     qs[hh - u->h0] = it->q + (size_t)qi * q_tok + (size_t)h * (size_t)d;
                     sts[hh - u->h0] = st_mem + (size_t)unit_row(u, qi, kvh, hh) * st_len;
                 }
-                if (direct)
-                    c->heads_block_bf16(qs, sts, nh, kh, vh, nbq, vis, c->scale, d);
-                else
-                    c->heads_block(qs, sts, nh, kp, vp, nbq, vis, c->scale, d, s);
+                c->heads_block(qs, sts, nh, kp, vp, nbq, vis, c->scale, d, s);
             }
         }
     }
@@ -768,15 +707,11 @@ static int count_groups(const krn_attn_item *items, int n_items, int n_kv, int g
     return n;
 }
 
-static heads_block_fn pick_heads_block(int *shares_kv, heads_block_bf16_fn *bf16) {
+static heads_block_fn pick_heads_block(int *shares_kv) {
     *shares_kv = 0;
-    *bf16 = NULL;
     switch (krn_simd_level()) {
 #if KRN_X86
-    case KRN_SIMD_AVX512:
-        *shares_kv = 1;
-        *bf16 = heads_block_bf16_avx512;
-        return heads_block_avx512;
+    case KRN_SIMD_AVX512: *shares_kv = 1; return heads_block_avx512;
     case KRN_SIMD_AVX2: return heads_block_avx2;
 #endif
     default: return heads_block_scalar;
@@ -841,7 +776,7 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
     attn_shape shape = unit_shape(n_kv, group, d, plan->max_nq);
     attn_ctx c = {
         .kv = kv, .items = items, .n_heads = n_heads, .group = group, .d = d, .scale = scale};
-    c.heads_block = pick_heads_block(&c.shares_kv, &c.heads_block_bf16);
+    c.heads_block = pick_heads_block(&c.shares_kv);
     int threads = krn_pool_size(p);
     int chunk = plan->chunk;
     int n_groups = count_groups(items, n_items, n_kv, group, shape);
