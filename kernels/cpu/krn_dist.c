@@ -1,10 +1,10 @@
 /* krn_dist.c — turning logits into a distribution and picking its largest entries.
  *
- * Owns: softmax with temperature (max-subtracted, vector exp; its exponentials alone for a
- * slice of the logits), top-k by a bounded min-heap (O(n log k); ties keep the lower index
- * first; NaN ranks below every number) fed only numbers at or above a floor taken from block
- * maxima, whose scan skips, 8 or 16 at a time, the numbers that cannot enter the heap, and the
- * merge of several top-k lists. Edges, the same
+ * Owns: softmax with temperature (max-subtracted, the max found by a vector pass, vector exp;
+ * its exponentials alone for a slice of the logits), top-k by a bounded min-heap (O(n log k);
+ * ties keep the lower index first; NaN ranks below every number) fed only numbers at or above a
+ * floor taken from block maxima, whose scan skips, 8 or 16 at a time, the numbers that cannot
+ * enter the heap, and the merge of several top-k lists. Edges, the same
  * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
  * and the sum and keeps a NaN probability; an infinite largest logit, a temperature that is not
  * > 0 or whose inverse overflows put all mass on the first largest number.
@@ -96,10 +96,23 @@ static float exp_sum(float *x, int n, float max, float inv_t) {
     }
 }
 
+typedef int (*next_candidate_fn)(const float *x, int i, int n, float root);
+static next_candidate_fn pick_next_candidate(void);
+static float block_max(const float *x, int n);
+
+/* The index of the first largest number of x[0, n) (NaN left out), or -1 if there is none: the
+ * largest by a SIMD pass, then the first index holding it (a number > the float just below
+ * it; -0 and +0 are equal, as to a scalar compare). */
+static int first_max(const float *x, int n) {
+    if (n <= 0) return -1;
+    float m = block_max(x, n);
+    float below = m > -INFINITY ? nextafterf(m, -INFINITY) : NAN; /* NaN: any number */
+    int arg = pick_next_candidate()(x, 0, n, below);
+    return arg < n ? arg : -1;
+}
+
 void krn_cpu_softmax(float *x, int n, float temperature) {
-    int arg = -1; /* the first largest number */
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i]) && (arg < 0 || x[i] > x[arg])) arg = i;
+    int arg = first_max(x, n);
     if (arg < 0) return; /* nothing but NaN (or n <= 0): every probability is NaN already */
     float max = x[arg], inv_t = 1.0f / temperature;
     if (!(temperature > 0.0f) || isinf(max) || isinf(inv_t)) {
@@ -205,8 +218,6 @@ KRN_TARGET_AVX512 static int next_candidate_avx512(const float *x, int i, int n,
     return n;
 }
 #endif
-
-typedef int (*next_candidate_fn)(const float *x, int i, int n, float root);
 
 static next_candidate_fn pick_next_candidate(void) {
     switch (krn_simd_level()) {

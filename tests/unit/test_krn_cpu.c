@@ -961,6 +961,34 @@ Test(krn_dist, softmax_leaves_nan_out_and_puts_all_mass_on_the_first_infinity) {
     }
 }
 
+/* The first largest number (found by a SIMD pass) takes all mass in the limit T -> 0: the
+ * first of equal maxima past a vector's width, -0 equal to +0, and -inf when every number is
+ * -inf (NaN left out). */
+Test(krn_dist, softmax_limit_puts_the_mass_on_the_first_largest_number_on_every_path) {
+    enum { N = 100 };
+    float x[3][N];
+    int want[3] = {33, 3, 1};
+    for (int i = 0; i < N; i++) {
+        x[0][i] = i == 33 || i == 70 ? 7.0f : 1.0f;
+        x[1][i] = i < 3 ? -1.0f : i == 3 ? -0.0f : 0.0f;
+        x[2][i] = i == 0 || i == 50 ? NAN : -INFINITY;
+    }
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        for (int c = 0; c < 3; c++) {
+            float y[N];
+            memcpy(y, x[c], sizeof y);
+            krn_cpu_softmax(y, N, 1e-40f);
+            for (int i = 0; i < N; i++)
+                if (isnan(x[c][i]))
+                    cr_assert(isnan(y[i]), "%s case %d: NaN stays NaN", SIMD_PATHS[s], c);
+                else
+                    cr_assert_eq(y[i], i == want[c] ? 1.0f : 0.0f, "%s case %d: p[%d] = %g",
+                                 SIMD_PATHS[s], c, i, y[i]);
+        }
+    }
+}
+
 Test(krn_dist, underflowed_probabilities_rank_by_id_not_by_logit) {
     float x[40];
     for (int i = 0; i < 40; i++) x[i] = i % 2 ? -300.0f : -200.0f;
