@@ -1,8 +1,8 @@
 /* krn_dist.c — turning logits into a distribution and picking its largest entries.
  *
- * Owns: softmax with temperature (max-subtracted, the max found by a vector pass, vector exp;
- * its exponentials alone for a slice of the logits), top-k by a bounded min-heap (O(n log k);
- * ties keep the lower index first; NaN ranks below every number) fed only numbers at or above a
+ * Owns: softmax with temperature (max-subtracted, the max found by a vector pass, vector exp and
+ * scaling; its exponentials alone for a slice of the logits), top-k by a bounded min-heap (O(n log
+ * k); ties keep the lower index first; NaN ranks below every number) fed only numbers at or above a
  * floor taken from block maxima, whose scan skips, 8 or 16 at a time, the numbers that cannot
  * enter the heap, and the merge of several top-k lists. Edges, the same
  * on every SIMD path and on the cuda backend (tests/kcheck): a NaN logit is left out of the max
@@ -83,7 +83,35 @@ KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float 
     }
     return (float)sum;
 }
+
+/* x[i] *= s, 16 or 8 at a time: the same products as scale_scalar (the compiler leaves that
+ * loop scalar at -O2, and it is a pass over the whole vocabulary). */
+KRN_TARGET_AVX2 static void scale_avx2(float *x, int n, float s) {
+    __m256 vs = _mm256_set1_ps(s);
+    int i = 0;
+    for (; n - i >= 8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vs));
+    scale_scalar(x + i, n - i, s);
+}
+
+KRN_TARGET_AVX512 static void scale_avx512(float *x, int n, float s) {
+    __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
+        if (n - i <= 16) break;
+    }
+}
 #endif
+
+static void scale(float *x, int n, float s) {
+    switch (krn_simd_level()) {
+#if KRN_X86
+    case KRN_SIMD_AVX512: scale_avx512(x, n, s); return;
+    case KRN_SIMD_AVX2: scale_avx2(x, n, s); return;
+#endif
+    default: scale_scalar(x, n, s);
+    }
+}
 
 /* The SIMD path's exp_sum. */
 static float exp_sum(float *x, int n, float max, float inv_t) {
@@ -121,7 +149,7 @@ void krn_cpu_softmax(float *x, int n, float temperature) {
             if (!isnan(x[i])) x[i] = i == arg ? 1.0f : 0.0f;
         return;
     }
-    scale_scalar(x, n, 1.0f / exp_sum(x, n, max, inv_t));
+    scale(x, n, 1.0f / exp_sum(x, n, max, inv_t));
 }
 
 float krn_cpu_exp_shifted(float *x, int n, float max, float temperature) {
