@@ -4,11 +4,11 @@
  * (b) decode-shape linear (n = 1) in bf16 and f32 against that bandwidth; (c) batch-32 decode
  * linear throughput against batch 1; (d) 512-token prefill linear GFLOP/s against plain
  * cblas_sgemm (OpenBLAS with its own threads); (e) decode attention at 512 and 4096 tokens of
- * context; plus the pool's cost per run. Weights rotate through copies totalling at least
- * 2 GiB, so every call streams from DRAM as in a real forward pass. Times are the best of N
- * (the machine is shared; interference only adds time).
- * Usage: bench_krn [--threads N] [--quick] [--only SECTIONS] (e.g. --only ae; the pool and
- * (a) always run, (b) runs when (c) does). Results: bench/results/kernels.md. */
+ * context (f32 KV) and (f) with bf16 KV; plus the pool's cost per run. Weights rotate through
+ * copies totalling at least 2 GiB, so every call streams from DRAM as in a real forward pass. Times
+ * are the best of N (the machine is shared; interference only adds time). Usage: bench_krn
+ * [--threads N] [--quick] [--only SECTIONS] (e.g. --only ae; the pool and (a) always run, (b) runs
+ * when (c) does). Results: bench/results/kernels.md. */
 #include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
@@ -184,14 +184,22 @@ static const int SHAPES[4][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {2048
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-static void bench_attention(krn_pool *p, int ctx, int batch, int reps) {
+/* dt: the KV region's dtype (KRN_F32 or KRN_BF16, the engine's kv_dtype). */
+static void bench_attention(krn_pool *p, int ctx, int batch, int reps, krn_dtype dt) {
     int n_heads = 32, n_kv = 8, hd = 64, page = 16;
     int pages_per = (ctx + page - 1) / page;
-    krn_kv_layer kv = {.page_size = page, .n_kv_heads = n_kv, .head_dim = hd};
+    krn_kv_layer kv = {.page_size = page, .n_kv_heads = n_kv, .head_dim = hd, .dtype = dt};
     size_t floats =
         (size_t)pages_per * (size_t)batch * 2 * (size_t)page * (size_t)n_kv * (size_t)hd;
-    kv.base = bench_krn_alloc(floats * 4);
-    fill_f32(kv.base, floats);
+    float *f = bench_krn_alloc(floats * 4);
+    fill_f32(f, floats);
+    if (dt == KRN_BF16) {
+        kv.base = bench_krn_alloc(floats * 2);
+        krn_cvt_bf16(f, floats, kv.base);
+        free(f);
+    } else {
+        kv.base = f;
+    }
     uint32_t *pages = bench_krn_alloc((size_t)pages_per * (size_t)batch * 4);
     for (int i = 0; i < pages_per * batch; i++) pages[i] = (uint32_t)i;
     float *q = bench_krn_alloc((size_t)batch * (size_t)n_heads * (size_t)hd * 4);
@@ -216,7 +224,7 @@ static void bench_attention(krn_pool *p, int ctx, int batch, int reps) {
             t[r] = now_s() - t0;
         }
         double best = best_of(t, reps);
-        double bytes = (double)ctx * batch * 2.0 * n_kv * hd * 4;
+        double bytes = (double)ctx * batch * 2.0 * n_kv * hd * (double)krn_kv_elt_bytes(&kv);
         printf("    ctx %5d batch %2d %-10s %8.3f ms  %6.1f GB/s of KV\n", ctx, batch,
                mode == 0 ? "unchunked" : "auto", best * 1e3, bytes / best / 1e9);
     }
@@ -238,7 +246,7 @@ static void empty_task(void *arg, int task, int n_tasks) {
 
 int main(int argc, char **argv) {
     int threads = 2, quick = 0;
-    const char *only = "abcde";
+    const char *only = "abcdef";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -253,6 +261,7 @@ int main(int argc, char **argv) {
     }
     int run_b = strchr(only, 'b') || strchr(only, 'c'), run_c = strchr(only, 'c') != NULL;
     int run_d = strchr(only, 'd') != NULL, run_e = strchr(only, 'e') != NULL;
+    int run_f = strchr(only, 'f') != NULL;
     krn_pool *p = krn_pool_create(threads);
     if (!p) {
         fprintf(stderr, "bench_krn: cannot create a pool of %d threads\n", threads);
@@ -331,10 +340,15 @@ int main(int argc, char **argv) {
     if (run_e) {
         printf("(e) decode attention, Llama-3.2-1B layer (32 heads, 8 KV heads, head_dim 64), f32 "
                "KV\n");
-        bench_attention(p, 512, 1, quick ? 20 : 100);
-        bench_attention(p, 4096, 1, quick ? 10 : 50);
-        bench_attention(p, 4096, 8, quick ? 5 : 20);
-        bench_attention(p, 4096, 32, quick ? 3 : 8);
+        bench_attention(p, 512, 1, quick ? 20 : 100, KRN_F32);
+        bench_attention(p, 4096, 1, quick ? 10 : 50, KRN_F32);
+        bench_attention(p, 4096, 8, quick ? 5 : 20, KRN_F32);
+        bench_attention(p, 4096, 32, quick ? 3 : 8, KRN_F32);
+    }
+    if (run_f) {
+        printf("(f) decode attention as (e), bf16 KV (the engine's kv_dtype bf16)\n");
+        bench_attention(p, 512, 32, quick ? 10 : 40, KRN_BF16);
+        bench_attention(p, 4096, 8, quick ? 5 : 20, KRN_BF16);
     }
 
     krn_pool_destroy(p);

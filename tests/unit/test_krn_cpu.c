@@ -961,6 +961,34 @@ Test(krn_dist, softmax_leaves_nan_out_and_puts_all_mass_on_the_first_infinity) {
     }
 }
 
+/* The first largest number (found by a SIMD pass) takes all mass in the limit T -> 0: the
+ * first of equal maxima past a vector's width, -0 equal to +0, and -inf when every number is
+ * -inf (NaN left out). */
+Test(krn_dist, softmax_limit_puts_the_mass_on_the_first_largest_number_on_every_path) {
+    enum { N = 100 };
+    float x[3][N];
+    int want[3] = {33, 3, 1};
+    for (int i = 0; i < N; i++) {
+        x[0][i] = i == 33 || i == 70 ? 7.0f : 1.0f;
+        x[1][i] = i < 3 ? -1.0f : i == 3 ? -0.0f : 0.0f;
+        x[2][i] = i == 0 || i == 50 ? NAN : -INFINITY;
+    }
+    for (int s = 0; s < N_SIMD; s++) {
+        if (!use_simd(s)) continue;
+        for (int c = 0; c < 3; c++) {
+            float y[N];
+            memcpy(y, x[c], sizeof y);
+            krn_cpu_softmax(y, N, 1e-40f);
+            for (int i = 0; i < N; i++)
+                if (isnan(x[c][i]))
+                    cr_assert(isnan(y[i]), "%s case %d: NaN stays NaN", SIMD_PATHS[s], c);
+                else
+                    cr_assert_eq(y[i], i == want[c] ? 1.0f : 0.0f, "%s case %d: p[%d] = %g",
+                                 SIMD_PATHS[s], c, i, y[i]);
+        }
+    }
+}
+
 Test(krn_dist, underflowed_probabilities_rank_by_id_not_by_logit) {
     float x[40];
     for (int i = 0; i < 40; i++) x[i] = i % 2 ? -300.0f : -200.0f;
@@ -1019,6 +1047,60 @@ Test(krn_dist, topk_ranks_nan_last) {
     krn_cpu_topk(x, 5, 5, ids, vals);
     uint32_t want[5] = {4, 1, 2, 0, 3};
     cr_assert_arr_eq(ids, want, sizeof ids);
+}
+
+/* Ranks x[a] and x[b] as the top-k does: larger first, NaN last, ties to the lower index. */
+static int cmp_rank(const void *a, const void *b, void *varg) {
+    const float *x = varg;
+    uint32_t ia = *(const uint32_t *)a, ib = *(const uint32_t *)b;
+    int na = isnan(x[ia]), nb = isnan(x[ib]);
+    if (na != nb) return na ? 1 : -1;
+    if (!na && x[ia] != x[ib]) return x[ia] > x[ib] ? -1 : 1;
+    return ia < ib ? -1 : 1;
+}
+
+/* A vocabulary-sized row (not a multiple of 16) of few distinct values, NaNs and infinities,
+ * on every SIMD path (the scan skips numbers 8 or 16 at a time, from a floor taken from block
+ * maxima when k <= n / 128: k = 1, 50, 1000 here): the same ids and values as a
+ * full sort, for k = 1, a sampling k, and k = n; a row that starts with NaNs makes the heap's
+ * root NaN until numbers push them out, and a row of mostly NaN keeps NaNs in the result. */
+Test(krn_dist, topk_of_a_vocabulary_with_ties_nan_and_inf_matches_a_full_sort) {
+    enum { N = 128256 + 5 };
+    static const int ks[] = {1, 50, 1000, N};
+    float *x = xmalloc((size_t)N * 4);
+    uint32_t *order = xmalloc((size_t)N * 4), *ids = xmalloc((size_t)N * 4);
+    float *vals = xmalloc((size_t)N * 4);
+    rng r = {41};
+    for (int row = 0; row < 3; row++) {
+        for (int i = 0; i < N; i++) {
+            uint64_t v = rng_next(&r) % 1000;
+            x[i] = v < 5 ? NAN : v < 7 ? -INFINITY : v == 7 ? INFINITY : (float)(v % 97) * 0.25f;
+        }
+        if (row == 1)
+            for (int i = 0; i < 2000; i++) x[i] = NAN;
+        if (row == 2) /* ~100 numbers: k = 1000 ends with NaNs, the lowest ids first */
+            for (int i = 0; i < N; i++)
+                if (i % 1283 != 7) x[i] = NAN;
+        for (int i = 0; i < N; i++) order[i] = (uint32_t)i;
+        qsort_r(order, N, 4, cmp_rank, x);
+        for (int s = 0; s < N_SIMD; s++) {
+            if (!use_simd(s)) continue;
+            for (size_t b = 0; b < sizeof ks / sizeof *ks; b++) {
+                int k = ks[b];
+                krn_cpu_topk(x, N, k, ids, vals);
+                for (int i = 0; i < k; i++) {
+                    cr_assert_eq(ids[i], order[i], "%s row %d k=%d: ids[%d] = %u, want %u",
+                                 SIMD_PATHS[s], row, k, i, ids[i], order[i]);
+                    cr_assert(memcmp(&vals[i], &x[order[i]], 4) == 0, "%s row %d k=%d: vals[%d]",
+                              SIMD_PATHS[s], row, k, i);
+                }
+            }
+        }
+    }
+    free(x);
+    free(order);
+    free(ids);
+    free(vals);
 }
 
 /* Tensor parallelism (engine/eng_cpu_tp.c): a rank's exponentials with the group's maximum are
