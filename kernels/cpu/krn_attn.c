@@ -288,7 +288,7 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
         __m512 acc[16];
         KRN_UNROLL for (int a = 0; a < 16; a++) { acc[a] = _mm512_setzero_ps(); }
         for (int i = 0; i < d; i += 16) {
-            __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
+            __mmask16 m = krn_mask16(d - i);
             __m512 kv[4];
             KRN_UNROLL for (int jj = 0; jj < 4; jj++) {
                 kv[jj] = _mm512_maskz_loadu_ps(m, kp[j0 + jj] + i);
@@ -312,8 +312,7 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
     KRN_UNROLL for (int r = 0; r < RB; r++) {
         __m512 vmax = ninf;
         for (int j0 = 0; j0 < nb16; j0 += 16) {
-            __mmask16 valid =
-                nb - j0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - j0)) - 1u);
+            __mmask16 valid = krn_mask16(nb - j0);
             if (vis) {
                 __m128i bytes = _mm_maskz_loadu_epi8(valid, vis + j0);
                 valid &= _mm_test_epi8_mask(bytes, bytes);
@@ -346,7 +345,7 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
         int ns = 0;
         for (int g = 0; g < 4 && i0 + 16 * g < d; g++, ns++) {
             int left = d - i0 - 16 * g;
-            mk[g] = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            mk[g] = krn_mask16(left);
         }
         switch (ns) {
         case 4:

@@ -20,17 +20,25 @@
 #define KRN_X86 0
 #endif
 
+/* ---- AVX-512 tail masks --------------------------------------------------------------------- */
+
+#if KRN_X86
+/* Lanes [0, min(left, 16)) of a 16-float vector; none when left <= 0. */
+static inline __mmask16 krn_mask16(int left) {
+    return left >= 16  ? (__mmask16)0xffff
+           : left <= 0 ? (__mmask16)0
+                       : (__mmask16)((1u << left) - 1u);
+}
+#endif
+
 /* ---- x rounded to bf16 for the AVX512-BF16 kernels (krn_bf16dot.c, krn_panel.c) ---------- */
 
 #if KRN_X86
 /* x[0, min(left, 32)) as 32 bf16 (nearest even), zeros past left; bf16 lane j is x[j]. */
 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) static inline __m512i
 krn_bf16x32_of(const float *x, int left) {
-    __mmask16 m0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
-    __mmask16 m1 = left >= 32   ? (__mmask16)0xffff
-                   : left <= 16 ? (__mmask16)0
-                                : (__mmask16)((1u << (left - 16)) - 1u);
-    __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+    __m512 a = _mm512_maskz_loadu_ps(krn_mask16(left), x),
+           b = _mm512_maskz_loadu_ps(krn_mask16(left - 16), x + 16);
     return (__m512i)_mm512_cvtne2ps_pbh(b, a); /* the low half from the second operand */
 }
 #endif

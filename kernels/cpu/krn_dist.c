@@ -71,7 +71,7 @@ KRN_TARGET_AVX512 static float exp_sum_avx512(float *x, int n, float max, float 
         __m512 acc = _mm512_setzero_ps();
         int end = n - i > 1024 ? i + 1024 : n;
         for (; i < end; i += 16) {
-            __mmask16 m = end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1u);
+            __mmask16 m = krn_mask16(end - i);
             __m512 v = _mm512_maskz_loadu_ps(m, x + i);
             __mmask16 num = (__mmask16)(m & ~_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
             __m512 e = krn_exp512(_mm512_mul_ps(_mm512_sub_ps(v, vm), vt));
@@ -96,7 +96,7 @@ KRN_TARGET_AVX2 static void scale_avx2(float *x, int n, float s) {
 KRN_TARGET_AVX512 static void scale_avx512(float *x, int n, float s) {
     __m512 vs = _mm512_set1_ps(s);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = krn_mask16(n - i);
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
         if (n - i <= 16) break;
     }
@@ -235,7 +235,7 @@ KRN_TARGET_AVX512 static int next_candidate_avx512(const float *x, int i, int n,
     int nan_root = isnan(root);
     __m512 r = _mm512_set1_ps(root);
     while (i < n) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = krn_mask16(n - i);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
         __mmask16 hit = nan_root ? _mm512_mask_cmp_ps_mask(m, v, v, _CMP_ORD_Q)
                                  : _mm512_mask_cmp_ps_mask(m, v, r, _CMP_GT_OQ);
@@ -286,7 +286,7 @@ KRN_TARGET_AVX2 static float block_max_avx2(const float *x, int n) {
 KRN_TARGET_AVX512 static float block_max_avx512(const float *x, int n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 in = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 in = krn_mask16(n - i);
         __m512 v = _mm512_maskz_loadu_ps(in, x + i);
         m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(in, v, m, _CMP_GT_OQ), v);
         if (n - i <= 16) break;

@@ -313,7 +313,7 @@ KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, con
         }
     }
     for (; k < in; k += 16) {
-        __mmask16 m = in - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - k)) - 1u);
+        __mmask16 m = krn_mask16(in - k);
         __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
         KRN_UNROLL for (int c = 0; c < 8; c++) {
             a[c] = _mm512_fmadd_ps(load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, m), x0, a[c]);

@@ -214,7 +214,7 @@ KRN_TARGET_AVX512 KRN_INLINE void pack_bf16_32(const uint16_t *w, size_t ldw, in
  * vector i % 2 (rows 0-15 at +0, rows 16-31 at +16, k + 1 at +32). */
 KRN_TARGET_AVX512 KRN_INLINE void pack_f16_16(const uint16_t *w, size_t ldw, int rows, int k,
                                               int in, float *dst) {
-    __mmask16 m = in - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - k)) - 1u);
+    __mmask16 m = krn_mask16(in - k);
     for (int h = 0; h < 2; h++) {
         __m512i v[16];
         KRN_UNROLL for (int i = 0; i < 16; i++) {
@@ -411,10 +411,8 @@ KRN_TARGET_AVX512 static void panel_one(krn_panel_kind kind, const void *xp, int
                                         const uint16_t *w, krn_dtype wt, int rows,
                                         const uint16_t *next_w, int next_rows, void *panel,
                                         float *y, size_t ldy) {
-    __mmask16 m0 = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1u);
-    __mmask16 m1 = rows >= 32   ? (__mmask16)0xffff
-                   : rows <= 16 ? (__mmask16)0
-                                : (__mmask16)((1u << (rows - 16)) - 1u);
+    __mmask16 m0 = krn_mask16(rows);
+    __mmask16 m1 = krn_mask16(rows - 16);
     int tiles = krn_panel_tiles(n);
     size_t k2 = in_even(in);
     for (int k0 = 0; k0 < in; k0 += KRN_PANEL_KC) {

@@ -71,7 +71,7 @@ KRN_TARGET_AVX2 static void silu_mul_avx2(float *g, const float *u, size_t n) {
 KRN_TARGET_AVX512 static void silu_mul_avx512(float *g, const float *u, size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (size_t i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __mmask16 m = krn_mask16(n - i);
         __m512 x = _mm512_maskz_loadu_ps(m, g + i);
         __m512 e = krn_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
         __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
@@ -142,7 +142,7 @@ KRN_TARGET_AVX512 static float sumsq_avx512(const float *x, int d) {
         a1 = _mm512_fmadd_ps(v1, v1, a1);
     }
     for (; i < d; i += 16) {
-        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
+        __mmask16 m = krn_mask16(d - i);
         __m512 v0 = _mm512_maskz_loadu_ps(m, x + i);
         a0 = _mm512_fmadd_ps(v0, v0, a0);
     }
@@ -153,7 +153,7 @@ KRN_TARGET_AVX512 static void scale_mul_avx512(const float *x, const float *w, f
                                                float *y) {
     __m512 vi = _mm512_set1_ps(inv);
     for (int i = 0; i < d; i += 16) {
-        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1u);
+        __mmask16 m = krn_mask16(d - i);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vi);
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
     }
