@@ -657,9 +657,9 @@ static void task_wpack(void *arg, int task, int n_tasks, int worker) {
 /* Rows [0, n) of x (n <= KRN_LINEAR_PANEL_MAX_N) against up to KRN_LINEAR_MULTI_MAX packed
  * weights: on the avx512 path x is packed once into row tiles (bf16 pairs while AVX512-BF16
  * takes these rows, else f32), then the panels of every W are the tasks of one pool run (rows
- * of W per task: two panels below KRN_LINEAR_PANEL_MIN_N rows of x, where the kernel is a GEMV
- * bound by memory, else as the per-call panels). Without memory for packed x (or off avx512)
- * the kernels read x as it is, exactly. */
+ * of W per task: up to KRN_WPACK_GEMV_MAX_N rows of x the 3-4 panels the GEMV reads at once,
+ * else as the per-call panels). Without memory for packed x (or off avx512) the kernels read x
+ * as it is, exactly. */
 static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
                         int count) {
     krn_panel_kind kind = n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
@@ -680,8 +680,8 @@ static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_li
         linear_job *j = &m.j[i];
         j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w;
         j->wt = KRN_BF16_PANEL, j->y = outs[i].y, j->xp = xp, j->kind = kind;
-        j->rows_per_task = n < KRN_LINEAR_PANEL_MIN_N ? KRN_LINEAR_GEMV_ROWS
-                                                      : panel_task_rows(j->out, krn_pool_size(p));
+        j->rows_per_task = n <= KRN_WPACK_GEMV_MAX_N ? KRN_PANEL_ROWS * krn_wpack_gemv_panels(n)
+                                                     : panel_task_rows(j->out, krn_pool_size(p));
         m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
     }
     krn_pool_run_ex(p, task_multi, &m, m.first[count]);

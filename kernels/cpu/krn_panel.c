@@ -50,6 +50,10 @@
     __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define KRN_INLINE static inline __attribute__((always_inline))
 #define KRN_UNROLL _Pragma("GCC unroll 16")
+/* How far ahead of its loads the exact kernel on packed W prefetches (two blocks of a panel). */
+#define KRN_WPACK_PF_BYTES 16384
+/* ... and the GEMV on packed W (n <= 3), per stream. */
+#define KRN_WPACK_GEMV_PF_BYTES 2048
 
 /* Global on purpose, as krn_amx.c's switch: set once from the environment, changed only by
  * krn_cpu_set_panel between kernel calls (tests, benchmarks). */
@@ -454,7 +458,9 @@ KRN_TARGET_AVX512 KRN_INLINE void micro_pk(const uint32_t *blk, const float *xt,
     for (int q = 0; q < pairs; q++) {
         const uint32_t *wq = blk + (size_t)q * 32;
         const float *xk = xt + (size_t)q * 2 * (size_t)R;
-        prefetch_step(pf, q);
+        if (q < pf->rows) /* into L2: into L1 it was 7-20% slower at n = 1-4 (one stream) */
+            for (int l = 0; l < pf->lines; l++)
+                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T1);
         KRN_UNROLL for (int h = 0; h < 2; h++) {
             __m512 w0, w1;
             if (h == 0) {
@@ -500,8 +506,11 @@ KRN_TARGET_AVX512 static void micro_pk_any(const uint32_t *blk, const float *xt,
 
 /* One packed panel (`rows` valid rows, its pairs at pan) against every tile of x, as
  * panel_one() but with nothing to pack: block k0 is pairs [k0 / 2, k0 / 2 + 64) of the panel,
- * contiguous, and the block after it (this panel's next, else the next panel's first, at
- * pan + stride) is prefetched two lines per step while the first tile runs. */
+ * contiguous, and packed W is one stream (panel after panel): while the first tile runs, the
+ * exact kernel prefetches KRN_WPACK_PF_BYTES ahead of its loads into L2, two lines per step
+ * (one thread, W from DRAM, 2048 -> 8192: 8-20% less time at n = 1-4 and ~5% at 32 than one
+ * block ahead into L1; the single stream without it reads W at ~10 GB/s, 32 rows at once
+ * ~14); the dot kernel the next block into L1, as the per-call dot panels. */
 KRN_TARGET_AVX512 static void panel_one_pk(krn_panel_kind kind, const void *xp, int n, int in,
                                            const uint32_t *pan, size_t stride, int rows, float *y,
                                            size_t ldy) {
@@ -513,14 +522,21 @@ KRN_TARGET_AVX512 static void panel_one_pk(krn_panel_kind kind, const void *xp, 
         int kc = in - k0 < KRN_PANEL_KC ? in - k0 : KRN_PANEL_KC;
         const uint32_t *blk = pan + (size_t)k0 * 16;
         const uint32_t *next = k0 + KRN_PANEL_KC < in ? blk + KRN_PANEL_KC * 16 : pan + stride;
-        pf_rows none = {.rows = 0};
-        pf_rows pf = {.first = (const char *)next, .ld = 128, .rows = KRN_PANEL_KC / 2, .lines = 2};
+        const char *ahead = kind == KRN_PANEL_DOT ? (const char *)next
+                                                  : (const char *)blk + KRN_WPACK_PF_BYTES;
+        /* the block's 128 lines split over the tiles (a burst of 128 prefetches in the first
+         * tile alone left the FMA units waiting for the loads at n = 32), one tile's share
+         * spread over its steps */
+        int share = (KRN_PANEL_KC / 2 * 2 + tiles - 1) / tiles;
         for (int t = 0; t < tiles; t++) {
             int r0, rt;
             tile_rows(n, t, &r0, &rt);
             const void *xt =
                 (const char *)xp + ((size_t)r0 * k2 + (size_t)k0 * (size_t)rt) * x_elt(kind);
-            const pf_rows *tpf = t == 0 ? &pf : &none;
+            pf_rows pf0 = {.first = ahead, .ld = 128, .rows = KRN_PANEL_KC / 2, .lines = 2};
+            pf_rows pft = {.first = ahead + (size_t)t * (size_t)share * 64, .ld = 64,
+                           .rows = share, .lines = 1};
+            const pf_rows *tpf = share > KRN_PANEL_KC / 2 ? &pf0 : &pft;
             if (kind == KRN_PANEL_DOT)
                 micro_dot_any(blk, xt, rt, (kc + 1) / 2, k0 == 0, y + (size_t)r0 * ldy, ldy, m0,
                               m1, tpf);
@@ -531,10 +547,90 @@ KRN_TARGET_AVX512 static void panel_one_pk(krn_panel_kind kind, const void *xp, 
     }
 }
 
+/* n = R <= 4 rows of x (decode of a few sequences: bound by reading W) against NP panels at
+ * once (4, or 3 for 4 rows: 24 accumulators), each from its own stream (one stream per core read W at ~10 GB/s, 4 streams as fast as
+ * the 32 rows the per-call panels read), the whole of `in` in one pass: per panel the FMAs of
+ * micro_pk in the same order (the same bits), x[r][k] broadcast from the packed tile xt.
+ * Each stream is prefetched KRN_WPACK_GEMV_PF_BYTES ahead into L2. */
+KRN_TARGET_AVX512 KRN_INLINE void gemv_pk(const uint32_t *pan, size_t stride, int NP,
+                                          const float *xt, int R, int pairs, float *y, size_t ldy,
+                                          const int *rows) {
+    __m512 acc[4][8];
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        KRN_UNROLL for (int c = 0; c < 2 * NP; c++) { acc[r][c] = _mm512_setzero_ps(); }
+    }
+    for (int q = 0; q < pairs; q++) {
+        const float *xk = xt + (size_t)q * 2 * (size_t)R;
+        KRN_UNROLL for (int p = 0; p < NP; p++) {
+            const char *ahead = (const char *)(pan + (size_t)p * stride + (size_t)q * 32);
+            _mm_prefetch(ahead + KRN_WPACK_GEMV_PF_BYTES, _MM_HINT_T1);
+            _mm_prefetch(ahead + KRN_WPACK_GEMV_PF_BYTES + 64, _MM_HINT_T1);
+        }
+        KRN_UNROLL for (int h = 0; h < 2; h++) {
+            KRN_UNROLL for (int p = 0; p < NP; p++) {
+                const uint32_t *wq = pan + (size_t)p * stride + (size_t)q * 32;
+                __m512 w0, w1;
+                if (h == 0) {
+                    w0 = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)wq), 16));
+                    w1 = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)(wq + 16)), 16));
+                } else {
+                    w0 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq));
+                    w1 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq + 16));
+                }
+                KRN_UNROLL for (int r = 0; r < R; r++) {
+                    __m512 b = _mm512_set1_ps(xk[h * R + r]);
+                    acc[r][2 * p] = _mm512_fmadd_ps(w0, b, acc[r][2 * p]);
+                    acc[r][2 * p + 1] = _mm512_fmadd_ps(w1, b, acc[r][2 * p + 1]);
+                }
+            }
+        }
+    }
+    KRN_UNROLL for (int p = 0; p < NP; p++) {
+        KRN_UNROLL for (int r = 0; r < R; r++) {
+            float *yr = y + (size_t)r * ldy + (size_t)p * KRN_PANEL_ROWS;
+            _mm512_mask_storeu_ps(yr, krn_mask16(rows[p]), acc[r][2 * p]);
+            _mm512_mask_storeu_ps(yr + 16, krn_mask16(rows[p] - 16), acc[r][2 * p + 1]);
+        }
+    }
+}
+
+#define KRN_GEMV_PK_CASE(R)                                                  \
+    case R:                                                                  \
+        if (np == 4) gemv_pk(pan, stride, 4, xt, R, pairs, y, ldy, rows);    \
+        else if (np == 3) gemv_pk(pan, stride, 3, xt, R, pairs, y, ldy, rows); \
+        else gemv_pk(pan, stride, 1, xt, R, pairs, y, ldy, rows);            \
+        return
+
+KRN_TARGET_AVX512 static void gemv_pk_any(const uint32_t *pan, size_t stride, int np,
+                                          const float *xt, int R, int pairs, float *y, size_t ldy,
+                                          const int *rows) {
+    switch (R) {
+        KRN_GEMV_PK_CASE(1);
+        KRN_GEMV_PK_CASE(2);
+        KRN_GEMV_PK_CASE(3);
+        KRN_GEMV_PK_CASE(4);
+    default: return;
+    }
+}
+
 KRN_TARGET_AVX512 static void wpack_rows_avx512(krn_panel_kind kind, const void *xp, int n, int in,
                                                 const uint32_t *wp, int o0, int o1, float *y,
                                                 int out) {
     size_t stride = krn_wpack_panel_u32(in);
+    if (n <= KRN_WPACK_GEMV_MAX_N && kind == KRN_PANEL_F32) {
+        /* groups of krn_wpack_gemv_panels(n) panels, then one at a time */
+        int pairs = (int)(in_even(in) / 2), g = krn_wpack_gemv_panels(n);
+        for (int o = o0; o < o1;) {
+            int np = o1 - o > (g - 1) * KRN_PANEL_ROWS ? g : 1, rows[4];
+            for (int p = 0; p < np; p++) rows[p] = o1 - o - p * KRN_PANEL_ROWS;
+            gemv_pk_any(wp + (size_t)(o / KRN_PANEL_ROWS) * stride, stride, np, xp, n, pairs,
+                        y + o, (size_t)out, rows);
+            o += np * KRN_PANEL_ROWS;
+        }
+        return;
+    }
     for (int o = o0; o < o1; o += KRN_PANEL_ROWS) {
         int rows = o1 - o < KRN_PANEL_ROWS ? o1 - o : KRN_PANEL_ROWS;
         panel_one_pk(kind, xp, n, in, wp + (size_t)(o / KRN_PANEL_ROWS) * stride, stride, rows,
@@ -607,6 +703,8 @@ void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const ui
 #endif
 
 /* ---- W packed once: the parts without AVX-512 ------------------------------------------- */
+
+int krn_wpack_gemv_panels(int n) { return n >= 4 ? 3 : 4; }
 
 size_t krn_wpack_panel_u32(int in) {
     return (((size_t)in + 31) / 32 * 32 / 2) * KRN_PANEL_ROWS;
