@@ -84,6 +84,11 @@
 /* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
  * than 4 tasks per worker. */
 #define KRN_LINEAR_PANEL_TASK_ROWS 64
+/* Rows of x per pass over packed W (KRN_BF16_PANEL): one thread, n = 512, W from DRAM,
+ * 2048 -> 8192 and 8192 -> 2048: 114-118 ms in chunks of 128 rows, 121-123 in chunks of 64,
+ * ~128 in chunks of 256, 154-159 in one pass (x's slice of a block no longer stays in L1/L2
+ * beside it), the sgemm tiles of row-major W 122-125 (bench_krn_batch, --variants wpack). */
+#define KRN_LINEAR_WPACK_CHUNK_N 128
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -654,7 +659,7 @@ static void task_wpack(void *arg, int task, int n_tasks, int worker) {
     krn_wpack_rows(j->kind, j->xp, j->x, j->n, j->in, j->w, o0, o1, j->y, j->out);
 }
 
-/* Rows [0, n) of x (n <= KRN_LINEAR_PANEL_MAX_N) against up to KRN_LINEAR_MULTI_MAX packed
+/* Rows [0, n) of x (n <= KRN_LINEAR_WPACK_CHUNK_N) against up to KRN_LINEAR_MULTI_MAX packed
  * weights: on the avx512 path x is packed once into row tiles (bf16 pairs while AVX512-BF16
  * takes these rows, else f32), then the panels of every W are the tasks of one pool run (rows
  * of W per task: up to KRN_WPACK_GEMV_MAX_N rows of x the 3-4 panels the GEMV reads at once,
@@ -688,14 +693,13 @@ static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_li
     free(own);
 }
 
-/* Packed weights, any n: chunks of KRN_LINEAR_PANEL_MAX_N rows of x (their packed x stays
- * within L2 beside a block of W; a row's result does not depend on the chunking), at most
- * KRN_LINEAR_MULTI_MAX weights per pool run. */
+/* Packed weights, any n: chunks of KRN_LINEAR_WPACK_CHUNK_N rows of x (a row's result does not
+ * depend on the chunking), at most KRN_LINEAR_MULTI_MAX weights per pool run. */
 static void linear_wpack(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
                          int count) {
     krn_linear_out part[KRN_LINEAR_MULTI_MAX];
-    for (int r0 = 0; r0 < n; r0 += KRN_LINEAR_PANEL_MAX_N) {
-        int rows = n - r0 < KRN_LINEAR_PANEL_MAX_N ? n - r0 : KRN_LINEAR_PANEL_MAX_N;
+    for (int r0 = 0; r0 < n; r0 += KRN_LINEAR_WPACK_CHUNK_N) {
+        int rows = n - r0 < KRN_LINEAR_WPACK_CHUNK_N ? n - r0 : KRN_LINEAR_WPACK_CHUNK_N;
         for (int i0 = 0; i0 < count; i0 += KRN_LINEAR_MULTI_MAX) {
             int c = 0;
             for (int i = i0; i < count && c < KRN_LINEAR_MULTI_MAX; i++) {
