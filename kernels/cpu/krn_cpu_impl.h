@@ -114,9 +114,10 @@ void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const ui
 
 /* bf16 W packed once (krn_wpack_bf16): uint32 pairs of one panel of 32 rows. */
 size_t krn_wpack_panel_u32(int in);
-/* Up to this many rows of x, packed W is read by a GEMV over krn_wpack_gemv_panels(n) panels at
- * once (one stream each), above it by the panel micro-kernel. */
-#define KRN_WPACK_GEMV_MAX_N 4
+/* Up to this many rows of x (one tile), packed W is read by a GEMV over krn_wpack_gemv_panels(n)
+ * panels at once (one stream each; above 6 rows in two passes), above it by the panel
+ * micro-kernel. */
+#define KRN_WPACK_GEMV_MAX_N 12
 int krn_wpack_gemv_panels(int n);
 /* y[r, o] = Σ_k w[o, k] · x[r, k] for o in [o0, o1), o0 a multiple of KRN_PANEL_ROWS, W packed at
  * wp (all of it), f32 FMAs in k order. xp: x packed by krn_panel_pack_x for `kind` (the avx512

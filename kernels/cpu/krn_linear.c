@@ -662,7 +662,7 @@ static void task_wpack(void *arg, int task, int n_tasks, int worker) {
 /* Rows [0, n) of x (n <= KRN_LINEAR_WPACK_CHUNK_N) against up to KRN_LINEAR_MULTI_MAX packed
  * weights: on the avx512 path x is packed once into row tiles (bf16 pairs while AVX512-BF16
  * takes these rows, else f32), then the panels of every W are the tasks of one pool run (rows
- * of W per task: up to KRN_WPACK_GEMV_MAX_N rows of x the 3-4 panels the GEMV reads at once,
+ * of W per task: up to KRN_WPACK_GEMV_MAX_N rows of x the 2-4 panels the GEMV reads at once,
  * else as the per-call panels). Without memory for packed x (or off avx512) the kernels read x
  * as it is, exactly. */
 static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
