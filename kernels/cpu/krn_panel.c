@@ -5,7 +5,10 @@
  *
  * Owns: the PIE_KRN_PANEL switch and krn_cpu_set_panel, packing x into row tiles (f32, or
  * rounded to bf16 pairs), packing a panel of W (f32, or bf16 pairs), the register
- * micro-kernels, and the loop over a panel's column blocks.
+ * micro-kernels, and the loop over a panel's column blocks; and bf16 W packed once for good
+ * (krn_wpack_bf16, KRN_BF16_PANEL: the dot panels' pairs for the whole matrix, read by a
+ * variant of the exact micro-kernel, the dot micro-kernel as it is, a GEMV over several panels
+ * for up to 12 rows of x, avx2 and portable versions, and the row gather of the embedding).
  * Does not own: when the path is used nor the threads (krn_linear.c splits panels over the
  * pool and gives each worker its panel buffer), nor whether AVX512-BF16 is on (krn_bf16dot.c).
  *
