@@ -700,9 +700,9 @@ static void linear_wpack(krn_pool *p, const float *x, int n, int in, const krn_l
     krn_linear_out part[KRN_LINEAR_MULTI_MAX];
     for (int r0 = 0; r0 < n; r0 += KRN_LINEAR_WPACK_CHUNK_N) {
         int rows = n - r0 < KRN_LINEAR_WPACK_CHUNK_N ? n - r0 : KRN_LINEAR_WPACK_CHUNK_N;
-        for (int i0 = 0; i0 < count; i0 += KRN_LINEAR_MULTI_MAX) {
+        for (int i = 0; i < count;) {
             int c = 0;
-            for (int i = i0; i < count && c < KRN_LINEAR_MULTI_MAX; i++) {
+            for (; i < count && c < KRN_LINEAR_MULTI_MAX; i++) {
                 if (outs[i].out <= 0) continue;
                 part[c] = outs[i];
                 part[c++].y = outs[i].y + (size_t)r0 * (size_t)outs[i].out;
@@ -717,7 +717,8 @@ void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype 
     if (wt == KRN_BF16_PANEL) {
         if (n > 0 && in > 0) linear_wpack(p, x, n, in, outs, count);
         for (int i = 0; in <= 0 && n > 0 && i < count; i++)
-            if (outs[i].out > 0) memset(outs[i].y, 0, (size_t)n * (size_t)outs[i].out * sizeof(float));
+            if (outs[i].out > 0)
+                memset(outs[i].y, 0, (size_t)n * (size_t)outs[i].out * sizeof(float));
         return;
     }
     /* one shared run only where every weight would take the same packing path alone */

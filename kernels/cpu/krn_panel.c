@@ -467,7 +467,8 @@ KRN_TARGET_AVX512 KRN_INLINE void micro_pk(const uint32_t *blk, const float *xt,
         KRN_UNROLL for (int h = 0; h < 2; h++) {
             __m512 w0, w1;
             if (h == 0) {
-                w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_load_si512((const void *)wq), 16));
+                w0 = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_load_si512((const void *)wq), 16));
                 w1 = _mm512_castsi512_ps(
                     _mm512_slli_epi32(_mm512_load_si512((const void *)(wq + 16)), 16));
             } else { /* the odd 16-bit elements are the high halves */
@@ -742,8 +743,12 @@ static void wpack_panel_scalar(const uint16_t *w, int out, int in, int panel, ui
     for (size_t q = 0; q < pairs; q++)
         for (int i = 0; i < KRN_PANEL_ROWS; i++) {
             int o = panel * KRN_PANEL_ROWS + i, k = (int)q * 2;
-            const uint16_t *row = w + (size_t)o * (size_t)in;
-            uint32_t lo = o < out && k < in ? row[k] : 0, hi = o < out && k + 1 < in ? row[k + 1] : 0;
+            uint32_t lo = 0, hi = 0;
+            if (o < out) {
+                const uint16_t *row = w + (size_t)o * (size_t)in;
+                lo = k < in ? row[k] : 0;
+                hi = k + 1 < in ? row[k + 1] : 0;
+            }
             dst[q * 32 + (size_t)i] = lo | hi << 16;
         }
 }

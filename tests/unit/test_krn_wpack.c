@@ -3,9 +3,9 @@
  *
  * (1) Kernels: the packed layout element by element; krn_cpu_linear on packed W equals, bit for
  * bit, Σ_k f32(w) · x as fmaf in k order (what every exact packed path computes) on the
- * scalar, avx2 and avx512 paths, for n = 1..40, 255-257 and 300, odd in and out, pools of 1
- * and 2 threads, AMX and AVX512-BF16 off; on avx512 it also equals the panels packed per call
- * (krn_cpu_linear on row-major W) for 4 <= n <= 256; the AVX512-BF16 case equals the per-call
+ * scalar, avx2 and avx512 paths, for n = 1..40, 255-257 and 300, odd in and out, no pool and
+ * pools of 1 and 2 threads, AMX and AVX512-BF16 off; on avx512 it also equals the panels packed per
+ * call (krn_cpu_linear on row-major W) for 4 <= n <= 256; the AVX512-BF16 case equals the per-call
  * dot panels bit for bit and is within that path's stated bound; krn_cpu_linear_multi equals
  * separate calls; the embedding gather from a packed table equals the row-major gather.
  * (2) The engine: tiny-bf16 with PIE_KRN_PREPACK=1 packs its weights and writes the same
@@ -73,7 +73,8 @@ static void ref_fma(const float *x, int n, int in, const uint16_t *w, int out, f
         for (int o = 0; o < out; o++) {
             float acc = 0.0f;
             for (int k = 0; k < in; k++)
-                acc = fmaf(f32_of(w[(size_t)o * (size_t)in + (size_t)k]), x[(size_t)r * (size_t)in + (size_t)k], acc);
+                acc = fmaf(f32_of(w[(size_t)o * (size_t)in + (size_t)k]),
+                           x[(size_t)r * (size_t)in + (size_t)k], acc);
             if (in % 2) acc = fmaf(0.0f, 0.0f, acc);
             y[(size_t)r * (size_t)out + (size_t)o] = acc;
         }
@@ -111,27 +112,28 @@ Test(krn_wpack, layout_is_pairs_of_32_rows_per_panel_zero_padded) {
                     uint32_t hi = o < out && k + 1 < in ? w[(size_t)o * in + k + 1] : 0;
                     uint32_t got = wp[(size_t)panel * 48 * 32 + (size_t)p * 32 + (size_t)i];
                     cr_assert_eq(got, lo | hi << 16,
-                                 "%s: panel %d pair %d row %d: 0x%08x, expected 0x%08x",
-                                 paths[s], panel, p, i, got, lo | hi << 16);
+                                 "%s: panel %d pair %d row %d: 0x%08x, expected 0x%08x", paths[s],
+                                 panel, p, i, got, lo | hi << 16);
                 }
         free(wp);
     }
     free(w);
 }
 
-/* Every n of the list on shape (out, in), pools of 1 and 2: packed == ref_fma bit for bit, and
- * on avx512 with 4 <= n <= 256 == the per-call panels (row-major KRN_BF16). */
+/* Every n of the list on shape (out, in), no pool and pools of 1 and 2: packed == ref_fma bit for
+ * bit, and on avx512 with 4 <= n <= 256 == the per-call panels (row-major KRN_BF16). */
 static void check_exact(const char *path, int out, int in, const int *ns, int n_ns) {
     uint16_t *w = rand_w(out, in);
     int max_n = 0;
     for (int i = 0; i < n_ns; i++) max_n = ns[i] > max_n ? ns[i] : max_n;
     float *x = rand_x(max_n, in);
-    float *y = malloc((size_t)max_n * out * sizeof *y), *ref = malloc((size_t)max_n * out * sizeof *ref);
+    float *y = malloc((size_t)max_n * out * sizeof *y),
+          *ref = malloc((size_t)max_n * out * sizeof *ref);
     float *row = malloc((size_t)max_n * out * sizeof *row);
     cr_assert(y && ref && row);
-    for (int threads = 1; threads <= 2; threads++) {
-        krn_pool *p = krn_pool_create(threads);
-        cr_assert_not_null(p);
+    for (int threads = 0; threads <= 2; threads++) { /* 0: no pool (all in the caller) */
+        krn_pool *p = threads ? krn_pool_create(threads) : NULL;
+        cr_assert(p || !threads);
         void *wp = pack(p, w, out, in);
         for (int i = 0; i < n_ns; i++) {
             int n = ns[i];
@@ -140,14 +142,16 @@ static void check_exact(const char *path, int out, int in, const int *ns, int n_
             memset(y, 0xff, cnt * sizeof *y);
             krn_cpu_linear(p, x, n, in, wp, KRN_BF16_PANEL, out, y);
             long d = first_diff(y, ref, cnt);
-            cr_assert(d < 0, "%s, %d threads, %d -> %d, n = %d: y[%ld] = %.9g, k-order fma sum %.9g",
-                      path, threads, in, out, n, d, d < 0 ? 0.0 : y[d], d < 0 ? 0.0 : ref[d]);
+            cr_assert(d < 0,
+                      "%s, %d threads, %d -> %d, n = %d: y[%ld] = %.9g, k-order fma sum %.9g", path,
+                      threads, in, out, n, d, d < 0 ? 0.0 : y[d], d < 0 ? 0.0 : ref[d]);
             if (strcmp(path, "avx512") == 0 && n >= 4 && n <= 256) {
                 krn_cpu_linear(p, x, n, in, w, KRN_BF16, out, row);
                 d = first_diff(y, row, cnt);
-                cr_assert(d < 0, "avx512, %d threads, %d -> %d, n = %d: packed y[%ld] = %.9g, "
-                          "per-call panels %.9g", threads, in, out, n, d, d < 0 ? 0.0 : y[d],
-                          d < 0 ? 0.0 : row[d]);
+                cr_assert(d < 0,
+                          "avx512, %d threads, %d -> %d, n = %d: packed y[%ld] = %.9g, "
+                          "per-call panels %.9g",
+                          threads, in, out, n, d, d < 0 ? 0.0 : y[d], d < 0 ? 0.0 : row[d]);
             }
         }
         free(wp);
@@ -162,8 +166,8 @@ static void exact_on(const char *path) {
     int ns[48], k = 0;
     for (int n = 1; n <= 40; n++) ns[k++] = n;
     ns[k++] = 255, ns[k++] = 256, ns[k++] = 257, ns[k++] = 300;
-    check_exact(path, 45, 67, ns, k);   /* odd in and out, 2 panels */
-    check_exact(path, 97, 130, ns, k);  /* one full block and a partial one of 128 columns */
+    check_exact(path, 45, 67, ns, k);  /* odd in and out, 2 panels */
+    check_exact(path, 97, 130, ns, k); /* one full block and a partial one of 128 columns */
     int few[] = {1, 3, 4, 12, 13, 33};
     check_exact(path, 64, 256, few, 6); /* aligned, two blocks */
     check_exact(path, 33, 1, few, 6);   /* in = 1 */
@@ -193,19 +197,21 @@ Test(krn_wpack, dot_path_matches_the_dot_panels_and_its_bound) {
         krn_cpu_linear(p, x, n, in, wp, KRN_BF16_PANEL, out, y);
         krn_cpu_linear(p, x, n, in, w, KRN_BF16, out, row); /* the dot panels (set_bf16dot(2)) */
         long d = first_diff(y, row, (size_t)n * out);
-        cr_assert(d < 0, "n = %d: packed y[%ld] = %.9g, dot panels %.9g", n, d,
-                  d < 0 ? 0.0 : y[d], d < 0 ? 0.0 : row[d]);
+        cr_assert(d < 0, "n = %d: packed y[%ld] = %.9g, dot panels %.9g", n, d, d < 0 ? 0.0 : y[d],
+                  d < 0 ? 0.0 : row[d]);
         for (int r = 0; r < n; r++)
             for (int o = 0; o < out; o++) {
                 double s = 0, a = 0;
                 for (int k = 0; k < in; k++) {
-                    double t = (double)f32_of(w[(size_t)o * in + k]) * f32_of(xb[(size_t)r * in + k]);
+                    double t =
+                        (double)f32_of(w[(size_t)o * in + k]) * f32_of(xb[(size_t)r * in + k]);
                     s += t, a += fabs(t);
                 }
                 double bound = ((in + 31) / 32 * 32 / 16.0 + 5) * ldexp(1.0, -24) * a;
                 double err = fabs((double)y[(size_t)r * out + o] - s);
-                cr_assert(err <= bound, "n = %d, y[%d][%d] = %.9g, reference %.9g: error %.3g > %.3g",
-                          n, r, o, y[(size_t)r * out + o], s, err, bound);
+                cr_assert(err <= bound,
+                          "n = %d, y[%d][%d] = %.9g, reference %.9g: error %.3g > %.3g", n, r, o,
+                          y[(size_t)r * out + o], s, err, bound);
                 if (a > 0) worst = fmax(worst, err / bound);
             }
     }
@@ -276,8 +282,12 @@ static eng *open_tiny_bf16(const char *prepack) {
     setenv("PIE_KRN_PREPACK", prepack, 1);
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tiny-bf16", PIE_MODELS_DIR);
-    eng_opts o = {.model_dir = dir, .kv_page_size = PAGE, .kv_pages = 16, .embed_slots = 128,
-                  .max_batch_tokens = 128, .n_threads = 2};
+    eng_opts o = {.model_dir = dir,
+                  .kv_page_size = PAGE,
+                  .kv_pages = 16,
+                  .embed_slots = 128,
+                  .max_batch_tokens = 128,
+                  .n_threads = 2};
     pie_status st = {0};
     eng *e = NULL;
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open %s: %s", dir, st.msg);
@@ -309,8 +319,11 @@ static void run(eng *e, uint32_t *ids, float *probs) {
     pie_test_forward_ok(e, items, 2);
     eng_dist_item d[18];
     for (uint32_t i = 0; i < 10; i++)
-        d[i] = (eng_dist_item){.slot = i < 5 ? out0[i] : out1[i - 5], .top_k = 32,
-                               .temperature = 1.0f, .ids = ids + i * 32, .probs = probs + i * 32};
+        d[i] = (eng_dist_item){.slot = i < 5 ? out0[i] : out1[i - 5],
+                               .top_k = 32,
+                               .temperature = 1.0f,
+                               .ids = ids + i * 32,
+                               .probs = probs + i * 32};
     cr_assert_eq(eng_next_dist(e, d, 10, &st), PIE_OK, "%s", st.msg);
     /* decode: 4 new tokens of each sequence (a continuation of 4 rows each) */
     uint32_t sl[8], tk[8], ps[8];
@@ -326,8 +339,11 @@ static void run(eng *e, uint32_t *ids, float *probs) {
                                pie_test_item(PAGE, pages1, 13, true, dec_in1, 4, dec_out1, 4)};
     pie_test_forward_ok(e, dec, 2);
     for (uint32_t i = 0; i < 8; i++)
-        d[10 + i] = (eng_dist_item){.slot = 110 + i, .top_k = 32, .temperature = 1.0f,
-                                    .ids = ids + (10 + i) * 32, .probs = probs + (10 + i) * 32};
+        d[10 + i] = (eng_dist_item){.slot = 110 + i,
+                                    .top_k = 32,
+                                    .temperature = 1.0f,
+                                    .ids = ids + (10 + i) * 32,
+                                    .probs = probs + (10 + i) * 32};
     cr_assert_eq(eng_next_dist(e, d + 10, 8, &st), PIE_OK, "%s", st.msg);
 }
 
@@ -366,8 +382,12 @@ Test(krn_wpack, engine_packs_nothing_for_f32_weights) {
     setenv("PIE_KRN_PREPACK", "1", 1);
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tiny-f32", PIE_MODELS_DIR);
-    eng_opts o = {.model_dir = dir, .kv_page_size = PAGE, .kv_pages = 4, .embed_slots = 8,
-                  .max_batch_tokens = 16, .n_threads = 1};
+    eng_opts o = {.model_dir = dir,
+                  .kv_page_size = PAGE,
+                  .kv_pages = 4,
+                  .embed_slots = 8,
+                  .max_batch_tokens = 16,
+                  .n_threads = 1};
     pie_status st = {0};
     eng *e = NULL;
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open %s: %s", dir, st.msg);
