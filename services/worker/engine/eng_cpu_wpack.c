@@ -65,7 +65,7 @@ static double eng_wpack_now_ms(void) {
 
 pie_code eng_wpack_open(eng *e, pie_status *st) {
     uint32_t L = e->info.n_layers;
-    if (!eng_wpack_wanted()) return PIE_OK;
+    if (!eng_wpack_wanted() || e->lm_head.dtype != MDL_BF16) return PIE_OK; /* f32/f16 model */
     if (!e->own_layers) { /* tp_size 1: the model's own tensors, rebound in a copy */
         e->own_layers = calloc(L ? L : 1, sizeof *e->own_layers);
         if (!e->own_layers)
