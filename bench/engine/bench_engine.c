@@ -482,6 +482,9 @@ int main(int argc, char **argv) {
            "scratch %.1f MiB (max_batch_tokens %u)\n\n",
            in->weight_bytes / 1048576.0, in->kv_pool_bytes / 1048576.0, in->kv_dtype, n_pages, ps,
            in->embed_pool_bytes / 1048576.0, in->scratch_bytes / 1048576.0, max_batch);
+    if (in->packed_weight_bytes) /* PIE_KRN_PREPACK (services/worker/engine/eng_cpu_wpack.c) */
+        printf("weights packed at open: %.1f MiB in %.0f ms\n\n",
+               in->packed_weight_bytes / 1048576.0, in->pack_ms);
 
     uint32_t *pages = malloc(n_pages * sizeof *pages);
     if (!pages) die("pages", NULL);

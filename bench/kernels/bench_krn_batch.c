@@ -9,13 +9,14 @@
  *   dot     krn_cpu_linear on the AVX512-BF16 path (x rounded to bf16; bf16 weights, 8-32
  *           rows, when the CPU has it), its tiles;
  *   dotpanel the same path's packed-panel variant (PIE_KRN_BF16DOT=panel);
+ *   wpack   krn_cpu_linear on W packed once (krn_wpack_bf16, KRN_BF16_PANEL; bf16 only);
  * in thread CPU time (CLOCK_THREAD_CPUTIME_ID: the machine is shared, time spent descheduled
  * does not count), best of --reps, the variants interleaved rep by rep so drifts in load hit
  * all alike. The panel result is checked against the tiles' (relative difference printed).
  * Weights: one copy (warm in the caches that hold it) or, with --rotate, copies totalling
  * >= 1 GiB used in turn, so every call streams W from DRAM as in a forward pass.
  * Usage: bench_krn_batch [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] [--shape IxO]...
- *                        [--variants tiles,panel,dot,dotpanel]
+ *                        [--variants tiles,panel,dot,dotpanel,wpack]
  * Results: bench/results/engine.md. */
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +53,7 @@ typedef struct shape {
     int in, out;
     int copies;
     uint16_t **w;
+    void **wp; /* bf16: each copy packed once (krn_wpack_bf16), for the wpack variant */
 } shape;
 
 static shape shape_make(int in, int out, krn_dtype wt, int rotate) {
@@ -59,23 +61,30 @@ static shape shape_make(int in, int out, krn_dtype wt, int rotate) {
     size_t bytes = (size_t)in * (size_t)out * 2;
     if (rotate) s.copies = (int)((1ull << 30) / bytes) + 1;
     s.w = calloc((size_t)s.copies, sizeof *s.w);
+    s.wp = calloc((size_t)s.copies, sizeof *s.wp);
     for (int c = 0; c < s.copies; c++) {
         s.w[c] = bench_krn_alloc(bytes);
         if (c == 0)
             fill_w(s.w[0], (size_t)in * (size_t)out, wt);
         else
             memcpy(s.w[c], s.w[0], bytes);
+        if (wt == KRN_BF16) {
+            s.wp[c] = bench_krn_alloc(krn_wpack_bytes(out, in));
+            krn_wpack_bf16(NULL, s.w[c], out, in, s.wp[c]);
+        }
     }
     return s;
 }
 
 static void shape_free(shape *s) {
-    for (int c = 0; c < s->copies; c++) free(s->w[c]);
+    for (int c = 0; c < s->copies; c++) free(s->w[c]), free(s->wp[c]);
     free(s->w);
+    free(s->wp);
 }
 
-enum { V_TILES, V_PANEL, V_DOT, V_DOTPANEL, N_VARIANTS };
-static const char *const VARIANT_NAMES[N_VARIANTS] = {"tiles", "panel", "dot", "dotpanel"};
+enum { V_TILES, V_PANEL, V_DOT, V_DOTPANEL, V_WPACK, N_VARIANTS };
+static const char *const VARIANT_NAMES[N_VARIANTS] = {"tiles", "panel", "dot", "dotpanel",
+                                                      "wpack"};
 
 /* The panel kernel on one thread, as krn_cpu_linear runs it with a 1-thread pool. */
 static void run_panel(krn_pool *p, const float *x, int n, int in, const uint16_t *w, krn_dtype wt,
@@ -90,11 +99,12 @@ static void run_panel(krn_pool *p, const float *x, int n, int in, const uint16_t
     krn_panel_rows(KRN_PANEL_F32, xp, n, in, w, wt, 0, out, panel, y, out);
 }
 
-static int g_want[N_VARIANTS] = {1, 1, 1, 1}; /* --variants */
+static int g_want[N_VARIANTS] = {1, 1, 1, 1, 1}; /* --variants */
 
 static int variant_runs(int v, krn_dtype wt, int n, int have_dot) {
     if (!g_want[v]) return 0;
     if (v == V_DOT || v == V_DOTPANEL) return have_dot && wt == KRN_BF16 && n >= 8 && n <= 32;
+    if (v == V_WPACK) return wt == KRN_BF16;
     return 1;
 }
 
@@ -105,6 +115,10 @@ static void run_variant(int v, krn_pool *p, const float *x, int n, const shape *
     if (v == V_PANEL) {
         krn_cpu_set_panel(1);
         run_panel(p, x, n, s->in, w, wt, s->out, y);
+        return;
+    }
+    if (v == V_WPACK) { /* krn_cpu_linear on W packed at load (the exact path) */
+        krn_cpu_linear(p, x, n, s->in, s->wp[copy], KRN_BF16_PANEL, s->out, y);
         return;
     }
     krn_cpu_set_bf16dot(v == V_DOT ? 1 : v == V_DOTPANEL ? 2 : 0);
@@ -207,7 +221,7 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--ns 2,4,8] [--dtype bf16|f16] [--rotate] "
-                    "[--shape INxOUT]... [--variants tiles,panel,dot,dotpanel]\n",
+                    "[--shape INxOUT]... [--variants tiles,panel,dot,dotpanel,wpack]\n",
                     argv[0]);
             return 2;
         }

@@ -14,8 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Element type of weights; values equal mdl_dtype's. */
-typedef enum krn_dtype { KRN_F32 = 0, KRN_F16 = 1, KRN_BF16 = 2 } krn_dtype;
+/* Element type of weights; values equal mdl_dtype's, except KRN_BF16_PANEL (no mdl_dtype):
+ * bf16 weights packed once by krn_wpack_bf16, which krn_cpu_linear, krn_cpu_linear_multi and
+ * krn_cpu_embed read in that form. */
+typedef enum krn_dtype { KRN_F32 = 0, KRN_F16 = 1, KRN_BF16 = 2, KRN_BF16_PANEL = 3 } krn_dtype;
 
 /* ---- thread pool ------------------------------------------------------------------------- */
 
@@ -79,6 +81,21 @@ int krn_cpu_set_bf16dot(int on);
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y);
 
+/* bf16 weights packed once (at model load) in the order the packed-panel kernels read, so no
+ * call transposes W again (krn_panel.c): panels of 32 rows of W (rows past `out` zero); in a
+ * panel, for each column pair (2p, 2p + 1), 32 uint32 — the pair of rows 0-15, then of rows
+ * 16-31 — low half w[o][2p], high half w[o][2p + 1]; columns past `in` (up to a multiple of 32)
+ * zero. krn_wpack_bytes(out, in) bytes: W's own size when out is a multiple of 32 and in of 32.
+ * krn_cpu_linear with wt = KRN_BF16_PANEL multiplies it: every y is Σ_k f32(w[o][k]) · x[r][k],
+ * one FMA per product in k order, f32 — the bits of the exact panels of KRN_BF16 at 4-256 rows,
+ * on every SIMD path and every n (no GEMV reduction tree, no sgemm) — except while
+ * krn_cpu_bf16dot_active() with 8 <= n <= 32, which has the AVX512-BF16 path's precision (x
+ * rounded to bf16, as for KRN_BF16). AMX never reads the packed form (it reads row-major W
+ * faster: do not pack when krn_cpu_amx_active()). */
+size_t krn_wpack_bytes(int out, int in);
+/* Packs bf16 W [out, in] into dst (krn_wpack_bytes bytes, 64-byte aligned), across the pool. */
+void krn_wpack_bf16(krn_pool *p, const uint16_t *w, int out, int in, void *dst);
+
 /* One of several products of the same x (krn_cpu_linear_multi): W [out, in], y [n, out]. */
 typedef struct krn_linear_out {
     const void *w;
@@ -103,7 +120,8 @@ void krn_cpu_add(float *x, const float *y, size_t n);
 /* gate[i] = silu(gate[i]) * up[i] */
 void krn_cpu_silu_mul(float *gate, const float *up, size_t n);
 
-/* out[i, :] = table[tokens[i], :] as f32; table [vocab, d] of dtype wt. */
+/* out[i, :] = table[tokens[i], :] as f32; table [vocab, d] of dtype wt (KRN_BF16_PANEL: packed
+ * by krn_wpack_bf16 with in = d). */
 void krn_cpu_embed(const void *table, krn_dtype wt, int d, const uint32_t *tokens, int n,
                    float *out);
 

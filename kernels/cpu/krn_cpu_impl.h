@@ -112,6 +112,22 @@ void krn_panel_pack_x(krn_pool *p, krn_panel_kind kind, const float *x, int n, i
 void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const uint16_t *w,
                     krn_dtype wt, int o0, int o1, void *panel, float *y, int out);
 
+/* bf16 W packed once (krn_wpack_bf16): uint32 pairs of one panel of 32 rows. */
+size_t krn_wpack_panel_u32(int in);
+/* Up to this many rows of x (one tile), packed W is read by a GEMV over krn_wpack_gemv_panels(n)
+ * panels at once (one stream each; above 6 rows in two passes), above it by the panel
+ * micro-kernel. */
+#define KRN_WPACK_GEMV_MAX_N 12
+int krn_wpack_gemv_panels(int n);
+/* y[r, o] = Σ_k w[o, k] · x[r, k] for o in [o0, o1), o0 a multiple of KRN_PANEL_ROWS, W packed at
+ * wp (all of it), f32 FMAs in k order. xp: x packed by krn_panel_pack_x for `kind` (the avx512
+ * path; KRN_PANEL_DOT only while krn_cpu_bf16dot_active()), or NULL: then x is read as it is
+ * (the avx2 and scalar paths, exact; kind must be KRN_PANEL_F32). */
+void krn_wpack_rows(krn_panel_kind kind, const void *xp, const float *x, int n, int in,
+                    const uint32_t *wp, int o0, int o1, float *y, int out);
+/* dst[in] = row `row` of packed W as f32 (the embedding gather from a packed table). */
+void krn_wpack_row(const void *wp, int in, uint32_t row, float *dst);
+
 /* ---- pool internals (krn_pool.c) ---------------------------------------------------------- */
 
 /* Like krn_task_fn, plus the index in [0, krn_pool_size) of the worker running the task (0 is

@@ -84,6 +84,11 @@
 /* Output rows per panel task (a multiple of KRN_PANEL_ROWS), fewer when that leaves fewer
  * than 4 tasks per worker. */
 #define KRN_LINEAR_PANEL_TASK_ROWS 64
+/* Rows of x per pass over packed W (KRN_BF16_PANEL): one thread, n = 512, W from DRAM,
+ * 2048 -> 8192 and 8192 -> 2048: 114-118 ms in chunks of 128 rows, 121-123 in chunks of 64,
+ * ~128 in chunks of 256, 154-159 in one pass (x's slice of a block no longer stays in L1/L2
+ * beside it), the sgemm tiles of row-major W 122-125 (bench_krn_batch, --variants wpack). */
+#define KRN_LINEAR_WPACK_CHUNK_N 128
 
 #define KRN_INLINE static inline __attribute__((always_inline))
 /* Loops over register tiles with compile-time trip counts must unroll fully, or the
@@ -550,11 +555,19 @@ static linear_path packed_path(krn_dtype wt, int n, int in, int out) {
     return PATH_NONE;
 }
 
+static void linear_wpack(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
+                         int count);
+
 void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, krn_dtype wt,
                     int out, float *y) {
     if (n <= 0 || out <= 0) return;
     if (in <= 0) {
         memset(y, 0, (size_t)n * (size_t)out * sizeof *y);
+        return;
+    }
+    if (wt == KRN_BF16_PANEL) {
+        krn_linear_out one = {.w = w, .out = out, .y = y};
+        linear_wpack(p, x, n, in, &one, 1);
         return;
     }
     pthread_once(&g_blas_once, blas_single_thread);
@@ -636,8 +649,78 @@ static void task_multi(void *arg, int task, int n_tasks, int worker) {
     m->fn((void *)&m->j[i], task - m->first[i], n_tasks, worker);
 }
 
+/* ---- W packed once (KRN_BF16_PANEL) --------------------------------------------------------- */
+
+static void task_wpack(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    krn_wpack_rows(j->kind, j->xp, j->x, j->n, j->in, j->w, o0, o1, j->y, j->out);
+}
+
+/* Rows [0, n) of x (n <= KRN_LINEAR_WPACK_CHUNK_N) against up to KRN_LINEAR_MULTI_MAX packed
+ * weights: on the avx512 path x is packed once into row tiles (bf16 pairs while AVX512-BF16
+ * takes these rows, else f32), then the panels of every W are the tasks of one pool run (rows
+ * of W per task: up to KRN_WPACK_GEMV_MAX_N rows of x the 2-4 panels the GEMV reads at once,
+ * else as the per-call panels). Without memory for packed x (or off avx512) the kernels read x
+ * as it is, exactly. */
+static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
+                        int count) {
+    krn_panel_kind kind = n >= KRN_LINEAR_DOT_MIN_N && n <= KRN_LINEAR_GEMV_MAX_N &&
+                                  krn_cpu_bf16dot_active()
+                              ? KRN_PANEL_DOT
+                              : KRN_PANEL_F32;
+    void *own = NULL, *xp = NULL;
+    if (krn_simd_level() == KRN_SIMD_AVX512) {
+        size_t bytes = krn_panel_x_bytes(kind, n, in);
+        xp = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
+               : (own = aligned_alloc(64, round64(bytes)));
+        if (xp) krn_panel_pack_x(p, kind, x, n, in, xp);
+    }
+    if (!xp) kind = KRN_PANEL_F32;
+    multi_job m = {.count = count, .fn = task_wpack};
+    m.first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        linear_job *j = &m.j[i];
+        j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w;
+        j->wt = KRN_BF16_PANEL, j->y = outs[i].y, j->xp = xp, j->kind = kind;
+        j->rows_per_task = n <= KRN_WPACK_GEMV_MAX_N ? KRN_PANEL_ROWS * krn_wpack_gemv_panels(n)
+                                                     : panel_task_rows(j->out, krn_pool_size(p));
+        m.first[i + 1] = m.first[i] + div_up(j->out, j->rows_per_task);
+    }
+    krn_pool_run_ex(p, task_multi, &m, m.first[count]);
+    free(own);
+}
+
+/* Packed weights, any n: chunks of KRN_LINEAR_WPACK_CHUNK_N rows of x (a row's result does not
+ * depend on the chunking), at most KRN_LINEAR_MULTI_MAX weights per pool run. */
+static void linear_wpack(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
+                         int count) {
+    krn_linear_out part[KRN_LINEAR_MULTI_MAX];
+    for (int r0 = 0; r0 < n; r0 += KRN_LINEAR_WPACK_CHUNK_N) {
+        int rows = n - r0 < KRN_LINEAR_WPACK_CHUNK_N ? n - r0 : KRN_LINEAR_WPACK_CHUNK_N;
+        for (int i = 0; i < count;) {
+            int c = 0;
+            for (; i < count && c < KRN_LINEAR_MULTI_MAX; i++) {
+                if (outs[i].out <= 0) continue;
+                part[c] = outs[i];
+                part[c++].y = outs[i].y + (size_t)r0 * (size_t)outs[i].out;
+            }
+            if (c > 0) wpack_chunk(p, x + (size_t)r0 * (size_t)in, rows, in, part, c);
+        }
+    }
+}
+
 void krn_cpu_linear_multi(krn_pool *p, const float *x, int n, int in, krn_dtype wt,
                           const krn_linear_out *outs, int count) {
+    if (wt == KRN_BF16_PANEL) {
+        if (n > 0 && in > 0) linear_wpack(p, x, n, in, outs, count);
+        for (int i = 0; in <= 0 && n > 0 && i < count; i++)
+            if (outs[i].out > 0)
+                memset(outs[i].y, 0, (size_t)n * (size_t)outs[i].out * sizeof(float));
+        return;
+    }
     /* one shared run only where every weight would take the same packing path alone */
     linear_path path = n > 0 && in > 0 && count > 0 && count <= KRN_LINEAR_MULTI_MAX
                            ? packed_path(wt, n, in, outs[0].out)

@@ -5,7 +5,10 @@
  *
  * Owns: the PIE_KRN_PANEL switch and krn_cpu_set_panel, packing x into row tiles (f32, or
  * rounded to bf16 pairs), packing a panel of W (f32, or bf16 pairs), the register
- * micro-kernels, and the loop over a panel's column blocks.
+ * micro-kernels, and the loop over a panel's column blocks; and bf16 W packed once for good
+ * (krn_wpack_bf16, KRN_BF16_PANEL: the dot panels' pairs for the whole matrix, read by a
+ * variant of the exact micro-kernel, the dot micro-kernel as it is, a GEMV over several panels
+ * for up to 12 rows of x, avx2 and portable versions, and the row gather of the embedding).
  * Does not own: when the path is used nor the threads (krn_linear.c splits panels over the
  * pool and gives each worker its panel buffer), nor whether AVX512-BF16 is on (krn_bf16dot.c).
  *
@@ -41,13 +44,19 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdlib.h>
 
 #define KRN_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define KRN_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KRN_TARGET_BF16DOT \
     __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define KRN_INLINE static inline __attribute__((always_inline))
 #define KRN_UNROLL _Pragma("GCC unroll 16")
+/* How far ahead of its loads the exact kernel on packed W prefetches (two blocks of a panel). */
+#define KRN_WPACK_PF_BYTES 16384
+/* ... and the GEMV on packed W (n <= 3), per stream. */
+#define KRN_WPACK_GEMV_PF_BYTES 2048
 
 /* Global on purpose, as krn_amx.c's switch: set once from the environment, changed only by
  * krn_cpu_set_panel between kernel calls (tests, benchmarks). */
@@ -437,6 +446,256 @@ KRN_TARGET_AVX512 static void panel_one(krn_panel_kind kind, const void *xp, int
     }
 }
 
+/* ---- W packed once (krn_wpack_bf16) -------------------------------------------------------- */
+
+/* The exact micro-kernel on W packed once: as micro(), the pair's lanes converted on the fly
+ * (rows 0-15 and 16-31 of pair q at blk + 32 q): shifted left by 16 they are f32(w[k]), with
+ * the low halves masked off f32(w[k + 1]) — the same f32 weights, the same FMAs in the same
+ * order, so the same bits as the panels packed per call. Both forms are read from the block
+ * (in L1 after the first tile), so no pair vector stays live across the two columns. */
+KRN_TARGET_AVX512 KRN_INLINE void micro_pk(const uint32_t *blk, const float *xt, int R, int pairs,
+                                           int first, float *y, size_t ldy, __mmask16 m0,
+                                           __mmask16 m1, const pf_rows *pf) {
+    __m512 acc[KRN_PANEL_MAX_R][2];
+    acc_start(acc, R, first, y, ldy, m0, m1);
+    for (int q = 0; q < pairs; q++) {
+        const uint32_t *wq = blk + (size_t)q * 32;
+        const float *xk = xt + (size_t)q * 2 * (size_t)R;
+        if (q < pf->rows) /* into L2: into L1 it was 7-20% slower at n = 1-4 (one stream) */
+            for (int l = 0; l < pf->lines; l++)
+                _mm_prefetch(pf->first + (size_t)q * pf->ld + (size_t)l * 64, _MM_HINT_T1);
+        KRN_UNROLL for (int h = 0; h < 2; h++) {
+            __m512 w0, w1;
+            if (h == 0) {
+                w0 = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_load_si512((const void *)wq), 16));
+                w1 = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_load_si512((const void *)(wq + 16)), 16));
+            } else { /* the odd 16-bit elements are the high halves */
+                w0 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq));
+                w1 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq + 16));
+            }
+            KRN_UNROLL for (int r = 0; r < R; r++) {
+                __m512 b = _mm512_set1_ps(xk[h * R + r]);
+                acc[r][0] = _mm512_fmadd_ps(w0, b, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w1, b, acc[r][1]);
+            }
+        }
+    }
+    acc_store(acc, R, y, ldy, m0, m1);
+}
+
+#define KRN_PANEL_PK_CASE(R) \
+    case R: micro_pk(blk, xt, R, pairs, first, y, ldy, m0, m1, pf); return
+
+KRN_TARGET_AVX512 static void micro_pk_any(const uint32_t *blk, const float *xt, int R, int pairs,
+                                           int first, float *y, size_t ldy, __mmask16 m0,
+                                           __mmask16 m1, const pf_rows *pf) {
+    switch (R) {
+        KRN_PANEL_PK_CASE(1);
+        KRN_PANEL_PK_CASE(2);
+        KRN_PANEL_PK_CASE(3);
+        KRN_PANEL_PK_CASE(4);
+        KRN_PANEL_PK_CASE(5);
+        KRN_PANEL_PK_CASE(6);
+        KRN_PANEL_PK_CASE(7);
+        KRN_PANEL_PK_CASE(8);
+        KRN_PANEL_PK_CASE(9);
+        KRN_PANEL_PK_CASE(10);
+        KRN_PANEL_PK_CASE(11);
+        KRN_PANEL_PK_CASE(12);
+    default: return;
+    }
+}
+
+/* One packed panel (`rows` valid rows, its pairs at pan) against every tile of x, as
+ * panel_one() but with nothing to pack: block k0 is pairs [k0 / 2, k0 / 2 + 64) of the panel,
+ * contiguous, and packed W is one stream (panel after panel): while the first tile runs, the
+ * exact kernel prefetches KRN_WPACK_PF_BYTES ahead of its loads into L2, two lines per step
+ * (one thread, W from DRAM, 2048 -> 8192: 8-20% less time at n = 1-4 and ~5% at 32 than one
+ * block ahead into L1; the single stream without it reads W at ~10 GB/s, 32 rows at once
+ * ~14); the dot kernel the next block into L1, as the per-call dot panels. */
+KRN_TARGET_AVX512 static void panel_one_pk(krn_panel_kind kind, const void *xp, int n, int in,
+                                           const uint32_t *pan, size_t stride, int rows, float *y,
+                                           size_t ldy) {
+    __mmask16 m0 = krn_mask16(rows);
+    __mmask16 m1 = krn_mask16(rows - 16);
+    int tiles = krn_panel_tiles(n);
+    size_t k2 = in_even(in);
+    for (int k0 = 0; k0 < in; k0 += KRN_PANEL_KC) {
+        int kc = in - k0 < KRN_PANEL_KC ? in - k0 : KRN_PANEL_KC;
+        const uint32_t *blk = pan + (size_t)k0 * 16;
+        const uint32_t *next = k0 + KRN_PANEL_KC < in ? blk + KRN_PANEL_KC * 16 : pan + stride;
+        const char *ahead = kind == KRN_PANEL_DOT ? (const char *)next
+                                                  : (const char *)blk + KRN_WPACK_PF_BYTES;
+        /* the block's 128 lines split over the tiles (a burst of 128 prefetches in the first
+         * tile alone left the FMA units waiting for the loads at n = 32), one tile's share
+         * spread over its steps */
+        int share = (KRN_PANEL_KC / 2 * 2 + tiles - 1) / tiles;
+        for (int t = 0; t < tiles; t++) {
+            int r0, rt;
+            tile_rows(n, t, &r0, &rt);
+            const void *xt =
+                (const char *)xp + ((size_t)r0 * k2 + (size_t)k0 * (size_t)rt) * x_elt(kind);
+            pf_rows pf0 = {.first = ahead, .ld = 128, .rows = KRN_PANEL_KC / 2, .lines = 2};
+            pf_rows pft = {.first = ahead + (size_t)t * (size_t)share * 64, .ld = 64,
+                           .rows = share, .lines = 1};
+            const pf_rows *tpf = share > KRN_PANEL_KC / 2 ? &pf0 : &pft;
+            if (kind == KRN_PANEL_DOT)
+                micro_dot_any(blk, xt, rt, (kc + 1) / 2, k0 == 0, y + (size_t)r0 * ldy, ldy, m0,
+                              m1, tpf);
+            else
+                micro_pk_any(blk, xt, rt, (kc + 1) / 2, k0 == 0, y + (size_t)r0 * ldy, ldy, m0, m1,
+                             tpf);
+        }
+    }
+}
+
+/* Rows [0, R) (R <= 6) of a tile of T rows of x (few rows: bound by reading W) against NP
+ * panels at once, each from its own stream (one stream per core read W at ~10 GB/s, 4 streams
+ * as fast as the 32 rows the per-call panels read), the whole of `in` in one pass: per panel
+ * the FMAs of micro_pk in the same order (the same bits), x[r][k] broadcast from the packed
+ * tile. NP (krn_wpack_gemv_panels): 4 up to 3 rows, 3 for 4, 2 for 5-6 (at most 24
+ * accumulators); 7-12 rows take two passes over the same panels, the second from L2. Each
+ * stream is prefetched KRN_WPACK_GEMV_PF_BYTES ahead into L2. One thread, W from DRAM: 8-20%
+ * less time than the GEMV tiles at 1-4 rows, 2-18% less than the per-call panels at 5-12. */
+KRN_TARGET_AVX512 KRN_INLINE void gemv_pk(const uint32_t *pan, size_t stride, int NP,
+                                          const float *xt, int T, int R, int pairs, float *y,
+                                          size_t ldy, const int *rows) {
+    __m512 acc[6][8];
+    KRN_UNROLL for (int r = 0; r < R; r++) {
+        KRN_UNROLL for (int c = 0; c < 2 * NP; c++) { acc[r][c] = _mm512_setzero_ps(); }
+    }
+    for (int q = 0; q < pairs; q++) {
+        const float *xk = xt + (size_t)q * 2 * (size_t)T;
+        KRN_UNROLL for (int p = 0; p < NP; p++) {
+            const char *ahead = (const char *)(pan + (size_t)p * stride + (size_t)q * 32);
+            _mm_prefetch(ahead + KRN_WPACK_GEMV_PF_BYTES, _MM_HINT_T1);
+            _mm_prefetch(ahead + KRN_WPACK_GEMV_PF_BYTES + 64, _MM_HINT_T1);
+        }
+        KRN_UNROLL for (int h = 0; h < 2; h++) {
+            KRN_UNROLL for (int p = 0; p < NP; p++) {
+                const uint32_t *wq = pan + (size_t)p * stride + (size_t)q * 32;
+                __m512 w0, w1;
+                if (h == 0) {
+                    w0 = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)wq), 16));
+                    w1 = _mm512_castsi512_ps(
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)(wq + 16)), 16));
+                } else {
+                    w0 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq));
+                    w1 = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xaaaaaaaau, wq + 16));
+                }
+                KRN_UNROLL for (int r = 0; r < R; r++) {
+                    __m512 b = _mm512_set1_ps(xk[h * T + r]);
+                    acc[r][2 * p] = _mm512_fmadd_ps(w0, b, acc[r][2 * p]);
+                    acc[r][2 * p + 1] = _mm512_fmadd_ps(w1, b, acc[r][2 * p + 1]);
+                }
+            }
+        }
+    }
+    KRN_UNROLL for (int p = 0; p < NP; p++) {
+        KRN_UNROLL for (int r = 0; r < R; r++) {
+            float *yr = y + (size_t)r * ldy + (size_t)p * KRN_PANEL_ROWS;
+            _mm512_mask_storeu_ps(yr, krn_mask16(rows[p]), acc[r][2 * p]);
+            _mm512_mask_storeu_ps(yr + 16, krn_mask16(rows[p] - 16), acc[r][2 * p + 1]);
+        }
+    }
+}
+
+#define KRN_GEMV_PK_CASE(R)                                                        \
+    case R:                                                                        \
+        if (np == 4) gemv_pk(pan, stride, 4, xt, T, R, pairs, y, ldy, rows);       \
+        else if (np == 3) gemv_pk(pan, stride, 3, xt, T, R, pairs, y, ldy, rows);  \
+        else if (np == 2) gemv_pk(pan, stride, 2, xt, T, R, pairs, y, ldy, rows);  \
+        else gemv_pk(pan, stride, 1, xt, T, R, pairs, y, ldy, rows);               \
+        return
+
+/* Rows [0, R) of a tile of T rows of x (xt: its row 0), R <= 6. */
+KRN_TARGET_AVX512 static void gemv_pk_any(const uint32_t *pan, size_t stride, int np,
+                                          const float *xt, int T, int R, int pairs, float *y,
+                                          size_t ldy, const int *rows) {
+    switch (R) {
+        KRN_GEMV_PK_CASE(1);
+        KRN_GEMV_PK_CASE(2);
+        KRN_GEMV_PK_CASE(3);
+        KRN_GEMV_PK_CASE(4);
+        KRN_GEMV_PK_CASE(5);
+        KRN_GEMV_PK_CASE(6);
+    default: return;
+    }
+}
+
+KRN_TARGET_AVX512 static void wpack_rows_avx512(krn_panel_kind kind, const void *xp, int n, int in,
+                                                const uint32_t *wp, int o0, int o1, float *y,
+                                                int out) {
+    size_t stride = krn_wpack_panel_u32(in);
+    if (n <= KRN_WPACK_GEMV_MAX_N && kind == KRN_PANEL_F32) {
+        /* groups of krn_wpack_gemv_panels(n) panels, then one at a time */
+        int pairs = (int)(in_even(in) / 2), g = krn_wpack_gemv_panels(n);
+        for (int o = o0; o < o1;) {
+            int np = o1 - o > (g - 1) * KRN_PANEL_ROWS ? g : 1, rows[4];
+            for (int p = 0; p < np; p++) rows[p] = o1 - o - p * KRN_PANEL_ROWS;
+            /* more than 6 rows: two passes over the panels, the second from L2 */
+            for (int r0 = 0, half = n > 6 ? (n + 1) / 2 : n; r0 < n; r0 += half)
+                gemv_pk_any(wp + (size_t)(o / KRN_PANEL_ROWS) * stride, stride, np,
+                            (const float *)xp + r0, n, n - r0 < half ? n - r0 : half, pairs,
+                            y + (size_t)r0 * (size_t)out + o, (size_t)out, rows);
+            o += np * KRN_PANEL_ROWS;
+        }
+        return;
+    }
+    for (int o = o0; o < o1; o += KRN_PANEL_ROWS) {
+        int rows = o1 - o < KRN_PANEL_ROWS ? o1 - o : KRN_PANEL_ROWS;
+        panel_one_pk(kind, xp, n, in, wp + (size_t)(o / KRN_PANEL_ROWS) * stride, stride, rows,
+                     y + o, (size_t)out);
+    }
+}
+
+/* Panel `panel` of bf16 W into dst (krn_wpack_panel_u32(in) elements). */
+KRN_TARGET_AVX512 static void wpack_panel_avx512(const uint16_t *w, int out, int in, int panel,
+                                                 uint32_t *dst) {
+    int o = panel * KRN_PANEL_ROWS;
+    int rows = out - o < KRN_PANEL_ROWS ? out - o : KRN_PANEL_ROWS;
+    for (int k = 0; k < in; k += 32)
+        pack_pairs_32(w + (size_t)o * (size_t)in, (size_t)in, rows, k, in, dst + (size_t)k * 16);
+}
+
+/* The exact sums on packed W from x as it is (no packed x: the avx2 path, and the avx512 path
+ * when there was no memory for packed x): 8 outputs per vector, up to 4 rows of x at a time,
+ * the same FMAs in the same order as micro_pk. */
+KRN_TARGET_AVX2 static void wpack_rows_avx2(const float *x, int n, int in, const uint32_t *wp,
+                                            int o0, int o1, float *y, int out) {
+    size_t stride = krn_wpack_panel_u32(in);
+    int pairs = (int)(in_even(in) / 2);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    for (int o = o0; o < o1; o += 8) { /* a group of 8 outputs: 8 lanes of one pair vector */
+        const uint32_t *g = wp + (size_t)(o / KRN_PANEL_ROWS) * stride +
+                            (size_t)(o % KRN_PANEL_ROWS / 16) * 16 + (size_t)(o % 16);
+        int valid = o1 - o < 8 ? o1 - o : 8;
+        for (int r0 = 0; r0 < n; r0 += 4) {
+            int R = n - r0 < 4 ? n - r0 : 4;
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int q = 0; q < pairs; q++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(g + (size_t)q * 32));
+                __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+                for (int r = 0; r < R; r++) {
+                    const float *xr = x + (size_t)(r0 + r) * (size_t)in;
+                    float x1 = 2 * q + 1 < in ? xr[2 * q + 1] : 0.0f;
+                    acc[r] = _mm256_fmadd_ps(w0, _mm256_set1_ps(xr[2 * q]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(w1, _mm256_set1_ps(x1), acc[r]);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                float v[8];
+                _mm256_storeu_ps(v, acc[r]);
+                memcpy(y + (size_t)(r0 + r) * (size_t)out + (size_t)o, v, (size_t)valid * 4);
+            }
+        }
+    }
+}
 KRN_TARGET_AVX512 void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in,
                                       const uint16_t *w, krn_dtype wt, int o0, int o1, void *panel,
                                       float *y, int out) {
@@ -456,3 +715,101 @@ void krn_panel_rows(krn_panel_kind kind, const void *xp, int n, int in, const ui
     abort(); /* unreachable: krn_panel_on() is 0 off x86 */
 }
 #endif
+
+/* ---- W packed once: the parts without AVX-512 ------------------------------------------- */
+
+int krn_wpack_gemv_panels(int n) { return n >= 5 ? 2 : n == 4 ? 3 : 4; }
+
+size_t krn_wpack_panel_u32(int in) {
+    return (((size_t)in + 31) / 32 * 32 / 2) * KRN_PANEL_ROWS;
+}
+
+size_t krn_wpack_bytes(int out, int in) {
+    if (out <= 0 || in <= 0) return 0;
+    size_t panels = ((size_t)out + KRN_PANEL_ROWS - 1) / KRN_PANEL_ROWS;
+    return panels * krn_wpack_panel_u32(in) * sizeof(uint32_t);
+}
+
+/* Element (o, k) of packed W, o < out rounded up to 32, k < in rounded up to 32 (zero past
+ * in): the 16-bit half of pair k / 2 in row o's lane. */
+static uint16_t wpack_at(const uint32_t *wp, int in, int o, int k) {
+    const uint32_t *pan = wp + (size_t)(o / KRN_PANEL_ROWS) * krn_wpack_panel_u32(in);
+    uint32_t u = pan[(size_t)(k / 2) * 32 + (size_t)(o % KRN_PANEL_ROWS)];
+    return (uint16_t)(k % 2 ? u >> 16 : u & 0xffffu);
+}
+
+static void wpack_panel_scalar(const uint16_t *w, int out, int in, int panel, uint32_t *dst) {
+    size_t pairs = krn_wpack_panel_u32(in) / KRN_PANEL_ROWS;
+    for (size_t q = 0; q < pairs; q++)
+        for (int i = 0; i < KRN_PANEL_ROWS; i++) {
+            int o = panel * KRN_PANEL_ROWS + i, k = (int)q * 2;
+            uint32_t lo = 0, hi = 0;
+            if (o < out) {
+                const uint16_t *row = w + (size_t)o * (size_t)in;
+                lo = k < in ? row[k] : 0;
+                hi = k + 1 < in ? row[k + 1] : 0;
+            }
+            dst[q * 32 + (size_t)i] = lo | hi << 16;
+        }
+}
+
+typedef struct wpack_job {
+    const uint16_t *w;
+    int out, in;
+    uint32_t *dst;
+} wpack_job;
+
+static void wpack_task(void *arg, int task, int n_tasks) {
+    (void)n_tasks;
+    const wpack_job *j = arg;
+    uint32_t *dst = j->dst + (size_t)task * krn_wpack_panel_u32(j->in);
+#if KRN_X86
+    if (krn_simd_level() == KRN_SIMD_AVX512) {
+        wpack_panel_avx512(j->w, j->out, j->in, task, dst);
+        return;
+    }
+#endif
+    wpack_panel_scalar(j->w, j->out, j->in, task, dst);
+}
+
+void krn_wpack_bf16(krn_pool *p, const uint16_t *w, int out, int in, void *dst) {
+    if (out <= 0 || in <= 0) return;
+    wpack_job j = {.w = w, .out = out, .in = in, .dst = dst};
+    krn_pool_run(p, wpack_task, &j, (out + KRN_PANEL_ROWS - 1) / KRN_PANEL_ROWS);
+}
+
+void krn_wpack_row(const void *wp, int in, uint32_t row, float *dst) {
+    for (int k = 0; k < in; k++) dst[k] = krn_bf16_to_f32(wpack_at(wp, in, (int)row, k));
+}
+
+/* The portable exact sums: per output and row of x, fmaf in k order, the padding column of
+ * an odd `in` included (w = x = 0), as every packed path. */
+static void wpack_rows_scalar(const float *x, int n, int in, const uint32_t *wp, int o0, int o1,
+                              float *y, int out) {
+    int k2 = (int)in_even(in);
+    for (int o = o0; o < o1; o++)
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * (size_t)in;
+            float acc = 0.0f;
+            for (int k = 0; k < k2; k++)
+                acc = fmaf(krn_bf16_to_f32(wpack_at(wp, in, o, k)), k < in ? xr[k] : 0.0f, acc);
+            y[(size_t)r * (size_t)out + (size_t)o] = acc;
+        }
+}
+
+void krn_wpack_rows(krn_panel_kind kind, const void *xp, const float *x, int n, int in,
+                    const uint32_t *wp, int o0, int o1, float *y, int out) {
+#if KRN_X86
+    if (xp && krn_simd_level() == KRN_SIMD_AVX512) {
+        wpack_rows_avx512(kind, xp, n, in, wp, o0, o1, y, out);
+        return;
+    }
+    if (krn_simd_level() >= KRN_SIMD_AVX2) {
+        wpack_rows_avx2(x, n, in, wp, o0, o1, y, out);
+        return;
+    }
+#else
+    (void)kind, (void)xp;
+#endif
+    wpack_rows_scalar(x, n, in, wp, o0, o1, y, out);
+}

@@ -209,6 +209,10 @@ void krn_cpu_rmsnorm(const float *x, const void *w, krn_dtype wt, int n, int d, 
 void krn_cpu_embed(const void *table, krn_dtype wt, int d, const uint32_t *tokens, int n,
                    float *out) {
     size_t es = krn_dtype_size(wt);
+    if (wt == KRN_BF16_PANEL) {
+        for (int i = 0; i < n; i++) krn_wpack_row(table, d, tokens[i], out + (size_t)i * (size_t)d);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         const char *row = (const char *)table + (size_t)tokens[i] * (size_t)d * es;
         krn_cvt_f32(row, wt, (size_t)d, out + (size_t)i * (size_t)d);

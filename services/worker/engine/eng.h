@@ -116,6 +116,10 @@ typedef struct eng_info {
                                    head_dim * (4, or 2 with a bf16 KV pool) */
     char kv_dtype[8];           /* what the KV pool stores: "f32" or "bf16" */
     uint32_t swap_min_slots;    /* 0 without the swap policy */
+    /* cpu backend: bytes of the bf16 linear weights packed once at open for the kernels without
+     * AMX (PIE_KRN_PREPACK; 0: none packed) and the time packing took */
+    size_t packed_weight_bytes;
+    double pack_ms;
 } eng_info;
 
 typedef struct eng eng;

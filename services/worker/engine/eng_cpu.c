@@ -86,7 +86,7 @@ static void *eng_carve(eng_carver *c, size_t bytes) {
 }
 
 void eng_cpu_linear(eng *e, const float *x, uint32_t rows, const mdl_tensor *w, float *y) {
-    krn_cpu_linear(e->pool, x, (int)rows, (int)w->cols, w->data, (krn_dtype)w->dtype, (int)w->rows,
+    krn_cpu_linear(e->pool, x, (int)rows, (int)w->cols, w->data, eng_cpu_wt(e, w), (int)w->rows,
                    y);
 }
 
@@ -97,14 +97,14 @@ static void eng_cpu_linear_same_x(eng *e, const float *x, uint32_t rows, const m
     krn_linear_out outs[3];
     int same = n <= 3;
     for (int i = 0; same && i < n; i++) {
-        same = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
+        same = eng_cpu_wt(e, w[i]) == eng_cpu_wt(e, w[0]) && w[i]->cols == w[0]->cols;
         outs[i] = (krn_linear_out){.w = w[i]->data, .out = (int)w[i]->rows, .y = y[i]};
     }
     if (!same) {
         for (int i = 0; i < n; i++) eng_cpu_linear(e, x, rows, w[i], y[i]);
         return;
     }
-    krn_cpu_linear_multi(e->pool, x, (int)rows, (int)w[0]->cols, (krn_dtype)w[0]->dtype, outs, n);
+    krn_cpu_linear_multi(e->pool, x, (int)rows, (int)w[0]->cols, eng_cpu_wt(e, w[0]), outs, n);
 }
 
 /* ---- open / close ------------------------------------------------------------------------ */
@@ -196,6 +196,8 @@ pie_code eng_open(const eng_opts *opts, eng **out, pie_status *st) {
                             opts->n_threads);
         goto fail;
     }
+    rc = eng_wpack_open(e, st); /* bf16 weights without AMX: packed once for the kernels */
+    if (rc != PIE_OK) goto fail;
     e->inv_freq = malloc(sizeof(float) * (c->head_dim / 2));
     e->kv_regions = calloc(c->n_layers ? c->n_layers : 1, sizeof *e->kv_regions);
     e->kv = calloc(c->n_layers ? c->n_layers : 1, sizeof *e->kv);
@@ -280,6 +282,7 @@ void eng_close(eng *e) {
     eng_cpu_unmap(&e->emb_region);
     eng_cpu_unmap(&e->scratch);
     eng_cpu_unmap(&e->slices);
+    eng_cpu_unmap(&e->wpack);
     free(e->own_layers);
     krn_pool_destroy(e->pool);
     mdl_close(e->m);
@@ -303,7 +306,7 @@ pie_code eng_embed_text(eng *e, const uint32_t *slots, const uint32_t *tokens,
     if (rc != PIE_OK) return rc;
     if (e->coll) return eng_tp_embed_text(e, slots, tokens, positions, n, st);
     for (uint32_t i = 0; i < n; i++) {
-        krn_cpu_embed(e->embed.data, (krn_dtype)e->embed.dtype, (int)in->hidden_size,
+        krn_cpu_embed(e->embed.data, eng_cpu_wt(e, &e->embed), (int)in->hidden_size,
                       &tokens[i], 1, e->emb + (size_t)slots[i] * in->hidden_size);
         e->emb_pos[slots[i]] = positions[i];
     }

@@ -46,6 +46,7 @@ struct eng {
     mdl_tensor embed;        /* [n_vocab, hidden] this rank's rows of embed_tokens */
     mdl_tensor lm_head;      /* [n_vocab, hidden] this rank's rows of lm_head */
     eng_region slices;
+    eng_region wpack; /* the linear weights packed once (eng_cpu_wpack.c); empty: none */
 
     /* KV pool: one region per layer, [kv_pages][2][page_size][n_kv_heads][head_dim] f32; under
      * the swap policy the layers live in `tier`'s buffers instead (kv_regions unmapped) and
@@ -138,6 +139,15 @@ void eng_attn_run(eng *e, uint32_t layer, int n_att);
 void eng_offload_copy(eng *e, const eng_copy_item *c);
 /* After clear_pages zeroed the device region's copy of these pages: it is theirs now. */
 void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n);
+
+/* ---- eng_cpu_wpack.c ---- */
+
+/* Packs this rank's bf16 linear weights into e->wpack and rebinds them (after
+ * eng_tp_bind_weights and the pool), when PIE_KRN_PREPACK or the default says so; sets
+ * info.packed_weight_bytes and info.pack_ms. */
+pie_code eng_wpack_open(eng *e, pie_status *st);
+/* The dtype the kernels are given for t: KRN_BF16_PANEL for a weight in e->wpack. */
+krn_dtype eng_cpu_wt(const eng *e, const mdl_tensor *t);
 
 /* ---- eng_cpu_tp.c ---- */
 

@@ -110,7 +110,7 @@ pie_code eng_tp_embed_text(eng *e, const uint32_t *slots, const uint32_t *tokens
             uint32_t t = tokens[start + i];
             if (t >= v0 && t - v0 < nv) {
                 uint32_t local = t - v0;
-                krn_cpu_embed(e->embed.data, (krn_dtype)e->embed.dtype, (int)d, &local, 1, row);
+                krn_cpu_embed(e->embed.data, eng_cpu_wt(e, &e->embed), (int)d, &local, 1, row);
             } else {
                 memset(row, 0, d * sizeof(float));
             }
