@@ -10,7 +10,11 @@
  * separate calls; the embedding gather from a packed table equals the row-major gather.
  * (2) The engine: tiny-bf16 with PIE_KRN_PREPACK=1 packs its weights and writes the same
  * next_dist bits as with PIE_KRN_PREPACK=0 (batches of 4-256 rows: the panel path both ways),
- * and single-row logits within f32 rounding. */
+ * and single-row logits within f32 rounding; with AMX on, the same top-32 ids and
+ * probabilities within 1e-4 relative.
+ * (3) AMX on packed W: the bits of AMX on the same W row-major (zero-padded to multiples of 32),
+ * n = 8-40, 255-257, 300, 512, odd out, in not a multiple of 32, no pool and pools of 1 and 2;
+ * fewer than 8 rows still take the exact kernels; multi = separate calls with AMX on. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -454,6 +458,47 @@ Test(krn_wpack, engine_writes_the_same_bits_with_weights_packed_at_open) {
         scale = fmax(scale, fabs((double)la[i]));
     }
     cr_assert(worst <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", worst / scale);
+    free(la), free(lb);
+    eng_close(a);
+    eng_close(b);
+}
+
+/* AMX on: with weights packed, every call of >= 8 rows reads the panels on the tiles; unpacked,
+ * the tiles read row-major W where `in` is a multiple of 32 and out - out % 16 rows, and the
+ * exact GEMV takes the rest (tiny-bf16: intermediate 172, so all of w_down and 12 rows of
+ * gate/up), packed they take the tiles (x = hi + lo to 2^-17: ~1e-5 · Σ|w·x|, krn_amx.c). So not
+ * the same bits: the same top-32 ids, probabilities within 1e-4 relative (measured 4.3e-5 after
+ * two layers and the softmax), logits of one row (the GEMV both ways) within 1e-5. */
+Test(krn_wpack, engine_with_amx_gives_the_same_distributions_packed_or_not) {
+    amx_or_skip();
+    eng *a = open_tiny_bf16("0"), *b = open_tiny_bf16("1");
+    cr_assert_eq(eng_get_info(a)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=0 packed weights");
+    cr_assert_gt(eng_get_info(b)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=1 packed nothing");
+    static uint32_t ia[18 * 32], ib[18 * 32];
+    static float pa[18 * 32], pb[18 * 32];
+    run(a, ia, pa);
+    run(b, ib, pb);
+    cr_assert(memcmp(ia, ib, sizeof ia) == 0, "top-32 ids differ with packed weights on AMX");
+    double worst = 0;
+    int at = 0;
+    for (int i = 0; i < 18 * 32; i++) {
+        double rel = fabs((double)pa[i] - pb[i]) / fmax(fabs((double)pa[i]), 1e-30);
+        if (rel > worst) worst = rel, at = i;
+    }
+    cr_assert(worst <= 1e-4, "probability %d (output %d, rank %d): %.9g unpacked, %.9g packed", at,
+              at / 32, at % 32, pa[at], pb[at]);
+    cr_log_info("AMX, packed vs not: largest relative difference of a probability %.3g", worst);
+    uint32_t vocab = eng_get_info(a)->vocab_size;
+    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
+    pie_status st = {0};
+    cr_assert_eq(eng_logits(a, 113, la, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_logits(b, 113, lb, &st), PIE_OK, "%s", st.msg);
+    double d = 0, scale = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        d = fmax(d, fabs((double)la[i] - lb[i]));
+        scale = fmax(scale, fabs((double)la[i]));
+    }
+    cr_assert(d <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", d / scale);
     free(la), free(lb);
     eng_close(a);
     eng_close(b);
