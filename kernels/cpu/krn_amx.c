@@ -275,7 +275,8 @@ KRN_TARGET_AMX static void block_pair(const uint16_t *w, int in, const uint32_t 
         int r0 = q * 16, rn = n - r0 < 16 ? n - r0 : 16;
         for (int j = 0; j < rn; j++)
             for (int i = 0; i < 16; i++)
-                y[(size_t)(r0 + j) * (size_t)out + (size_t)(o + i)] = hi[i * 16 + j] + lo[i * 16 + j];
+                y[(size_t)(r0 + j) * (size_t)out + (size_t)(o + i)] =
+                    hi[i * 16 + j] + lo[i * 16 + j];
     }
 }
 
@@ -299,7 +300,7 @@ KRN_TARGET_AMX void krn_amx_rows(const void *xp, int n, int in, const uint16_t *
  * The operands swap roles: y[n, out] = x · W^T is computed as it stands, not transposed.
  *   A  x's parts (hi, lo as above), row-major: a tile is 16 rows of x × 32 consecutive bf16 of
  *      k (64 bytes a row), what TDPBF16PS wants of A. Packed once per call, tile after tile:
- *      xa[q][kb][part][16][32] (group q of 16 rows, k block kb, part hi/lo), rows past n and
+ *      xa[kb][q][part][16][32] (k block kb, group q of 16 rows, part hi/lo), rows past n and
  *      columns past `in` zero.
  *   B  the packed panel itself (krn_panel.c): for pair p, 32 uint32 (w[o][2p], w[o][2p + 1]),
  *      outputs 0-15 then 16-31. So the 64 bytes of outputs 0-15 at pair p are row p of a B
@@ -312,6 +313,18 @@ KRN_TARGET_AMX void krn_amx_rows(const void *xp, int n, int in, const uint16_t *
  * transposed form above (TDPBF16PS multiplies a pair of A by the pair of B: the products
  * commute), then hi + lo: the same bits as krn_amx_rows on row-major W (tests check it). */
 
+/* k blocks of a panel per chunk in wblock_pair (2 KiB each). */
+#define KRN_AMX_WPACK_KC 16
+/* How far ahead (uint32) the first pass over a panel prefetches it into L2: packed W is one
+ * stream per core, which the hardware prefetchers alone bring in at ~10 GB/s against ~14 for
+ * row-major W's 16 (bench/results/engine.md, issue 17 item 2). */
+#define KRN_AMX_WPACK_PF_U32 (8 * 512)
+
+/* The 2 KiB of one k block of a panel (32 lines) into L2. */
+KRN_TARGET_AMX static inline void prefetch_block(const uint32_t *b) {
+    for (int l = 0; l < 32; l++) _mm_prefetch((const char *)(b + 16 * l), _MM_HINT_T1);
+}
+
 typedef struct pack_a_job {
     const float *x;
     int n, in;
@@ -319,15 +332,14 @@ typedef struct pack_a_job {
 } pack_a_job;
 
 KRN_TARGET_AMX static void pack_a_group(void *arg, int q, int n_groups) {
-    (void)n_groups;
     const pack_a_job *j = arg;
     int KB = (j->in + 31) / 32;
     for (int rl = 0; rl < 16; rl++) {
         int r = q * 16 + rl;
         const float *xr = j->x + (size_t)r * (size_t)j->in;
         for (int kb = 0; kb < KB; kb++) {
-            uint16_t *dst = j->xa + (((size_t)q * (size_t)KB + (size_t)kb) * 2) * 512 +
-                            (size_t)rl * 32;
+            uint16_t *dst =
+                j->xa + (((size_t)kb * (size_t)n_groups + (size_t)q) * 2) * 512 + (size_t)rl * 32;
             __m512i hp = _mm512_setzero_si512(), lp = _mm512_setzero_si512();
             if (r < j->n) {
                 int left = j->in - kb * 32;
@@ -355,22 +367,24 @@ KRN_TARGET_AMX static inline void store_c(const float *hi, const float *lo, int 
     __mmask16 m = krn_mask16(valid);
     int r0 = q * 16, rn = n - r0 < 16 ? n - r0 : 16;
     for (int j = 0; j < rn; j++)
-        _mm512_mask_storeu_ps(y + (size_t)(r0 + j) * (size_t)out + (size_t)o, m,
-                              _mm512_add_ps(_mm512_load_ps(hi + j * 16), _mm512_load_ps(lo + j * 16)));
+        _mm512_mask_storeu_ps(
+            y + (size_t)(r0 + j) * (size_t)out + (size_t)o, m,
+            _mm512_add_ps(_mm512_load_ps(hi + j * 16), _mm512_load_ps(lo + j * 16)));
 }
 
 /* One panel (outputs [o, o + 32)) against group q of x: tiles 4/5 x's hi/lo, 6/7 the panel's
  * two halves, C tile 2h + part. */
-KRN_TARGET_AMX static void wblock(const uint16_t *xa, int KB, int q, const uint32_t *pan, int n,
-                                  int o, float *y, int out) {
-    const uint16_t *a0 = xa + (size_t)q * (size_t)KB * 1024;
+KRN_TARGET_AMX static void wblock(const uint16_t *xa, int KB, int NG, int q, const uint32_t *pan,
+                                  int n, int o, float *y, int out) {
+    const uint16_t *a0 = xa + (size_t)q * 1024;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int kb = 0; kb < KB; kb++) {
-        const uint16_t *a = a0 + (size_t)kb * 1024;
+        const uint16_t *a = a0 + (size_t)kb * (size_t)NG * 1024;
         const uint32_t *b = pan + (size_t)kb * 512;
+        if (q == 0) prefetch_block(b + KRN_AMX_WPACK_PF_U32);
         _tile_loadd(4, a, 64);
         _tile_loadd(5, a + 512, 64);
         _tile_loadd(6, b, 128);
@@ -389,35 +403,53 @@ KRN_TARGET_AMX static void wblock(const uint16_t *xa, int KB, int q, const uint3
     store_c(c[2], c[3], n, q, o + 16, out - o - 16, y, out);
 }
 
-/* Half h of a panel (outputs [o, o + 16)) against both groups (n in 17..32), each pair row of
- * W loaded once: one B tile (4) against four A tiles per 32 k, as block_pair() above (tile 5
- * reused for group 1's lo part), C tile 2q + part. */
-KRN_TARGET_AMX static void wblock_pair(const uint16_t *xa, int KB, const uint32_t *pan, int h,
-                                       int n, int o, float *y, int out) {
-    const uint16_t *g1 = xa + (size_t)KB * 1024;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int kb = 0; kb < KB; kb++) {
-        const uint16_t *a = xa + (size_t)kb * 1024, *a1 = g1 + (size_t)kb * 1024;
-        _tile_loadd(4, pan + (size_t)kb * 512 + 16 * h, 128);
-        _tile_loadd(5, a, 64);
-        _tile_loadd(6, a + 512, 64);
-        _tile_loadd(7, a1, 64);
-        _tile_dpbf16ps(0, 5, 4);
-        _tile_dpbf16ps(1, 6, 4);
-        _tile_dpbf16ps(2, 7, 4);
-        _tile_loadd(5, a1 + 512, 64);
-        _tile_dpbf16ps(3, 5, 4);
+/* Both halves of a panel against both groups (n in 17..32), W read once, in k order per C
+ * tile as block_pair() above: 8 C tiles would be needed at once, so the panel is taken
+ * KRN_AMX_WPACK_KC k blocks at a time (2 KiB each: the chunk stays in L1 for the second half),
+ * half 0 then half 1, each half's 4 C tiles (group q, part: 2q + part) saved to c[h] between
+ * chunks and loaded back (exact: f32 in, f32 out). Per 32 k: one B tile (4) against four A
+ * tiles, tile 5 reused for group 1's lo part. */
+KRN_TARGET_AMX static void wblock_pair(const uint16_t *xa, int KB, const uint32_t *pan, int n,
+                                       int o, float *y, int out) {
+    float c[2][4][256] __attribute__((aligned(64)));
+    for (int k0 = 0; k0 < KB; k0 += KRN_AMX_WPACK_KC) {
+        int k1 = k0 + KRN_AMX_WPACK_KC < KB ? k0 + KRN_AMX_WPACK_KC : KB;
+        for (int h = 0; h < 2; h++) {
+            if (k0 == 0) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            } else {
+                _tile_loadd(0, c[h][0], 64);
+                _tile_loadd(1, c[h][1], 64);
+                _tile_loadd(2, c[h][2], 64);
+                _tile_loadd(3, c[h][3], 64);
+            }
+            for (int kb = k0; kb < k1; kb++) {
+                const uint16_t *a = xa + (size_t)kb * 2048, *a1 = a + 1024;
+                const uint32_t *b = pan + (size_t)kb * 512;
+                if (h == 0) prefetch_block(b + KRN_AMX_WPACK_PF_U32);
+                _tile_loadd(4, b + 16 * h, 128);
+                _tile_loadd(5, a, 64);
+                _tile_loadd(6, a + 512, 64);
+                _tile_loadd(7, a1, 64);
+                _tile_dpbf16ps(0, 5, 4);
+                _tile_dpbf16ps(1, 6, 4);
+                _tile_dpbf16ps(2, 7, 4);
+                _tile_loadd(5, a1 + 512, 64);
+                _tile_dpbf16ps(3, 5, 4);
+            }
+            _tile_stored(0, c[h][0], 64);
+            _tile_stored(1, c[h][1], 64);
+            _tile_stored(2, c[h][2], 64);
+            _tile_stored(3, c[h][3], 64);
+        }
     }
-    float c[4][256] __attribute__((aligned(64)));
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    _tile_stored(2, c[2], 64);
-    _tile_stored(3, c[3], 64);
-    store_c(c[0], c[1], n, 0, o, out - o, y, out);
-    store_c(c[2], c[3], n, 1, o, out - o, y, out);
+    for (int h = 0; h < 2; h++) {
+        store_c(c[h][0], c[h][1], n, 0, o + 16 * h, out - o - 16 * h, y, out);
+        store_c(c[h][2], c[h][3], n, 1, o + 16 * h, out - o - 16 * h, y, out);
+    }
 }
 
 KRN_TARGET_AMX void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0,
@@ -427,12 +459,10 @@ KRN_TARGET_AMX void krn_amx_wpack_rows(const void *xa, int n, int in, const uint
     size_t stride = (size_t)KB * 512; /* uint32 per panel: krn_wpack_panel_u32(in) */
     for (int o = o0; o < o1; o += 32) {
         const uint32_t *pan = wp + (size_t)(o / 32) * stride;
-        if (n_groups == 2) {
-            wblock_pair(xa, KB, pan, 0, n, o, y, out);
-            if (o + 16 < out) wblock_pair(xa, KB, pan, 1, n, o + 16, y, out);
-        } else {
-            for (int q = 0; q < n_groups; q++) wblock(xa, KB, q, pan, n, o, y, out);
-        }
+        if (n_groups == 2)
+            wblock_pair(xa, KB, pan, n, o, y, out);
+        else
+            for (int q = 0; q < n_groups; q++) wblock(xa, KB, n_groups, q, pan, n, o, y, out);
     }
     _tile_release();
 }
@@ -450,8 +480,8 @@ void krn_amx_wpack_x(krn_pool *p, const float *x, int n, int in, void *xa) {
     (void)p, (void)x, (void)n, (void)in, (void)xa;
     abort();
 }
-void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1,
-                        float *y, int out) {
+void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1, float *y,
+                        int out) {
     (void)xa, (void)n, (void)in, (void)wp, (void)o0, (void)o1, (void)y, (void)out;
     abort();
 }

@@ -69,8 +69,8 @@ void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int 
  * krn_amx_rows on the same weights row-major. Only when krn_cpu_amx_active(). */
 size_t krn_amx_wpack_x_bytes(int n, int in);
 void krn_amx_wpack_x(krn_pool *p, const float *x, int n, int in, void *xa);
-void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1,
-                        float *y, int out);
+void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1, float *y,
+                        int out);
 
 /* ---- AVX512-BF16 dot products (krn_bf16dot.c) ---------------------------------------------- */
 

@@ -334,7 +334,8 @@ Test(krn_wpack, multi_equals_separate_calls) {
                 krn_cpu_linear(p, x, n, in, wp[i], KRN_BF16_PANEL, outs_n[i], ys[i]);
                 long d = first_diff(ym[i], ys[i], (size_t)n * outs_n[i]);
                 cr_assert(d < 0, "%s%s, n = %d, weight %d: multi y[%ld] = %.9g, alone %.9g",
-                          paths[s % 3], s == 3 ? " + AMX" : "", n, i, d, d < 0 ? 0.0 : ym[i][d], d < 0 ? 0.0 : ys[i][d]);
+                          paths[s % 3], s == 3 ? " + AMX" : "", n, i, d, d < 0 ? 0.0 : ym[i][d],
+                          d < 0 ? 0.0 : ys[i][d]);
             }
         }
         for (int i = 0; i < 5; i++) free(w[i]), free(wp[i]), free(ym[i]), free(ys[i]);
