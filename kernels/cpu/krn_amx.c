@@ -4,9 +4,11 @@
  * Owns: detecting AMX (CPUID AMX-TILE + AMX-BF16, the OS enabling tile state in XCR0, and
  * Linux's per-process permission via arch_prctl(ARCH_REQ_XCOMP_PERM)), the PIE_KRN_AMX switch
  * and krn_cpu_set_amx, rounding x to bf16 and packing it into AMX "B" tiles, and the tile loop
- * over a block of output rows.
+ * over a block of output rows; for bf16 W packed once (KRN_BF16_PANEL), x packed as "A" tiles
+ * and the tile loop over a block of packed panels (see the section below).
  * Does not own: when AMX is used (krn_linear.c decides: bf16 weights, enough rows, shapes it
- * can tile) nor the threads (krn_linear.c splits the rows over the pool).
+ * can tile) nor the threads (krn_linear.c splits the rows over the pool), nor the packed
+ * layout (krn_panel.c).
  *
  * The product is computed transposed: y^T[out, n] = W[out, in] · x^T. W's rows are already
  * what an AMX "A" tile wants (16 rows × 32 consecutive bf16 of k), so the mapped weights are
@@ -320,9 +322,11 @@ KRN_TARGET_AMX void krn_amx_rows(const void *xp, int n, int in, const uint16_t *
  * row-major W's 16 (bench/results/engine.md, issue 17 item 2). */
 #define KRN_AMX_WPACK_PF_U32 (8 * 512)
 
-/* The 2 KiB of one k block of a panel (32 lines) into L2. */
+/* The 2 KiB of the k block KRN_AMX_WPACK_PF_U32 after b (32 lines) into L2. The address is
+ * formed as an integer: near the end of W it lies past it (a prefetch does not fault). */
 KRN_TARGET_AMX static inline void prefetch_block(const uint32_t *b) {
-    for (int l = 0; l < 32; l++) _mm_prefetch((const char *)(b + 16 * l), _MM_HINT_T1);
+    uintptr_t a = (uintptr_t)b + KRN_AMX_WPACK_PF_U32 * sizeof *b;
+    for (int l = 0; l < 32; l++) _mm_prefetch((const char *)(a + 64 * (uintptr_t)l), _MM_HINT_T1);
 }
 
 typedef struct pack_a_job {
@@ -384,7 +388,7 @@ KRN_TARGET_AMX static void wblock(const uint16_t *xa, int KB, int NG, int q, con
     for (int kb = 0; kb < KB; kb++) {
         const uint16_t *a = a0 + (size_t)kb * (size_t)NG * 1024;
         const uint32_t *b = pan + (size_t)kb * 512;
-        if (q == 0) prefetch_block(b + KRN_AMX_WPACK_PF_U32);
+        if (q == 0) prefetch_block(b);
         _tile_loadd(4, a, 64);
         _tile_loadd(5, a + 512, 64);
         _tile_loadd(6, b, 128);
@@ -429,7 +433,7 @@ KRN_TARGET_AMX static void wblock_pair(const uint16_t *xa, int KB, const uint32_
             for (int kb = k0; kb < k1; kb++) {
                 const uint16_t *a = xa + (size_t)kb * 2048, *a1 = a + 1024;
                 const uint32_t *b = pan + (size_t)kb * 512;
-                if (h == 0) prefetch_block(b + KRN_AMX_WPACK_PF_U32);
+                if (h == 0) prefetch_block(b);
                 _tile_loadd(4, b + 16 * h, 128);
                 _tile_loadd(5, a, 64);
                 _tile_loadd(6, a + 512, 64);

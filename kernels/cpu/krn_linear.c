@@ -20,6 +20,12 @@
  *                  the GEMV path's throughput at n = 32 (now close to n = 1's time: W is read
  *                  once) and 2-4.6× the tile path's at n = 512 (2 cores;
  *                  bench/results/kernels.md).
+ *   bf16 packed once (KRN_BF16_PANEL), n >= KRN_LINEAR_AMX_MIN_N, AMX active (krn_amx.c)
+ *                  x packed once per call as AMX "A" tiles (hi and lo parts), the packed panels
+ *                  read in place as "B" tiles, any `in` and `out`, all n rows in one pass;
+ *                  blocks of KRN_LINEAR_AMX_ROWS outputs are the tasks. Fewer rows, or AMX off:
+ *                  the packed panels' own kernels (krn_panel.c), in chunks of
+ *                  KRN_LINEAR_WPACK_CHUNK_N rows.
  *   bf16/f16, n <= KRN_LINEAR_GEMV_MAX_N (32), otherwise
  *                  GEMV-style: W is streamed once for all n rows (a block of 4 rows of W is
  *                  reused from L1/L2 for every group of 4 rows of x); each weight is converted
