@@ -4,9 +4,11 @@
  * Owns: detecting AMX (CPUID AMX-TILE + AMX-BF16, the OS enabling tile state in XCR0, and
  * Linux's per-process permission via arch_prctl(ARCH_REQ_XCOMP_PERM)), the PIE_KRN_AMX switch
  * and krn_cpu_set_amx, rounding x to bf16 and packing it into AMX "B" tiles, and the tile loop
- * over a block of output rows.
+ * over a block of output rows; for bf16 W packed once (KRN_BF16_PANEL), x packed as "A" tiles
+ * and the tile loop over a block of packed panels (see the section below).
  * Does not own: when AMX is used (krn_linear.c decides: bf16 weights, enough rows, shapes it
- * can tile) nor the threads (krn_linear.c splits the rows over the pool).
+ * can tile) nor the threads (krn_linear.c splits the rows over the pool), nor the packed
+ * layout (krn_panel.c).
  *
  * The product is computed transposed: y^T[out, n] = W[out, in] · x^T. W's rows are already
  * what an AMX "A" tile wants (16 rows × 32 consecutive bf16 of k), so the mapped weights are
@@ -92,6 +94,11 @@ size_t krn_amx_pack_bytes(int n, int in) {
     return (size_t)(in / 32) * nb * 2 * 1024; /* hi and lo */
 }
 
+size_t krn_amx_wpack_x_bytes(int n, int in) {
+    size_t nb = (size_t)(n + 15) / 16, kb = ((size_t)in + 31) / 32;
+    return kb * nb * 2 * 1024; /* hi and lo, `in` rounded up to 32 */
+}
+
 #if KRN_HAVE_AMX
 /* 16 floats → 16 bf16 (round to nearest even; NaN stays NaN), in the low halves of 32-bit
  * lanes. */
@@ -107,8 +114,9 @@ KRN_TARGET_AMX static inline __m512i round_bf16(__m512i u) {
 
 /* x[16] → hi, lo as 16 bf16 each (low halves of 32-bit lanes). lo is 0 where hi is not
  * finite, so an infinity in x stays an infinity in y (x - hi would be NaN). */
-KRN_TARGET_AMX static inline void split_bf16(const float *x, __m512i *hi, __m512i *lo) {
-    __m512 v = _mm512_loadu_ps(x);
+KRN_TARGET_AMX static inline void split_bf16(const float *x, __mmask16 m, __m512i *hi,
+                                             __m512i *lo) {
+    __m512 v = _mm512_maskz_loadu_ps(m, x); /* lanes off the mask are 0 */
     *hi = round_bf16(_mm512_castps_si512(v));
     __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(*hi, 16));
     __m512i l = round_bf16(_mm512_castps_si512(_mm512_sub_ps(v, h)));
@@ -145,8 +153,8 @@ KRN_TARGET_AMX static void pack_group(void *arg, int q, int n_groups) {
             __m512i hp = _mm512_setzero_si512(), lp = _mm512_setzero_si512();
             if (r < j->n) {
                 __m512i h0, l0, h1, l1;
-                split_bf16(xr + kb * 32, &h0, &l0);
-                split_bf16(xr + kb * 32 + 16, &h1, &l1);
+                split_bf16(xr + kb * 32, 0xffff, &h0, &l0);
+                split_bf16(xr + kb * 32 + 16, 0xffff, &h1, &l1);
                 hp = pairs_of(h0, h1);
                 lp = pairs_of(l0, l1);
             }
@@ -269,7 +277,8 @@ KRN_TARGET_AMX static void block_pair(const uint16_t *w, int in, const uint32_t 
         int r0 = q * 16, rn = n - r0 < 16 ? n - r0 : 16;
         for (int j = 0; j < rn; j++)
             for (int i = 0; i < 16; i++)
-                y[(size_t)(r0 + j) * (size_t)out + (size_t)(o + i)] = hi[i * 16 + j] + lo[i * 16 + j];
+                y[(size_t)(r0 + j) * (size_t)out + (size_t)(o + i)] =
+                    hi[i * 16 + j] + lo[i * 16 + j];
     }
 }
 
@@ -288,6 +297,179 @@ KRN_TARGET_AMX void krn_amx_rows(const void *xp, int n, int in, const uint16_t *
     }
     _tile_release();
 }
+/* ---- W packed once (KRN_BF16_PANEL) -----------------------------------------------------------
+ *
+ * The operands swap roles: y[n, out] = x · W^T is computed as it stands, not transposed.
+ *   A  x's parts (hi, lo as above), row-major: a tile is 16 rows of x × 32 consecutive bf16 of
+ *      k (64 bytes a row), what TDPBF16PS wants of A. Packed once per call, tile after tile:
+ *      xa[kb][q][part][16][32] (k block kb, group q of 16 rows, part hi/lo), rows past n and
+ *      columns past `in` zero.
+ *   B  the packed panel itself (krn_panel.c): for pair p, 32 uint32 (w[o][2p], w[o][2p + 1]),
+ *      outputs 0-15 then 16-31. So the 64 bytes of outputs 0-15 at pair p are row p of a B
+ *      tile (16 pair rows × 16 columns) and the next pair's are 128 bytes on: B tile (kb, h) is
+ *      read in place at panel + kb · 512 + 16 h with a stride of 128 bytes. Nothing converted,
+ *      nothing copied; columns past `in` are zero in the panel, outputs past `out` zero rows.
+ *   C  16 rows of x × 16 outputs, f32: hi and lo each, added when stored straight into y's rows
+ *      (16 consecutive floats; masked past `out`).
+ * Each C element is Σ over the same k pairs of the same two products in the same order as the
+ * transposed form above (TDPBF16PS multiplies a pair of A by the pair of B: the products
+ * commute), then hi + lo: the same bits as krn_amx_rows on row-major W (tests check it). */
+
+/* k blocks of a panel per chunk in wblock_pair (2 KiB each). */
+#define KRN_AMX_WPACK_KC 16
+/* How far ahead (uint32) the first pass over a panel prefetches it into L2: packed W is one
+ * stream per core, which the hardware prefetchers alone bring in at ~10 GB/s against ~14 for
+ * row-major W's 16 (bench/results/engine.md, issue 17 item 2). */
+#define KRN_AMX_WPACK_PF_U32 (8 * 512)
+
+/* The 2 KiB of the k block KRN_AMX_WPACK_PF_U32 after b (32 lines) into L2. The address is
+ * formed as an integer: near the end of W it lies past it (a prefetch does not fault). */
+KRN_TARGET_AMX static inline void prefetch_block(const uint32_t *b) {
+    uintptr_t a = (uintptr_t)b + KRN_AMX_WPACK_PF_U32 * sizeof *b;
+    for (int l = 0; l < 32; l++) _mm_prefetch((const char *)(a + 64 * (uintptr_t)l), _MM_HINT_T1);
+}
+
+typedef struct pack_a_job {
+    const float *x;
+    int n, in;
+    uint16_t *xa;
+} pack_a_job;
+
+KRN_TARGET_AMX static void pack_a_group(void *arg, int q, int n_groups) {
+    const pack_a_job *j = arg;
+    int KB = (j->in + 31) / 32;
+    for (int rl = 0; rl < 16; rl++) {
+        int r = q * 16 + rl;
+        const float *xr = j->x + (size_t)r * (size_t)j->in;
+        for (int kb = 0; kb < KB; kb++) {
+            uint16_t *dst =
+                j->xa + (((size_t)kb * (size_t)n_groups + (size_t)q) * 2) * 512 + (size_t)rl * 32;
+            __m512i hp = _mm512_setzero_si512(), lp = _mm512_setzero_si512();
+            if (r < j->n) {
+                int left = j->in - kb * 32;
+                __m512i h0, l0, h1, l1;
+                split_bf16(xr + kb * 32, krn_mask16(left), &h0, &l0);
+                split_bf16(xr + kb * 32 + 16, krn_mask16(left - 16), &h1, &l1);
+                hp = pairs_of(h0, h1);
+                lp = pairs_of(l0, l1);
+            }
+            _mm512_storeu_si512((void *)dst, hp);
+            _mm512_storeu_si512((void *)(dst + 512), lp);
+        }
+    }
+}
+
+void krn_amx_wpack_x(krn_pool *p, const float *x, int n, int in, void *xa) {
+    pack_a_job j = {.x = x, .n = n, .in = in, .xa = xa};
+    krn_pool_run(p, pack_a_group, &j, (n + 15) / 16);
+}
+
+/* C tiles (hi, lo) of group q into y: rows [16 q, min(n, 16 q + 16)), outputs [o, o + valid). */
+KRN_TARGET_AMX static inline void store_c(const float *hi, const float *lo, int n, int q, int o,
+                                          int valid, float *y, int out) {
+    if (valid <= 0) return;
+    __mmask16 m = krn_mask16(valid);
+    int r0 = q * 16, rn = n - r0 < 16 ? n - r0 : 16;
+    for (int j = 0; j < rn; j++)
+        _mm512_mask_storeu_ps(
+            y + (size_t)(r0 + j) * (size_t)out + (size_t)o, m,
+            _mm512_add_ps(_mm512_load_ps(hi + j * 16), _mm512_load_ps(lo + j * 16)));
+}
+
+/* One panel (outputs [o, o + 32)) against group q of x: tiles 4/5 x's hi/lo, 6/7 the panel's
+ * two halves, C tile 2h + part. */
+KRN_TARGET_AMX static void wblock(const uint16_t *xa, int KB, int NG, int q, const uint32_t *pan,
+                                  int n, int o, float *y, int out) {
+    const uint16_t *a0 = xa + (size_t)q * 1024;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int kb = 0; kb < KB; kb++) {
+        const uint16_t *a = a0 + (size_t)kb * (size_t)NG * 1024;
+        const uint32_t *b = pan + (size_t)kb * 512;
+        if (q == 0) prefetch_block(b);
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, a + 512, 64);
+        _tile_loadd(6, b, 128);
+        _tile_loadd(7, b + 16, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    float c[4][256] __attribute__((aligned(64)));
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    store_c(c[0], c[1], n, q, o, out - o, y, out);
+    store_c(c[2], c[3], n, q, o + 16, out - o - 16, y, out);
+}
+
+/* Both halves of a panel against both groups (n in 17..32), W read once, in k order per C
+ * tile as block_pair() above: 8 C tiles would be needed at once, so the panel is taken
+ * KRN_AMX_WPACK_KC k blocks at a time (2 KiB each: the chunk stays in L1 for the second half),
+ * half 0 then half 1, each half's 4 C tiles (group q, part: 2q + part) saved to c[h] between
+ * chunks and loaded back (exact: f32 in, f32 out). Per 32 k: one B tile (4) against four A
+ * tiles, tile 5 reused for group 1's lo part. */
+KRN_TARGET_AMX static void wblock_pair(const uint16_t *xa, int KB, const uint32_t *pan, int n,
+                                       int o, float *y, int out) {
+    float c[2][4][256] __attribute__((aligned(64)));
+    for (int k0 = 0; k0 < KB; k0 += KRN_AMX_WPACK_KC) {
+        int k1 = k0 + KRN_AMX_WPACK_KC < KB ? k0 + KRN_AMX_WPACK_KC : KB;
+        for (int h = 0; h < 2; h++) {
+            if (k0 == 0) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            } else {
+                _tile_loadd(0, c[h][0], 64);
+                _tile_loadd(1, c[h][1], 64);
+                _tile_loadd(2, c[h][2], 64);
+                _tile_loadd(3, c[h][3], 64);
+            }
+            for (int kb = k0; kb < k1; kb++) {
+                const uint16_t *a = xa + (size_t)kb * 2048, *a1 = a + 1024;
+                const uint32_t *b = pan + (size_t)kb * 512;
+                if (h == 0) prefetch_block(b);
+                _tile_loadd(4, b + 16 * h, 128);
+                _tile_loadd(5, a, 64);
+                _tile_loadd(6, a + 512, 64);
+                _tile_loadd(7, a1, 64);
+                _tile_dpbf16ps(0, 5, 4);
+                _tile_dpbf16ps(1, 6, 4);
+                _tile_dpbf16ps(2, 7, 4);
+                _tile_loadd(5, a1 + 512, 64);
+                _tile_dpbf16ps(3, 5, 4);
+            }
+            _tile_stored(0, c[h][0], 64);
+            _tile_stored(1, c[h][1], 64);
+            _tile_stored(2, c[h][2], 64);
+            _tile_stored(3, c[h][3], 64);
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        store_c(c[h][0], c[h][1], n, 0, o + 16 * h, out - o - 16 * h, y, out);
+        store_c(c[h][2], c[h][3], n, 1, o + 16 * h, out - o - 16 * h, y, out);
+    }
+}
+
+KRN_TARGET_AMX void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0,
+                                       int o1, float *y, int out) {
+    load_config();
+    int KB = (in + 31) / 32, n_groups = (n + 15) / 16;
+    size_t stride = (size_t)KB * 512; /* uint32 per panel: krn_wpack_panel_u32(in) */
+    for (int o = o0; o < o1; o += 32) {
+        const uint32_t *pan = wp + (size_t)(o / 32) * stride;
+        if (n_groups == 2)
+            wblock_pair(xa, KB, pan, n, o, y, out);
+        else
+            for (int q = 0; q < n_groups; q++) wblock(xa, KB, n_groups, q, pan, n, o, y, out);
+    }
+    _tile_release();
+}
 #else
 void krn_amx_pack(krn_pool *p, const float *x, int n, int in, void *xp) {
     (void)p, (void)x, (void)n, (void)in, (void)xp;
@@ -296,6 +478,15 @@ void krn_amx_pack(krn_pool *p, const float *x, int n, int in, void *xp) {
 void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
                   int out) {
     (void)xp, (void)n, (void)in, (void)w, (void)o0, (void)o1, (void)y, (void)out;
+    abort();
+}
+void krn_amx_wpack_x(krn_pool *p, const float *x, int n, int in, void *xa) {
+    (void)p, (void)x, (void)n, (void)in, (void)xa;
+    abort();
+}
+void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1, float *y,
+                        int out) {
+    (void)xa, (void)n, (void)in, (void)wp, (void)o0, (void)o1, (void)y, (void)out;
     abort();
 }
 #endif

@@ -90,8 +90,9 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
  * one FMA per product in k order, f32 — the bits of the exact panels of KRN_BF16 at 4-256 rows,
  * on every SIMD path and every n (no GEMV reduction tree, no sgemm) — except while
  * krn_cpu_bf16dot_active() with 8 <= n <= 32, which has the AVX512-BF16 path's precision (x
- * rounded to bf16, as for KRN_BF16). AMX never reads the packed form (it reads row-major W
- * faster: do not pack when krn_cpu_amx_active()). */
+ * rounded to bf16, as for KRN_BF16). While krn_cpu_amx_active(), n >= 8 rows run on AMX tiles
+ * reading the packed panels in place (krn_amx.c): the bits of the AMX path on row-major W, for
+ * any `in` and `out`; fewer rows take the exact kernels above. */
 size_t krn_wpack_bytes(int out, int in);
 /* Packs bf16 W [out, in] into dst (krn_wpack_bytes bytes, 64-byte aligned), across the pool. */
 void krn_wpack_bf16(krn_pool *p, const uint16_t *w, int out, int in, void *dst);

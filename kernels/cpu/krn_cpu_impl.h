@@ -63,6 +63,14 @@ void krn_amx_pack(krn_pool *p, const float *x, int n, int in, void *xp);
  * 16, in a multiple of 32. Only when krn_cpu_amx_active(). */
 void krn_amx_rows(const void *xp, int n, int in, const uint16_t *w, int o0, int o1, float *y,
                   int out);
+/* W packed once (KRN_BF16_PANEL): bytes of x[n, in]'s two bf16 parts packed as AMX "A" tiles
+ * (rows padded to 16, `in` to 32, zeros); packing them across the pool; and y[r, o] = Σ_k
+ * w[o, k] · x[r, k] for o in [o0, o1), o0 a multiple of 32, any `in` and `out`, the bits of
+ * krn_amx_rows on the same weights row-major. Only when krn_cpu_amx_active(). */
+size_t krn_amx_wpack_x_bytes(int n, int in);
+void krn_amx_wpack_x(krn_pool *p, const float *x, int n, int in, void *xa);
+void krn_amx_wpack_rows(const void *xa, int n, int in, const uint32_t *wp, int o0, int o1, float *y,
+                        int out);
 
 /* ---- AVX512-BF16 dot products (krn_bf16dot.c) ---------------------------------------------- */
 

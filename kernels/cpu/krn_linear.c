@@ -20,6 +20,12 @@
  *                  the GEMV path's throughput at n = 32 (now close to n = 1's time: W is read
  *                  once) and 2-4.6× the tile path's at n = 512 (2 cores;
  *                  bench/results/kernels.md).
+ *   bf16 packed once (KRN_BF16_PANEL), n >= KRN_LINEAR_AMX_MIN_N, AMX active (krn_amx.c)
+ *                  x packed once per call as AMX "A" tiles (hi and lo parts), the packed panels
+ *                  read in place as "B" tiles, any `in` and `out`, all n rows in one pass;
+ *                  blocks of KRN_LINEAR_AMX_ROWS outputs are the tasks. Fewer rows, or AMX off:
+ *                  the packed panels' own kernels (krn_panel.c), in chunks of
+ *                  KRN_LINEAR_WPACK_CHUNK_N rows.
  *   bf16/f16, n <= KRN_LINEAR_GEMV_MAX_N (32), otherwise
  *                  GEMV-style: W is streamed once for all n rows (a block of 4 rows of W is
  *                  reused from L1/L2 for every group of 4 rows of x); each weight is converted
@@ -693,10 +699,51 @@ static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_li
     free(own);
 }
 
+static void task_amx_wpack(void *arg, int task, int n_tasks, int worker) {
+    (void)n_tasks, (void)worker;
+    const linear_job *j = arg;
+    int o0 = task * j->rows_per_task;
+    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    krn_amx_wpack_rows(j->xp, j->n, j->in, j->w, o0, o1, j->y, j->out);
+}
+
+/* Packed weights on AMX (krn_amx.c), all n rows at once (no chunks: W's panels are read once
+ * per 16 rows of x either way): x packed once as "A" tiles, then blocks of
+ * KRN_LINEAR_AMX_ROWS outputs of up to KRN_LINEAR_MULTI_MAX weights per pool run. -1 when
+ * memory for packed x runs out (the caller takes the panel kernels). */
+static int amx_wpack(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
+                     int count) {
+    size_t bytes = krn_amx_wpack_x_bytes(n, in);
+    void *own = NULL;
+    void *xa = p ? krn_pool_scratch(p, krn_pool_size(p), bytes)
+                 : (own = aligned_alloc(64, round64(bytes)));
+    if (!xa) return -1;
+    krn_amx_wpack_x(p, x, n, in, xa);
+    for (int i = 0; i < count;) {
+        multi_job m = {.fn = task_amx_wpack};
+        m.first[0] = 0;
+        for (; i < count && m.count < KRN_LINEAR_MULTI_MAX; i++) {
+            if (outs[i].out <= 0) continue;
+            linear_job *j = &m.j[m.count];
+            j->x = x, j->n = n, j->in = in, j->out = outs[i].out, j->w = outs[i].w;
+            j->wt = KRN_BF16_PANEL, j->y = outs[i].y, j->xp = xa;
+            j->rows_per_task = KRN_LINEAR_AMX_ROWS;
+            m.first[m.count + 1] = m.first[m.count] + div_up(j->out, j->rows_per_task);
+            m.count++;
+        }
+        if (m.count > 0) krn_pool_run_ex(p, task_multi, &m, m.first[m.count]);
+    }
+    free(own);
+    return 0;
+}
+
 /* Packed weights, any n: chunks of KRN_LINEAR_WPACK_CHUNK_N rows of x (a row's result does not
  * depend on the chunking), at most KRN_LINEAR_MULTI_MAX weights per pool run. */
 static void linear_wpack(krn_pool *p, const float *x, int n, int in, const krn_linear_out *outs,
                          int count) {
+    if (n >= KRN_LINEAR_AMX_MIN_N && krn_cpu_amx_active() &&
+        amx_wpack(p, x, n, in, outs, count) == 0)
+        return;
     krn_linear_out part[KRN_LINEAR_MULTI_MAX];
     for (int r0 = 0; r0 < n; r0 += KRN_LINEAR_WPACK_CHUNK_N) {
         int rows = n - r0 < KRN_LINEAR_WPACK_CHUNK_N ? n - r0 : KRN_LINEAR_WPACK_CHUNK_N;

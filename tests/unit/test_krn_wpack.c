@@ -10,7 +10,11 @@
  * separate calls; the embedding gather from a packed table equals the row-major gather.
  * (2) The engine: tiny-bf16 with PIE_KRN_PREPACK=1 packs its weights and writes the same
  * next_dist bits as with PIE_KRN_PREPACK=0 (batches of 4-256 rows: the panel path both ways),
- * and single-row logits within f32 rounding. */
+ * and single-row logits within f32 rounding; with AMX on, the same top-32 ids and
+ * probabilities within 1e-4 relative.
+ * (3) AMX on packed W: the bits of AMX on the same W row-major (zero-padded to multiples of 32),
+ * n = 8-40, 255-257, 300, 512, odd out, in not a multiple of 32, no pool and pools of 1 and 2;
+ * fewer than 8 rows still take the exact kernels; multi = separate calls with AMX on. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -221,14 +225,95 @@ Test(krn_wpack, dot_path_matches_the_dot_panels_and_its_bound) {
     free(w), free(x), free(y), free(row), free(xb);
 }
 
+/* ---- AMX on packed W ---------------------------------------------------------------------- */
+
+/* AMX on (and the avx512 path it needs), or skip the test with the reason. */
+static void amx_or_skip(void) {
+    if (krn_cpu_set_simd("avx512") != 0 || krn_cpu_set_amx(1) != 0 || !krn_cpu_amx_active())
+        cr_skip_test("this CPU (or kernel) gives no AMX: nothing to compare");
+    (void)krn_cpu_set_bf16dot(0);
+}
+
+/* AMX reading packed W (x as A tiles, the panels as B tiles) against AMX reading row-major W
+ * (W as A tiles, x as B tiles) of the same weights zero-padded to out and in multiples of 32
+ * (so every row takes the tiles, none the GEMV tail): the same products in the same order, so
+ * the same bits for every valid output; no pool and pools of 1 and 2. */
+static void check_amx(int out, int in, const int *ns, int n_ns) {
+    int out32 = (out + 31) / 32 * 32, in32 = (in + 31) / 32 * 32, max_n = 0;
+    for (int i = 0; i < n_ns; i++) max_n = ns[i] > max_n ? ns[i] : max_n;
+    uint16_t *w = rand_w(out, in), *wpad = calloc((size_t)out32 * in32, sizeof *wpad);
+    float *x = rand_x(max_n, in), *xpad = calloc((size_t)max_n * in32, sizeof *xpad);
+    float *y = malloc((size_t)max_n * out * sizeof *y),
+          *ref = malloc((size_t)max_n * out32 * sizeof *ref);
+    cr_assert(wpad && xpad && y && ref);
+    for (int o = 0; o < out; o++) memcpy(wpad + (size_t)o * in32, w + (size_t)o * in, in * 2);
+    for (int r = 0; r < max_n; r++)
+        memcpy(xpad + (size_t)r * in32, x + (size_t)r * in, (size_t)in * sizeof *x);
+    for (int threads = 0; threads <= 2; threads++) {
+        krn_pool *p = threads ? krn_pool_create(threads) : NULL;
+        cr_assert(p || !threads);
+        void *wp = pack(p, w, out, in);
+        for (int i = 0; i < n_ns; i++) {
+            int n = ns[i];
+            memset(y, 0xff, (size_t)n * out * sizeof *y);
+            krn_cpu_linear(p, x, n, in, wp, KRN_BF16_PANEL, out, y);
+            krn_cpu_linear(p, xpad, n, in32, wpad, KRN_BF16, out32, ref);
+            for (int r = 0; r < n; r++)
+                for (int o = 0; o < out; o++) {
+                    float a = y[(size_t)r * out + o], b = ref[(size_t)r * out32 + o];
+                    cr_assert(memcmp(&a, &b, sizeof a) == 0,
+                              "%d threads, %d -> %d, n = %d: y[%d][%d] = %.9g on packed W, %.9g "
+                              "on row-major W",
+                              threads, in, out, n, r, o, a, b);
+                }
+        }
+        free(wp);
+        krn_pool_destroy(p);
+    }
+    free(w), free(wpad), free(x), free(xpad), free(y), free(ref);
+}
+
+Test(krn_wpack, amx_on_packed_w_equals_amx_on_row_major_w) {
+    amx_or_skip();
+    int ns[48], k = 0;
+    for (int n = 8; n <= 40; n++) ns[k++] = n;
+    ns[k++] = 255, ns[k++] = 256, ns[k++] = 257, ns[k++] = 300, ns[k++] = 512;
+    check_amx(67, 96, ns, k);  /* odd out: a panel with 3 rows, its second half empty */
+    check_amx(45, 67, ns, k);  /* in not a multiple of 32 (nor of 2) */
+    check_amx(64, 256, ns, k); /* aligned */
+    int few[] = {8, 16, 17, 32, 33};
+    check_amx(96, 130, few, 5);
+    check_amx(20, 1, few, 5); /* in = 1, out < 32 */
+}
+
+/* Below KRN_LINEAR_AMX_MIN_N (8) rows the packed GEMV / panels run even with AMX on: the bits of
+ * the exact k-order sums. */
+Test(krn_wpack, amx_on_leaves_fewer_than_8_rows_to_the_exact_kernels) {
+    amx_or_skip();
+    int out = 45, in = 67;
+    uint16_t *w = rand_w(out, in);
+    float *x = rand_x(7, in), y[7 * 45], ref[7 * 45];
+    krn_pool *p = krn_pool_create(2);
+    void *wp = pack(p, w, out, in);
+    for (int n = 1; n <= 7; n++) {
+        krn_cpu_linear(p, x, n, in, wp, KRN_BF16_PANEL, out, y);
+        ref_fma(x, n, in, w, out, ref);
+        long d = first_diff(y, ref, (size_t)n * out);
+        cr_assert(d < 0, "n = %d: y[%ld] = %.9g, k-order fma sum %.9g", n, d, d < 0 ? 0.0 : y[d],
+                  d < 0 ? 0.0 : ref[d]);
+    }
+    free(wp), krn_pool_destroy(p), free(w), free(x);
+}
+
 /* q/k/v-like weights (and more than one pool run's worth: 5) through krn_cpu_linear_multi:
  * the same bits as separate calls, on every path and for GEMV, panel and chunked sizes. */
 Test(krn_wpack, multi_equals_separate_calls) {
     const char *paths[] = {"avx512", "avx2", "scalar"};
     int outs_n[5] = {96, 32, 45, 7, 70}, in = 130, ns[] = {1, 3, 4, 9, 32, 300};
-    for (int s = 0; s < 3; s++) {
-        if (krn_cpu_set_simd(paths[s]) != 0) continue;
+    for (int s = 0; s < 4; s++) { /* the last: avx512 with AMX (where there is AMX) */
+        if (krn_cpu_set_simd(paths[s % 3]) != 0) continue;
         exact_kernels();
+        if (s == 3 && krn_cpu_set_amx(1) != 0) continue;
         krn_pool *p = krn_pool_create(2);
         float *x = rand_x(300, in);
         uint16_t *w[5];
@@ -248,8 +333,9 @@ Test(krn_wpack, multi_equals_separate_calls) {
             for (int i = 0; i < 5; i++) {
                 krn_cpu_linear(p, x, n, in, wp[i], KRN_BF16_PANEL, outs_n[i], ys[i]);
                 long d = first_diff(ym[i], ys[i], (size_t)n * outs_n[i]);
-                cr_assert(d < 0, "%s, n = %d, weight %d: multi y[%ld] = %.9g, alone %.9g", paths[s],
-                          n, i, d, d < 0 ? 0.0 : ym[i][d], d < 0 ? 0.0 : ys[i][d]);
+                cr_assert(d < 0, "%s%s, n = %d, weight %d: multi y[%ld] = %.9g, alone %.9g",
+                          paths[s % 3], s == 3 ? " + AMX" : "", n, i, d, d < 0 ? 0.0 : ym[i][d],
+                          d < 0 ? 0.0 : ys[i][d]);
             }
         }
         for (int i = 0; i < 5; i++) free(w[i]), free(wp[i]), free(ym[i]), free(ys[i]);
@@ -373,6 +459,47 @@ Test(krn_wpack, engine_writes_the_same_bits_with_weights_packed_at_open) {
         scale = fmax(scale, fabs((double)la[i]));
     }
     cr_assert(worst <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", worst / scale);
+    free(la), free(lb);
+    eng_close(a);
+    eng_close(b);
+}
+
+/* AMX on: with weights packed, every call of >= 8 rows reads the panels on the tiles; unpacked,
+ * the tiles read row-major W where `in` is a multiple of 32 and out - out % 16 rows, and the
+ * exact GEMV takes the rest (tiny-bf16: intermediate 172, so all of w_down and 12 rows of
+ * gate/up), packed they take the tiles (x = hi + lo to 2^-17: ~1e-5 · Σ|w·x|, krn_amx.c). So not
+ * the same bits: the same top-32 ids, probabilities within 1e-4 relative (measured 4.3e-5 after
+ * two layers and the softmax), logits of one row (the GEMV both ways) within 1e-5. */
+Test(krn_wpack, engine_with_amx_gives_the_same_distributions_packed_or_not) {
+    amx_or_skip();
+    eng *a = open_tiny_bf16("0"), *b = open_tiny_bf16("1");
+    cr_assert_eq(eng_get_info(a)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=0 packed weights");
+    cr_assert_gt(eng_get_info(b)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=1 packed nothing");
+    static uint32_t ia[18 * 32], ib[18 * 32];
+    static float pa[18 * 32], pb[18 * 32];
+    run(a, ia, pa);
+    run(b, ib, pb);
+    cr_assert(memcmp(ia, ib, sizeof ia) == 0, "top-32 ids differ with packed weights on AMX");
+    double worst = 0;
+    int at = 0;
+    for (int i = 0; i < 18 * 32; i++) {
+        double rel = fabs((double)pa[i] - pb[i]) / fmax(fabs((double)pa[i]), 1e-30);
+        if (rel > worst) worst = rel, at = i;
+    }
+    cr_assert(worst <= 1e-4, "probability %d (output %d, rank %d): %.9g unpacked, %.9g packed", at,
+              at / 32, at % 32, pa[at], pb[at]);
+    cr_log_info("AMX, packed vs not: largest relative difference of a probability %.3g", worst);
+    uint32_t vocab = eng_get_info(a)->vocab_size;
+    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
+    pie_status st = {0};
+    cr_assert_eq(eng_logits(a, 113, la, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_logits(b, 113, lb, &st), PIE_OK, "%s", st.msg);
+    double d = 0, scale = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        d = fmax(d, fabs((double)la[i] - lb[i]));
+        scale = fmax(scale, fabs((double)la[i]));
+    }
+    cr_assert(d <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", d / scale);
     free(la), free(lb);
     eng_close(a);
     eng_close(b);

@@ -12,8 +12,10 @@
  * Why: without AMX, bf16 layers with 4-256 rows of x run on packed panels, and packing W (a
  * 16 × 16 transpose of (k, k + 1) pairs per 512 weights) was ~13% of a b=32 decode step on
  * the Xeon (bench/results/engine.md, issue 17). Packed once, the same micro-kernel reads the
- * pairs directly, with the same bits. With AMX the row-major weights are read in place on
- * the tiles, faster: nothing is packed. */
+ * pairs directly, with the same bits. With AMX nothing is packed by default: AMX reads the
+ * packed panels too (krn_amx.c) and PIE_KRN_PREPACK=1 makes b=1 decode 26% cheaper and prefill
+ * 4-20% faster, but b=32 decode 3-8% dearer in CPU per step than the tiles on row-major W
+ * (bench/results/engine.md, "AMX on packed weights"). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
