@@ -364,10 +364,11 @@ Test(krn_wpack, embed_gathers_the_rows_of_a_packed_table) {
 
 #define PAGE 16
 
-static eng *open_tiny_bf16(const char *prepack) {
+/* The tiny model `name` (tiny-bf16, tiny-f32) opened with PIE_KRN_PREPACK=prepack. */
+static eng *open_tiny(const char *name, const char *prepack) {
     setenv("PIE_KRN_PREPACK", prepack, 1);
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/tiny-bf16", PIE_MODELS_DIR);
+    snprintf(dir, sizeof dir, "%s/%s", PIE_MODELS_DIR, name);
     eng_opts o = {.model_dir = dir,
                   .kv_page_size = PAGE,
                   .kv_pages = 16,
@@ -378,6 +379,25 @@ static eng *open_tiny_bf16(const char *prepack) {
     eng *e = NULL;
     cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open %s: %s", dir, st.msg);
     return e;
+}
+
+static eng *open_tiny_bf16(const char *prepack) { return open_tiny("tiny-bf16", prepack); }
+
+/* One row's logits (slot 113, the GEMV both ways) of a and b within 1e-5 of the largest. */
+static void check_one_row_logits(eng *a, eng *b) {
+    uint32_t vocab = eng_get_info(a)->vocab_size;
+    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
+    cr_assert(la && lb);
+    pie_status st = {0};
+    cr_assert_eq(eng_logits(a, 113, la, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_logits(b, 113, lb, &st), PIE_OK, "%s", st.msg);
+    double worst = 0, scale = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        worst = fmax(worst, fabs((double)la[i] - lb[i]));
+        scale = fmax(scale, fabs((double)la[i]));
+    }
+    cr_assert(worst <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", worst / scale);
+    free(la), free(lb);
 }
 
 /* Two sequences of 19 and 9 tokens in one forward, outputs of the last 5 of each (10 rows for
@@ -448,18 +468,7 @@ Test(krn_wpack, engine_writes_the_same_bits_with_weights_packed_at_open) {
     cr_assert(d < 0, "probability %ld (output %ld, rank %ld): %.9g unpacked, %.9g packed", d,
               d / 32, d % 32, d < 0 ? 0.0 : pa[d], d < 0 ? 0.0 : pb[d]);
     /* one row: the packed GEMV sums in k order, the row-major one by lanes: close, not equal */
-    uint32_t vocab = eng_get_info(a)->vocab_size;
-    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
-    pie_status st = {0};
-    cr_assert_eq(eng_logits(a, 113, la, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(eng_logits(b, 113, lb, &st), PIE_OK, "%s", st.msg);
-    double worst = 0, scale = 0;
-    for (uint32_t i = 0; i < vocab; i++) {
-        worst = fmax(worst, fabs((double)la[i] - lb[i]));
-        scale = fmax(scale, fabs((double)la[i]));
-    }
-    cr_assert(worst <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", worst / scale);
-    free(la), free(lb);
+    check_one_row_logits(a, b);
     eng_close(a);
     eng_close(b);
 }
@@ -489,35 +498,13 @@ Test(krn_wpack, engine_with_amx_gives_the_same_distributions_packed_or_not) {
     cr_assert(worst <= 1e-4, "probability %d (output %d, rank %d): %.9g unpacked, %.9g packed", at,
               at / 32, at % 32, pa[at], pb[at]);
     cr_log_info("AMX, packed vs not: largest relative difference of a probability %.3g", worst);
-    uint32_t vocab = eng_get_info(a)->vocab_size;
-    float *la = malloc(vocab * sizeof *la), *lb = malloc(vocab * sizeof *lb);
-    pie_status st = {0};
-    cr_assert_eq(eng_logits(a, 113, la, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(eng_logits(b, 113, lb, &st), PIE_OK, "%s", st.msg);
-    double d = 0, scale = 0;
-    for (uint32_t i = 0; i < vocab; i++) {
-        d = fmax(d, fabs((double)la[i] - lb[i]));
-        scale = fmax(scale, fabs((double)la[i]));
-    }
-    cr_assert(d <= 1e-5 * scale, "logits of one row differ by %.3g (relative)", d / scale);
-    free(la), free(lb);
+    check_one_row_logits(a, b);
     eng_close(a);
     eng_close(b);
 }
 
 Test(krn_wpack, engine_packs_nothing_for_f32_weights) {
-    setenv("PIE_KRN_PREPACK", "1", 1);
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/tiny-f32", PIE_MODELS_DIR);
-    eng_opts o = {.model_dir = dir,
-                  .kv_page_size = PAGE,
-                  .kv_pages = 4,
-                  .embed_slots = 8,
-                  .max_batch_tokens = 16,
-                  .n_threads = 1};
-    pie_status st = {0};
-    eng *e = NULL;
-    cr_assert_eq(eng_open(&o, &e, &st), PIE_OK, "eng_open %s: %s", dir, st.msg);
+    eng *e = open_tiny("tiny-f32", "1");
     cr_assert_eq(eng_get_info(e)->packed_weight_bytes, 0);
     eng_close(e);
 }
