@@ -131,6 +131,20 @@ KRN_TARGET_AMX static inline __m512i pairs_of(__m512i a, __m512i b) {
                               _mm512_cvtepi32_epi16(b), 1);
 }
 
+/* Columns [32 kb, 32 kb + 32) of row xr (those at or past `in` read as zero) split into hi and
+ * lo bf16, each as one vector of 16 consecutive pairs; zeros for a row past x's (xr NULL). */
+KRN_TARGET_AMX static inline void block_pairs(const float *xr, int in, int kb, __m512i *hp,
+                                              __m512i *lp) {
+    *hp = *lp = _mm512_setzero_si512();
+    if (!xr) return;
+    int left = in - kb * 32;
+    __m512i h0, l0, h1, l1;
+    split_bf16(xr + kb * 32, krn_mask16(left), &h0, &l0);
+    split_bf16(xr + kb * 32 + 16, krn_mask16(left - 16), &h1, &l1);
+    *hp = pairs_of(h0, h1);
+    *lp = pairs_of(l0, l1);
+}
+
 typedef struct pack_job {
     const float *x;
     int n, in;
@@ -147,17 +161,11 @@ KRN_TARGET_AMX static void pack_group(void *arg, int q, int n_groups) {
                            _mm512_set1_epi32(16));
     for (int rl = 0; rl < 16; rl++) {
         int r = q * 16 + rl;
-        const float *xr = j->x + (size_t)r * (size_t)j->in;
+        const float *xr = r < j->n ? j->x + (size_t)r * (size_t)j->in : NULL;
         for (int kb = 0; kb < KB; kb++) {
             uint32_t *dst = j->xp + ((size_t)kb * (size_t)NBT + 2 * (size_t)q) * 256 + (size_t)rl;
-            __m512i hp = _mm512_setzero_si512(), lp = _mm512_setzero_si512();
-            if (r < j->n) {
-                __m512i h0, l0, h1, l1;
-                split_bf16(xr + kb * 32, 0xffff, &h0, &l0);
-                split_bf16(xr + kb * 32 + 16, 0xffff, &h1, &l1);
-                hp = pairs_of(h0, h1);
-                lp = pairs_of(l0, l1);
-            }
+            __m512i hp, lp;
+            block_pairs(xr, j->in, kb, &hp, &lp);
             /* pair kp goes to row kp of the tile, column rl */
             _mm512_i32scatter_epi32(dst, idx, hp, 4);
             _mm512_i32scatter_epi32(dst + 256, idx, lp, 4);
@@ -340,19 +348,12 @@ KRN_TARGET_AMX static void pack_a_group(void *arg, int q, int n_groups) {
     int KB = (j->in + 31) / 32;
     for (int rl = 0; rl < 16; rl++) {
         int r = q * 16 + rl;
-        const float *xr = j->x + (size_t)r * (size_t)j->in;
+        const float *xr = r < j->n ? j->x + (size_t)r * (size_t)j->in : NULL;
         for (int kb = 0; kb < KB; kb++) {
             uint16_t *dst =
                 j->xa + (((size_t)kb * (size_t)n_groups + (size_t)q) * 2) * 512 + (size_t)rl * 32;
-            __m512i hp = _mm512_setzero_si512(), lp = _mm512_setzero_si512();
-            if (r < j->n) {
-                int left = j->in - kb * 32;
-                __m512i h0, l0, h1, l1;
-                split_bf16(xr + kb * 32, krn_mask16(left), &h0, &l0);
-                split_bf16(xr + kb * 32 + 16, krn_mask16(left - 16), &h1, &l1);
-                hp = pairs_of(h0, h1);
-                lp = pairs_of(l0, l1);
-            }
+            __m512i hp, lp;
+            block_pairs(xr, j->in, kb, &hp, &lp);
             _mm512_storeu_si512((void *)dst, hp);
             _mm512_storeu_si512((void *)(dst + 512), lp);
         }
