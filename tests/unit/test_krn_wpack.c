@@ -453,17 +453,26 @@ static void run(eng *e, uint32_t *ids, float *probs) {
     cr_assert_eq(eng_next_dist(e, d + 10, 8, &st), PIE_OK, "%s", st.msg);
 }
 
+/* tiny-bf16 opened unpacked (*a) and packed (*b), each given run(); their top-32 ids must be
+ * the same. */
+static void run_unpacked_and_packed(eng **a, eng **b, uint32_t *ia, float *pa, uint32_t *ib,
+                                    float *pb) {
+    *a = open_tiny_bf16("0");
+    *b = open_tiny_bf16("1");
+    cr_assert_eq(eng_get_info(*a)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=0 packed weights");
+    cr_assert_gt(eng_get_info(*b)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=1 packed nothing");
+    run(*a, ia, pa);
+    run(*b, ib, pb);
+    cr_assert(memcmp(ia, ib, 18 * 32 * sizeof *ia) == 0, "top-32 ids differ with packed weights");
+}
+
 Test(krn_wpack, engine_writes_the_same_bits_with_weights_packed_at_open) {
     if (krn_cpu_set_simd("avx512") != 0) cr_skip_test("this CPU has no avx512 path");
     exact_kernels();
-    eng *a = open_tiny_bf16("0"), *b = open_tiny_bf16("1");
-    cr_assert_eq(eng_get_info(a)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=0 packed weights");
-    cr_assert_gt(eng_get_info(b)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=1 packed nothing");
+    eng *a, *b;
     static uint32_t ia[18 * 32], ib[18 * 32];
     static float pa[18 * 32], pb[18 * 32];
-    run(a, ia, pa);
-    run(b, ib, pb);
-    cr_assert(memcmp(ia, ib, sizeof ia) == 0, "top-32 ids differ with packed weights");
+    run_unpacked_and_packed(&a, &b, ia, pa, ib, pb);
     long d = first_diff(pa, pb, 18 * 32);
     cr_assert(d < 0, "probability %ld (output %ld, rank %ld): %.9g unpacked, %.9g packed", d,
               d / 32, d % 32, d < 0 ? 0.0 : pa[d], d < 0 ? 0.0 : pb[d]);
@@ -481,14 +490,10 @@ Test(krn_wpack, engine_writes_the_same_bits_with_weights_packed_at_open) {
  * two layers and the softmax), logits of one row (the GEMV both ways) within 1e-5. */
 Test(krn_wpack, engine_with_amx_gives_the_same_distributions_packed_or_not) {
     amx_or_skip();
-    eng *a = open_tiny_bf16("0"), *b = open_tiny_bf16("1");
-    cr_assert_eq(eng_get_info(a)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=0 packed weights");
-    cr_assert_gt(eng_get_info(b)->packed_weight_bytes, 0, "PIE_KRN_PREPACK=1 packed nothing");
+    eng *a, *b;
     static uint32_t ia[18 * 32], ib[18 * 32];
     static float pa[18 * 32], pb[18 * 32];
-    run(a, ia, pa);
-    run(b, ib, pb);
-    cr_assert(memcmp(ia, ib, sizeof ia) == 0, "top-32 ids differ with packed weights on AMX");
+    run_unpacked_and_packed(&a, &b, ia, pa, ib, pb);
     double worst = 0;
     int at = 0;
     for (int i = 0; i < 18 * 32; i++) {
