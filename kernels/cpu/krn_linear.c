@@ -412,11 +412,17 @@ typedef struct linear_job {
     krn_panel_kind kind; /* panel paths: exact f32 or bf16 dot products */
 } linear_job;
 
+/* The rows of W that task `task` of a job covers: [*o0, *o1). */
+static inline void task_rows(const linear_job *j, int task, int *o0, int *o1) {
+    *o0 = task * j->rows_per_task;
+    *o1 = *o0 + j->rows_per_task < j->out ? *o0 + j->rows_per_task : j->out;
+}
+
 static void task_f32(void *arg, int task, int n_tasks) {
     (void)n_tasks;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     const float *w = (const float *)j->w + (size_t)o0 * (size_t)j->in;
     if (j->n == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, o1 - o0, j->in, 1.0f, w, j->in, j->x, 1, 0.0f,
@@ -429,8 +435,8 @@ static void task_f32(void *arg, int task, int n_tasks) {
 static void task_gemv(void *arg, int task, int n_tasks) {
     (void)n_tasks;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     gemv_range(j->x, j->n, j->in, j->w, j->wt, o0, o1, j->y, j->out);
 }
 
@@ -438,8 +444,8 @@ static void task_gemv(void *arg, int task, int n_tasks) {
 static void task_amx(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks, (void)worker;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     int a1 = o1 < j->out16 ? o1 : j->out16;
     if (a1 > o0) krn_amx_rows(j->xp, j->n, j->in, j->w, o0, a1, j->y, j->out);
     int g0 = a1 > o0 ? a1 : o0;
@@ -449,16 +455,16 @@ static void task_amx(void *arg, int task, int n_tasks, int worker) {
 static void task_dot(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks, (void)worker;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     krn_bf16dot_rows(j->xp, j->n, j->in, j->w, o0, o1, j->y, j->out);
 }
 
 static void task_tile(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     float *tile = j->scratch[worker];
     const uint16_t *w = j->w;
     for (int k0 = 0; k0 < j->in; k0 += j->tile_k) {
@@ -474,8 +480,8 @@ static void task_tile(void *arg, int task, int n_tasks, int worker) {
 static void task_panel(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     krn_panel_rows(j->kind, j->xp, j->n, j->in, j->w, j->wt, o0, o1, j->scratch[worker], j->y,
                    j->out);
 }
@@ -660,8 +666,8 @@ static void task_multi(void *arg, int task, int n_tasks, int worker) {
 static void task_wpack(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks, (void)worker;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     krn_wpack_rows(j->kind, j->xp, j->x, j->n, j->in, j->w, o0, o1, j->y, j->out);
 }
 
@@ -702,8 +708,8 @@ static void wpack_chunk(krn_pool *p, const float *x, int n, int in, const krn_li
 static void task_amx_wpack(void *arg, int task, int n_tasks, int worker) {
     (void)n_tasks, (void)worker;
     const linear_job *j = arg;
-    int o0 = task * j->rows_per_task;
-    int o1 = o0 + j->rows_per_task < j->out ? o0 + j->rows_per_task : j->out;
+    int o0, o1;
+    task_rows(j, task, &o0, &o1);
     krn_amx_wpack_rows(j->xp, j->n, j->in, j->w, o0, o1, j->y, j->out);
 }
 
