@@ -33,11 +33,15 @@
  * an instance waits an exponential think time of that mean, capped at 10x, from a fixed seed per
  * replica, before its next step — real inferlets do CPU work between steps and are not in
  * lockstep; default 0: the next step goes out the moment the result arrives).
+ * --cpus BENCH/CTL/WRK (CPU lists, e.g. 0/0/0 or 0/1/1: where this program, the controller and
+ * the worker run; default: wherever the scheduler puts them — on a 2-vCPU VM the latency is
+ * bimodal with that placement, see bench/results/controller.md).
  * Binaries are taken from <this program's dir>/../bin, models from ../models. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -72,6 +76,8 @@ static uint32_t g_replicas = 1;
 static const char *g_only;    /* strategies: comma-separated labels to run (NULL: all) */
 static uint32_t g_repeat = 1; /* strategies: passes over the list */
 static double g_think_us = 0; /* mean think time between a result and the next step (0: none) */
+/* --cpus: where the controller and the worker may run (empty set: anywhere). */
+static cpu_set_t g_ctl_cpus, g_wrk_cpus;
 /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
                                                                for worker counters */
 
@@ -86,6 +92,46 @@ static void die(const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     exit(1);
+}
+
+/* A CPU list ("0", "0-3", "0,2-3") into set; false when it names no CPU or is malformed. */
+static bool parse_cpu_list(const char *list, cpu_set_t *set) {
+    CPU_ZERO(set);
+    const char *p = list;
+    while (*p) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi = lo;
+        if (end == p || lo < 0) return false;
+        p = end;
+        if (*p == '-') {
+            hi = strtol(p + 1, &end, 10);
+            if (end == p + 1 || hi < lo) return false;
+            p = end;
+        }
+        if (hi >= CPU_SETSIZE) return false;
+        for (long c = lo; c <= hi; c++) CPU_SET((int)c, set);
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return false;
+    }
+    return CPU_COUNT(set) > 0;
+}
+
+/* --cpus BENCH/CTL/WRK: this program (the lifecycle replicas' stand-in) pinned now, before gRPC
+ * starts its threads (they inherit it); the controller and the worker when spawned. Cross-vCPU
+ * wake-ups are what a control-plane step pays most for on a VM (bench/results/controller.md),
+ * so the placement must be stated, not left to the scheduler. */
+static void parse_cpus_option(const char *arg) {
+    char parts[3][64];
+    if (sscanf(arg, "%63[^/]/%63[^/]/%63s", parts[0], parts[1], parts[2]) != 3)
+        die("--cpus %s: want BENCH/CTL/WRK, each a CPU list such as 0 or 0-1", arg);
+    cpu_set_t self;
+    if (!parse_cpu_list(parts[0], &self) || !parse_cpu_list(parts[1], &g_ctl_cpus) ||
+        !parse_cpu_list(parts[2], &g_wrk_cpus))
+        die("--cpus %s: each part must be a CPU list such as 0, 0-1 or 0,2", arg);
+    if (sched_setaffinity(0, sizeof self, &self) != 0)
+        die("--cpus %s: sched_setaffinity: %s", arg, strerror(errno));
 }
 
 /* ---- processes ----------------------------------------------------------------------------- */
@@ -132,6 +178,8 @@ static void spawn(proc *p, const char *bin, const char *const *extra) {
     pid_t pid = fork();
     if (pid < 0) die("fork: %s", strerror(errno));
     if (pid == 0) {
+        const cpu_set_t *cpus = strcmp(bin, "pie-worker") == 0 ? &g_wrk_cpus : &g_ctl_cpus;
+        if (CPU_COUNT(cpus) > 0 && sched_setaffinity(0, sizeof *cpus, cpus) != 0) _exit(126);
         int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -1129,6 +1177,8 @@ int main(int argc, char **argv) {
             snprintf(g_dev_token, sizeof g_dev_token, "PIE_NULL_TOKEN_US=%u", t);
         } else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
             snprintf(g_wrk_credits, sizeof g_wrk_credits, "PIE_BATCH_CREDITS=%d", atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--cpus") && i + 1 < argc)
+            parse_cpus_option(argv[++i]);
         else if (!strcmp(argv[i], "--instances") && i + 1 < argc) {
             n_ns = 0;
             for (char *t = strtok(argv[++i], ","); t && n_ns < 16; t = strtok(NULL, ","))
@@ -1140,7 +1190,7 @@ int main(int argc, char **argv) {
                 "[--seconds S] [--instances N,N,...] [--backend null|cpu] [--top-k K] "
                 "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--device-us B,T] "
                 "[--replicas R] "
-                "[--only LABEL,...] [--repeat N] [--think-us MEAN] "
+                "[--only LABEL,...] [--repeat N] [--think-us MEAN] [--cpus BENCH/CTL/WRK] "
                 "[--quick]\n");
             return 2;
         }
