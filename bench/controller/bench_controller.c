@@ -78,6 +78,8 @@ static uint32_t g_repeat = 1; /* strategies: passes over the list */
 static double g_think_us = 0; /* mean think time between a result and the next step (0: none) */
 /* --cpus: where the controller and the worker may run (empty set: anywhere). */
 static cpu_set_t g_ctl_cpus, g_wrk_cpus;
+static bool
+    g_unix; /* --unix: the controller listens on a Unix socket (its port's number names it) */
 /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
                                                                for worker counters */
 
@@ -164,7 +166,11 @@ static void spawn(proc *p, const char *bin, const char *const *extra) {
     if (p->port < 0) die("no free port");
     snprintf(p->log, sizeof p->log, "/tmp/bench_controller.%d.%s.log", (int)getpid(), bin);
     char listen[64], path[PATH_MAX + 96];
-    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", p->port);
+    if (g_unix && strcmp(bin, "pie-controller") == 0)
+        snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=unix:/tmp/bench_controller.%d.sock",
+                 p->port);
+    else
+        snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", p->port);
     snprintf(path, sizeof path, "%s/%s", g_bin, bin);
     char *env[256];
     size_t n = 0;
@@ -242,9 +248,17 @@ static double proc_cpu_us(pid_t pid) {
     return (double)(utime + stime) * 1e6 / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* How a client reaches the controller listening under port (see spawn). */
+static void ctl_target(int port, char *out, size_t n) {
+    if (g_unix)
+        snprintf(out, n, "unix:/tmp/bench_controller.%d.sock", port);
+    else
+        snprintf(out, n, "127.0.0.1:%d", port);
+}
+
 static rpc_channel *channel(int port) {
     char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    ctl_target(port, target, sizeof target);
     rpc_channel_opts o = {.max_recv_bytes = 64 << 20,
                           .max_send_bytes = 64 << 20,
                           .reconnect_initial_ms = 20,
@@ -289,8 +303,10 @@ static void cluster_start(cluster *c, const char *const *ctl_env, uint32_t kv_pa
         if (now_ns() > deadline) die("the controller did not start (log %s)", c->ctl.log);
         usleep(20000);
     }
-    char addr[64], pages[64], embs[64], model_path[PATH_MAX + 64], backend[32];
-    snprintf(addr, sizeof addr, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", c->ctl.port);
+    char addr[128], pages[64], embs[64], model_path[PATH_MAX + 64], backend[32];
+    char target[64];
+    ctl_target(c->ctl.port, target, sizeof target);
+    snprintf(addr, sizeof addr, "PIE_CONTROLLER_ADDRESS=%s", target);
     snprintf(pages, sizeof pages, "PIE_POOL_KV_PAGES=%u", kv_pages);
     snprintf(embs, sizeof embs, "PIE_POOL_EMBED_SLOTS=%u", emb);
     snprintf(backend, sizeof backend, "PIE_BACKEND=%s", g_backend);
@@ -1177,6 +1193,8 @@ int main(int argc, char **argv) {
             snprintf(g_dev_token, sizeof g_dev_token, "PIE_NULL_TOKEN_US=%u", t);
         } else if (!strcmp(argv[i], "--worker-credits") && i + 1 < argc)
             snprintf(g_wrk_credits, sizeof g_wrk_credits, "PIE_BATCH_CREDITS=%d", atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--unix"))
+            g_unix = true;
         else if (!strcmp(argv[i], "--cpus") && i + 1 < argc)
             parse_cpus_option(argv[++i]);
         else if (!strcmp(argv[i], "--instances") && i + 1 < argc) {
@@ -1190,7 +1208,7 @@ int main(int argc, char **argv) {
                 "[--seconds S] [--instances N,N,...] [--backend null|cpu] [--top-k K] "
                 "[--soak-seconds S] [--ctl-threads N] [--worker-credits N] [--device-us B,T] "
                 "[--replicas R] "
-                "[--only LABEL,...] [--repeat N] [--think-us MEAN] [--cpus BENCH/CTL/WRK] "
+                "[--only LABEL,...] [--repeat N] [--think-us MEAN] [--cpus BENCH/CTL/WRK] [--unix] "
                 "[--quick]\n");
             return 2;
         }

@@ -16,7 +16,10 @@
 #
 # Ports (base B, default 50050): lifecycle replica i at B+1+10i, controller at B+2, worker i at
 # B+3+10i, gateway i at B+4+10i (gRPC health) and B+5+10i (its OpenAI HTTP API); each service's
-# /metrics at its gRPC port + 10000.
+# /metrics at its gRPC port + 10000. The controller also listens on RUN_DIR/controller.sock, and
+# the workers and replicas dial that Unix socket: on one machine it costs a decode step less than
+# loopback TCP (no TCP stack, no ACKs: bench/results/controller.md); clients (piectl) use the
+# port.
 set -euo pipefail
 
 workers=1 tp=1 lifecycles=1 gateways=auto base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
@@ -116,7 +119,9 @@ trap 'stop_all' EXIT
 start() { # name port [env...]
   local name=$1 port=$2
   shift 2
-  setsid env "$@" PIE_SERVER_LISTEN="127.0.0.1:$port" PIE_METRICS_LISTEN="127.0.0.1:$((port + 10000))" \
+  local listen="127.0.0.1:$port"
+  if [ "$name" = controller ] && [ -n "$ctl_sock" ]; then listen="$listen,unix:$ctl_sock"; fi
+  setsid env "$@" PIE_SERVER_LISTEN="$listen" PIE_METRICS_LISTEN="127.0.0.1:$((port + 10000))" \
     "$bin/pie-${name%%-*}" >"$rundir/$name.log" 2>&1 &
   pids+=($!)
   names+=("$name")
@@ -126,16 +131,20 @@ start() { # name port [env...]
 
 addrs=() lc_addrs=() wrk_addrs=()
 ctl=$((base + 2))
+# A Unix socket's path must fit sun_path (108 bytes with its NUL); a longer run directory keeps
+# the services on TCP.
+ctl_sock="$rundir/controller.sock" ctl_dial="unix:$rundir/controller.sock"
+if [ ${#ctl_sock} -gt 100 ]; then ctl_sock="" ctl_dial="127.0.0.1:$ctl"; fi
 start controller "$ctl"
 for ((i = 0; i < workers; i++)); do
-  start "worker-$i" $((base + 3 + 10 * i)) PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
+  start "worker-$i" $((base + 3 + 10 * i)) PIE_CONTROLLER_ADDRESS="$ctl_dial" \
     PIE_WORKER_GROUP_ID="worker-$i" PIE_MODEL_PATH="$model" PIE_TP_SIZE="$tp"
   wrk_addrs+=("127.0.0.1:$((base + 3 + 10 * i))")
 done
 for ((i = 0; i < lifecycles; i++)); do
   # Each replica has a cache of its own and no model files, as in Kubernetes: the tokenizer
   # and programs uploaded to another replica come through the controller.
-  start "lifecycle-$i" $((base + 1 + 10 * i)) PIE_CONTROLLER_ADDRESS="127.0.0.1:$ctl" \
+  start "lifecycle-$i" $((base + 1 + 10 * i)) PIE_CONTROLLER_ADDRESS="$ctl_dial" \
     PIE_REPLICA_ID="lifecycle-$i" PIE_RUNTIME_CACHE_DIR="$rundir/cache-$i"
   lc_addrs+=("127.0.0.1:$((base + 1 + 10 * i))")
 done

@@ -2,6 +2,7 @@
  * limits, bearer-token auth, the buffer conversion and the channel arguments of
  * services/common/rpc. */
 #include <criterion/criterion.h>
+#include <unistd.h>
 
 #include "rpc_internal.h"
 #include "test_rpc_util.h"
@@ -397,4 +398,70 @@ Test(rpc_channel, reconnect_backoff_becomes_grpc_channel_arguments) {
     cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), -1);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), -1);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), 1);
+}
+
+/* ---- several listen addresses, a Unix socket among them ---- */
+
+TestSuite(rpc_listen, .fini = leak_check, .timeout = 60);
+
+/* A socket path of this process under /tmp (gRPC removes a stale file before it binds). */
+static void sock_path(char *out, size_t n, const char *tag) {
+    snprintf(out, n, "/tmp/test_rpc_calls.%d.%s.sock", (int)getpid(), tag);
+}
+
+static void assert_echo_at(const char *target) {
+    rpc_channel *ch = rpc_channel_create(target, NULL, NULL);
+    cr_assert(ch, "channel to %s", target);
+    pie_status st;
+    char out[64];
+    cr_assert_eq(unary(ch, target, 5000, out, sizeof out, &st), PIE_OK, "%s: %s", target, st.msg);
+    cr_assert_str_eq(out, target);
+    rpc_channel_destroy(ch);
+}
+
+Test(rpc_listen, a_tcp_port_and_a_unix_socket_both_serve_and_the_port_is_the_tcp_one) {
+    char path[128], addr[192], unix_target[160], tcp_target[64];
+    sock_path(path, sizeof path, "both");
+    snprintf(addr, sizeof addr, "unix:%s,127.0.0.1:0", path);
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.addr = addr}, &st);
+    cr_assert(t, "start on %s: %s", addr, st.msg);
+    cr_assert_gt(t->port, 1, "rpc_server_port is the TCP address's port, not gRPC's 1 for unix");
+    snprintf(unix_target, sizeof unix_target, "unix:%s", path);
+    snprintf(tcp_target, sizeof tcp_target, "127.0.0.1:%d", t->port);
+    assert_echo_at(unix_target);
+    assert_echo_at(tcp_target);
+    tsrv_stop(t, 1000);
+}
+
+Test(rpc_listen, a_unix_socket_alone_serves_and_reports_no_port) {
+    char path[128], target[160];
+    sock_path(path, sizeof path, "alone");
+    snprintf(target, sizeof target, "unix:%s", path);
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.addr = target}, &st);
+    cr_assert(t, "start on %s: %s", target, st.msg);
+    cr_assert_eq(t->port, 0);
+    assert_echo_at(target);
+    tsrv_stop(t, 1000);
+}
+
+Test(rpc_listen, an_empty_entry_in_the_list_is_refused_by_name) {
+    const char *bad[] = {"127.0.0.1:0,", ",127.0.0.1:0", "127.0.0.1:0,,127.0.0.1:0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pie_status st;
+        tsrv *t = tsrv_start(&(rpc_server_opts){.addr = bad[i]}, &st);
+        cr_assert_null(t, "'%s' was accepted", bad[i]);
+        cr_assert_eq(st.code, PIE_INVALID_ARGUMENT, "'%s': %s", bad[i], st.msg);
+        cr_assert(strstr(st.msg, bad[i]) != NULL, "the message names the list: %s", st.msg);
+    }
+}
+
+Test(rpc_listen, an_address_that_cannot_be_bound_fails_the_start_naming_it) {
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.addr = "127.0.0.1:0,unix:/nonexistent-dir/x.sock"},
+                         &st);
+    cr_assert_null(t);
+    cr_assert_eq(st.code, PIE_UNAVAILABLE, "%s", st.msg);
+    cr_assert(strstr(st.msg, "unix:/nonexistent-dir/x.sock") != NULL, "%s", st.msg);
 }

@@ -88,7 +88,11 @@ typedef struct rpc_method {
 } rpc_method;
 
 typedef struct rpc_server_opts {
-    const char *addr;          /* "0.0.0.0:5000"; port 0 picks a free one (rpc_server_port) */
+    const char *addr;          /* "0.0.0.0:5000"; port 0 picks a free one (rpc_server_port).
+                                  Several, comma-separated, are all bound, e.g.
+                                  "0.0.0.0:50052,unix:/run/pie/controller.sock": a Unix
+                                  socket for the services of the same machine (no TCP, no
+                                  ACKs: bench/results/controller.md) */
     int n_threads;             /* completion-queue threads; 0 → 1. gRPC's epoll poller has
                                   one polling thread at a time, so with more CQ threads some
                                   events are read by one thread and handed to another (a
@@ -138,7 +142,8 @@ pie_code rpc_server_add_methods(rpc_server *srv, const rpc_method *methods, size
 /* Binds opts->addr and starts the completion-queue threads. */
 pie_code rpc_server_start(rpc_server *srv, pie_status *st);
 
-/* The bound port (after start), e.g. the one the kernel chose for port 0. */
+/* The bound port (after start), e.g. the one the kernel chose for port 0: of the first
+ * host:port address in the list; 0 when every address is a Unix socket. */
 int rpc_server_port(const rpc_server *srv);
 
 /* Graceful shutdown: stop accepting calls, set every health status to NOT_SERVING and end Watch

@@ -54,7 +54,7 @@ struct rpc_server {
     char *addr;
     char *auth_expected; /* "Bearer <token>", NULL when no auth */
     size_t auth_len;
-    const pie_tenants *tenants; /* rpc_server_opts.tenants */
+    const pie_tenants *tenants;               /* rpc_server_opts.tenants */
     char *tls_cert, *tls_key, *tls_client_ca; /* copies of the PEM options (NULL: plaintext) */
     void (*on_finished)(void *user, const char *method, pie_code code, int64_t dur_ns);
     void *on_finished_user;
@@ -707,6 +707,30 @@ static void arm_method(rpc_srv_thread *th, const rpc_srv_method *m) {
     }
 }
 
+/* Binds every address of srv->addr's comma-separated list; srv->port is the first host:port
+ * address's port (gRPC answers 1 for a Unix socket: not a port). */
+static pie_code add_ports(rpc_server *srv, grpc_server_credentials *creds, pie_status *st) {
+    char one[1024];
+    const char *p = srv->addr;
+    srv->port = 0;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof one)
+            return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                                  "rpc_server_start: '%s' has an empty or overlong address",
+                                  srv->addr);
+        memcpy(one, p, len);
+        one[len] = '\0';
+        int port = grpc_server_add_http2_port(srv->gs, one, creds);
+        if (port == 0)
+            return pie_status_set(st, PIE_UNAVAILABLE, "rpc_server_start: cannot listen on %s",
+                                  one);
+        if (srv->port == 0 && strncmp(one, "unix:", 5) != 0) srv->port = port;
+        if (p[len] == '\0') return PIE_OK;
+        p += len + 1;
+    }
+}
+
 static void *srv_thread_main(void *arg) {
     rpc_srv_thread *th = arg;
     rpc_server *srv = th->srv;
@@ -803,8 +827,7 @@ rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st) {
         srv->tls_cert = strdup(opts->tls_cert_pem);
         srv->tls_key = strdup(opts->tls_key_pem);
         srv->tls_client_ca = opts->tls_client_ca_pem ? strdup(opts->tls_client_ca_pem) : NULL;
-        if (!srv->tls_cert || !srv->tls_key ||
-            (opts->tls_client_ca_pem && !srv->tls_client_ca))
+        if (!srv->tls_cert || !srv->tls_key || (opts->tls_client_ca_pem && !srv->tls_client_ca))
             goto oom;
     }
     srv->on_finished = opts->on_finished;
@@ -956,15 +979,16 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
     if (creds == NULL)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "rpc_server_start: the TLS certificate or key is not usable PEM");
-    srv->port = grpc_server_add_http2_port(srv->gs, srv->addr, creds);
+    pie_code bound = add_ports(srv, creds, st);
     grpc_server_credentials_release(creds);
-    if (srv->port == 0)
-        return pie_status_set(st, PIE_UNAVAILABLE, "rpc_server_start: cannot listen on %s",
-                              srv->addr);
+    /* Started even when a later address failed: gRPC destroys a server that holds listeners
+     * only after a shutdown, and rpc_server_destroy's shutdown of a server whose threads never
+     * ran (as after a failed pthread_create below) is the one tested path for that. */
     grpc_server_start(srv->gs);
     pthread_mutex_lock(&srv->mu);
     srv->started = true;
     pthread_mutex_unlock(&srv->mu);
+    if (bound != PIE_OK) return bound;
     for (int i = 0; i < srv->n_threads; i++) {
         rpc_srv_thread *th = &srv->threads[i];
         int rc = pthread_create(&th->th, NULL, srv_thread_main, th);
@@ -977,7 +1001,10 @@ pie_code rpc_server_start(rpc_server *srv, pie_status *st) {
         th->running = true;
     }
     pie_log_info("rpc.listen", "addr=%s port=%d threads=%d methods=%zu auth=%s", srv->addr,
-                 srv->port, srv->n_threads, srv->n_methods, srv->tenants ? "tenants" : srv->auth_expected ? "bearer" : "none");
+                 srv->port, srv->n_threads, srv->n_methods,
+                 srv->tenants         ? "tenants"
+                 : srv->auth_expected ? "bearer"
+                                      : "none");
     return PIE_OK;
 }
 

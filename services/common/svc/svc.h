@@ -49,7 +49,8 @@ typedef struct svc_config {
  * service's ports. Used as the first entries of each service's pie_config_field array. */
 #define SVC_CONFIG_FIELDS(T, listen_def, metrics_def)                                              \
     {"server.listen", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.listen), .def = (listen_def),           \
-     .doc = "host:port the gRPC server binds (port 0 = any free port)"},                           \
+     .doc = "host:port the gRPC server binds (port 0 = any free port); several, comma-"            \
+            "separated; unix:PATH binds a Unix socket (for services on the same machine)"},        \
         {"server.threads",                                                                         \
          PIE_CFG_UINT,                                                                             \
          PIE_CONFIG_AT(T, svc.threads),                                                            \
@@ -84,8 +85,8 @@ typedef struct svc_config {
          .doc = "PEM certificate of the gRPC server: with tls.key_file it speaks TLS only "        \
                 "(empty = plaintext)"},                                                            \
         {"tls.key_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_key_file), .def = "",            \
-         .doc = "PEM private key of tls.cert_file"},                                                \
-        {"tls.client_ca_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_client_ca_file),          \
+         .doc = "PEM private key of tls.cert_file"},                                               \
+        {"tls.client_ca_file", PIE_CFG_STRING, PIE_CONFIG_AT(T, svc.tls_client_ca_file),           \
          .def = "",                                                                                \
          .doc = "PEM CA whose client certificates the server requires (mutual TLS; empty = "       \
                 "none asked)"},                                                                    \
@@ -111,20 +112,20 @@ typedef struct svc_dial_config {
 } svc_dial_config;
 
 /* Field table entries for an svc_dial_config member `m` of struct T. */
-#define SVC_DIAL_FIELDS(T, m)                                                                     \
-    {"controller.address", PIE_CFG_STRING, PIE_CONFIG_AT(T, m.address), .def = "127.0.0.1:50052", \
-     .doc = "controller to dial (host:port or dns:///name:port)"},                                \
-        {"controller.reconnect_initial",                                                          \
-         PIE_CFG_DURATION,                                                                        \
-         PIE_CONFIG_AT(T, m.reconnect_initial_ms),                                                \
-         .def = "100ms",                                                                          \
-         .min = "1ms",                                                                            \
-         .max = "1m",                                                                             \
-         .doc = "first redial delay after the controller link fails (grows 1.6x, +-20% jitter)"}, \
-    {                                                                                             \
-        "controller.reconnect_max", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_max_ms),       \
-            .def = "1s", .min = "1ms", .max = "10m",                                              \
-            .doc = "longest redial delay of the controller link"                                  \
+#define SVC_DIAL_FIELDS(T, m)                                                                      \
+    {"controller.address", PIE_CFG_STRING, PIE_CONFIG_AT(T, m.address), .def = "127.0.0.1:50052",  \
+     .doc = "controller to dial (host:port, dns:///name:port, or unix:PATH on the same machine)"}, \
+        {"controller.reconnect_initial",                                                           \
+         PIE_CFG_DURATION,                                                                         \
+         PIE_CONFIG_AT(T, m.reconnect_initial_ms),                                                 \
+         .def = "100ms",                                                                           \
+         .min = "1ms",                                                                             \
+         .max = "1m",                                                                              \
+         .doc = "first redial delay after the controller link fails (grows 1.6x, +-20% jitter)"},  \
+    {                                                                                              \
+        "controller.reconnect_max", PIE_CFG_DURATION, PIE_CONFIG_AT(T, m.reconnect_max_ms),        \
+            .def = "1s", .min = "1ms", .max = "10m",                                               \
+            .doc = "longest redial delay of the controller link"                                   \
     } /* "debug", "info", "warn", "error", "off", NULL */
 
 typedef struct svc_args {
@@ -186,7 +187,7 @@ void svc_add_health(svc *s, const char *service);
 void svc_set_health_ready(svc *s, const char *service, bool ready);
 
 pie_metrics *svc_metrics(svc *s);
-int svc_port(const svc *s);         /* bound gRPC port */
+int svc_port(const svc *s); /* bound gRPC port */
 /* The gRPC server once svc_serve started it (NULL before and after svc_drain): for a link that
  * runs on its thread (rpc_link_opts.server). */
 rpc_server *svc_rpc_server(const svc *s);
