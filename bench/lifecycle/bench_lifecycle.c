@@ -6,7 +6,7 @@
  *   bench_lifecycle [--quick] [--no-tier1] [--cold-only | --calls-only]
  *   bench_lifecycle --serving [--model NAME] [--reps N] [--instances N] [--worker-credits N]
  *                             [--controller-env PIE_NAME=VALUE]... [--worker-env PIE_NAME=VALUE]...
- *                             [--lifecycle-bin PATH]
+ *                             [--lifecycle-bin PATH] [--unix]
  *                                    (release build: build-perf/bench/bench_lifecycle)
  * --no-tier1 keeps the background cc -O2 from competing with the cold launches measured
  * (2 cores); --cold-only measures nothing else, --calls-only only the host and GPU calls.
@@ -29,7 +29,8 @@
  * PIE_SCHEDULER_STRATEGY=k_only, at most 4); --worker-env passes a setting to the worker (e.g.
  * PIE_MEMORY_POLICY=offload, at most 6; with offload the run also prints the worker's offload
  * and deferral counters and the controller's deferred calls over the measured rounds);
- * --lifecycle-bin runs another build of pie-lifecycle (A/B comparisons). */
+ * --lifecycle-bin runs another build of pie-lifecycle (A/B comparisons); --unix links the worker
+ * and the lifecycle to the controller over a Unix socket (its server.listen also has one). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -66,6 +67,7 @@ static const char *g_lc_bin = "pie-lifecycle"; /* --lifecycle-bin: another build
 static int g_credits;                          /* --worker-credits: batch.credits (0: default) */
 static const char *g_ctl_env[5];               /* --controller-env NAME=VALUE, up to 4 */
 static const char *g_wrk_env[7];               /* --worker-env NAME=VALUE, up to 6 */
+static bool g_unix; /* --unix: worker and lifecycle reach the controller on a Unix socket */
 static rpc_channel *g_ch;
 
 static pie_proc *start(const char *bin, const char *const *env) {
@@ -727,9 +729,24 @@ static void wait_optimized(const char *id) {
  * backend on that generated test model (one engine thread: the other core is the serving
  * path's), which is also the lifecycle's tokenizer. */
 static void cluster_start(const char *dir, bool tier1, const char *cpu_model) {
-    g_ctl = start("pie-controller", g_ctl_env);
-    static char ctl_env[96], dir_env[4200], model_env[4200], tok_env[4200]; /* outlive the call */
-    pie_proc_env_controller(g_ctl, ctl_env, sizeof ctl_env);
+    /* outlive the call */
+    static char ctl_env[4200], dir_env[4200], model_env[4200], tok_env[4200], listen_env[4200];
+    const char *ctl_envs[6] = {0};
+    size_t n_ctl = 0;
+    while (g_ctl_env[n_ctl]) {
+        ctl_envs[n_ctl] = g_ctl_env[n_ctl];
+        n_ctl++;
+    }
+    if (g_unix) {
+        snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:0,unix:%s/ctl.sock",
+                 dir);
+        ctl_envs[n_ctl] = listen_env;
+    }
+    g_ctl = start("pie-controller", ctl_envs);
+    if (g_unix)
+        snprintf(ctl_env, sizeof ctl_env, "PIE_CONTROLLER_ADDRESS=unix:%s/ctl.sock", dir);
+    else
+        pie_proc_env_controller(g_ctl, ctl_env, sizeof ctl_env);
     snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", dir);
     snprintf(model_env, sizeof model_env, "PIE_MODEL_PATH=%s/%s", MODELS_DIR,
              cpu_model ? cpu_model : "");
@@ -833,13 +850,15 @@ int main(int argc, char **argv) {
             g_credits = atoi(argv[++i]);
         else if (strcmp(argv[i], "--instances") == 0 && i + 1 < argc)
             only_n = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--unix") == 0)
+            g_unix = true;
         else if (strcmp(argv[i], "--lifecycle-bin") == 0 && i + 1 < argc)
             g_lc_bin = argv[++i];
         else
             DIE("unknown option %s (--quick, --no-tier1, --cold-only, --calls-only, --serving "
                 "[--model NAME] "
                 "[--reps N] [--instances N] [--worker-credits N] [--controller-env NAME=VALUE] "
-                "[--worker-env NAME=VALUE], --lifecycle-bin PATH)",
+                "[--worker-env NAME=VALUE], --lifecycle-bin PATH, --unix)",
                 argv[i]);
     }
     if (reps <= 0) reps = quick ? 3 : 7;
