@@ -2221,11 +2221,20 @@ static const Pie__V1__Batch *batch_of(const Pie__V1__WorkerDown *d, Pie__V1__Bat
     return NULL;
 }
 
-Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
+/* The deferral tests' common start: world_deferring(1) with a written instance (2 KV pages,
+ * 4 embeddings), its setup served, then worker 0 set to defer the forwards of its next `steps`
+ * steps (defer_forwards): what the test sends next is what gets deferred. *inst ← the instance. */
+static world *world_deferring_forwards(int steps, uint64_t *inst) {
     world *W = world_deferring(1);
-    uint64_t a = written_instance(W, 0, 1, 2, 4);
+    *inst = written_instance(W, 0, 1, 2, 4);
     serve_all(W);
-    defer_forwards(W, 1);
+    defer_forwards(W, steps);
+    return W;
+}
+
+Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
+    uint64_t a;
+    world *W = world_deferring_forwards(1, &a);
     ub b;
     ub_init(&b);
     uint64_t dist = ub_decode(W, &b, a, 0, 0, 1);
@@ -2264,10 +2273,8 @@ Test(ctl_core, a_deferred_call_goes_back_first_and_results_keep_issue_order) {
 /* A call of the queue done after one the worker deferred waits for it in the completion FIFO;
  * a next_dist there runs again instead (its distributions live in the WorkerUp). */
 Test(ctl_core, calls_done_behind_a_deferred_one_wait_for_it_and_a_next_dist_runs_again) {
-    world *W = world_deferring(1);
-    uint64_t a = written_instance(W, 0, 1, 2, 4);
-    serve_all(W);
-    defer_forwards(W, 1);
+    uint64_t a;
+    world *W = world_deferring_forwards(1, &a);
     ub b;
     ub_init(&b);
     /* the forward writes embedding 1 (deferred); the next_dist reads embedding 2 (written) */
@@ -2336,10 +2343,8 @@ Test(ctl_core, a_queue_with_a_step_out_waits_for_it_and_its_dealloc_follows_the_
 }
 
 Test(ctl_core, a_call_deferred_more_than_64_times_fails_and_the_queue_goes_on) {
-    world *W = world_deferring(1);
-    uint64_t a = written_instance(W, 0, 1, 2, 4);
-    serve_all(W);
-    defer_forwards(W, -1); /* a worker that never runs it */
+    uint64_t a;
+    world *W = world_deferring_forwards(-1, &a); /* a worker that never runs it */
     ub b;
     ub_init(&b);
     uint64_t fwd =

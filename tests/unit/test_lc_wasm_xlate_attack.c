@@ -1011,6 +1011,20 @@ Test(xlate_sem, a_declarative_segment_naming_an_import_loads_on_the_wasm2c_pipel
     free(b.data);
 }
 
+/* Runs an instance of m (argv "p", no limits) to its end and expects the outcome's message to
+ * be want. */
+static void expect_instance_message(lc_wasm_module *m, const char *want) {
+    const char *argv[] = {"p", NULL};
+    lc_wasm_instance_opts io = {.argv = argv, .argc = 1};
+    lc_wasm_instance *inst = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_instance_create(m, &io, &inst, &st), PIE_OK, "create: %s", st.msg);
+    lc_wasm_outcome out;
+    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "run: %s", st.msg);
+    cr_expect_str_eq(out.message, want);
+    lc_wasm_instance_free(inst);
+}
+
 /* Tier 1 is wasm2c's code too: for a module with an import in a table it is not built, and
  * instances keep running on the own translator's tier 0. */
 Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table) {
@@ -1028,14 +1042,7 @@ Test(xlate_sem, tier1_is_not_built_for_a_module_with_a_host_function_in_a_table)
     cr_expect(strstr(st.msg, "tier 1 is not built") != NULL, "%s", st.msg);
     cr_expect_eq(lc_wasm_module_tier(m), 0);
     cr_expect_eq(lc_wasm_rt_stats_get(rt).tier1_compiles, 0u);
-    const char *argv[] = {"p", NULL};
-    lc_wasm_instance_opts io = {.argv = argv, .argc = 1};
-    lc_wasm_instance *inst = NULL;
-    cr_assert_eq(lc_wasm_instance_create(m, &io, &inst, &st), PIE_OK, "create: %s", st.msg);
-    lc_wasm_outcome out;
-    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "run: %s", st.msg);
-    cr_expect_str_eq(out.message, "trapped: test_fail(55) ended the instance");
-    lc_wasm_instance_free(inst);
+    expect_instance_message(m, "trapped: test_fail(55) ended the instance");
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
     free(b.data);
@@ -1081,14 +1088,7 @@ Test(xlate_sem, a_cached_wasm2c_library_of_a_module_with_a_host_function_in_a_ta
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
     cr_expect_eq(s.own_translations, 1u, "the stale library was used");
     cr_expect_eq(s.disk_hits, 0u);
-    const char *argv[] = {"p", NULL};
-    lc_wasm_instance_opts io = {.argv = argv, .argc = 1};
-    lc_wasm_instance *inst = NULL;
-    cr_assert_eq(lc_wasm_instance_create(m, &io, &inst, &st), PIE_OK, "create: %s", st.msg);
-    lc_wasm_outcome out;
-    cr_assert_eq(lc_wasm_instance_run(inst, &out, &st), PIE_OK, "run: %s", st.msg);
-    cr_expect_str_eq(out.message, "trapped: test_fail(55) ended the instance");
-    lc_wasm_instance_free(inst);
+    expect_instance_message(m, "trapped: test_fail(55) ended the instance");
     lc_wasm_module_release(m);
     lc_wasm_rt_destroy(rt);
     free(b.data);
