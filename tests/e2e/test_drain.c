@@ -34,8 +34,9 @@ TestSuite(drain, .fini = pie_test_leak_check, .timeout = 600);
 
 typedef struct world {
     pie_proc *ctl, *wrk[2], *lc;
-    int ctl_port;     /* fixed, so that a restarted controller is found again */
-    char ctl_env[96]; /* PIE_CONTROLLER_ADDRESS=... */
+    int ctl_port;       /* fixed, so that a restarted controller is found again */
+    char ctl_sock[128]; /* the controller's Unix socket too, dialled by all ("": TCP links) */
+    char ctl_env[192];  /* PIE_CONTROLLER_ADDRESS=... */
     rpc_channel *ctl_ch, *lc_ch;
     e2e_cluster view; /* only .ch is set: what e2e_upload / e2e_run_* use */
     char *cache;
@@ -50,8 +51,9 @@ static pie_proc *start(const char *bin, const char *const *env) {
 }
 
 static pie_proc *start_controller(world *w) {
-    char listen[64];
-    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", w->ctl_port);
+    char listen[256];
+    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d%s%s", w->ctl_port,
+             w->ctl_sock[0] ? ",unix:" : "", w->ctl_sock);
     const char *env[] = {listen, NULL};
     return start("pie-controller", env);
 }
@@ -95,14 +97,22 @@ static void start_replica(world *w, const char *grace, bool fast_redial) {
     cr_assert_gt(pie_test_wait_models(w->lc_ch, START_MS), 0, "the replica never learned a model");
 }
 
-/* Controller, n_workers workers ("w-a", "w-b") with worker_grace, one replica. */
+/* Controller, n_workers workers ("w-a", "w-b") with worker_grace, one replica; unix_links: the
+ * workers and the replica dial the controller's Unix socket instead of its port. */
 static void world_start(world *w, int n_workers, const char *worker_grace, const char *lc_grace,
-                        bool fast_redial) {
+                        bool fast_redial, bool unix_links) {
     *w = (world){0};
     w->ctl_port = pie_proc_free_port();
     cr_assert_gt(w->ctl_port, 0);
+    if (unix_links)
+        snprintf(w->ctl_sock, sizeof w->ctl_sock, "/tmp/test_drain.%d.%d.sock", (int)getpid(),
+                 w->ctl_port);
     w->ctl = start_controller(w);
-    snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", w->ctl_port);
+    if (unix_links)
+        snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=unix:%s", w->ctl_sock);
+    else
+        snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d",
+                 w->ctl_port);
     pie_status st;
     w->ctl_ch = rpc_channel_create(pie_proc_addr(w->ctl), NULL, &st);
     cr_assert(w->ctl_ch, "%s", st.msg);
@@ -252,7 +262,7 @@ static void assert_unavailable(const e2e_run *r, const char *reason, const char 
 
 Test(drain, a_terminated_replica_refuses_launches_and_lets_its_running_instance_finish) {
     world w;
-    world_start(&w, 1, "5s", "60s", true);
+    world_start(&w, 1, "5s", "60s", true, false);
     char *prog = e2e_upload(&w.view, "text_completion");
     rpc_stream *s = run_waiting(&w, prog, "16");
 
@@ -283,7 +293,7 @@ Test(drain, a_terminated_replica_refuses_launches_and_lets_its_running_instance_
 
 Test(drain, an_instance_outliving_the_replicas_grace_ends_unavailable_at_the_grace) {
     world w;
-    world_start(&w, 1, "5s", "1s", true);
+    world_start(&w, 1, "5s", "1s", true, false);
     char *prog = e2e_upload(&w.view, "text_completion");
     rpc_stream *s = run_waiting(&w, prog, "16"); /* never gets its prompt */
 
@@ -349,7 +359,7 @@ static uint64_t worker_batches(world *w, const char *group) {
 
 Test(drain, a_terminated_worker_gets_no_new_instances_and_exits_once_its_instance_finished) {
     world w;
-    world_start(&w, 2, "120s", "5s", true);
+    world_start(&w, 2, "120s", "5s", true, false);
     char *prog = e2e_upload(&w.view, "text_completion");
     const char *groups[2] = {"w-a", "w-b"};
     /* The instance is placed at its first allocation, after the prompt: a long completion. */
@@ -395,7 +405,7 @@ Test(drain, a_terminated_worker_gets_no_new_instances_and_exits_once_its_instanc
 
 Test(drain, an_instance_outliving_the_workers_grace_ends_unavailable_naming_the_shutdown) {
     world w;
-    world_start(&w, 1, "1ms", "5s", true);
+    world_start(&w, 1, "1ms", "5s", true, false);
     char *prog = e2e_upload(&w.view, "text_completion");
     rpc_stream *s = run_waiting(&w, prog, "256");
     send_prompt(s);
@@ -419,9 +429,12 @@ Test(drain, an_instance_outliving_the_workers_grace_ends_unavailable_naming_the_
 
 /* ---- controller restarts ------------------------------------------------------------------ */
 
-Test(drain, after_a_controller_restart_workers_and_replicas_come_back_and_launches_succeed) {
+/* The controller stops with an instance running and starts again on the same address(es): the
+ * instance ends UNAVAILABLE, the worker and the replica (redialling with the defaults) come
+ * back, and a launch succeeds within 5 s. */
+static void assert_controller_restart_is_survived(bool unix_links) {
     world w;
-    world_start(&w, 1, "5s", "5s", false); /* the replica redials with the defaults */
+    world_start(&w, 1, "5s", "5s", false, unix_links);
     char *prog = e2e_upload(&w.view, "text_completion");
     rpc_stream *s = run_waiting(&w, prog, "8");
 
@@ -461,4 +474,12 @@ Test(drain, after_a_controller_restart_workers_and_replicas_come_back_and_launch
     free(out);
     free(prog);
     world_stop(&w);
+}
+
+Test(drain, after_a_controller_restart_workers_and_replicas_come_back_and_launches_succeed) {
+    assert_controller_restart_is_survived(false);
+}
+
+Test(drain, after_a_controller_restart_on_a_unix_socket_its_links_come_back_too) {
+    assert_controller_restart_is_survived(true);
 }
