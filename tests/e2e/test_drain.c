@@ -111,8 +111,7 @@ static void world_start(world *w, int n_workers, const char *worker_grace, const
     if (unix_links)
         snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=unix:%s", w->ctl_sock);
     else
-        snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d",
-                 w->ctl_port);
+        snprintf(w->ctl_env, sizeof w->ctl_env, "PIE_CONTROLLER_ADDRESS=127.0.0.1:%d", w->ctl_port);
     pie_status st;
     w->ctl_ch = rpc_channel_create(pie_proc_addr(w->ctl), NULL, &st);
     cr_assert(w->ctl_ch, "%s", st.msg);
