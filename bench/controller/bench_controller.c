@@ -78,8 +78,8 @@ static uint32_t g_repeat = 1; /* strategies: passes over the list */
 static double g_think_us = 0; /* mean think time between a result and the next step (0: none) */
 /* --cpus: where the controller and the worker may run (empty set: anywhere). */
 static cpu_set_t g_ctl_cpus, g_wrk_cpus;
-static bool
-    g_unix; /* --unix: the controller listens on a Unix socket (its port's number names it) */
+/* --unix: the controller listens on a Unix socket (its port's number names it: ctl_target). */
+static bool g_unix;
 /* lifecycle replicas (Session streams, one thread each) */ /* the running cluster's controller,
                                                                for worker counters */
 
@@ -138,6 +138,15 @@ static void parse_cpus_option(const char *arg) {
 
 /* ---- processes ----------------------------------------------------------------------------- */
 
+/* The controller's address for port: its listen address and how clients dial it (--unix: a
+ * socket named after the port, else loopback TCP). */
+static void ctl_target(int port, char *out, size_t n) {
+    if (g_unix)
+        snprintf(out, n, "unix:/tmp/bench_controller.%d.sock", port);
+    else
+        snprintf(out, n, "127.0.0.1:%d", port);
+}
+
 typedef struct proc {
     pid_t pid;
     int port;
@@ -165,12 +174,12 @@ static void spawn(proc *p, const char *bin, const char *const *extra) {
     p->port = free_port();
     if (p->port < 0) die("no free port");
     snprintf(p->log, sizeof p->log, "/tmp/bench_controller.%d.%s.log", (int)getpid(), bin);
-    char listen[64], path[PATH_MAX + 96];
-    if (g_unix && strcmp(bin, "pie-controller") == 0)
-        snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=unix:/tmp/bench_controller.%d.sock",
-                 p->port);
+    char listen[128], addr[64], path[PATH_MAX + 96];
+    if (strcmp(bin, "pie-controller") == 0)
+        ctl_target(p->port, addr, sizeof addr);
     else
-        snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=127.0.0.1:%d", p->port);
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", p->port);
+    snprintf(listen, sizeof listen, "PIE_SERVER_LISTEN=%s", addr);
     snprintf(path, sizeof path, "%s/%s", g_bin, bin);
     char *env[256];
     size_t n = 0;
@@ -246,14 +255,6 @@ static double proc_cpu_us(pid_t pid) {
     if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
         return -1;
     return (double)(utime + stime) * 1e6 / (double)sysconf(_SC_CLK_TCK);
-}
-
-/* How a client reaches the controller listening under port (see spawn). */
-static void ctl_target(int port, char *out, size_t n) {
-    if (g_unix)
-        snprintf(out, n, "unix:/tmp/bench_controller.%d.sock", port);
-    else
-        snprintf(out, n, "127.0.0.1:%d", port);
 }
 
 static rpc_channel *channel(int port) {

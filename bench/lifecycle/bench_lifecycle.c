@@ -731,6 +731,8 @@ static void wait_optimized(const char *id) {
 static void cluster_start(const char *dir, bool tier1, const char *cpu_model) {
     /* outlive the call */
     static char ctl_env[4200], dir_env[4200], model_env[4200], tok_env[4200], listen_env[4200];
+    char sock[4100];
+    snprintf(sock, sizeof sock, "unix:%s/ctl.sock", dir);
     const char *ctl_envs[6] = {0};
     size_t n_ctl = 0;
     while (g_ctl_env[n_ctl]) {
@@ -738,13 +740,12 @@ static void cluster_start(const char *dir, bool tier1, const char *cpu_model) {
         n_ctl++;
     }
     if (g_unix) {
-        snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:0,unix:%s/ctl.sock",
-                 dir);
+        snprintf(listen_env, sizeof listen_env, "PIE_SERVER_LISTEN=127.0.0.1:0,%s", sock);
         ctl_envs[n_ctl] = listen_env;
     }
     g_ctl = start("pie-controller", ctl_envs);
     if (g_unix)
-        snprintf(ctl_env, sizeof ctl_env, "PIE_CONTROLLER_ADDRESS=unix:%s/ctl.sock", dir);
+        snprintf(ctl_env, sizeof ctl_env, "PIE_CONTROLLER_ADDRESS=%s", sock);
     else
         pie_proc_env_controller(g_ctl, ctl_env, sizeof ctl_env);
     snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", dir);

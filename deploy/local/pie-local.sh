@@ -17,9 +17,8 @@
 # Ports (base B, default 50050): lifecycle replica i at B+1+10i, controller at B+2, worker i at
 # B+3+10i, gateway i at B+4+10i (gRPC health) and B+5+10i (its OpenAI HTTP API); each service's
 # /metrics at its gRPC port + 10000. The controller also listens on RUN_DIR/controller.sock, and
-# the workers and replicas dial that Unix socket: on one machine it costs a decode step less than
-# loopback TCP (no TCP stack, no ACKs: bench/results/controller.md); clients (piectl) use the
-# port.
+# the workers and replicas dial that Unix socket: across cores it costs a decode step less than
+# loopback TCP (bench/results/controller.md); clients (piectl) use the port.
 set -euo pipefail
 
 workers=1 tp=1 lifecycles=1 gateways=auto base=50050 check=0 stay=0 token="${PIE_TOKEN:-}"
@@ -133,7 +132,8 @@ addrs=() lc_addrs=() wrk_addrs=()
 ctl=$((base + 2))
 # A Unix socket's path must fit sun_path (108 bytes with its NUL); a longer run directory keeps
 # the services on TCP.
-ctl_sock="$rundir/controller.sock" ctl_dial="unix:$rundir/controller.sock"
+ctl_sock="$rundir/controller.sock"
+ctl_dial="unix:$ctl_sock"
 if [ ${#ctl_sock} -gt 100 ]; then ctl_sock="" ctl_dial="127.0.0.1:$ctl"; fi
 start controller "$ctl"
 for ((i = 0; i < workers; i++)); do

@@ -91,8 +91,8 @@ typedef struct rpc_server_opts {
     const char *addr;          /* "0.0.0.0:5000"; port 0 picks a free one (rpc_server_port).
                                   Several, comma-separated, are all bound, e.g.
                                   "0.0.0.0:50052,unix:/run/pie/controller.sock": a Unix
-                                  socket for the services of the same machine (no TCP, no
-                                  ACKs: bench/results/controller.md) */
+                                  socket for the services of the same machine (cheaper across
+                                  cores than loopback TCP: bench/results/controller.md) */
     int n_threads;             /* completion-queue threads; 0 → 1. gRPC's epoll poller has
                                   one polling thread at a time, so with more CQ threads some
                                   events are read by one thread and handed to another (a
