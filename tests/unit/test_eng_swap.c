@@ -464,3 +464,130 @@ Test(wrk_tier, an_idle_link_prefetches_the_next_steps_first_layers) {
     }
     wrk_tier_close(t);
 }
+
+/* A real device's hooks (wrk_tier_mem), on host memory: what the cuda backend plugs in, seen
+ * from the tier's side. */
+typedef struct fake_dev {
+    int allocs, frees, pins, unpins;
+    uint64_t moves_out, moves_in;
+    bool out_before_release; /* a layer moved out while the engine still held it */
+    int64_t held;            /* the layer the test holds, or -1 */
+    pthread_mutex_t mu;
+} fake_dev;
+
+static pie_code fake_alloc(void *user, size_t bytes, void **out, pie_status *st) {
+    (void)st;
+    ((fake_dev *)user)->allocs++;
+    *out = calloc(1, bytes);
+    return *out ? PIE_OK : PIE_RESOURCE_EXHAUSTED;
+}
+static void fake_free(void *user, void *p) {
+    ((fake_dev *)user)->frees++;
+    free(p);
+}
+static pie_code fake_pin(void *user, void *p, size_t bytes, pie_status *st) {
+    (void)p, (void)bytes, (void)st;
+    ((fake_dev *)user)->pins++;
+    return PIE_OK;
+}
+static void fake_unpin(void *user, void *p) {
+    (void)p;
+    ((fake_dev *)user)->unpins++;
+}
+static pie_code fake_move(void *user, uint32_t l, bool to_host, void *dst, const void *src,
+                          size_t bytes, pie_status *st) {
+    (void)st;
+    fake_dev *f = user;
+    pthread_mutex_lock(&f->mu);
+    if (to_host && f->held == (int64_t)l) f->out_before_release = true;
+    (*(to_host ? &f->moves_out : &f->moves_in))++;
+    pthread_mutex_unlock(&f->mu);
+    memcpy(dst, src, bytes);
+    return PIE_OK;
+}
+
+/* A device region of 3 buffers for 6 layers: layers 3-5 start on the host (zero), every layer
+ * keeps its own bytes across steps, slots never exceed the buffers, every move goes through
+ * the device's hook, and close gives back what open took. */
+Test(wrk_tier, a_device_region_smaller_than_the_model_holds_slots_buffers_only) {
+    fake_dev f = {.held = -1};
+    pthread_mutex_init(&f.mu, NULL);
+    wrk_tier_mem mem = {.user = &f,
+                        .dev_alloc = fake_alloc,
+                        .dev_free = fake_free,
+                        .host_pin = fake_pin,
+                        .host_unpin = fake_unpin,
+                        .move = fake_move};
+    wrk_tier_config c = {.n_layers = 6,
+                         .layer_bytes = 4096,
+                         .slots = 3,
+                         .min_slots = 2,
+                         .host_buffers = 6,
+                         .device_buffers = 3,
+                         .mem = &mem};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(f.allocs, 1);
+    cr_assert_eq(f.pins, 1);
+    wrk_tier_stats s;
+    wrk_tier_get_stats(t, &s);
+    cr_assert_eq(s.on_device, 3);
+    cr_assert_eq(s.on_host, 3);
+    cr_assert_eq(wrk_tier_set_slots(t, 6), 3, "slots past the device's buffers");
+    wrk_tier_touch(t, 4096);
+    for (int step = 0; step < 3; step++)
+        for (uint32_t l = 0; l < 6; l++) {
+            void *base = NULL;
+            cr_assert_eq(wrk_tier_acquire(t, l, &base, &st), PIE_OK, "%s", st.msg);
+            pthread_mutex_lock(&f.mu);
+            f.held = l;
+            pthread_mutex_unlock(&f.mu);
+            unsigned char *b = base;
+            if (step == 0) {
+                cr_assert_eq(b[0], 0, "layer %u starts zeroed", l);
+                cr_assert_eq(b[4095], 0);
+                memset(b, (int)(l + 1), 4096);
+            }
+            cr_assert_eq(b[0], l + 1, "step %d layer %u holds layer %u's bytes", step, l,
+                         b[0] - 1u);
+            cr_assert_eq(b[4095], l + 1);
+            pthread_mutex_lock(&f.mu);
+            f.held = -1;
+            pthread_mutex_unlock(&f.mu);
+            wrk_tier_release(t, l);
+            wrk_tier_get_stats(t, &s);
+            cr_assert_leq(s.on_device, 3);
+        }
+    wrk_tier_quiesce(t);
+    wrk_tier_get_stats(t, &s);
+    cr_assert_eq(s.swaps_out, f.moves_out, "every move out went through the hook");
+    cr_assert_eq(s.swaps_in, f.moves_in);
+    cr_assert_geq(f.moves_in, 9, "3 host layers fetched in each of 3 steps (%llu)",
+                  (unsigned long long)f.moves_in);
+    cr_assert(!f.out_before_release, "a layer moved out while the engine held it");
+    wrk_tier_close(t);
+    cr_assert_eq(f.frees, 1);
+    cr_assert_eq(f.unpins, 1);
+    pthread_mutex_destroy(&f.mu);
+}
+
+Test(wrk_tier, device_buffers_fewer_than_min_slots_or_slots_are_refused) {
+    wrk_tier_config c = {.n_layers = 6,
+                         .layer_bytes = 4096,
+                         .slots = 2,
+                         .min_slots = 3,
+                         .host_buffers = 6,
+                         .device_buffers = 2};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    c.min_slots = 2;
+    c.slots = 4;
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_INVALID_ARGUMENT);
+    cr_assert_str_eq(st.msg, "swap: slots 4 is out of range [2, 2]");
+    c.min_slots = 3;
+    c.slots = 3;
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_INVALID_ARGUMENT);
+    cr_assert_str_eq(st.msg, "swap: device_buffers 2 is out of range [3, 6]");
+    cr_assert_null(t);
+}

@@ -47,6 +47,8 @@ typedef struct wrk_tier_region {
     uint32_t n;
     int32_t *free; /* stack of free buffer indices */
     uint32_t n_free;
+    const wrk_tier_mem *device_mem; /* the device region's allocator (a real device), or NULL: mmap */
+    const wrk_tier_mem *pinned_by; /* the host region was pinned through it, or NULL */
 } wrk_tier_region;
 
 struct wrk_tier {
@@ -77,14 +79,19 @@ static uint64_t wrk_tier_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint32_t wrk_tier_dev_buffers(const wrk_tier_config *c) {
+    return c->device_buffers ? c->device_buffers : c->n_layers;
+}
+
 uint32_t wrk_tier_host_buffers_needed(uint32_t n_layers, uint32_t min_slots) {
     return n_layers >= min_slots ? n_layers - min_slots + 2 : 2;
 }
 
 /* ---- regions ----------------------------------------------------------------------------- */
 
+/* dev: allocate the region on a real device through it (NULL: host memory). */
 static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each, const char *what,
-                                     pie_status *st) {
+                                     const wrk_tier_mem *dev, pie_status *st) {
     memset(r, 0, sizeof *r);
     if (n == 0) return PIE_OK;
     if (each == 0 || each > SIZE_MAX / n)
@@ -92,16 +99,33 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
                               "swap: the %s region of %u layer buffers of %zu bytes is too large",
                               what, n, each);
     size_t bytes = each * n;
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
     r->free = malloc(sizeof *r->free * n);
-    if (p == MAP_FAILED || !r->free) {
-        if (p != MAP_FAILED) (void)munmap(p, bytes);
-        free(r->free);
-        r->free = NULL;
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                              "swap: cannot allocate the %s region (%u layer buffers of %zu bytes)",
-                              what, n, each);
+    if (!r->free)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: out of memory");
+    void *p = NULL;
+    if (dev) {
+        pie_status why;
+        pie_status_ok(&why);
+        if (dev->dev_alloc(dev->user, bytes, &p, &why) != PIE_OK) {
+            free(r->free);
+            r->free = NULL;
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                                  "swap: cannot allocate the %s region (%u layer buffers of %zu "
+                                  "bytes): %s",
+                                  what, n, each, why.msg);
+        }
+        r->device_mem = dev;
+    } else {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+        if (p == MAP_FAILED) {
+            free(r->free);
+            r->free = NULL;
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                                  "swap: cannot allocate the %s region (%u layer buffers of %zu "
+                                  "bytes)",
+                                  what, n, each);
+        }
     }
     r->base = p;
     r->bytes = bytes;
@@ -112,7 +136,9 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
 }
 
 static void wrk_tier_region_close(wrk_tier_region *r) {
-    if (r->base) (void)munmap(r->base, r->bytes);
+    if (r->pinned_by) r->pinned_by->host_unpin(r->pinned_by->user, r->base);
+    if (r->base && r->device_mem) r->device_mem->dev_free(r->device_mem->user, r->base);
+    else if (r->base) (void)munmap(r->base, r->bytes);
     free(r->free);
     memset(r, 0, sizeof *r);
 }
@@ -241,11 +267,13 @@ static void wrk_tier_sleep_until(uint64_t until_ns) {
 }
 
 /* Moves a layer's first `bytes` (outside mu): the data, then the emulated link time. */
-static pie_code wrk_tier_move(wrk_tier *t, void *dst, const void *src, size_t bytes,
-                              pie_status *st) {
+static pie_code wrk_tier_move(wrk_tier *t, uint32_t l, bool to_host, void *dst, const void *src,
+                              size_t bytes, pie_status *st) {
     uint64_t t0 = wrk_tier_now_ns();
     pie_code rc = PIE_OK;
-    if (t->cfg.copy)
+    if (t->cfg.mem)
+        rc = t->cfg.mem->move(t->cfg.mem->user, l, to_host, dst, src, bytes, st);
+    else if (t->cfg.copy)
         rc = t->cfg.copy(t->cfg.copy_user, dst, src, bytes, st);
     else
         memcpy(dst, src, bytes);
@@ -269,7 +297,7 @@ static void *wrk_tier_link_main(void *arg) {
         pthread_mutex_unlock(&t->mu);
         pie_status st;
         pie_status_ok(&st);
-        pie_code rc = wrk_tier_move(t, in ? dev : host, in ? host : dev, bytes, &st);
+        pie_code rc = wrk_tier_move(t, l, !in, in ? dev : host, in ? host : dev, bytes, &st);
         pthread_mutex_lock(&t->mu);
         if (rc != PIE_OK && !t->failed) {
             pie_status_set(&t->failure, rc, "swap: moving layer %u %s failed: %s", l,
@@ -294,10 +322,18 @@ static pie_code wrk_tier_check(const wrk_tier_config *c, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "swap: min_slots %u is out of range [%u, %u] for %u layers",
                               c->min_slots, floor_slots, n, n);
-    if (c->slots < c->min_slots || c->slots > n)
+    uint32_t bufs = wrk_tier_dev_buffers(c);
+    if (bufs < c->min_slots || bufs > n)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "swap: device_buffers %u is out of range [%u, %u]", bufs,
+                              c->min_slots, n);
+    if (c->slots < c->min_slots || c->slots > bufs)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: slots %u is out of range [%u, %u]",
-                              c->slots, c->min_slots, n);
-    uint32_t need = wrk_tier_host_buffers_needed(n, c->min_slots);
+                              c->slots, c->min_slots, bufs);
+    if (c->mem && (!c->mem->dev_alloc || !c->mem->dev_free || !c->mem->host_pin ||
+                   !c->mem->host_unpin || !c->mem->move))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: a device needs all five hooks");
+    uint32_t need = wrk_tier_host_buffers_needed(n, c->min_slots); /* >= n - bufs */
     if (c->host_buffers < need)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "swap: the host pool holds %u layer caches of %zu bytes; %u layers "
@@ -329,15 +365,25 @@ pie_code wrk_tier_open(const wrk_tier_config *cfg, wrk_tier **out, pie_status *s
         rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: out of memory");
         goto fail;
     }
-    rc = wrk_tier_region_open(&t->dev, n, cfg->layer_bytes, "device", st);
+    rc = wrk_tier_region_open(&t->dev, wrk_tier_dev_buffers(cfg), cfg->layer_bytes, "device",
+                              cfg->mem, st);
     if (rc == PIE_OK)
-        rc = wrk_tier_region_open(&t->host, cfg->host_buffers, cfg->layer_bytes, "host", st);
+        rc = wrk_tier_region_open(&t->host, cfg->host_buffers, cfg->layer_bytes, "host", NULL, st);
     if (rc == PIE_OK && cfg->host_numa_bind && t->host.bytes)
         rc = wrk_numa_bind(t->host.base, t->host.bytes, cfg->host_numa_node,
                            "the swap policy's host region", st);
+    if (rc == PIE_OK && cfg->mem && t->host.bytes) { /* after binding: pinning faults it in */
+        rc = cfg->mem->host_pin(cfg->mem->user, t->host.base, t->host.bytes, st);
+        if (rc == PIE_OK) t->host.pinned_by = cfg->mem;
+    }
     if (rc != PIE_OK) goto fail;
-    for (uint32_t l = 0; l < n; l++) /* layer l on device buffer l (the free stack pops 0 first) */
-        t->layers[l] = (wrk_tier_layer){WRK_TIER_ON_DEVICE, wrk_tier_take(&t->dev), -1};
+    /* layer l on device buffer l (the free stack pops 0 first), on the host past the device's
+     * buffers (zero there as well) */
+    for (uint32_t l = 0; l < n; l++) {
+        int32_t d = wrk_tier_take(&t->dev);
+        t->layers[l] = d >= 0 ? (wrk_tier_layer){WRK_TIER_ON_DEVICE, d, -1}
+                              : (wrk_tier_layer){WRK_TIER_ON_HOST, -1, wrk_tier_take(&t->host)};
+    }
     for (int d = 0; d < 2; d++) {
         if (pthread_create(&t->link[d].thread, NULL, wrk_tier_link_main, &t->link[d]) != 0) {
             rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: cannot start the copy engine");
@@ -448,7 +494,7 @@ void wrk_tier_resume(wrk_tier *t) {
 uint32_t wrk_tier_set_slots(wrk_tier *t, uint32_t slots) {
     pthread_mutex_lock(&t->mu);
     if (slots < t->cfg.min_slots) slots = t->cfg.min_slots;
-    if (slots > t->cfg.n_layers) slots = t->cfg.n_layers;
+    if (slots > t->dev.n) slots = t->dev.n;
     t->slots = slots;
     wrk_tier_pump(t);
     pthread_mutex_unlock(&t->mu);

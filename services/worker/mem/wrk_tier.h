@@ -38,12 +38,35 @@
 typedef pie_code (*wrk_tier_copy_fn)(void *user, void *dst, const void *src, size_t bytes,
                                      pie_status *st);
 
+/* A real device behind the "device" region (the cuda backend; NULL: both regions are host
+ * memory and layers move with `copy` or memcpy). */
+typedef struct wrk_tier_mem {
+    void *user;
+    /* The device region, zeroed; released by dev_free at close. */
+    pie_code (*dev_alloc)(void *user, size_t bytes, void **out, pie_status *st);
+    void (*dev_free)(void *user, void *p);
+    /* Pins the host region (mapped and NUMA-bound by the tier) for the device's copy engines;
+     * undone by host_unpin at close. */
+    pie_code (*host_pin)(void *user, void *p, size_t bytes, pie_status *st);
+    void (*host_unpin)(void *user, void *p);
+    /* Moves the first `bytes` of layer l (instead of `copy`), on the calling copy thread, and
+     * returns when they have arrived; to_host: out of the device region (the device must be
+     * done with the layer first: it was released, its work may still be queued). */
+    pie_code (*move)(void *user, uint32_t l, bool to_host, void *dst, const void *src,
+                     size_t bytes, pie_status *st);
+} wrk_tier_mem;
+
 typedef struct wrk_tier_config {
     uint32_t n_layers;       /* n >= 1 */
     size_t layer_bytes;      /* one layer's cache for the whole page-id space */
     uint32_t slots;          /* layers the device holds at start, min_slots..n (n: no swapping) */
     uint32_t min_slots;      /* fewest slots set_slots accepts: 2..n (1 when n is 1) */
     uint32_t host_buffers;   /* >= n - min_slots + 2 (wrk_tier_host_buffers_needed) */
+    /* Layer buffers of the device region: 0 means n (the cpu backend: budget enforced by the
+     * page count); a real device allocates only its budget, so slots can never exceed it
+     * (min_slots..device_buffers), and layers device_buffers..n-1 start on the host. */
+    uint32_t device_buffers;
+    const wrk_tier_mem *mem; /* NULL: host memory both sides */
     double link_bytes_per_s; /* emulated link, each direction; 0: as fast as the copy goes */
     wrk_tier_copy_fn copy;   /* NULL: memcpy */
     void *copy_user;
@@ -67,8 +90,9 @@ typedef struct wrk_tier wrk_tier;
  * in flight each way. */
 uint32_t wrk_tier_host_buffers_needed(uint32_t n_layers, uint32_t min_slots);
 
-/* Allocates both regions (zeroed; layer l starts on device buffer l, then the pipeline moves
- * what `slots` does not allow) and starts the copy threads. */
+/* Allocates both regions (zeroed; layer l starts on device buffer l — on the host past
+ * device_buffers —, then the pipeline moves what `slots` does not allow) and starts the copy
+ * threads. */
 pie_code wrk_tier_open(const wrk_tier_config *cfg, wrk_tier **out, pie_status *st);
 void wrk_tier_close(wrk_tier *t);
 
@@ -89,7 +113,7 @@ void wrk_tier_hold(wrk_tier *t);
 void *wrk_tier_where(wrk_tier *t, uint32_t l);
 void wrk_tier_resume(wrk_tier *t);
 
-/* New device budget in layers (between steps; clamped to min_slots..n). Fewer slots: the
+/* New device budget in layers (between steps; clamped to min_slots..device_buffers). Fewer slots: the
  * pipeline evicts down to it; more: it fetches back. */
 uint32_t wrk_tier_set_slots(wrk_tier *t, uint32_t slots);
 
