@@ -7,7 +7,7 @@
 # libraries and the test models into .devrun/stage.tar.xz) and this script unpacks and runs them.
 #
 # Usage (on the GPU machine, from the repository root, .devrun carried):
-#   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault nccl1 gen1b gen8b bggen waitgen
+#   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault swap nccl1 gen1b gen8b bggen waitgen
 #                 cmp1b cmp1b1500 cmp8b cmp8b1500 bench1b bench8b ctx1b ctx8b tf1b tf8b determ ncu1b ncu8b
 #                 gemm ncupre1b ncupre8b
 #                 worker memcheck initcheck racecheck
@@ -84,6 +84,8 @@ for s in "$@"; do
     krn)       step krn 150 "$B/unit_test_krn_cuda" --verbose --short-filename ;;
     eng)       step eng 200 "$B/unit_test_eng_cuda" --verbose --short-filename ;;
     fault)     step fault 60 "$B/unit_test_eng_cuda_fault" --verbose ;;
+    swap)      # issue 13: the swap policy's pinned pool, copy streams and layer events
+               step swap 90 "$B/unit_test_eng_cuda_swap" --verbose --short-filename ;;
     nccl1)     # issue 14: the engine over a one-rank NCCL communicator = the plain engine, the
                # decode graphs capturing its all-reduces, the next_dist split over 1-4 slices
                step nccl1 120 "$B/unit_test_eng_cuda_nccl" --verbose --short-filename ;;

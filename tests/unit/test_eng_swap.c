@@ -584,7 +584,7 @@ Test(wrk_tier, device_buffers_fewer_than_min_slots_or_slots_are_refused) {
     c.min_slots = 2;
     c.slots = 4;
     cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_INVALID_ARGUMENT);
-    cr_assert_str_eq(st.msg, "swap: slots 4 is out of range [2, 2]");
+    cr_assert_str_eq(st.msg, "swap: slots 4 is more than the device region's 2 layer buffers");
     c.min_slots = 3;
     c.slots = 3;
     cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_INVALID_ARGUMENT);

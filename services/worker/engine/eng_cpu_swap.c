@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "eng.h"
+#include "eng_check.h"
 #include "eng_cpu_impl.h"
 #include "wrk_coll.h"
 #include "wrk_tier.h"
@@ -56,20 +57,11 @@ static void eng_kv_touch(eng *e, uint32_t pages) {
 }
 
 void eng_kv_touch_forward(eng *e, const eng_forward_item *items, uint32_t n) {
-    if (!e->tier) return;
-    uint32_t top = 0;
-    for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; items[i].append_kv && j < items[i].n_kv_pages; j++)
-            if (items[i].kv_pages[j] >= top) top = items[i].kv_pages[j] + 1;
-    eng_kv_touch(e, top);
+    if (e->tier) eng_kv_touch(e, eng_check_kv_top_forward(items, n));
 }
 
 void eng_kv_touch_copies(eng *e, const eng_copy_item *items, uint32_t n) {
-    if (!e->tier) return;
-    uint32_t top = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (items[i].dst >= top) top = items[i].dst + 1;
-    eng_kv_touch(e, top);
+    if (e->tier) eng_kv_touch(e, eng_check_kv_top_copies(items, n));
 }
 
 pie_code eng_swap_share_slots(eng *e, pie_status *st) {

@@ -134,7 +134,9 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
         L->w_down = EC_CARVE(c, ec_mul(d, e->ffn), krn_bf16);
     }
     e->kv_layer_elems = ec_mul(ec_mul(kv_tokens, 2), e->kvd);
-    e->kv = EC_CARVE(c, ec_mul(e->kv_layer_elems, cf->n_layers ? cf->n_layers : 1), krn_bf16);
+    /* under the swap policy the layers live in the tier's regions (eng_cuda_swap.c) */
+    size_t pool_layers = e->swap_on ? 0 : (cf->n_layers ? cf->n_layers : 1);
+    e->kv = EC_CARVE(c, ec_mul(e->kv_layer_elems, pool_layers), krn_bf16);
     e->d_page_mask = EC_CARVE(c, kv_tokens, uint8_t);
     e->emb = EC_CARVE(c, ec_mul(in->embed_slots, d), float);
     e->inv_freq = EC_CARVE(c, cf->head_dim / 2, float);
@@ -366,10 +368,14 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         return pie_status_set(st, PIE_UNIMPLEMENTED,
                               "eng_open: a bf16 KV pool is implemented for the cpu backend only "
                               "so far (the cuda backend stores f32)");
-    if (opts->swap_slots) /* issue 13: the cpu backend has the swap data path so far */
+    if (opts->swap_slots && (opts->tp_size > 1 || opts->nccl))
         return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "eng_open: memory policy swap is implemented for the cpu backend "
-                              "only so far (the cuda backend runs policy gpu)");
+                              "eng_open: memory policy swap on the cuda backend runs one GPU "
+                              "(tp_size 1) so far");
+    if (opts->offload_device_pages) /* issue 13: the cpu backend has offload's data path */
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "eng_open: memory policy offload is implemented for the cpu "
+                              "backend only so far");
     eng_check_dims dims;
     pie_code rc = eng_check_opts(opts, &dims, st);
     if (rc != PIE_OK) return rc;
@@ -409,17 +415,24 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
         goto fail;
     }
+    e->swap_on = opts->swap_slots > 0 && c->n_layers > 0;
+    e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(krn_bf16);
+    snprintf(e->info.kv_dtype, sizeof e->info.kv_dtype, "bf16");
     rc = ec_open_device(e, st);
     if (rc == PIE_OK) rc = ec_alloc_host(e, st);
     if (rc == PIE_OK) rc = ec_open_pool(e, st);
     if (rc == PIE_OK) rc = ec_upload_weights(e, st);
     if (rc == PIE_OK) rc = ec_upload_freqs(e, st);
+    if (rc == PIE_OK) rc = ec_swap_open(e, opts, st);
     if (rc != PIE_OK) goto fail;
     size_t kv_tokens = (size_t)pages * ps;
-    e->info.kv_pool_bytes =
-        ec_mul(ec_mul(e->kv_layer_elems, sizeof(krn_bf16)), c->n_layers) + kv_tokens;
+    size_t device_layers = e->swap_on ? opts->swap_slots : c->n_layers;
+    size_t kv_layers_bytes = ec_mul(ec_mul(e->kv_layer_elems, sizeof(krn_bf16)), device_layers);
+    e->info.kv_pool_bytes = kv_layers_bytes + kv_tokens;
     e->info.embed_pool_bytes = (size_t)slots * c->hidden_size * sizeof(float);
-    e->info.scratch_bytes = e->pool_bytes - e->info.kv_pool_bytes - e->info.embed_pool_bytes;
+    /* the pool holds the rest (the swap policy's device region is allocated apart) */
+    e->info.scratch_bytes = e->pool_bytes - (e->swap_on ? 0 : kv_layers_bytes) - kv_tokens -
+                            e->info.embed_pool_bytes;
     *out = e;
     return PIE_OK;
 fail:
@@ -430,6 +443,7 @@ fail:
 void eng_cuda_close(eng_cuda *e) {
     if (!e) return;
     if (e->stream) (void)cudaStreamSynchronize(e->stream);
+    ec_swap_close(e); /* its copy threads use copy_stream */
     ec_graphs_free(e);
     if (e->cublas) (void)cublasDestroy(e->cublas);
     if (e->stream) (void)cudaStreamDestroy(e->stream);
@@ -508,24 +522,34 @@ pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_
     return PIE_OK;
 }
 
-pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st) {
-    if (n == 0) return PIE_OK;
-    pie_code rc = eng_check_copy(&e->info, items, n, st);
-    if (rc != PIE_OK) return rc;
-    uint32_t ps = e->info.kv_page_size;
-    EC_CUDA(st, cudaSetDevice(e->dev));
-    /* one launch per item, in order on the stream: a later item may read what an earlier one
-     * wrote */
+/* One launch per item (per layer under the swap policy: the layers are apart), in order on the
+ * stream: a later item may read what an earlier one wrote. Ends synchronised. */
+static pie_code ec_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n,
+                              pie_status *st) {
+    uint32_t ps = e->info.kv_page_size, L = e->info.n_layers;
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
         int src = (int)(c->src * ps + c->src_off), dst = (int)(c->dst * ps + c->dst_off);
-        EC_CUDA(st, krn_cuda_page_copy(e->kv, e->kv_layer_elems, (int)e->info.n_layers, (int)ps,
-                                       (int)e->kvd, e->d_page_mask, src, dst, (int)c->count,
-                                       e->stream));
+        for (uint32_t l = 0; l < (e->tier ? L : 1); l++) /* the mask bytes: the same each time */
+            EC_CUDA(st, krn_cuda_page_copy(ec_kv(e, l), e->kv_layer_elems, e->tier ? 1 : (int)L,
+                                           (int)ps, (int)e->kvd, e->d_page_mask, src, dst,
+                                           (int)c->count, e->stream));
         eng_mask_page_copy(e->page_mask, e->page_n_masked, ps, c);
     }
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
     return PIE_OK;
+}
+
+pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st) {
+    if (n == 0) return PIE_OK;
+    pie_code rc = eng_check_copy(&e->info, items, n, st);
+    if (rc != PIE_OK) return rc;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    ec_swap_touch(e, eng_check_kv_top_copies(items, n));
+    ec_swap_hold(e); /* swap policy: nothing moves, ec_kv(l) says where l is */
+    rc = ec_copy_items(e, items, n, st);
+    ec_swap_resume(e);
+    return rc;
 }
 
 /* The next run of consecutive ids at ids[*i] (ascending or descending): its lowest id and
@@ -545,24 +569,35 @@ static uint32_t ec_next_run(const uint32_t *ids, uint32_t n, uint32_t *i, uint32
     return lo;
 }
 
-pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pie_status *st) {
-    pie_code rc = eng_check_clear(&e->info, true, pages, n, st);
-    if (rc != PIE_OK || n == 0) return rc;
-    uint32_t ps = e->info.kv_page_size;
-    EC_CUDA(st, cudaSetDevice(e->dev));
-    /* the ids go through the per-batch table (checked ids are < kv_pages <= meta_words): every
-     * forward uploads its own tables before it runs, so nothing else reads them now */
+/* Clears pages[0, n) in every layer, through the per-batch table (checked ids are < kv_pages
+ * <= meta_words): every forward uploads its own tables before it runs, so nothing else reads
+ * them now. Under the swap policy one launch per layer (the layers are apart). */
+static pie_code ec_clear_ids(eng_cuda *e, const uint32_t *pages, uint32_t n, pie_status *st) {
+    uint32_t ps = e->info.kv_page_size, L = e->info.n_layers;
     for (uint32_t done = 0; done < n;) {
         uint32_t k = n - done < e->meta_words ? n - done : (uint32_t)e->meta_words;
         for (uint32_t i = 0; i < k; i++) e->h_meta[i] = (int32_t)pages[done + i];
         EC_CUDA(st, cudaMemcpyAsync(e->d_meta, e->h_meta, (size_t)k * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, e->stream));
-        EC_CUDA(st, krn_cuda_clear_pages(e->kv, e->kv_layer_elems, (int)e->info.n_layers, (int)ps,
-                                         (int)e->kvd, e->d_page_mask, e->d_meta, (int)k,
-                                         e->stream));
+        for (uint32_t l = 0; l < (e->tier ? L : 1); l++) /* the mask bytes: the same each time */
+            EC_CUDA(st, krn_cuda_clear_pages(ec_kv(e, l), e->kv_layer_elems, e->tier ? 1 : (int)L,
+                                             (int)ps, (int)e->kvd, e->d_page_mask, e->d_meta,
+                                             (int)k, e->stream));
         EC_CUDA(st, cudaStreamSynchronize(e->stream)); /* before h_meta is written again */
         done += k;
     }
+    return PIE_OK;
+}
+
+pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pie_status *st) {
+    pie_code rc = eng_check_clear(&e->info, true, pages, n, st);
+    if (rc != PIE_OK || n == 0) return rc;
+    uint32_t ps = e->info.kv_page_size;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    ec_swap_hold(e); /* swap policy: nothing moves, ec_kv(l) says where l is */
+    rc = ec_clear_ids(e, pages, n, st);
+    ec_swap_resume(e);
+    if (rc != PIE_OK) return rc;
     for (uint32_t i = 0; i < n; i++) {
         memset(e->page_mask + (size_t)pages[i] * ps, 0, ps);
         e->page_n_masked[pages[i]] = 0;

@@ -259,7 +259,7 @@ static krn_cuda_attn_args ec_attn_args(const eng_cuda *e, uint32_t layer, const 
         .n_tiles = (int)tl->n,
         .q = e->qkv,
         .q_stride = (int)e->qkvd,
-        .kv = e->kv + (size_t)layer * e->kv_layer_elems,
+        .kv = ec_kv(e, layer),
         .page_list = (const uint32_t *)(e->d_meta + L->pages),
         .page_mask = e->d_page_mask,
         .page_size = (int)e->info.kv_page_size,
@@ -318,8 +318,43 @@ static pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t
     return rc;
 }
 
+/* Layer l of the pass over *x (the output rows only in the last layer, *x then e->x2); *stored:
+ * the pass ends after it (K/V stored, nothing else read). */
+static pie_code ec_run_layer(eng_cuda *e, const ec_run *run, uint32_t l, float **x, bool *stored,
+                             pie_status *st) {
+    const mdl_config *c = &e->m->cfg;
+    const ec_meta_layout *L = &run->lay;
+    const int32_t *M = e->d_meta;
+    const ec_layer *Ly = &e->layers[l];
+    int d = (int)c->hidden_size;
+    uint32_t R = run->rows;
+    bool last = l + 1 == c->n_layers;
+    EC_CUDA(st, krn_cuda_add_rmsnorm(*x, l == 0 ? NULL : e->tmp, Ly->attn_norm, (int)R, d,
+                                     c->rms_eps, e->xn, NULL, e->stream));
+    pie_code rc = ec_linear(e, e->xn, R, (uint32_t)d, Ly->wqkv, e->qkvd, e->qkv, st);
+    if (rc != PIE_OK) return rc;
+    EC_CUDA(st, krn_cuda_rope_qkv_append(e->qkv, M + L->pos, (int)R, (int)e->nh, (int)e->nkv,
+                                         (int)c->head_dim, e->inv_freq, e->kb, e->vb, ec_kv(e, l),
+                                         (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
+    e->step_launches += 2;
+    *stored = last && run->n_out == 0;
+    if (*stored) return PIE_OK;
+    rc = ec_attention(e, l, run, last, st);
+    if (rc != PIE_OK) return rc;
+    uint32_t rows = R;
+    if (last) { /* only the output rows go on */
+        EC_CUDA(st, krn_cuda_gather_rows(e->x2, *x, M + L->out_row, (int)run->out_rows, d,
+                                         e->stream));
+        e->step_launches++;
+        *x = e->x2;
+        rows = run->out_rows;
+    }
+    return ec_layer_tail(e, Ly, *x, rows, st);
+}
+
 /* Enqueues the whole pass for the uploaded tables; nothing here waits or reads the host
- * tables, so it may run under stream capture. */
+ * tables, so it may run under stream capture (without the swap policy: under it each layer
+ * first waits for its cache to be on the device). */
 static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
     const mdl_config *c = &e->m->cfg;
     const ec_meta_layout *L = &run->lay;
@@ -330,30 +365,12 @@ static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
     EC_CUDA(st, krn_cuda_gather_rows(x, e->emb, M + L->in_slot, (int)R, d, e->stream));
     e->step_launches++;
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        const ec_layer *Ly = &e->layers[l];
-        bool last = l + 1 == c->n_layers;
-        EC_CUDA(st, krn_cuda_add_rmsnorm(x, l == 0 ? NULL : e->tmp, Ly->attn_norm, (int)R, d,
-                                         c->rms_eps, e->xn, NULL, e->stream));
-        pie_code rc = ec_linear(e, e->xn, R, (uint32_t)d, Ly->wqkv, e->qkvd, e->qkv, st);
+        pie_code rc = ec_swap_acquire(e, l, st); /* swap policy: layer l's cache is here */
         if (rc != PIE_OK) return rc;
-        EC_CUDA(st, krn_cuda_rope_qkv_append(e->qkv, M + L->pos, (int)R, (int)e->nh,
-                                             (int)e->nkv, (int)c->head_dim, e->inv_freq,
-                                             e->kb, e->vb, e->kv + (size_t)l * e->kv_layer_elems,
-                                             (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
-        e->step_launches += 2;
-        if (last && run->n_out == 0) return PIE_OK; /* K/V stored; nothing else is read */
-        rc = ec_attention(e, l, run, last, st);
-        if (rc != PIE_OK) return rc;
-        uint32_t rows = R;
-        if (last) { /* only the output rows go on */
-            EC_CUDA(st, krn_cuda_gather_rows(e->x2, x, M + L->out_row, (int)run->out_rows, d,
-                                             e->stream));
-            e->step_launches++;
-            x = e->x2;
-            rows = run->out_rows;
-        }
-        rc = ec_layer_tail(e, Ly, x, rows, st);
-        if (rc != PIE_OK) return rc;
+        bool stored = false;
+        rc = ec_run_layer(e, run, l, &x, &stored, st);
+        ec_swap_release(e, l); /* after its kernels were enqueued, even the failed ones */
+        if (rc != PIE_OK || stored) return rc;
     }
     if (run->n_out == 0) return PIE_OK;
     float *y = x == e->x ? e->x2 : e->x; /* the buffer x is not */
@@ -477,7 +494,8 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     if (rc != PIE_OK) return rc;
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
-    bool decode = ec_decode_shaped(e, items, n), graph = decode && e->graphs_on;
+    /* under the swap policy a layer's cache moves between steps: no graph holds its address */
+    bool decode = ec_decode_shaped(e, items, n), graph = decode && e->graphs_on && !e->tier;
     ec_run run = {0};
     e->step_launches = 0;
     run.rows = graph ? ec_bucket(T) : T;
@@ -489,6 +507,7 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     }
     run.out_rows = graph ? run.rows : (uint32_t)n_out;
     ec_fill_tables(e, items, n, T, run.rows, graph, &run);
+    ec_swap_touch(e, eng_check_kv_top_forward(items, n));
     rc = ec_upload_tables(e, &run, n_pages, n_runs, st);
     if (rc == PIE_OK) rc = graph ? ec_run_graph(e, &run, st) : ec_run_layers(e, &run, st);
     if (rc == PIE_OK && e->fault_after && ++e->forward_calls == e->fault_after)

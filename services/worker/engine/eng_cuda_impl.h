@@ -17,6 +17,7 @@
 #include "eng_tp_dist.h"
 #include "krn_cuda.h"
 #include "mdl.h"
+#include "wrk_tier.h"
 
 #define EC_ALIGN       256u /* every carved device buffer */
 #define EC_DIST_ROWS   64u  /* slots per lm_head call in next_dist */
@@ -161,7 +162,18 @@ struct eng_cuda {
     uint32_t *h_g_ids;
     float *h_g_vals;
 
-    cudaStream_t stream, copy_stream; /* copy_stream: reserved for the memory-tier work */
+    cudaStream_t stream, copy_stream; /* copy_stream: the swap policy's moves to the device */
+
+    /* the swap policy (eng_cuda_swap.c); tier NULL: kv holds every layer for good */
+    bool swap_on; /* asked for at open (the pool then carves no layer) */
+    struct wrk_tier *tier;
+    wrk_tier_mem swap_mem;        /* the tier's hooks into this device */
+    cudaStream_t copy_out_stream; /* its moves to the host */
+    cudaEvent_t *layer_done;      /* [n_layers]: after a forward's last kernel on the layer */
+    krn_bf16 **kv_at;             /* [n_layers]: layer l's cache now (acquired or held) */
+    size_t kv_layer_bytes;
+    pie_code (*swap_copy)(void *user, void *dst, const void *src, size_t bytes, pie_status *st);
+    void *swap_copy_user;
     cublasHandle_t cublas;
 
     bool graphs_on;
@@ -176,6 +188,23 @@ struct eng_cuda {
  * launch in step_launches. */
 pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
                    uint32_t out, float *y, pie_status *st);
+
+/* eng_cuda_swap.c: the swap policy on this device. Without it (e->tier NULL) the helpers do
+ * nothing and ec_kv is layer l's part of the pool. */
+pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st);
+void ec_swap_close(eng_cuda *e);
+krn_bf16 *ec_kv(const eng_cuda *e, uint32_t l);
+/* Waits until layer l's cache is on the device (a failed move: its message, the layer not
+ * acquired) and points ec_kv(l) at it. */
+pie_code ec_swap_acquire(eng_cuda *e, uint32_t l, pie_status *st);
+/* After the last kernel on layer l is enqueued: the layer may move once they ran. */
+void ec_swap_release(eng_cuda *e, uint32_t l);
+/* Around handlers that touch every layer: nothing moves, ec_kv(l) is where l is (the device,
+ * or the pinned host pool, which kernels address at its host address). */
+void ec_swap_hold(eng_cuda *e);
+void ec_swap_resume(eng_cuda *e);
+/* Raise the prefix the tier moves to `pages` pages. */
+void ec_swap_touch(eng_cuda *e, uint32_t pages);
 
 /* eng_cuda_fwd.c: releases every captured graph. */
 void ec_graphs_free(eng_cuda *e);

@@ -322,14 +322,18 @@ static pie_code wrk_tier_check(const wrk_tier_config *c, pie_status *st) {
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "swap: min_slots %u is out of range [%u, %u] for %u layers",
                               c->min_slots, floor_slots, n, n);
+    if (c->slots < c->min_slots || c->slots > n)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: slots %u is out of range [%u, %u]",
+                              c->slots, c->min_slots, n);
     uint32_t bufs = wrk_tier_dev_buffers(c);
     if (bufs < c->min_slots || bufs > n)
         return pie_status_set(st, PIE_INVALID_ARGUMENT,
                               "swap: device_buffers %u is out of range [%u, %u]", bufs,
                               c->min_slots, n);
-    if (c->slots < c->min_slots || c->slots > bufs)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: slots %u is out of range [%u, %u]",
-                              c->slots, c->min_slots, bufs);
+    if (c->slots > bufs)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "swap: slots %u is more than the device region's %u layer buffers",
+                              c->slots, bufs);
     if (c->mem && (!c->mem->dev_alloc || !c->mem->dev_free || !c->mem->host_pin ||
                    !c->mem->host_unpin || !c->mem->move))
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: a device needs all five hooks");

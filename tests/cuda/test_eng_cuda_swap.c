@@ -1,0 +1,256 @@
+/* test_eng_cuda_swap.c — the swap policy on the cuda backend (issue 13; eng_cuda.h's
+ * eng_cuda_swap_*, engine/eng_cuda_swap.c): the device holds the KV of `slots` of the model's
+ * layers, the pinned host pool the others, and two copy streams move whole layers while the
+ * forward computes.
+ *
+ * The promise tested: swapping changes where bytes are, never what is computed. The same
+ * workloads run on a cuda engine without swapping (policy gpu; graphs off, as swap runs them)
+ * and on engines with 2 and 3 of small-bf16's layers on the device; every output's logits must
+ * be BIT-identical, and the engine must have swapped (layers seen on the host, bytes moved both
+ * ways, every step). Why a broken swap fails: every layer holds different K/V, and with fewer
+ * slots than layers each layer leaves the device and comes back every step — a move that read
+ * before the kernels wrote (a missing wait on the layer's event) or a layer handed another's
+ * buffer changes the logits; `a_move_that_copies_nothing_is_caught` shows that the comparison
+ * sees it. Fault cases: a failing move fails the forward that needed the layer with the
+ * move's message, and the next forward runs. Skips visibly where there is no CUDA device. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_test.h"
+#include "eng.h"
+#include "eng_cuda.h"
+#include "kcheck.h"
+
+#include <cuda_runtime_api.h>
+
+#define PAGE 16
+enum { SEQS = 5, CTX = 40, STEPS = 3, PER = (CTX + STEPS + PAGE - 1) / PAGE };
+enum { FORK_CTX = 2 * PAGE + 5 };
+
+typedef struct swap_setup {
+    uint32_t slots; /* 0: policy gpu */
+    pie_code (*copy)(void *user, void *dst, const void *src, size_t bytes, pie_status *st);
+    void *copy_user;
+} swap_setup;
+
+static eng_cuda *open_swap(const swap_setup *s, pie_status *st) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/small-bf16", PIE_MODELS_DIR);
+    eng_opts o = {.model_dir = dir,
+                  .backend = ENG_BACKEND_CUDA,
+                  .kv_page_size = PAGE,
+                  .kv_pages = SEQS * PER + 8,
+                  .embed_slots = CTX + 2 * SEQS + 8,
+                  .max_batch_tokens = CTX,
+                  .swap_slots = s->slots,
+                  .swap_host_bytes = 64u << 20,
+                  .swap_copy = s->copy,
+                  .swap_copy_user = s->copy_user};
+    eng_cuda *g = NULL;
+    pie_code rc = eng_cuda_open(&o, &g, st);
+    if (rc == PIE_OK) eng_cuda_set_graphs(g, false); /* swap never replays graphs */
+    return rc == PIE_OK ? g : NULL;
+}
+
+static eng_cuda *open_ok(const swap_setup *s) {
+    pie_status st = {0};
+    eng_cuda *g = open_swap(s, &st);
+    cr_assert_not_null(g, "eng_cuda_open with %u slots: %s", s->slots, st.msg);
+    return g;
+}
+
+static pie_code g_embed(void *ctx, const uint32_t *slots, const uint32_t *tokens,
+                        const uint32_t *positions, uint32_t n, pie_status *st) {
+    return eng_cuda_embed_text(ctx, slots, tokens, positions, n, st);
+}
+static pie_code g_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
+    return eng_cuda_forward(ctx, items, n, st);
+}
+static pie_code g_mask_page(void *ctx, uint32_t page, const bool *masked, pie_status *st) {
+    return eng_cuda_mask_page(ctx, page, masked, st);
+}
+static pie_code g_logits(void *ctx, uint32_t slot, float *logits, pie_status *st) {
+    return eng_cuda_logits(ctx, slot, logits, st);
+}
+
+static kc_engine kc_of(eng_cuda *e) {
+    const eng_info *in = eng_cuda_get_info(e);
+    return (kc_engine){.ctx = e,
+                       .embed_text = g_embed,
+                       .forward = g_forward,
+                       .mask_page = g_mask_page,
+                       .logits = g_logits,
+                       .vocab = in->vocab_size,
+                       .page_size = in->kv_page_size};
+}
+
+/* kcheck's decode scenario (SEQS sequences, prefill then STEPS decode steps of all of them),
+ * then a fork: sequence 0's first FORK_CTX tokens copied into fresh pages (a page copy of two
+ * whole pages and a partial one, after clear_pages of the destination), one token decoded on
+ * the fork. logits ← [SEQS + 1][vocab] (malloc'ed). Sequence 0 lives in pages 0-2. */
+static float *run_workload(eng_cuda *g, uint32_t *vocab) {
+    kc_engine k = kc_of(g);
+    *vocab = k.vocab;
+    float *l = malloc(sizeof(float) * (SEQS + 1) * k.vocab);
+    cr_assert_not_null(l);
+    char why[512];
+    cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
+    pie_status st = {0};
+    uint32_t fork[3] = {SEQS * PER, SEQS * PER + 1, SEQS * PER + 2};
+    cr_assert_eq(eng_cuda_clear_pages(g, fork, 3, &st), PIE_OK, "%s", st.msg);
+    eng_copy_item cp[2] = {{.src = 0, .dst = fork[0], .count = PAGE},
+                           {.src = 1, .dst = fork[1], .count = PAGE}};
+    eng_copy_item tail = {.src = 2, .dst = fork[2], .count = FORK_CTX - 2 * PAGE};
+    cr_assert_eq(eng_cuda_copy_pages(g, cp, 2, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_cuda_copy_pages(g, &tail, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t in = CTX + 2 * SEQS, out = in + 1, tok = 7, pos = FORK_CTX;
+    cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos, 1, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item it = {.kv_pages = fork,
+                           .n_kv_pages = 3,
+                           .kv_last_page_len = FORK_CTX + 1 - 2 * PAGE,
+                           .append_kv = true,
+                           .in_slots = &in,
+                           .n_in = 1,
+                           .out_slots = &out,
+                           .n_out = 1};
+    cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)SEQS * k.vocab, &st), PIE_OK, "%s", st.msg);
+    return l;
+}
+
+static float *gpu_reference(uint32_t *vocab) {
+    swap_setup none = {0};
+    eng_cuda *g = open_ok(&none);
+    float *l = run_workload(g, vocab);
+    eng_cuda_close(g);
+    return l;
+}
+
+Test(eng_cuda_swap, outputs_are_bitwise_those_of_policy_gpu_with_2_and_3_layers_on_the_device) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    uint32_t vocab;
+    float *want = gpu_reference(&vocab);
+    for (uint32_t slots = 2; slots <= 3; slots++) {
+        swap_setup s = {.slots = slots};
+        eng_cuda *g = open_ok(&s);
+        const eng_info *in = eng_cuda_get_info(g);
+        cr_assert_lt(slots, in->n_layers, "small-bf16 must have more layers than slots");
+        float *got = run_workload(g, &vocab);
+        eng_cuda_swap_quiesce(g);
+        eng_swap_stats ss;
+        eng_cuda_swap_get_stats(g, &ss);
+        cr_assert_eq(ss.slots, slots);
+        cr_assert_leq(ss.on_device, slots);
+        cr_assert_geq(ss.on_host, in->n_layers - slots);
+        /* every forward brings every host layer in: prefill SEQS + STEPS + the fork's */
+        cr_assert_geq(ss.swaps_in, (uint64_t)(in->n_layers - slots) * (SEQS + STEPS + 1),
+                      "%u slots: %llu moves in", slots, (unsigned long long)ss.swaps_in);
+        cr_assert_gt(ss.swap_out_bytes, 0);
+        cr_assert_eq(ss.copy_failures, 0);
+        char what[64], why[256];
+        snprintf(what, sizeof what, "swap with %u slots vs gpu", slots);
+        cr_assert(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, what, why, sizeof why), "%s",
+                  why);
+        uint32_t applied = 0;
+        pie_status st = {0};
+        cr_assert_eq(eng_cuda_swap_set_slots(g, in->n_layers, &applied, &st), PIE_OK, "%s",
+                     st.msg);
+        cr_assert_eq(applied, slots, "the device region holds %u layers, not more", slots);
+        free(got);
+        eng_cuda_close(g);
+    }
+    free(want);
+}
+
+/* A move that reports success but copies nothing: the comparison above must see it. */
+static pie_code copy_nothing(void *user, void *dst, const void *src, size_t bytes,
+                             pie_status *st) {
+    (void)user, (void)dst, (void)src, (void)bytes, (void)st;
+    return PIE_OK;
+}
+
+Test(eng_cuda_swap, a_move_that_copies_nothing_is_caught) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    uint32_t vocab;
+    float *want = gpu_reference(&vocab);
+    swap_setup s = {.slots = 2, .copy = copy_nothing};
+    eng_cuda *g = open_ok(&s);
+    float *got = run_workload(g, &vocab);
+    char why[256];
+    cr_assert_not(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, "a skipped move", why, sizeof why),
+                  "outputs equal although no layer was moved: the test cannot see a broken swap");
+    free(got);
+    free(want);
+    eng_cuda_close(g);
+}
+
+/* The real copy until `fail_at` (1-based), then failures while `failing`. */
+typedef struct fail_plan {
+    int calls, fail_at;
+    bool failing;
+} fail_plan;
+
+static pie_code copy_failing(void *user, void *dst, const void *src, size_t bytes,
+                             pie_status *st) {
+    fail_plan *p = user;
+    if (++p->calls >= p->fail_at && p->failing)
+        return pie_status_set(st, PIE_INTERNAL, "injected copy failure %d", p->calls);
+    cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    if (err != cudaSuccess)
+        return pie_status_set(st, PIE_INTERNAL, "cudaMemcpy: %s", cudaGetErrorString(err));
+    return PIE_OK;
+}
+
+Test(eng_cuda_swap, a_failed_move_fails_its_forward_with_the_reason_and_the_next_one_runs) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    fail_plan plan = {.fail_at = 1000000, .failing = true};
+    swap_setup s = {.slots = 2, .copy = copy_failing, .copy_user = &plan};
+    eng_cuda *g = open_ok(&s);
+    eng_cuda_swap_quiesce(g);
+    plan.fail_at = plan.calls + 1; /* the next move fails */
+    kc_engine k = kc_of(g);
+    pie_status st = {0};
+    uint32_t pages[PER], slots[CTX];
+    for (uint32_t i = 0; i < PER; i++) pages[i] = i;
+    for (uint32_t i = 0; i < CTX; i++) slots[i] = i;
+    uint32_t tokens[CTX], pos[CTX];
+    for (uint32_t i = 0; i < CTX; i++) tokens[i] = (i * 7 + 3) % k.vocab, pos[i] = i;
+    cr_assert_eq(eng_cuda_embed_text(g, slots, tokens, pos, CTX, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item it = {.kv_pages = pages,
+                           .n_kv_pages = (CTX + PAGE - 1) / PAGE,
+                           .kv_last_page_len = CTX - (CTX - 1) / PAGE * PAGE,
+                           .append_kv = true,
+                           .in_slots = slots,
+                           .n_in = CTX};
+    pie_code rc = eng_cuda_forward(g, &it, 1, &st);
+    cr_assert_eq(rc, PIE_INTERNAL, "a forward whose layer could not move: %s", st.msg);
+    cr_assert(strstr(st.msg, "swap: moving layer") && strstr(st.msg, "injected copy failure"),
+              "%s", st.msg);
+    plan.failing = false;
+    eng_cuda_swap_quiesce(g);
+    cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "the next forward: %s", st.msg);
+    eng_swap_stats ss;
+    eng_cuda_swap_get_stats(g, &ss);
+    cr_assert_geq(ss.copy_failures, 1);
+    eng_cuda_close(g);
+}
+
+Test(eng_cuda_swap, a_host_pool_too_small_fails_the_open_saying_what_it_needs) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/small-bf16", PIE_MODELS_DIR);
+    eng_opts o = {.model_dir = dir,
+                  .backend = ENG_BACKEND_CUDA,
+                  .kv_page_size = PAGE,
+                  .kv_pages = 16,
+                  .embed_slots = 16,
+                  .max_batch_tokens = 16,
+                  .swap_slots = 2,
+                  .swap_host_bytes = 1};
+    eng_cuda *g = NULL;
+    pie_status st = {0};
+    cr_assert_eq(eng_cuda_open(&o, &g, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert(strstr(st.msg, "swap: the host pool holds 0 layer caches"), "%s", st.msg);
+    cr_assert_null(g);
+}
