@@ -22,9 +22,16 @@
  * replayed, else the launches; next_dist adds 4 launches, not graphed) and the graph coverage
  * (decode steps replayed from a graph / decode steps).
  * Graph replay is on unless --no-graphs (or PIE_CUDA_GRAPHS=0).
+ *   host link   pinned host ↔ device copies of 256 MiB (cudaMemcpyAsync, best of 5), each way:
+ *               what the swap policy's layer moves can reach
+ *   swap        with --swap-slots S (issue 13): the engine under the swap policy with S of the
+ *               layers' KV on the device and the rest in a pinned host pool of --host-mib MiB
+ *               (0: just enough); no graphs then. After the decodes: layers moved each way,
+ *               bytes, compute stalls waiting for a layer (count, total ms). Run it beside the
+ *               same command without --swap-slots: the step-time ratio is swap's transparency.
  *
  * Usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64] [--prefill 2048] [--steps 32]
- *                   [--bw-mib 1024] [--no-graphs]
+ *                   [--bw-mib 1024] [--no-graphs] [--swap-slots S [--host-mib M]]
  * Prints one Markdown table row per measurement; bench/results/cuda.md keeps recorded runs and
  * the acceptance targets (decode b=1 <= 1.25x the floor for the 8B shape, <= 1.6x for 1B;
  * decode b=64 and prefill >= 3x transformers, bench/cuda/bench_transformers.py). */
@@ -42,6 +49,7 @@
 typedef struct bench_opts {
     const char *model;
     uint32_t context, batch, prefill, steps, bw_mib;
+    uint32_t swap_slots, host_mib; /* the swap policy: layers on the device, host pool (0: fit) */
     bool graphs;
     bool decode_only; /* only the context prefill and the b=1 decode: a short run for ncu */
 } bench_opts;
@@ -176,6 +184,8 @@ static void parse(int argc, char **argv, bench_opts *o) {
                       : !strcmp(a, "--prefill") ? &o->prefill
                       : !strcmp(a, "--steps")   ? &o->steps
                       : !strcmp(a, "--bw-mib")  ? &o->bw_mib
+                      : !strcmp(a, "--swap-slots") ? &o->swap_slots
+                      : !strcmp(a, "--host-mib")   ? &o->host_mib
                                                 : NULL;
         if (u && i + 1 < argc) {
             *u = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -194,7 +204,7 @@ static void parse(int argc, char **argv, bench_opts *o) {
         o->prefill == 0 || o->bw_mib == 0) {
         fprintf(stderr, "usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64 (<= 1024)] "
                         "[--prefill 2048] [--steps 32] [--bw-mib 1024] [--no-graphs] "
-                        "[--decode-only]\n");
+                        "[--decode-only] [--swap-slots S [--host-mib M]]\n");
         exit(2);
     }
 }
@@ -244,6 +254,46 @@ static void bench_clearing(eng_cuda *e, uint32_t reps, double *t, double dec_s) 
     free(ids);
 }
 
+/* Pinned host memory to the device and back, 256 MiB, best of 5 each way (GB/s). */
+static void link_bandwidth(double *h2d, double *d2h) {
+    const size_t bytes = 256u << 20;
+    void *h = NULL, *d = NULL;
+    cudaStream_t s = NULL;
+    *h2d = *d2h = 0;
+    if (cudaMallocHost(&h, bytes) != cudaSuccess || cudaMalloc(&d, bytes) != cudaSuccess ||
+        cudaStreamCreate(&s) != cudaSuccess) {
+        fprintf(stderr, "bench_cuda: link bandwidth: %s\n", cudaGetErrorString(cudaGetLastError()));
+        goto out;
+    }
+    memset(h, 1, bytes);
+    for (int dir = 0; dir < 2; dir++)
+        for (int r = 0; r < 5; r++) {
+            double t0 = now_s();
+            if (cudaMemcpyAsync(dir ? h : d, dir ? d : h, bytes,
+                                dir ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                                s) != cudaSuccess ||
+                cudaStreamSynchronize(s) != cudaSuccess)
+                goto out;
+            double gbs = bytes / (now_s() - t0) / 1e9, *best = dir ? d2h : h2d;
+            if (gbs > *best) *best = gbs;
+        }
+out:
+    if (s) (void)cudaStreamDestroy(s);
+    if (d) (void)cudaFree(d);
+    if (h) (void)cudaFreeHost(h);
+}
+
+static void print_swap(eng_cuda *e, const char *phase) {
+    eng_swap_stats w;
+    eng_cuda_swap_get_stats(e, &w);
+    if (w.slots == 0) return;
+    printf("| swap after %s: layers on the device / host | %u / %u | moves in / out %llu / %llu "
+           "(%.1f / %.1f GiB) | stalls %llu, %.1f ms |\n",
+           phase, w.on_device, w.on_host, (unsigned long long)w.swaps_in,
+           (unsigned long long)w.swaps_out, w.swap_in_bytes / 1073741824.0,
+           w.swap_out_bytes / 1073741824.0, (unsigned long long)w.stalls, w.stall_ns / 1e6);
+}
+
 int main(int argc, char **argv) {
     bench_opts o;
     parse(argc, argv, &o);
@@ -262,6 +312,13 @@ int main(int argc, char **argv) {
     pie_status st;
     mdl_config cfg;
     if (mdl_config_load(o.model, &cfg, &st) != PIE_OK) die("config", &st);
+    if (o.swap_slots) { /* the host pool: the other layers' caches plus one in flight each way */
+        uint64_t layer = (uint64_t)pages * ps * 2 * cfg.n_kv_heads * cfg.head_dim * 2;
+        uint64_t need = (uint64_t)(cfg.n_layers - o.swap_slots + 2) * layer;
+        eo.swap_slots = eo.swap_min_slots = o.swap_slots;
+        eo.swap_host_bytes = o.host_mib ? (uint64_t)o.host_mib << 20 : need;
+        o.graphs = false;
+    }
     eng_cuda *e = NULL;
     if (eng_cuda_open(&eo, &e, &st) != PIE_OK) die("open", &st);
     eng_cuda_set_graphs(e, o.graphs);
@@ -281,6 +338,14 @@ int main(int argc, char **argv) {
     double bw = read_bandwidth((size_t)o.bw_mib << 20);
     printf("| measurement | value | reference | ratio |\n| --- | --- | --- | --- |\n");
     printf("| device read bandwidth (%u MiB, best of 10) | %.1f GB/s | | |\n", o.bw_mib, bw / 1e9);
+    double h2d, d2h;
+    link_bandwidth(&h2d, &d2h);
+    printf("| pinned host to device / device to host (256 MiB, best of 5) | %.1f / %.1f GB/s | | "
+           "|\n",
+           h2d, d2h);
+    if (o.swap_slots)
+        printf("| swap policy: %u of %u layers' KV on the device, host pool %.1f MiB | | | |\n",
+               o.swap_slots, in->n_layers, eo.swap_host_bytes / 1048576.0);
     eng_cuda_stats s0, s1;
 
     uint32_t **sp = malloc(sizeof *sp * (o.batch + 1));
@@ -330,6 +395,7 @@ int main(int argc, char **argv) {
     printf("| decode b=1: forward / next_dist (top-256 of %u), medians | %.3f / %.3f ms | | |\n",
            in->vocab_size, (med1 - medd) * 1e3, medd * 1e3);
     print_graphs("decode b=1", &s0, &s1);
+    print_swap(e, "decode b=1");
     if (o.decode_only) {
         printf("\n(--decode-only: no prefill, b=%u decode or clearing rows)\n", o.batch);
         goto done;
@@ -347,6 +413,7 @@ int main(int argc, char **argv) {
            o.batch, o.context, o.steps, o.batch / medb, o.batch / t[0]);
     eng_cuda_get_stats(e, &s1);
     print_graphs("decode b=B", &s0, &s1);
+    print_swap(e, "decode b=B");
     bench_clearing(e, o.steps, t, med1); /* after the decodes: it zeroes their pages */
     printf("\ngraphs captured %u, capture failures %u%s%s; next_dist: 4 launches per call of up "
            "to 64 slots, not graphed\n",

@@ -62,6 +62,13 @@ static pie_code engine_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n
     return eng_clear_embeds(ctx, slots, n, st);
 }
 
+static void engine_swap_get_stats(void *ctx, eng_swap_stats *out) { eng_swap_get_stats(ctx, out); }
+
+static pie_code engine_swap_set_slots(void *ctx, uint32_t slots, uint32_t *applied,
+                                      pie_status *st) {
+    return eng_swap_set_slots(ctx, slots, applied, st);
+}
+
 void wrk_backend_engine(wrk_backend *b, eng *e) {
     *b = (wrk_backend){
         .name = "cpu",
@@ -76,6 +83,8 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .clear_pages = engine_clear_pages,
         .clear_embeds = engine_clear_embeds,
         .pages_freed = engine_pages_freed,
+        .swap_get_stats = engine_swap_get_stats,
+        .swap_set_slots = engine_swap_set_slots,
     };
 }
 
@@ -223,6 +232,15 @@ static pie_code cuda_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, 
 
 static void cuda_close(void *ctx) { eng_cuda_close(ctx); }
 
+static void cuda_swap_get_stats(void *ctx, eng_swap_stats *out) {
+    eng_cuda_swap_get_stats(ctx, out);
+}
+
+static pie_code cuda_swap_set_slots(void *ctx, uint32_t slots, uint32_t *applied,
+                                    pie_status *st) {
+    return eng_cuda_swap_set_slots(ctx, slots, applied, st);
+}
+
 /* The engine's device-fault hook (eng_cuda_on_fault): runs once, in the handler that met the
  * fault, whose batch then fails with the same message. The process cannot use the GPU again:
  * leave the cluster (SIGTERM: main's orderly stop) and exit 1 (main, wrk_backend_fault). */
@@ -264,6 +282,8 @@ pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_i
         .clear_pages = cuda_clear_pages,
         .clear_embeds = cuda_clear_embeds,
         .close = cuda_close,
+        .swap_get_stats = cuda_swap_get_stats,
+        .swap_set_slots = cuda_swap_set_slots,
     };
     *info = eng_cuda_get_info(e);
     snprintf(device, device_len, "cuda: %s", eng_cuda_device_name(e));

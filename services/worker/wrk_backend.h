@@ -41,6 +41,10 @@ typedef struct wrk_backend {
     /* Pages a slot batch freed (eng_pages_freed); NULL: nothing to tell. */
     void (*pages_freed)(void *ctx, const uint32_t *pages, uint32_t n);
     void (*close)(void *ctx); /* releases ctx when the backend owns it (cuda); NULL otherwise */
+    /* The swap policy's engine side (eng_swap_get_stats, eng_swap_set_slots and their cuda
+     * twins); NULL where the backend has none (null: its emulated device, wrk_memrt). */
+    void (*swap_get_stats)(void *ctx, eng_swap_stats *out);
+    pie_code (*swap_set_slots)(void *ctx, uint32_t slots, uint32_t *applied, pie_status *st);
 } wrk_backend;
 
 /* Handlers that call e (borrowed; it must outlive every use of *b). */

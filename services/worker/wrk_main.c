@@ -179,7 +179,8 @@ static const pie_config_field wrk_fields[] = {
             "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
             "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
             "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
-            "backend's emulated device, not yet on cuda"},
+            "backend's emulated device; on cuda swap with a fixed memory.device_layers on one "
+            "GPU (the host pool pinned), the others not yet"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -194,7 +195,7 @@ static const pie_config_field wrk_fields[] = {
             "expansion, starting with every layer on the device"},
     {"memory.host_numa_node", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, mem_host_numa_node),
      .def = "-1", .min = "-1", .max = "63",
-     .doc = "swap, offload (cpu backend): the NUMA node the host pool's memory comes from, bound "
+     .doc = "swap, offload: the NUMA node the host pool's memory comes from, bound "
             "before it is touched, never another (-1 = the kernel's default placement: first "
             "touch); a node the machine does not have exits 2 at start; per rank in a "
             "tensor-parallel group"},
@@ -264,8 +265,11 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     uint32_t by_tokens = (1u << 30) / ps; /* the engine's limit on pages x page size */
     wrk_mem_shape sh = {
         .n_layers = l->desc.num_layers,
+        /* the cuda backend's KV pool is bf16 whatever engine.kv_dtype says */
         .page_layer_bytes = (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
-                            l->desc.head_dim * (cfg->kv_dtype == ENG_KV_BF16 ? 2 : 4),
+                            l->desc.head_dim *
+                            (cfg->kv_dtype == ENG_KV_BF16 || cfg->backend == WRK_BACKEND_CUDA ? 2
+                                                                                             : 4),
         .pool_pages = cfg->kv_pages,
         .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
     };
@@ -388,17 +392,27 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
                           wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
     if (rc == PIE_OK && g) rc = wrk_tp_group_open_nccl(g, me, st);
+    /* policy gpu or swap with a fixed memory.device_layers (main refuses the others) */
+    if (rc == PIE_OK) rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
     if (rc != PIE_OK) return rc;
+    const wrk_mem_plan *mp = &l->plan;
+    bool swap = mp->policy == WRK_MEM_SWAP;
     eng_opts eo = {
         .model_dir = cfg->model_path,
         .backend = ENG_BACKEND_CUDA,
         .kv_page_size = cfg->kv_page_size,
-        .kv_pages = cfg->kv_pages,
+        .kv_pages = mp->kv_pages_max,
         .embed_slots = cfg->embed_slots,
         .max_batch_tokens = cfg->max_batch_tokens,
         .tp_rank = g ? me->rank : 0,
         .tp_size = g ? me->size : 1,
         .nccl = g ? wrk_tp_group_nccl(g) : NULL,
+        .swap_slots = swap ? mp->start_slots : 0,
+        .swap_min_slots = swap ? mp->min_slots : 0,
+        .swap_host_bytes = swap ? mp->host_bytes : 0,
+        .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
+        .host_numa_bind = cfg->mem_host_numa_node >= 0,
+        .host_numa_node = cfg->mem_host_numa_node,
     };
     const eng_info *ei = NULL;
     rc = wrk_backend_open_cuda(&l->backend, &eo, &ei, l->device, sizeof l->device, st);
@@ -495,10 +509,6 @@ static pie_code load(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *
         break;
     default:
         rc = load_cpu(cfg, g, me, l, st);
-        if (rc != PIE_OK) goto fail;
-    }
-    if (cfg->backend == WRK_BACKEND_CUDA) { /* policy gpu (main refuses the others) */
-        rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
         if (rc != PIE_OK) goto fail;
     }
     rc = wrk_desc_finish(&l->desc, cfg->model_name, cfg->model_path, cfg->model_description,
@@ -627,6 +637,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
+    wrk_memrt_use_backend(mem, &loaded.backend);
     if (loaded.nulldev) wrk_memrt_use_nulldev(mem, loaded.nulldev);
     off = wrk_offrt_create(loaded.engine, loaded.auto_choice, svc_metrics(s), &st);
     if (off == NULL) {
@@ -839,11 +850,18 @@ int main(int argc, char **argv) {
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
     /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
-    if (cfg.mem_policy != WRK_MEM_GPU && cfg.backend == WRK_BACKEND_CUDA) {
+    if (cfg.backend == WRK_BACKEND_CUDA && cfg.mem_policy != WRK_MEM_GPU &&
+        (cfg.mem_policy != WRK_MEM_SWAP || cfg.mem_device_layers == 0 || cfg.tp_size > 1)) {
         fprintf(stderr,
-                "pie-worker: memory.policy %s is implemented for backends cpu and null only so "
-                "far (backend %s)\n",
-                wrk_mem_policy_names[cfg.mem_policy], wrk_backends[cfg.backend]);
+                "pie-worker: backend cuda runs memory.policy gpu, or swap with a fixed "
+                "memory.device_layers on one GPU (tp.size 1), so far: %s%s%s is implemented "
+                "for backends cpu and null only\n",
+                wrk_mem_policy_names[cfg.mem_policy],
+                cfg.mem_policy == WRK_MEM_SWAP && cfg.mem_device_layers == 0
+                    ? " with adaptive expansion (memory.device_layers 0)"
+                    : "",
+                cfg.mem_policy == WRK_MEM_SWAP && cfg.tp_size > 1 ? " in a tensor-parallel group"
+                                                                  : "");
         goto done;
     }
     if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {

@@ -13,8 +13,8 @@
 
 struct wrk_memrt {
     wrk_mem_plan plan;
-    eng *e;
-    wrk_nulldev *nd;        /* the null backend's emulated device instead of e, or NULL */
+    const wrk_backend *sb;  /* policy swap: the engine side of the backend (cpu, cuda), or NULL */
+    wrk_nulldev *nd;        /* the null backend's emulated device instead of sb, or NULL */
     wrk_mem_adapt adapt;    /* step thread only */
     eng *oe;                /* policy offload: the engine whose host share adapts, or NULL */
     wrk_nulldev *ond;       /* policy offload on the null backend: its emulated device, or NULL */
@@ -52,8 +52,8 @@ void wrk_memrt_capacity(const wrk_memrt *r, Pie__V1__WorkerCapacity *c) {
 
 static void wrk_memrt_swap_stats(const wrk_memrt *r, eng_swap_stats *s) {
     memset(s, 0, sizeof *s);
-    if (r->e) {
-        eng_swap_get_stats(r->e, s);
+    if (r->sb) {
+        r->sb->swap_get_stats(r->sb->ctx, s);
     } else if (r->nd) {
         wrk_nulldev_stats n;
         wrk_nulldev_get_stats(r->nd, &n);
@@ -71,13 +71,17 @@ static void wrk_memrt_swap_stats(const wrk_memrt *r, eng_swap_stats *s) {
 
 /* Moves the device's slot count (the engine's, or the emulated device's). */
 static pie_code wrk_memrt_set_slots(wrk_memrt *r, uint32_t want, uint32_t *got, pie_status *st) {
-    if (r->e) return eng_swap_set_slots(r->e, want, got, st);
+    if (r->sb) return r->sb->swap_set_slots(r->sb->ctx, want, got, st);
     *got = wrk_nulldev_set_slots(r->nd, want);
     return PIE_OK;
 }
 
+void wrk_memrt_use_backend(wrk_memrt *r, const wrk_backend *b) {
+    if (r->plan.policy == WRK_MEM_SWAP && b->swap_get_stats && b->swap_set_slots) r->sb = b;
+}
+
 void wrk_memrt_use_nulldev(wrk_memrt *r, wrk_nulldev *d) {
-    if (r->plan.policy == WRK_MEM_SWAP && r->e == NULL) r->nd = d;
+    if (r->plan.policy == WRK_MEM_SWAP && r->sb == NULL) r->nd = d;
     if (r->plan.policy == WRK_MEM_OFFLOAD && r->oe == NULL) r->ond = d;
 }
 
@@ -169,7 +173,6 @@ wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metri
         return NULL;
     }
     r->plan = *plan;
-    r->e = plan->policy == WRK_MEM_SWAP ? e : NULL;
     r->slots = plan->start_slots;
     atomic_store(&r->effective, wrk_mem_effective(&r->plan, r->slots));
     wrk_mem_adapt_init(&r->adapt, &r->plan, 0);
@@ -247,7 +250,7 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
         }
         return;
     }
-    if (!r || (!r->e && !r->nd) || !r->plan.adaptive) return;
+    if (!r || (!r->sb && !r->nd) || !r->plan.adaptive) return;
     eng_swap_stats s;
     wrk_memrt_swap_stats(r, &s);
     uint64_t stall = s.stall_ns - r->last_stall_ns;
@@ -265,7 +268,7 @@ void wrk_memrt_after_slots(void *user, uint32_t kv_live) {
         wrk_memrt_offload_capacity(r, wrk_off_adapt_spill(&r->oadapt, kv_live), "spill");
         return;
     }
-    if (!r || (!r->e && !r->nd) || kv_live <= atomic_load(&r->effective)) return;
+    if (!r || (!r->sb && !r->nd) || kv_live <= atomic_load(&r->effective)) return;
     /* the controller spilled: more pages live than the capacity; move layers to the host
      * until they fit (the controller never goes beyond kv_pages_max, which min_slots holds) */
     uint32_t want = wrk_mem_slots_for(&r->plan, kv_live);

@@ -17,13 +17,14 @@
 #include "pie/v1/controller.pb-c.h"
 #include "pie_metrics.h"
 #include "pie_status.h"
+#include "wrk_backend.h"
 #include "wrk_mempol.h"
 #include "wrk_offload.h"
 
 typedef struct wrk_memrt wrk_memrt;
 
-/* plan is copied; e: the cpu engine the plan was applied to (NULL for the other backends);
- * metrics: NULL for none. */
+/* plan is copied; e: the cpu engine the plan was applied to (NULL for the other backends; its
+ * offload side), metrics: NULL for none. */
 wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics, pie_status *st);
 void wrk_memrt_destroy(wrk_memrt *r);
 /* Policies swap and offload on the null backend: the emulated device (borrowed; it must
@@ -33,6 +34,10 @@ void wrk_memrt_destroy(wrk_memrt *r);
  * engine. */
 struct wrk_nulldev;
 void wrk_memrt_use_nulldev(wrk_memrt *r, struct wrk_nulldev *d);
+/* Policy swap on the cpu and cuda backends: the backend's engine (b borrowed; it must outlive
+ * r) runs the slot count adaptive expansion sets, its counters are the swap metrics. Nothing
+ * for the other policies or a backend without a swap side. */
+void wrk_memrt_use_backend(wrk_memrt *r, const wrk_backend *b);
 /* Offload's capacity rule with other knobs than the defaults (benchmarks; before the first
  * forward batch). */
 void wrk_memrt_offload_tune(wrk_memrt *r, const wrk_off_adapt_opts *o);

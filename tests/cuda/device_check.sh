@@ -10,7 +10,7 @@
 #   bash tests/cuda/device_check.sh STEP...      STEP: device krn eng fault swap nccl1 gen1b gen8b bggen waitgen
 #                 cmp1b cmp1b1500 cmp8b cmp8b1500 bench1b bench8b ctx1b ctx8b tf1b tf8b determ ncu1b ncu8b
 #                 gemm ncupre1b ncupre8b
-#                 worker memcheck initcheck racecheck
+#                 worker workerswap swap8b memcheck initcheck racecheck
 # Writes $OUT/summary.txt (one line per step: name, exit status, seconds) and $OUT/logs.tar.gz.
 set -u
 OUT=${OUT:-/tmp/pie-out}
@@ -103,6 +103,12 @@ for s in "$@"; do
                    --model /tmp/l8b --prompt-len 1500 --greedy 16 ;;
     bench1b)   step bench1b 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 64 --prefill 2048 --steps 32
                step bench1b_b1 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
+    swap8b)    # issue 13: the swap policy on the 8B shape beside bench8b's gpu rows: b=1 with
+               # half the layers on the host (transparency), b=64 with 4 of 32 there (its stalls)
+               step swap8b_b1 120 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 1 --prefill 64 \
+                   --steps 32 --decode-only --swap-slots 16
+               step swap8b 180 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 64 --prefill 2048 \
+                   --steps 16 --swap-slots 28 ;;
     bench8b)   step bench8b 180 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 64 --prefill 2048 --steps 32
                step bench8b_b1 120 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
     ctx8b)     # docs/cuda.md: 8B batch-1 decode against the read floor at long contexts
@@ -129,6 +135,10 @@ for s in "$@"; do
                    --print-summary per-kernel "$B/bench_cuda" "$m" --batch 1 --context 64 \
                    --prefill 2048 --steps 1 --bw-mib 64 ;;
     worker)    step worker 60 bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" "${PIE_CHECK_BACKEND:-cuda}" ;;
+    workerswap) # the worker with memory.policy swap on cuda: loads, registers, serves Info
+               step workerswap 60 env PIE_MEMORY_POLICY=swap PIE_MEMORY_DEVICE_LAYERS=2 \
+                   PIE_MEMORY_HOST_POOL=256MiB bash -c 'worker_check "$@"' _ "$B" \
+                   "$st/models/small-f32" cuda ;;
     memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1
                step memcheck_eng 300 $cs --tool memcheck "$B/unit_test_eng_cuda" -j1 \
                    --filter '!(*device_fault*)' ;;
