@@ -179,8 +179,8 @@ static const pie_config_field wrk_fields[] = {
             "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
             "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
             "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
-            "backend's emulated device; on cuda swap with a fixed memory.device_layers on one "
-            "GPU (the host pool pinned), the others not yet"},
+            "backend's emulated device; on cuda swap on one GPU (the host pool pinned), the "
+            "others not yet"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -392,7 +392,7 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
                           wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
     if (rc == PIE_OK && g) rc = wrk_tp_group_open_nccl(g, me, st);
-    /* policy gpu or swap with a fixed memory.device_layers (main refuses the others) */
+    /* policy gpu or swap (main refuses the others) */
     if (rc == PIE_OK) rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_mem_plan *mp = &l->plan;
@@ -851,17 +851,12 @@ int main(int argc, char **argv) {
     wrk_tp_rank me = {.rank = 0, .size = 1};
     /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
     if (cfg.backend == WRK_BACKEND_CUDA && cfg.mem_policy != WRK_MEM_GPU &&
-        (cfg.mem_policy != WRK_MEM_SWAP || cfg.mem_device_layers == 0 || cfg.tp_size > 1)) {
+        (cfg.mem_policy != WRK_MEM_SWAP || cfg.tp_size > 1)) {
         fprintf(stderr,
-                "pie-worker: backend cuda runs memory.policy gpu, or swap with a fixed "
-                "memory.device_layers on one GPU (tp.size 1), so far: %s%s%s is implemented "
-                "for backends cpu and null only\n",
+                "pie-worker: backend cuda runs memory.policy gpu, or swap on one GPU (tp.size "
+                "1), so far: %s%s is implemented for backends cpu and null only\n",
                 wrk_mem_policy_names[cfg.mem_policy],
-                cfg.mem_policy == WRK_MEM_SWAP && cfg.mem_device_layers == 0
-                    ? " with adaptive expansion (memory.device_layers 0)"
-                    : "",
-                cfg.mem_policy == WRK_MEM_SWAP && cfg.tp_size > 1 ? " in a tensor-parallel group"
-                                                                  : "");
+                cfg.mem_policy == WRK_MEM_SWAP ? " in a tensor-parallel group" : "");
         goto done;
     }
     if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {

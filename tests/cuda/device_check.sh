@@ -135,8 +135,12 @@ for s in "$@"; do
                    --print-summary per-kernel "$B/bench_cuda" "$m" --batch 1 --context 64 \
                    --prefill 2048 --steps 1 --bw-mib 64 ;;
     worker)    step worker 60 bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" "${PIE_CHECK_BACKEND:-cuda}" ;;
-    workerswap) # the worker with memory.policy swap on cuda: loads, registers, serves Info
+    workerswap) # the worker with memory.policy swap on cuda (fixed, then adaptive): loads,
+               # registers, serves Info
                step workerswap 60 env PIE_MEMORY_POLICY=swap PIE_MEMORY_DEVICE_LAYERS=2 \
+                   PIE_MEMORY_HOST_POOL=256MiB bash -c 'worker_check "$@"' _ "$B" \
+                   "$st/models/small-f32" cuda
+               step workerswap_adaptive 60 env PIE_MEMORY_POLICY=swap \
                    PIE_MEMORY_HOST_POOL=256MiB bash -c 'worker_check "$@"' _ "$B" \
                    "$st/models/small-f32" cuda ;;
     memcheck)  step memcheck_krn 240 $cs --tool memcheck "$B/unit_test_krn_cuda" -j1

@@ -30,6 +30,8 @@ enum { FORK_CTX = 2 * PAGE + 5 };
 
 typedef struct swap_setup {
     uint32_t slots; /* 0: policy gpu */
+    uint32_t min;   /* swap_min_slots (0: slots): fewer is adaptive expansion */
+    uint32_t pages_x; /* the page space, times the workload's (0: 1) */
     pie_code (*copy)(void *user, void *dst, const void *src, size_t bytes, pie_status *st);
     void *copy_user;
 } swap_setup;
@@ -40,11 +42,12 @@ static eng_cuda *open_swap(const swap_setup *s, pie_status *st) {
     eng_opts o = {.model_dir = dir,
                   .backend = ENG_BACKEND_CUDA,
                   .kv_page_size = PAGE,
-                  .kv_pages = SEQS * PER + 8,
+                  .kv_pages = (SEQS * PER + 8) * (s->pages_x ? s->pages_x : 1),
                   .embed_slots = CTX + 2 * SEQS + 8,
                   .max_batch_tokens = CTX,
                   .swap_slots = s->slots,
-                  .swap_host_bytes = 64u << 20,
+                  .swap_min_slots = s->min ? s->min : s->slots,
+                  .swap_host_bytes = 256u << 20,
                   .swap_copy = s->copy,
                   .swap_copy_user = s->copy_user};
     eng_cuda *g = NULL;
@@ -157,6 +160,51 @@ Test(eng_cuda_swap, outputs_are_bitwise_those_of_policy_gpu_with_2_and_3_layers_
         cr_assert_eq(eng_cuda_swap_set_slots(g, in->n_layers, &applied, &st), PIE_OK, "%s",
                      st.msg);
         cr_assert_eq(applied, slots, "the device region holds %u layers, not more", slots);
+        free(got);
+        eng_cuda_close(g);
+    }
+    free(want);
+}
+
+/* Adaptive expansion: a device budget of 2 layer caches of a page space 200 times what the
+ * workload uses (swap_min_slots 2, every layer on the device at start; 4600 pages of 4 KiB a
+ * layer: 18 MiB, committed in 2 MiB pieces). While so few page ids are in use every layer
+ * fits: nothing moves. Asked for 2 layers, the others leave
+ * and come back every step. Both bit for bit policy gpu. */
+Test(eng_cuda_swap, adaptive_expansion_commits_the_budget_as_pages_are_used) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    uint32_t vocab;
+    float *want = gpu_reference(&vocab);
+    for (int shrink = 0; shrink <= 1; shrink++) {
+        swap_setup s = {.slots = 4, .min = 2, .pages_x = 200};
+        eng_cuda *g = open_ok(&s);
+        const eng_info *in = eng_cuda_get_info(g);
+        cr_assert_eq(in->n_layers, 4, "the test is sized for small-bf16's 4 layers");
+        pie_status st = {0};
+        uint32_t applied = 0;
+        if (shrink) {
+            cr_assert_eq(eng_cuda_swap_set_slots(g, 2, &applied, &st), PIE_OK, "%s", st.msg);
+            cr_assert_eq(applied, 2);
+        }
+        float *got = run_workload(g, &vocab);
+        eng_cuda_swap_quiesce(g);
+        eng_swap_stats ss;
+        eng_cuda_swap_get_stats(g, &ss);
+        cr_assert_eq(ss.copy_failures, 0);
+        if (shrink) {
+            cr_assert_leq(ss.on_device, 2);
+            cr_assert_geq(ss.swaps_in, 2u * (SEQS + STEPS + 1), "%llu moves in",
+                          (unsigned long long)ss.swaps_in);
+            cr_assert_eq(eng_cuda_swap_set_slots(g, 4, &applied, &st), PIE_OK, "%s", st.msg);
+            cr_assert_eq(applied, 4, "few pages in use: every layer fits");
+        } else {
+            cr_assert_eq(ss.on_device, 4);
+            cr_assert_eq(ss.swaps_in + ss.swaps_out, 0, "every layer fit the budget");
+        }
+        char what[64], why[256];
+        snprintf(what, sizeof what, "adaptive swap (%s) vs gpu", shrink ? "2 layers" : "4");
+        cr_assert(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, what, why, sizeof why), "%s",
+                  why);
         free(got);
         eng_cuda_close(g);
     }

@@ -2201,21 +2201,13 @@ Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     fc_start(&f);
     const char *env[] = {"PIE_MEMORY_POLICY=offload", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = env},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap with a fixed "
-                  "memory.device_layers on one GPU (tp.size 1), so far: offload is implemented "
-                  "for backends cpu and null only");
-    const char *adaptive[] = {"PIE_MEMORY_POLICY=swap", "PIE_BACKEND=cuda", NULL};
-    expect_exit_2(&f, &(wopts){.env = adaptive},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap with a fixed "
-                  "memory.device_layers on one GPU (tp.size 1), so far: swap with adaptive "
-                  "expansion (memory.device_layers 0) is implemented for backends cpu and null "
-                  "only");
-    const char *group[] = {"PIE_MEMORY_POLICY=swap", "PIE_MEMORY_DEVICE_LAYERS=2", "PIE_TP_SIZE=2",
-                           "PIE_BACKEND=cuda", NULL};
+                  "pie-worker: backend cuda runs memory.policy gpu, or swap on one GPU (tp.size "
+                  "1), so far: offload is implemented for backends cpu and null only");
+    const char *group[] = {"PIE_MEMORY_POLICY=swap", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = group},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap with a fixed "
-                  "memory.device_layers on one GPU (tp.size 1), so far: swap in a "
-                  "tensor-parallel group is implemented for backends cpu and null only");
+                  "pie-worker: backend cuda runs memory.policy gpu, or swap on one GPU (tp.size "
+                  "1), so far: swap in a tensor-parallel group is implemented for backends cpu "
+                  "and null only");
     const char *kv[] = {"PIE_ENGINE_KV_DTYPE=bf16", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = kv},
                   "pie-worker: engine.kv_dtype bf16 is implemented for backend cpu only so far "

@@ -591,3 +591,124 @@ Test(wrk_tier, device_buffers_fewer_than_min_slots_or_slots_are_refused) {
     cr_assert_str_eq(st.msg, "swap: device_buffers 2 is out of range [3, 6]");
     cr_assert_null(t);
 }
+
+/* A device region committed as it is used (adaptive expansion on a real device): the fake
+ * device zeroes what it commits and poisons what it gives back, so a layer read from a buffer
+ * that lost its memory, or a prefix moved without its pages, shows as wrong bytes. */
+typedef struct fake_commit {
+    fake_dev base;
+    size_t committed[8];
+    char *region;
+    size_t stride;
+    uint64_t total, most;
+    int decommits;
+} fake_commit;
+
+static pie_code fc_alloc(void *user, size_t bytes, void **out, pie_status *st) {
+    fake_commit *f = user;
+    pie_code rc = fake_alloc(&f->base, bytes, out, st);
+    if (rc == PIE_OK) memset(*out, 0xAA, bytes); /* nothing committed yet */
+    f->region = *out;
+    return rc;
+}
+static pie_code fc_commit(void *user, void *buf, size_t have, size_t want, pie_status *st) {
+    (void)st;
+    fake_commit *f = user;
+    size_t i = (size_t)((char *)buf - f->region) / f->stride;
+    cr_assert_eq(f->committed[i], have, "buffer %zu: have %zu, the device knows %zu", i, have,
+                 f->committed[i]);
+    cr_assert_eq(want % 4096, 0, "want %zu is not in dev_step pieces", want);
+    memset((char *)buf + have, 0, want - have);
+    f->total += want - have;
+    if (f->total > f->most) f->most = f->total;
+    f->committed[i] = want;
+    return PIE_OK;
+}
+static void fc_decommit(void *user, void *buf, size_t have) {
+    fake_commit *f = user;
+    size_t i = (size_t)((char *)buf - f->region) / f->stride;
+    cr_assert_eq(f->committed[i], have);
+    memset(buf, 0xAA, have);
+    f->total -= have;
+    f->committed[i] = 0;
+    f->decommits++;
+}
+static pie_code fc_pin(void *user, void *p, size_t bytes, pie_status *st) {
+    return fake_pin(&((fake_commit *)user)->base, p, bytes, st);
+}
+static void fc_unpin(void *user, void *p) { fake_unpin(&((fake_commit *)user)->base, p); }
+static void fc_free(void *user, void *p) { fake_free(&((fake_commit *)user)->base, p); }
+static pie_code fc_move(void *user, uint32_t l, bool to_host, void *dst, const void *src,
+                        size_t bytes, pie_status *st) {
+    return fake_move(&((fake_commit *)user)->base, l, to_host, dst, src, bytes, st);
+}
+
+/* One step over the 6 layers: each layer's first `bytes` hold its own byte (written at the
+ * step `write`), checked every step. */
+static void commit_steps(wrk_tier *t, size_t bytes, int steps, bool write_first) {
+    pie_status st = {0};
+    for (int step = 0; step < steps; step++)
+        for (uint32_t l = 0; l < 6; l++) {
+            void *base = NULL;
+            cr_assert_eq(wrk_tier_acquire(t, l, &base, &st), PIE_OK, "%s", st.msg);
+            unsigned char *b = base;
+            if (step == 0 && write_first) memset(b, (int)(l + 1), bytes);
+            for (size_t k = 0; k < bytes; k += 511)
+                cr_assert_eq(b[k], l + 1, "step %d layer %u byte %zu: %u", step, l, k, b[k]);
+            cr_assert_eq(b[bytes - 1], l + 1);
+            wrk_tier_release(t, l);
+        }
+}
+
+Test(wrk_tier, a_committing_device_holds_more_layers_while_the_prefix_is_short) {
+    fake_commit f = {.base = {.held = -1}};
+    pthread_mutex_init(&f.base.mu, NULL);
+    const size_t layer = 4 * 4096;
+    f.stride = layer;
+    wrk_tier_mem mem = {.user = &f,
+                        .dev_alloc = fc_alloc,
+                        .dev_free = fc_free,
+                        .host_pin = fc_pin,
+                        .host_unpin = fc_unpin,
+                        .move = fc_move,
+                        .dev_commit = fc_commit,
+                        .dev_decommit = fc_decommit,
+                        .dev_step = 4096,
+                        .device_bytes = 3 * layer};
+    wrk_tier_config c = {.n_layers = 6,
+                         .layer_bytes = layer,
+                         .slots = 6,
+                         .min_slots = 2,
+                         .host_buffers = 6,
+                         .mem = &mem};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    /* a quarter of the page space in use: all 6 layers fit the budget of 3 full ones */
+    wrk_tier_touch(t, 4096);
+    commit_steps(t, 4096, 3, true);
+    wrk_tier_quiesce(t);
+    wrk_tier_stats s;
+    wrk_tier_get_stats(t, &s);
+    cr_assert_eq(s.on_device, 6);
+    cr_assert_eq(s.slots, 6);
+    cr_assert_eq(s.committed, 6 * 4096);
+    cr_assert_eq(s.swaps_out, 0);
+    /* the whole page space in use: 3 layers fit; the others leave, every byte comes along */
+    wrk_tier_touch(t, layer);
+    commit_steps(t, 4096, 1, false); /* what was written before the prefix grew */
+    commit_steps(t, layer, 3, true);
+    wrk_tier_quiesce(t);
+    wrk_tier_get_stats(t, &s);
+    cr_assert_eq(s.slots, 3);
+    cr_assert_leq(s.on_device, 3);
+    cr_assert_gt(s.swaps_out, 0);
+    cr_assert_leq(s.committed, 3 * layer, "committed %llu over the budget",
+                  (unsigned long long)s.committed);
+    cr_assert_eq(s.committed, f.total, "the tier's count and the device's disagree");
+    cr_assert_gt(f.decommits, 0, "free buffers never gave their memory back");
+    cr_assert_eq(wrk_tier_set_slots(t, 6), 3, "more layers than the budget holds");
+    wrk_tier_close(t);
+    cr_assert_eq(f.total, 0, "close left %llu bytes committed", (unsigned long long)f.total);
+    pthread_mutex_destroy(&f.base.mu);
+}

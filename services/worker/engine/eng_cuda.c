@@ -426,7 +426,9 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
     if (rc == PIE_OK) rc = ec_swap_open(e, opts, st);
     if (rc != PIE_OK) goto fail;
     size_t kv_tokens = (size_t)pages * ps;
-    size_t device_layers = e->swap_on ? opts->swap_slots : c->n_layers;
+    /* under swap the device's KV budget: swap_min_slots layer caches (committed as used when
+     * more layers than that share it) */
+    size_t device_layers = e->swap_on ? e->info.swap_min_slots : c->n_layers;
     size_t kv_layers_bytes = ec_mul(ec_mul(e->kv_layer_elems, sizeof(krn_bf16)), device_layers);
     e->info.kv_pool_bytes = kv_layers_bytes + kv_tokens;
     e->info.embed_pool_bytes = (size_t)slots * c->hidden_size * sizeof(float);

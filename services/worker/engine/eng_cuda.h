@@ -89,13 +89,16 @@ bool eng_cuda_error_is_fault(int cuda_error);
 void eng_cuda_set_graphs(eng_cuda *e, bool on);
 
 /* The swap policy (eng_opts.swap_slots > 0; issue 13, eng_cuda_swap.c): the device holds the
- * KV of swap_slots layers, the host pool (swap_host_bytes, pinned) the others, and two copy
- * streams move whole layers while the forward computes (FIFO, seed 000 Fig. 4). Unlike the
- * cpu backend the device region is allocated for swap_slots layers only, so set_slots applies
- * swap_min_slots..swap_slots (fewer layers on the device frees nothing the pages could use:
- * the worker runs a fixed expansion on cuda). Decode steps do not replay graphs (a layer's
- * cache moves between steps). Not with tensor parallelism (refused). Results are bit for bit
- * those of policy gpu. Without the policy: stats all zero, set_slots refused. */
+ * KV of swap_slots layers at start, the host pool (swap_host_bytes, pinned) the others, and
+ * two copy streams move whole layers while the forward computes (FIFO, seed 000 Fig. 4). The
+ * device's KV budget is swap_min_slots layer caches. With swap_min_slots == swap_slots it is
+ * one allocation of that many buffers, for good. With fewer (adaptive expansion) every layer
+ * has an address range and the budget is committed as the used prefix grows (the driver's
+ * virtual memory calls), so more layers fit while fewer pages are in use: set_slots applies
+ * at most the budget over the used prefix (the return value says what). Decode steps do not
+ * replay graphs (a layer's cache moves between steps). Not with tensor parallelism
+ * (refused). Results are bit for bit those of policy gpu. Without the policy: stats all zero,
+ * set_slots refused. */
 pie_code eng_cuda_swap_set_slots(eng_cuda *e, uint32_t slots, uint32_t *applied, pie_status *st);
 void eng_cuda_swap_get_stats(eng_cuda *e, eng_swap_stats *out);
 void eng_cuda_swap_quiesce(eng_cuda *e);

@@ -169,6 +169,9 @@ struct eng_cuda {
     struct wrk_tier *tier;
     wrk_tier_mem swap_mem;        /* the tier's hooks into this device */
     cudaStream_t copy_out_stream; /* its moves to the host */
+    /* adaptive expansion: the device region committed as it is used (eng_cuda_swap.c), or
+     * NULL: cudaMalloc'ed for swap_slots layers */
+    struct ec_vmm *vmm;
     cudaEvent_t *layer_done;      /* [n_layers]: after a forward's last kernel on the layer */
     krn_bf16 **kv_at;             /* [n_layers]: layer l's cache now (acquired or held) */
     size_t kv_layer_bytes;

@@ -9,9 +9,12 @@
  * on the direction's stream, waited for on the tier's copy thread), the per-layer events that
  * keep a layer from leaving before the kernels already queued on it ran, and eng_cuda.h's
  * eng_cuda_swap_* functions.
- * Does not own: the FIFO decisions, the mapping table, the copy threads (wrk_tier.c), the
- * adaptive expansion (the worker's; on this backend the device holds a fixed swap_slots
- * layers, see eng_cuda.h).
+ * Under adaptive expansion (swap_min_slots < swap_slots) the device region is an address range
+ * per layer whose memory is committed as the used prefix grows, through the driver's virtual
+ * memory calls (cuMemCreate/Map/SetAccess, found with cudaGetDriverEntryPointByVersion: no
+ * link to libcuda), in pieces of at least 1/32 of a layer, zeroed as committed.
+ * Does not own: the FIFO decisions, the mapping table, the copy threads, keeping the committed
+ * memory within the budget (wrk_tier.c), choosing the slot count (the worker's wrk_memrt).
  *
  * Ordering. The host enqueues layer l's kernels only after wrk_tier_acquire said l is on the
  * device: its move in had completed (the copy thread synchronised its stream before
@@ -20,6 +23,7 @@
  * what the kernels wrote. A device buffer is reused only after the move out of its previous
  * layer completed, a host buffer only after the move in from it completed. Every handler ends
  * with a stream synchronisation, so between handlers no kernel is queued on any layer. */
+#include <cuda.h> /* the driver's types; its functions come through cudaGetDriverEntryPoint */
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,8 +88,141 @@ static pie_code ec_swap_move(void *user, uint32_t l, bool to_host, void *dst, co
         EC_CUDA(st, cudaStreamSynchronize(s));
         return e->swap_copy(e->swap_copy_user, dst, src, bytes, st);
     }
-    if (bytes) EC_CUDA(st, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    if (bytes)
+        EC_CUDA(st, cudaMemcpyAsync(dst, src, bytes,
+                                    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s));
     EC_CUDA(st, cudaStreamSynchronize(s));
+    return PIE_OK;
+}
+
+/* ---- adaptive expansion: a device region committed as it is used ------------------------- */
+
+/* The CUDA virtual memory calls, looked up in the driver at open: linking libcuda would make
+ * every binary of the build need a driver to start. */
+typedef struct ec_vmm {
+    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                            CUmemAllocationGranularity_flags);
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*address_free)(CUdeviceptr, size_t);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUmemAllocationProp prop;
+    CUmemAccessDesc access;
+    size_t step;       /* commit piece: one physical allocation each */
+    size_t reserved;   /* the region's address range */
+    cudaStream_t zero; /* zeroes what is committed */
+} ec_vmm;
+
+static pie_code ec_vmm_sym(const char *name, void **fn, pie_status *st) {
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t err = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || q != cudaDriverEntryPointSuccess || !*fn)
+        return pie_status_set(st, PIE_UNIMPLEMENTED,
+                              "swap: the CUDA driver has no %s (%s): adaptive expansion on cuda "
+                              "needs its virtual memory management; set memory.device_layers",
+                              name, err != cudaSuccess ? cudaGetErrorString(err) : "not found");
+    return PIE_OK;
+}
+
+static pie_code ec_vmm_fail(pie_status *st, CUresult r, const char *call) {
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: %s failed (CUresult %d)", call,
+                          (int)r);
+}
+
+/* The driver's calls, the device's granularity and the commit piece for layers of
+ * `layer_bytes` (at least 1/32 of a layer, so a buffer grows in at most ~32 pieces). */
+static pie_code ec_vmm_open(eng_cuda *e, size_t layer_bytes, pie_status *st) {
+    ec_vmm *v = calloc(1, sizeof *v);
+    if (!v) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
+    e->vmm = v;
+    struct {
+        const char *name;
+        void **fn;
+    } syms[] = {{"cuMemGetAllocationGranularity", (void **)&v->granularity},
+                {"cuMemAddressReserve", (void **)&v->reserve},
+                {"cuMemAddressFree", (void **)&v->address_free},
+                {"cuMemCreate", (void **)&v->create},
+                {"cuMemRelease", (void **)&v->release},
+                {"cuMemMap", (void **)&v->map},
+                {"cuMemUnmap", (void **)&v->unmap},
+                {"cuMemSetAccess", (void **)&v->set_access}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        pie_code rc = ec_vmm_sym(syms[i].name, syms[i].fn, st);
+        if (rc != PIE_OK) return rc;
+    }
+    v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    v->prop.location.id = e->dev;
+    v->access.location = v->prop.location;
+    v->access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    size_t gran = 0;
+    CUresult r = v->granularity(&gran, &v->prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS || gran == 0) return ec_vmm_fail(st, r, "cuMemGetAllocationGranularity");
+    size_t piece = layer_bytes / 32;
+    v->step = piece <= gran ? gran : (piece + gran - 1) / gran * gran;
+    EC_CUDA(st, cudaStreamCreateWithFlags(&v->zero, cudaStreamNonBlocking));
+    return PIE_OK;
+}
+
+static void ec_vmm_close(eng_cuda *e) {
+    ec_vmm *v = e->vmm;
+    if (!v) return;
+    if (v->zero) (void)cudaStreamDestroy(v->zero);
+    free(v);
+    e->vmm = NULL;
+}
+
+/* dev_alloc of a committing device: addresses only. */
+static pie_code ec_vmm_reserve(void *user, size_t bytes, void **out, pie_status *st) {
+    eng_cuda *e = user;
+    ec_vmm *v = e->vmm;
+    CUdeviceptr p = 0;
+    CUresult r = v->reserve(&p, bytes, v->step, 0, 0);
+    if (r != CUDA_SUCCESS) return ec_vmm_fail(st, r, "cuMemAddressReserve");
+    v->reserved = bytes;
+    *out = (void *)(uintptr_t)p;
+    return PIE_OK;
+}
+
+static void ec_vmm_unreserve(void *user, void *p) { /* the tier decommitted every buffer */
+    eng_cuda *e = user;
+    (void)e->vmm->address_free((CUdeviceptr)(uintptr_t)p, e->vmm->reserved);
+}
+
+static void ec_vmm_decommit(void *user, void *buf, size_t have) {
+    eng_cuda *e = user;
+    ec_vmm *v = e->vmm;
+    (void)cudaSetDevice(e->dev);
+    for (size_t off = 0; off < have; off += v->step) /* one mapping per piece */
+        (void)v->unmap((CUdeviceptr)(uintptr_t)buf + off, v->step);
+}
+
+static pie_code ec_vmm_commit(void *user, void *buf, size_t have, size_t want, pie_status *st) {
+    eng_cuda *e = user;
+    ec_vmm *v = e->vmm;
+    EC_CUDA(st, cudaSetDevice(e->dev));
+    CUdeviceptr base = (CUdeviceptr)(uintptr_t)buf;
+    size_t off = have;
+    CUresult r = CUDA_SUCCESS;
+    for (; off < want; off += v->step) {
+        CUmemGenericAllocationHandle h;
+        r = v->create(&h, v->step, &v->prop, 0);
+        if (r != CUDA_SUCCESS) break;
+        r = v->map(base + off, v->step, 0, h, 0);
+        (void)v->release(h); /* the mapping holds the memory until it is unmapped */
+        if (r != CUDA_SUCCESS) break;
+    }
+    if (r == CUDA_SUCCESS) r = v->set_access(base + have, want - have, &v->access, 1);
+    if (r != CUDA_SUCCESS) { /* back to `have` */
+        for (size_t k = have; k < off; k += v->step) (void)v->unmap(base + k, v->step);
+        return ec_vmm_fail(st, r, "committing device memory (cuMemCreate/Map/SetAccess)");
+    }
+    EC_CUDA(st, cudaMemsetAsync((char *)buf + have, 0, want - have, v->zero));
+    EC_CUDA(st, cudaStreamSynchronize(v->zero));
     return PIE_OK;
 }
 
@@ -112,6 +249,23 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
                                  .move = ec_swap_move};
     uint32_t min = o->swap_min_slots ? o->swap_min_slots : (n > 1 ? 2 : 1);
     if (min > o->swap_slots) min = o->swap_slots;
+    /* Fewer layers allowed on the device than at start: adaptive expansion. The page space is
+     * sized for min layers' caches in the device's KV budget, so that budget is min layer
+     * buffers; more layers fit it while fewer pages are in use, which needs buffers committed
+     * as their used prefix grows. Otherwise the device holds swap_slots buffers for good. */
+    bool commit = min < o->swap_slots;
+    if (commit) {
+        pie_code rc = ec_vmm_open(e, e->kv_layer_bytes, st);
+        if (rc != PIE_OK) return rc;
+        e->swap_mem.dev_alloc = ec_vmm_reserve;
+        e->swap_mem.dev_free = ec_vmm_unreserve;
+        e->swap_mem.dev_commit = ec_vmm_commit;
+        e->swap_mem.dev_decommit = ec_vmm_decommit;
+        size_t step = e->vmm->step;
+        e->swap_mem.dev_step = step;
+        /* min buffers as committed: each layer rounded up to whole pieces */
+        e->swap_mem.device_bytes = (uint64_t)min * ((e->kv_layer_bytes + step - 1) / step * step);
+    }
     uint64_t host_buffers = o->swap_host_bytes / e->kv_layer_bytes;
     wrk_tier_config tc = {
         .n_layers = n,
@@ -119,7 +273,8 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
         .slots = o->swap_slots,
         .min_slots = min,
         .host_buffers = host_buffers > UINT32_MAX ? UINT32_MAX : (uint32_t)host_buffers,
-        .device_buffers = o->swap_slots, /* the device's budget: never more layers there */
+        /* committing: a buffer per layer, memory as budgeted; else the budget in buffers */
+        .device_buffers = commit ? n : o->swap_slots,
         .mem = &e->swap_mem,
         .link_bytes_per_s = o->swap_link_bytes_per_s,
         .host_numa_bind = o->host_numa_bind,
@@ -134,6 +289,7 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
 void ec_swap_close(eng_cuda *e) {
     wrk_tier_close(e->tier); /* first: its copy threads use the streams and events */
     e->tier = NULL;
+    ec_vmm_close(e);
     if (e->layer_done)
         for (uint32_t l = 0; l < e->info.n_layers; l++)
             if (e->layer_done[l]) (void)cudaEventDestroy(e->layer_done[l]);

@@ -47,7 +47,10 @@ typedef struct wrk_tier_region {
     uint32_t n;
     int32_t *free; /* stack of free buffer indices */
     uint32_t n_free;
-    const wrk_tier_mem *device_mem; /* the device region's allocator (a real device), or NULL: mmap */
+    const wrk_tier_mem
+        *device_mem;   /* the device region's allocator (a real device), or NULL: mmap */
+    size_t stride;     /* bytes from one buffer to the next */
+    size_t *committed; /* [n]: a committing device's bytes of each buffer, or NULL */
     const wrk_tier_mem *pinned_by; /* the host region was pinned through it, or NULL */
 } wrk_tier_region;
 
@@ -71,6 +74,7 @@ struct wrk_tier {
     pie_status failure; /* the last copy failure not yet reported */
     bool failed;
     wrk_tier_stats stats;
+    uint64_t committed; /* Σ dev.committed */
 };
 
 static uint64_t wrk_tier_now_ns(void) {
@@ -93,6 +97,10 @@ uint32_t wrk_tier_host_buffers_needed(uint32_t n_layers, uint32_t min_slots) {
 static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each, const char *what,
                                      const wrk_tier_mem *dev, pie_status *st) {
     memset(r, 0, sizeof *r);
+    if (dev && dev->dev_commit) /* committed in dev_step pieces: every buffer starts aligned */
+        each = each > SIZE_MAX - dev->dev_step
+                   ? SIZE_MAX
+                   : (each + dev->dev_step - 1) / dev->dev_step * dev->dev_step;
     if (n == 0) return PIE_OK;
     if (each == 0 || each > SIZE_MAX / n)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
@@ -100,15 +108,23 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
                               what, n, each);
     size_t bytes = each * n;
     r->free = malloc(sizeof *r->free * n);
-    if (!r->free)
+    if (dev && dev->dev_commit) r->committed = calloc(n, sizeof *r->committed);
+    if (!r->free || (dev && dev->dev_commit && !r->committed)) {
+        free(r->free);
+        free(r->committed);
+        r->free = NULL;
+        r->committed = NULL;
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: out of memory");
+    }
     void *p = NULL;
     if (dev) {
         pie_status why;
         pie_status_ok(&why);
         if (dev->dev_alloc(dev->user, bytes, &p, &why) != PIE_OK) {
             free(r->free);
+            free(r->committed);
             r->free = NULL;
+            r->committed = NULL;
             return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                                   "swap: cannot allocate the %s region (%u layer buffers of %zu "
                                   "bytes): %s",
@@ -129,6 +145,7 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
     }
     r->base = p;
     r->bytes = bytes;
+    r->stride = each;
     r->n = n;
     for (uint32_t i = 0; i < n; i++) r->free[i] = (int32_t)(n - 1 - i); /* 0 on top */
     r->n_free = n;
@@ -136,9 +153,16 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
 }
 
 static void wrk_tier_region_close(wrk_tier_region *r) {
+    for (uint32_t i = 0; r->committed && i < r->n; i++)
+        if (r->committed[i])
+            r->device_mem->dev_decommit(r->device_mem->user, r->base + (size_t)i * r->stride,
+                                        r->committed[i]);
+    free(r->committed);
     if (r->pinned_by) r->pinned_by->host_unpin(r->pinned_by->user, r->base);
-    if (r->base && r->device_mem) r->device_mem->dev_free(r->device_mem->user, r->base);
-    else if (r->base) (void)munmap(r->base, r->bytes);
+    if (r->base && r->device_mem)
+        r->device_mem->dev_free(r->device_mem->user, r->base);
+    else if (r->base)
+        (void)munmap(r->base, r->bytes);
     free(r->free);
     memset(r, 0, sizeof *r);
 }
@@ -148,7 +172,73 @@ static int32_t wrk_tier_take(wrk_tier_region *r) { return r->n_free ? r->free[--
 static void wrk_tier_give(wrk_tier_region *r, int32_t i) { r->free[r->n_free++] = i; }
 
 static void *wrk_tier_buf(const wrk_tier *t, const wrk_tier_region *r, int32_t i) {
-    return r->base + (size_t)i * t->cfg.layer_bytes;
+    (void)t;
+    return r->base + (size_t)i * r->stride;
+}
+
+/* ---- a committing device ----------------------------------------------------------------- */
+
+static bool wrk_tier_commits(const wrk_tier *t) { return t->dev.committed != NULL; }
+
+/* What a buffer holding a layer must have committed: the used prefix in dev_step pieces. */
+static size_t wrk_tier_need(const wrk_tier *t) {
+    size_t step = t->cfg.mem->dev_step;
+    return (t->used + step - 1) / step * step;
+}
+
+/* Layers the device may hold now: the slots, and for a committing device its budget over
+ * what each needs (never below min_slots: the plan sized the page space for them). */
+static uint32_t wrk_tier_slots_now(const wrk_tier *t) {
+    if (!wrk_tier_commits(t) || wrk_tier_need(t) == 0) return t->slots;
+    uint64_t fit = t->cfg.mem->device_bytes / wrk_tier_need(t);
+    uint32_t cap = fit < t->cfg.min_slots ? t->cfg.min_slots
+                   : fit > t->slots       ? t->slots
+                                          : (uint32_t)fit;
+    return cap;
+}
+
+/* Gives back the memory of free buffers (other than `keep`) while the committed bytes plus
+ * `more` exceed the budget. */
+static void wrk_tier_trim(wrk_tier *t, int32_t keep, size_t more) {
+    wrk_tier_region *r = &t->dev;
+    const wrk_tier_mem *m = t->cfg.mem;
+    for (uint32_t k = 0; k < r->n_free && t->committed + more > m->device_bytes; k++) {
+        int32_t j = r->free[k];
+        if (j == keep || r->committed[j] == 0) continue;
+        m->dev_decommit(m->user, wrk_tier_buf(t, r, j), r->committed[j]);
+        t->committed -= r->committed[j];
+        r->committed[j] = 0;
+    }
+}
+
+/* Commits device buffer b to `need`, first giving back the memory of free buffers while the
+ * budget would be exceeded. A failure is recorded for the engine (the next acquire). */
+static bool wrk_tier_commit(wrk_tier *t, int32_t b, size_t need) {
+    wrk_tier_region *r = &t->dev;
+    size_t have = r->committed[b];
+    if (have >= need) return true;
+    const wrk_tier_mem *m = t->cfg.mem;
+    wrk_tier_trim(t, b, need - have);
+    pie_status st;
+    pie_status_ok(&st);
+    if (m->dev_commit(m->user, wrk_tier_buf(t, r, b), have, need, &st) != PIE_OK) {
+        if (!t->failed)
+            pie_status_set(&t->failure, PIE_RESOURCE_EXHAUSTED,
+                           "swap: committing %zu bytes of a layer's device buffer failed: %s", need,
+                           st.msg);
+        t->failed = true;
+        return false;
+    }
+    r->committed[b] = need;
+    t->committed += need - have;
+    return true;
+}
+
+/* The prefix grew: every buffer holding a layer (moving ones included) gets its pages. */
+static void wrk_tier_commit_held(wrk_tier *t) {
+    size_t need = wrk_tier_need(t);
+    for (uint32_t l = 0; l < t->cfg.n_layers; l++)
+        if (t->layers[l].dev >= 0 && !wrk_tier_commit(t, t->layers[l].dev, need)) return;
 }
 
 /* ---- decisions (under mu) ---------------------------------------------------------------- */
@@ -181,6 +271,12 @@ static void wrk_tier_start(wrk_tier *t, int dir, uint32_t l) {
     wrk_tier_layer *L = &t->layers[l];
     if (dir == WRK_TIER_IN) {
         L->dev = wrk_tier_take(&t->dev);
+        if (wrk_tier_commits(t) && !wrk_tier_commit(t, L->dev, wrk_tier_need(t))) {
+            wrk_tier_give(&t->dev, L->dev); /* the layer stays on the host; acquire reports it */
+            L->dev = -1;
+            pthread_cond_broadcast(&t->changed);
+            return;
+        }
         L->state = WRK_TIER_MOVING_IN;
     } else {
         L->host = wrk_tier_take(&t->host);
@@ -196,19 +292,19 @@ static void wrk_tier_pump_out(wrk_tier *t) {
     if (t->link[WRK_TIER_OUT].busy || t->host.n_free == 0) return;
     int64_t victim = wrk_tier_pick(t, WRK_TIER_ON_DEVICE, false);
     if (victim < 0) return;
-    uint32_t used = wrk_tier_dev_used(t);
-    bool over = used > t->slots;
+    uint32_t used = wrk_tier_dev_used(t), slots = wrk_tier_slots_now(t);
+    bool over = used > slots;
     int64_t want = wrk_tier_pick(t, WRK_TIER_ON_HOST, true);
     /* the pinned layer (skipped by pick) is the hottest when it waits on the host */
     if (t->pinned >= 0 && t->layers[t->pinned].state == WRK_TIER_ON_HOST) want = t->pinned;
-    bool hotter = want >= 0 && used >= t->slots &&
+    bool hotter = want >= 0 && used >= slots &&
                   wrk_tier_dist(t, (uint32_t)want) < wrk_tier_dist(t, (uint32_t)victim);
     if (over || hotter) wrk_tier_start(t, WRK_TIER_OUT, (uint32_t)victim);
 }
 
 static void wrk_tier_pump_in(wrk_tier *t) {
     if (t->link[WRK_TIER_IN].busy || t->dev.n_free == 0) return;
-    if (wrk_tier_dev_used(t) >= t->slots) return;
+    if (t->failed || wrk_tier_dev_used(t) >= wrk_tier_slots_now(t)) return;
     int64_t want = wrk_tier_pick(t, WRK_TIER_ON_HOST, true);
     /* the pinned layer is skipped by pick; it may be the one the engine waits for */
     if (t->pinned >= 0 && t->layers[t->pinned].state == WRK_TIER_ON_HOST) want = t->pinned;
@@ -234,6 +330,7 @@ static void wrk_tier_publish(wrk_tier *t, int dir, uint32_t l, bool ok) {
         } else {
             wrk_tier_give(&t->dev, L->dev);
             L->dev = -1;
+            if (wrk_tier_commits(t)) wrk_tier_trim(t, -1, 0); /* over the budget after a touch */
         }
         L->state = to_dev ? WRK_TIER_ON_DEVICE : WRK_TIER_ON_HOST;
         uint64_t *bytes = to_dev ? &t->stats.swap_in_bytes : &t->stats.swap_out_bytes;
@@ -337,6 +434,11 @@ static pie_code wrk_tier_check(const wrk_tier_config *c, pie_status *st) {
     if (c->mem && (!c->mem->dev_alloc || !c->mem->dev_free || !c->mem->host_pin ||
                    !c->mem->host_unpin || !c->mem->move))
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "swap: a device needs all five hooks");
+    if (c->mem && (!c->mem->dev_commit != !c->mem->dev_decommit ||
+                   (c->mem->dev_commit && (c->mem->dev_step == 0 || c->mem->device_bytes == 0))))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "swap: a committing device needs dev_commit, dev_decommit, a "
+                              "dev_step and a device_bytes budget");
     uint32_t need = wrk_tier_host_buffers_needed(n, c->min_slots); /* >= n - bufs */
     if (c->host_buffers < need)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
@@ -455,7 +557,13 @@ pie_code wrk_tier_acquire(wrk_tier *t, uint32_t l, void **base, pie_status *st) 
 void wrk_tier_touch(wrk_tier *t, size_t bytes) {
     pthread_mutex_lock(&t->mu);
     if (bytes > t->cfg.layer_bytes) bytes = t->cfg.layer_bytes;
-    if (bytes > t->used) t->used = bytes;
+    if (bytes > t->used) {
+        t->used = bytes;
+        if (wrk_tier_commits(t)) { /* before the engine writes there; then fit the budget */
+            wrk_tier_commit_held(t);
+            wrk_tier_pump(t);
+        }
+    }
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -500,6 +608,8 @@ uint32_t wrk_tier_set_slots(wrk_tier *t, uint32_t slots) {
     if (slots < t->cfg.min_slots) slots = t->cfg.min_slots;
     if (slots > t->dev.n) slots = t->dev.n;
     t->slots = slots;
+    slots = wrk_tier_slots_now(t);
+    t->slots = slots; /* the prefix never shrinks: what does not fit now never will */
     wrk_tier_pump(t);
     pthread_mutex_unlock(&t->mu);
     return slots;
@@ -514,7 +624,8 @@ void wrk_tier_quiesce(wrk_tier *t) {
 void wrk_tier_get_stats(wrk_tier *t, wrk_tier_stats *out) {
     pthread_mutex_lock(&t->mu);
     *out = t->stats;
-    out->slots = t->slots;
+    out->slots = wrk_tier_slots_now(t);
+    out->committed = t->committed;
     out->on_device = wrk_tier_dev_used(t);
     uint32_t host = 0;
     for (uint32_t l = 0; l < t->cfg.n_layers; l++)

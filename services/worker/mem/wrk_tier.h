@@ -54,6 +54,18 @@ typedef struct wrk_tier_mem {
      * done with the layer first: it was released, its work may still be queued). */
     pie_code (*move)(void *user, uint32_t l, bool to_host, void *dst, const void *src,
                      size_t bytes, pie_status *st);
+    /* Optional (both or neither): a device region committed as it is used, for a device
+     * budget that holds more layers while fewer pages are in use (adaptive expansion).
+     * dev_alloc then only reserves the addresses (each buffer starts dev_step-aligned:
+     * buffers are spaced layer_bytes rounded up to dev_step); dev_commit makes [have, want) of
+     * a buffer usable and zero (both multiples of dev_step); dev_decommit gives [0, have)
+     * back. The tier commits a layer's buffer to the used prefix rounded up to dev_step when
+     * the layer takes it and whenever the prefix grows, decommits free buffers when another
+     * needs their memory, and runs at most device_bytes / that many layers on the device. */
+    pie_code (*dev_commit)(void *user, void *buf, size_t have, size_t want, pie_status *st);
+    void (*dev_decommit)(void *user, void *buf, size_t have);
+    size_t dev_step;       /* > 0 with dev_commit */
+    uint64_t device_bytes; /* the committed memory's budget */
 } wrk_tier_mem;
 
 typedef struct wrk_tier_config {
@@ -82,6 +94,7 @@ typedef struct wrk_tier_stats {
     uint64_t stalls;   /* acquires that had to wait for a layer */
     uint64_t stall_ns; /* time the engine waited in them */
     uint64_t copy_failures;
+    uint64_t committed; /* device bytes committed now (a committing device; 0 otherwise) */
 } wrk_tier_stats;
 
 typedef struct wrk_tier wrk_tier;
@@ -113,7 +126,8 @@ void wrk_tier_hold(wrk_tier *t);
 void *wrk_tier_where(wrk_tier *t, uint32_t l);
 void wrk_tier_resume(wrk_tier *t);
 
-/* New device budget in layers (between steps; clamped to min_slots..device_buffers). Fewer slots: the
+/* New device budget in layers (between steps; clamped to min_slots..device_buffers, and for a
+ * committing device to device_bytes / the used prefix: the return value). Fewer slots: the
  * pipeline evicts down to it; more: it fetches back. */
 uint32_t wrk_tier_set_slots(wrk_tier *t, uint32_t slots);
 
