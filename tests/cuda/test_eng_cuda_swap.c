@@ -27,6 +27,7 @@
 #define PAGE 16
 enum { SEQS = 5, CTX = 40, STEPS = 3, PER = (CTX + STEPS + PAGE - 1) / PAGE };
 enum { FORK_CTX = 2 * PAGE + 5 };
+enum { OUTS = SEQS + 2 }; /* the sequences, the fork, a read of the last page id */
 
 typedef struct swap_setup {
     uint32_t slots; /* 0: policy gpu */
@@ -91,11 +92,14 @@ static kc_engine kc_of(eng_cuda *e) {
 /* kcheck's decode scenario (SEQS sequences, prefill then STEPS decode steps of all of them),
  * then a fork: sequence 0's first FORK_CTX tokens copied into fresh pages (a page copy of two
  * whole pages and a partial one, after clear_pages of the destination), one token decoded on
- * the fork. logits ← [SEQS + 1][vocab] (malloc'ed). Sequence 0 lives in pages 0-2. */
+ * the fork; then an item that reads the last page id without appending (never written: zero
+ * K/V, and on a device committed as it is used, past the committed range unless the engine
+ * raised it first — a hostile inferlet may do this). logits ← [OUTS][vocab] (malloc'ed).
+ * Sequence 0 lives in pages 0-2. */
 static float *run_workload(eng_cuda *g, uint32_t *vocab) {
     kc_engine k = kc_of(g);
     *vocab = k.vocab;
-    float *l = malloc(sizeof(float) * (SEQS + 1) * k.vocab);
+    float *l = malloc(sizeof(float) * OUTS * k.vocab);
     cr_assert_not_null(l);
     char why[512];
     cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
@@ -119,6 +123,19 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
                            .n_out = 1};
     cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)SEQS * k.vocab, &st), PIE_OK, "%s", st.msg);
+    uint32_t last = eng_cuda_get_info(g)->kv_pages - 1, pos_read = PAGE;
+    cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos_read, 1, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item read = {.kv_pages = &last,
+                             .n_kv_pages = 1,
+                             .kv_last_page_len = PAGE,
+                             .append_kv = false,
+                             .in_slots = &in,
+                             .n_in = 1,
+                             .out_slots = &out,
+                             .n_out = 1};
+    cr_assert_eq(eng_cuda_forward(g, &read, 1, &st), PIE_OK, "reading page %u: %s", last, st.msg);
+    cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)(SEQS + 1) * k.vocab, &st), PIE_OK, "%s",
+                 st.msg);
     return l;
 }
 
@@ -153,7 +170,7 @@ Test(eng_cuda_swap, outputs_are_bitwise_those_of_policy_gpu_with_2_and_3_layers_
         cr_assert_eq(ss.copy_failures, 0);
         char what[64], why[256];
         snprintf(what, sizeof what, "swap with %u slots vs gpu", slots);
-        cr_assert(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, what, why, sizeof why), "%s",
+        cr_assert(kc_eng_bitwise(got, want, OUTS * vocab, what, why, sizeof why), "%s",
                   why);
         uint32_t applied = 0;
         pie_status st = {0};
@@ -203,7 +220,7 @@ Test(eng_cuda_swap, adaptive_expansion_commits_the_budget_as_pages_are_used) {
         }
         char what[64], why[256];
         snprintf(what, sizeof what, "adaptive swap (%s) vs gpu", shrink ? "2 layers" : "4");
-        cr_assert(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, what, why, sizeof why), "%s",
+        cr_assert(kc_eng_bitwise(got, want, OUTS * vocab, what, why, sizeof why), "%s",
                   why);
         free(got);
         eng_cuda_close(g);
@@ -226,7 +243,7 @@ Test(eng_cuda_swap, a_move_that_copies_nothing_is_caught) {
     eng_cuda *g = open_ok(&s);
     float *got = run_workload(g, &vocab);
     char why[256];
-    cr_assert_not(kc_eng_bitwise(got, want, (SEQS + 1) * vocab, "a skipped move", why, sizeof why),
+    cr_assert_not(kc_eng_bitwise(got, want, OUTS * vocab, "a skipped move", why, sizeof why),
                   "outputs equal although no layer was moved: the test cannot see a broken swap");
     free(got);
     free(want);

@@ -413,7 +413,7 @@ pie_code eng_check_clear(const eng_info *in, bool pages, const uint32_t *ids, ui
 uint32_t eng_check_kv_top_forward(const eng_forward_item *items, uint32_t n) {
     uint32_t top = 0;
     for (uint32_t i = 0; i < n; i++)
-        for (uint32_t j = 0; items[i].append_kv && j < items[i].n_kv_pages; j++)
+        for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
             if (items[i].kv_pages[j] >= top) top = items[i].kv_pages[j] + 1;
     return top;
 }
@@ -421,6 +421,9 @@ uint32_t eng_check_kv_top_forward(const eng_forward_item *items, uint32_t n) {
 uint32_t eng_check_kv_top_copies(const eng_copy_item *items, uint32_t n) {
     uint32_t top = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (items[i].dst >= top) top = items[i].dst + 1;
+        for (uint32_t p = 0; p < 2; p++) {
+            uint32_t id = p ? items[i].dst : items[i].src;
+            if (id >= top) top = id + 1;
+        }
     return top;
 }

@@ -146,9 +146,10 @@ pie_code eng_check_clear(const eng_info *in, bool pages, const uint32_t *ids, ui
 pie_code eng_check_slot_out(const eng_info *in, const char *handler, uint32_t slot, const void *out,
                             const char *out_name, pie_status *st);
 
-/* One past the highest page id checked items append K/V to (forward) or copy into (copies): the
- * swap policy moves only that prefix of every layer's cache, so the backends raise it first
- * (wrk_tier_touch). */
+/* One past the highest page id checked items read or write (forward: every item's pages,
+ * appending or not; copies: sources and destinations): the swap policy moves only that prefix
+ * of every layer's cache and, on a device committed as it is used, has memory only there, so
+ * the backends raise it first (wrk_tier_touch). */
 uint32_t eng_check_kv_top_forward(const eng_forward_item *items, uint32_t n);
 uint32_t eng_check_kv_top_copies(const eng_copy_item *items, uint32_t n);
 

@@ -596,6 +596,10 @@ pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pi
     if (rc != PIE_OK || n == 0) return rc;
     uint32_t ps = e->info.kv_page_size;
     EC_CUDA(st, cudaSetDevice(e->dev));
+    uint32_t top = 0; /* a device committed as it is used has memory below the touched pages */
+    for (uint32_t i = 0; i < n; i++)
+        if (pages[i] >= top) top = pages[i] + 1;
+    ec_swap_touch(e, top);
     ec_swap_hold(e); /* swap policy: nothing moves, ec_kv(l) says where l is */
     rc = ec_clear_ids(e, pages, n, st);
     ec_swap_resume(e);
