@@ -332,6 +332,7 @@ static pie_code ec_open_pool(eng_cuda *e, pie_status *st) {
     ec_carver carve = {.base = e->pool};
     ec_carve_pool(e, &carve);
     EC_CUDA(st, cudaMemset(e->pool, 0, e->pool_bytes)); /* KV, masks, slots start zeroed */
+    EC_CUDA(st, cudaDeviceSynchronize()); /* the engine's streams do not wait for the legacy one */
     EC_CUBLAS(st, cublasSetWorkspace(e->cublas, e->cublas_ws, EC_CUBLAS_WS));
     return PIE_OK;
 }

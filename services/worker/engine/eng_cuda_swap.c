@@ -37,7 +37,10 @@ static pie_code ec_swap_dev_alloc(void *user, size_t bytes, void **out, pie_stat
     EC_CUDA(st, cudaSetDevice(e->dev));
     void *p = NULL;
     EC_CUDA(st, cudaMalloc(&p, bytes));
-    cudaError_t err = cudaMemset(p, 0, bytes); /* the tier's buffers start zeroed */
+    /* the tier's buffers start zeroed; the legacy stream's memset does not order the engine's
+     * non-blocking streams after it: wait for it here */
+    cudaError_t err = cudaMemset(p, 0, bytes);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
     if (err != cudaSuccess) {
         (void)cudaFree(p);
         return ec_cuda_fail(st, err, "cudaMemset", __FILE__, __LINE__);
