@@ -602,6 +602,7 @@ typedef struct fake_commit {
     size_t stride;
     uint64_t total, most;
     int decommits;
+    bool fail; /* every commit fails while set */
 } fake_commit;
 
 static pie_code fc_alloc(void *user, size_t bytes, void **out, pie_status *st) {
@@ -612,8 +613,8 @@ static pie_code fc_alloc(void *user, size_t bytes, void **out, pie_status *st) {
     return rc;
 }
 static pie_code fc_commit(void *user, void *buf, size_t have, size_t want, pie_status *st) {
-    (void)st;
     fake_commit *f = user;
+    if (f->fail) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "injected: out of memory");
     size_t i = (size_t)((char *)buf - f->region) / f->stride;
     cr_assert_eq(f->committed[i], have, "buffer %zu: have %zu, the device knows %zu", i, have,
                  f->committed[i]);
@@ -710,5 +711,54 @@ Test(wrk_tier, a_committing_device_holds_more_layers_while_the_prefix_is_short) 
     cr_assert_eq(wrk_tier_set_slots(t, 6), 3, "more layers than the budget holds");
     wrk_tier_close(t);
     cr_assert_eq(f.total, 0, "close left %llu bytes committed", (unsigned long long)f.total);
+    pthread_mutex_destroy(&f.base.mu);
+}
+
+/* A commit that fails (the device out of memory) fails the acquire that needed it with the
+ * device's reason; the next acquire commits and the layer's bytes are all there. */
+Test(wrk_tier, a_failed_commit_fails_its_acquire_and_the_next_one_commits) {
+    fake_commit f = {.base = {.held = -1}};
+    pthread_mutex_init(&f.base.mu, NULL);
+    const size_t layer = 4 * 4096;
+    f.stride = layer;
+    wrk_tier_mem mem = {.user = &f,
+                        .dev_alloc = fc_alloc,
+                        .dev_free = fc_free,
+                        .host_pin = fc_pin,
+                        .host_unpin = fc_unpin,
+                        .move = fc_move,
+                        .dev_commit = fc_commit,
+                        .dev_decommit = fc_decommit,
+                        .dev_step = 4096,
+                        .device_bytes = 3 * layer};
+    wrk_tier_config c = {.n_layers = 6,
+                         .layer_bytes = layer,
+                         .slots = 6,
+                         .min_slots = 2,
+                         .host_buffers = 6,
+                         .mem = &mem};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    wrk_tier_touch(t, 4096);
+    commit_steps(t, 4096, 1, true);
+    wrk_tier_quiesce(t);
+    f.fail = true;
+    wrk_tier_touch(t, layer);
+    void *base = NULL;
+    cr_assert_eq(wrk_tier_acquire(t, 0, &base, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_assert(strstr(st.msg, "committing") && strstr(st.msg, "injected: out of memory"), "%s",
+              st.msg);
+    cr_assert_eq(wrk_tier_hold_ready(t, &st), PIE_RESOURCE_EXHAUSTED, "hold: %s", st.msg);
+    wrk_tier_resume(t);
+    f.fail = false;
+    commit_steps(t, 4096, 1, false); /* each layer: its bytes, committed on acquire */
+    cr_assert_eq(wrk_tier_acquire(t, 0, &base, &st), PIE_OK, "%s", st.msg);
+    unsigned char *b = base;
+    for (size_t k = 4096; k < layer; k += 509)
+        cr_assert_eq(b[k], 0, "byte %zu past the old prefix: %u", k, b[k]);
+    wrk_tier_release(t, 0);
+    wrk_tier_close(t);
+    cr_assert_eq(f.total, 0);
     pthread_mutex_destroy(&f.base.mu);
 }

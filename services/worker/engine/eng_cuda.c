@@ -549,8 +549,10 @@ pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, cudaSetDevice(e->dev));
     ec_swap_touch(e, eng_check_kv_top_copies(items, n));
-    ec_swap_hold(e); /* swap policy: nothing moves, ec_kv(l) says where l is */
-    rc = ec_copy_items(e, items, n, st);
+    rc = ec_swap_hold(e, st); /* swap policy: nothing moves, ec_kv(l) says where l is */
+    if (rc == PIE_OK) rc = ec_copy_items(e, items, n, st);
+    if (rc != PIE_OK) /* no layer may move while a kernel of this call still runs on it */
+        (void)cudaStreamSynchronize(e->stream);
     ec_swap_resume(e);
     return rc;
 }
@@ -601,8 +603,10 @@ pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pi
     for (uint32_t i = 0; i < n; i++)
         if (pages[i] >= top) top = pages[i] + 1;
     ec_swap_touch(e, top);
-    ec_swap_hold(e); /* swap policy: nothing moves, ec_kv(l) says where l is */
-    rc = ec_clear_ids(e, pages, n, st);
+    rc = ec_swap_hold(e, st); /* swap policy: nothing moves, ec_kv(l) says where l is */
+    if (rc == PIE_OK) rc = ec_clear_ids(e, pages, n, st);
+    if (rc != PIE_OK) /* no layer may move while a kernel of this call still runs on it */
+        (void)cudaStreamSynchronize(e->stream);
     ec_swap_resume(e);
     if (rc != PIE_OK) return rc;
     for (uint32_t i = 0; i < n; i++) {

@@ -203,8 +203,9 @@ pie_code ec_swap_acquire(eng_cuda *e, uint32_t l, pie_status *st);
 /* After the last kernel on layer l is enqueued: the layer may move once they ran. */
 void ec_swap_release(eng_cuda *e, uint32_t l);
 /* Around handlers that touch every layer: nothing moves, ec_kv(l) is where l is (the device,
- * or the pinned host pool, which kernels address at its host address). */
-void ec_swap_hold(eng_cuda *e);
+ * or the pinned host pool, which kernels address at its host address). A failure (device
+ * memory for a layer's used range, an unreported failed move): held all the same, resume. */
+pie_code ec_swap_hold(eng_cuda *e, pie_status *st);
 void ec_swap_resume(eng_cuda *e);
 /* Raise the prefix the tier moves to `pages` pages. */
 void ec_swap_touch(eng_cuda *e, uint32_t pages);

@@ -115,6 +115,7 @@ typedef struct ec_vmm {
     CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUmemAllocationProp prop;
     CUmemAccessDesc access;
+    size_t gran;       /* the device's allocation granularity */
     size_t step;       /* commit piece: one physical allocation each */
     size_t reserved;   /* the region's address range */
     cudaStream_t zero; /* zeroes what is committed */
@@ -165,6 +166,7 @@ static pie_code ec_vmm_open(eng_cuda *e, size_t layer_bytes, pie_status *st) {
     size_t gran = 0;
     CUresult r = v->granularity(&gran, &v->prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS || gran == 0) return ec_vmm_fail(st, r, "cuMemGetAllocationGranularity");
+    v->gran = gran;
     size_t piece = layer_bytes / 32;
     v->step = piece <= gran ? gran : (piece + gran - 1) / gran * gran;
     EC_CUDA(st, cudaStreamCreateWithFlags(&v->zero, cudaStreamNonBlocking));
@@ -184,7 +186,7 @@ static pie_code ec_vmm_reserve(void *user, size_t bytes, void **out, pie_status 
     eng_cuda *e = user;
     ec_vmm *v = e->vmm;
     CUdeviceptr p = 0;
-    CUresult r = v->reserve(&p, bytes, v->step, 0, 0);
+    CUresult r = v->reserve(&p, bytes, v->gran, 0, 0); /* pieces need only its alignment */
     if (r != CUDA_SUCCESS) return ec_vmm_fail(st, r, "cuMemAddressReserve");
     v->reserved = bytes;
     *out = (void *)(uintptr_t)p;
@@ -224,8 +226,13 @@ static pie_code ec_vmm_commit(void *user, void *buf, size_t have, size_t want, p
         for (size_t k = have; k < off; k += v->step) (void)v->unmap(base + k, v->step);
         return ec_vmm_fail(st, r, "committing device memory (cuMemCreate/Map/SetAccess)");
     }
-    EC_CUDA(st, cudaMemsetAsync((char *)buf + have, 0, want - have, v->zero));
-    EC_CUDA(st, cudaStreamSynchronize(v->zero));
+    cudaError_t err = cudaMemsetAsync((char *)buf + have, 0, want - have, v->zero);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(v->zero);
+    if (err != cudaSuccess) { /* back to `have`: the tier still counts that */
+        for (size_t k = have; k < want; k += v->step) (void)v->unmap(base + k, v->step);
+        return ec_cuda_fail(st, err, "cudaMemsetAsync of committed device memory", __FILE__,
+                            __LINE__);
+    }
     return PIE_OK;
 }
 
@@ -269,7 +276,10 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
         /* min buffers as committed: each layer rounded up to whole pieces */
         e->swap_mem.device_bytes = (uint64_t)min * ((e->kv_layer_bytes + step - 1) / step * step);
     }
+    /* what the FIFO can use at the most expanded point; a larger pool is not pinned */
     uint64_t host_buffers = o->swap_host_bytes / e->kv_layer_bytes;
+    if (host_buffers > wrk_tier_host_buffers_needed(n, min))
+        host_buffers = wrk_tier_host_buffers_needed(n, min);
     wrk_tier_config tc = {
         .n_layers = n,
         .layer_bytes = e->kv_layer_bytes,
@@ -325,10 +335,11 @@ void ec_swap_release(eng_cuda *e, uint32_t l) {
     wrk_tier_release(e->tier, l);
 }
 
-void ec_swap_hold(eng_cuda *e) {
-    if (!e->tier) return;
-    wrk_tier_hold(e->tier);
+pie_code ec_swap_hold(eng_cuda *e, pie_status *st) {
+    if (!e->tier) return PIE_OK;
+    pie_code rc = wrk_tier_hold_ready(e->tier, st);
     for (uint32_t l = 0; l < e->info.n_layers; l++) e->kv_at[l] = wrk_tier_where(e->tier, l);
+    return rc;
 }
 
 void ec_swap_resume(eng_cuda *e) {

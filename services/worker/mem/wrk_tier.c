@@ -234,13 +234,6 @@ static bool wrk_tier_commit(wrk_tier *t, int32_t b, size_t need) {
     return true;
 }
 
-/* The prefix grew: every buffer holding a layer (moving ones included) gets its pages. */
-static void wrk_tier_commit_held(wrk_tier *t) {
-    size_t need = wrk_tier_need(t);
-    for (uint32_t l = 0; l < t->cfg.n_layers; l++)
-        if (t->layers[l].dev >= 0 && !wrk_tier_commit(t, t->layers[l].dev, need)) return;
-}
-
 /* ---- decisions (under mu) ---------------------------------------------------------------- */
 
 static uint32_t wrk_tier_dist(const wrk_tier *t, uint32_t l) {
@@ -390,11 +383,18 @@ static void *wrk_tier_link_main(void *arg) {
         const wrk_tier_layer *L = &t->layers[l];
         void *dev = wrk_tier_buf(t, &t->dev, L->dev), *host = wrk_tier_buf(t, &t->host, L->host);
         bool in = k->dir == WRK_TIER_IN;
-        size_t bytes = k->bytes;
+        size_t bytes = k->bytes, tail = 0;
+        /* a committing device's buffer may have memory below the prefix only (the prefix
+         * grew since its layer last ran): the rest of the layer is zero, written as such */
+        if (!in && wrk_tier_commits(t) && t->dev.committed[L->dev] < bytes) {
+            tail = bytes - t->dev.committed[L->dev];
+            bytes = t->dev.committed[L->dev];
+        }
         pthread_mutex_unlock(&t->mu);
         pie_status st;
         pie_status_ok(&st);
         pie_code rc = wrk_tier_move(t, l, !in, in ? dev : host, in ? host : dev, bytes, &st);
+        if (rc == PIE_OK && tail) memset((char *)host + bytes, 0, tail);
         pthread_mutex_lock(&t->mu);
         if (rc != PIE_OK && !t->failed) {
             pie_status_set(&t->failure, rc, "swap: moving layer %u %s failed: %s", l,
@@ -541,7 +541,12 @@ pie_code wrk_tier_acquire(wrk_tier *t, uint32_t l, void **base, pie_status *st) 
             break;
         }
         wrk_tier_pump(t);
-        if (t->layers[l].state == WRK_TIER_ON_DEVICE) break;
+        /* on a committing device its buffer also needs memory to the prefix (a failure is
+         * reported at the top of the loop: a later acquire tries again) */
+        if (t->layers[l].state == WRK_TIER_ON_DEVICE &&
+            (!wrk_tier_commits(t) || wrk_tier_commit(t, t->layers[l].dev, wrk_tier_need(t))))
+            break;
+        if (t->failed) continue;
         if (t0 == 0) {
             t0 = wrk_tier_now_ns();
             t->stats.stalls++;
@@ -559,10 +564,9 @@ void wrk_tier_touch(wrk_tier *t, size_t bytes) {
     if (bytes > t->cfg.layer_bytes) bytes = t->cfg.layer_bytes;
     if (bytes > t->used) {
         t->used = bytes;
-        if (wrk_tier_commits(t)) { /* before the engine writes there; then fit the budget */
-            wrk_tier_commit_held(t);
-            wrk_tier_pump(t);
-        }
+        /* a committing device: the layers beyond the budget leave; each buffer gets its
+         * memory when the engine acquires or holds its layer (or one moves into it) */
+        if (wrk_tier_commits(t)) wrk_tier_pump(t);
     }
     pthread_mutex_unlock(&t->mu);
 }
@@ -585,6 +589,22 @@ void wrk_tier_hold(wrk_tier *t) {
     t->holds++;
     wrk_tier_wait_idle(t);
     pthread_mutex_unlock(&t->mu);
+}
+
+pie_code wrk_tier_hold_ready(wrk_tier *t, pie_status *st) {
+    wrk_tier_hold(t);
+    pthread_mutex_lock(&t->mu);
+    pie_code rc = PIE_OK;
+    size_t need = wrk_tier_commits(t) ? wrk_tier_need(t) : 0;
+    for (uint32_t l = 0; need && l < t->cfg.n_layers && !t->failed; l++)
+        if (t->layers[l].state == WRK_TIER_ON_DEVICE)
+            (void)wrk_tier_commit(t, t->layers[l].dev, need);
+    if (t->failed) {
+        t->failed = false;
+        rc = pie_status_set(st, t->failure.code, "%s", t->failure.msg);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
 }
 
 void *wrk_tier_where(wrk_tier *t, uint32_t l) {

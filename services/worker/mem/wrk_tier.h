@@ -124,6 +124,10 @@ void wrk_tier_release(wrk_tier *t, uint32_t l);
  * nothing until wrk_tier_resume; wrk_tier_where(l) is then l's buffer, on either region. */
 void wrk_tier_hold(wrk_tier *t);
 void *wrk_tier_where(wrk_tier *t, uint32_t l);
+/* wrk_tier_hold, and on a committing device every resident layer's buffer gets memory to the
+ * prefix; fails (held all the same: resume) when it cannot, with the device's reason, or with
+ * a copy failure not yet reported. */
+pie_code wrk_tier_hold_ready(wrk_tier *t, pie_status *st);
 void wrk_tier_resume(wrk_tier *t);
 
 /* New device budget in layers (between steps; clamped to min_slots..device_buffers, and for a
