@@ -92,7 +92,7 @@ static kc_engine kc_of(eng_cuda *e) {
 /* kcheck's decode scenario (SEQS sequences, prefill then STEPS decode steps of all of them),
  * then a fork: sequence 0's first FORK_CTX tokens copied into fresh pages (a page copy of two
  * whole pages and a partial one, after clear_pages of the destination), one token decoded on
- * the fork; then an item that reads the last page id without appending (never written: zero
+ * the fork; then an item that reads the last page id (cleared first) without appending (never written: zero
  * K/V, and on a device committed as it is used, past the committed range unless the engine
  * raised it first — a hostile inferlet may do this). logits ← [OUTS][vocab] (malloc'ed).
  * Sequence 0 lives in pages 0-2. */
@@ -102,8 +102,12 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
     float *l = malloc(sizeof(float) * OUTS * k.vocab);
     cr_assert_not_null(l);
     char why[512];
-    cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
     pie_status st = {0};
+    /* first a clear of the last page id, as the worker clears every page it is given: on a
+     * device committed as it is used, far past the committed range */
+    uint32_t last = eng_cuda_get_info(g)->kv_pages - 1;
+    cr_assert_eq(eng_cuda_clear_pages(g, &last, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
     uint32_t fork[3] = {SEQS * PER, SEQS * PER + 1, SEQS * PER + 2};
     cr_assert_eq(eng_cuda_clear_pages(g, fork, 3, &st), PIE_OK, "%s", st.msg);
     eng_copy_item cp[2] = {{.src = 0, .dst = fork[0], .count = PAGE},
@@ -123,7 +127,7 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
                            .n_out = 1};
     cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)SEQS * k.vocab, &st), PIE_OK, "%s", st.msg);
-    uint32_t last = eng_cuda_get_info(g)->kv_pages - 1, pos_read = PAGE;
+    uint32_t pos_read = PAGE;
     cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos_read, 1, &st), PIE_OK, "%s", st.msg);
     eng_forward_item read = {.kv_pages = &last,
                              .n_kv_pages = 1,
