@@ -92,21 +92,20 @@ static kc_engine kc_of(eng_cuda *e) {
 /* kcheck's decode scenario (SEQS sequences, prefill then STEPS decode steps of all of them),
  * then a fork: sequence 0's first FORK_CTX tokens copied into fresh pages (a page copy of two
  * whole pages and a partial one, after clear_pages of the destination), one token decoded on
- * the fork; then an item that reads the last page id (cleared first) without appending (never written: zero
- * K/V, and on a device committed as it is used, past the committed range unless the engine
- * raised it first — a hostile inferlet may do this). logits ← [OUTS][vocab] (malloc'ed).
- * Sequence 0 lives in pages 0-2. */
-static float *run_workload(eng_cuda *g, uint32_t *vocab) {
+ * the fork. With `far`: first a clear of the last page id (the worker clears every page it is
+ * given), last an item that reads it without appending (never written: zero K/V) — on a device
+ * committed as it is used, far past the committed range unless the engine raised it first;
+ * without, that output row is zero. logits ← [OUTS][vocab] (malloc'ed). Sequence 0 lives in
+ * pages 0-2. */
+static float *run_workload(eng_cuda *g, uint32_t *vocab, bool far) {
     kc_engine k = kc_of(g);
     *vocab = k.vocab;
-    float *l = malloc(sizeof(float) * OUTS * k.vocab);
+    float *l = calloc((size_t)OUTS * k.vocab, sizeof(float));
     cr_assert_not_null(l);
     char why[512];
     pie_status st = {0};
-    /* first a clear of the last page id, as the worker clears every page it is given: on a
-     * device committed as it is used, far past the committed range */
     uint32_t last = eng_cuda_get_info(g)->kv_pages - 1;
-    cr_assert_eq(eng_cuda_clear_pages(g, &last, 1, &st), PIE_OK, "%s", st.msg);
+    if (far) cr_assert_eq(eng_cuda_clear_pages(g, &last, 1, &st), PIE_OK, "%s", st.msg);
     cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
     uint32_t fork[3] = {SEQS * PER, SEQS * PER + 1, SEQS * PER + 2};
     cr_assert_eq(eng_cuda_clear_pages(g, fork, 3, &st), PIE_OK, "%s", st.msg);
@@ -127,6 +126,7 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
                            .n_out = 1};
     cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
     cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)SEQS * k.vocab, &st), PIE_OK, "%s", st.msg);
+    if (!far) return l;
     uint32_t pos_read = PAGE;
     cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos_read, 1, &st), PIE_OK, "%s", st.msg);
     eng_forward_item read = {.kv_pages = &last,
@@ -143,10 +143,10 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
     return l;
 }
 
-static float *gpu_reference(uint32_t *vocab) {
+static float *gpu_reference(uint32_t *vocab, bool far) {
     swap_setup none = {0};
     eng_cuda *g = open_ok(&none);
-    float *l = run_workload(g, vocab);
+    float *l = run_workload(g, vocab, far);
     eng_cuda_close(g);
     return l;
 }
@@ -154,13 +154,13 @@ static float *gpu_reference(uint32_t *vocab) {
 Test(eng_cuda_swap, outputs_are_bitwise_those_of_policy_gpu_with_2_and_3_layers_on_the_device) {
     CUDA_TEST_REQUIRE_DEVICE();
     uint32_t vocab;
-    float *want = gpu_reference(&vocab);
+    float *want = gpu_reference(&vocab, true);
     for (uint32_t slots = 2; slots <= 3; slots++) {
         swap_setup s = {.slots = slots};
         eng_cuda *g = open_ok(&s);
         const eng_info *in = eng_cuda_get_info(g);
         cr_assert_lt(slots, in->n_layers, "small-bf16 must have more layers than slots");
-        float *got = run_workload(g, &vocab);
+        float *got = run_workload(g, &vocab, true);
         eng_cuda_swap_quiesce(g);
         eng_swap_stats ss;
         eng_cuda_swap_get_stats(g, &ss);
@@ -195,7 +195,7 @@ Test(eng_cuda_swap, outputs_are_bitwise_those_of_policy_gpu_with_2_and_3_layers_
 Test(eng_cuda_swap, adaptive_expansion_commits_the_budget_as_pages_are_used) {
     CUDA_TEST_REQUIRE_DEVICE();
     uint32_t vocab;
-    float *want = gpu_reference(&vocab);
+    float *want = gpu_reference(&vocab, false);
     for (int shrink = 0; shrink <= 1; shrink++) {
         swap_setup s = {.slots = 4, .min = 2, .pages_x = 200};
         eng_cuda *g = open_ok(&s);
@@ -207,7 +207,7 @@ Test(eng_cuda_swap, adaptive_expansion_commits_the_budget_as_pages_are_used) {
             cr_assert_eq(eng_cuda_swap_set_slots(g, 2, &applied, &st), PIE_OK, "%s", st.msg);
             cr_assert_eq(applied, 2);
         }
-        float *got = run_workload(g, &vocab);
+        float *got = run_workload(g, &vocab, false);
         eng_cuda_swap_quiesce(g);
         eng_swap_stats ss;
         eng_cuda_swap_get_stats(g, &ss);
@@ -232,6 +232,28 @@ Test(eng_cuda_swap, adaptive_expansion_commits_the_budget_as_pages_are_used) {
     free(want);
 }
 
+/* A clear and a read of the last page id on the adaptive engine of the test above: far past
+ * the committed range, so the engine raises the prefix (device memory for it) first. No fault,
+ * outputs bit for bit policy gpu's, and the budget now holds its 2 full layers only. */
+Test(eng_cuda_swap, pages_far_past_the_committed_range_are_committed_before_use) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    uint32_t vocab;
+    float *want = gpu_reference(&vocab, true);
+    swap_setup s = {.slots = 4, .min = 2, .pages_x = 200};
+    eng_cuda *g = open_ok(&s);
+    float *got = run_workload(g, &vocab, true);
+    char why[256];
+    cr_assert(kc_eng_bitwise(got, want, OUTS * vocab, "far pages vs gpu", why, sizeof why), "%s",
+              why);
+    pie_status st = {0};
+    uint32_t applied = 0;
+    cr_assert_eq(eng_cuda_swap_set_slots(g, 4, &applied, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(applied, 2, "the whole page space in use: the budget holds 2 layers");
+    free(got);
+    free(want);
+    eng_cuda_close(g);
+}
+
 /* A move that reports success but copies nothing: the comparison above must see it. */
 static pie_code copy_nothing(void *user, void *dst, const void *src, size_t bytes,
                              pie_status *st) {
@@ -242,10 +264,10 @@ static pie_code copy_nothing(void *user, void *dst, const void *src, size_t byte
 Test(eng_cuda_swap, a_move_that_copies_nothing_is_caught) {
     CUDA_TEST_REQUIRE_DEVICE();
     uint32_t vocab;
-    float *want = gpu_reference(&vocab);
+    float *want = gpu_reference(&vocab, true);
     swap_setup s = {.slots = 2, .copy = copy_nothing};
     eng_cuda *g = open_ok(&s);
-    float *got = run_workload(g, &vocab);
+    float *got = run_workload(g, &vocab, true);
     char why[256];
     cr_assert_not(kc_eng_bitwise(got, want, OUTS * vocab, "a skipped move", why, sizeof why),
                   "outputs equal although no layer was moved: the test cannot see a broken swap");
