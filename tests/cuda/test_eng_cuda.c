@@ -21,6 +21,7 @@
 #include "cuda_test.h"
 #include "eng.h"
 #include "eng_cuda.h"
+#include "cuda_kc.h"
 #include "kcheck.h"
 #include "pie_testeng.h"
 
@@ -32,33 +33,6 @@ typedef struct pair {
     uint32_t vocab;
     double tol;
 } pair;
-
-/* ---- the cuda engine behind kcheck's scenarios ----------------------------------------------- */
-
-static pie_code g_embed(void *ctx, const uint32_t *slots, const uint32_t *tokens,
-                        const uint32_t *positions, uint32_t n, pie_status *st) {
-    return eng_cuda_embed_text(ctx, slots, tokens, positions, n, st);
-}
-static pie_code g_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
-    return eng_cuda_forward(ctx, items, n, st);
-}
-static pie_code g_mask_page(void *ctx, uint32_t page, const bool *masked, pie_status *st) {
-    return eng_cuda_mask_page(ctx, page, masked, st);
-}
-static pie_code g_logits(void *ctx, uint32_t slot, float *logits, pie_status *st) {
-    return eng_cuda_logits(ctx, slot, logits, st);
-}
-
-static kc_engine kc_engine_gpu(eng_cuda *e) {
-    const eng_info *in = eng_cuda_get_info(e);
-    return (kc_engine){.ctx = e,
-                       .embed_text = g_embed,
-                       .forward = g_forward,
-                       .mask_page = g_mask_page,
-                       .logits = g_logits,
-                       .vocab = in->vocab_size,
-                       .page_size = in->kv_page_size};
-}
 
 static pair open_pair(const char *name, uint32_t pages, uint32_t slots, uint32_t max_batch) {
     char dir[512];

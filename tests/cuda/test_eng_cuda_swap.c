@@ -20,6 +20,7 @@
 #include "cuda_test.h"
 #include "eng.h"
 #include "eng_cuda.h"
+#include "cuda_kc.h"
 #include "kcheck.h"
 
 #include <cuda_runtime_api.h>
@@ -64,30 +65,6 @@ static eng_cuda *open_ok(const swap_setup *s) {
     return g;
 }
 
-static pie_code g_embed(void *ctx, const uint32_t *slots, const uint32_t *tokens,
-                        const uint32_t *positions, uint32_t n, pie_status *st) {
-    return eng_cuda_embed_text(ctx, slots, tokens, positions, n, st);
-}
-static pie_code g_forward(void *ctx, const eng_forward_item *items, uint32_t n, pie_status *st) {
-    return eng_cuda_forward(ctx, items, n, st);
-}
-static pie_code g_mask_page(void *ctx, uint32_t page, const bool *masked, pie_status *st) {
-    return eng_cuda_mask_page(ctx, page, masked, st);
-}
-static pie_code g_logits(void *ctx, uint32_t slot, float *logits, pie_status *st) {
-    return eng_cuda_logits(ctx, slot, logits, st);
-}
-
-static kc_engine kc_of(eng_cuda *e) {
-    const eng_info *in = eng_cuda_get_info(e);
-    return (kc_engine){.ctx = e,
-                       .embed_text = g_embed,
-                       .forward = g_forward,
-                       .mask_page = g_mask_page,
-                       .logits = g_logits,
-                       .vocab = in->vocab_size,
-                       .page_size = in->kv_page_size};
-}
 
 /* kcheck's decode scenario (SEQS sequences, prefill then STEPS decode steps of all of them),
  * then a fork: sequence 0's first FORK_CTX tokens copied into fresh pages (a page copy of two
@@ -98,7 +75,7 @@ static kc_engine kc_of(eng_cuda *e) {
  * without, that output row is zero. logits ← [OUTS][vocab] (malloc'ed). Sequence 0 lives in
  * pages 0-2. */
 static float *run_workload(eng_cuda *g, uint32_t *vocab, bool far) {
-    kc_engine k = kc_of(g);
+    kc_engine k = kc_engine_gpu(g);
     *vocab = k.vocab;
     float *l = calloc((size_t)OUTS * k.vocab, sizeof(float));
     cr_assert_not_null(l);
@@ -300,7 +277,7 @@ Test(eng_cuda_swap, a_failed_move_fails_its_forward_with_the_reason_and_the_next
     eng_cuda *g = open_ok(&s);
     eng_cuda_swap_quiesce(g);
     plan.fail_at = plan.calls + 1; /* the next move fails */
-    kc_engine k = kc_of(g);
+    kc_engine k = kc_engine_gpu(g);
     pie_status st = {0};
     uint32_t pages[PER], slots[CTX];
     for (uint32_t i = 0; i < PER; i++) pages[i] = i;

@@ -644,6 +644,34 @@ static pie_code fc_move(void *user, uint32_t l, bool to_host, void *dst, const v
     return fake_move(&((fake_commit *)user)->base, l, to_host, dst, src, bytes, st);
 }
 
+/* 6 layers of 4 pages of 4 KiB on a fake committing device (4 KiB pieces) whose budget is 3
+ * whole layers, every layer on the device at start, at least 2. */
+enum { COMMIT_LAYER = 4 * 4096 };
+static wrk_tier *open_committing(fake_commit *f, wrk_tier_mem *mem) {
+    *f = (fake_commit){.base = {.held = -1}, .stride = COMMIT_LAYER};
+    pthread_mutex_init(&f->base.mu, NULL);
+    *mem = (wrk_tier_mem){.user = f,
+                          .dev_alloc = fc_alloc,
+                          .dev_free = fc_free,
+                          .host_pin = fc_pin,
+                          .host_unpin = fc_unpin,
+                          .move = fc_move,
+                          .dev_commit = fc_commit,
+                          .dev_decommit = fc_decommit,
+                          .dev_step = 4096,
+                          .device_bytes = 3 * COMMIT_LAYER};
+    wrk_tier_config c = {.n_layers = 6,
+                         .layer_bytes = COMMIT_LAYER,
+                         .slots = 6,
+                         .min_slots = 2,
+                         .host_buffers = 6,
+                         .mem = mem};
+    wrk_tier *t = NULL;
+    pie_status st = {0};
+    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    return t;
+}
+
 /* One step over the 6 layers: each layer's first `bytes` hold its own byte (written at the
  * step `write`), checked every step. */
 static void commit_steps(wrk_tier *t, size_t bytes, int steps, bool write_first) {
@@ -662,29 +690,10 @@ static void commit_steps(wrk_tier *t, size_t bytes, int steps, bool write_first)
 }
 
 Test(wrk_tier, a_committing_device_holds_more_layers_while_the_prefix_is_short) {
-    fake_commit f = {.base = {.held = -1}};
-    pthread_mutex_init(&f.base.mu, NULL);
-    const size_t layer = 4 * 4096;
-    f.stride = layer;
-    wrk_tier_mem mem = {.user = &f,
-                        .dev_alloc = fc_alloc,
-                        .dev_free = fc_free,
-                        .host_pin = fc_pin,
-                        .host_unpin = fc_unpin,
-                        .move = fc_move,
-                        .dev_commit = fc_commit,
-                        .dev_decommit = fc_decommit,
-                        .dev_step = 4096,
-                        .device_bytes = 3 * layer};
-    wrk_tier_config c = {.n_layers = 6,
-                         .layer_bytes = layer,
-                         .slots = 6,
-                         .min_slots = 2,
-                         .host_buffers = 6,
-                         .mem = &mem};
-    wrk_tier *t = NULL;
-    pie_status st = {0};
-    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    fake_commit f;
+    wrk_tier_mem mem;
+    wrk_tier *t = open_committing(&f, &mem);
+    const size_t layer = COMMIT_LAYER;
     /* a quarter of the page space in use: all 6 layers fit the budget of 3 full ones */
     wrk_tier_touch(t, 4096);
     commit_steps(t, 4096, 3, true);
@@ -717,29 +726,11 @@ Test(wrk_tier, a_committing_device_holds_more_layers_while_the_prefix_is_short) 
 /* A commit that fails (the device out of memory) fails the acquire that needed it with the
  * device's reason; the next acquire commits and the layer's bytes are all there. */
 Test(wrk_tier, a_failed_commit_fails_its_acquire_and_the_next_one_commits) {
-    fake_commit f = {.base = {.held = -1}};
-    pthread_mutex_init(&f.base.mu, NULL);
-    const size_t layer = 4 * 4096;
-    f.stride = layer;
-    wrk_tier_mem mem = {.user = &f,
-                        .dev_alloc = fc_alloc,
-                        .dev_free = fc_free,
-                        .host_pin = fc_pin,
-                        .host_unpin = fc_unpin,
-                        .move = fc_move,
-                        .dev_commit = fc_commit,
-                        .dev_decommit = fc_decommit,
-                        .dev_step = 4096,
-                        .device_bytes = 3 * layer};
-    wrk_tier_config c = {.n_layers = 6,
-                         .layer_bytes = layer,
-                         .slots = 6,
-                         .min_slots = 2,
-                         .host_buffers = 6,
-                         .mem = &mem};
-    wrk_tier *t = NULL;
+    fake_commit f;
+    wrk_tier_mem mem;
+    wrk_tier *t = open_committing(&f, &mem);
     pie_status st = {0};
-    cr_assert_eq(wrk_tier_open(&c, &t, &st), PIE_OK, "%s", st.msg);
+    const size_t layer = COMMIT_LAYER;
     wrk_tier_touch(t, 4096);
     commit_steps(t, 4096, 1, true);
     wrk_tier_quiesce(t);

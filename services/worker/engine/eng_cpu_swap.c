@@ -8,11 +8,11 @@
  * every forward, and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper here
  * does nothing and kv[l] points at the layer's own region for good.
  * Does not own: the FIFO decisions, the mapping table, the copy threads (wrk_tier.c). */
-#include <string.h>
 
 #include "eng.h"
 #include "eng_check.h"
 #include "eng_cpu_impl.h"
+#include "eng_tier.h"
 #include "wrk_coll.h"
 #include "wrk_tier.h"
 
@@ -93,32 +93,10 @@ void eng_kv_resume(eng *e) {
 }
 
 pie_code eng_swap_set_slots(eng *e, uint32_t slots, uint32_t *applied, pie_status *st) {
-    if (!e->tier)
-        return pie_status_set(st, PIE_FAILED_PRECONDITION,
-                              "swap_set_slots: the engine was opened without the swap policy");
-    uint32_t got = wrk_tier_set_slots(e->tier, slots);
-    if (applied) *applied = got;
-    return PIE_OK;
+    return eng_tier_set_slots(e->tier, slots, applied, st);
 }
 
-void eng_swap_get_stats(eng *e, eng_swap_stats *out) {
-    memset(out, 0, sizeof *out);
-    if (!e->tier) return;
-    wrk_tier_stats s;
-    wrk_tier_get_stats(e->tier, &s);
-    *out = (eng_swap_stats){
-        .slots = s.slots,
-        .on_device = s.on_device,
-        .on_host = s.on_host,
-        .swap_in_bytes = s.swap_in_bytes,
-        .swap_out_bytes = s.swap_out_bytes,
-        .swaps_in = s.swaps_in,
-        .swaps_out = s.swaps_out,
-        .stalls = s.stalls,
-        .stall_ns = s.stall_ns,
-        .copy_failures = s.copy_failures,
-    };
-}
+void eng_swap_get_stats(eng *e, eng_swap_stats *out) { eng_tier_stats(e->tier, out); }
 
 void eng_swap_quiesce(eng *e) {
     if (e->tier) wrk_tier_quiesce(e->tier);

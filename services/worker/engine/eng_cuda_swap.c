@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "eng_cuda_impl.h"
+#include "eng_tier.h"
 
 /* ---- the tier's hooks -------------------------------------------------------------------- */
 
@@ -353,32 +354,10 @@ void ec_swap_touch(eng_cuda *e, uint32_t pages) {
 /* ---- eng_cuda.h -------------------------------------------------------------------------- */
 
 pie_code eng_cuda_swap_set_slots(eng_cuda *e, uint32_t slots, uint32_t *applied, pie_status *st) {
-    if (!e->tier)
-        return pie_status_set(st, PIE_FAILED_PRECONDITION,
-                              "swap_set_slots: the engine was opened without the swap policy");
-    uint32_t got = wrk_tier_set_slots(e->tier, slots);
-    if (applied) *applied = got;
-    return PIE_OK;
+    return eng_tier_set_slots(e->tier, slots, applied, st);
 }
 
-void eng_cuda_swap_get_stats(eng_cuda *e, eng_swap_stats *out) {
-    memset(out, 0, sizeof *out);
-    if (!e->tier) return;
-    wrk_tier_stats s;
-    wrk_tier_get_stats(e->tier, &s);
-    *out = (eng_swap_stats){
-        .slots = s.slots,
-        .on_device = s.on_device,
-        .on_host = s.on_host,
-        .swap_in_bytes = s.swap_in_bytes,
-        .swap_out_bytes = s.swap_out_bytes,
-        .swaps_in = s.swaps_in,
-        .swaps_out = s.swaps_out,
-        .stalls = s.stalls,
-        .stall_ns = s.stall_ns,
-        .copy_failures = s.copy_failures,
-    };
-}
+void eng_cuda_swap_get_stats(eng_cuda *e, eng_swap_stats *out) { eng_tier_stats(e->tier, out); }
 
 void eng_cuda_swap_quiesce(eng_cuda *e) {
     if (e->tier) wrk_tier_quiesce(e->tier);

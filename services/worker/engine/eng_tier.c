@@ -1,0 +1,32 @@
+/* eng_tier.c — the swap policy's tier as eng.h reports and steers it (eng_tier.h). */
+#include "eng_tier.h"
+
+#include <string.h>
+
+void eng_tier_stats(wrk_tier *t, eng_swap_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!t) return;
+    wrk_tier_stats s;
+    wrk_tier_get_stats(t, &s);
+    *out = (eng_swap_stats){
+        .slots = s.slots,
+        .on_device = s.on_device,
+        .on_host = s.on_host,
+        .swap_in_bytes = s.swap_in_bytes,
+        .swap_out_bytes = s.swap_out_bytes,
+        .swaps_in = s.swaps_in,
+        .swaps_out = s.swaps_out,
+        .stalls = s.stalls,
+        .stall_ns = s.stall_ns,
+        .copy_failures = s.copy_failures,
+    };
+}
+
+pie_code eng_tier_set_slots(wrk_tier *t, uint32_t slots, uint32_t *applied, pie_status *st) {
+    if (!t)
+        return pie_status_set(st, PIE_FAILED_PRECONDITION,
+                              "swap_set_slots: the engine was opened without the swap policy");
+    uint32_t got = wrk_tier_set_slots(t, slots);
+    if (applied) *applied = got;
+    return PIE_OK;
+}
