@@ -61,8 +61,8 @@ typedef struct eng_opts {
      * communicator (what the device tests compare with the plain engine). The same contract
      * as coll; the pools' page ids are the same on every rank. */
     struct wrk_nccl *nccl;
-    /* The swap policy (cpu backend; issue 13, services/worker/mem/wrk_tier.h; the cuda backend
-     * refuses swap_slots > 0). 0: every layer's KV in one region (policy gpu). Else the KV of
+    /* The swap policy (issue 13, services/worker/mem/wrk_tier.h; the cuda backend's twin:
+     * eng_cuda.h). 0: every layer's KV in one region (policy gpu). Else the KV of
      * at most swap_slots of the n layers is in the "device" region at once, the rest in a
      * "host" region of swap_host_bytes, and a copy engine moves whole layers between them
      * while the forward runs (FIFO, seed 000 Fig. 4). Results are bit for bit those of 0. */
