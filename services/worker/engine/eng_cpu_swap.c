@@ -5,8 +5,8 @@
  * Owns: opening the tier from eng_opts, pointing kv[l].base at layer l's buffer of the moment
  * (acquire before a forward touches the layer, hold/resume around handlers that touch every
  * layer), carrying rank 0's slot count to the other ranks of a tensor-parallel group with
- * every forward, and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper here
- * does nothing and kv[l] points at the layer's own region for good.
+ * every forward, and eng.h's eng_swap_* functions. Without the policy (e->tier NULL) every helper
+ * here does nothing and kv[l] points at the layer's own region for good.
  * Does not own: the FIFO decisions, the mapping table, the copy threads (wrk_tier.c). */
 
 #include "eng.h"
@@ -17,24 +17,10 @@
 #include "wrk_tier.h"
 
 pie_code eng_swap_open(eng *e, const eng_opts *o, size_t layer_bytes, pie_status *st) {
-    uint32_t n = e->info.n_layers;
-    uint32_t min = o->swap_min_slots ? o->swap_min_slots : (n > 1 ? 2 : 1);
-    uint64_t host_buffers = layer_bytes ? o->swap_host_bytes / layer_bytes : 0;
-    wrk_tier_config tc = {
-        .n_layers = n,
-        .layer_bytes = layer_bytes,
-        .slots = o->swap_slots,
-        .min_slots = min,
-        .host_buffers = host_buffers > UINT32_MAX ? UINT32_MAX : (uint32_t)host_buffers,
-        .link_bytes_per_s = o->swap_link_bytes_per_s,
-        .copy = o->swap_copy,
-        .copy_user = o->swap_copy_user,
-        .host_numa_bind = o->host_numa_bind,
-        .host_numa_node = o->host_numa_node,
-    };
+    wrk_tier_config tc = eng_tier_config(o, e->info.n_layers, layer_bytes);
     pie_code rc = wrk_tier_open(&tc, &e->tier, st);
     if (rc != PIE_OK) return rc;
-    e->info.swap_min_slots = min;
+    e->info.swap_min_slots = tc.min_slots;
     return PIE_OK;
 }
 

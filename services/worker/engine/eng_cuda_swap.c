@@ -258,8 +258,10 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
                                  .host_pin = ec_swap_host_pin,
                                  .host_unpin = ec_swap_host_unpin,
                                  .move = ec_swap_move};
-    uint32_t min = o->swap_min_slots ? o->swap_min_slots : (n > 1 ? 2 : 1);
-    if (min > o->swap_slots) min = o->swap_slots;
+    /* the test's copy (o->swap_copy) runs inside ec_swap_move, after the layer's event */
+    wrk_tier_config tc = eng_tier_config(o, n, e->kv_layer_bytes);
+    if (tc.min_slots > tc.slots) tc.min_slots = tc.slots;
+    uint32_t min = tc.min_slots;
     /* Fewer layers allowed on the device than at start: adaptive expansion. The page space is
      * sized for min layers' caches in the device's KV budget, so that budget is min layer
      * buffers; more layers fit it while fewer pages are in use, which needs buffers committed
@@ -278,22 +280,11 @@ pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st) {
         e->swap_mem.device_bytes = (uint64_t)min * ((e->kv_layer_bytes + step - 1) / step * step);
     }
     /* what the FIFO can use at the most expanded point; a larger pool is not pinned */
-    uint64_t host_buffers = o->swap_host_bytes / e->kv_layer_bytes;
-    if (host_buffers > wrk_tier_host_buffers_needed(n, min))
-        host_buffers = wrk_tier_host_buffers_needed(n, min);
-    wrk_tier_config tc = {
-        .n_layers = n,
-        .layer_bytes = e->kv_layer_bytes,
-        .slots = o->swap_slots,
-        .min_slots = min,
-        .host_buffers = host_buffers > UINT32_MAX ? UINT32_MAX : (uint32_t)host_buffers,
-        /* committing: a buffer per layer, memory as budgeted; else the budget in buffers */
-        .device_buffers = commit ? n : o->swap_slots,
-        .mem = &e->swap_mem,
-        .link_bytes_per_s = o->swap_link_bytes_per_s,
-        .host_numa_bind = o->host_numa_bind,
-        .host_numa_node = o->host_numa_node,
-    };
+    if (tc.host_buffers > wrk_tier_host_buffers_needed(n, min))
+        tc.host_buffers = wrk_tier_host_buffers_needed(n, min);
+    /* committing: a buffer per layer, memory as budgeted; else the budget in buffers */
+    tc.device_buffers = commit ? n : o->swap_slots;
+    tc.mem = &e->swap_mem;
     pie_code rc = wrk_tier_open(&tc, &e->tier, st);
     if (rc != PIE_OK) return rc;
     e->info.swap_min_slots = min;

@@ -3,6 +3,22 @@
 
 #include <string.h>
 
+wrk_tier_config eng_tier_config(const eng_opts *o, uint32_t n_layers, size_t layer_bytes) {
+    uint64_t host_buffers = layer_bytes ? o->swap_host_bytes / layer_bytes : 0;
+    return (wrk_tier_config){
+        .n_layers = n_layers,
+        .layer_bytes = layer_bytes,
+        .slots = o->swap_slots,
+        .min_slots = o->swap_min_slots ? o->swap_min_slots : (n_layers > 1 ? 2 : 1),
+        .host_buffers = host_buffers > UINT32_MAX ? UINT32_MAX : (uint32_t)host_buffers,
+        .link_bytes_per_s = o->swap_link_bytes_per_s,
+        .copy = o->swap_copy,
+        .copy_user = o->swap_copy_user,
+        .host_numa_bind = o->host_numa_bind,
+        .host_numa_node = o->host_numa_node,
+    };
+}
+
 void eng_tier_stats(wrk_tier *t, eng_swap_stats *out) {
     memset(out, 0, sizeof *out);
     if (!t) return;

@@ -1,13 +1,19 @@
 /* eng_tier.h — the swap policy's tier (services/worker/mem/wrk_tier.h) as eng.h reports and
  * steers it, for both backends (eng_cpu_swap.c, eng_cuda_swap.c).
  *
- * Owns: eng_swap_stats from the tier's counters, and the slot count through eng.h's contract
- * (refused without the policy). Does not own: the tier, the engines' use of it. */
+ * Owns: the tier's configuration from eng_opts, eng_swap_stats from the tier's counters, and
+ * the slot count through eng.h's contract (refused without the policy). Does not own: the
+ * tier, the engines' use of it (a backend adds its device, eng_cuda_swap.c). */
 #ifndef ENG_TIER_H
 #define ENG_TIER_H
 
 #include "eng.h"
 #include "wrk_tier.h"
+
+/* What eng_opts asks of the tier for n layers of layer_bytes: slots, min_slots (2, or 1 for one
+ * layer, when swap_min_slots is 0), the host buffers swap_host_bytes holds, the link, the host
+ * pool's NUMA node, a test's copy. */
+wrk_tier_config eng_tier_config(const eng_opts *o, uint32_t n_layers, size_t layer_bytes);
 
 /* t NULL (no swap policy): all zero. */
 void eng_tier_stats(wrk_tier *t, eng_swap_stats *out);

@@ -47,11 +47,10 @@ typedef struct wrk_tier_region {
     uint32_t n;
     int32_t *free; /* stack of free buffer indices */
     uint32_t n_free;
-    const wrk_tier_mem
-        *device_mem;   /* the device region's allocator (a real device), or NULL: mmap */
-    size_t stride;     /* bytes from one buffer to the next */
-    size_t *committed; /* [n]: a committing device's bytes of each buffer, or NULL */
-    const wrk_tier_mem *pinned_by; /* the host region was pinned through it, or NULL */
+    const wrk_tier_mem *device_mem; /* a real device's region: its allocator; NULL: mmap */
+    size_t stride;                  /* bytes from one buffer to the next */
+    size_t *committed;              /* [n]: a committing device's bytes of each buffer, or NULL */
+    const wrk_tier_mem *pinned_by;  /* the host region was pinned through it, or NULL */
 } wrk_tier_region;
 
 struct wrk_tier {
@@ -97,7 +96,8 @@ uint32_t wrk_tier_host_buffers_needed(uint32_t n_layers, uint32_t min_slots) {
 static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each, const char *what,
                                      const wrk_tier_mem *dev, pie_status *st) {
     memset(r, 0, sizeof *r);
-    if (dev && dev->dev_commit) /* committed in dev_step pieces: every buffer starts aligned */
+    bool commits = dev && dev->dev_commit;
+    if (commits) /* committed in dev_step pieces: every buffer starts aligned */
         each = each > SIZE_MAX - dev->dev_step
                    ? SIZE_MAX
                    : (each + dev->dev_step - 1) / dev->dev_step * dev->dev_step;
@@ -108,39 +108,31 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
                               what, n, each);
     size_t bytes = each * n;
     r->free = malloc(sizeof *r->free * n);
-    if (dev && dev->dev_commit) r->committed = calloc(n, sizeof *r->committed);
-    if (!r->free || (dev && dev->dev_commit && !r->committed)) {
-        free(r->free);
-        free(r->committed);
-        r->free = NULL;
-        r->committed = NULL;
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: out of memory");
+    if (commits) r->committed = calloc(n, sizeof *r->committed);
+    if (!r->free || (commits && !r->committed)) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "swap: out of memory");
+        goto fail;
     }
     void *p = NULL;
     if (dev) {
         pie_status why;
         pie_status_ok(&why);
         if (dev->dev_alloc(dev->user, bytes, &p, &why) != PIE_OK) {
-            free(r->free);
-            free(r->committed);
-            r->free = NULL;
-            r->committed = NULL;
-            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                                  "swap: cannot allocate the %s region (%u layer buffers of %zu "
-                                  "bytes): %s",
-                                  what, n, each, why.msg);
+            pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                           "swap: cannot allocate the %s region (%u layer buffers of %zu bytes): "
+                           "%s",
+                           what, n, each, why.msg);
+            goto fail;
         }
         r->device_mem = dev;
     } else {
         p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
         if (p == MAP_FAILED) {
-            free(r->free);
-            r->free = NULL;
-            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                                  "swap: cannot allocate the %s region (%u layer buffers of %zu "
-                                  "bytes)",
-                                  what, n, each);
+            pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                           "swap: cannot allocate the %s region (%u layer buffers of %zu bytes)",
+                           what, n, each);
+            goto fail;
         }
     }
     r->base = p;
@@ -150,6 +142,11 @@ static pie_code wrk_tier_region_open(wrk_tier_region *r, uint32_t n, size_t each
     for (uint32_t i = 0; i < n; i++) r->free[i] = (int32_t)(n - 1 - i); /* 0 on top */
     r->n_free = n;
     return PIE_OK;
+fail:
+    free(r->free);
+    free(r->committed);
+    memset(r, 0, sizeof *r);
+    return PIE_RESOURCE_EXHAUSTED; /* every failure above says so */
 }
 
 static void wrk_tier_region_close(wrk_tier_region *r) {
@@ -171,8 +168,7 @@ static int32_t wrk_tier_take(wrk_tier_region *r) { return r->n_free ? r->free[--
 
 static void wrk_tier_give(wrk_tier_region *r, int32_t i) { r->free[r->n_free++] = i; }
 
-static void *wrk_tier_buf(const wrk_tier *t, const wrk_tier_region *r, int32_t i) {
-    (void)t;
+static void *wrk_tier_buf(const wrk_tier_region *r, int32_t i) {
     return r->base + (size_t)i * r->stride;
 }
 
@@ -205,7 +201,7 @@ static void wrk_tier_trim(wrk_tier *t, int32_t keep, size_t more) {
     for (uint32_t k = 0; k < r->n_free && t->committed + more > m->device_bytes; k++) {
         int32_t j = r->free[k];
         if (j == keep || r->committed[j] == 0) continue;
-        m->dev_decommit(m->user, wrk_tier_buf(t, r, j), r->committed[j]);
+        m->dev_decommit(m->user, wrk_tier_buf(r, j), r->committed[j]);
         t->committed -= r->committed[j];
         r->committed[j] = 0;
     }
@@ -221,7 +217,7 @@ static bool wrk_tier_commit(wrk_tier *t, int32_t b, size_t need) {
     wrk_tier_trim(t, b, need - have);
     pie_status st;
     pie_status_ok(&st);
-    if (m->dev_commit(m->user, wrk_tier_buf(t, r, b), have, need, &st) != PIE_OK) {
+    if (m->dev_commit(m->user, wrk_tier_buf(r, b), have, need, &st) != PIE_OK) {
         if (!t->failed)
             pie_status_set(&t->failure, PIE_RESOURCE_EXHAUSTED,
                            "swap: committing %zu bytes of a layer's device buffer failed: %s", need,
@@ -381,7 +377,7 @@ static void *wrk_tier_link_main(void *arg) {
         if (!k->busy) break; /* stopping with nothing in flight */
         uint32_t l = k->layer;
         const wrk_tier_layer *L = &t->layers[l];
-        void *dev = wrk_tier_buf(t, &t->dev, L->dev), *host = wrk_tier_buf(t, &t->host, L->host);
+        void *dev = wrk_tier_buf(&t->dev, L->dev), *host = wrk_tier_buf(&t->host, L->host);
         bool in = k->dir == WRK_TIER_IN;
         size_t bytes = k->bytes, tail = 0;
         /* a committing device's buffer may have memory below the prefix only (the prefix
@@ -554,7 +550,7 @@ pie_code wrk_tier_acquire(wrk_tier *t, uint32_t l, void **base, pie_status *st) 
         pthread_cond_wait(&t->changed, &t->mu);
     }
     if (t0) t->stats.stall_ns += wrk_tier_now_ns() - t0;
-    if (rc == PIE_OK) *base = wrk_tier_buf(t, &t->dev, t->layers[l].dev);
+    if (rc == PIE_OK) *base = wrk_tier_buf(&t->dev, t->layers[l].dev);
     pthread_mutex_unlock(&t->mu);
     return rc;
 }
@@ -610,8 +606,8 @@ pie_code wrk_tier_hold_ready(wrk_tier *t, pie_status *st) {
 void *wrk_tier_where(wrk_tier *t, uint32_t l) {
     pthread_mutex_lock(&t->mu);
     const wrk_tier_layer *L = &t->layers[l];
-    void *p = L->state == WRK_TIER_ON_DEVICE ? wrk_tier_buf(t, &t->dev, L->dev)
-                                             : wrk_tier_buf(t, &t->host, L->host);
+    void *p = L->state == WRK_TIER_ON_DEVICE ? wrk_tier_buf(&t->dev, L->dev)
+                                             : wrk_tier_buf(&t->host, L->host);
     pthread_mutex_unlock(&t->mu);
     return p;
 }
