@@ -50,6 +50,7 @@
 #define OFF_PROFILE_PAGES 64u /* KV pages of the attention probes at open */
 #define OFF_PROFILE_ROWS  16u /* rows of the linear probe */
 #define OFF_PROFILE_COPY  (4u << 20)
+#define OFF_PROFILE_REPS  4 /* runs of each probe; the least counts */
 
 struct eng_offload {
     uint32_t device_pages;
@@ -325,7 +326,9 @@ void eng_offload_cleared(eng *e, const uint32_t *pages, uint32_t n) {
 
 /* ---- open / close / stats ------------------------------------------------------------------ */
 
-/* Times fn's work per unit: a first run warms, the second is measured. */
+/* Times each probe's work per unit: the least of OFF_PROFILE_REPS runs (the first warms), so a
+ * preemption or a neighbour's burst during one run does not skew the costs auto and the
+ * scheduler decide from. */
 static void off_profile(eng *e) {
     eng_offload *o = e->off;
     const eng_info *in = &e->info;
@@ -336,9 +339,9 @@ static void off_profile(eng *e) {
     if (in->n_layers && rows) {
         const mdl_layer *Ly = &e->layers[0];
         uint32_t counts[2] = {1, rows};
-        double t[2] = {0, 0};
+        double t[2] = {INFINITY, INFINITY};
         for (int k = 0; k < 2; k++)
-            for (int rep = 0; rep < 2; rep++) { /* the first run warms */
+            for (int rep = 0; rep < OFF_PROFILE_REPS; rep++) {
                 uint32_t r = counts[k];
                 uint64_t t0 = off_now_ns();
                 eng_cpu_linear(e, e->xn, r, &Ly->wq, e->q);
@@ -348,7 +351,7 @@ static void off_profile(eng *e) {
                 eng_cpu_linear(e, e->xn, r, &Ly->w_gate, e->gate);
                 eng_cpu_linear(e, e->xn, r, &Ly->w_up, e->up);
                 eng_cpu_linear(e, e->gate, r, &Ly->w_down, e->x);
-                t[k] = (double)(off_now_ns() - t0) * 1e-9;
+                t[k] = fmin(t[k], (double)(off_now_ns() - t0) * 1e-9);
             }
         o->costs.lin_fixed = t[0] * L;
         o->costs.lin_tok = t[1] * L / rows;
@@ -365,11 +368,11 @@ static void off_profile(eng *e) {
         for (int side = 0; side < 2; side++) {
             krn_pool *p = side ? o->hpool : e->pool;
             const krn_kv_layer *kv = side ? &o->kv_host[0] : &e->kv[0];
-            double t = 0;
-            for (int rep = 0; rep < 2; rep++) {
+            double t = INFINITY;
+            for (int rep = 0; rep < OFF_PROFILE_REPS; rep++) {
                 uint64_t t0 = off_now_ns();
                 krn_cpu_attention(p, kv, &a, 1, nh, e->attn_scale);
-                t = (double)(off_now_ns() - t0) * 1e-9;
+                t = fmin(t, (double)(off_now_ns() - t0) * 1e-9);
             }
             if (side) o->costs.hattn_kv = t * L / ctx;
             else o->costs.dattn_kv = t * L / ctx;
@@ -381,9 +384,12 @@ static void off_profile(eng *e) {
     if (a && b) {
         memset(a, 1, OFF_PROFILE_COPY);
         memset(b, 2, OFF_PROFILE_COPY);
-        uint64_t t0 = off_now_ns();
-        memcpy(b, a, OFF_PROFILE_COPY);
-        double t = (double)(off_now_ns() - t0) * 1e-9;
+        double t = INFINITY;
+        for (int rep = 0; rep < OFF_PROFILE_REPS; rep++) {
+            uint64_t t0 = off_now_ns();
+            memcpy(b, a, OFF_PROFILE_COPY);
+            t = fmin(t, (double)(off_now_ns() - t0) * 1e-9);
+        }
         double tok_bytes = (double)in->kv_page_layer_bytes / in->kv_page_size * L;
         o->costs.xfer_tok = t / OFF_PROFILE_COPY * tok_bytes;
         if (b[OFF_PROFILE_COPY - 1] != 1) o->costs.xfer_tok = 0; /* cannot happen */
