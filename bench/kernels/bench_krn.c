@@ -4,9 +4,11 @@
  * (b) decode-shape linear (n = 1) in bf16 and f32 against that bandwidth; (c) batch-32 decode
  * linear throughput against batch 1; (d) 512-token prefill linear GFLOP/s against plain
  * cblas_sgemm (OpenBLAS with its own threads); (e) decode attention at 512 and 4096 tokens of
- * context (f32 KV) and (f) with bf16 KV; plus the pool's cost per run. Weights rotate through
- * copies totalling at least 2 GiB, so every call streams from DRAM as in a real forward pass. Times
- * are the best of N (the machine is shared; interference only adds time). Usage: bench_krn
+ * context (f32 KV) and (f) with bf16 KV; (g) one core's arithmetic peak, f32 FMA and AVX512-BF16
+ * dot products (the ceiling of the batched linear layers); plus the pool's cost per run. Weights
+ * rotate through copies totalling at least 2 GiB, so every call streams from DRAM as in a real
+ * forward pass. Times are the best of N (the machine is shared; interference only adds time).
+ * Usage: bench_krn
  * [--threads N] [--quick] [--only SECTIONS] (e.g. --only ae; the pool and (a) always run, (b) runs
  * when (c) does). Results: bench/results/kernels.md. */
 #include <cblas.h>
@@ -238,6 +240,70 @@ static void bench_attention(krn_pool *p, int ctx, int batch, int reps, krn_dtype
 
 /* ---- pool ---------------------------------------------------------------------------------- */
 
+/* (g): one thread, 12 independent accumulator chains (enough to cover the latency on current
+ * x86 cores), `iters` rounds of 12 instructions; multiply-adds per second. */
+#if defined(__x86_64__)
+#define PEAK_CHAINS 12
+__attribute__((target("avx512f,fma"))) static double peak_fma(long iters) {
+    __m512 acc[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_setzero_ps();
+    const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+    double t0 = now_s();
+    for (long it = 0; it < iters; it++) {
+        _Pragma("GCC unroll 12") /* the chains in registers, not in memory */
+            for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+    }
+    double t = now_s() - t0;
+    float sum = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) sum += _mm512_reduce_add_ps(acc[i]);
+    if (sum == 0) printf("    (fma sums to 0)\n"); /* keeps the chains live */
+    return (double)iters * PEAK_CHAINS * 16 / t;
+}
+
+__attribute__((target("avx512bf16,avx512f,avx512bw"))) static double peak_dot(long iters) {
+    __m512 acc[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_setzero_ps();
+    const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80); /* bf16 1.0 */
+    double t0 = now_s();
+    for (long it = 0; it < iters; it++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_CHAINS; i++) acc[i] =
+            _mm512_dpbf16_ps(acc[i], one, one);
+    }
+    double t = now_s() - t0;
+    float sum = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) sum += _mm512_reduce_add_ps(acc[i]);
+    if (sum == 0) printf("    (dot sums to 0)\n");
+    return (double)iters * PEAK_CHAINS * 32 / t;
+}
+
+static void bench_peak(int quick) {
+    long iters = quick ? 20000000 : 100000000;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) {
+        printf("    no AVX-512 on this CPU\n");
+        return;
+    }
+    double fma = 0, dot = 0;
+    int have_dot = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+    for (int r = 0; r < 3; r++) { /* best of 3 */
+        double f = peak_fma(iters);
+        fma = f > fma ? f : fma;
+        double d = have_dot ? peak_dot(iters) : 0;
+        dot = d > dot ? d : dot;
+    }
+    printf("    f32 FMA (zmm): %.1f GMAC/s per core\n", fma / 1e9);
+    if (have_dot)
+        printf("    VDPBF16PS (zmm): %.1f GMAC/s per core (%.2fx FMA)\n", dot / 1e9, dot / fma);
+    else
+        printf("    no AVX512-BF16 on this CPU\n");
+}
+#else
+static void bench_peak(int quick) {
+    (void)quick;
+    printf("    x86-64 only\n");
+}
+#endif
+
 static void empty_task(void *arg, int task, int n_tasks) {
     (void)arg;
     (void)task;
@@ -246,7 +312,7 @@ static void empty_task(void *arg, int task, int n_tasks) {
 
 int main(int argc, char **argv) {
     int threads = 2, quick = 0;
-    const char *only = "abcdef";
+    const char *only = "abcdefg";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
@@ -261,7 +327,7 @@ int main(int argc, char **argv) {
     }
     int run_b = strchr(only, 'b') || strchr(only, 'c'), run_c = strchr(only, 'c') != NULL;
     int run_d = strchr(only, 'd') != NULL, run_e = strchr(only, 'e') != NULL;
-    int run_f = strchr(only, 'f') != NULL;
+    int run_f = strchr(only, 'f') != NULL, run_g = strchr(only, 'g') != NULL;
     krn_pool *p = krn_pool_create(threads);
     if (!p) {
         fprintf(stderr, "bench_krn: cannot create a pool of %d threads\n", threads);
@@ -349,6 +415,11 @@ int main(int argc, char **argv) {
         printf("(f) decode attention as (e), bf16 KV (the engine's kv_dtype bf16)\n");
         bench_attention(p, 512, 32, quick ? 10 : 40, KRN_BF16);
         bench_attention(p, 4096, 8, quick ? 5 : 20, KRN_BF16);
+    }
+
+    if (run_g) {
+        printf("(g) arithmetic peak of one core (one thread, %d independent chains)\n", 12);
+        bench_peak(quick);
     }
 
     krn_pool_destroy(p);
