@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "e2e_support.h"
+#include "krn_cpu.h"
 #include "pie/v1/controller.pb-c.h"
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie/v1/worker.pb-c.h"
@@ -700,12 +701,14 @@ static double expect_same_dist(const decode_dist *got, const decode_dist *want, 
 /* A tp 1 worker, then a tp 4 group (4 forked ranks over shared memory) of `model` run
  * tp_decode: a 20-token prompt under an explicit mask, 64 greedy decode steps, every other one
  * under an explicit mask, a KV page mask from step 41 on. Both print the same 65 greedy tokens
- * and distributions within tol_rel. bf16dot: PIE_KRN_BF16DOT for both workers (NULL: the
- * kernels' default). */
-static void tp4_decodes_like_tp1(const char *model, double tol_rel, const char *bf16dot) {
+ * and distributions within tol_rel. kern: two PIE_KRN_* settings for both workers (NULL for
+ * none; kern NULL: the kernels' defaults). */
+static void tp4_decodes_like_tp1(const char *model, double tol_rel, const char *const *kern) {
+    static const char *const none[2] = {NULL, NULL};
+    if (!kern) kern = none;
     char model_env[600];
     snprintf(model_env, sizeof model_env, "PIE_MODEL_PATH=%s/%s", PIE_MODELS_DIR, model);
-    const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", model_env, bf16dot, NULL};
+    const char *tp1_env[] = {"PIE_WORKER_GROUP_ID=tp1", model_env, kern[0], kern[1], NULL};
     e2e_cluster c;
     e2e_cluster_start_full(&c, tp1_env, NULL, NULL);
     pie_status st;
@@ -721,8 +724,8 @@ static void tp4_decodes_like_tp1(const char *model, double tol_rel, const char *
     e2e_run_program(&c, prog, causal_args, NULL, &causal);
     e2e_assert_success(&causal, "tp_decode --no-masks at tp 1");
 
-    const char *tp4_env[] = {"PIE_WORKER_GROUP_ID=tp4", "PIE_TP_SIZE=4", model_env, bf16dot,
-                             NULL};
+    const char *tp4_env[] = {
+        "PIE_WORKER_GROUP_ID=tp4", "PIE_TP_SIZE=4", model_env, kern[0], kern[1], NULL};
     e2e_worker_replace(&c, "the tp 1 worker", tp4_env);
     wait_group(&c, ctl, "tp4", 4);
     e2e_run_program(&c, prog, args, NULL, &r4);
@@ -762,20 +765,22 @@ static void tp4_decodes_like_tp1(const char *model, double tol_rel, const char *
  * lies near a rounding midpoint — the next test. */
 Test(tp,
      a_tp4_group_with_fewer_kv_heads_than_ranks_decodes_tp1s_64_greedy_bf16_tokens_under_masks) {
-    tp4_decodes_like_tp1("small-bf16", 1e-4, "PIE_KRN_BF16DOT=0");
+    static const char *const exact[] = {"PIE_KRN_BF16DOT=0", NULL};
+    tp4_decodes_like_tp1("small-bf16", 1e-4, exact);
 }
 
-/* The same with the AVX512-BF16 dot-product path, where the CPU has it (krn_bf16dot.c): the
- * same 65 greedy tokens, distributions within 5e-2 relative. On a 2-core AMD EPYC (Zen 4) the
- * worst was 9.7e-3 against 3e-6 with the exact kernels: a rounded x differs by one bf16 step
- * (2^-8 relative) where tp 1 and tp 4 computed it an f32 ulp apart across a midpoint, the
- * rounding the path's accuracy note accepts (kernels/cpu/README.md: 2.7e-3 relative logits
- * error end to end against the float64 reference). */
+/* The same with the AVX512-BF16 dot-product path, where the CPU has it (krn_bf16dot.c; AMX
+ * off, which would take those rows first on a CPU that has both): the same 65 greedy tokens,
+ * distributions within 5e-2 relative. On a 2-core AMD EPYC (Zen 4) the worst was 9.7e-3 against
+ * 3e-6 with the exact kernels: a rounded x differs by one bf16 step (2^-8 relative) where tp 1 and
+ * tp 4 computed it an f32 ulp apart across a midpoint, the rounding the path's accuracy note
+ * accepts (kernels/cpu/README.md: 2.7e-3 relative logits error end to end against the float64
+ * reference). */
 Test(tp, a_tp4_group_on_the_avx512_bf16_path_decodes_tp1s_64_greedy_bf16_tokens) {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw"))
+    if (krn_cpu_set_bf16dot(1) != 0) /* the kernels' own check of the CPU */
         cr_skip_test("no AVX512-BF16 on this CPU: the path is not taken here");
-    tp4_decodes_like_tp1("small-bf16", 5e-2, "PIE_KRN_BF16DOT=1");
+    static const char *const dot[] = {"PIE_KRN_BF16DOT=1", "PIE_KRN_AMX=0"};
+    tp4_decodes_like_tp1("small-bf16", 5e-2, dot);
 }
 
 /* The f32 bound of the issue (1e-5 relative) on the same calls. */
