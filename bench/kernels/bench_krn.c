@@ -8,9 +8,8 @@
  * dot products (the ceiling of the batched linear layers); plus the pool's cost per run. Weights
  * rotate through copies totalling at least 2 GiB, so every call streams from DRAM as in a real
  * forward pass. Times are the best of N (the machine is shared; interference only adds time).
- * Usage: bench_krn
- * [--threads N] [--quick] [--only SECTIONS] (e.g. --only ae; the pool and (a) always run, (b) runs
- * when (c) does). Results: bench/results/kernels.md. */
+ * Usage: bench_krn [--threads N] [--quick] [--only SECTIONS] (e.g. --only ae; the pool and (a)
+ * always run, (b) runs when (c) does). Results: bench/results/kernels.md. */
 #include <cblas.h>
 #include <immintrin.h>
 #include <math.h>
@@ -238,7 +237,7 @@ static void bench_attention(krn_pool *p, int ctx, int batch, int reps, krn_dtype
     free(kv.base);
 }
 
-/* ---- pool ---------------------------------------------------------------------------------- */
+/* ---- (g) arithmetic peak ------------------------------------------------------------------ */
 
 /* (g): one thread, 12 independent accumulator chains (enough to cover the latency on current
  * x86 cores), `iters` rounds of 12 instructions; multiply-adds per second. */
@@ -250,8 +249,8 @@ __attribute__((target("avx512f,fma"))) static double peak_fma(long iters) {
     const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
     double t0 = now_s();
     for (long it = 0; it < iters; it++) {
-        _Pragma("GCC unroll 12") /* the chains in registers, not in memory */
-            for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+#pragma GCC unroll 12 /* the chains in registers, not in memory */
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
     }
     double t = now_s() - t0;
     float sum = 0;
@@ -266,8 +265,8 @@ __attribute__((target("avx512bf16,avx512f,avx512bw"))) static double peak_dot(lo
     const __m512bh one = (__m512bh)_mm512_set1_epi16(0x3f80); /* bf16 1.0 */
     double t0 = now_s();
     for (long it = 0; it < iters; it++) {
-        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_CHAINS; i++) acc[i] =
-            _mm512_dpbf16_ps(acc[i], one, one);
+#pragma GCC unroll 12
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], one, one);
     }
     double t = now_s() - t0;
     float sum = 0;
@@ -303,6 +302,8 @@ static void bench_peak(int quick) {
     printf("    x86-64 only\n");
 }
 #endif
+
+/* ---- pool ---------------------------------------------------------------------------------- */
 
 static void empty_task(void *arg, int task, int n_tasks) {
     (void)arg;
@@ -418,7 +419,7 @@ int main(int argc, char **argv) {
     }
 
     if (run_g) {
-        printf("(g) arithmetic peak of one core (one thread, %d independent chains)\n", 12);
+        printf("(g) arithmetic peak of one core (one thread, 12 independent chains)\n");
         bench_peak(quick);
     }
 
