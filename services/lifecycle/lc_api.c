@@ -123,24 +123,36 @@ typedef struct lc_upload {
     atomic_int refs;       /* the call's (until on_done) and the upload thread's */
     lc_wasm_cancel cancel; /* fired when the call ends: the compile is killed */
     bool have_meta, failed;
-    bool counted;     /* in api->uploads */
-    uint64_t charged; /* bytes of api->budget its buffer holds */
+    atomic_bool counted; /* in api->uploads (cleared by upload_release) */
+    uint64_t charged;    /* bytes of api->budget its buffer holds */
     char name[LC_PROGRAM_NAME_MAX + 1];
     char expected_sha256[65];
     uint8_t *buf;
     uint64_t size, got;
 } lc_upload;
 
+/* Gives back what an upload holds of the replica (its programs.max_uploads slot, its buffer and
+ * the budget it charged) once nothing more will read the bytes: before its answer is sent, so
+ * that a client uploading one program after another (the common case with max_uploads = 1)
+ * never finds its own finished upload still in the way. The call's callbacks and the upload's
+ * thread never run this at once: the thread starts after the last callback that may fail. */
+static void upload_release(lc_upload *u) {
+    if (atomic_exchange(&u->counted, false)) atomic_fetch_sub(&u->api->uploads, 1);
+    pie_budget_give(u->api->budget, u->charged);
+    u->charged = 0;
+    free(u->buf);
+    u->buf = NULL;
+}
+
 static void upload_unref(lc_upload *u) {
     if (atomic_fetch_sub(&u->refs, 1) != 1) return;
-    if (u->counted) atomic_fetch_sub(&u->api->uploads, 1);
-    pie_budget_give(u->api->budget, u->charged);
-    free(u->buf);
+    upload_release(u);
     free(u);
 }
 
 static void upload_fail(lc_upload *u, pie_code code, const char *msg) {
     u->failed = true;
+    upload_release(u);
     rpc_call_finish(u->call, code, msg);
 }
 
@@ -227,7 +239,7 @@ static bool upload_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
         rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return false;
     }
-    u->counted = true;
+    atomic_init(&u->counted, true);
     u->api = user;
     u->call = call;
     atomic_init(&u->refs, 1);
@@ -279,6 +291,7 @@ static void *upload_finish_thread(void *arg) {
             pie_log_warn("lc.program.register_failed", "program=%s code=%s error=\"%s\"", id,
                          pie_code_name(pst.code), pst.msg);
     }
+    upload_release(u);
     if (st.code == PIE_OK) {
         Pie__V1__UploadProgramResponse r = PIE__V1__UPLOAD_PROGRAM_RESPONSE__INIT;
         r.program_id = id;

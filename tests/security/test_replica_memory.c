@@ -63,9 +63,18 @@ Test(security, instances_share_the_replica_memory_budget) {
 
     /* one upload at a time here (programs.max_uploads): of two open at once, the one the
      * replica sees second is refused at once, and it need not be the one opened second (the
-     * two calls race to the server: CI saw the 1 KiB one accepted and the 4 MiB one refused) */
+     * two calls race to the server: CI saw the 1 KiB one accepted and the 4 MiB one refused).
+     * Neither is ended before the refusal arrived: ending the accepted one first gives its slot
+     * back, and the other, if the replica had not seen it yet, would be accepted in turn. */
     rpc_stream *both[2] = {e2e_upload_begin(&c, "pending", 4u << 20, NULL, 0, WAIT_MS),
                            e2e_upload_begin(&c, "pending", 1024, NULL, 0, WAIT_MS)};
+    bool one_ended = false;
+    for (int64_t end = pie_test_now_ms() + WAIT_MS; !one_ended && pie_test_now_ms() < end;)
+        for (int i = 0; i < 2 && !one_ended; i++) {
+            ProtobufCMessage *m = NULL;
+            one_ended = rpc_stream_recv(both[i], &m, 10) == RPC_RECV_END;
+        }
+    cr_expect(one_ended, "neither of two concurrent uploads was refused within %d ms", WAIT_MS);
     int refused = 0;
     for (int i = 0; i < 2; i++) {
         pie_code rc = e2e_upload_end(both[i], &st);
@@ -119,6 +128,27 @@ Test(security, instances_share_the_replica_memory_budget) {
     }
     cr_expect_eq(e2e_terminate(&c, cc, &st), PIE_OK, "%s", st.msg);
     free(prog);
+    e2e_cluster_stop(&c);
+}
+
+/* An upload stops counting against programs.max_uploads before its answer goes out: a client
+ * that uploads one program after another, with one slot, never finds its own finished (or
+ * refused) upload still holding it. CI saw this race once the other way round: the slot was
+ * given back only when the server's call was torn down, a moment after the client had its
+ * answer, and the next upload was refused "1 uploads are in progress". */
+Test(security, uploads_one_after_another_never_meet_their_own_slot) {
+    e2e_cluster c;
+    const char *env[] = {"PIE_PROGRAMS_MAX_UPLOADS=1", NULL};
+    e2e_cluster_start_env(&c, env);
+    pie_status st;
+    for (int i = 0; i < 40; i++) {
+        char *id = e2e_upload(&c, "hostile"); /* asserts it was stored */
+        free(id);
+        /* a refused one (declared 4 KiB, sent none) gives its slot back before its answer too */
+        rpc_stream *up = e2e_upload_begin(&c, "pending", 4096, NULL, 0, WAIT_MS);
+        cr_assert_eq(e2e_upload_end(up, &st), PIE_INVALID_ARGUMENT, "round %d: %s", i, st.msg);
+        cr_assert(strstr(st.msg, "received 0 bytes"), "round %d: %s", i, st.msg);
+    }
     e2e_cluster_stop(&c);
 }
 
