@@ -188,8 +188,8 @@ static void bench_cold(const char *fixture, int n, bool tier1) {
                  "pipeline start -> wasm2c ended %.1f ms, -> tcc ended %.1f ms, dlopen + init "
                  "%.2f ms\n"
                : "  phases, p50 of each: check (parse + SHA-256) %.2f ms, cache files %.2f ms, "
-                 "translation (in process) %.1f ms, translation + tcc %.1f ms, dlopen + init "
-                 "%.2f ms\n",
+                 "tcc started -> translation (in process, feeding tcc) ended %.1f ms, "
+                 "-> tcc ended %.1f ms, dlopen + init %.2f ms\n",
            pct(ph[PH_CHECK], (size_t)n, 0.5), pct(ph[PH_FILES], (size_t)n, 0.5),
            pct(ph[PH_W2C], (size_t)n, 0.5), pct(ph[PH_CC], (size_t)n, 0.5),
            pct(ph[PH_OPEN], (size_t)n, 0.5));

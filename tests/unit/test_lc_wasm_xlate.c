@@ -187,6 +187,55 @@ Test(lc_wasm_xlate, every_fixture_behaves_the_same_through_both_translators) {
     pair_destroy(&p);
 }
 
+/* The sink of lc_wasm_xlate_to (tcc reads the text while it is made): it collects the pieces,
+ * refusing the one numbered refuse_at (0: none). */
+typedef struct pieces {
+    char *text;
+    size_t len, n, refuse_at;
+} pieces;
+
+static bool pieces_write(void *user, const char *text, size_t n, pie_status *st) {
+    pieces *p = user;
+    cr_assert_gt(n, 0u, "an empty piece");
+    if (++p->n == p->refuse_at) {
+        pie_status_set(st, PIE_CANCELLED, "the reader went away");
+        return false;
+    }
+    char *t = realloc(p->text, p->len + n);
+    cr_assert_not_null(t);
+    memcpy(t + p->len, text, n);
+    p->text = t;
+    p->len += n;
+    return true;
+}
+
+Test(lc_wasm_xlate, the_text_in_pieces_is_the_whole_text_and_a_refusing_reader_stops_it) {
+    wt_bytes b = wt_fixture("big");
+    lc_wasm_xlate_out x;
+    pie_status st;
+    cr_assert_eq(lc_wasm_xlate(b.data, b.len, "wt", &x, &st), PIE_OK, "%s", st.msg);
+    pieces p = {0};
+    lc_wasm_xlate_sink sink = {.write = pieces_write, .user = &p};
+    uint32_t n_funcs = 0;
+    cr_assert_eq(lc_wasm_xlate_to(b.data, b.len, "wt", &sink, &n_funcs, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_expect_eq(n_funcs, x.n_funcs);
+    cr_expect_gt(p.n, x.len / LC_WASM_XLATE_PIECE / 2, "%zu pieces for %zu bytes: not streamed",
+                 p.n, x.len);
+    cr_assert_eq(p.len, x.len, "the pieces add up to %zu bytes, the text is %zu", p.len, x.len);
+    cr_expect(memcmp(p.text, x.c, x.len) == 0, "the pieces differ from the text");
+    free(p.text);
+    /* a reader that goes away at its third piece stops the translation with its status */
+    pieces q = {.refuse_at = 3};
+    sink.user = &q;
+    cr_expect_eq(lc_wasm_xlate_to(b.data, b.len, "wt", &sink, NULL, &st), PIE_CANCELLED);
+    cr_expect(strstr(st.msg, "the reader went away"), "%s", st.msg);
+    cr_expect_eq(q.n, 3u, "pieces offered after the refusal: %zu", q.n - 3);
+    free(q.text);
+    free(x.c);
+    free(b.data);
+}
+
 Test(lc_wasm_xlate, simd_and_foreign_imports_are_declined_and_fall_back_to_wasm2c) {
     wt_bytes b = wt_fixture("simd");
     lc_wasm_xlate_out x;
@@ -540,6 +589,37 @@ Test(lc_wasm_xlate, call_indirect_of_a_multi_value_type_is_declined_and_runs_on_
     cr_expect_eq(s.translations, 1u, "the declined module went to wasm2c");
     free(b.data);
     pair_destroy(&p);
+}
+
+Test(lc_wasm_xlate, a_tcc_that_stops_reading_the_own_c_falls_back_to_wasm2c) {
+    /* tcc reads the own translator's C while it is made; one that fails part way (here a stand-in
+     * that reads 100 bytes and exits 1; the wasm2c pipeline, with its -include, gets the real
+     * one) must neither SIGPIPE the process nor lose the load: wasm2c compiles the module */
+    char tcc[96], cmd[512];
+    snprintf(tcc, sizeof tcc, "%s/failing-tcc", wt_dir);
+    snprintf(cmd, sizeof cmd,
+             "printf '#!/bin/sh\\nfor a; do [ \"$a\" = -include ] && exec tcc \"$@\"; done\\n"
+             "head -c 100 >/dev/null; echo refused >&2; exit 1\\n' > %s && chmod +x %s",
+             tcc, tcc);
+    cr_assert_eq(sh(cmd), 0, "%s", cmd);
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/failing-tcc-cache", wt_dir);
+    lc_wasm_rt_opts o = {.cache_dir = dir,
+                         .host_fns = wasm_test_host_fns,
+                         .n_host_fns = wasm_test_host_n_fns,
+                         .tcc = tcc};
+    lc_wasm_rt *rt = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
+    wt_bytes b = wt_fixture("big");
+    result r;
+    cr_assert(run(rt, &b, (const char *const[]){"big", NULL}, &r, &st), "%s", st.msg);
+    cr_expect_eq(r.out.trap, LC_WASM_TRAP_NONE, "%s", r.out.message);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.own_declines, 1u, "the refused C did not fall back");
+    cr_expect_eq(s.translations, 1u, "wasm2c did not compile it");
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
 }
 
 Test(lc_wasm_xlate, an_invalid_module_is_rejected_through_the_runtime_as_wasm2c_rejects_it) {

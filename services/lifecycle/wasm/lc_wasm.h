@@ -114,8 +114,8 @@ typedef struct lc_wasm_rt_stats {
     /* Where the wall time of the tier-0 compiles that succeeded went, summed over them (ns,
      * CLOCK_MONOTONIC; the benchmark takes differences): */
     uint64_t t0_files_ns;     /* cache entry: mkdir, lock, module.wasm, t0.h and wasm.h */
-    uint64_t t0_translate_ns; /* wasm2c | compiler started → wasm2c ended; or our translator's
-                                 time (in process, before tcc starts) */
+    uint64_t t0_translate_ns; /* wasm2c | compiler started → wasm2c ended; or tcc started → our
+                                 translator (in process, feeding tcc as it goes) ended */
     uint64_t t0_compile_ns;   /* the same start → the compiler ended (tcc overlaps wasm2c) */
     uint64_t t0_open_ns;      /* dlopen of t0.so, its glue symbols, init_module */
 } lc_wasm_rt_stats;

@@ -22,6 +22,7 @@
 #include <sys/file.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -471,41 +472,64 @@ static pie_code compile(lc_wasm_module *m, int tier, lc_wasm_cancel *cancel, uin
     return PIE_OK;
 }
 
-/* A memfd holding text, positioned at its start (tcc's stdin); -1 on failure. */
-static int text_fd(const char *text, size_t len) {
-    int fd = memfd_create("lc_wasm_c", MFD_CLOEXEC);
-    if (fd < 0) return -1;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, text + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            close(fd);
-            return -1;
+/* The translator's sink while tcc reads its C through a socket (a socket rather than a pipe:
+ * send's MSG_NOSIGNAL makes a tcc that stopped reading an error here, not a SIGPIPE of the
+ * whole lifecycle). A full socket waits for tcc in slices, so a cancel, a shutdown or the
+ * compile's deadline still stops the translation within LC_WASM_CANCEL_POLL_MS. */
+typedef struct own_feed {
+    lc_wasm_rt *rt;
+    lc_wasm_cancel *cancel;
+    uint64_t deadline_ns;
+    int fd;
+    int why;     /* LC_STOP_*: why the feed stopped the translation */
+    bool broken; /* tcc stopped reading (it exited): its status says why */
+} own_feed;
+
+static bool own_feed_write(void *user, const char *text, size_t n, pie_status *st) {
+    own_feed *f = user;
+    while (n > 0) {
+        ssize_t w = send(f->fd, text, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            text += w;
+            n -= (size_t)w;
+            continue;
         }
-        done += (size_t)w;
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            f->broken = true;
+            pie_status_set(st, PIE_INTERNAL, "tcc stopped reading the C text: %s",
+                           strerror(errno));
+            return false;
+        }
+        if ((f->why = stop_reason(f->rt, f->cancel, f->deadline_ns)) != LC_STOP_NONE) {
+            pie_status_set(st, PIE_CANCELLED, "translation stopped");
+            return false;
+        }
+        struct pollfd pf = {.fd = f->fd, .events = POLLOUT};
+        (void)poll(&pf, 1, LC_WASM_CANCEL_POLL_MS); /* EINTR or a timeout: look again */
     }
-    if (lseek(fd, 0, SEEK_SET) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
+    return true;
 }
 
-/* Tier 0 with our own translator: the C (already made, in x) goes to tcc through a memfd;
- * t0.so as compile() makes it. LC_XL_FALLBACK when tcc refused our C (a translator bug: the
- * caller then uses wasm2c, and stderr says why); a stop or time-out is final. */
+/* Tier 0 with our own translator: tcc starts first and compiles the C as the translator makes
+ * it (tcc is one pass: it compiles each function as it reads it), so the translation hides
+ * behind the compile instead of preceding it; t0.so as compile() makes it. The translator's
+ * own failure (declined, invalid: *xst says why) and tcc refusing our C (a translator bug:
+ * stderr says why) return LC_XL_FALLBACK, after which the caller uses wasm2c, except a
+ * translation out of memory, which is final like a stop or a time-out. */
 #define LC_XL_FALLBACK ((pie_code)-1)
-static pie_code compile_own(lc_wasm_module *m, const lc_wasm_xlate_out *x, lc_wasm_cancel *cancel,
-                            uint64_t files_ns, uint64_t xlate_ns, pie_status *st) {
+static pie_code compile_own(lc_wasm_module *m, const uint8_t *wasm, size_t len,
+                            lc_wasm_cancel *cancel, uint64_t files_ns, pie_status *xst,
+                            pie_status *st) {
     lc_wasm_rt *rt = m->rt;
     char final[PATH_MAX], tmp[PATH_MAX];
     if (path_join(final, m->dir, "t0.so", st) != PIE_OK || tmp_name(tmp, final, st) != PIE_OK)
         return st->code;
     int stopped = stop_reason(rt, cancel, 0);
     if (stopped != LC_STOP_NONE) return stop_status(stopped, st);
-    int in = text_fd(x->c, x->len);
-    if (in < 0) return pie_status_set(st, PIE_INTERNAL, "memfd for the C text: %s", strerror(errno));
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return pie_status_set(st, PIE_INTERNAL, "socketpair for the C text: %s", strerror(errno));
     char *argv[] = {rt->tcc, "-shared", "-fPIC", "-o", tmp, "-", "-lm", NULL};
     lc_tool cc = {.what = "tier-0 compile (tcc, own translation)",
                   .argv = argv,
@@ -514,11 +538,22 @@ static pie_code compile_own(lc_wasm_module *m, const lc_wasm_xlate_out *x, lc_wa
                   .status = -1};
     uint64_t t_start = lc_wasm_now_ns(CLOCK_MONOTONIC);
     uint64_t deadline_ns = t_start + rt->compile_timeout_ms * 1000000u;
-    pie_code rc = tool_spawn(&cc, m->dir, in, -1, st);
-    close(in);
+    pie_code rc = tool_spawn(&cc, m->dir, sv[1], -1, st);
+    close(sv[1]);
+    own_feed feed = {.rt = rt, .cancel = cancel, .deadline_ns = deadline_ns, .fd = sv[0]};
+    lc_wasm_xlate_sink sink = {.write = own_feed_write, .user = &feed};
+    pie_code xrc = PIE_OK;
+    if (rc == PIE_OK) xrc = lc_wasm_xlate_to(wasm, len, m->cname, &sink, NULL, xst);
+    uint64_t t_xlated = lc_wasm_now_ns(CLOCK_MONOTONIC);
+    close(sv[0]); /* the end of the text for tcc */
+    bool translated = xrc == PIE_OK || feed.broken;
+    if (rc == PIE_OK && !translated && cc.pid > 0) kill(-cc.pid, SIGKILL); /* half a text */
     lc_tool *const one[1] = {&cc};
     int why = rc == PIE_OK ? tools_wait(rt, one, 1, cancel, deadline_ns) : LC_STOP_NONE;
-    if (rc == PIE_OK && why == LC_STOP_TIMEOUT) {
+    if (rc == PIE_OK && feed.why != LC_STOP_NONE) why = feed.why;
+    if (rc != PIE_OK) {
+        /* tcc did not start: rc and st say why */
+    } else if (why == LC_STOP_TIMEOUT) {
         char d[32];
         duration_text(rt->compile_timeout_ms, d, sizeof d);
         rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
@@ -526,13 +561,18 @@ static pie_code compile_own(lc_wasm_module *m, const lc_wasm_xlate_out *x, lc_wa
                             "still running: the module is too large or complex to compile here "
                             "in time (fewer or smaller functions compile faster)",
                             cc.what, d);
-    } else if (rc == PIE_OK && why != LC_STOP_NONE) {
+    } else if (why != LC_STOP_NONE) {
         rc = stop_status(why, st);
-    } else if (rc == PIE_OK && !tool_ok(&cc)) {
+    } else if (!translated) {
+        rc = xrc == PIE_RESOURCE_EXHAUSTED
+                 ? pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "translating: %s", xst->msg)
+                 : LC_XL_FALLBACK;
+    } else if (feed.broken || !tool_ok(&cc)) { /* tcc ended before the text did: it failed */
         char out[512];
         tool_output(&cc, out, sizeof out);
         fprintf(stderr, "lc_wasm: tcc refused lc_wasm_xlate's C for module %s (a translator "
                         "bug; using wasm2c): %s\n", m->id, out);
+        pie_status_set(xst, PIE_INTERNAL, "tcc refused the own translator's C");
         rc = LC_XL_FALLBACK;
     }
     tool_close(&cc);
@@ -544,8 +584,9 @@ static pie_code compile_own(lc_wasm_module *m, const lc_wasm_xlate_out *x, lc_wa
     }
     atomic_fetch_add(&rt->tier0_compiles, 1u);
     atomic_fetch_add(&rt->t0_files_ns, files_ns);
-    atomic_fetch_add(&rt->t0_translate_ns, xlate_ns);
-    atomic_fetch_add(&rt->t0_compile_ns, xlate_ns + (cc.ended_ns > t_start ? cc.ended_ns - t_start : 0));
+    /* the translation overlaps the compile: its own time, and the compile's from tcc's start */
+    atomic_fetch_add(&rt->t0_translate_ns, t_xlated - t_start);
+    atomic_fetch_add(&rt->t0_compile_ns, cc.ended_ns > t_start ? cc.ended_ns - t_start : 0);
     return PIE_OK;
 }
 
@@ -560,19 +601,10 @@ static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t
     pie_status_set(&xst, PIE_UNIMPLEMENTED, "tier 0 uses wasm2c for every module here");
     if (!rt->tier0_wasm2c) {
         uint64_t t1 = lc_wasm_now_ns(CLOCK_MONOTONIC);
-        lc_wasm_xlate_out x;
-        pie_code xrc = lc_wasm_xlate(wasm, len, m->cname, &x, &xst);
-        uint64_t t2 = lc_wasm_now_ns(CLOCK_MONOTONIC);
-        if (xrc == PIE_OK) {
-            pie_code rc = compile_own(m, &x, cancel, files_ns + (t1 - t0), t2 - t1, st);
-            free(x.c);
-            if (rc != LC_XL_FALLBACK) {
-                if (rc == PIE_OK) atomic_fetch_add(&rt->own_translations, 1u);
-                return rc;
-            }
-            pie_status_set(&xst, PIE_INTERNAL, "tcc refused the own translator's C");
-        } else if (xrc == PIE_RESOURCE_EXHAUSTED) {
-            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "translating: %s", xst.msg);
+        pie_code rc = compile_own(m, wasm, len, cancel, files_ns + (t1 - t0), &xst, st);
+        if (rc != LC_XL_FALLBACK) {
+            if (rc == PIE_OK) atomic_fetch_add(&rt->own_translations, 1u);
+            return rc;
         }
         atomic_fetch_add(&rt->own_declines, 1u); /* declined, invalid or refused: wasm2c says */
     }

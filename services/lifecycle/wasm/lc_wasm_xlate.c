@@ -178,6 +178,8 @@ typedef struct xl {
     xdata *datas;
     uint32_t n_datas;
     xb out, fn, ex, sc;
+    const lc_wasm_xlate_sink *sink; /* NULL: out keeps the whole text */
+    size_t sent;                    /* bytes of out already given to sink */
     /* the function being translated */
     uint8_t *lt;
     uint32_t n_loc, cap_loc;
@@ -2240,6 +2242,19 @@ static void emit_decls(xl *x) {
     }
 }
 
+/* Gives out's text to the sink once it holds a piece (all: whatever it holds). */
+static void out_flush(xl *x, bool all) {
+    if (x->sink == NULL || x->failed || x->out.oom || x->out.len == 0) return;
+    if (!all && x->out.len < LC_WASM_XLATE_PIECE) return;
+    if (!x->sink->write(x->sink->user, x->out.p, x->out.len, x->st)) {
+        x->failed = true;
+        x->code = x->st->code;
+        return;
+    }
+    x->sent += x->out.len;
+    x->out.len = 0;
+}
+
 static void sec_code(xl *x, xr *r) {
     uint32_t n = rd_u32(x, r);
     if (x->failed) return;
@@ -2249,6 +2264,7 @@ static void sec_code(xl *x, xr *r) {
     }
     x->n_code = n;
     emit_decls(x);
+    out_flush(x, true); /* the compiler reads the prelude's headers while bodies are made */
     for (uint32_t i = 0; i < n && !x->failed; i++) {
         uint32_t size = rd_u32(x, r);
         if (x->failed) return;
@@ -2259,8 +2275,9 @@ static void sec_code(xl *x, xr *r) {
         xr b = {r->p, r->p + size};
         body(x, &b, x->n_imp + i);
         r->p += size;
-        if (!x->failed && x->out.len > XL_MAX_C_BYTES)
+        if (!x->failed && x->sent + x->out.len > XL_MAX_C_BYTES)
             DECLINE("more than %u bytes of C", XL_MAX_C_BYTES);
+        out_flush(x, false);
     }
 }
 
@@ -2427,10 +2444,10 @@ static void xl_free(xl *x) {
     free(x->tgt);
 }
 
-pie_code lc_wasm_xlate(const uint8_t *wasm, size_t n, const char *cname, lc_wasm_xlate_out *out,
-                       pie_status *st) {
+static pie_code xlate(const uint8_t *wasm, size_t n, const char *cname,
+                      const lc_wasm_xlate_sink *sink, lc_wasm_xlate_out *out, pie_status *st) {
     memset(out, 0, sizeof *out);
-    xl xs = {.base = wasm, .st = st, .cname = cname};
+    xl xs = {.base = wasm, .st = st, .cname = cname, .sink = sink};
     xl *x = &xs;
     xr rr = {wasm, wasm + n}, *r = &rr;
     static const uint8_t head[8] = {0x00, 0x61, 0x73, 0x6d, 1, 0, 0, 0};
@@ -2508,15 +2525,27 @@ pie_code lc_wasm_xlate(const uint8_t *wasm, size_t n, const char *cname, lc_wasm
     emit_tail(x);
     if (x->out.oom || x->fn.oom || x->ex.oom || x->sc.oom)
         xfail(x, NULL, PIE_RESOURCE_EXHAUSTED, "out of memory for the C text");
+    out_flush(x, true);
 done:
     xl_free(x);
-    if (x->failed) {
-        free(x->out.p);
-        return x->code;
-    }
-    out->c = x->out.p;
-    out->len = x->out.len;
+    if (x->failed || sink) free(x->out.p);
+    if (x->failed) return x->code;
+    out->c = sink ? NULL : x->out.p;
+    out->len = sink ? x->sent : x->out.len;
     out->n_funcs = x->n_funcs - x->n_imp;
     pie_status_ok(st);
     return PIE_OK;
+}
+
+pie_code lc_wasm_xlate(const uint8_t *wasm, size_t n, const char *cname, lc_wasm_xlate_out *out,
+                       pie_status *st) {
+    return xlate(wasm, n, cname, NULL, out, st);
+}
+
+pie_code lc_wasm_xlate_to(const uint8_t *wasm, size_t n, const char *cname,
+                          const lc_wasm_xlate_sink *sink, uint32_t *n_funcs, pie_status *st) {
+    lc_wasm_xlate_out out;
+    pie_code rc = xlate(wasm, n, cname, sink, &out, st);
+    if (n_funcs) *n_funcs = out.n_funcs;
+    return rc;
 }
