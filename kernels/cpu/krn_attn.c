@@ -10,9 +10,7 @@
  * A bf16 region (krn_kv_layer.dtype) is read a block at a time: the unit's slice of each token
  * row of the block is converted to f32 (exactly) into the worker's copy buffer, and the same
  * kernels run on the copy, so bf16 KV gives the bits of an f32 region holding the same
- * (rounded) values; only the bytes read from memory halve. On AVX-512 a block that one pass
- * reads (decode) and that has no f32 tail rows is read in place instead, each row widened in
- * registers by the same kernels: the same sums in the same order, so the same bits.
+ * (rounded) values; only the bytes read from memory halve.
  *
  * A unit keeps, for each of its rows (query i, head h), the running max m, the running sum l
  * and the unnormalised output acc[head_dim], and walks its key range in blocks of
@@ -246,25 +244,12 @@ KRN_TARGET_AVX512 KRN_INLINE __m512 hsum16x16_avx512(const __m512 *a) {
                          _mm512_shuffle_f32x4(s01, s23, 0xdd));
 }
 
-/* 16 elements (mask m) from element i of K or V row j: of f32 rows f, or, when h is not NULL,
- * of bf16 rows h widened on the fly (exactly: a bf16 is an f32's upper half). The tiles below
- * are inlined with one of the two NULL, so each instance has one kind of load. */
-KRN_TARGET_AVX512 KRN_INLINE __m512 kv_load_avx512(const float *const *f, const uint16_t *const *h,
-                                                   int j, int i, __mmask16 m) {
-    if (h) {
-        __m256i b = _mm256_maskz_loadu_epi16(m, h[j] + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-    }
-    return _mm512_maskz_loadu_ps(m, f[j] + i);
-}
-
 /* RB rows (queries' heads sharing one visibility) against one block: every K and V row of the
- * block is loaded once for all RB rows. V rows: vp (f32), or vh (bf16) when not NULL. */
+ * block is loaded once for all RB rows. */
 KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (*s)[KRN_ATTN_BLOCK],
                                                  const float *corr, int RB, int NS, int i0,
                                                  const __mmask16 *mk, const float *const *vp,
-                                                 const uint16_t *const *vh, int nb,
-                                                 const uint8_t *vis) {
+                                                 int nb, const uint8_t *vis) {
     __m512 a[4][4];
     KRN_UNROLL for (int r = 0; r < RB; r++) {
         KRN_UNROLL for (int g = 0; g < NS; g++) {
@@ -276,7 +261,7 @@ KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (
         if (vis && !vis[j]) continue; /* V rows of hidden keys may hold anything */
         __m512 v[4];
         KRN_UNROLL for (int g = 0; g < NS; g++) {
-            v[g] = kv_load_avx512(vp, vh, j, i0 + 16 * g, mk[g]);
+            v[g] = _mm512_maskz_loadu_ps(mk[g], vp[j] + i0 + 16 * g);
         }
         KRN_UNROLL for (int r = 0; r < RB; r++) {
             __m512 pr = _mm512_set1_ps(s[r][j]);
@@ -292,12 +277,10 @@ KRN_TARGET_AVX512 KRN_INLINE void pv_tile_avx512(float *const *st, const float (
     }
 }
 
-/* K and V rows: kp, vp (f32), or kh, vh (bf16) when not NULL. */
 KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float *const *st, int RB,
                                                     const float *const *kp, const float *const *vp,
-                                                    const uint16_t *const *kh,
-                                                    const uint16_t *const *vh, int nb,
-                                                    const uint8_t *vis, float scale, int d) {
+                                                    int nb, const uint8_t *vis, float scale,
+                                                    int d) {
     float s[4][KRN_ATTN_BLOCK];
     int nb16 = (nb + 15) & ~15;
     /* scores, 4 keys x RB rows at a time: 16 accumulators reduced by one tree */
@@ -308,7 +291,7 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
             __mmask16 m = krn_mask16(d - i);
             __m512 kv[4];
             KRN_UNROLL for (int jj = 0; jj < 4; jj++) {
-                kv[jj] = kv_load_avx512(kp, kh, j0 + jj, i, m);
+                kv[jj] = _mm512_maskz_loadu_ps(m, kp[j0 + jj] + i);
             }
             KRN_UNROLL for (int r = 0; r < RB; r++) {
                 __m512 qv = _mm512_maskz_loadu_ps(m, q[r] + i);
@@ -366,20 +349,16 @@ KRN_TARGET_AVX512 KRN_INLINE void heads_tile_avx512(const float *const *q, float
         }
         switch (ns) {
         case 4:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 4, i0, mk, vp, vh, nb,
-                           vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 4, i0, mk, vp, nb, vis);
             break;
         case 3:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 3, i0, mk, vp, vh, nb,
-                           vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 3, i0, mk, vp, nb, vis);
             break;
         case 2:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 2, i0, mk, vp, vh, nb,
-                           vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 2, i0, mk, vp, nb, vis);
             break;
         default:
-            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 1, i0, mk, vp, vh, nb,
-                           vis);
+            pv_tile_avx512(st, (const float(*)[KRN_ATTN_BLOCK])s, corr, RB, 1, i0, mk, vp, nb, vis);
             break;
         }
     }
@@ -391,28 +370,12 @@ KRN_TARGET_AVX512 static void heads_block_avx512(const float *const *q, float *c
                                                  float *s) {
     (void)s;
     int r = 0;
-    for (; r + 4 <= R; r += 4)
-        heads_tile_avx512(q + r, st + r, 4, kp, vp, NULL, NULL, nb, vis, scale, d);
+    for (; r + 4 <= R; r += 4) heads_tile_avx512(q + r, st + r, 4, kp, vp, nb, vis, scale, d);
     if (R - r >= 2) {
-        heads_tile_avx512(q + r, st + r, 2, kp, vp, NULL, NULL, nb, vis, scale, d);
+        heads_tile_avx512(q + r, st + r, 2, kp, vp, nb, vis, scale, d);
         r += 2;
     }
-    if (r < R) heads_tile_avx512(q + r, st + r, 1, kp, vp, NULL, NULL, nb, vis, scale, d);
-}
-
-/* heads_block_avx512 over bf16 rows read in place (no f32 copy of the block first). */
-KRN_TARGET_AVX512 static void heads_block_bf16_avx512(const float *const *q, float *const *st,
-                                                      int R, const uint16_t *const *kh,
-                                                      const uint16_t *const *vh, int nb,
-                                                      const uint8_t *vis, float scale, int d) {
-    int r = 0;
-    for (; r + 4 <= R; r += 4)
-        heads_tile_avx512(q + r, st + r, 4, NULL, NULL, kh, vh, nb, vis, scale, d);
-    if (R - r >= 2) {
-        heads_tile_avx512(q + r, st + r, 2, NULL, NULL, kh, vh, nb, vis, scale, d);
-        r += 2;
-    }
-    if (r < R) heads_tile_avx512(q + r, st + r, 1, NULL, NULL, kh, vh, nb, vis, scale, d);
+    if (r < R) heads_tile_avx512(q + r, st + r, 1, kp, vp, nb, vis, scale, d);
 }
 #endif
 
@@ -421,11 +384,6 @@ KRN_TARGET_AVX512 static void heads_block_bf16_avx512(const float *const *q, flo
 typedef void (*heads_block_fn)(const float *const *q, float *const *st, int R,
                                const float *const *kp, const float *const *vp, int nb,
                                const uint8_t *vis, float scale, int d, float *s);
-/* The same over bf16 K/V rows read in place; the same sums in the same order as heads_block over
- * the rows widened to f32 first (the widening is exact), so the results are identical. */
-typedef void (*heads_block_bf16_fn)(const float *const *q, float *const *st, int R,
-                                    const uint16_t *const *kh, const uint16_t *const *vh, int nb,
-                                    const uint8_t *vis, float scale, int d);
 
 static void heads_block_scalar(const float *const *q, float *const *st, int R,
                                const float *const *kp, const float *const *vp, int nb,
@@ -462,7 +420,6 @@ typedef struct attn_ctx {
     int n_heads, group, d;
     float scale;
     heads_block_fn heads_block;
-    heads_block_bf16_fn heads_block_bf16; /* NULL where only heads_block exists */
     int shares_kv; /* heads_block loads each K/V row once for all its rows */
     const attn_unit *units;
     const attn_group *groups;
@@ -526,7 +483,6 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
     const void *tk[KRN_ATTN_BLOCK], *tv[KRN_ATTN_BLOCK];
     uint8_t tbf[KRN_ATTN_BLOCK]; /* the row is bf16 (a page of a bf16 region) */
     const float *kp[KRN_ATTN_BLOCK], *vp[KRN_ATTN_BLOCK];
-    const uint16_t *kh[KRN_ATTN_BLOCK], *vh[KRN_ATTN_BLOCK]; /* bf16 rows read in place */
     size_t st_len = (size_t)d + 2;
     int nh_kv = u->k1 - u->k0;
     size_t slice = (size_t)nh_kv * (size_t)d; /* floats of one token row this unit reads */
@@ -535,10 +491,6 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
     int readers = c->shares_kv ? u->q1 - u->q0 : (u->q1 - u->q0) * (u->h1 - u->h0);
     int convert = kv->dtype == KRN_BF16;
     int copy = !convert && buf && d <= KRN_ATTN_COPY_MAX_DIM && readers > 1;
-    /* A block of bf16 rows that one pass reads (decode) is read in place: widening it into the
-     * buffer first writes it and reads it again (9.5% of a 32-sequence decode step on Zen 4). A
-     * block with f32 rows (the call's new tokens) is widened as before. */
-    int in_place_ok = convert && c->heads_block_bf16 && readers == 1;
 
     for (int r = 0; r < unit_rows(u); r++) {
         float *st = st_mem + (size_t)r * st_len;
@@ -568,19 +520,11 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
                 tbf[j] = 0;
             }
         }
-        int in_place = in_place_ok;
-        for (int j = 0; j < nb && in_place; j++) in_place = tbf[j];
         prefetch_keys(kv, it, u, b0 + blk, t_end < b0 + 2 * blk ? t_end : b0 + 2 * blk, d);
-        if (convert && !in_place) /* the block's rows as f32, [nb][nh_kv * d] */
+        if (convert) /* the block's rows as f32, [nb][nh_kv * d] */
             convert_block(tk, tv, tbf, nb, (size_t)u->k0 * (size_t)d, slice, kbuf, vbuf);
         for (int kvh = u->k0; kvh < u->k1; kvh++) {
-            if (in_place) {
-                for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
-                    int jj = j < nb ? j : 0;
-                    kh[j] = (const uint16_t *)tk[jj] + (size_t)kvh * (size_t)d;
-                    vh[j] = (const uint16_t *)tv[jj] + (size_t)kvh * (size_t)d;
-                }
-            } else if (convert) {
+            if (convert) {
                 size_t h_off = (size_t)(kvh - u->k0) * (size_t)d;
                 for (int j = 0; j < KRN_ATTN_BLOCK; j++) {
                     size_t row = (size_t)(j < nb ? j : 0) * slice + h_off;
@@ -626,10 +570,7 @@ static void unit_run(const attn_ctx *c, const attn_unit *u, float *buf, int buf_
                     qs[hh - u->h0] = it->q + (size_t)qi * q_tok + (size_t)h * (size_t)d;
                     sts[hh - u->h0] = st_mem + (size_t)unit_row(u, qi, kvh, hh) * st_len;
                 }
-                if (in_place)
-                    c->heads_block_bf16(qs, sts, nh, kh, vh, nbq, vis, c->scale, d);
-                else
-                    c->heads_block(qs, sts, nh, kp, vp, nbq, vis, c->scale, d, s);
+                c->heads_block(qs, sts, nh, kp, vp, nbq, vis, c->scale, d, s);
             }
         }
     }
@@ -776,16 +717,6 @@ static heads_block_fn pick_heads_block(int *shares_kv) {
     }
 }
 
-/* The in-place bf16 variant of heads_block, where it has one. */
-static heads_block_bf16_fn pick_heads_block_bf16(heads_block_fn heads_block) {
-#if KRN_X86
-    if (heads_block == heads_block_avx512) return heads_block_bf16_avx512;
-#else
-    (void)heads_block;
-#endif
-    return NULL;
-}
-
 /* Aborts on a shape the kernel cannot run (see krn_cpu_attention_ex). */
 static void check_shape(int n_heads, int n_kv, int d, krn_dtype dt) {
     if (dt != KRN_F32 && dt != KRN_BF16) {
@@ -845,7 +776,6 @@ void krn_cpu_attention_run(krn_pool *p, const krn_kv_layer *kv, const krn_attn_i
     attn_ctx c = {
         .kv = kv, .items = items, .n_heads = n_heads, .group = group, .d = d, .scale = scale};
     c.heads_block = pick_heads_block(&c.shares_kv);
-    c.heads_block_bf16 = pick_heads_block_bf16(c.heads_block);
     int threads = krn_pool_size(p);
     int chunk = plan->chunk;
     int n_groups = count_groups(items, n_items, n_kv, group, shape);
