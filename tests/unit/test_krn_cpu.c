@@ -1536,6 +1536,12 @@ Test(krn_attention, bf16_kv_gives_the_bits_of_f32_kv_holding_the_rounded_values)
                         {.n_q = 1, .n_ctx = 17, .n_tail = 1, .q_offset = 17}};
     attn_bf16_run_and_compare(dec, 5, 16, 4, 64, 16, 0, 31);  /* decode: all heads per unit */
     attn_bf16_run_and_compare(dec, 5, 16, 8, 128, 32, 0, 32); /* 8 x 128: 32 keys a block */
+    /* decode with masks, tails, an odd head_dim and chunks */
+    attn_case decm[3] = {{.n_q = 1, .n_ctx = 70, .use_mask = 1},
+                         {.n_q = 1, .n_ctx = 33, .n_tail = 2, .use_mask = 1},
+                         {.n_q = 1, .n_ctx = 200, .q_offset = 199}};
+    attn_bf16_run_and_compare(decm, 3, 16, 2, 65, 8, 64, 36);
+    attn_bf16_run_and_compare(decm, 3, 8, 4, 64, 16, 0, 37);
     attn_case pre[3] = {{.n_q = 37, .n_ctx = 37, .q_offset = 0},
                         {.n_q = 6, .n_ctx = 40, .n_tail = 3, .use_mask = 1},
                         {.n_q = 5, .n_ctx = 300, .n_tail = 2, .q_offset = 297}};
