@@ -65,18 +65,22 @@ typedef struct pair {
     lc_wasm_rt *own, *w2c; /* separate cache directories: no library is shared */
 } pair;
 
-static lc_wasm_rt *make(const char *sub, bool w2c) {
+/* A runtime caching in wt_dir/sub; tcc: the compiler to run (NULL: tcc from PATH). */
+static lc_wasm_rt *make_with(const char *sub, bool w2c, const char *tcc) {
     char dir[128];
     snprintf(dir, sizeof dir, "%s/%s", wt_dir, sub);
     lc_wasm_rt_opts o = {.cache_dir = dir,
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
-                         .tier0_wasm2c = w2c};
+                         .tier0_wasm2c = w2c,
+                         .tcc = tcc};
     lc_wasm_rt *rt = NULL;
     pie_status st;
     cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
     return rt;
 }
+
+static lc_wasm_rt *make(const char *sub, bool w2c) { return make_with(sub, w2c, NULL); }
 
 static pair pair_make(void) {
     cr_assert_eq(unsetenv("PIE_WASM_TIER0"), 0);
@@ -602,15 +606,8 @@ Test(lc_wasm_xlate, a_tcc_that_stops_reading_the_own_c_falls_back_to_wasm2c) {
              "head -c 100 >/dev/null; echo refused >&2; exit 1\\n' > %s && chmod +x %s",
              tcc, tcc);
     cr_assert_eq(sh(cmd), 0, "%s", cmd);
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/failing-tcc-cache", wt_dir);
-    lc_wasm_rt_opts o = {.cache_dir = dir,
-                         .host_fns = wasm_test_host_fns,
-                         .n_host_fns = wasm_test_host_n_fns,
-                         .tcc = tcc};
-    lc_wasm_rt *rt = NULL;
+    lc_wasm_rt *rt = make_with("failing-tcc-cache", false, tcc);
     pie_status st;
-    cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
     wt_bytes b = wt_fixture("big");
     result r;
     cr_assert(run(rt, &b, (const char *const[]){"big", NULL}, &r, &st), "%s", st.msg);
