@@ -128,9 +128,10 @@ static const pie_config_field lc_fields[] = {
             "it is compiled (wasm2c crashes near 15000 on an 8 MiB stack)"},
     {"programs.max_uploads", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_uploads), .def = "16",
      .min = "1", .max = "4096",
-     .doc = "uploads in progress at once on this replica; more are refused RESOURCE_EXHAUSTED "
-            "(each holds its program's bytes in memory until it is stored; it stops counting before "
-            "its answer is sent, so one client's uploads in a row never meet their own)"},
+     .doc =
+         "uploads in progress at once on this replica; more are refused RESOURCE_EXHAUSTED "
+         "(each holds its program's bytes in memory until it is stored; it stops counting before "
+         "its answer is sent, so one client's uploads in a row never meet their own)"},
     {"programs.registry", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, registry), .def = "true",
      .doc = "share programs through the controller's program registry: uploads are put there, "
             "launches of ids this replica lacks fetch them, deletes are cluster-wide"},

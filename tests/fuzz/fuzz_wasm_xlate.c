@@ -53,8 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pieces p = {0};
     lc_wasm_xlate_sink sink = {.write = pieces_write, .user = &p};
     pie_code prc = lc_wasm_xlate_to(data, size, "wfuzz", &sink, NULL, &pst);
-    if (prc != rc) fuzz_fail("lc_wasm_xlate_to: %s, lc_wasm_xlate: %s", pie_code_name(prc),
-                             pie_code_name(rc));
+    if (prc != rc)
+        fuzz_fail("lc_wasm_xlate_to: %s, lc_wasm_xlate: %s", pie_code_name(prc), pie_code_name(rc));
     if (rc == PIE_OK && (p.len != x.len || memcmp(p.text, x.c, x.len) != 0))
         fuzz_fail("lc_wasm_xlate_to's pieces (%zu bytes) differ from lc_wasm_xlate's text (%zu)",
                   p.len, x.len);

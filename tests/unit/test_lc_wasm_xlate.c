@@ -221,8 +221,7 @@ Test(lc_wasm_xlate, the_text_in_pieces_is_the_whole_text_and_a_refusing_reader_s
     pieces p = {0};
     lc_wasm_xlate_sink sink = {.write = pieces_write, .user = &p};
     uint32_t n_funcs = 0;
-    cr_assert_eq(lc_wasm_xlate_to(b.data, b.len, "wt", &sink, &n_funcs, &st), PIE_OK, "%s",
-                 st.msg);
+    cr_assert_eq(lc_wasm_xlate_to(b.data, b.len, "wt", &sink, &n_funcs, &st), PIE_OK, "%s", st.msg);
     cr_expect_eq(n_funcs, x.n_funcs);
     cr_expect_gt(p.n, x.len / LC_WASM_XLATE_PIECE / 2, "%zu pieces for %zu bytes: not streamed",
                  p.n, x.len);

@@ -497,8 +497,7 @@ static bool own_feed_write(void *user, const char *text, size_t n, pie_status *s
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
             f->broken = true;
-            pie_status_set(st, PIE_INTERNAL, "tcc stopped reading the C text: %s",
-                           strerror(errno));
+            pie_status_set(st, PIE_INTERNAL, "tcc stopped reading the C text: %s", strerror(errno));
             return false;
         }
         if ((f->why = stop_reason(f->rt, f->cancel, f->deadline_ns)) != LC_STOP_NONE) {
