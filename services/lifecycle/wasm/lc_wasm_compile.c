@@ -383,6 +383,19 @@ static void duration_text(uint64_t ms, char *out, size_t n) {
         snprintf(out, n, "%llu ms", (unsigned long long)ms);
 }
 
+/* RESOURCE_EXHAUSTED for a compile (what) that ran out of timeout_ms (the setting timeout_key)
+ * with `running` still at work. */
+static pie_code timeout_status(const char *what, uint64_t timeout_ms, const char *timeout_key,
+                               const char *running, pie_status *st) {
+    char d[32];
+    duration_text(timeout_ms, d, sizeof d);
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "%s: gave up after %s (%s) with %s still running: the module is too "
+                          "large or complex to compile here in time (fewer or smaller "
+                          "functions compile faster)",
+                          what, d, timeout_key, running);
+}
+
 /* wasm2c | compiler, both reaped; PIE_OK when both exited 0. Killed (both process groups) when
  * cancel fires, compiles are stopped, or timeout_ms passes (then RESOURCE_EXHAUSTED naming
  * timeout_key and the tool still running). */
@@ -405,14 +418,8 @@ static pie_code run_pipeline(lc_wasm_rt *rt, lc_tool *w2c, lc_tool *cc, const ch
     /* the tool still running when the time was up: wasm2c if our SIGKILL ended it */
     bool w2c_ran_out = WIFSIGNALED(w2c->status) && WTERMSIG(w2c->status) == SIGKILL;
     if (rc == PIE_OK && why == LC_STOP_TIMEOUT) {
-        char d[32];
-        duration_text(timeout_ms, d, sizeof d);
-        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                            "%s: gave up after %s (%s) with %s still running: the module is too "
-                            "large or complex to compile here in time (fewer or smaller "
-                            "functions compile faster)",
-                            cc->what, d, timeout_key,
-                            w2c_ran_out ? "wasm2c (translating to C)" : "the C compiler");
+        rc = timeout_status(cc->what, timeout_ms, timeout_key,
+                            w2c_ran_out ? "wasm2c (translating to C)" : "the C compiler", st);
     } else if (rc == PIE_OK && why != LC_STOP_NONE) {
         rc = stop_status(why, st);
     } else if (rc == PIE_OK && (!tool_ok(w2c) || !tool_ok(cc))) {
@@ -553,13 +560,8 @@ static pie_code compile_own(lc_wasm_module *m, const uint8_t *wasm, size_t len,
     if (rc != PIE_OK) {
         /* tcc did not start: rc and st say why */
     } else if (why == LC_STOP_TIMEOUT) {
-        char d[32];
-        duration_text(rt->compile_timeout_ms, d, sizeof d);
-        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                            "%s: gave up after %s (runtime.compile_timeout) with the C compiler "
-                            "still running: the module is too large or complex to compile here "
-                            "in time (fewer or smaller functions compile faster)",
-                            cc.what, d);
+        rc = timeout_status(cc.what, rt->compile_timeout_ms, "runtime.compile_timeout",
+                            "the C compiler", st);
     } else if (why != LC_STOP_NONE) {
         rc = stop_status(why, st);
     } else if (!translated) {
