@@ -1,0 +1,214 @@
+/* test_wrk_kvslots.c — the device page table of offload on the cuda backend (issue 13,
+ * mem/wrk_kvslots.h) over a fake device: one value per page stands for its KV, the "device" is
+ * an array of slots and the home an array of pages, so every rule (a page with a slot has its
+ * data there, else at home; pinned pages are never evicted; only pages holding KV are copied)
+ * is checked against a reference of what each page must hold. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pie_testutil.h"
+#include "wrk_kvslots.h"
+
+TestSuite(wrk_kvslots, .fini = pie_test_leak_check);
+
+#define NP 64u
+#define NS 8u
+
+typedef struct fake {
+    uint64_t dev[NS], home[NP], ref[NP];
+    uint8_t written[NP];
+    uint32_t fetches, spills, zeros, evictions;
+    uint32_t fail_fetch; /* page whose fetch fails (NP: none) */
+    uint32_t last_evicted;
+} fake;
+
+static pie_code f_fetch(void *u, uint32_t page, uint32_t slot, pie_status *st) {
+    fake *f = u;
+    if (page == f->fail_fetch) return pie_status_set(st, PIE_INTERNAL, "fetch of %u failed", page);
+    f->dev[slot] = f->home[page];
+    f->fetches++;
+    return PIE_OK;
+}
+
+static pie_code f_spill(void *u, uint32_t page, uint32_t slot, pie_status *st) {
+    (void)st;
+    fake *f = u;
+    f->home[page] = f->dev[slot];
+    f->spills++;
+    return PIE_OK;
+}
+
+static pie_code f_zero(void *u, uint32_t page, uint32_t slot, pie_status *st) {
+    (void)st, (void)page;
+    fake *f = u;
+    f->dev[slot] = 0;
+    f->zeros++;
+    return PIE_OK;
+}
+
+static void f_evicted(void *u, uint32_t page) {
+    fake *f = u;
+    cr_assert(f->written[page], "page %u was evicted with a callback but holds no KV", page);
+    f->evictions++;
+    f->last_evicted = page;
+}
+
+static void open_fake(wrk_kvslots *s, fake *f, uint32_t slots) {
+    memset(f, 0, sizeof *f);
+    f->fail_fetch = NP;
+    wrk_kvslots_ops ops = {.fetch = f_fetch, .spill = f_spill, .zero = f_zero,
+                           .evicted = f_evicted, .user = f};
+    pie_status st = {0};
+    cr_assert_eq(wrk_kvslots_init(s, NP, slots, f->written, &ops, &st), PIE_OK, "%s", st.msg);
+}
+
+/* What a page holding KV reads as now, wherever it is. */
+static uint64_t f_read(const wrk_kvslots *s, const fake *f, uint32_t page) {
+    uint32_t k = wrk_kvslots_slot(s, page);
+    return k == WRK_KVSLOT_NONE ? f->home[page] : f->dev[k];
+}
+
+static void check_all(const wrk_kvslots *s, const fake *f, int round) {
+    uint32_t resident = 0;
+    for (uint32_t p = 0; p < NP; p++) {
+        uint32_t k = wrk_kvslots_slot(s, p);
+        if (k != WRK_KVSLOT_NONE) {
+            resident++;
+            cr_assert_eq(s->page_of[k], p, "round %d: slot %u maps back to %u, not %u", round, k,
+                         s->page_of[k], p);
+        }
+        if (f->written[p])
+            cr_assert_eq(f_read(s, f, p), f->ref[p], "round %d: page %u reads %llu, wrote %llu",
+                         round, p, (unsigned long long)f_read(s, f, p),
+                         (unsigned long long)f->ref[p]);
+    }
+    cr_assert_eq(resident, s->stats.resident);
+    cr_assert_eq(resident + s->n_free, NS);
+}
+
+Test(wrk_kvslots, data_follows_each_page_through_pins_spills_evictions_and_frees) {
+    wrk_kvslots s;
+    fake f;
+    open_fake(&s, &f, NS);
+    srand(7);
+    uint64_t next = 1;
+    for (int round = 0; round < 20000; round++) {
+        int op = rand() % 10;
+        pie_status st = {0};
+        if (op < 6) { /* a step: up to NS pages attend on the device, some append */
+            wrk_kvslots_begin_step(&s);
+            uint32_t n = 1 + (uint32_t)rand() % NS, pages[NS];
+            for (uint32_t i = 0; i < n; i++) {
+                pages[i] = (uint32_t)rand() % NP;
+                uint32_t k;
+                cr_assert_eq(wrk_kvslots_pin(&s, pages[i], &k, &st), PIE_OK,
+                             "round %d: %s", round, st.msg);
+                cr_assert_eq(wrk_kvslots_slot(&s, pages[i]), k);
+            }
+            for (uint32_t i = 0; i < n; i++) /* every page pinned this step is still here */
+                cr_assert_neq(wrk_kvslots_slot(&s, pages[i]), WRK_KVSLOT_NONE,
+                              "round %d: a page pinned this step was evicted", round);
+            for (uint32_t i = 0; i < n; i++)
+                if (rand() % 2) {
+                    f.dev[wrk_kvslots_slot(&s, pages[i])] = f.ref[pages[i]] = next++;
+                    f.written[pages[i]] = 1;
+                }
+        } else if (op < 8) { /* a host item: the page goes home and is written there */
+            uint32_t p = (uint32_t)rand() % NP;
+            cr_assert_eq(wrk_kvslots_unload(&s, p, &st), PIE_OK);
+            cr_assert_eq(wrk_kvslots_slot(&s, p), WRK_KVSLOT_NONE);
+            f.home[p] = f.ref[p] = next++;
+            f.written[p] = 1;
+        } else { /* freed or cleared: its KV is never read again */
+            uint32_t p = (uint32_t)rand() % NP;
+            wrk_kvslots_forget(&s, p);
+            f.written[p] = 0;
+            f.home[p] = 0;
+        }
+        check_all(&s, &f, round);
+    }
+    cr_assert_gt(f.evictions, 100, "the workload evicts (%u)", f.evictions);
+    cr_assert_gt(f.zeros, 100);
+    cr_assert_eq(s.stats.evicted, f.evictions);
+    cr_assert_eq(s.stats.spilled, f.spills);
+    cr_assert_eq(s.stats.fetched, f.fetches);
+    wrk_kvslots_forget(&s, NP + 5); /* past the table: ignored */
+    wrk_kvslots_free(&s);
+}
+
+Test(wrk_kvslots, a_step_pinning_more_pages_than_slots_is_refused_and_keeps_its_pins) {
+    wrk_kvslots s;
+    fake f;
+    open_fake(&s, &f, 2);
+    pie_status st = {0};
+    uint32_t k;
+    wrk_kvslots_begin_step(&s);
+    for (uint32_t p = 0; p < 2; p++) {
+        cr_assert_eq(wrk_kvslots_pin(&s, p, &k, &st), PIE_OK);
+        f.dev[k] = f.ref[p] = 100 + p;
+        f.written[p] = 1;
+    }
+    cr_assert_eq(wrk_kvslots_pin(&s, 5, &k, &st), PIE_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(st.msg, "more than the device's 2 KV pages"), "%s", st.msg);
+    cr_assert_eq(wrk_kvslots_slot(&s, 5), WRK_KVSLOT_NONE);
+    cr_assert_eq(f.evictions, 0);
+    /* the next step may evict them: the least recently pinned by the clock, spilled home */
+    wrk_kvslots_begin_step(&s);
+    cr_assert_eq(wrk_kvslots_pin(&s, 5, &k, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(f.evictions, 1);
+    cr_assert_eq(f.spills, 1);
+    cr_assert_eq(wrk_kvslots_slot(&s, f.last_evicted), WRK_KVSLOT_NONE);
+    cr_assert_eq(f.home[f.last_evicted], f.ref[f.last_evicted]);
+    cr_assert_eq(f.zeros, 3, "pages holding no KV are zeroed, not fetched");
+    cr_assert_eq(f.fetches, 0);
+    wrk_kvslots_free(&s);
+}
+
+Test(wrk_kvslots, a_victim_holding_no_kv_is_neither_spilled_nor_reported) {
+    wrk_kvslots s;
+    fake f;
+    open_fake(&s, &f, 1);
+    pie_status st = {0};
+    uint32_t k;
+    wrk_kvslots_begin_step(&s);
+    cr_assert_eq(wrk_kvslots_pin(&s, 3, &k, &st), PIE_OK); /* read, never written */
+    wrk_kvslots_begin_step(&s);
+    cr_assert_eq(wrk_kvslots_pin(&s, 4, &k, &st), PIE_OK);
+    cr_assert_eq(f.spills, 0);
+    cr_assert_eq(f.evictions, 0);
+    cr_assert_eq(wrk_kvslots_slot(&s, 3), WRK_KVSLOT_NONE);
+    cr_assert_eq(wrk_kvslots_slot(&s, 4), k);
+    wrk_kvslots_free(&s);
+}
+
+Test(wrk_kvslots, a_failed_fetch_leaves_the_page_home_and_its_slot_free) {
+    wrk_kvslots s;
+    fake f;
+    open_fake(&s, &f, 2);
+    pie_status st = {0};
+    uint32_t k;
+    f.written[9] = 1;
+    f.home[9] = f.ref[9] = 42;
+    f.fail_fetch = 9;
+    wrk_kvslots_begin_step(&s);
+    cr_assert_eq(wrk_kvslots_pin(&s, 9, &k, &st), PIE_INTERNAL);
+    cr_assert(strstr(st.msg, "fetch of 9 failed"), "%s", st.msg);
+    cr_assert_eq(wrk_kvslots_slot(&s, 9), WRK_KVSLOT_NONE);
+    cr_assert_eq(s.n_free, 2);
+    cr_assert_eq(s.stats.resident, 0);
+    f.fail_fetch = NP;
+    cr_assert_eq(wrk_kvslots_pin(&s, 9, &k, &st), PIE_OK);
+    cr_assert_eq(f.dev[k], 42);
+    wrk_kvslots_free(&s);
+}
+
+Test(wrk_kvslots, no_slots_or_no_pages_is_refused) {
+    wrk_kvslots s;
+    uint8_t w[1] = {0};
+    wrk_kvslots_ops ops = {.fetch = f_fetch, .spill = f_spill, .zero = f_zero};
+    pie_status st = {0};
+    cr_assert_eq(wrk_kvslots_init(&s, 4, 0, w, &ops, &st), PIE_INVALID_ARGUMENT);
+    cr_assert(strstr(st.msg, "4 pages over 0 device slots"), "%s", st.msg);
+    cr_assert_eq(wrk_kvslots_init(&s, 0, 4, w, &ops, &st), PIE_INVALID_ARGUMENT);
+}
