@@ -636,3 +636,40 @@ Test(wrk_offload, a_free_hosts_estimate_is_bounded_by_the_page_ids) {
     cr_assert_eq(p.stats.gain_steps, 1);
     wrk_offplace_free(&p);
 }
+
+/* The cuda engine's hooks: an item the host side cannot run stays on the device even when
+ * every other decode goes to the host, and a page evicted to make room counts on the host. */
+static bool pick_every_one(void *user, uint32_t item) {
+    (void)user, (void)item;
+    return true;
+}
+
+Test(wrk_offload, device_only_items_stay_and_evicted_pages_count_on_the_host) {
+    wrk_offplace p;
+    pie_status st;
+    cr_assert_eq(wrk_offplace_init(&p, 16, 4, 16, 4, &st), PIE_OK, "%s", st.msg);
+    uint32_t pages[2] = {0, 1};
+    wrk_offplace_item it[2] = {
+        {.pages = &pages[0], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true},
+        {.pages = &pages[1], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true,
+         .device_only = true},
+    };
+    cr_assert(wrk_offplace_eligible(&it[0]));
+    cr_assert_not(wrk_offplace_eligible(&it[1]));
+    uint8_t h[2] = {9, 9};
+    wrk_offplace_decide(&p, NULL, it, 2, pick_every_one, NULL, h, NULL);
+    cr_assert_eq(h[0], WRK_OFF_HOST, "the pick sends the eligible decode to the host");
+    cr_assert_eq(h[1], WRK_OFF_DEVICE);
+    wrk_offplace_apply(&p, it, 2, h, NULL, NULL);
+    cr_assert_eq(p.stats.pages_on_host, 1);
+    cr_assert_eq(p.stats.pages_on_device, 1);
+    wrk_offplace_evicted(&p, 1);
+    cr_assert(wrk_offplace_on_host(&p, 1));
+    cr_assert_eq(p.stats.pages_on_host, 2);
+    cr_assert_eq(p.stats.pages_on_device, 0);
+    cr_assert_eq(p.stats.pages_to_host, 1);
+    wrk_offplace_evicted(&p, 1);  /* already there: nothing */
+    wrk_offplace_evicted(&p, 99); /* past the table: ignored */
+    cr_assert_eq(p.stats.pages_on_host, 2);
+    wrk_offplace_free(&p);
+}

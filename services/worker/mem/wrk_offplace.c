@@ -42,7 +42,7 @@ void wrk_offplace_free(wrk_offplace *p) {
 void wrk_offplace_set_defer(wrk_offplace *p, bool on) { p->defer = on; }
 
 bool wrk_offplace_eligible(const wrk_offplace_item *it) {
-    return it->append && it->n_in == 1 && it->n_pages > 0;
+    return it->append && it->n_in == 1 && it->n_pages > 0 && !it->device_only;
 }
 
 /* The device's room for the decodes in p->reqs, in KV tokens: its pages minus those written
@@ -175,6 +175,13 @@ uint32_t wrk_offplace_apply(wrk_offplace *p, const wrk_offplace_item *items, uin
         if (items[i].append && item_host[i] != WRK_OFF_DEFER)
             for (uint32_t j = 0; j < items[i].n_pages; j++) wrk_offplace_copied(p, items[i].pages[j]);
     return hosted;
+}
+
+void wrk_offplace_evicted(wrk_offplace *p, uint32_t page) {
+    if (page >= p->n_pages || p->loc[page]) return;
+    p->loc[page] = 1;
+    if (!p->written[page]) return;
+    p->stats.pages_on_device--, p->stats.pages_on_host++, p->stats.pages_to_host++;
 }
 
 void wrk_offplace_copied(wrk_offplace *p, uint32_t dst) {

@@ -27,6 +27,8 @@ typedef struct wrk_offplace_item {
     uint32_t ctx;          /* context tokens before its inputs */
     uint32_t n_in;         /* inputs (>= 1) */
     bool append;           /* the inputs' K/V are written into its pages */
+    bool device_only;      /* attends on the device whatever the costs (a mask the host side
+                              does not apply: the cuda engine's masked items) */
 } wrk_offplace_item;
 
 typedef struct wrk_offplace_stats {
@@ -60,7 +62,8 @@ pie_code wrk_offplace_init(wrk_offplace *p, uint32_t n_pages, uint32_t device_pa
                            uint32_t page_size, uint32_t max_items, pie_status *st);
 void wrk_offplace_free(wrk_offplace *p);
 
-/* A decode that may attend on the host: one input, appended, over at least one page. */
+/* A decode that may attend on the host: one input, appended, over at least one page, not
+ * device_only. */
 bool wrk_offplace_eligible(const wrk_offplace_item *it);
 
 /* Deferral (Neo §3.3; wrk_offload.h's rules with defer_ok): on, the decision may mark an item
@@ -93,6 +96,9 @@ uint32_t wrk_offplace_apply(wrk_offplace *p, const wrk_offplace_item *items, uin
                             const uint8_t *item_host,
                             void (*move)(void *user, uint32_t page, uint8_t to), void *user);
 
+/* A page holding KV left the device outside a split (the cuda engine made room for another:
+ * mem/wrk_kvslots.h): it is on the host from now on. */
+void wrk_offplace_evicted(wrk_offplace *p, uint32_t page);
 /* A page copy wrote dst (where it lives). */
 void wrk_offplace_copied(wrk_offplace *p, uint32_t dst);
 /* Pages were freed (the worker's slot batch): what they hold is never read again, so they
