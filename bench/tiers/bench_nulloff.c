@@ -124,7 +124,7 @@ static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) 
                              .offload_defer = offload && v && v->defer};
     if (wrk_nulldev_create(&dc, &s->dev, &st) != PIE_OK) die("device", &st);
     if (offload) {
-        s->rt = wrk_memrt_create(&s->plan, NULL, NULL, &st);
+        s->rt = wrk_memrt_create(&s->plan, NULL, &st);
         if (!s->rt) die("runtime", &st);
         wrk_memrt_use_nulldev(s->rt, s->dev);
         if (v && v->tuned) wrk_memrt_offload_tune(s->rt, &v->opts);

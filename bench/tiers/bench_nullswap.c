@@ -80,7 +80,7 @@ static void run_open(run *r, const scenario *s, wrk_mem_policy policy, uint32_t 
                              .slots = r->plan.start_slots,
                              .min_slots = r->plan.min_slots};
     if (wrk_nulldev_create(&dc, &r->dev, &st) != PIE_OK) die("device", &st);
-    r->rt = wrk_memrt_create(&r->plan, NULL, NULL, &st);
+    r->rt = wrk_memrt_create(&r->plan, NULL, &st);
     if (r->rt == NULL) die("runtime", &st);
     wrk_memrt_use_nulldev(r->rt, r->dev);
 }

@@ -64,6 +64,10 @@ static pie_code engine_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n
 
 static void engine_swap_get_stats(void *ctx, eng_swap_stats *out) { eng_swap_get_stats(ctx, out); }
 
+static void engine_offload_get_stats(void *ctx, eng_offload_stats *out) {
+    eng_offload_get_stats(ctx, out);
+}
+
 static pie_code engine_swap_set_slots(void *ctx, uint32_t slots, uint32_t *applied,
                                       pie_status *st) {
     return eng_swap_set_slots(ctx, slots, applied, st);
@@ -85,6 +89,7 @@ void wrk_backend_engine(wrk_backend *b, eng *e) {
         .pages_freed = engine_pages_freed,
         .swap_get_stats = engine_swap_get_stats,
         .swap_set_slots = engine_swap_set_slots,
+        .offload_get_stats = engine_offload_get_stats,
     };
 }
 
@@ -232,6 +237,10 @@ static pie_code cuda_clear_embeds(void *ctx, const uint32_t *slots, uint32_t n, 
 
 static void cuda_close(void *ctx) { eng_cuda_close(ctx); }
 
+static void cuda_pages_freed(void *ctx, const uint32_t *pages, uint32_t n) {
+    eng_cuda_pages_freed(ctx, pages, n);
+}
+
 static void cuda_swap_get_stats(void *ctx, eng_swap_stats *out) {
     eng_cuda_swap_get_stats(ctx, out);
 }
@@ -239,6 +248,10 @@ static void cuda_swap_get_stats(void *ctx, eng_swap_stats *out) {
 static pie_code cuda_swap_set_slots(void *ctx, uint32_t slots, uint32_t *applied,
                                     pie_status *st) {
     return eng_cuda_swap_set_slots(ctx, slots, applied, st);
+}
+
+static void cuda_offload_get_stats(void *ctx, eng_offload_stats *out) {
+    eng_cuda_offload_get_stats(ctx, out);
 }
 
 /* The engine's device-fault hook (eng_cuda_on_fault): runs once, in the handler that met the
@@ -281,9 +294,11 @@ pie_code wrk_backend_open_cuda(wrk_backend *b, const eng_opts *opts, const eng_i
         .next_dist = cuda_next_dist,
         .clear_pages = cuda_clear_pages,
         .clear_embeds = cuda_clear_embeds,
+        .pages_freed = cuda_pages_freed,
         .close = cuda_close,
         .swap_get_stats = cuda_swap_get_stats,
         .swap_set_slots = cuda_swap_set_slots,
+        .offload_get_stats = cuda_offload_get_stats,
     };
     *info = eng_cuda_get_info(e);
     snprintf(device, device_len, "cuda: %s", eng_cuda_device_name(e));

@@ -45,6 +45,9 @@ typedef struct wrk_backend {
      * twins); NULL where the backend has none (null: its emulated device, wrk_memrt). */
     void (*swap_get_stats)(void *ctx, eng_swap_stats *out);
     pie_code (*swap_set_slots)(void *ctx, uint32_t slots, uint32_t *applied, pie_status *st);
+    /* The offload policy's engine side (eng_offload_get_stats, eng_cuda_offload_get_stats);
+     * NULL on the null backend (its emulated device: wrk_offrt_nulldev_stats). */
+    void (*offload_get_stats)(void *ctx, eng_offload_stats *out);
 } wrk_backend;
 
 /* Handlers that call e (borrowed; it must outlive every use of *b). */

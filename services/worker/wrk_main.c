@@ -179,8 +179,8 @@ static const pie_config_field wrk_fields[] = {
             "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
             "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
             "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
-            "backend's emulated device; on cuda swap on one GPU (the host pool pinned), the "
-            "others not yet"},
+            "backend's emulated device; on cuda swap and offload on one GPU (the host pool "
+            "pinned), auto not yet"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -392,11 +392,11 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
                           wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
     if (rc == PIE_OK && g) rc = wrk_tp_group_open_nccl(g, me, st);
-    /* policy gpu or swap (main refuses the others) */
+    /* policy gpu, swap or offload (main refuses auto) */
     if (rc == PIE_OK) rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_mem_plan *mp = &l->plan;
-    bool swap = mp->policy == WRK_MEM_SWAP;
+    bool swap = mp->policy == WRK_MEM_SWAP, offload = mp->policy == WRK_MEM_OFFLOAD;
     eng_opts eo = {
         .model_dir = cfg->model_path,
         .backend = ENG_BACKEND_CUDA,
@@ -411,6 +411,9 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
         .swap_min_slots = swap ? mp->min_slots : 0,
         .swap_host_bytes = swap ? mp->host_bytes : 0,
         .swap_link_bytes_per_s = swap ? mp->link_bytes_per_s : 0,
+        .offload_device_pages = offload ? mp->kv_pages_gpu : 0,
+        .offload_host_threads = offload ? (int)rank_threads(cfg) : 0,
+        .offload_host_attn_s = offload ? cfg->mem_offload_host_attn_us * 1e-6 : 0,
         .host_numa_bind = cfg->mem_host_numa_node >= 0,
         .host_numa_node = cfg->mem_host_numa_node,
     };
@@ -632,14 +635,14 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
                  d->dtype, d->kv_pages, d->kv_page_size, d->embed_slots,
                  (unsigned long long)loaded.pool_bytes, loaded.device,
                  (long long)((rpc_now_ns() - t0) / 1000000));
-    mem = wrk_memrt_create(&loaded.plan, loaded.engine, svc_metrics(s), &st);
+    mem = wrk_memrt_create(&loaded.plan, svc_metrics(s), &st);
     if (mem == NULL) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
     }
     wrk_memrt_use_backend(mem, &loaded.backend);
     if (loaded.nulldev) wrk_memrt_use_nulldev(mem, loaded.nulldev);
-    off = wrk_offrt_create(loaded.engine, loaded.auto_choice, svc_metrics(s), &st);
+    off = wrk_offrt_create(&loaded.backend, loaded.auto_choice, svc_metrics(s), &st);
     if (off == NULL) {
         fprintf(stderr, "pie-worker: %s\n", st.msg);
         goto done;
@@ -660,7 +663,7 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;
         if (loaded.nulldev) wrk_offrt_nulldev_stats(loaded.nulldev, &os);
-        else eng_offload_get_stats(loaded.engine, &os);
+        else loaded.backend.offload_get_stats(loaded.backend.ctx, &os);
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
                      "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "
@@ -851,12 +854,12 @@ int main(int argc, char **argv) {
     wrk_tp_rank me = {.rank = 0, .size = 1};
     /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
     if (cfg.backend == WRK_BACKEND_CUDA && cfg.mem_policy != WRK_MEM_GPU &&
-        (cfg.mem_policy != WRK_MEM_SWAP || cfg.tp_size > 1)) {
+        (cfg.mem_policy == WRK_MEM_AUTO || cfg.tp_size > 1)) {
         fprintf(stderr,
-                "pie-worker: backend cuda runs memory.policy gpu, or swap on one GPU (tp.size "
-                "1), so far: %s%s is implemented for backends cpu and null only\n",
+                "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
+                "(tp.size 1), so far: %s%s is implemented for backends cpu and null only\n",
                 wrk_mem_policy_names[cfg.mem_policy],
-                cfg.mem_policy == WRK_MEM_SWAP ? " in a tensor-parallel group" : "");
+                cfg.mem_policy != WRK_MEM_AUTO ? " in a tensor-parallel group" : "");
         goto done;
     }
     if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {

@@ -16,7 +16,7 @@ struct wrk_memrt {
     const wrk_backend *sb;  /* policy swap: the engine side of the backend (cpu, cuda), or NULL */
     wrk_nulldev *nd;        /* the null backend's emulated device instead of sb, or NULL */
     wrk_mem_adapt adapt;    /* step thread only */
-    eng *oe;                /* policy offload: the engine whose host share adapts, or NULL */
+    const wrk_backend *ob;  /* policy offload: the engine side whose host share adapts, or NULL */
     wrk_nulldev *ond;       /* policy offload on the null backend: its emulated device, or NULL */
     wrk_off_adapt oadapt;   /* step thread only */
     uint64_t last_wait_ns;  /* step thread only */
@@ -78,11 +78,12 @@ static pie_code wrk_memrt_set_slots(wrk_memrt *r, uint32_t want, uint32_t *got, 
 
 void wrk_memrt_use_backend(wrk_memrt *r, const wrk_backend *b) {
     if (r->plan.policy == WRK_MEM_SWAP && b->swap_get_stats && b->swap_set_slots) r->sb = b;
+    if (r->plan.policy == WRK_MEM_OFFLOAD && b->offload_get_stats) r->ob = b;
 }
 
 void wrk_memrt_use_nulldev(wrk_memrt *r, wrk_nulldev *d) {
     if (r->plan.policy == WRK_MEM_SWAP && r->sb == NULL) r->nd = d;
-    if (r->plan.policy == WRK_MEM_OFFLOAD && r->oe == NULL) r->ond = d;
+    if (r->plan.policy == WRK_MEM_OFFLOAD && r->ob == NULL) r->ond = d;
 }
 
 void wrk_memrt_offload_tune(wrk_memrt *r, const wrk_off_adapt_opts *o) {
@@ -165,7 +166,7 @@ static pie_code wrk_memrt_metrics(wrk_memrt *r, pie_metrics *m, pie_status *st) 
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
-wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics,
+wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, pie_metrics *metrics,
                             pie_status *st) {
     wrk_memrt *r = calloc(1, sizeof *r);
     if (!r) {
@@ -176,7 +177,6 @@ wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metri
     r->slots = plan->start_slots;
     atomic_store(&r->effective, wrk_mem_effective(&r->plan, r->slots));
     wrk_mem_adapt_init(&r->adapt, &r->plan, 0);
-    r->oe = plan->policy == WRK_MEM_OFFLOAD ? e : NULL;
     wrk_off_adapt_init(&r->oadapt, plan->kv_pages_gpu, plan->kv_pages_max, 0);
     if (plan->policy == WRK_MEM_OFFLOAD) { /* the capacity follows the scheduler's estimate */
         wrk_off_adapt_tune(&r->oadapt, &(wrk_off_adapt_opts){.estimate = true});
@@ -229,10 +229,10 @@ static void wrk_memrt_offload_capacity(wrk_memrt *r, uint32_t eff, const char *w
 
 void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t kv_live) {
     wrk_memrt *r = user;
-    if (r && (r->oe || r->ond)) { /* offload: the host's share follows what its attention hides */
+    if (r && (r->ob || r->ond)) { /* offload: the host's share follows what its attention hides */
         eng_offload_stats os;
         if (r->ond) wrk_offrt_nulldev_stats(r->ond, &os);
-        else eng_offload_get_stats(r->oe, &os);
+        else r->ob->offload_get_stats(r->ob->ctx, &os);
         uint64_t wait = os.host_wait_ns - r->last_wait_ns;
         uint64_t gain = os.gain_pages - r->last_gain_pages;
         uint64_t gain_steps = os.gain_steps - r->last_gain_steps;
@@ -264,7 +264,7 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
 
 void wrk_memrt_after_slots(void *user, uint32_t kv_live) {
     wrk_memrt *r = user;
-    if (r && (r->oe || r->ond) && kv_live > atomic_load(&r->effective)) { /* offload: spilled */
+    if (r && (r->ob || r->ond) && kv_live > atomic_load(&r->effective)) { /* offload: spilled */
         wrk_memrt_offload_capacity(r, wrk_off_adapt_spill(&r->oadapt, kv_live), "spill");
         return;
     }

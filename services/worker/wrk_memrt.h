@@ -23,9 +23,9 @@
 
 typedef struct wrk_memrt wrk_memrt;
 
-/* plan is copied; e: the cpu engine the plan was applied to (NULL for the other backends; its
- * offload side), metrics: NULL for none. */
-wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, eng *e, pie_metrics *metrics, pie_status *st);
+/* plan is copied; metrics: NULL for none. The engine side comes with wrk_memrt_use_backend
+ * (cpu, cuda) or wrk_memrt_use_nulldev. */
+wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, pie_metrics *metrics, pie_status *st);
 void wrk_memrt_destroy(wrk_memrt *r);
 /* Policies swap and offload on the null backend: the emulated device (borrowed; it must
  * outlive r) stands in for the engine: under swap its stalls feed adaptive expansion, its slot

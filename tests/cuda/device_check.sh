@@ -86,6 +86,11 @@ for s in "$@"; do
     fault)     step fault 60 "$B/unit_test_eng_cuda_fault" --verbose ;;
     swap)      # issue 13: the swap policy's pinned pool, copy streams and layer events
                step swap 90 "$B/unit_test_eng_cuda_swap" --verbose --short-filename ;;
+    offload)   # issue 13: offload's pinned homes, device slots, host attention per layer
+               step offload 120 "$B/unit_test_eng_cuda_offload" --verbose --short-filename ;;
+    workeroff) # the worker with memory.policy offload on cuda: loads, registers, serves Info
+               step workeroff 60 env PIE_MEMORY_POLICY=offload PIE_MEMORY_HOST_POOL=256MiB \
+                   bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" cuda ;;
     nccl1)     # issue 14: the engine over a one-rank NCCL communicator = the plain engine, the
                # decode graphs capturing its all-reduces, the next_dist split over 1-4 slices
                step nccl1 120 "$B/unit_test_eng_cuda_nccl" --verbose --short-filename ;;

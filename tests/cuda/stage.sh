@@ -14,7 +14,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-bin_targets=(unit_test_krn_cuda_device unit_test_krn_cuda unit_test_eng_cuda unit_test_eng_cuda_fault unit_test_eng_cuda_swap
+bin_targets=(unit_test_krn_cuda_device unit_test_krn_cuda unit_test_eng_cuda unit_test_eng_cuda_fault unit_test_eng_cuda_swap unit_test_eng_cuda_offload
              unit_test_eng_cuda_nccl pie-cuda-run bench_cuda bench_gemm pie-controller pie-worker piectl)
 
 # PIE_NCCL=OFF stages binaries that do not link libnccl (for a GPU machine without NCCL)

@@ -121,6 +121,8 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
     const eng_info *in = &e->info;
     size_t d = cf->hidden_size, V = e->nv, T = in->max_batch_tokens; /* V: this rank's rows */
     size_t kv_tokens = (size_t)in->kv_pages * in->kv_page_size;
+    /* under offload the device caches off_pages pages per layer (eng_cuda_off.c) */
+    size_t kv_cached = (size_t)(e->off_pages ? e->off_pages : in->kv_pages) * in->kv_page_size;
     e->embed = EC_CARVE(c, V * d, krn_bf16);
     e->lm_head = cf->tie_word_embeddings ? e->embed : EC_CARVE(c, V * d, krn_bf16);
     e->norm = EC_CARVE(c, d, krn_bf16);
@@ -133,7 +135,7 @@ static void ec_carve_pool(eng_cuda *e, ec_carver *c) {
         L->w_gate_up = EC_CARVE(c, ec_mul(2 * (size_t)e->ffn, d), krn_bf16);
         L->w_down = EC_CARVE(c, ec_mul(d, e->ffn), krn_bf16);
     }
-    e->kv_layer_elems = ec_mul(ec_mul(kv_tokens, 2), e->kvd);
+    e->kv_layer_elems = ec_mul(ec_mul(kv_cached, 2), e->kvd);
     /* under the swap policy the layers live in the tier's regions (eng_cuda_swap.c) */
     size_t pool_layers = e->swap_on ? 0 : (cf->n_layers ? cf->n_layers : 1);
     e->kv = EC_CARVE(c, ec_mul(e->kv_layer_elems, pool_layers), krn_bf16);
@@ -373,12 +375,9 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         return pie_status_set(st, PIE_UNIMPLEMENTED,
                               "eng_open: memory policy swap on the cuda backend runs one GPU "
                               "(tp_size 1) so far");
-    if (opts->offload_device_pages) /* issue 13: the cpu backend has offload's data path */
-        return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "eng_open: memory policy offload is implemented for the cpu "
-                              "backend only so far");
     eng_check_dims dims;
     pie_code rc = eng_check_opts(opts, &dims, st);
+    if (rc == PIE_OK) rc = ec_off_check(opts, dims.pages, st);
     if (rc != PIE_OK) return rc;
     uint32_t ps = dims.page_size, pages = dims.pages, slots = dims.slots, T = dims.batch_tokens;
     eng_cuda *e = calloc(1, sizeof *e);
@@ -417,6 +416,7 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
         goto fail;
     }
     e->swap_on = opts->swap_slots > 0 && c->n_layers > 0;
+    e->off_pages = opts->offload_device_pages;
     e->info.kv_page_layer_bytes = (size_t)2 * ps * e->kvd * sizeof(krn_bf16);
     snprintf(e->info.kv_dtype, sizeof e->info.kv_dtype, "bf16");
     rc = ec_open_device(e, st);
@@ -425,6 +425,7 @@ pie_code eng_cuda_open(const eng_opts *opts, eng_cuda **out, pie_status *st) {
     if (rc == PIE_OK) rc = ec_upload_weights(e, st);
     if (rc == PIE_OK) rc = ec_upload_freqs(e, st);
     if (rc == PIE_OK) rc = ec_swap_open(e, opts, st);
+    if (rc == PIE_OK) rc = ec_off_open(e, opts, st);
     if (rc != PIE_OK) goto fail;
     size_t kv_tokens = (size_t)pages * ps;
     /* under swap the device's KV budget: swap_min_slots layer caches (committed as used when
@@ -447,6 +448,7 @@ void eng_cuda_close(eng_cuda *e) {
     if (!e) return;
     if (e->stream) (void)cudaStreamSynchronize(e->stream);
     ec_swap_close(e); /* its copy threads use copy_stream */
+    ec_off_close(e);
     ec_graphs_free(e);
     if (e->cublas) (void)cublasDestroy(e->cublas);
     if (e->stream) (void)cudaStreamDestroy(e->stream);
@@ -516,12 +518,13 @@ pie_code eng_cuda_mask_page(eng_cuda *e, uint32_t page, const bool *masked, pie_
     uint32_t ps = e->info.kv_page_size;
     uint8_t *m = e->page_mask + (size_t)page * ps;
     uint32_t count = eng_mask_page_set(m, masked, ps);
-    memcpy(e->h_stage, m, ps);
+    e->page_n_masked[page] = count;
     EC_CUDA(st, cudaSetDevice(e->dev));
+    if (e->off) return ec_off_mask_page(e, page, st); /* the device's mask is by slot */
+    memcpy(e->h_stage, m, ps);
     EC_CUDA(st, cudaMemcpyAsync(e->d_page_mask + (size_t)page * ps, e->h_stage, ps,
                                 cudaMemcpyHostToDevice, e->stream));
     EC_CUDA(st, cudaStreamSynchronize(e->stream));
-    e->page_n_masked[page] = count;
     return PIE_OK;
 }
 
@@ -550,7 +553,7 @@ pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n
     EC_CUDA(st, cudaSetDevice(e->dev));
     ec_swap_touch(e, eng_check_kv_top_copies(items, n));
     rc = ec_swap_hold(e, st); /* swap policy: nothing moves, ec_kv(l) says where l is */
-    if (rc == PIE_OK) rc = ec_copy_items(e, items, n, st);
+    if (rc == PIE_OK) rc = e->off ? ec_off_copy_items(e, items, n, st) : ec_copy_items(e, items, n, st);
     if (rc != PIE_OK) /* no layer may move while a kernel of this call still runs on it */
         (void)cudaStreamSynchronize(e->stream);
     ec_swap_resume(e);
@@ -604,7 +607,7 @@ pie_code eng_cuda_clear_pages(eng_cuda *e, const uint32_t *pages, uint32_t n, pi
         if (pages[i] >= top) top = pages[i] + 1;
     ec_swap_touch(e, top);
     rc = ec_swap_hold(e, st); /* swap policy: nothing moves, ec_kv(l) says where l is */
-    if (rc == PIE_OK) rc = ec_clear_ids(e, pages, n, st);
+    if (rc == PIE_OK) rc = e->off ? ec_off_clear(e, pages, n) : ec_clear_ids(e, pages, n, st);
     if (rc != PIE_OK) /* no layer may move while a kernel of this call still runs on it */
         (void)cudaStreamSynchronize(e->stream);
     ec_swap_resume(e);

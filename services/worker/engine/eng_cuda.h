@@ -103,4 +103,17 @@ pie_code eng_cuda_swap_set_slots(eng_cuda *e, uint32_t slots, uint32_t *applied,
 void eng_cuda_swap_get_stats(eng_cuda *e, eng_swap_stats *out);
 void eng_cuda_swap_quiesce(eng_cuda *e);
 
+/* CPU attention offload (eng_opts.offload_device_pages > 0; issue 13, eng_cuda_off.c): every
+ * page id has its home in a pinned host pool of kv_pages pages per layer, and the device holds
+ * offload_device_pages of them per layer, moved in and out as steps need them; decode items
+ * (one input, appended, no mask) that the scheduler (or offload_pick) sends to the host have
+ * their attention run by offload_host_threads host threads with the cpu kernels over the
+ * homes, while the device attends the others. Results are policy gpu's within the two
+ * attention kernels' rounding. Not with tensor parallelism or swap (refused). A step whose
+ * device items need more pages than the device holds fails (RESOURCE_EXHAUSTED). Without the
+ * policy: stats all zero, pages_freed does nothing. */
+void eng_cuda_offload_get_stats(eng_cuda *e, eng_offload_stats *out);
+/* Pages the worker freed: their KV is never read again (eng_pages_freed's contract). */
+void eng_cuda_pages_freed(eng_cuda *e, const uint32_t *pages, uint32_t n);
+
 #endif

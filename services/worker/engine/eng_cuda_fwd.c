@@ -190,17 +190,20 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
     for (uint32_t i = 0; i < n; i++) {
         const eng_forward_item *it = &items[i];
         const eng_check_plan *p = &e->chk.plan[i];
-        if (it->n_kv_pages > 0) /* kv_pages may be NULL then */
+        bool host = ec_off_item_host(e, i); /* offload: attends on the host this step */
+        if (it->n_kv_pages > 0 && !e->off) /* kv_pages may be NULL then */
             memcpy(M + L.pages + p->pages, it->kv_pages, it->n_kv_pages * sizeof(uint32_t));
+        for (uint32_t j = 0; e->off && j < it->n_kv_pages; j++) /* device slots, not page ids */
+            M[L.pages + p->pages + j] = (int32_t)ec_off_page(e, it->kv_pages[j]);
         uint32_t cursor = 0;
         for (uint32_t t = 0; t < it->n_in; t++) {
             uint32_t row = p->first + t, slot = it->in_slots[t];
             M[L.in_slot + row] = (int32_t)slot;
             M[L.pos + row] = (int32_t)e->emb_pos[slot];
             int32_t dst = -1;
-            if (it->append_kv) {
+            if (it->append_kv && !host) { /* a host item's K/V are stored at home */
                 uint32_t s = p->ctx + t;
-                dst = (int32_t)(it->kv_pages[s / ps] * ps + s % ps);
+                dst = (int32_t)(ec_off_page(e, it->kv_pages[s / ps]) * ps + s % ps);
             }
             M[L.kv_dst + row] = dst;
             if (it->mask_runs) {
@@ -212,8 +215,9 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
             memcpy(M + L.runs + runs_at, it->mask_runs, it->n_mask_runs * sizeof(uint32_t));
             runs_at += it->n_mask_runs;
         }
-        ec_region_add(e, &all, graph, it, p, 0, p->first, R);
-        if (it->n_out > 0) ec_region_add(e, &out, graph, it, p, it->n_in - it->n_out, n_out, R);
+        if (!host) ec_region_add(e, &all, graph, it, p, 0, p->first, R);
+        if (it->n_out > 0 && !host)
+            ec_region_add(e, &out, graph, it, p, it->n_in - it->n_out, n_out, R);
         for (uint32_t j = 0; j < it->n_out; j++) {
             M[L.out_row + n_out] = (int32_t)(p->first + it->n_in - it->n_out + j);
             M[L.out_slot + n_out] = (int32_t)it->out_slots[j];
@@ -337,10 +341,15 @@ static pie_code ec_run_layer(eng_cuda *e, const ec_run *run, uint32_t l, float *
                                          (int)c->head_dim, e->inv_freq, e->kb, e->vb, ec_kv(e, l),
                                          (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
     e->step_launches += 2;
+    bool hosts = ec_off_step_hosts(e); /* offload: some rows attend on the host */
+    if (hosts) {
+        rc = ec_off_send_rows(e, st);
+        if (rc != PIE_OK) return rc;
+    }
     *stored = last && run->n_out == 0;
-    if (*stored) return PIE_OK;
-    rc = ec_attention(e, l, run, last, st);
-    if (rc != PIE_OK) return rc;
+    if (!*stored) rc = ec_attention(e, l, run, last, st);
+    if (rc == PIE_OK && hosts) rc = ec_off_host_attend(e, l, last, *stored, st);
+    if (rc != PIE_OK || *stored) return rc;
     uint32_t rows = R;
     if (last) { /* only the output rows go on */
         EC_CUDA(st, krn_cuda_gather_rows(e->x2, *x, M + L->out_row, (int)run->out_rows, d,
@@ -494,8 +503,15 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     if (rc != PIE_OK) return rc;
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
-    /* under the swap policy a layer's cache moves between steps: no graph holds its address */
-    bool decode = ec_decode_shaped(e, items, n), graph = decode && e->graphs_on && !e->tier;
+    rc = ec_off_prepare(e, items, n, st); /* offload: the split, pages where they attend */
+    if (rc != PIE_OK) {
+        (void)cudaStreamSynchronize(e->stream); /* moves enqueued before the failure */
+        return rc;
+    }
+    /* under the swap policy a layer's cache moves between steps: no graph holds its address;
+     * a step with host items needs the engine's thread inside every layer */
+    bool decode = ec_decode_shaped(e, items, n);
+    bool graph = decode && e->graphs_on && !e->tier && !ec_off_step_hosts(e);
     ec_run run = {0};
     e->step_launches = 0;
     run.rows = graph ? ec_bucket(T) : T;

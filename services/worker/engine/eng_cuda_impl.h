@@ -179,6 +179,11 @@ struct eng_cuda {
     void *swap_copy_user;
     cublasHandle_t cublas;
 
+    /* CPU attention offload (eng_cuda_off.c); NULL: off. off_pages: the device's KV slots per
+     * layer (kv holds that many pages, not kv_pages, and d_page_mask is indexed by slot) */
+    struct ec_off *off;
+    uint32_t off_pages;
+
     bool graphs_on;
     ec_graph graphs[EC_GRAPHS];
     eng_cuda_stats stats;
@@ -209,6 +214,27 @@ pie_code ec_swap_hold(eng_cuda *e, pie_status *st);
 void ec_swap_resume(eng_cuda *e);
 /* Raise the prefix the tier moves to `pages` pages. */
 void ec_swap_touch(eng_cuda *e, uint32_t pages);
+
+/* eng_cuda_off.c: CPU attention offload. Without it (e->off NULL) ec_off_page is the identity
+ * and ec_off_item_host false. */
+typedef struct ec_off ec_off;
+pie_code ec_off_check(const eng_opts *opts, uint32_t kv_pages, pie_status *st);
+pie_code ec_off_open(eng_cuda *e, const eng_opts *opts, pie_status *st);
+void ec_off_close(eng_cuda *e);
+/* The step's split and page moves (after validation, before the tables are filled). */
+pie_code ec_off_prepare(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st);
+uint32_t ec_off_page(const eng_cuda *e, uint32_t page); /* the page's slot on the device */
+bool ec_off_item_host(const eng_cuda *e, uint32_t item);
+bool ec_off_step_hosts(const eng_cuda *e); /* the prepared step has host items */
+/* In a layer with host items: after q/k/v and RoPE, their rows to the host (an event); after
+ * the device's attention is enqueued, their K/V appended at home and (unless stored: the pass
+ * ends after storing) their attention, scattered into att (the last layer: output rows). */
+pie_code ec_off_send_rows(eng_cuda *e, pie_status *st);
+pie_code ec_off_host_attend(eng_cuda *e, uint32_t l, bool last, bool stored, pie_status *st);
+pie_code ec_off_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st);
+pie_code ec_off_clear(eng_cuda *e, const uint32_t *pages, uint32_t n);
+/* After the mirror of a page's mask changed: the slot's copy, when it has one. */
+pie_code ec_off_mask_page(eng_cuda *e, uint32_t page, pie_status *st);
 
 /* eng_cuda_fwd.c: releases every captured graph. */
 void ec_graphs_free(eng_cuda *e);

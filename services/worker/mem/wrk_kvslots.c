@@ -94,7 +94,7 @@ pie_code wrk_kvslots_pin(wrk_kvslots *s, uint32_t page, uint32_t *slot, pie_stat
         *slot = s->slot_of[page];
         return PIE_OK;
     }
-    uint32_t k;
+    uint32_t k = WRK_KVSLOT_NONE;
     pie_code rc = kvslots_take(s, &k, st);
     if (rc != PIE_OK) return rc;
     bool holds = s->written[page] != 0;
