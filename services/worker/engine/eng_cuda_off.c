@@ -70,8 +70,6 @@ struct ec_off {
     krn_attn_item *attn;  /* [T] */
     cudaEvent_t rows_ready;
 
-    pie_code move_rc; /* the first failure of a move during wrk_offplace_apply */
-    pie_status move_st;
     wrk_off_costs costs;
     eng_offload_stats stats;
 };
@@ -151,40 +149,9 @@ bool ec_off_step_hosts(const eng_cuda *e) { return e->off && e->off->n_host > 0;
 
 /* ---- one step's split ------------------------------------------------------------------------ */
 
-/* wrk_offplace's move: a page holding KV changes region. */
-static void off_move(void *user, uint32_t page, uint8_t to) {
-    eng_cuda *e = user;
-    ec_off *o = e->off;
-    if (o->move_rc != PIE_OK) return;
-    uint32_t slot;
-    o->move_rc = to ? wrk_kvslots_unload(&o->slots, page, &o->move_st)
-                    : wrk_kvslots_pin(&o->slots, page, &slot, &o->move_st);
-}
-
 static bool off_pick(void *user, uint32_t item) {
     eng_cuda *e = user;
     return e->off->pick(e->off->pick_user, item, &e->off->step_items[item]);
-}
-
-/* Every device item's pages on the device, pinned for the step (before wrk_offplace_apply
- * marks the appended pages written, so fresh pages are zeroed rather than fetched). */
-static pie_code off_pin_device_items(eng_cuda *e, const eng_forward_item *items, uint32_t n,
-                                     pie_status *st) {
-    ec_off *o = e->off;
-    wrk_kvslots_begin_step(&o->slots);
-    for (uint32_t i = 0; i < n; i++)
-        if (o->item_host[i] != WRK_OFF_HOST)
-            for (uint32_t j = 0; j < items[i].n_kv_pages; j++)
-                (void)wrk_kvslots_touch(&o->slots, items[i].kv_pages[j]);
-    for (uint32_t i = 0; i < n; i++) {
-        if (o->item_host[i] == WRK_OFF_HOST) continue;
-        for (uint32_t j = 0; j < items[i].n_kv_pages; j++) {
-            uint32_t slot;
-            pie_code rc = wrk_kvslots_pin(&o->slots, items[i].kv_pages[j], &slot, st);
-            if (rc != PIE_OK) return rc;
-        }
-    }
-    return PIE_OK;
 }
 
 /* The host items' rows: batch row, output row (or -1), uploaded for the gathers. */
@@ -227,20 +194,9 @@ pie_code ec_off_prepare(eng_cuda *e, const eng_forward_item *items, uint32_t n, 
     o->step_items = items;
     wrk_offplace_decide(&o->place, &o->costs, o->pitems, n, o->pick ? off_pick : NULL, e,
                         o->item_host, NULL);
-    pie_code rc = off_pin_device_items(e, items, n, st);
+    uint32_t hosted = 0;
+    pie_code rc = wrk_kvslots_place(&o->slots, &o->place, o->pitems, n, o->item_host, &hosted, st);
     if (rc != PIE_OK) return rc;
-    o->move_rc = PIE_OK;
-    uint32_t hosted = wrk_offplace_apply(&o->place, o->pitems, n, o->item_host, off_move, e);
-    if (o->move_rc != PIE_OK) {
-        *st = o->move_st;
-        return o->move_rc;
-    }
-    for (uint32_t i = 0; i < n; i++) /* pages holding no KV yet may still have a slot */
-        if (o->item_host[i] == WRK_OFF_HOST)
-            for (uint32_t j = 0; j < items[i].n_kv_pages; j++) {
-                rc = wrk_kvslots_unload(&o->slots, items[i].kv_pages[j], st);
-                if (rc != PIE_OK) return rc;
-            }
     if (hosted) o->stats.offload_steps++;
     o->stats.last_host_items = hosted;
     o->stats.host_items += hosted;
@@ -323,16 +279,6 @@ pie_code ec_off_host_attend(eng_cuda *e, uint32_t l, bool last, bool stored, pie
 
 /* ---- page handlers under the policy ---------------------------------------------------------- */
 
-/* A page about to be written by a copy: where the placement means it to be (a page holding
- * no KV may sit anywhere; wrk_offplace_copied then counts it where its region says). */
-static pie_code off_place_dst(eng_cuda *e, uint32_t page, pie_status *st) {
-    ec_off *o = e->off;
-    if (o->place.written[page]) return PIE_OK; /* consistent already */
-    if (wrk_offplace_on_host(&o->place, page)) return wrk_kvslots_unload(&o->slots, page, st);
-    uint32_t slot;
-    return wrk_kvslots_pin(&o->slots, page, &slot, st);
-}
-
 /* Token t of a page, layer 0, K (v false) or V: on the device or at home. */
 static uint8_t *off_token(const eng_cuda *e, uint32_t page, uint32_t t, bool v, size_t *pitch) {
     uint32_t k = wrk_kvslots_slot(&e->off->slots, page);
@@ -349,7 +295,7 @@ pie_code ec_off_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n, 
     wrk_kvslots_begin_step(&o->slots);
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
-        pie_code rc = off_place_dst(e, c->dst, st);
+        pie_code rc = wrk_kvslots_copy_dst(&o->slots, &o->place, c->dst, st);
         if (rc != PIE_OK) return rc;
         (void)wrk_kvslots_touch(&o->slots, c->src);
         for (int v = 0; v < 2; v++) { /* K rows, then V rows, of every layer: one 2D copy each */

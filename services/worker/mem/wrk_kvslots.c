@@ -129,3 +129,41 @@ void wrk_kvslots_forget(wrk_kvslots *s, uint32_t page) {
     if (page >= s->n_pages || s->slot_of[page] == WRK_KVSLOT_NONE) return;
     kvslots_release(s, s->slot_of[page]);
 }
+
+/* ---- the engine's side of a step ----------------------------------------------------------- */
+
+pie_code wrk_kvslots_place(wrk_kvslots *s, wrk_offplace *p, const wrk_offplace_item *items,
+                           uint32_t n, const uint8_t *item_host, uint32_t *hosted,
+                           pie_status *st) {
+    *hosted = 0;
+    wrk_kvslots_begin_step(s);
+    for (uint32_t i = 0; i < n; i++) /* what is here already stays */
+        if (item_host[i] == WRK_OFF_DEVICE)
+            for (uint32_t j = 0; j < items[i].n_pages; j++)
+                (void)wrk_kvslots_touch(s, items[i].pages[j]);
+    for (uint32_t i = 0; i < n; i++) {
+        if (item_host[i] != WRK_OFF_DEVICE) continue;
+        for (uint32_t j = 0; j < items[i].n_pages; j++) {
+            uint32_t slot;
+            pie_code rc = wrk_kvslots_pin(s, items[i].pages[j], &slot, st);
+            if (rc != PIE_OK) return rc;
+        }
+    }
+    /* the placement's regions and counts; the data has moved already (pinned above) or moves
+     * below (home) */
+    *hosted = wrk_offplace_apply(p, items, n, item_host, NULL, NULL);
+    for (uint32_t i = 0; i < n; i++)
+        if (item_host[i] == WRK_OFF_HOST)
+            for (uint32_t j = 0; j < items[i].n_pages; j++) {
+                pie_code rc = wrk_kvslots_unload(s, items[i].pages[j], st);
+                if (rc != PIE_OK) return rc;
+            }
+    return PIE_OK;
+}
+
+pie_code wrk_kvslots_copy_dst(wrk_kvslots *s, wrk_offplace *p, uint32_t page, pie_status *st) {
+    if (p->written[page]) return PIE_OK; /* its data is where its slot says */
+    if (wrk_offplace_on_host(p, page)) return wrk_kvslots_unload(s, page, st);
+    uint32_t slot;
+    return wrk_kvslots_pin(s, page, &slot, st);
+}

@@ -7,6 +7,8 @@
  * the slots, skipping those the step pinned). The rule every operation keeps: a page with a
  * slot has its data there; a page without one has it at home. Moving data is the caller's
  * (the ops: one copy of every layer's block of the page each way, zeroing a fresh slot).
+ * wrk_kvslots_place and wrk_kvslots_copy_dst run the engine's side of a step and of a page
+ * copy over the placement, so the whole protocol is tested here without a device.
  * Does not own: where a page is meant to attend (mem/wrk_offplace.h decides; its `written`
  * table says which pages hold KV), the memory of either side. Not thread safe. */
 #ifndef WRK_KVSLOTS_H
@@ -16,6 +18,7 @@
 #include <stdint.h>
 
 #include "pie_status.h"
+#include "wrk_offplace.h"
 
 #define WRK_KVSLOT_NONE UINT32_MAX
 
@@ -73,6 +76,22 @@ pie_code wrk_kvslots_unload(wrk_kvslots *s, uint32_t page, pie_status *st);
 /* Frees the page's slot without copying: what it held is never read again (a freed or cleared
  * page). Ids past the table are ignored. */
 void wrk_kvslots_forget(wrk_kvslots *s, uint32_t page);
+
+/* One step's split (item_host, from wrk_offplace_decide over items) executed: every page a
+ * device item reads or writes gets a slot, pinned (fetched when it holds KV; fresh pages
+ * zeroed: this runs before the placement marks appended pages written), wrk_offplace_apply
+ * records the regions, then every host item's pages go home (spilled when they hold KV; a page
+ * holding none may have had a slot too). ops.evicted must tell the placement
+ * (wrk_offplace_evicted). *hosted: the items on the host. A failure (a step needing more
+ * slots than there are, a copy's) leaves every page's data where its slot says. */
+pie_code wrk_kvslots_place(wrk_kvslots *s, wrk_offplace *p, const wrk_offplace_item *items,
+                           uint32_t n, const uint8_t *item_host, uint32_t *hosted,
+                           pie_status *st);
+
+/* Before a page copy writes `page`: a page holding no KV goes where the placement means it to
+ * be (a slot when its region is the device, home otherwise), so wrk_offplace_copied counts it
+ * right. Part of a step of its own (call wrk_kvslots_begin_step first). */
+pie_code wrk_kvslots_copy_dst(wrk_kvslots *s, wrk_offplace *p, uint32_t page, pie_status *st);
 
 static inline uint32_t wrk_kvslots_slot(const wrk_kvslots *s, uint32_t page) {
     return s->slot_of[page];
