@@ -27,15 +27,18 @@
  * more pages than the device has slots fails (RESOURCE_EXHAUSTED) instead of spilling prefills.
  * Results differ from policy gpu by the two attention kernels' rounding (the cpu kernel sums in
  * another order), within the bf16 KV's tolerance (tests/cuda/test_eng_cuda_offload.c). */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "eng_cuda_impl.h"
 #include "eng_mask.h"
 #include "krn_cpu.h"
 #include "wrk_kvslots.h"
+#include "wrk_numa.h"
 #include "wrk_offplace.h"
 
 #define OFF_PROFILE_PAGES 64u
@@ -53,7 +56,8 @@ struct ec_off {
     void *pick_user;
 
     uint8_t *home;          /* pinned [n_layers][kv_pages] page blocks */
-    size_t home_layer;      /* bytes of one layer's homes */
+    size_t home_layer, home_bytes; /* one layer's homes, all of them */
+    bool home_pinned;
     krn_kv_layer *kv_home;  /* [n_layers]: the cpu kernels' view of each layer's homes */
     krn_pool *hpool;
 
@@ -462,7 +466,7 @@ pie_code ec_off_check(const eng_opts *opts, uint32_t kv_pages, pie_status *st) {
     return PIE_OK;
 }
 
-static pie_code off_alloc(eng_cuda *e, ec_off *o, pie_status *st) {
+static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_status *st) {
     const eng_info *in = &e->info;
     size_t T = in->max_batch_tokens, L = in->n_layers ? in->n_layers : 1;
     size_t gather = T * (e->qkvd + e->kvd) * sizeof(float);
@@ -475,17 +479,28 @@ static pie_code off_alloc(eng_cuda *e, ec_off *o, pie_status *st) {
     if (!o->pitems || !o->item_host || !o->host_item || !o->h_out || !o->attn || !o->kv_home)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: out of memory for the offload tables");
+    /* mapped (zeroed by the kernel), bound to the NUMA node before it is touched, then pinned:
+     * the copy engines reach it by DMA */
     o->home_layer = (size_t)in->kv_pages * off_page_bytes(e);
-    size_t home = o->home_layer * L;
-    cudaError_t err = cudaHostAlloc((void **)&o->home, home, cudaHostAllocPortable);
-    if (err != cudaSuccess) {
-        o->home = NULL;
+    o->home_bytes = o->home_layer * L;
+    void *p = mmap(NULL, o->home_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "eng_open: cannot map %zu bytes for offload's host pool (%s)",
+                              o->home_bytes, strerror(errno));
+    o->home = p;
+    if (opts->host_numa_bind) {
+        pie_code rc = wrk_numa_bind(p, o->home_bytes, opts->host_numa_node,
+                                    "offload's host pool", st);
+        if (rc != PIE_OK) return rc;
+    }
+    cudaError_t err = cudaHostRegister(p, o->home_bytes, cudaHostRegisterPortable);
+    if (err != cudaSuccess)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: cannot pin %zu bytes of host memory for offload's host "
                               "pool (%s)",
-                              home, cudaGetErrorString(err));
-    }
-    memset(o->home, 0, home);
+                              o->home_bytes, cudaGetErrorString(err));
+    o->home_pinned = true;
     for (uint32_t l = 0; l < in->n_layers; l++)
         o->kv_home[l] = (krn_kv_layer){.base = o->home + l * o->home_layer,
                                        .page_size = (int)in->kv_page_size,
@@ -518,7 +533,7 @@ pie_code ec_off_open(eng_cuda *e, const eng_opts *opts, pie_status *st) {
     wrk_kvslots_ops ops = {.fetch = off_fetch, .spill = off_spill, .zero = off_zero,
                            .evicted = off_evicted, .user = e};
     rc = wrk_kvslots_init(&o->slots, in->kv_pages, o->dev_pages, o->place.written, &ops, st);
-    if (rc == PIE_OK) rc = off_alloc(e, o, st);
+    if (rc == PIE_OK) rc = off_alloc(e, o, opts, st);
     if (rc != PIE_OK) return rc;
     int threads = opts->offload_host_threads > 0 ? opts->offload_host_threads : 1;
     o->hpool = krn_pool_create(threads);
@@ -539,7 +554,9 @@ void ec_off_close(eng_cuda *e) {
     if (!o) return;
     krn_pool_destroy(o->hpool);
     if (o->rows_ready) (void)cudaEventDestroy(o->rows_ready);
-    void *pinned[] = {o->home, o->h_rows, o->h_gather, o->h_att};
+    if (o->home_pinned) (void)cudaHostUnregister(o->home);
+    if (o->home) (void)munmap(o->home, o->home_bytes);
+    void *pinned[] = {o->h_rows, o->h_gather, o->h_att};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) (void)cudaFreeHost(pinned[i]);
     void *dev[] = {o->d_rows, o->d_gather, o->d_att};
