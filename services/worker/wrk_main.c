@@ -189,8 +189,8 @@ static const pie_config_field wrk_fields[] = {
      .doc = "swap, offload: host memory for KV; bounds swap's expansion (a pool that cannot hold "
             "2 layer caches fails the load, saying how much is needed) and adds host_pool / (one "
             "page of every layer) pages under offload"},
-    {"memory.device_layers", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, mem_device_layers),
-     .def = "0", .max = "65536",
+    {"memory.device_layers", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, mem_device_layers), .def = "0",
+     .max = "65536",
      .doc = "swap: layers whose KV is on the device at once, fixed (2..layers); 0 = adaptive "
             "expansion, starting with every layer on the device"},
     {"memory.host_numa_node", PIE_CFG_INT, PIE_CONFIG_AT(wrk_config, mem_host_numa_node),
@@ -663,7 +663,8 @@ static int serve(const wrk_config *cfg, const wrk_tp_config *tpc, const wrk_tp_r
     if (loaded.plan.policy == WRK_MEM_OFFLOAD) {
         eng_offload_stats os;
         if (loaded.nulldev) wrk_offrt_nulldev_stats(loaded.nulldev, &os);
-        else loaded.backend.offload_get_stats(loaded.backend.ctx, &os);
+        else
+            loaded.backend.offload_get_stats(loaded.backend.ctx, &os);
         pie_log_info("wrk.mem.offload",
                      "device_kv=%llu host_pool_used=%llu kv_pages_gpu=%u kv_pages_max=%u "
                      "cost_us: linear_per_token=%.3f linear_pass=%.1f device_attn_per_kv=%.5f "

@@ -166,8 +166,7 @@ static pie_code wrk_memrt_metrics(wrk_memrt *r, pie_metrics *m, pie_status *st) 
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
-wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, pie_metrics *metrics,
-                            pie_status *st) {
+wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, pie_metrics *metrics, pie_status *st) {
     wrk_memrt *r = calloc(1, sizeof *r);
     if (!r) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "worker: out of memory");
@@ -232,7 +231,8 @@ void wrk_memrt_after_forward(void *user, uint64_t tokens, uint64_t ns, uint32_t 
     if (r && (r->ob || r->ond)) { /* offload: the host's share follows what its attention hides */
         eng_offload_stats os;
         if (r->ond) wrk_offrt_nulldev_stats(r->ond, &os);
-        else r->ob->offload_get_stats(r->ob->ctx, &os);
+        else
+            r->ob->offload_get_stats(r->ob->ctx, &os);
         uint64_t wait = os.host_wait_ns - r->last_wait_ns;
         uint64_t gain = os.gain_pages - r->last_gain_pages;
         uint64_t gain_steps = os.gain_steps - r->last_gain_steps;

@@ -6,8 +6,8 @@
 #include <string.h>
 
 struct wrk_offrt {
-    const wrk_backend *b; /* its offload_get_stats, or NULL */
-    wrk_nulldev *nd;      /* the null backend's emulated device instead of b, or NULL */
+    const wrk_backend *b;   /* its offload_get_stats, or NULL */
+    wrk_nulldev *nd;        /* the null backend's emulated device instead of b, or NULL */
     pthread_mutex_t mu;     /* collectors may run on several threads at once */
     eng_offload_stats seen; /* what the counters hold */
     pie_gauge *g_instances, *g_attn_us, *g_on_host, *g_auto[2];
@@ -51,8 +51,10 @@ static void wrk_offrt_collect(void *arg) {
     wrk_offrt *r = arg;
     eng_offload_stats s;
     if (r->nd) wrk_offrt_nulldev_stats(r->nd, &s);
-    else if (r->b) r->b->offload_get_stats(r->b->ctx, &s);
-    else memset(&s, 0, sizeof s);
+    else if (r->b)
+        r->b->offload_get_stats(r->b->ctx, &s);
+    else
+        memset(&s, 0, sizeof s);
     pie_gauge_set(r->g_instances, s.last_host_items);
     pie_gauge_set(r->g_attn_us, (double)s.last_host_attn_ns / 1e3);
     pie_gauge_set(r->g_on_host, s.pages_on_host);
@@ -126,8 +128,8 @@ static pie_code wrk_offrt_metrics(wrk_offrt *r, wrk_mem_policy auto_choice, pie_
     return pie_metrics_add_collector(m, wrk_offrt_collect, r, st);
 }
 
-wrk_offrt *wrk_offrt_create(const wrk_backend *b, wrk_mem_policy auto_choice,
-                            pie_metrics *metrics, pie_status *st) {
+wrk_offrt *wrk_offrt_create(const wrk_backend *b, wrk_mem_policy auto_choice, pie_metrics *metrics,
+                            pie_status *st) {
     wrk_offrt *r = calloc(1, sizeof *r);
     if (!r) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "worker: out of memory");

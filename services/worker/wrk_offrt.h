@@ -21,8 +21,8 @@ typedef struct wrk_offrt wrk_offrt;
  * NULL: nothing is offloaded); auto_choice: the policy auto chose (WRK_MEM_SWAP or
  * WRK_MEM_OFFLOAD), or WRK_MEM_GPU when the worker was not started with auto. metrics must
  * outlive the result's registration (destroy it after the last scrape). */
-wrk_offrt *wrk_offrt_create(const wrk_backend *b, wrk_mem_policy auto_choice,
-                            pie_metrics *metrics, pie_status *st);
+wrk_offrt *wrk_offrt_create(const wrk_backend *b, wrk_mem_policy auto_choice, pie_metrics *metrics,
+                            pie_status *st);
 void wrk_offrt_destroy(wrk_offrt *r);
 /* The null backend: the metrics follow its emulated device d (offload; zero otherwise) when
  * the worker has no engine. Before the first scrape. */

@@ -108,9 +108,9 @@ static float *gpu_reference(uint32_t *vocab) {
     eng_cuda_close(g);
     /* the tolerance can see a wrong context: two sequences' logits differ by far more */
     char why[256];
-    cr_assert_not(kc_eng_agree(l, l + *vocab, *vocab, 5 * OFF_TOL, "sequence 0 vs 1", why,
-                               sizeof why),
-                  "the workload's sequences are too alike for the tolerance to mean anything");
+    cr_assert_not(
+        kc_eng_agree(l, l + *vocab, *vocab, 5 * OFF_TOL, "sequence 0 vs 1", why, sizeof why),
+        "the workload's sequences are too alike for the tolerance to mean anything");
     return l;
 }
 
@@ -119,8 +119,8 @@ static void expect_agree(const float *got, const float *want, uint32_t vocab, co
     for (uint32_t o = 0; o < OUTS; o++) {
         char w[96];
         snprintf(w, sizeof w, "%s, output %u", what, o);
-        cr_assert(kc_eng_agree(got + (size_t)o * vocab, want + (size_t)o * vocab, vocab, OFF_TOL,
-                               w, why, sizeof why),
+        cr_assert(kc_eng_agree(got + (size_t)o * vocab, want + (size_t)o * vocab, vocab, OFF_TOL, w,
+                               why, sizeof why),
                   "%s", why);
     }
 }
@@ -226,9 +226,9 @@ Test(eng_cuda_offload, masks_agree_with_policy_gpu) {
     kc_engine k = kc_engine_gpu(g);
     cr_assert(kc_eng_mask_scenario(&k, got, why, sizeof why), "%s", why);
     /* the same kernels over the same K/V and masks at other addresses: the same bits */
-    cr_assert(kc_eng_bitwise(got, want, KC_MASK_CASES * k.vocab, "masks under offload", why,
-                             sizeof why),
-              "%s", why);
+    cr_assert(
+        kc_eng_bitwise(got, want, KC_MASK_CASES * k.vocab, "masks under offload", why, sizeof why),
+        "%s", why);
     free(want);
     free(got);
     eng_cuda_close(g);

@@ -2218,8 +2218,7 @@ Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
                   "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
                   "(tp.size 1), so far: swap in a tensor-parallel group is implemented for "
                   "backends cpu and null only");
-    const char *ogroup[] = {"PIE_MEMORY_POLICY=offload", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda",
-                            NULL};
+    const char *ogroup[] = {"PIE_MEMORY_POLICY=offload", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = ogroup},
                   "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
                   "(tp.size 1), so far: offload in a tensor-parallel group is implemented for "

@@ -57,8 +57,8 @@ static void f_evicted(void *u, uint32_t page) {
 static void open_fake(wrk_kvslots *s, fake *f, uint32_t slots) {
     memset(f, 0, sizeof *f);
     f->fail_fetch = NP;
-    wrk_kvslots_ops ops = {.fetch = f_fetch, .spill = f_spill, .zero = f_zero,
-                           .evicted = f_evicted, .user = f};
+    wrk_kvslots_ops ops = {
+        .fetch = f_fetch, .spill = f_spill, .zero = f_zero, .evicted = f_evicted, .user = f};
     pie_status st = {0};
     cr_assert_eq(wrk_kvslots_init(s, NP, slots, f->written, &ops, &st), PIE_OK, "%s", st.msg);
 }
@@ -102,8 +102,8 @@ Test(wrk_kvslots, data_follows_each_page_through_pins_spills_evictions_and_frees
             for (uint32_t i = 0; i < n; i++) {
                 pages[i] = (uint32_t)rand() % NP;
                 uint32_t k;
-                cr_assert_eq(wrk_kvslots_pin(&s, pages[i], &k, &st), PIE_OK,
-                             "round %d: %s", round, st.msg);
+                cr_assert_eq(wrk_kvslots_pin(&s, pages[i], &k, &st), PIE_OK, "round %d: %s", round,
+                             st.msg);
                 cr_assert_eq(wrk_kvslots_slot(&s, pages[i]), k);
             }
             for (uint32_t i = 0; i < n; i++) /* every page pinned this step is still here */
@@ -215,8 +215,8 @@ Test(wrk_kvslots, no_slots_or_no_pages_is_refused) {
 
 /* ---- the engine's protocol: placement + slots over random sequences -------------------------- */
 
-#define PS 4u    /* tokens a page */
-#define MAXP 4u  /* pages a sequence */
+#define PS   4u /* tokens a page */
+#define MAXP 4u /* pages a sequence */
 #define NSEQ 6u
 
 typedef struct proto {
@@ -301,8 +301,11 @@ static bool p_step(proto *p, uint64_t *next, int round) {
         uint32_t add = p->len[q] == 0 || rand() % 4 == 0 ? 1 + (uint32_t)rand() % PS : 1;
         if (p->len[q] + add > MAXP * PS) continue; /* full: it ends below */
         while (p->n_pages[q] * PS < p->len[q] + add) p->pages[q][p->n_pages[q]++] = p_alloc(p);
-        it[n] = (wrk_offplace_item){.pages = p->pages[q], .n_pages = p->n_pages[q],
-                                    .ctx = p->len[q], .n_in = add, .append = true};
+        it[n] = (wrk_offplace_item){.pages = p->pages[q],
+                                    .n_pages = p->n_pages[q],
+                                    .ctx = p->len[q],
+                                    .n_in = add,
+                                    .append = true};
         seq[n++] = q;
     }
     if (n == 0) return true;
@@ -321,8 +324,8 @@ static bool p_step(proto *p, uint64_t *next, int round) {
         uint32_t q = seq[i];
         for (uint32_t j = 0; j < it[i].n_pages; j++) { /* every page where its item attends */
             bool on_dev = wrk_kvslots_slot(&p->s, it[i].pages[j]) != WRK_KVSLOT_NONE;
-            cr_assert_eq(on_dev, host[i] == WRK_OFF_DEVICE, "round %d: item %u page %u", round,
-                         i, it[i].pages[j]);
+            cr_assert_eq(on_dev, host[i] == WRK_OFF_DEVICE, "round %d: item %u page %u", round, i,
+                         it[i].pages[j]);
         }
         for (uint32_t t = 0; t < p->len[q]; t++) /* the context reads what was written */
             cr_assert_eq(*p_at(p, p->pages[q][t / PS], t % PS), p->ref[p->pages[q][t / PS]][t % PS],
@@ -362,8 +365,8 @@ Test(wrk_kvslots, the_engines_protocol_keeps_every_sequence_readable_where_it_at
     cr_assert_not_null(p);
     pie_status st = {0};
     cr_assert_eq(wrk_offplace_init(&p->place, NP, NS, PS, NSEQ, &st), PIE_OK, "%s", st.msg);
-    wrk_kvslots_ops ops = {.fetch = p_fetch, .spill = p_spill, .zero = p_zero,
-                           .evicted = p_evicted, .user = p};
+    wrk_kvslots_ops ops = {
+        .fetch = p_fetch, .spill = p_spill, .zero = p_zero, .evicted = p_evicted, .user = p};
     cr_assert_eq(wrk_kvslots_init(&p->s, NP, NS, p->place.written, &ops, &st), PIE_OK);
     for (uint32_t i = 0; i < NP; i++) p->free_ids[p->n_free++] = NP - 1 - i;
     srand(11);

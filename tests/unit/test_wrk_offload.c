@@ -651,7 +651,11 @@ Test(wrk_offload, device_only_items_stay_and_evicted_pages_count_on_the_host) {
     uint32_t pages[2] = {0, 1};
     wrk_offplace_item it[2] = {
         {.pages = &pages[0], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true},
-        {.pages = &pages[1], .n_pages = 1, .ctx = 10, .n_in = 1, .append = true,
+        {.pages = &pages[1],
+         .n_pages = 1,
+         .ctx = 10,
+         .n_in = 1,
+         .append = true,
          .device_only = true},
     };
     cr_assert(wrk_offplace_eligible(&it[0]));

@@ -553,7 +553,8 @@ pie_code eng_cuda_copy_pages(eng_cuda *e, const eng_copy_item *items, uint32_t n
     EC_CUDA(st, cudaSetDevice(e->dev));
     ec_swap_touch(e, eng_check_kv_top_copies(items, n));
     rc = ec_swap_hold(e, st); /* swap policy: nothing moves, ec_kv(l) says where l is */
-    if (rc == PIE_OK) rc = e->off ? ec_off_copy_items(e, items, n, st) : ec_copy_items(e, items, n, st);
+    if (rc == PIE_OK)
+        rc = e->off ? ec_off_copy_items(e, items, n, st) : ec_copy_items(e, items, n, st);
     if (rc != PIE_OK) /* no layer may move while a kernel of this call still runs on it */
         (void)cudaStreamSynchronize(e->stream);
     ec_swap_resume(e);

@@ -191,7 +191,7 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
         const eng_forward_item *it = &items[i];
         const eng_check_plan *p = &e->chk.plan[i];
         bool host = ec_off_item_host(e, i); /* offload: attends on the host this step */
-        if (it->n_kv_pages > 0 && !e->off) /* kv_pages may be NULL then */
+        if (it->n_kv_pages > 0 && !e->off)  /* kv_pages may be NULL then */
             memcpy(M + L.pages + p->pages, it->kv_pages, it->n_kv_pages * sizeof(uint32_t));
         for (uint32_t j = 0; e->off && j < it->n_kv_pages; j++) /* device slots, not page ids */
             M[L.pages + p->pages + j] = (int32_t)ec_off_page(e, it->kv_pages[j]);

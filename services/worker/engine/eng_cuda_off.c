@@ -55,23 +55,23 @@ struct ec_off {
     bool (*pick)(void *user, uint32_t item, const eng_forward_item *it);
     void *pick_user;
 
-    uint8_t *home;          /* pinned [n_layers][kv_pages] page blocks */
+    uint8_t *home;                 /* pinned [n_layers][kv_pages] page blocks */
     size_t home_layer, home_bytes; /* one layer's homes, all of them */
     bool home_pinned;
-    krn_kv_layer *kv_home;  /* [n_layers]: the cpu kernels' view of each layer's homes */
+    krn_kv_layer *kv_home; /* [n_layers]: the cpu kernels' view of each layer's homes */
     krn_pool *hpool;
 
     /* the step's host items */
     uint32_t n_host;
-    uint32_t *host_item;  /* [T] forward item of each */
-    int32_t *h_rows;      /* pinned [2T]: batch row of each; its output row or -1 */
-    int32_t *d_rows;      /* device [2T] */
-    float *d_gather;      /* device [T, qkvd + kvd]: qkv rows, then K|V rows (bf16 pairs) */
-    float *h_gather;      /* pinned, the same */
-    krn_bf16 *d_att;      /* device [T, qd] */
-    uint16_t *h_att;      /* pinned [T, qd] */
-    float *h_out;         /* [T, qd] host attention's f32 output */
-    krn_attn_item *attn;  /* [T] */
+    uint32_t *host_item; /* [T] forward item of each */
+    int32_t *h_rows;     /* pinned [2T]: batch row of each; its output row or -1 */
+    int32_t *d_rows;     /* device [2T] */
+    float *d_gather;     /* device [T, qkvd + kvd]: qkv rows, then K|V rows (bf16 pairs) */
+    float *h_gather;     /* pinned, the same */
+    krn_bf16 *d_att;     /* device [T, qd] */
+    uint16_t *h_att;     /* pinned [T, qd] */
+    float *h_out;        /* [T, qd] host attention's f32 output */
+    krn_attn_item *attn; /* [T] */
     cudaEvent_t rows_ready;
 
     wrk_off_costs costs;
@@ -213,16 +213,16 @@ pie_code ec_off_send_rows(eng_cuda *e, pie_status *st) {
     ec_off *o = e->off;
     uint32_t nh = o->n_host, kvd = e->kvd;
     float *kv_at = o->d_gather + (size_t)nh * e->qkvd;
-    EC_CUDA(st, krn_cuda_gather_rows(o->d_gather, e->qkv, o->d_rows, (int)nh, (int)e->qkvd,
-                                     e->stream));
+    EC_CUDA(st,
+            krn_cuda_gather_rows(o->d_gather, e->qkv, o->d_rows, (int)nh, (int)e->qkvd, e->stream));
     /* bf16 rows of kvd (even) elements move as kvd / 2 floats */
     EC_CUDA(st, krn_cuda_gather_rows(kv_at, (const float *)e->kb, o->d_rows, (int)nh,
                                      (int)(kvd / 2), e->stream));
-    EC_CUDA(st, krn_cuda_gather_rows(kv_at + (size_t)nh * kvd / 2, (const float *)e->vb,
-                                     o->d_rows, (int)nh, (int)(kvd / 2), e->stream));
+    EC_CUDA(st, krn_cuda_gather_rows(kv_at + (size_t)nh * kvd / 2, (const float *)e->vb, o->d_rows,
+                                     (int)nh, (int)(kvd / 2), e->stream));
     size_t bytes = (size_t)nh * (e->qkvd + kvd) * sizeof(float);
-    EC_CUDA(st, cudaMemcpyAsync(o->h_gather, o->d_gather, bytes, cudaMemcpyDeviceToHost,
-                                e->stream));
+    EC_CUDA(st,
+            cudaMemcpyAsync(o->h_gather, o->d_gather, bytes, cudaMemcpyDeviceToHost, e->stream));
     EC_CUDA(st, cudaEventRecord(o->rows_ready, e->stream));
     e->step_launches += 3;
     return PIE_OK;
@@ -252,8 +252,8 @@ static void off_host_layer(eng_cuda *e, uint32_t l, bool last, bool attend) {
             .q_offset = (int)ctx,
         };
     }
-    if (n_att) krn_cpu_attention(o->hpool, &o->kv_home[l], o->attn, n_att, (int)e->nh,
-                                 e->attn_scale);
+    if (n_att)
+        krn_cpu_attention(o->hpool, &o->kv_home[l], o->attn, n_att, (int)e->nh, e->attn_scale);
 }
 
 pie_code ec_off_host_attend(eng_cuda *e, uint32_t l, bool last, bool stored, pie_status *st) {
@@ -383,8 +383,8 @@ static pie_code off_time_linear(eng_cuda *e, uint32_t rows, double *secs, pie_st
 
 /* Seconds to copy `bytes` between two buffers (a device-to-device copy: the device's memory
  * bandwidth; host to device: the link's), the least of OFF_PROFILE_REPS. */
-static pie_code off_time_copy(eng_cuda *e, void *dst, const void *src, size_t bytes,
-                              double *secs, pie_status *st) {
+static pie_code off_time_copy(eng_cuda *e, void *dst, const void *src, size_t bytes, double *secs,
+                              pie_status *st) {
     *secs = INFINITY;
     for (int rep = 0; rep < OFF_PROFILE_REPS; rep++) {
         uint64_t t0 = off_now_ns();
@@ -403,8 +403,8 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
     ec_off *o = e->off;
     const eng_info *in = &e->info;
     double L = in->n_layers, tok_bytes = (double)off_page_bytes(e) / in->kv_page_size;
-    uint32_t rows = in->max_batch_tokens < OFF_PROFILE_ROWS ? in->max_batch_tokens
-                                                            : OFF_PROFILE_ROWS;
+    uint32_t rows =
+        in->max_batch_tokens < OFF_PROFILE_ROWS ? in->max_batch_tokens : OFF_PROFILE_ROWS;
     double t1 = 0, tn = 0;
     pie_code rc = off_time_linear(e, 1, &t1, st);
     if (rc == PIE_OK && rows > 1) rc = off_time_linear(e, rows, &tn, st);
@@ -426,7 +426,11 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
     for (uint32_t i = 0; i < pages; i++) ids[i] = i;
     int ctx = (int)(pages * in->kv_page_size);
     memset(o->h_gather, 0, e->qkvd * sizeof(float));
-    krn_attn_item a = {.q = o->h_gather, .out = o->h_out, .n_q = 1, .pages = ids, .n_ctx = ctx,
+    krn_attn_item a = {.q = o->h_gather,
+                       .out = o->h_out,
+                       .n_q = 1,
+                       .pages = ids,
+                       .n_ctx = ctx,
                        .q_offset = ctx - 1};
     double th = INFINITY;
     for (int rep = 0; rep < OFF_PROFILE_REPS && ctx > 0; rep++) {
@@ -490,8 +494,8 @@ static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_stat
                               o->home_bytes, strerror(errno));
     o->home = p;
     if (opts->host_numa_bind) {
-        pie_code rc = wrk_numa_bind(p, o->home_bytes, opts->host_numa_node,
-                                    "offload's host pool", st);
+        pie_code rc =
+            wrk_numa_bind(p, o->home_bytes, opts->host_numa_node, "offload's host pool", st);
         if (rc != PIE_OK) return rc;
     }
     cudaError_t err = cudaHostRegister(p, o->home_bytes, cudaHostRegisterPortable);
@@ -530,8 +534,11 @@ pie_code ec_off_open(eng_cuda *e, const eng_opts *opts, pie_status *st) {
     pie_code rc = wrk_offplace_init(&o->place, in->kv_pages, o->dev_pages, in->kv_page_size,
                                     in->max_batch_tokens, st);
     if (rc != PIE_OK) return rc;
-    wrk_kvslots_ops ops = {.fetch = off_fetch, .spill = off_spill, .zero = off_zero,
-                           .evicted = off_evicted, .user = e};
+    wrk_kvslots_ops ops = {.fetch = off_fetch,
+                           .spill = off_spill,
+                           .zero = off_zero,
+                           .evicted = off_evicted,
+                           .user = e};
     rc = wrk_kvslots_init(&o->slots, in->kv_pages, o->dev_pages, o->place.written, &ops, st);
     if (rc == PIE_OK) rc = off_alloc(e, o, opts, st);
     if (rc != PIE_OK) return rc;

@@ -103,8 +103,10 @@ pie_code wrk_kvslots_pin(wrk_kvslots *s, uint32_t page, uint32_t *slot, pie_stat
         s->free[s->n_free++] = k; /* the page stays home; the slot is free again */
         return rc;
     }
-    if (holds) s->stats.fetched++;
-    else s->stats.zeroed++;
+    if (holds)
+        s->stats.fetched++;
+    else
+        s->stats.zeroed++;
     s->slot_of[page] = k;
     s->page_of[k] = page;
     s->pinned[k] = s->step;
@@ -133,8 +135,7 @@ void wrk_kvslots_forget(wrk_kvslots *s, uint32_t page) {
 /* ---- the engine's side of a step ----------------------------------------------------------- */
 
 pie_code wrk_kvslots_place(wrk_kvslots *s, wrk_offplace *p, const wrk_offplace_item *items,
-                           uint32_t n, const uint8_t *item_host, uint32_t *hosted,
-                           pie_status *st) {
+                           uint32_t n, const uint8_t *item_host, uint32_t *hosted, pie_status *st) {
     *hosted = 0;
     wrk_kvslots_begin_step(s);
     for (uint32_t i = 0; i < n; i++) /* what is here already stays */

@@ -45,7 +45,7 @@ typedef struct wrk_kvslots {
     uint64_t *pinned;  /* [n_slots]: the step that pinned it last */
     uint32_t *free;    /* [n_slots]: a stack of free slots */
     uint32_t n_free, hand;
-    uint64_t step; /* starts at 1: a slot pinned at 0 was never pinned */
+    uint64_t step;          /* starts at 1: a slot pinned at 0 was never pinned */
     const uint8_t *written; /* [n_pages], the caller's: 1 = the page holds KV */
     wrk_kvslots_ops ops;
     wrk_kvslots_stats stats;
@@ -85,8 +85,7 @@ void wrk_kvslots_forget(wrk_kvslots *s, uint32_t page);
  * (wrk_offplace_evicted). *hosted: the items on the host. A failure (a step needing more
  * slots than there are, a copy's) leaves every page's data where its slot says. */
 pie_code wrk_kvslots_place(wrk_kvslots *s, wrk_offplace *p, const wrk_offplace_item *items,
-                           uint32_t n, const uint8_t *item_host, uint32_t *hosted,
-                           pie_status *st);
+                           uint32_t n, const uint8_t *item_host, uint32_t *hosted, pie_status *st);
 
 /* Before a page copy writes `page`: a page holding no KV goes where the placement means it to
  * be (a slot when its region is the device, home otherwise), so wrk_offplace_copied counts it
