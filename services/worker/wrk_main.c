@@ -179,8 +179,7 @@ static const pie_config_field wrk_fields[] = {
             "in the host pool attend on host cores), auto (swap or offload, chosen at load from "
             "costs profiled then); the last three on the cpu backend (tensor-parallel groups "
             "too: every memory.* key is per rank, rank 0 decides for the group) and the null "
-            "backend's emulated device; on cuda swap and offload on one GPU (the host pool "
-            "pinned), auto not yet"},
+            "backend's emulated device; on cuda all of them on one GPU (the host pool pinned)"},
     {"memory.device_kv", PIE_CFG_SIZE, PIE_CONFIG_AT(wrk_config, mem_device_kv), .def = "0",
      .doc = "swap, offload: device memory for KV (0 = what pool.kv_pages of every layer take); "
             "swap's effective KV pages are device_kv / (layers on the device x one page of one "
@@ -392,10 +391,13 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
                           wrk_loaded *l, pie_status *st) {
     pie_code rc = wrk_desc_load(&l->desc, cfg->model_path, st);
     if (rc == PIE_OK && g) rc = wrk_tp_group_open_nccl(g, me, st);
-    /* policy gpu, swap or offload (main refuses auto) */
-    if (rc == PIE_OK) rc = plan_memory(cfg, (wrk_mem_policy)cfg->mem_policy, l, st);
+    /* auto (one GPU: main refuses it in a group): open under offload first (its open profiles
+     * the costs), then choose, as on the cpu backend */
+    wrk_mem_policy policy = (wrk_mem_policy)cfg->mem_policy;
+    if (rc == PIE_OK) rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_mem_plan *mp = &l->plan;
+again:;
     bool swap = mp->policy == WRK_MEM_SWAP, offload = mp->policy == WRK_MEM_OFFLOAD;
     eng_opts eo = {
         .model_dir = cfg->model_path,
@@ -420,6 +422,19 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
     const eng_info *ei = NULL;
     rc = wrk_backend_open_cuda(&l->backend, &eo, &ei, l->device, sizeof l->device, st);
     if (rc != PIE_OK) return rc;
+    if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
+        eng_offload_stats os;
+        l->backend.offload_get_stats(l->backend.ctx, &os);
+        wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed,
+                            .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
+                            .xfer_tok = os.xfer_tok};
+        rc = choose_auto(cfg, NULL, NULL, &oc, l, st);
+        if (rc != PIE_OK) return rc;
+        if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
+            wrk_backend_release(&l->backend);
+            goto again;
+        }
+    }
     snprintf(l->rank_device, sizeof l->rank_device, "%.120s", l->device);
     if (g)
         snprintf(l->device, sizeof l->device, "cuda: tensor-parallel group of %u ranks on %.70s",
@@ -854,13 +869,11 @@ int main(int argc, char **argv) {
     };
     wrk_tp_rank me = {.rank = 0, .size = 1};
     /* tensor-parallel groups run on the cpu backend only (wrk_tp_resolve), policies included */
-    if (cfg.backend == WRK_BACKEND_CUDA && cfg.mem_policy != WRK_MEM_GPU &&
-        (cfg.mem_policy == WRK_MEM_AUTO || cfg.tp_size > 1)) {
+    if (cfg.backend == WRK_BACKEND_CUDA && cfg.mem_policy != WRK_MEM_GPU && cfg.tp_size > 1) {
         fprintf(stderr,
-                "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
-                "(tp.size 1), so far: %s%s is implemented for backends cpu and null only\n",
-                wrk_mem_policy_names[cfg.mem_policy],
-                cfg.mem_policy != WRK_MEM_AUTO ? " in a tensor-parallel group" : "");
+                "pie-worker: backend cuda runs memory.policy %s on one GPU (tp.size 1) so far: "
+                "in a tensor-parallel group it is implemented for backends cpu and null only\n",
+                wrk_mem_policy_names[cfg.mem_policy]);
         goto done;
     }
     if (cfg.mem_host_numa_node >= 0 && !wrk_numa_node_exists(cfg.mem_host_numa_node)) {

@@ -88,8 +88,10 @@ for s in "$@"; do
                step swap 90 "$B/unit_test_eng_cuda_swap" --verbose --short-filename ;;
     offload)   # issue 13: offload's pinned homes, device slots, host attention per layer
                step offload 120 "$B/unit_test_eng_cuda_offload" --verbose --short-filename ;;
-    workeroff) # the worker with memory.policy offload on cuda: loads, registers, serves Info
+    workeroff) # the worker with memory.policy offload, then auto, on cuda: loads, registers
                step workeroff 60 env PIE_MEMORY_POLICY=offload PIE_MEMORY_HOST_POOL=256MiB \
+                   bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" cuda
+               step workerauto 60 env PIE_MEMORY_POLICY=auto PIE_MEMORY_HOST_POOL=256MiB \
                    bash -c 'worker_check "$@"' _ "$B" "$st/models/small-f32" cuda ;;
     nccl1)     # issue 14: the engine over a one-rank NCCL communicator = the plain engine, the
                # decode graphs capturing its all-reduces, the next_dist split over 1-4 slices

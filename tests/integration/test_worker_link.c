@@ -2209,20 +2209,16 @@ static void expect_exit_2(const fc *f, const wopts *o, const char *line) {
 Test(worker_link, memory_policies_not_implemented_exit_2_saying_so) {
     fc f;
     fc_start(&f);
-    const char *env[] = {"PIE_MEMORY_POLICY=auto", "PIE_BACKEND=cuda", NULL};
-    expect_exit_2(&f, &(wopts){.env = env},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
-                  "(tp.size 1), so far: auto is implemented for backends cpu and null only");
     const char *group[] = {"PIE_MEMORY_POLICY=swap", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = group},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
-                  "(tp.size 1), so far: swap in a tensor-parallel group is implemented for "
-                  "backends cpu and null only");
-    const char *ogroup[] = {"PIE_MEMORY_POLICY=offload", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
+                  "pie-worker: backend cuda runs memory.policy swap on one GPU (tp.size 1) so "
+                  "far: in a tensor-parallel group it is implemented for backends cpu and null "
+                  "only");
+    const char *ogroup[] = {"PIE_MEMORY_POLICY=auto", "PIE_TP_SIZE=2", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = ogroup},
-                  "pie-worker: backend cuda runs memory.policy gpu, or swap or offload on one GPU "
-                  "(tp.size 1), so far: offload in a tensor-parallel group is implemented for "
-                  "backends cpu and null only");
+                  "pie-worker: backend cuda runs memory.policy auto on one GPU (tp.size 1) so "
+                  "far: in a tensor-parallel group it is implemented for backends cpu and null "
+                  "only");
     const char *kv[] = {"PIE_ENGINE_KV_DTYPE=bf16", "PIE_BACKEND=cuda", NULL};
     expect_exit_2(&f, &(wopts){.env = kv},
                   "pie-worker: engine.kv_dtype bf16 is implemented for backend cpu only so far "
