@@ -316,6 +316,16 @@ static pie_code choose_auto(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp
     return PIE_OK;
 }
 
+/* choose_auto from the costs the engine profiled when it opened under offload (l->backend). */
+static pie_code choose_auto_profiled(const wrk_config *cfg, wrk_tp_group *g,
+                                     const wrk_tp_rank *me, wrk_loaded *l, pie_status *st) {
+    eng_offload_stats os;
+    l->backend.offload_get_stats(l->backend.ctx, &os);
+    wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed, .dattn_kv = os.dattn_kv,
+                        .hattn_kv = os.hattn_kv, .xfer_tok = os.xfer_tok};
+    return choose_auto(cfg, g, me, &oc, l, st);
+}
+
 /* g: the group's collective when this is a rank of a tensor-parallel group, else NULL. */
 static pie_code load_cpu(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
                          wrk_loaded *l, pie_status *st) {
@@ -352,13 +362,9 @@ again:;
     };
     rc = eng_open(&eo, &l->engine, st);
     if (rc != PIE_OK) return rc;
+    wrk_backend_engine(&l->backend, l->engine);
     if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
-        eng_offload_stats os;
-        eng_offload_get_stats(l->engine, &os);
-        wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed,
-                            .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
-                            .xfer_tok = os.xfer_tok};
-        rc = choose_auto(cfg, g, me, &oc, l, st);
+        rc = choose_auto_profiled(cfg, g, me, l, st);
         if (rc != PIE_OK) return rc;
         if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
             eng_close(l->engine);
@@ -374,7 +380,6 @@ again:;
                               wrk_mem_policy_names[mp->policy],
                               (unsigned long long)mp->page_layer_bytes, ei->kv_page_layer_bytes);
     wrk_desc_set_engine(&l->desc, ei);
-    wrk_backend_engine(&l->backend, l->engine);
     if (g)
         snprintf(l->device, sizeof l->device,
                  "cpu: tensor-parallel group of %u ranks, %ld threads each", me->size, threads);
@@ -423,12 +428,7 @@ again:;
     rc = wrk_backend_open_cuda(&l->backend, &eo, &ei, l->device, sizeof l->device, st);
     if (rc != PIE_OK) return rc;
     if (policy == WRK_MEM_AUTO && l->auto_choice == WRK_MEM_GPU) {
-        eng_offload_stats os;
-        l->backend.offload_get_stats(l->backend.ctx, &os);
-        wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed,
-                            .dattn_kv = os.dattn_kv, .hattn_kv = os.hattn_kv,
-                            .xfer_tok = os.xfer_tok};
-        rc = choose_auto(cfg, NULL, NULL, &oc, l, st);
+        rc = choose_auto_profiled(cfg, NULL, NULL, l, st);
         if (rc != PIE_OK) return rc;
         if (l->plan.policy != WRK_MEM_OFFLOAD) { /* swap: reopen under its plan */
             wrk_backend_release(&l->backend);

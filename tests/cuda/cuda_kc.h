@@ -3,6 +3,8 @@
 #ifndef CUDA_KC_H
 #define CUDA_KC_H
 
+#include <criterion/criterion.h>
+
 #include "eng_cuda.h"
 #include "kcheck.h"
 
@@ -31,6 +33,33 @@ static inline kc_engine kc_engine_gpu(eng_cuda *e) {
                        .logits = cuda_kc_logits,
                        .vocab = in->vocab_size,
                        .page_size = in->kv_page_size};
+}
+
+/* A fork after the decode scenario: the first fork_ctx tokens of the sequence in pages 0-2
+ * (page_size tokens a page, fork_ctx in (2, 3] pages) copied into the cleared pages fork[3] —
+ * two whole pages and a partial one —, then one token (7, slot `in`) decoded on the fork into
+ * slot in + 1, whose logits go to logits[vocab]. Asserts every call succeeds. */
+static inline void cuda_kc_fork_decode(eng_cuda *g, const uint32_t fork[3], uint32_t page_size,
+                                       uint32_t fork_ctx, uint32_t in, float *logits) {
+    pie_status st = {0};
+    cr_assert_eq(eng_cuda_clear_pages(g, fork, 3, &st), PIE_OK, "%s", st.msg);
+    eng_copy_item cp[2] = {{.src = 0, .dst = fork[0], .count = page_size},
+                           {.src = 1, .dst = fork[1], .count = page_size}};
+    eng_copy_item tail = {.src = 2, .dst = fork[2], .count = fork_ctx - 2 * page_size};
+    cr_assert_eq(eng_cuda_copy_pages(g, cp, 2, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_cuda_copy_pages(g, &tail, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t out = in + 1, tok = 7, pos = fork_ctx;
+    cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos, 1, &st), PIE_OK, "%s", st.msg);
+    eng_forward_item it = {.kv_pages = fork,
+                           .n_kv_pages = 3,
+                           .kv_last_page_len = fork_ctx + 1 - 2 * page_size,
+                           .append_kv = true,
+                           .in_slots = &in,
+                           .n_in = 1,
+                           .out_slots = &out,
+                           .n_out = 1};
+    cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(eng_cuda_logits(g, out, logits, &st), PIE_OK, "%s", st.msg);
 }
 
 #endif

@@ -78,27 +78,9 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
     float *l = calloc((size_t)OUTS * k.vocab, sizeof(float));
     cr_assert_not_null(l);
     char why[512];
-    pie_status st = {0};
     cr_assert(kc_eng_decode_scenario(&k, SEQS, CTX, STEPS, l, why, sizeof why), "%s", why);
     uint32_t fork[3] = {SEQS * PER, SEQS * PER + 1, SEQS * PER + 2};
-    cr_assert_eq(eng_cuda_clear_pages(g, fork, 3, &st), PIE_OK, "%s", st.msg);
-    eng_copy_item cp[2] = {{.src = 0, .dst = fork[0], .count = PAGE},
-                           {.src = 1, .dst = fork[1], .count = PAGE}};
-    eng_copy_item tail = {.src = 2, .dst = fork[2], .count = FORK_CTX - 2 * PAGE};
-    cr_assert_eq(eng_cuda_copy_pages(g, cp, 2, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(eng_cuda_copy_pages(g, &tail, 1, &st), PIE_OK, "%s", st.msg);
-    uint32_t in = CTX + 2 * SEQS, out = in + 1, tok = 7, pos = FORK_CTX;
-    cr_assert_eq(eng_cuda_embed_text(g, &in, &tok, &pos, 1, &st), PIE_OK, "%s", st.msg);
-    eng_forward_item it = {.kv_pages = fork,
-                           .n_kv_pages = 3,
-                           .kv_last_page_len = FORK_CTX + 1 - 2 * PAGE,
-                           .append_kv = true,
-                           .in_slots = &in,
-                           .n_in = 1,
-                           .out_slots = &out,
-                           .n_out = 1};
-    cr_assert_eq(eng_cuda_forward(g, &it, 1, &st), PIE_OK, "%s", st.msg);
-    cr_assert_eq(eng_cuda_logits(g, out, l + (size_t)SEQS * k.vocab, &st), PIE_OK, "%s", st.msg);
+    cuda_kc_fork_decode(g, fork, PAGE, FORK_CTX, CTX + 2 * SEQS, l + (size_t)SEQS * k.vocab);
     return l;
 }
 

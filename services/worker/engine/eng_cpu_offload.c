@@ -42,6 +42,7 @@
 
 #include "eng.h"
 #include "eng_cpu_impl.h"
+#include "eng_tier.h"
 #include "wrk_coll.h"
 #include "wrk_offload.h"
 #include "wrk_numa.h"
@@ -510,16 +511,5 @@ void eng_offload_close(eng *e) {
 
 void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) {
-        const wrk_offplace_stats *ps = &e->off->place.stats;
-        *out = e->off->stats;
-        out->pages_on_host = ps->pages_on_host;
-        out->pages_on_device = ps->pages_on_device;
-        out->pages_to_host = ps->pages_to_host;
-        out->pages_to_device = ps->pages_to_device;
-        out->forced_steps = ps->forced_steps;
-        out->deferred = ps->deferred;
-        out->gain_pages = ps->gain_pages;
-        out->gain_steps = ps->gain_steps;
-    }
+    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, out);
 }

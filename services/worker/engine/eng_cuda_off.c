@@ -36,6 +36,7 @@
 
 #include "eng_cuda_impl.h"
 #include "eng_mask.h"
+#include "eng_tier.h"
 #include "krn_cpu.h"
 #include "wrk_kvslots.h"
 #include "wrk_numa.h"
@@ -583,15 +584,5 @@ void ec_off_close(eng_cuda *e) {
 
 void eng_cuda_offload_get_stats(eng_cuda *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (!e || !e->off) return;
-    const wrk_offplace_stats *ps = &e->off->place.stats;
-    *out = e->off->stats;
-    out->pages_on_host = ps->pages_on_host;
-    out->pages_on_device = ps->pages_on_device;
-    out->pages_to_host = ps->pages_to_host;
-    out->pages_to_device = ps->pages_to_device;
-    out->forced_steps = ps->forced_steps;
-    out->deferred = ps->deferred;
-    out->gain_pages = ps->gain_pages;
-    out->gain_steps = ps->gain_steps;
+    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, out);
 }

@@ -46,3 +46,16 @@ pie_code eng_tier_set_slots(wrk_tier *t, uint32_t slots, uint32_t *applied, pie_
     if (applied) *applied = got;
     return PIE_OK;
 }
+
+void eng_tier_offload_stats(const eng_offload_stats *own, const wrk_offplace_stats *ps,
+                            eng_offload_stats *out) {
+    *out = *own;
+    out->pages_on_host = ps->pages_on_host;
+    out->pages_on_device = ps->pages_on_device;
+    out->pages_to_host = ps->pages_to_host;
+    out->pages_to_device = ps->pages_to_device;
+    out->forced_steps = ps->forced_steps;
+    out->deferred = ps->deferred;
+    out->gain_pages = ps->gain_pages;
+    out->gain_steps = ps->gain_steps;
+}
