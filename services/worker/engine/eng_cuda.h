@@ -108,7 +108,8 @@ void eng_cuda_swap_quiesce(eng_cuda *e);
  * offload_device_pages of them per layer, moved in and out as steps need them; decode items
  * (one input, appended, no mask) that the scheduler (or offload_pick) sends to the host have
  * their attention run by offload_host_threads host threads with the cpu kernels over the
- * homes, while the device attends the others. Results are policy gpu's within the two
+ * homes: such a step runs as two sub-batches, the host attention of the second overlapping
+ * the device's layer of the first. Results are policy gpu's within the two
  * attention kernels' rounding. Not with tensor parallelism or swap (refused). A step whose
  * device items need more pages than the device holds fails (RESOURCE_EXHAUSTED). Without the
  * policy: stats all zero, pages_freed does nothing. */

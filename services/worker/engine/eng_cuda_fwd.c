@@ -190,8 +190,7 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
     for (uint32_t i = 0; i < n; i++) {
         const eng_forward_item *it = &items[i];
         const eng_check_plan *p = &e->chk.plan[i];
-        bool host = ec_off_item_host(e, i); /* offload: attends on the host this step */
-        if (it->n_kv_pages > 0 && !e->off)  /* kv_pages may be NULL then */
+        if (it->n_kv_pages > 0 && !e->off) /* kv_pages may be NULL then */
             memcpy(M + L.pages + p->pages, it->kv_pages, it->n_kv_pages * sizeof(uint32_t));
         for (uint32_t j = 0; e->off && j < it->n_kv_pages; j++) /* device slots, not page ids */
             M[L.pages + p->pages + j] = (int32_t)ec_off_page(e, it->kv_pages[j]);
@@ -201,7 +200,7 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
             M[L.in_slot + row] = (int32_t)slot;
             M[L.pos + row] = (int32_t)e->emb_pos[slot];
             int32_t dst = -1;
-            if (it->append_kv && !host) { /* a host item's K/V are stored at home */
+            if (it->append_kv) {
                 uint32_t s = p->ctx + t;
                 dst = (int32_t)(ec_off_page(e, it->kv_pages[s / ps]) * ps + s % ps);
             }
@@ -215,9 +214,8 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
             memcpy(M + L.runs + runs_at, it->mask_runs, it->n_mask_runs * sizeof(uint32_t));
             runs_at += it->n_mask_runs;
         }
-        if (!host) ec_region_add(e, &all, graph, it, p, 0, p->first, R);
-        if (it->n_out > 0 && !host)
-            ec_region_add(e, &out, graph, it, p, it->n_in - it->n_out, n_out, R);
+        ec_region_add(e, &all, graph, it, p, 0, p->first, R);
+        if (it->n_out > 0) ec_region_add(e, &out, graph, it, p, it->n_in - it->n_out, n_out, R);
         for (uint32_t j = 0; j < it->n_out; j++) {
             M[L.out_row + n_out] = (int32_t)(p->first + it->n_in - it->n_out + j);
             M[L.out_slot + n_out] = (int32_t)it->out_slots[j];
@@ -302,23 +300,23 @@ static pie_code ec_attention(eng_cuda *e, uint32_t layer, const ec_run *run, boo
     return PIE_OK;
 }
 
-/* o-proj, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. In a
- * tensor-parallel group o-proj and down are row-parallel: each rank's partial sums are
+/* o-proj of att, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. In
+ * a tensor-parallel group o-proj and down are row-parallel: each rank's partial sums are
  * all-reduced on the stream (inside a decode graph's capture too). */
-static pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
-                              pie_status *st) {
+pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
+                       const krn_bf16 *att, float *tmp, pie_status *st) {
     uint32_t d = e->info.hidden_size;
-    pie_code rc = ec_linear(e, e->att, rows, e->qd, L->wo, d, e->tmp, st);
-    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, e->tmp, (size_t)rows * d, st);
+    pie_code rc = ec_linear(e, att, rows, e->qd, L->wo, d, tmp, st);
+    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, tmp, (size_t)rows * d, st);
     if (rc != PIE_OK) return rc;
-    EC_CUDA(st, krn_cuda_add_rmsnorm(x, e->tmp, L->ffn_norm, (int)rows, (int)d, e->m->cfg.rms_eps,
+    EC_CUDA(st, krn_cuda_add_rmsnorm(x, tmp, L->ffn_norm, (int)rows, (int)d, e->m->cfg.rms_eps,
                                      e->xn, NULL, e->stream));
     rc = ec_linear(e, e->xn, rows, d, L->w_gate_up, 2 * e->ffn, e->gu, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, krn_cuda_silu_mul(e->gu, (int)rows, (int)e->ffn, e->h, e->stream));
     e->step_launches += 2;
-    rc = ec_linear(e, e->h, rows, e->ffn, L->w_down, d, e->tmp, st);
-    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, e->tmp, (size_t)rows * d, st);
+    rc = ec_linear(e, e->h, rows, e->ffn, L->w_down, d, tmp, st);
+    if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, tmp, (size_t)rows * d, st);
     return rc;
 }
 
@@ -341,15 +339,10 @@ static pie_code ec_run_layer(eng_cuda *e, const ec_run *run, uint32_t l, float *
                                          (int)c->head_dim, e->inv_freq, e->kb, e->vb, ec_kv(e, l),
                                          (int)e->info.kv_page_size, M + L->kv_dst, e->stream));
     e->step_launches += 2;
-    bool hosts = ec_off_step_hosts(e); /* offload: some rows attend on the host */
-    if (hosts) {
-        rc = ec_off_send_rows(e, st);
-        if (rc != PIE_OK) return rc;
-    }
     *stored = last && run->n_out == 0;
-    if (!*stored) rc = ec_attention(e, l, run, last, st);
-    if (rc == PIE_OK && hosts) rc = ec_off_host_attend(e, l, last, *stored, st);
-    if (rc != PIE_OK || *stored) return rc;
+    if (*stored) return PIE_OK;
+    rc = ec_attention(e, l, run, last, st);
+    if (rc != PIE_OK) return rc;
     uint32_t rows = R;
     if (last) { /* only the output rows go on */
         EC_CUDA(st, krn_cuda_gather_rows(e->x2, *x, M + L->out_row, (int)run->out_rows, d,
@@ -358,30 +351,42 @@ static pie_code ec_run_layer(eng_cuda *e, const ec_run *run, uint32_t l, float *
         *x = e->x2;
         rows = run->out_rows;
     }
-    return ec_layer_tail(e, Ly, *x, rows, st);
+    return ec_layer_tail(e, Ly, *x, rows, e->att, e->tmp, st);
 }
 
 /* Enqueues the whole pass for the uploaded tables; nothing here waits or reads the host
  * tables, so it may run under stream capture (without the swap policy: under it each layer
- * first waits for its cache to be on the device). */
+ * first waits for its cache to be on the device). Under offload with host items this is
+ * sub-batch 0 (the device items; run->rows 0 when there are none), and the host items'
+ * sub-batch runs around each of its layers (eng_cuda_off.c): their q/k/v before it, their
+ * host attention while the device runs it, their layer tail after it. */
 static pie_code ec_run_layers(eng_cuda *e, const ec_run *run, pie_status *st) {
     const mdl_config *c = &e->m->cfg;
     const ec_meta_layout *L = &run->lay;
     const int32_t *M = e->d_meta;
     int d = (int)c->hidden_size;
     uint32_t R = run->rows;
+    bool hosts = ec_off_step_hosts(e);
     float *x = e->x;
-    EC_CUDA(st, krn_cuda_gather_rows(x, e->emb, M + L->in_slot, (int)R, d, e->stream));
-    e->step_launches++;
+    if (R > 0) {
+        EC_CUDA(st, krn_cuda_gather_rows(x, e->emb, M + L->in_slot, (int)R, d, e->stream));
+        e->step_launches++;
+    }
+    bool stored = false;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         pie_code rc = ec_swap_acquire(e, l, st); /* swap policy: layer l's cache is here */
         if (rc != PIE_OK) return rc;
-        bool stored = false;
-        rc = ec_run_layer(e, run, l, &x, &stored, st);
+        if (hosts) rc = ec_off_layer_begin(e, l, st);
+        if (rc == PIE_OK && R > 0) rc = ec_run_layer(e, run, l, &x, &stored, st);
         ec_swap_release(e, l); /* after its kernels were enqueued, even the failed ones */
-        if (rc != PIE_OK || stored) return rc;
+        if (rc == PIE_OK && hosts) rc = ec_off_layer_end(e, l, st);
+        if (rc != PIE_OK) return rc;
     }
-    if (run->n_out == 0) return PIE_OK;
+    if (hosts) {
+        pie_code rc = ec_off_finish(e, st);
+        if (rc != PIE_OK) return rc;
+    }
+    if (R == 0 || run->n_out == 0 || stored) return PIE_OK;
     float *y = x == e->x ? e->x2 : e->x; /* the buffer x is not */
     if (c->n_layers == 0) {              /* degenerate model: the outputs are the normed inputs */
         EC_CUDA(st, krn_cuda_gather_rows(e->x2, e->x, M + L->out_row, (int)run->out_rows, d,
@@ -504,6 +509,11 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
     rc = ec_off_prepare(e, items, n, st); /* offload: the split, pages where they attend */
+    if (rc == PIE_OK && ec_off_step_hosts(e)) { /* the device items run as sub-batch 0 */
+        ec_off_device_items(e, &items, &n);
+        T = 0;
+        if (n > 0) rc = eng_check_forward(&e->chk, items, n, e->page_n_masked, &T, st);
+    }
     if (rc != PIE_OK) {
         (void)cudaStreamSynchronize(e->stream); /* moves enqueued before the failure */
         return rc;

@@ -197,6 +197,11 @@ struct eng_cuda {
 pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, const krn_bf16 *w,
                    uint32_t out, float *y, pie_status *st);
 
+/* eng_cuda_fwd.c: o-proj of att, the residual, the MLP (down-proj into tmp) over `rows` rows
+ * of x (both sub-batches of an offload step use it). */
+pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
+                       const krn_bf16 *att, float *tmp, pie_status *st);
+
 /* eng_cuda_swap.c: the swap policy on this device. Without it (e->tier NULL) the helpers do
  * nothing and ec_kv is layer l's part of the pool. */
 pie_code ec_swap_open(eng_cuda *e, const eng_opts *o, pie_status *st);
@@ -216,7 +221,7 @@ void ec_swap_resume(eng_cuda *e);
 void ec_swap_touch(eng_cuda *e, uint32_t pages);
 
 /* eng_cuda_off.c: CPU attention offload. Without it (e->off NULL) ec_off_page is the identity
- * and ec_off_item_host false. */
+ * and ec_off_step_hosts false. */
 typedef struct ec_off ec_off;
 pie_code ec_off_check(const eng_opts *opts, uint32_t kv_pages, pie_status *st);
 pie_code ec_off_open(eng_cuda *e, const eng_opts *opts, pie_status *st);
@@ -224,13 +229,17 @@ void ec_off_close(eng_cuda *e);
 /* The step's split and page moves (after validation, before the tables are filled). */
 pie_code ec_off_prepare(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st);
 uint32_t ec_off_page(const eng_cuda *e, uint32_t page); /* the page's slot on the device */
-bool ec_off_item_host(const eng_cuda *e, uint32_t item);
 bool ec_off_step_hosts(const eng_cuda *e); /* the prepared step has host items */
-/* In a layer with host items: after q/k/v and RoPE, their rows to the host (an event); after
- * the device's attention is enqueued, their K/V appended at home and (unless stored: the pass
- * ends after storing) their attention, scattered into att (the last layer: output rows). */
-pie_code ec_off_send_rows(eng_cuda *e, pie_status *st);
-pie_code ec_off_host_attend(eng_cuda *e, uint32_t l, bool last, bool stored, pie_status *st);
+/* A step with host items runs as two sub-batches: the device items (*items, *n: sub-batch 0,
+ * the forward's own path, which may be empty) and the host items, whose layer l runs around
+ * sub-batch 0's: layer_begin enqueues their norm, q/k/v and RoPE and copies those rows to the
+ * host (an event); layer_end waits for it (sub-batch 0's layer l runs meanwhile), appends
+ * their K/V at home, runs their attention on the host pool and enqueues their layer tail;
+ * finish enqueues their final norm and output slots. */
+void ec_off_device_items(eng_cuda *e, const eng_forward_item **items, uint32_t *n);
+pie_code ec_off_layer_begin(eng_cuda *e, uint32_t l, pie_status *st);
+pie_code ec_off_layer_end(eng_cuda *e, uint32_t l, pie_status *st);
+pie_code ec_off_finish(eng_cuda *e, pie_status *st);
 pie_code ec_off_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n, pie_status *st);
 pie_code ec_off_clear(eng_cuda *e, const uint32_t *pages, uint32_t n);
 /* After the mirror of a page's mask changed: the slot's copy, when it has one. */

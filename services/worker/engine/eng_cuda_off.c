@@ -1,32 +1,36 @@
 /* eng_cuda_off.c — CPU attention offload on the cuda backend (issue 13; Neo, seed 004): decode
  * items whose KV lives in the host pool have their attention run by host threads with the cpu
- * attention kernels, while the device runs the other items.
+ * attention kernels, as a second sub-batch whose host attention overlaps the device's work on
+ * the other items.
  *
  * Owns: the host pool (pinned: every page id has its home there, layer-major, the cpu kernels'
  * page layout), the device's KV slots (offload_device_pages of them per layer, carved in the
  * device pool instead of a cache for every page id) and the page table between them
  * (mem/wrk_kvslots.h), the per-step split (mem/wrk_offplace.h's scheduler, or the test's pick),
- * the host rows' round trip in each layer, page copies and clears under the policy, the cost
- * profile and the stats.
+ * the host sub-batch layer by layer, page copies and clears under the policy, the cost profile
+ * and the stats.
  *
  * The rule: a page with a device slot has its KV there, any other at home. A step (prepare):
  * the split is decided; every page a device item reads or writes gets a slot (a page holding
  * KV is fetched, others zeroed; when none is free the clock's next page not used by this step
- * is spilled home and counts on the host), every host item's page goes home. The tables then
- * name slots instead of page ids (ec_off_page), host rows store nothing on the device and have
- * no attention tiles. In each layer, after q/k/v and RoPE, the host rows' qkv, K and V are
- * gathered and copied to pinned memory (an event); the device's attention is enqueued; the
- * engine's thread waits for the event, appends K/V to the host pages, runs the host attention
- * on the pool (the calling thread included), and copies the output rows back, scattered into
- * the attention output before the layer's o-proj. What overlaps is host attention with device
- * attention (as on the cpu backend), not Neo's two sub-batches' linear layers: the host phase
- * needs the engine's thread, so steps with host items launch directly (no graph).
+ * is spilled home and counts on the host), every host item's page goes home. The step then
+ * runs as Neo's two asymmetric sub-batches (§3.2): sub-batch 0, the device items, is the
+ * forward's own path over tables that name slots instead of page ids; sub-batch 1, the host
+ * items, runs around each of its layers on the same stream — before it, their norm, q/k/v and
+ * RoPE, copied to pinned memory (an event); while the device runs sub-batch 0's layer, the
+ * engine's thread waits for the event, appends their K/V at home and runs their attention on
+ * the host pool (its own thread included); after it, their layer tail over the attention
+ * copied back. So host attention hides behind sub-batch 0's whole layer (linear layers and
+ * attention), and sub-batch 1 reads the weights a second time (the cost the scheduler weighs).
+ * Such a step launches directly (the host phase needs the engine's thread inside every layer);
+ * steps without host items replay graphs as under policy gpu.
  *
  * Not here: items with an explicit or page mask attend on the device (device_only: the host
  * side applies no mask); tensor parallelism (refused at open); a step whose device items need
  * more pages than the device has slots fails (RESOURCE_EXHAUSTED) instead of spilling prefills.
- * Results differ from policy gpu by the two attention kernels' rounding (the cpu kernel sums in
- * another order), within the bf16 KV's tolerance (tests/cuda/test_eng_cuda_offload.c). */
+ * Results differ from policy gpu by rounding (the cpu attention kernel sums in another order;
+ * the host sub-batch's linear layers run over its own rows), within the bf16 KV's tolerance
+ * (tests/cuda/test_eng_cuda_offload.c). */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -62,17 +66,22 @@ struct ec_off {
     krn_kv_layer *kv_home; /* [n_layers]: the cpu kernels' view of each layer's homes */
     krn_pool *hpool;
 
-    /* the step's host items */
-    uint32_t n_host;
-    uint32_t *host_item; /* [T] forward item of each */
-    int32_t *h_rows;     /* pinned [2T]: batch row of each; its output row or -1 */
-    int32_t *d_rows;     /* device [2T] */
-    float *d_gather;     /* device [T, qkvd + kvd]: qkv rows, then K|V rows (bf16 pairs) */
-    float *h_gather;     /* pinned, the same */
-    krn_bf16 *d_att;     /* device [T, qd] */
-    uint16_t *h_att;     /* pinned [T, qd] */
-    float *h_out;        /* [T, qd] host attention's f32 output */
-    krn_attn_item *attn; /* [T] */
+    /* the step's sub-batches: the device items (compacted), the host items */
+    eng_forward_item *dev_items; /* [T] */
+    uint32_t n_dev;
+    uint32_t n_host, host_out; /* host items; of which with an output */
+    uint32_t *host_item;       /* [T] forward item of each */
+    int32_t *h_rows;           /* pinned [3T]: each host item's input slot, position, output
+                                  slot (or -1) */
+    int32_t *d_rows;           /* device [3T] */
+    float *x1, *tmp1, *y1;     /* device [T, d]: the host sub-batch's residual, its layer
+                                  tail's output, its final norm */
+    float *h_qkv;              /* pinned [T, qkvd]: q (rotated) | k | v rows of a layer */
+    uint16_t *h_k, *h_v;       /* pinned [T, kvd] bf16: K (rotated) and V as stored */
+    krn_bf16 *d_att;           /* device [T, qd] */
+    uint16_t *h_att;           /* pinned [T, qd] */
+    float *h_out;              /* [T, qd] host attention's f32 output */
+    krn_attn_item *attn;       /* [T] */
     cudaEvent_t rows_ready;
 
     wrk_off_costs costs;
@@ -146,10 +155,6 @@ uint32_t ec_off_page(const eng_cuda *e, uint32_t page) {
     return k == WRK_KVSLOT_NONE ? page : k; /* host items' pages: never read on the device */
 }
 
-bool ec_off_item_host(const eng_cuda *e, uint32_t item) {
-    return e->off && e->off->item_host[item] == WRK_OFF_HOST;
-}
-
 bool ec_off_step_hosts(const eng_cuda *e) { return e->off && e->off->n_host > 0; }
 
 /* ---- one step's split ------------------------------------------------------------------------ */
@@ -159,23 +164,27 @@ static bool off_pick(void *user, uint32_t item) {
     return e->off->pick(e->off->pick_user, item, &e->off->step_items[item]);
 }
 
-/* The host items' rows: batch row, output row (or -1), uploaded for the gathers. */
-static pie_code off_host_rows(eng_cuda *e, const eng_forward_item *items, uint32_t n,
-                              pie_status *st) {
+/* The two sub-batches: the device items compacted (sub-batch 0, the forward's own path), the
+ * host items' slots, positions and outputs uploaded for their sub-batch. */
+static pie_code off_sub_batches(eng_cuda *e, const eng_forward_item *items, uint32_t n,
+                                pie_status *st) {
     ec_off *o = e->off;
-    uint32_t T = e->info.max_batch_tokens, n_out = 0;
-    o->n_host = 0;
+    uint32_t T = e->info.max_batch_tokens;
+    o->n_dev = o->n_host = o->host_out = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (o->item_host[i] == WRK_OFF_HOST) {
-            uint32_t k = o->n_host++;
-            o->host_item[k] = i;
-            o->h_rows[k] = (int32_t)e->chk.plan[i].first;
-            o->h_rows[T + k] = items[i].n_out ? (int32_t)n_out : -1;
+        if (o->item_host[i] != WRK_OFF_HOST) {
+            o->dev_items[o->n_dev++] = items[i];
+            continue;
         }
-        n_out += items[i].n_out;
+        uint32_t k = o->n_host++, in = items[i].in_slots[0]; /* a host item is one decode */
+        o->host_item[k] = i;
+        o->h_rows[k] = (int32_t)in;
+        o->h_rows[T + k] = (int32_t)e->emb_pos[in];
+        o->h_rows[2 * T + k] = items[i].n_out ? (int32_t)items[i].out_slots[0] : -1;
+        o->host_out += items[i].n_out != 0;
     }
     if (o->n_host == 0) return PIE_OK;
-    EC_CUDA(st, cudaMemcpyAsync(o->d_rows, o->h_rows, 2 * (size_t)T * sizeof(int32_t),
+    EC_CUDA(st, cudaMemcpyAsync(o->d_rows, o->h_rows, 3 * (size_t)T * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, e->stream));
     return PIE_OK;
 }
@@ -199,53 +208,65 @@ pie_code ec_off_prepare(eng_cuda *e, const eng_forward_item *items, uint32_t n, 
     o->step_items = items;
     wrk_offplace_decide(&o->place, &o->costs, o->pitems, n, o->pick ? off_pick : NULL, e,
                         o->item_host, NULL);
+    if (e->info.n_layers == 0) memset(o->item_host, WRK_OFF_DEVICE, n); /* nothing to attend */
     uint32_t hosted = 0;
     pie_code rc = wrk_kvslots_place(&o->slots, &o->place, o->pitems, n, o->item_host, &hosted, st);
     if (rc != PIE_OK) return rc;
     if (hosted) o->stats.offload_steps++;
     o->stats.last_host_items = hosted;
     o->stats.host_items += hosted;
-    return off_host_rows(e, items, n, st);
+    return off_sub_batches(e, items, n, st);
 }
 
-/* ---- the host rows in a layer ---------------------------------------------------------------- */
+void ec_off_device_items(eng_cuda *e, const eng_forward_item **items, uint32_t *n) {
+    *items = e->off->dev_items;
+    *n = e->off->n_dev;
+}
 
-pie_code ec_off_send_rows(eng_cuda *e, pie_status *st) {
+/* ---- the host sub-batch, layer by layer ------------------------------------------------------ */
+
+pie_code ec_off_layer_begin(eng_cuda *e, uint32_t l, pie_status *st) {
     ec_off *o = e->off;
-    uint32_t nh = o->n_host, kvd = e->kvd;
-    float *kv_at = o->d_gather + (size_t)nh * e->qkvd;
-    EC_CUDA(st,
-            krn_cuda_gather_rows(o->d_gather, e->qkv, o->d_rows, (int)nh, (int)e->qkvd, e->stream));
-    /* bf16 rows of kvd (even) elements move as kvd / 2 floats */
-    EC_CUDA(st, krn_cuda_gather_rows(kv_at, (const float *)e->kb, o->d_rows, (int)nh,
-                                     (int)(kvd / 2), e->stream));
-    EC_CUDA(st, krn_cuda_gather_rows(kv_at + (size_t)nh * kvd / 2, (const float *)e->vb, o->d_rows,
-                                     (int)nh, (int)(kvd / 2), e->stream));
-    size_t bytes = (size_t)nh * (e->qkvd + kvd) * sizeof(float);
-    EC_CUDA(st,
-            cudaMemcpyAsync(o->h_gather, o->d_gather, bytes, cudaMemcpyDeviceToHost, e->stream));
+    const mdl_config *c = &e->m->cfg;
+    const ec_layer *Ly = &e->layers[l];
+    uint32_t nh = o->n_host, T = e->info.max_batch_tokens, d = c->hidden_size;
+    if (l == 0) {
+        EC_CUDA(st, krn_cuda_gather_rows(o->x1, e->emb, o->d_rows, (int)nh, (int)d, e->stream));
+        e->step_launches++;
+    }
+    EC_CUDA(st, krn_cuda_add_rmsnorm(o->x1, l == 0 ? NULL : o->tmp1, Ly->attn_norm, (int)nh,
+                                     (int)d, c->rms_eps, e->xn, NULL, e->stream));
+    pie_code rc = ec_linear(e, e->xn, nh, d, Ly->wqkv, e->qkvd, e->qkv, st);
+    if (rc != PIE_OK) return rc;
+    EC_CUDA(st, krn_cuda_rope_qkv(e->qkv, o->d_rows + T, (int)nh, (int)e->nh, (int)e->nkv,
+                                  (int)c->head_dim, e->inv_freq, e->kb, e->vb, e->stream));
+    e->step_launches += 2;
+    /* the rows the host needs, in the scratch sub-batch 0 overwrites next: copied out first */
+    EC_CUDA(st, cudaMemcpyAsync(o->h_qkv, e->qkv, (size_t)nh * e->qkvd * sizeof(float),
+                                cudaMemcpyDeviceToHost, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(o->h_k, e->kb, (size_t)nh * e->kvd * sizeof(krn_bf16),
+                                cudaMemcpyDeviceToHost, e->stream));
+    EC_CUDA(st, cudaMemcpyAsync(o->h_v, e->vb, (size_t)nh * e->kvd * sizeof(krn_bf16),
+                                cudaMemcpyDeviceToHost, e->stream));
     EC_CUDA(st, cudaEventRecord(o->rows_ready, e->stream));
-    e->step_launches += 3;
     return PIE_OK;
 }
 
-/* After the event: the host rows' K/V appended at home, and (attend) their attention. */
-static void off_host_layer(eng_cuda *e, uint32_t l, bool last, bool attend) {
+/* The host items' K/V of layer l appended at home, then (attend) their attention. */
+static void off_host_layer(eng_cuda *e, uint32_t l, bool attend) {
     ec_off *o = e->off;
     uint32_t nh = o->n_host, kvd = e->kvd, ps = e->info.kv_page_size;
-    const uint16_t *kr = (const uint16_t *)(o->h_gather + (size_t)nh * e->qkvd);
-    const uint16_t *vr = kr + (size_t)nh * kvd;
     int n_att = 0;
     for (uint32_t k = 0; k < nh; k++) {
         const eng_forward_item *it = &o->step_items[o->host_item[k]];
         uint32_t ctx = e->chk.plan[o->host_item[k]].ctx, page = it->kv_pages[ctx / ps];
-        memcpy(krn_kv_k(&o->kv_home[l], page, (int)(ctx % ps)), kr + (size_t)k * kvd,
+        memcpy(krn_kv_k(&o->kv_home[l], page, (int)(ctx % ps)), o->h_k + (size_t)k * kvd,
                kvd * sizeof(uint16_t));
-        memcpy(krn_kv_v(&o->kv_home[l], page, (int)(ctx % ps)), vr + (size_t)k * kvd,
+        memcpy(krn_kv_v(&o->kv_home[l], page, (int)(ctx % ps)), o->h_v + (size_t)k * kvd,
                kvd * sizeof(uint16_t));
-        if (!attend || (last && o->h_rows[e->info.max_batch_tokens + k] < 0)) continue;
+        if (!attend) continue;
         o->attn[n_att++] = (krn_attn_item){
-            .q = o->h_gather + (size_t)k * e->qkvd, /* q: the first qd of the row, rotated */
+            .q = o->h_qkv + (size_t)k * e->qkvd, /* q: the first qd of the row, rotated */
             .out = o->h_out + (size_t)k * e->qd,
             .n_q = 1,
             .pages = it->kv_pages,
@@ -257,28 +278,38 @@ static void off_host_layer(eng_cuda *e, uint32_t l, bool last, bool attend) {
         krn_cpu_attention(o->hpool, &o->kv_home[l], o->attn, n_att, (int)e->nh, e->attn_scale);
 }
 
-pie_code ec_off_host_attend(eng_cuda *e, uint32_t l, bool last, bool stored, pie_status *st) {
+pie_code ec_off_layer_end(eng_cuda *e, uint32_t l, pie_status *st) {
     ec_off *o = e->off;
-    uint32_t nh = o->n_host, T = e->info.max_batch_tokens;
+    uint32_t nh = o->n_host;
+    /* the last layer matters only for the outputs; a sub-batch without any stores its K/V */
+    bool attend = l + 1 < e->info.n_layers || o->host_out > 0;
     uint64_t t0 = off_now_ns();
-    EC_CUDA(st, cudaEventSynchronize(o->rows_ready));
+    EC_CUDA(st, cudaEventSynchronize(o->rows_ready)); /* sub-batch 0's layer l runs meanwhile */
     uint64_t t1 = off_now_ns();
-    off_host_layer(e, l, last, !stored);
+    off_host_layer(e, l, attend);
     uint64_t t2 = off_now_ns();
     o->stats.host_wait_ns += t1 - t0;
     o->stats.host_attn_ns += t2 - t1;
     o->stats.last_host_attn_ns += t2 - t1;
-    if (stored) return PIE_OK;
-    for (uint32_t k = 0; k < nh; k++) /* rows without output in the last layer: never read */
-        krn_cvt_bf16(o->h_out + (size_t)k * e->qd, e->qd, o->h_att + (size_t)k * e->qd);
+    if (!attend) return PIE_OK;
+    krn_cvt_bf16(o->h_out, (size_t)nh * e->qd, o->h_att);
+    /* h_att and h_qkv are written again after the next layer's event: read by then */
     EC_CUDA(st, cudaMemcpyAsync(o->d_att, o->h_att, (size_t)nh * e->qd * sizeof(uint16_t),
                                 cudaMemcpyHostToDevice, e->stream));
-    EC_CUDA(st, krn_cuda_scatter_rows((float *)e->att, (const float *)o->d_att,
-                                      o->d_rows + (last ? T : 0), (int)nh, (int)(e->qd / 2),
+    return ec_layer_tail(e, &e->layers[l], o->x1, nh, o->d_att, o->tmp1, st);
+}
+
+pie_code ec_off_finish(eng_cuda *e, pie_status *st) {
+    ec_off *o = e->off;
+    uint32_t nh = o->n_host, T = e->info.max_batch_tokens, d = e->info.hidden_size;
+    if (o->host_out == 0) return PIE_OK;
+    EC_CUDA(st, krn_cuda_add_rmsnorm(o->x1, o->tmp1, e->norm, (int)nh, (int)d, e->m->cfg.rms_eps,
+                                     NULL, o->y1, e->stream));
+    EC_CUDA(st, krn_cuda_scatter_rows(e->emb, o->y1, o->d_rows + 2 * T, (int)nh, (int)d,
                                       e->stream));
-    e->step_launches++;
-    /* h_att and h_gather are written again in the next layer's host phase, which starts after
-     * that layer's event: the stream has read them by then */
+    e->step_launches += 2;
+    for (uint32_t k = 0; k < nh; k++) /* an output inherits its input's position */
+        if (o->h_rows[2 * T + k] >= 0) e->emb_pos[o->h_rows[2 * T + k]] = (uint32_t)o->h_rows[T + k];
     return PIE_OK;
 }
 
@@ -426,8 +457,8 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
     if (!ids) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
     for (uint32_t i = 0; i < pages; i++) ids[i] = i;
     int ctx = (int)(pages * in->kv_page_size);
-    memset(o->h_gather, 0, e->qkvd * sizeof(float));
-    krn_attn_item a = {.q = o->h_gather,
+    memset(o->h_qkv, 0, e->qkvd * sizeof(float));
+    krn_attn_item a = {.q = o->h_qkv,
                        .out = o->h_out,
                        .n_q = 1,
                        .pages = ids,
@@ -474,14 +505,16 @@ pie_code ec_off_check(const eng_opts *opts, uint32_t kv_pages, pie_status *st) {
 static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_status *st) {
     const eng_info *in = &e->info;
     size_t T = in->max_batch_tokens, L = in->n_layers ? in->n_layers : 1;
-    size_t gather = T * (e->qkvd + e->kvd) * sizeof(float);
+    size_t d = in->hidden_size;
     o->pitems = calloc(T, sizeof *o->pitems);
+    o->dev_items = calloc(T, sizeof *o->dev_items);
     o->item_host = calloc(T, 1);
     o->host_item = calloc(T, sizeof *o->host_item);
     o->h_out = calloc(T * e->qd, sizeof *o->h_out);
     o->attn = calloc(T, sizeof *o->attn);
     o->kv_home = calloc(L, sizeof *o->kv_home);
-    if (!o->pitems || !o->item_host || !o->host_item || !o->h_out || !o->attn || !o->kv_home)
+    if (!o->pitems || !o->dev_items || !o->item_host || !o->host_item || !o->h_out || !o->attn ||
+        !o->kv_home)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: out of memory for the offload tables");
     /* mapped (zeroed by the kernel), bound to the NUMA node before it is touched, then pinned:
@@ -512,11 +545,15 @@ static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_stat
                                        .n_kv_heads = (int)e->nkv,
                                        .head_dim = (int)e->m->cfg.head_dim,
                                        .dtype = KRN_BF16};
-    EC_CUDA(st, cudaMallocHost((void **)&o->h_rows, 2 * T * sizeof(int32_t)));
-    EC_CUDA(st, cudaMallocHost((void **)&o->h_gather, gather));
+    EC_CUDA(st, cudaMallocHost((void **)&o->h_rows, 3 * T * sizeof(int32_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&o->h_qkv, T * e->qkvd * sizeof(float)));
+    EC_CUDA(st, cudaMallocHost((void **)&o->h_k, T * e->kvd * sizeof(uint16_t)));
+    EC_CUDA(st, cudaMallocHost((void **)&o->h_v, T * e->kvd * sizeof(uint16_t)));
     EC_CUDA(st, cudaMallocHost((void **)&o->h_att, T * e->qd * sizeof(uint16_t)));
-    EC_CUDA(st, cudaMalloc((void **)&o->d_rows, 2 * T * sizeof(int32_t)));
-    EC_CUDA(st, cudaMalloc((void **)&o->d_gather, gather));
+    EC_CUDA(st, cudaMalloc((void **)&o->d_rows, 3 * T * sizeof(int32_t)));
+    EC_CUDA(st, cudaMalloc((void **)&o->x1, T * d * sizeof(float)));
+    EC_CUDA(st, cudaMalloc((void **)&o->tmp1, T * d * sizeof(float)));
+    EC_CUDA(st, cudaMalloc((void **)&o->y1, T * d * sizeof(float)));
     EC_CUDA(st, cudaMalloc((void **)&o->d_att, T * e->qd * sizeof(krn_bf16)));
     EC_CUDA(st, cudaEventCreateWithFlags(&o->rows_ready, cudaEventDisableTiming));
     return PIE_OK;
@@ -564,15 +601,16 @@ void ec_off_close(eng_cuda *e) {
     if (o->rows_ready) (void)cudaEventDestroy(o->rows_ready);
     if (o->home_pinned) (void)cudaHostUnregister(o->home);
     if (o->home) (void)munmap(o->home, o->home_bytes);
-    void *pinned[] = {o->h_rows, o->h_gather, o->h_att};
+    void *pinned[] = {o->h_rows, o->h_qkv, o->h_k, o->h_v, o->h_att};
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         if (pinned[i]) (void)cudaFreeHost(pinned[i]);
-    void *dev[] = {o->d_rows, o->d_gather, o->d_att};
+    void *dev[] = {o->d_rows, o->x1, o->tmp1, o->y1, o->d_att};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) (void)cudaFree(dev[i]);
     wrk_kvslots_free(&o->slots);
     wrk_offplace_free(&o->place);
     free(o->pitems);
+    free(o->dev_items);
     free(o->item_host);
     free(o->host_item);
     free(o->h_out);
