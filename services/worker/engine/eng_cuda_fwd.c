@@ -242,8 +242,11 @@ static void ec_fill_tables(eng_cuda *e, const eng_forward_item *items, uint32_t 
 static pie_code ec_upload_tables(eng_cuda *e, const ec_run *run, uint64_t n_pages, uint64_t n_runs,
                                  pie_status *st) {
     const ec_meta_layout *L = &run->lay;
-    size_t head = (L->pages + n_pages) * sizeof(int32_t);
-    EC_CUDA(st, cudaMemcpyAsync(e->d_meta, e->h_meta, head, cudaMemcpyHostToDevice, e->stream));
+    size_t head = (L->pages + n_pages) * sizeof(int32_t); /* 0: an offload step's empty
+                                                              sub-batch 0 */
+    if (head > 0)
+        EC_CUDA(st,
+                cudaMemcpyAsync(e->d_meta, e->h_meta, head, cudaMemcpyHostToDevice, e->stream));
     if (n_runs > 0)
         EC_CUDA(st, cudaMemcpyAsync(e->d_meta + L->runs, e->h_meta + L->runs,
                                     n_runs * sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));

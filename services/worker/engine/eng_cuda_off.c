@@ -71,6 +71,7 @@ struct ec_off {
     uint32_t n_dev;
     uint32_t n_host, host_out; /* host items; of which with an output */
     uint32_t *host_item;       /* [T] forward item of each */
+    uint32_t *host_ctx;        /* [T] its context (the forward's plan is sub-batch 0's later) */
     int32_t *h_rows;           /* pinned [3T]: each host item's input slot, position, output
                                   slot (or -1) */
     int32_t *d_rows;           /* device [3T] */
@@ -178,6 +179,7 @@ static pie_code off_sub_batches(eng_cuda *e, const eng_forward_item *items, uint
         }
         uint32_t k = o->n_host++, in = items[i].in_slots[0]; /* a host item is one decode */
         o->host_item[k] = i;
+        o->host_ctx[k] = e->chk.plan[i].ctx;
         o->h_rows[k] = (int32_t)in;
         o->h_rows[T + k] = (int32_t)e->emb_pos[in];
         o->h_rows[2 * T + k] = items[i].n_out ? (int32_t)items[i].out_slots[0] : -1;
@@ -259,7 +261,7 @@ static void off_host_layer(eng_cuda *e, uint32_t l, bool attend) {
     int n_att = 0;
     for (uint32_t k = 0; k < nh; k++) {
         const eng_forward_item *it = &o->step_items[o->host_item[k]];
-        uint32_t ctx = e->chk.plan[o->host_item[k]].ctx, page = it->kv_pages[ctx / ps];
+        uint32_t ctx = o->host_ctx[k], page = it->kv_pages[ctx / ps];
         memcpy(krn_kv_k(&o->kv_home[l], page, (int)(ctx % ps)), o->h_k + (size_t)k * kvd,
                kvd * sizeof(uint16_t));
         memcpy(krn_kv_v(&o->kv_home[l], page, (int)(ctx % ps)), o->h_v + (size_t)k * kvd,
@@ -510,11 +512,12 @@ static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_stat
     o->dev_items = calloc(T, sizeof *o->dev_items);
     o->item_host = calloc(T, 1);
     o->host_item = calloc(T, sizeof *o->host_item);
+    o->host_ctx = calloc(T, sizeof *o->host_ctx);
     o->h_out = calloc(T * e->qd, sizeof *o->h_out);
     o->attn = calloc(T, sizeof *o->attn);
     o->kv_home = calloc(L, sizeof *o->kv_home);
-    if (!o->pitems || !o->dev_items || !o->item_host || !o->host_item || !o->h_out || !o->attn ||
-        !o->kv_home)
+    if (!o->pitems || !o->dev_items || !o->item_host || !o->host_item || !o->host_ctx ||
+        !o->h_out || !o->attn || !o->kv_home)
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                               "eng_open: out of memory for the offload tables");
     /* mapped (zeroed by the kernel), bound to the NUMA node before it is touched, then pinned:
@@ -613,6 +616,7 @@ void ec_off_close(eng_cuda *e) {
     free(o->dev_items);
     free(o->item_host);
     free(o->host_item);
+    free(o->host_ctx);
     free(o->h_out);
     free(o->attn);
     free(o->kv_home);
