@@ -52,7 +52,7 @@ static eng_cuda *open_off(uint32_t device_pages, picker *p, pie_status *st) {
                   .backend = ENG_BACKEND_CUDA,
                   .kv_page_size = PAGE,
                   .kv_pages = PAGES,
-                  .embed_slots = CTX + 2 * SEQS + 8,
+                  .embed_slots = CTX + 2 * SEQS + 16,
                   .max_batch_tokens = CTX,
                   .offload_device_pages = device_pages,
                   .offload_host_threads = 2,
@@ -82,6 +82,41 @@ static float *run_workload(eng_cuda *g, uint32_t *vocab) {
     uint32_t fork[3] = {SEQS * PER, SEQS * PER + 1, SEQS * PER + 2};
     cuda_kc_fork_decode(g, fork, PAGE, FORK_CTX, CTX + 2 * SEQS, l + (size_t)SEQS * k.vocab);
     return l;
+}
+
+/* After run_workload: one forward of two items — a 4-token prefill of a new sequence (page
+ * SEQS * PER + 3) and one more decode of sequence 0 — whose outputs' logits go to l[2][vocab].
+ * Under offload with every eligible item picked, the decode is sub-batch 1 and the prefill
+ * sub-batch 0 of the same step. */
+static void run_mixed(eng_cuda *g, uint32_t vocab, float *l) {
+    pie_status st = {0};
+    uint32_t page = SEQS * PER + 3, seq0[PER], base = CTX + 2 * SEQS + 2;
+    for (uint32_t i = 0; i < PER; i++) seq0[i] = i;
+    cr_assert_eq(eng_cuda_clear_pages(g, &page, 1, &st), PIE_OK, "%s", st.msg);
+    uint32_t slots[5] = {base, base + 1, base + 2, base + 3, base + 4};
+    uint32_t toks[5] = {11, 12, 13, 14, 9}, pos[5] = {0, 1, 2, 3, CTX + STEPS};
+    cr_assert_eq(eng_cuda_embed_text(g, slots, toks, pos, 5, &st), PIE_OK, "%s", st.msg);
+    uint32_t outs[2] = {base + 5, base + 6};
+    eng_forward_item it[2] = {{.kv_pages = &page,
+                               .n_kv_pages = 1,
+                               .kv_last_page_len = 4,
+                               .append_kv = true,
+                               .in_slots = slots,
+                               .n_in = 4,
+                               .out_slots = &outs[0],
+                               .n_out = 1},
+                              {.kv_pages = seq0,
+                               .n_kv_pages = PER,
+                               .kv_last_page_len = CTX + STEPS + 1 - (PER - 1) * PAGE,
+                               .append_kv = true,
+                               .in_slots = &slots[4],
+                               .n_in = 1,
+                               .out_slots = &outs[1],
+                               .n_out = 1}};
+    cr_assert_eq(eng_cuda_forward(g, it, 2, &st), PIE_OK, "%s", st.msg);
+    for (int o = 0; o < 2; o++)
+        cr_assert_eq(eng_cuda_logits(g, outs[o], l + (size_t)o * vocab, &st), PIE_OK, "%s",
+                     st.msg);
 }
 
 static float *gpu_reference(uint32_t *vocab) {
@@ -236,4 +271,36 @@ Test(eng_cuda_offload, the_open_refuses_what_offload_cannot_run) {
     cr_assert_eq(eng_cuda_open(&o, &g, &st), PIE_INVALID_ARGUMENT, "%s", st.msg);
     cr_assert(strstr(st.msg, "exclude each other"), "%s", st.msg);
     cr_assert_null(g);
+}
+
+/* A prefill on the device and a decode on the host in one step: the two sub-batches. */
+Test(eng_cuda_offload, a_step_with_both_sub_batches_agrees_with_policy_gpu) {
+    CUDA_TEST_REQUIRE_DEVICE();
+    uint32_t vocab;
+    eng_cuda *ref = open_ok(0, NULL);
+    float *w = run_workload(ref, &vocab);
+    float *want = calloc(2 * (size_t)vocab, sizeof(float));
+    cr_assert_not_null(want);
+    run_mixed(ref, vocab, want);
+    eng_cuda_close(ref);
+    picker p = {.mode = PICK_ALL};
+    eng_cuda *g = open_ok(PAGES, &p);
+    float *l = run_workload(g, &vocab);
+    float *got = calloc(2 * (size_t)vocab, sizeof(float));
+    cr_assert_not_null(got);
+    run_mixed(g, vocab, got);
+    eng_offload_stats os;
+    eng_cuda_offload_get_stats(g, &os);
+    cr_assert_eq(os.last_host_items, 1, "the decode on the host, the prefill on the device");
+    char why[256];
+    const char *what[2] = {"the prefill (sub-batch 0)", "the decode (sub-batch 1)"};
+    for (int o = 0; o < 2; o++)
+        cr_assert(kc_eng_agree(got + (size_t)o * vocab, want + (size_t)o * vocab, vocab, OFF_TOL,
+                               what[o], why, sizeof why),
+                  "%s", why);
+    free(w);
+    free(l);
+    free(want);
+    free(got);
+    eng_cuda_close(g);
 }
