@@ -29,9 +29,16 @@
  *               (0: just enough); no graphs then. After the decodes: layers moved each way,
  *               bytes, compute stalls waiting for a layer (count, total ms). Run it beside the
  *               same command without --swap-slots: the step-time ratio is swap's transparency.
+ *   offload     with --offload-host H (issue 13): the engine under CPU attention offload (every
+ *               page fits the device: no eviction), the first H sequences of every decode step
+ *               attending on --offload-threads host threads (the pick, not the scheduler), as
+ *               Neo's second sub-batch; no graphs then. After the decodes: host items, host
+ *               attention and the engine's wait for it. Beside the same command without it, the
+ *               b=B step-time ratio is what offloading H sequences costs or gains on this host.
  *
  * Usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64] [--prefill 2048] [--steps 32]
  *                   [--bw-mib 1024] [--no-graphs] [--swap-slots S [--host-mib M]]
+ *                   [--offload-host H [--offload-threads N]]
  * Prints one Markdown table row per measurement; bench/results/cuda.md keeps recorded runs and
  * the acceptance targets (decode b=1 <= 1.25x the floor for the 8B shape, <= 1.6x for 1B;
  * decode b=64 and prefill >= 3x transformers, bench/cuda/bench_transformers.py). */
@@ -50,6 +57,7 @@ typedef struct bench_opts {
     const char *model;
     uint32_t context, batch, prefill, steps, bw_mib;
     uint32_t swap_slots, host_mib; /* the swap policy: layers on the device, host pool (0: fit) */
+    uint32_t offload_host, offload_threads; /* offload: sequences on the host, its threads */
     bool graphs;
     bool decode_only; /* only the context prefill and the b=1 decode: a short run for ncu */
 } bench_opts;
@@ -186,6 +194,8 @@ static void parse(int argc, char **argv, bench_opts *o) {
                       : !strcmp(a, "--bw-mib")  ? &o->bw_mib
                       : !strcmp(a, "--swap-slots") ? &o->swap_slots
                       : !strcmp(a, "--host-mib")   ? &o->host_mib
+                      : !strcmp(a, "--offload-host")    ? &o->offload_host
+                      : !strcmp(a, "--offload-threads") ? &o->offload_threads
                                                 : NULL;
         if (u && i + 1 < argc) {
             *u = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -200,11 +210,13 @@ static void parse(int argc, char **argv, bench_opts *o) {
             break;
         }
     }
+    if (o->swap_slots && o->offload_host) o->model = NULL; /* one policy at a time */
     if (!o->model || o->batch == 0 || o->batch > 1024 || o->steps == 0 || o->context == 0 ||
         o->prefill == 0 || o->bw_mib == 0) {
         fprintf(stderr, "usage: bench_cuda MODEL_DIR [--context 1024] [--batch 64 (<= 1024)] "
                         "[--prefill 2048] [--steps 32] [--bw-mib 1024] [--no-graphs] "
-                        "[--decode-only] [--swap-slots S [--host-mib M]]\n");
+                        "[--decode-only] [--swap-slots S [--host-mib M]] "
+                        "[--offload-host H [--offload-threads N]]\n");
         exit(2);
     }
 }
@@ -283,6 +295,24 @@ out:
     if (h) (void)cudaFreeHost(h);
 }
 
+/* offload's pick: the first `host` items of a batch attend on the host. */
+static bool pick_first(void *user, uint32_t item, const eng_forward_item *it) {
+    (void)it;
+    return item < *(const uint32_t *)user;
+}
+
+static void print_offload(eng_cuda *e, const char *phase, const eng_offload_stats *before) {
+    eng_offload_stats w;
+    eng_cuda_offload_get_stats(e, &w);
+    if (w.device_pages == 0) return;
+    uint64_t steps = w.steps - before->steps;
+    printf("| offload during %s: decodes on the host per step | %.1f | host attention %.2f ms, "
+           "waited for %.2f ms per step | |\n",
+           phase, steps ? (double)(w.host_items - before->host_items) / steps : 0.0,
+           steps ? (w.host_attn_ns - before->host_attn_ns) / 1e6 / steps : 0.0,
+           steps ? (w.host_wait_ns - before->host_wait_ns) / 1e6 / steps : 0.0);
+}
+
 static void print_swap(eng_cuda *e, const char *phase) {
     eng_swap_stats w;
     eng_cuda_swap_get_stats(e, &w);
@@ -319,6 +349,13 @@ int main(int argc, char **argv) {
         eo.swap_host_bytes = o.host_mib ? (uint64_t)o.host_mib << 20 : need;
         o.graphs = false;
     }
+    if (o.offload_host) { /* every page has a slot: the rows show the host sub-batch alone */
+        eo.offload_device_pages = pages;
+        eo.offload_host_threads = o.offload_threads ? (int)o.offload_threads : 1;
+        eo.offload_pick = pick_first;
+        eo.offload_pick_user = &o.offload_host;
+        o.graphs = false;
+    }
     eng_cuda *e = NULL;
     if (eng_cuda_open(&eo, &e, &st) != PIE_OK) die("open", &st);
     eng_cuda_set_graphs(e, o.graphs);
@@ -346,6 +383,10 @@ int main(int argc, char **argv) {
     if (o.swap_slots)
         printf("| swap policy: %u of %u layers' KV on the device, host pool %.1f MiB | | | |\n",
                o.swap_slots, in->n_layers, eo.swap_host_bytes / 1048576.0);
+    if (o.offload_host)
+        printf("| offload policy: the first %u sequences of a step on %d host threads | | | |\n",
+               o.offload_host, eo.offload_host_threads);
+    eng_offload_stats off0;
     eng_cuda_stats s0, s1;
 
     uint32_t **sp = malloc(sizeof *sp * (o.batch + 1));
@@ -381,6 +422,7 @@ int main(int argc, char **argv) {
 
     /* decode b=1 on sequence 1 (its context is a copy); step 0 warms up / captures */
     eng_cuda_get_stats(e, &s0);
+    eng_cuda_offload_get_stats(e, &off0);
     for (uint32_t s = 0; s <= o.steps; s++) {
         double dt = decode_step(e, 1, &sp[1], o.context + s, max_t, ids, probs, &dist_s);
         if (s > 0) t[s - 1] = dt, td[s - 1] = dist_s;
@@ -396,6 +438,7 @@ int main(int argc, char **argv) {
            in->vocab_size, (med1 - medd) * 1e3, medd * 1e3);
     print_graphs("decode b=1", &s0, &s1);
     print_swap(e, "decode b=1");
+    print_offload(e, "decode b=1", &off0);
     if (o.decode_only) {
         printf("\n(--decode-only: no prefill, b=%u decode or clearing rows)\n", o.batch);
         goto done;
@@ -403,6 +446,7 @@ int main(int argc, char **argv) {
 
     /* decode b=B: sequences 1..B; each step rewrites the same next position of each */
     eng_cuda_get_stats(e, &s0);
+    eng_cuda_offload_get_stats(e, &off0);
     for (uint32_t s = 0; s <= o.steps; s++) {
         double dt = decode_step(e, o.batch, &sp[1], o.context + s, max_t, ids, probs, &dist_s);
         if (s > 0) t[s - 1] = dt;
@@ -414,6 +458,7 @@ int main(int argc, char **argv) {
     eng_cuda_get_stats(e, &s1);
     print_graphs("decode b=B", &s0, &s1);
     print_swap(e, "decode b=B");
+    print_offload(e, "decode b=B", &off0);
     bench_clearing(e, o.steps, t, med1); /* after the decodes: it zeroes their pages */
     printf("\ngraphs captured %u, capture failures %u%s%s; next_dist: 4 launches per call of up "
            "to 64 slots, not graphed\n",

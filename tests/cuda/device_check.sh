@@ -110,6 +110,12 @@ for s in "$@"; do
                    --model /tmp/l8b --prompt-len 1500 --greedy 16 ;;
     bench1b)   step bench1b 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 64 --prefill 2048 --steps 32
                step bench1b_b1 120 "$B/bench_cuda" /tmp/l1b --context 1024 --batch 1 --prefill 64 --steps 32 ;;
+    off8b)     # issue 13: offload on the 8B shape at 4k context beside the same run on the device:
+               # b=64 with 0, 8 and 16 sequences' attention on 12 host threads (Neo's sub-batch 1)
+               for h in 0 8 16; do
+                 step off8b_h$h 150 "$B/bench_cuda" /tmp/l8b --context 4096 --batch 64 --prefill 64 \
+                     --steps 8 $( [ $h -gt 0 ] && echo --offload-host $h --offload-threads 12 )
+               done ;;
     swap8b)    # issue 13: the swap policy on the 8B shape beside bench8b's gpu rows: b=1 with
                # half the layers on the host (transparency), b=64 with 4 of 32 there (its stalls)
                step swap8b_b1 120 "$B/bench_cuda" /tmp/l8b --context 1024 --batch 1 --prefill 64 \
