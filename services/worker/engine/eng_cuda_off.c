@@ -333,9 +333,9 @@ pie_code ec_off_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n, 
     wrk_kvslots_begin_step(&o->slots);
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
+        (void)wrk_kvslots_touch(&o->slots, c->src); /* a slot for dst never evicts it */
         pie_code rc = wrk_kvslots_copy_dst(&o->slots, &o->place, c->dst, st);
         if (rc != PIE_OK) return rc;
-        (void)wrk_kvslots_touch(&o->slots, c->src);
         for (int v = 0; v < 2; v++) { /* K rows, then V rows, of every layer: one 2D copy each */
             size_t sp, dp;
             const uint8_t *src = off_token(e, c->src, c->src_off, v, &sp);
