@@ -330,10 +330,11 @@ pie_code ec_off_copy_items(eng_cuda *e, const eng_copy_item *items, uint32_t n, 
     ec_off *o = e->off;
     uint32_t ps = e->info.kv_page_size;
     size_t row = (size_t)e->kvd * sizeof(krn_bf16);
-    wrk_kvslots_begin_step(&o->slots);
     for (uint32_t i = 0; i < n; i++) {
         const eng_copy_item *c = &items[i];
-        (void)wrk_kvslots_touch(&o->slots, c->src); /* a slot for dst never evicts it */
+        /* a step of its own: dst may take any slot (even src's: src is then read at home), so
+         * a copy never fails for want of one */
+        wrk_kvslots_begin_step(&o->slots);
         pie_code rc = wrk_kvslots_copy_dst(&o->slots, &o->place, c->dst, st);
         if (rc != PIE_OK) return rc;
         for (int v = 0; v < 2; v++) { /* K rows, then V rows, of every layer: one 2D copy each */

@@ -89,7 +89,8 @@ pie_code wrk_kvslots_place(wrk_kvslots *s, wrk_offplace *p, const wrk_offplace_i
 
 /* Before a page copy writes `page`: a page holding no KV goes where the placement means it to
  * be (a slot when its region is the device, home otherwise), so wrk_offplace_copied counts it
- * right. Part of a step of its own (call wrk_kvslots_begin_step first). */
+ * right. Each copy a step of its own (wrk_kvslots_begin_step first): then it never fails for
+ * want of a slot, and the copy's source is read wherever it is afterwards. */
 pie_code wrk_kvslots_copy_dst(wrk_kvslots *s, wrk_offplace *p, uint32_t page, pie_status *st);
 
 static inline uint32_t wrk_kvslots_slot(const wrk_kvslots *s, uint32_t page) {
