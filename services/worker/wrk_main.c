@@ -96,7 +96,8 @@ static const pie_config_field wrk_fields[] = {
     {"model.description", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_description), .def = "",
      .doc = "free text shown by ListModels"},
     {"engine.threads", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, engine_threads), .def = "0",
-     .max = "1024", .doc = "CPU threads of the cpu backend's kernels (0 = online cores)"},
+     .max = "1024", .doc = "CPU threads of the cpu backend's kernels, and of the cuda backend's "
+                           "host attention under memory.policy offload (0 = online cores)"},
     {"engine.kv_dtype", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, kv_dtype), .def = "f32",
      .choices = wrk_kv_dtypes,
      .doc = "what the cpu backend's KV pool stores: f32, or bf16 (half the memory per token and "
