@@ -53,7 +53,7 @@ static eng_cuda *open_off(uint32_t device_pages, picker *p, pie_status *st) {
                   .kv_page_size = PAGE,
                   .kv_pages = PAGES,
                   .embed_slots = CTX + 2 * SEQS + 16,
-                  .max_batch_tokens = CTX,
+                  .max_batch_tokens = 48, /* the mask scenario needs 48 */
                   .offload_device_pages = device_pages,
                   .offload_host_threads = 2,
                   .offload_pick = device_pages ? pick : NULL,
@@ -239,7 +239,7 @@ Test(eng_cuda_offload, masks_agree_with_policy_gpu) {
     cr_assert(kc_eng_mask_scenario(&kr, want, why, sizeof why), "%s", why);
     eng_cuda_close(ref);
     picker p = {.mode = PICK_ALL};
-    eng_cuda *g = open_ok(PAGES, &p); /* page ids are not slots: 3 pages, slots from 0 */
+    eng_cuda *g = open_ok(PAGES, &p); /* pages 0-2 take the last slots (wrk_kvslots) */
     kc_engine k = kc_engine_gpu(g);
     cr_assert(kc_eng_mask_scenario(&k, got, why, sizeof why), "%s", why);
     /* the same kernels over the same K/V and masks at other addresses: the same bits */

@@ -28,7 +28,8 @@ pie_code wrk_kvslots_init(wrk_kvslots *s, uint32_t n_pages, uint32_t n_slots,
     for (uint32_t p = 0; p < n_pages; p++) s->slot_of[p] = WRK_KVSLOT_NONE;
     for (uint32_t k = 0; k < n_slots; k++) {
         s->page_of[k] = WRK_KVSLOT_NONE;
-        s->free[k] = n_slots - 1 - k; /* slot 0 on top */
+        s->free[k] = k; /* the last slot on top: page ids and slots part from the start, so
+                           a table naming a page id where a slot belongs shows in tests */
     }
     s->n_free = n_slots;
     return PIE_OK;
