@@ -146,6 +146,7 @@ Test(wrk_kvslots, a_step_pinning_more_pages_than_slots_is_refused_and_keeps_its_
     wrk_kvslots_begin_step(&s);
     for (uint32_t p = 0; p < 2; p++) {
         cr_assert_eq(wrk_kvslots_pin(&s, p, &k, &st), PIE_OK);
+        cr_assert_eq(k, 1 - p, "the last slot first: page ids and slots part");
         f.dev[k] = f.ref[p] = 100 + p;
         f.written[p] = 1;
     }
