@@ -187,16 +187,16 @@ static void parse(int argc, char **argv, bench_opts *o) {
         .context = 1024, .batch = 64, .prefill = 2048, .steps = 32, .bw_mib = 1024, .graphs = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        uint32_t *u = !strcmp(a, "--context")   ? &o->context
-                      : !strcmp(a, "--batch")   ? &o->batch
-                      : !strcmp(a, "--prefill") ? &o->prefill
-                      : !strcmp(a, "--steps")   ? &o->steps
-                      : !strcmp(a, "--bw-mib")  ? &o->bw_mib
-                      : !strcmp(a, "--swap-slots") ? &o->swap_slots
-                      : !strcmp(a, "--host-mib")   ? &o->host_mib
+        uint32_t *u = !strcmp(a, "--context")           ? &o->context
+                      : !strcmp(a, "--batch")           ? &o->batch
+                      : !strcmp(a, "--prefill")         ? &o->prefill
+                      : !strcmp(a, "--steps")           ? &o->steps
+                      : !strcmp(a, "--bw-mib")          ? &o->bw_mib
+                      : !strcmp(a, "--swap-slots")      ? &o->swap_slots
+                      : !strcmp(a, "--host-mib")        ? &o->host_mib
                       : !strcmp(a, "--offload-host")    ? &o->offload_host
                       : !strcmp(a, "--offload-threads") ? &o->offload_threads
-                                                : NULL;
+                                                        : NULL;
         if (u && i + 1 < argc) {
             *u = (uint32_t)strtoul(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--no-graphs")) {

@@ -96,8 +96,9 @@ static const pie_config_field wrk_fields[] = {
     {"model.description", PIE_CFG_STRING, PIE_CONFIG_AT(wrk_config, model_description), .def = "",
      .doc = "free text shown by ListModels"},
     {"engine.threads", PIE_CFG_UINT, PIE_CONFIG_AT(wrk_config, engine_threads), .def = "0",
-     .max = "1024", .doc = "CPU threads of the cpu backend's kernels, and of the cuda backend's "
-                           "host attention under memory.policy offload (0 = online cores)"},
+     .max = "1024",
+     .doc = "CPU threads of the cpu backend's kernels, and of the cuda backend's "
+            "host attention under memory.policy offload (0 = online cores)"},
     {"engine.kv_dtype", PIE_CFG_ENUM, PIE_CONFIG_AT(wrk_config, kv_dtype), .def = "f32",
      .choices = wrk_kv_dtypes,
      .doc = "what the cpu backend's KV pool stores: f32, or bf16 (half the memory per token and "
@@ -318,12 +319,15 @@ static pie_code choose_auto(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp
 }
 
 /* choose_auto from the costs the engine profiled when it opened under offload (l->backend). */
-static pie_code choose_auto_profiled(const wrk_config *cfg, wrk_tp_group *g,
-                                     const wrk_tp_rank *me, wrk_loaded *l, pie_status *st) {
+static pie_code choose_auto_profiled(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_rank *me,
+                                     wrk_loaded *l, pie_status *st) {
     eng_offload_stats os;
     l->backend.offload_get_stats(l->backend.ctx, &os);
-    wrk_off_costs oc = {.lin_tok = os.lin_tok, .lin_fixed = os.lin_fixed, .dattn_kv = os.dattn_kv,
-                        .hattn_kv = os.hattn_kv, .xfer_tok = os.xfer_tok};
+    wrk_off_costs oc = {.lin_tok = os.lin_tok,
+                        .lin_fixed = os.lin_fixed,
+                        .dattn_kv = os.dattn_kv,
+                        .hattn_kv = os.hattn_kv,
+                        .xfer_tok = os.xfer_tok};
     return choose_auto(cfg, g, me, &oc, l, st);
 }
 
@@ -400,7 +404,8 @@ static pie_code load_cuda(const wrk_config *cfg, wrk_tp_group *g, const wrk_tp_r
     /* auto (one GPU: main refuses it in a group): open under offload first (its open profiles
      * the costs), then choose, as on the cpu backend */
     wrk_mem_policy policy = (wrk_mem_policy)cfg->mem_policy;
-    if (rc == PIE_OK) rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
+    if (rc == PIE_OK)
+        rc = plan_memory(cfg, policy == WRK_MEM_AUTO ? WRK_MEM_OFFLOAD : policy, l, st);
     if (rc != PIE_OK) return rc;
     const wrk_mem_plan *mp = &l->plan;
 again:;

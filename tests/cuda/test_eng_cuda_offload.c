@@ -115,8 +115,7 @@ static void run_mixed(eng_cuda *g, uint32_t vocab, float *l) {
                                .n_out = 1}};
     cr_assert_eq(eng_cuda_forward(g, it, 2, &st), PIE_OK, "%s", st.msg);
     for (int o = 0; o < 2; o++)
-        cr_assert_eq(eng_cuda_logits(g, outs[o], l + (size_t)o * vocab, &st), PIE_OK, "%s",
-                     st.msg);
+        cr_assert_eq(eng_cuda_logits(g, outs[o], l + (size_t)o * vocab, &st), PIE_OK, "%s", st.msg);
 }
 
 static float *gpu_reference(uint32_t *vocab) {

@@ -245,8 +245,7 @@ static pie_code ec_upload_tables(eng_cuda *e, const ec_run *run, uint64_t n_page
     size_t head = (L->pages + n_pages) * sizeof(int32_t); /* 0: an offload step's empty
                                                               sub-batch 0 */
     if (head > 0)
-        EC_CUDA(st,
-                cudaMemcpyAsync(e->d_meta, e->h_meta, head, cudaMemcpyHostToDevice, e->stream));
+        EC_CUDA(st, cudaMemcpyAsync(e->d_meta, e->h_meta, head, cudaMemcpyHostToDevice, e->stream));
     if (n_runs > 0)
         EC_CUDA(st, cudaMemcpyAsync(e->d_meta + L->runs, e->h_meta + L->runs,
                                     n_runs * sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
@@ -306,8 +305,8 @@ static pie_code ec_attention(eng_cuda *e, uint32_t layer, const ec_run *run, boo
 /* o-proj of att, residual + norm, gate|up, SiLU-mul, down (into tmp) over `rows` rows of x. In
  * a tensor-parallel group o-proj and down are row-parallel: each rank's partial sums are
  * all-reduced on the stream (inside a decode graph's capture too). */
-pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
-                       const krn_bf16 *att, float *tmp, pie_status *st) {
+pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows, const krn_bf16 *att,
+                       float *tmp, pie_status *st) {
     uint32_t d = e->info.hidden_size;
     pie_code rc = ec_linear(e, att, rows, e->qd, L->wo, d, tmp, st);
     if (rc == PIE_OK && e->nccl) rc = ec_tp_allreduce(e, tmp, (size_t)rows * d, st);
@@ -511,7 +510,7 @@ pie_code eng_cuda_forward(eng_cuda *e, const eng_forward_item *items, uint32_t n
     if (rc != PIE_OK) return rc;
 
     EC_CUDA(st, cudaSetDevice(e->dev)); /* handlers may run on any thread */
-    rc = ec_off_prepare(e, items, n, st); /* offload: the split, pages where they attend */
+    rc = ec_off_prepare(e, items, n, st);       /* offload: the split, pages where they attend */
     if (rc == PIE_OK && ec_off_step_hosts(e)) { /* the device items run as sub-batch 0 */
         ec_off_device_items(e, &items, &n);
         T = 0;

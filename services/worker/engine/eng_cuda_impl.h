@@ -199,8 +199,8 @@ pie_code ec_linear(eng_cuda *e, const krn_bf16 *x, uint32_t rows, uint32_t in, c
 
 /* eng_cuda_fwd.c: o-proj of att, the residual, the MLP (down-proj into tmp) over `rows` rows
  * of x (both sub-batches of an offload step use it). */
-pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows,
-                       const krn_bf16 *att, float *tmp, pie_status *st);
+pie_code ec_layer_tail(eng_cuda *e, const ec_layer *L, float *x, uint32_t rows, const krn_bf16 *att,
+                       float *tmp, pie_status *st);
 
 /* eng_cuda_swap.c: the swap policy on this device. Without it (e->tier NULL) the helpers do
  * nothing and ec_kv is layer l's part of the pool. */
@@ -229,7 +229,7 @@ void ec_off_close(eng_cuda *e);
 /* The step's split and page moves (after validation, before the tables are filled). */
 pie_code ec_off_prepare(eng_cuda *e, const eng_forward_item *items, uint32_t n, pie_status *st);
 uint32_t ec_off_page(const eng_cuda *e, uint32_t page); /* the page's slot on the device */
-bool ec_off_step_hosts(const eng_cuda *e); /* the prepared step has host items */
+bool ec_off_step_hosts(const eng_cuda *e);              /* the prepared step has host items */
 /* A step with host items runs as two sub-batches: the device items (*items, *n: sub-batch 0,
  * the forward's own path, which may be empty) and the host items, whose layer l runs around
  * sub-batch 0's: layer_begin enqueues their norm, q/k/v and RoPE and copies those rows to the

@@ -236,8 +236,8 @@ pie_code ec_off_layer_begin(eng_cuda *e, uint32_t l, pie_status *st) {
         EC_CUDA(st, krn_cuda_gather_rows(o->x1, e->emb, o->d_rows, (int)nh, (int)d, e->stream));
         e->step_launches++;
     }
-    EC_CUDA(st, krn_cuda_add_rmsnorm(o->x1, l == 0 ? NULL : o->tmp1, Ly->attn_norm, (int)nh,
-                                     (int)d, c->rms_eps, e->xn, NULL, e->stream));
+    EC_CUDA(st, krn_cuda_add_rmsnorm(o->x1, l == 0 ? NULL : o->tmp1, Ly->attn_norm, (int)nh, (int)d,
+                                     c->rms_eps, e->xn, NULL, e->stream));
     pie_code rc = ec_linear(e, e->xn, nh, d, Ly->wqkv, e->qkvd, e->qkv, st);
     if (rc != PIE_OK) return rc;
     EC_CUDA(st, krn_cuda_rope_qkv(e->qkv, o->d_rows + T, (int)nh, (int)e->nh, (int)e->nkv,
@@ -307,11 +307,12 @@ pie_code ec_off_finish(eng_cuda *e, pie_status *st) {
     if (o->host_out == 0) return PIE_OK;
     EC_CUDA(st, krn_cuda_add_rmsnorm(o->x1, o->tmp1, e->norm, (int)nh, (int)d, e->m->cfg.rms_eps,
                                      NULL, o->y1, e->stream));
-    EC_CUDA(st, krn_cuda_scatter_rows(e->emb, o->y1, o->d_rows + 2 * T, (int)nh, (int)d,
-                                      e->stream));
+    EC_CUDA(st,
+            krn_cuda_scatter_rows(e->emb, o->y1, o->d_rows + 2 * T, (int)nh, (int)d, e->stream));
     e->step_launches += 2;
     for (uint32_t k = 0; k < nh; k++) /* an output inherits its input's position */
-        if (o->h_rows[2 * T + k] >= 0) e->emb_pos[o->h_rows[2 * T + k]] = (uint32_t)o->h_rows[T + k];
+        if (o->h_rows[2 * T + k] >= 0)
+            e->emb_pos[o->h_rows[2 * T + k]] = (uint32_t)o->h_rows[T + k];
     return PIE_OK;
 }
 
@@ -461,12 +462,8 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
     for (uint32_t i = 0; i < pages; i++) ids[i] = i;
     int ctx = (int)(pages * in->kv_page_size);
     memset(o->h_qkv, 0, e->qkvd * sizeof(float));
-    krn_attn_item a = {.q = o->h_qkv,
-                       .out = o->h_out,
-                       .n_q = 1,
-                       .pages = ids,
-                       .n_ctx = ctx,
-                       .q_offset = ctx - 1};
+    krn_attn_item a = {
+        .q = o->h_qkv, .out = o->h_out, .n_q = 1, .pages = ids, .n_ctx = ctx, .q_offset = ctx - 1};
     double th = INFINITY;
     for (int rep = 0; rep < OFF_PROFILE_REPS && ctx > 0; rep++) {
         uint64_t t0 = off_now_ns();
