@@ -397,25 +397,11 @@ static void off_profile(eng *e) {
     }
     free(a);
     free(b);
-    o->stats.lin_tok = o->costs.lin_tok;
-    o->stats.lin_fixed = o->costs.lin_fixed;
-    o->stats.dattn_kv = o->costs.dattn_kv;
-    o->stats.hattn_kv = o->costs.hattn_kv;
-    o->stats.xfer_tok = o->costs.xfer_tok;
 }
 
 pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_status *st) {
-    if (opts->swap_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_device_pages and swap_slots exclude each other");
-    if (!(opts->offload_host_attn_s >= 0) || isinf(opts->offload_host_attn_s))
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_host_attn_s %g is not a finite number >= 0",
-                              opts->offload_host_attn_s);
-    if (opts->offload_device_pages > e->info.kv_pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_device_pages %u exceeds kv_pages %u",
-                              opts->offload_device_pages, e->info.kv_pages);
+    pie_code crc = eng_tier_offload_check(opts, e->info.kv_pages, st);
+    if (crc != PIE_OK) return crc;
     eng_offload *o = calloc(1, sizeof *o);
     if (!o) return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "eng_open: out of memory");
     e->off = o;
@@ -476,7 +462,7 @@ pie_code eng_offload_open(eng *e, const eng_opts *opts, size_t layer_bytes, pie_
     o->started = true;
     off_profile(e);
     if (opts->offload_host_attn_s > 0) /* pinned by the caller (eng_opts) */
-        o->costs.hattn_kv = o->stats.hattn_kv = opts->offload_host_attn_s;
+        o->costs.hattn_kv = opts->offload_host_attn_s;
     return PIE_OK;
 }
 
@@ -511,5 +497,5 @@ void eng_offload_close(eng *e) {
 
 void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, out);
+    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
 }

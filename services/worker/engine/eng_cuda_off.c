@@ -472,11 +472,6 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
     }
     free(ids);
     o->costs.hattn_kv = ctx > 0 ? th * L / ctx : 0;
-    o->stats.lin_tok = o->costs.lin_tok;
-    o->stats.lin_fixed = o->costs.lin_fixed;
-    o->stats.dattn_kv = o->costs.dattn_kv;
-    o->stats.hattn_kv = o->costs.hattn_kv;
-    o->stats.xfer_tok = o->costs.xfer_tok;
     return PIE_OK;
 }
 
@@ -484,22 +479,12 @@ static pie_code off_profile(eng_cuda *e, pie_status *st) {
 
 pie_code ec_off_check(const eng_opts *opts, uint32_t kv_pages, pie_status *st) {
     if (!opts->offload_device_pages) return PIE_OK;
-    if (opts->swap_slots)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_device_pages and swap_slots exclude each other");
-    if (opts->tp_size > 1 || opts->nccl)
-        return pie_status_set(st, PIE_UNIMPLEMENTED,
-                              "eng_open: memory policy offload on the cuda backend runs one GPU "
-                              "(tp_size 1) so far");
-    if (!(opts->offload_host_attn_s >= 0) || isinf(opts->offload_host_attn_s))
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_host_attn_s %g is not a finite number >= 0",
-                              opts->offload_host_attn_s);
-    if (opts->offload_device_pages > kv_pages)
-        return pie_status_set(st, PIE_INVALID_ARGUMENT,
-                              "eng_open: offload_device_pages %u exceeds kv_pages %u",
-                              opts->offload_device_pages, kv_pages);
-    return PIE_OK;
+    pie_code rc = eng_tier_offload_check(opts, kv_pages, st);
+    if (rc == PIE_OK && (opts->tp_size > 1 || opts->nccl))
+        rc = pie_status_set(st, PIE_UNIMPLEMENTED,
+                            "eng_open: memory policy offload on the cuda backend runs one GPU "
+                            "(tp_size 1) so far");
+    return rc;
 }
 
 static pie_code off_alloc(eng_cuda *e, ec_off *o, const eng_opts *opts, pie_status *st) {
@@ -591,7 +576,7 @@ pie_code ec_off_open(eng_cuda *e, const eng_opts *opts, pie_status *st) {
         if (rc != PIE_OK) return rc;
     }
     if (opts->offload_host_attn_s > 0) /* pinned by the caller (eng_opts) */
-        o->costs.hattn_kv = o->stats.hattn_kv = opts->offload_host_attn_s;
+        o->costs.hattn_kv = opts->offload_host_attn_s;
     return PIE_OK;
 }
 
@@ -624,5 +609,5 @@ void ec_off_close(eng_cuda *e) {
 
 void eng_cuda_offload_get_stats(eng_cuda *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, out);
+    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
 }

@@ -1,6 +1,8 @@
-/* eng_tier.c — the swap policy's tier as eng.h reports and steers it (eng_tier.h). */
+/* eng_tier.c — the swap policy's tier as eng.h reports and steers it, and offload's options
+ * and stats for both backends (eng_tier.h). */
 #include "eng_tier.h"
 
+#include <math.h>
 #include <string.h>
 
 wrk_tier_config eng_tier_config(const eng_opts *o, uint32_t n_layers, size_t layer_bytes) {
@@ -47,9 +49,29 @@ pie_code eng_tier_set_slots(wrk_tier *t, uint32_t slots, uint32_t *applied, pie_
     return PIE_OK;
 }
 
+pie_code eng_tier_offload_check(const eng_opts *o, uint32_t kv_pages, pie_status *st) {
+    if (o->swap_slots)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_device_pages and swap_slots exclude each other");
+    if (!(o->offload_host_attn_s >= 0) || isinf(o->offload_host_attn_s))
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_host_attn_s %g is not a finite number >= 0",
+                              o->offload_host_attn_s);
+    if (o->offload_device_pages > kv_pages)
+        return pie_status_set(st, PIE_INVALID_ARGUMENT,
+                              "eng_open: offload_device_pages %u exceeds kv_pages %u",
+                              o->offload_device_pages, kv_pages);
+    return PIE_OK;
+}
+
 void eng_tier_offload_stats(const eng_offload_stats *own, const wrk_offplace_stats *ps,
-                            eng_offload_stats *out) {
+                            const wrk_off_costs *costs, eng_offload_stats *out) {
     *out = *own;
+    out->lin_tok = costs->lin_tok;
+    out->lin_fixed = costs->lin_fixed;
+    out->dattn_kv = costs->dattn_kv;
+    out->hattn_kv = costs->hattn_kv;
+    out->xfer_tok = costs->xfer_tok;
     out->pages_on_host = ps->pages_on_host;
     out->pages_on_device = ps->pages_on_device;
     out->pages_to_host = ps->pages_to_host;

@@ -3,8 +3,8 @@
  * placement (eng_cpu_offload.c, eng_cuda_off.c).
  *
  * Owns: the tier's configuration from eng_opts, eng_swap_stats from the tier's counters, and
- * the slot count through eng.h's contract (refused without the policy); eng_offload_stats
- * from an engine's counters and its placement's. Does not own: the tier, the engines' use of
+ * the slot count through eng.h's contract (refused without the policy); offload's options
+ * checked, and eng_offload_stats from an engine's counters, its placement's and its costs. Does not own: the tier, the engines' use of
  * it (a backend adds its device, eng_cuda_swap.c). */
 #ifndef ENG_TIER_H
 #define ENG_TIER_H
@@ -24,8 +24,13 @@ void eng_tier_stats(wrk_tier *t, eng_swap_stats *out);
  * policy". */
 pie_code eng_tier_set_slots(wrk_tier *t, uint32_t slots, uint32_t *applied, pie_status *st);
 
-/* *out = own with the placement's page counts (ps). */
+/* offload's options for an engine of kv_pages page ids, whatever the backend: not with swap,
+ * offload_host_attn_s a finite number >= 0, offload_device_pages <= kv_pages
+ * (INVALID_ARGUMENT naming the option otherwise). */
+pie_code eng_tier_offload_check(const eng_opts *o, uint32_t kv_pages, pie_status *st);
+
+/* *out = own with the placement's page counts (ps) and the costs the scheduler decides with. */
 void eng_tier_offload_stats(const eng_offload_stats *own, const wrk_offplace_stats *ps,
-                            eng_offload_stats *out);
+                            const wrk_off_costs *costs, eng_offload_stats *out);
 
 #endif
