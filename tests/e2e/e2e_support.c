@@ -404,11 +404,26 @@ void e2e_run_collect(rpc_stream *s, e2e_run *r) {
 void e2e_run_program(e2e_cluster *c, const char *program_id, const char *const *args,
                      const char *const *in, e2e_run *r) {
     e2e_run_collect(e2e_run_open(c, program_id, args, in), r);
+    r->cluster = c;
+}
+
+/* The last lines of each service's log, on stderr: what a failed run's status alone hides (a
+ * worker dropped, a replica refused, a sanitizer report). */
+static void print_service_logs(const e2e_cluster *c) {
+    const pie_proc *procs[] = {c->ctl, c->wrk, c->lc};
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        if (!procs[i]) continue;
+        char *tail = pie_proc_log_tail(procs[i], 3000);
+        fprintf(stderr, "---- %s log (tail) ----\n%s\n", pie_proc_name(procs[i]),
+                tail ? tail : "(unreadable)");
+        free(tail);
+    }
 }
 
 void e2e_assert_success(const e2e_run *r, const char *what) {
-    cr_assert(r->exited && r->status_code == 0 && r->exit_code == 0,
-              "%s: status %u \"%s\", exit code %d; stderr:\n%s", what, r->status_code,
+    bool ok = r->exited && r->status_code == 0 && r->exit_code == 0;
+    if (!ok && r->cluster) print_service_logs(r->cluster);
+    cr_assert(ok, "%s: status %u \"%s\", exit code %d; stderr:\n%s", what, r->status_code,
               r->status_msg ? r->status_msg : "", r->exit_code, r->err ? r->err : "");
 }
 

@@ -99,6 +99,7 @@ typedef struct e2e_run {
     uint32_t status_code; /* InstanceExit.status.code */
     char *status_msg;
     int32_t exit_code;
+    const e2e_cluster *cluster; /* e2e_run_program's: its services' logs go with a failure */
 } e2e_run;
 
 /* Run: launches program_id with args (NULL-terminated), sends the messages in (NULL-terminated

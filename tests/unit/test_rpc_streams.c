@@ -1,6 +1,9 @@
 /* test_rpc_streams.c — cancellation both ways, late sends, backpressure, many concurrent
  * streams and shutdown with calls in flight, for services/common/rpc. */
 #include <criterion/criterion.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "test_rpc_util.h"
 
@@ -444,4 +447,67 @@ Test(rpc_shutdown, idle_server_stops_at_once_and_destroy_alone_suffices) {
     cr_assert(srv);
     cr_assert_eq(rpc_server_start(srv, &st), PIE_OK, "%s", st.msg);
     rpc_server_destroy(srv);
+}
+
+/* ---- fairness between connections on one completion-queue thread ---------------------------- */
+
+TestSuite(rpc_fairness, .fini = leak_check, .timeout = 120);
+
+/* The echo server with one completion-queue thread, alone in a child process: in the test's own
+ * process the client's threads would poll the server's connections too (gRPC's epoll1 engine
+ * has one epoll set per process), which hides what one server thread does alone. Writes the
+ * port to fd, then serves until killed. Forked before this process touches gRPC. */
+static void serve_alone(int fd) {
+    pie_status st;
+    tsrv *t = tsrv_start(&(rpc_server_opts){.n_threads = 1}, &st);
+    int port = t ? t->port : -1;
+    if (write(fd, &port, sizeof port) != (ssize_t)sizeof port || !t) _exit(1);
+    for (;;) pause();
+}
+
+/* A stream whose messages are already in the transport completes each receive at once, so a
+ * thread that only popped its queue would serve that stream to its last buffered message
+ * before it read any other connection (the controller, under one instance's call flood, heard
+ * its worker ~1 s late and dropped it as silent). */
+Test(rpc_fairness, a_busy_stream_does_not_starve_another_connection) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) serve_alone(fds[1]);
+    int port = -1;
+    cr_assert_eq(read(fds[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(fds[0]);
+    close(fds[1]);
+    cr_assert_gt(port, 0, "the child's server did not start");
+    pie_status st;
+    rpc_channel *busy_ch = tchan(port, NULL), *other_ch = tchan(port, NULL);
+    cr_assert(busy_ch && other_ch);
+    tunary warm = {.ch = other_ch, .text = "warm"}; /* connects the other channel first */
+    tunary_main(&warm);
+    cr_assert_eq(warm.rc, PIE_OK, "%s", warm.out);
+    rpc_stream *s = rpc_stream_open(busy_ch, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
+    cr_assert(s, "%s", st.msg);
+    enum { N_BUSY = 30 };
+    tmsg busy = tmsg_of("busy:20");
+    for (int i = 0; i < N_BUSY; i++)
+        cr_assert_eq(rpc_stream_send(s, &busy.base, &st), PIE_OK, "%s", st.msg);
+    tsleep_ms(100); /* the server is in the first busy messages, the others buffered */
+    tunary mark = {.ch = other_ch, .text = "mark"};
+    tunary_main(&mark);
+    cr_assert_eq(mark.rc, PIE_OK, "%s", mark.out);
+    int at = atoi(mark.out);
+    /* a starving thread answers the mark after all N_BUSY */
+    cr_expect_lt(at, N_BUSY / 2, "the other connection's call waited for %d of the %d buffered "
+                 "messages", at, N_BUSY);
+    cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
+    ProtobufCMessage *r = NULL;
+    cr_assert_eq(rpc_stream_recv(s, &r, THANG_MS), RPC_RECV_MESSAGE, "the collected reply");
+    rpc_msg_free(r);
+    cr_assert_eq(rpc_stream_finish(s, &st), PIE_OK, "%s", st.msg);
+    rpc_stream_destroy(s);
+    rpc_channel_destroy(busy_ch);
+    rpc_channel_destroy(other_ch);
+    kill(pid, SIGKILL);
+    cr_assert_eq(waitpid(pid, NULL, 0), pid);
 }

@@ -6,8 +6,10 @@
  *                            "later" answers "later-done" from another thread once the test
  *                            calls tsrv_release (tsrv_stop releases too), "error" finishes
  *                            INVALID_ARGUMENT, "meta" answers with the x-token request metadata,
- *                            "big:N" answers with N bytes
- *   Collect (client stream)  joins every text with ',' and answers at half-close
+ *                            "big:N" answers with N bytes, "mark" answers with how many stream
+ *                            messages the server had taken before it (n_msg)
+ *   Collect (client stream)  joins every text with ',' and answers at half-close; "busy:MS"
+ *                            keeps the handler busy MS ms first
  *   Repeat  (server stream)  "N" → a thread sends "0".."N-1" with rpc_call_send_wait then
  *                            finishes OK (a send refused with CANCELLED counts n_late_cancelled);
  *                            "flood:N" → a thread sends N-byte messages with rpc_call_send until
@@ -21,7 +23,8 @@
  *                            "abort" finishes ABORTED "told to abort",
  *                            "cancel" calls rpc_call_cancel(PERMISSION_DENIED, "told to cancel"),
  *                            "stall" blocks the handler (a peer that stops reading) until
- *                            tsrv_release, then echoes;
+ *                            tsrv_release, then echoes; "busy:MS" keeps the handler (and so
+ *                            its completion-queue thread) busy MS ms, then echoes;
  *                            at half-close finishes OK with trailing metadata x-count */
 #ifndef TEST_RPC_UTIL_H
 #define TEST_RPC_UTIL_H
@@ -152,6 +155,13 @@ static inline bool t_unary(rpc_call *call, ProtobufCMessage *req, void *user) {
         tsrv_spawn(t, tlater_main, l);
         return false;
     }
+    if (strcmp(text, "mark") == 0) {
+        char n[16];
+        snprintf(n, sizeof n, "%d", atomic_load(&t->n_msg));
+        tmsg r = tmsg_of(n);
+        (void)rpc_call_reply(call, &r.base);
+        return false;
+    }
     if (strcmp(text, "meta") == 0) {
         const char *v = rpc_call_metadata(call, "x-token");
         tmsg r = tmsg_of(v ? v : "(none)");
@@ -189,6 +199,7 @@ static inline bool t_collect_call(rpc_call *call, ProtobufCMessage *req, void *u
 static inline bool t_collect_msg(rpc_call *call, ProtobufCMessage *msg, void *user) {
     tsrv *t = user;
     atomic_fetch_add(&t->n_msg, 1);
+    if (strncmp(tmsg_text(msg), "busy:", 5) == 0) tsleep_ms(atoi(tmsg_text(msg) + 5));
     char *acc = rpc_call_get_data(call);
     if (acc) {
         size_t n = strlen(acc);
@@ -350,6 +361,7 @@ static inline bool t_chat_msg(rpc_call *call, ProtobufCMessage *msg, void *user)
         while (!t->released) pthread_cond_wait(&t->released_cv, &t->mu);
         pthread_mutex_unlock(&t->mu);
     }
+    if (strncmp(text, "busy:", 5) == 0) tsleep_ms(atoi(text + 5));
     pie_code rc = rpc_call_send(call, msg);
     if (rc != PIE_OK && rc != PIE_CANCELLED)
         rpc_call_cancel(call, rc, "echo refused by rpc_call_send");

@@ -731,6 +731,30 @@ static pie_code add_ports(rpc_server *srv, grpc_server_credentials *creds, pie_s
     }
 }
 
+/* Fairness between connections. gRPC reads sockets only while some thread polls, and
+ * grpc_completion_queue_next returns a queued event without polling. A receive whose message
+ * the transport already holds completes at once, so a thread kept busy by one stream's
+ * buffered messages (one read can bring hundreds) would serve them to the last before reading
+ * any other connection: the controller, busy with one replica's call flood, heard its worker
+ * ~1 s late and dropped it as silent. So a thread that has worked RPC_SRV_POLL_EVERY_NS without
+ * once waiting for an event polls once: a zero-timeout next() on a private, always empty queue
+ * is a pass of the poller over every connection, whose completions then queue behind the
+ * current ones. Idle and lightly loaded threads wait in next() anyway and never pay for it. */
+#define RPC_SRV_POLL_EVERY_NS 2000000 /* 2 ms of callbacks back to back */
+#define RPC_SRV_WAITED_NS     50000   /* a next() this long waited: the poller ran */
+
+static void srv_thread_poll_others(grpc_completion_queue *poll_cq) {
+    (void)grpc_completion_queue_next(poll_cq, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+}
+
+static void srv_thread_poll_end(grpc_completion_queue *poll_cq) {
+    grpc_completion_queue_shutdown(poll_cq);
+    while (grpc_completion_queue_next(poll_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(poll_cq);
+}
+
 static void *srv_thread_main(void *arg) {
     rpc_srv_thread *th = arg;
     rpc_server *srv = th->srv;
@@ -740,9 +764,18 @@ static void *srv_thread_main(void *arg) {
     (void)pthread_setname_np(pthread_self(), name); /* cosmetic; failure is harmless */
     for (size_t i = 0; i < srv->n_methods; i++) arm_method(th, &srv->methods[i]);
     arm_generic(th);
+    grpc_completion_queue *poll_cq = grpc_completion_queue_create_for_next(NULL);
+    int64_t busy_since = rpc_now_ns();
     for (;;) {
+        int64_t before = rpc_now_ns();
+        if (before - busy_since >= RPC_SRV_POLL_EVERY_NS) {
+            srv_thread_poll_others(poll_cq);
+            busy_since = before;
+        }
         grpc_event ev =
             grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        int64_t after = rpc_now_ns();
+        if (after - before >= RPC_SRV_WAITED_NS) busy_since = after;
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
         rpc_tag *t = ev.tag;
@@ -769,6 +802,7 @@ static void *srv_thread_main(void *arg) {
             break;
         }
     }
+    srv_thread_poll_end(poll_cq);
     tls_thread = NULL;
     return NULL;
 }
