@@ -750,8 +750,7 @@ static void srv_thread_poll_others(grpc_completion_queue *poll_cq) {
 static void srv_thread_poll_end(grpc_completion_queue *poll_cq) {
     grpc_completion_queue_shutdown(poll_cq);
     while (grpc_completion_queue_next(poll_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
+           GRPC_QUEUE_SHUTDOWN) {}
     grpc_completion_queue_destroy(poll_cq);
 }
 
