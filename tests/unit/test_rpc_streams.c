@@ -488,7 +488,7 @@ Test(rpc_fairness, a_busy_stream_does_not_starve_another_connection) {
     cr_assert_eq(warm.rc, PIE_OK, "%s", warm.out);
     rpc_stream *s = rpc_stream_open(busy_ch, "/test.Echo/Collect", TMSG_DESC, NULL, &st);
     cr_assert(s, "%s", st.msg);
-    enum { N_BUSY = 30 };
+    enum { N_BUSY = 50 }; /* 1 s of work on the server thread */
     tmsg busy = tmsg_of("busy:20");
     for (int i = 0; i < N_BUSY; i++)
         cr_assert_eq(rpc_stream_send(s, &busy.base, &st), PIE_OK, "%s", st.msg);
@@ -497,8 +497,9 @@ Test(rpc_fairness, a_busy_stream_does_not_starve_another_connection) {
     tunary_main(&mark);
     cr_assert_eq(mark.rc, PIE_OK, "%s", mark.out);
     int at = atoi(mark.out);
-    /* a starving thread answers the mark after all N_BUSY */
-    cr_expect_lt(at, N_BUSY / 2, "the other call waited for %d of %d buffered messages", at,
+    /* a starving thread answers the mark after all N_BUSY; a fair one after those it served
+     * before the mark arrived (~5) and one or two more, with room for a slow client */
+    cr_expect_lt(at, N_BUSY - 10, "the other call waited for %d of %d buffered messages", at,
                  N_BUSY);
     cr_assert_eq(rpc_stream_close_send(s, &st), PIE_OK, "%s", st.msg);
     ProtobufCMessage *r = NULL;
