@@ -739,7 +739,9 @@ static pie_code add_ports(rpc_server *srv, grpc_server_credentials *creds, pie_s
  * ~1 s late and dropped it as silent. So a thread that has worked RPC_SRV_POLL_EVERY_NS without
  * once waiting for an event polls once: a zero-timeout next() on a private, always empty queue
  * is a pass of the poller over every connection, whose completions then queue behind the
- * current ones. Idle and lightly loaded threads wait in next() anyway and never pay for it. */
+ * current ones. Idle and lightly loaded threads wait in next() anyway and never pay for it.
+ * (Under gRPC's `poll` engine, which the worker selects, a queue polls only its own descriptors
+ * and this pass reads nothing; the worker has no second connection to be fair to.) */
 #define RPC_SRV_POLL_EVERY_NS 2000000 /* 2 ms of callbacks back to back */
 #define RPC_SRV_WAITED_NS     50000   /* a next() this long waited: the poller ran */
 
