@@ -72,13 +72,20 @@ void e2e_cluster_start_token(e2e_cluster *c, const char *const *lc_env, const ch
 
 void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const char *const *lc_env,
                             const char *token) {
+    e2e_cluster_start_ctl(c, NULL, wrk_env, lc_env, token);
+}
+
+void e2e_cluster_start_ctl(e2e_cluster *c, const char *const *ctl_env,
+                           const char *const *wrk_env, const char *const *lc_env,
+                           const char *token) {
     pie_status st;
     *c = (e2e_cluster){0};
-    c->ctl = pie_proc_start("pie-controller", NULL, START_MS, &st);
+    pie_proc_opts co = {.env = ctl_env};
+    c->ctl = pie_proc_start("pie-controller", &co, START_MS, &st);
     cr_assert(c->ctl, "%s", st.msg);
-    char ctl_env[96];
-    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
-    c->wrk = e2e_worker_start_env(ctl_env, wrk_env);
+    char ctl_addr[96];
+    pie_proc_env_controller(c->ctl, ctl_addr, sizeof ctl_addr);
+    c->wrk = e2e_worker_start_env(ctl_addr, wrk_env);
     e2e_cluster_start_lifecycle(c, lc_env, token);
 }
 
