@@ -75,9 +75,8 @@ void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const ch
     e2e_cluster_start_ctl(c, NULL, wrk_env, lc_env, token);
 }
 
-void e2e_cluster_start_ctl(e2e_cluster *c, const char *const *ctl_env,
-                           const char *const *wrk_env, const char *const *lc_env,
-                           const char *token) {
+void e2e_cluster_start_ctl(e2e_cluster *c, const char *const *ctl_env, const char *const *wrk_env,
+                           const char *const *lc_env, const char *token) {
     pie_status st;
     *c = (e2e_cluster){0};
     pie_proc_opts co = {.env = ctl_env};

@@ -48,9 +48,8 @@ void e2e_cluster_start_full(e2e_cluster *c, const char *const *wrk_env, const ch
                             const char *token);
 /* e2e_cluster_start_full whose controller also gets ctl_env (NULL-terminated "PIE_KEY=value";
  * NULL: none), e.g. PIE_WORKER_HEARTBEAT=250ms. */
-void e2e_cluster_start_ctl(e2e_cluster *c, const char *const *ctl_env,
-                           const char *const *wrk_env, const char *const *lc_env,
-                           const char *token);
+void e2e_cluster_start_ctl(e2e_cluster *c, const char *const *ctl_env, const char *const *wrk_env,
+                           const char *const *lc_env, const char *token);
 /* The lifecycle part of e2e_cluster_start_full, for a test that started c->ctl (and its
  * workers) itself: a pie-lifecycle linked to c->ctl with a cache directory of its own and
  * lc_env, c->ch to it (sending token), waiting until it knows a model. */
