@@ -15,11 +15,11 @@ pie_code ctl_pool_init(ctl_pool *p, uint32_t kv_max, uint32_t kv_effective, uint
     p->emb_max = emb_slots;
     p->kv_refs = calloc(kv_max ? kv_max : 1, sizeof *p->kv_refs);
     p->kv_free = malloc((kv_max ? kv_max : 1) * sizeof *p->kv_free);
-    p->kv_pending = calloc(kv_max ? kv_max : 1, 1);
+    p->kv_pending_at = calloc(kv_max ? kv_max : 1, sizeof *p->kv_pending_at);
     p->emb_free = malloc((emb_slots ? emb_slots : 1) * sizeof *p->emb_free);
-    p->emb_pending = calloc(emb_slots ? emb_slots : 1, 1);
+    p->emb_pending_at = calloc(emb_slots ? emb_slots : 1, sizeof *p->emb_pending_at);
     p->emb_written = calloc(emb_slots ? emb_slots : 1, 1);
-    if (!p->kv_refs || !p->kv_free || !p->kv_pending || !p->emb_free || !p->emb_pending ||
+    if (!p->kv_refs || !p->kv_free || !p->kv_pending_at || !p->emb_free || !p->emb_pending_at ||
         !p->emb_written) {
         ctl_pool_destroy(p);
         return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
@@ -31,9 +31,9 @@ pie_code ctl_pool_init(ctl_pool *p, uint32_t kv_max, uint32_t kv_effective, uint
 void ctl_pool_destroy(ctl_pool *p) {
     free(p->kv_refs);
     free(p->kv_free);
-    free(p->kv_pending);
+    free(p->kv_pending_at);
     free(p->emb_free);
-    free(p->emb_pending);
+    free(p->emb_pending_at);
     free(p->emb_written);
     free(p->ch.alloc_kv);
     ctl_vec32_free(&p->ch.free_kv);
@@ -76,23 +76,22 @@ static uint32_t kv_take(ctl_pool *p, uint64_t owner) {
     p->kv_refs[s] = 1;
     p->kv_used++;
     p->kv_refs_total++;
-    p->kv_pending[s] = 1;
     p->ch.alloc_kv[p->ch.n_alloc_kv++] = (ctl_kv_alloc){s, owner};
+    p->kv_pending_at[s] = p->ch.n_alloc_kv;
     return s;
 }
 
-/* Removes slot's pending alloc from ch; true if it was there. */
+/* Removes slot's pending alloc from ch; true if it was there. O(1): a call that frees pages it
+ * has just allocated (a block of 256, say) must not cost a scan and a shift per page. */
 static bool kv_unpend(ctl_pool *p, uint32_t s) {
-    if (!p->kv_pending[s]) return false;
-    p->kv_pending[s] = 0;
+    uint32_t at = p->kv_pending_at[s];
+    if (at == 0) return false;
+    p->kv_pending_at[s] = 0;
     ctl_slot_changes *c = &p->ch;
-    for (uint32_t i = c->n_alloc_kv; i-- > 0;) {
-        if (c->alloc_kv[i].slot == s) {
-            memmove(&c->alloc_kv[i], &c->alloc_kv[i + 1],
-                    (c->n_alloc_kv - i - 1) * sizeof c->alloc_kv[0]);
-            c->n_alloc_kv--;
-            break;
-        }
+    uint32_t last = --c->n_alloc_kv;
+    if (at - 1 != last) {
+        c->alloc_kv[at - 1] = c->alloc_kv[last];
+        p->kv_pending_at[c->alloc_kv[at - 1].slot] = at;
     }
     return true;
 }
@@ -120,28 +119,31 @@ void ctl_pool_kv_unref(ctl_pool *p, uint32_t slot) {
 static uint32_t emb_take(ctl_pool *p) {
     uint32_t s = p->emb_nfree ? p->emb_free[--p->emb_nfree] : p->emb_next++;
     p->emb_used++;
-    p->emb_pending[s] = 2;
     p->emb_written[s] = 0;
     p->ch.alloc_emb.v[p->ch.alloc_emb.n++] = s;
+    p->emb_pending_at[s] = p->ch.alloc_emb.n;
     return s;
+}
+
+/* Removes slot's pending alloc from ch (O(1), as kv_unpend); true if it was there. */
+static bool emb_unpend(ctl_pool *p, uint32_t s) {
+    uint32_t at = p->emb_pending_at[s];
+    if (at == 0) return false;
+    p->emb_pending_at[s] = 0;
+    ctl_vec32 *a = &p->ch.alloc_emb;
+    uint32_t last = --a->n;
+    if (at - 1 != last) {
+        a->v[at - 1] = a->v[last];
+        p->emb_pending_at[a->v[at - 1]] = at;
+    }
+    return true;
 }
 
 static void emb_release(ctl_pool *p, uint32_t s) {
     p->emb_used--;
     p->emb_free[p->emb_nfree++] = s;
-    if (p->emb_pending[s] == 2) {
-        ctl_vec32 *a = &p->ch.alloc_emb;
-        for (uint32_t i = a->n; i-- > 0;) {
-            if (a->v[i] == s) {
-                memmove(&a->v[i], &a->v[i + 1], (a->n - i - 1) * sizeof a->v[0]);
-                a->n--;
-                break;
-            }
-        }
-    } else if (changes_reserve(p, 0, 0, 0, 1) == 0) {
+    if (!emb_unpend(p, s) && changes_reserve(p, 0, 0, 0, 1) == 0)
         p->ch.free_emb.v[p->ch.free_emb.n++] = s;
-    }
-    p->emb_pending[s] = 0;
 }
 
 bool ctl_pool_has_changes(const ctl_pool *p) {
@@ -163,13 +165,18 @@ void ctl_pool_changes_sent(ctl_pool *p, uint32_t free_kv, uint32_t free_emb, uin
     ctl_slot_changes *c = &p->ch;
     if (alloc_kv > c->n_alloc_kv) alloc_kv = c->n_alloc_kv;
     if (alloc_emb > c->alloc_emb.n) alloc_emb = c->alloc_emb.n;
-    for (uint32_t i = 0; i < alloc_kv; i++) p->kv_pending[c->alloc_kv[i].slot] = 0;
-    for (uint32_t i = 0; i < alloc_emb; i++) p->emb_pending[c->alloc_emb.v[i]] = 1;
-    if (alloc_kv && c->n_alloc_kv > alloc_kv)
+    for (uint32_t i = 0; i < alloc_kv; i++) p->kv_pending_at[c->alloc_kv[i].slot] = 0;
+    for (uint32_t i = 0; i < alloc_emb; i++) p->emb_pending_at[c->alloc_emb.v[i]] = 0;
+    if (alloc_kv && c->n_alloc_kv > alloc_kv) {
         memmove(c->alloc_kv, c->alloc_kv + alloc_kv,
                 (size_t)(c->n_alloc_kv - alloc_kv) * sizeof c->alloc_kv[0]);
+        for (uint32_t i = 0; i < c->n_alloc_kv - alloc_kv; i++)
+            p->kv_pending_at[c->alloc_kv[i].slot] = i + 1;
+    }
     c->n_alloc_kv -= alloc_kv;
     vec_drop_front(&c->alloc_emb, alloc_emb);
+    for (uint32_t i = 0; alloc_emb && i < c->alloc_emb.n; i++)
+        p->emb_pending_at[c->alloc_emb.v[i]] = i + 1;
     vec_drop_front(&c->free_kv, free_kv);
     vec_drop_front(&c->free_emb, free_emb);
 }
@@ -181,20 +188,18 @@ uint64_t ctl_pool_changes_count(const ctl_pool *p) {
 
 void ctl_pool_changes_clear(ctl_pool *p) {
     ctl_slot_changes *c = &p->ch;
-    for (uint32_t i = 0; i < c->n_alloc_kv; i++) p->kv_pending[c->alloc_kv[i].slot] = 0;
-    for (uint32_t i = 0; i < c->alloc_emb.n; i++) p->emb_pending[c->alloc_emb.v[i]] = 1;
+    for (uint32_t i = 0; i < c->n_alloc_kv; i++) p->kv_pending_at[c->alloc_kv[i].slot] = 0;
+    for (uint32_t i = 0; i < c->alloc_emb.n; i++) p->emb_pending_at[c->alloc_emb.v[i]] = 0;
     c->n_alloc_kv = 0;
     c->free_kv.n = c->alloc_emb.n = c->free_emb.n = 0;
 }
 
 /* ---- id lists ------------------------------------------------------------------------------ */
 
-static int cmp_u32(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The first id listed twice, or -1 (OOM counts as none: the maps catch duplicates anyway). */
+/* The first id, in list order, that repeats an earlier one, or -1 (OOM counts as none: the maps
+ * catch duplicates anyway). Runs for every id list of every call — a forward's context pages
+ * among them, hundreds at long contexts, every step — so it is linear: pairwise for short lists,
+ * else an open-addressing set of twice the list's size (id + 1 stored: 0 marks a free cell). */
 static int64_t first_duplicate(const uint32_t *ids, uint32_t n) {
     if (n <= 32) {
         for (uint32_t i = 1; i < n; i++)
@@ -202,14 +207,22 @@ static int64_t first_duplicate(const uint32_t *ids, uint32_t n) {
                 if (ids[i] == ids[j]) return ids[i];
         return -1;
     }
-    uint32_t *s = malloc((size_t)n * sizeof *s);
-    if (s == NULL) return -1;
-    memcpy(s, ids, (size_t)n * sizeof *s);
-    qsort(s, n, sizeof *s, cmp_u32);
+    unsigned bits = 7;
+    while (((size_t)1 << bits) < 2 * (size_t)n) bits++;
+    size_t cap = (size_t)1 << bits;
+    uint64_t on_stack[1024];
+    uint64_t *set = cap <= 1024 ? on_stack : calloc(cap, sizeof *set);
+    if (set == NULL) return -1;
+    if (set == on_stack) memset(on_stack, 0, cap * sizeof *set);
     int64_t dup = -1;
-    for (uint32_t i = 1; i < n && dup < 0; i++)
-        if (s[i] == s[i - 1]) dup = s[i];
-    free(s);
+    for (uint32_t i = 0; i < n && dup < 0; i++) {
+        uint64_t key = (uint64_t)ids[i] + 1;
+        size_t h = (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+        while (set[h] != 0 && set[h] != key) h = (h + 1) & (cap - 1);
+        if (set[h] == key) dup = ids[i];
+        set[h] = key;
+    }
+    if (set != on_stack) free(set);
     return dup;
 }
 

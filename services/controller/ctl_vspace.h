@@ -40,7 +40,9 @@ typedef struct ctl_kv_alloc {
 } ctl_kv_alloc;
 
 /* Slot changes not yet sent (one SlotBatch's worth). Frees apply before allocs on the worker;
- * a slot allocated and freed again before being sent is dropped from both lists. */
+ * a slot allocated and freed again before being sent is dropped from both lists (from
+ * alloc_kv or alloc_emb by moving the list's last entry into the hole: pending allocs have no
+ * order). */
 typedef struct ctl_slot_changes {
     ctl_kv_alloc *alloc_kv;
     uint32_t n_alloc_kv, cap_alloc_kv;
@@ -56,11 +58,13 @@ typedef struct ctl_pool {
     uint32_t *kv_refs;          /* [kv_max]: 0 = free */
     uint32_t *kv_free;          /* freed slots, a stack (reused first: warm memory) */
     uint32_t kv_nfree, kv_next; /* slots kv_next .. kv_max-1 were never used */
-    uint8_t *kv_pending;        /* [kv_max]: 1 while its alloc waits in `ch` */
+    uint32_t *kv_pending_at;    /* [kv_max]: 1 + its index in ch.alloc_kv while its alloc
+                                   waits there (so a free of it before it went out is O(1)),
+                                   0 otherwise */
     uint32_t emb_max, emb_used;
     uint32_t *emb_free;
     uint32_t emb_nfree, emb_next;
-    uint8_t *emb_pending; /* [emb_max]: 1 = live; 2 = live and its alloc waits in `ch` */
+    uint32_t *emb_pending_at; /* [emb_max]: as kv_pending_at, for ch.alloc_emb */
     /* [emb_max]: 1 once a call that writes the live slot (embed_text, a forward's output) was
      * taken into a batch; 0 from its allocation until then: reading it is refused. */
     uint8_t *emb_written;

@@ -3,6 +3,8 @@
  * changes a worker is told about, and every error an id list can have. */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl_vspace.h"
@@ -70,13 +72,49 @@ Test(ctl_vspace, id_lists_must_be_non_empty_bounded_and_distinct) {
     cr_assert_eq(ctl_ids_check("alloc_kv_pages", "kv_page_ids", "kv page", ids, 3, 2, &st),
                  PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(st.msg, "alloc_kv_pages: kv_page_ids has 3 entries, more than the 2 allowed");
-    /* Long lists take the sorting path. */
+    /* Long lists take the hashing path. */
     uint32_t many[100];
     for (uint32_t i = 0; i < 100; i++) many[i] = i * 7;
     cr_assert_eq(ctl_ids_check("x", "f", "kv page", many, 100, 4096, &st), PIE_OK);
     many[99] = 7 * 50;
     cr_assert_eq(ctl_ids_check("x", "f", "kv page", many, 100, 4096, &st), PIE_INVALID_ARGUMENT);
     cr_assert_str_eq(st.msg, "x: kv page 350 is listed twice in f");
+}
+
+/* The first id (in list order) that repeats an earlier one, by brute force; -1 if none. */
+static int64_t first_dup_ref(const uint32_t *ids, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = 0; j < i; j++)
+            if (ids[i] == ids[j]) return ids[i];
+    return -1;
+}
+
+Test(ctl_vspace, duplicates_in_long_lists_are_found_as_by_brute_force) {
+    static uint32_t ids[3000];
+    unsigned seed = 99;
+    pie_status st;
+    for (int round = 0; round < 300; round++) {
+        uint32_t n = 1 + (uint32_t)rand_r(&seed) % 3000;
+        /* ids from a range a little larger than the list (repeats likely, not certain), the
+         * extremes of uint32 included, now and then all distinct */
+        uint32_t range = n + 1 + (uint32_t)rand_r(&seed) % (round % 3 == 0 ? 4u * n : n / 8 + 2);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t r = (uint32_t)rand_r(&seed) % range;
+            ids[i] = round % 5 == 0 ? UINT32_MAX - r : r;
+        }
+        if (round % 7 == 0)
+            for (uint32_t i = 0; i < n; i++) ids[i] = UINT32_MAX - 3 * i; /* distinct */
+        int64_t want = first_dup_ref(ids, n);
+        pie_code rc = ctl_ids_check("x", "f", "kv page", ids, n, 4096, &st);
+        if (want < 0) {
+            cr_assert_eq(rc, PIE_OK, "round %d, %u ids: %s", round, n, st.msg);
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "x: kv page %u is listed twice in f", (uint32_t)want);
+            cr_assert_eq(rc, PIE_INVALID_ARGUMENT, "round %d", round);
+            cr_assert_str_eq(st.msg, msg, "round %d, %u ids", round, n);
+        }
+    }
 }
 
 Test(ctl_vspace, dealloc_of_an_unbound_id_names_it_and_changes_nothing) {
@@ -388,9 +426,136 @@ Test(ctl_vspace, changes_sent_in_part_keep_the_rest_in_order) {
     /* An alloc not yet sent and freed again is simply forgotten. */
     cr_assert_eq(ctl_vspace_dealloc_kv(&v, "d", (uint32_t[]){6}, 1, &st), PIE_OK);
     cr_assert_eq(p.ch.n_alloc_kv, 2);
-    cr_assert_eq(p.kv_pending[s6], 0);
+    cr_assert_eq(p.kv_pending_at[s6], 0);
     ctl_pool_changes_sent(&p, 1, 0, 2, 0);
     cr_assert(!ctl_pool_has_changes(&p));
+    ctl_vspace_release(&v);
+    ctl_pool_destroy(&p);
+}
+
+/* ---- the slot changes against a worker that applies them ----------------------------------- */
+
+/* What a worker holds after applying what the controller sent: frees first, then allocs, in
+ * the order flush_changes (ctl_exec.c) takes the lists, cut by a budget. */
+typedef struct fake_worker {
+    bool kv[64], emb[64];
+} fake_worker;
+
+/* Sends up to budget changes in flush_changes' order and applies them to w. */
+static void send_changes(ctl_pool *p, fake_worker *w, uint32_t budget) {
+    ctl_slot_changes *c = &p->ch;
+    uint32_t len[4] = {c->free_kv.n, c->free_emb.n, c->n_alloc_kv, c->alloc_emb.n}, k[4] = {0};
+    for (int l = 0; l < 4 && budget > 0; l++) {
+        k[l] = len[l] < budget ? len[l] : budget;
+        budget -= k[l];
+        if (k[l] < len[l]) break;
+    }
+    for (uint32_t i = 0; i < k[0]; i++) {
+        uint32_t s = c->free_kv.v[i];
+        cr_assert(w->kv[s], "free of kv slot %u, which the worker does not hold", s);
+        w->kv[s] = false;
+    }
+    for (uint32_t i = 0; i < k[1]; i++) {
+        uint32_t s = c->free_emb.v[i];
+        cr_assert(w->emb[s], "free of embedding slot %u, which the worker does not hold", s);
+        w->emb[s] = false;
+    }
+    for (uint32_t i = 0; i < k[2]; i++) {
+        uint32_t s = c->alloc_kv[i].slot;
+        cr_assert(!w->kv[s], "alloc of kv slot %u, which the worker holds", s);
+        cr_assert_eq(c->alloc_kv[i].owner, 7);
+        w->kv[s] = true;
+    }
+    for (uint32_t i = 0; i < k[3]; i++) {
+        uint32_t s = c->alloc_emb.v[i];
+        cr_assert(!w->emb[s], "alloc of embedding slot %u, which the worker holds", s);
+        w->emb[s] = true;
+    }
+    ctl_pool_changes_sent(p, k[0], k[1], k[2], k[3]);
+}
+
+/* Every pending alloc's index is where the list holds it, and only pending slots have one. */
+static void check_pending_index(const ctl_pool *p) {
+    const ctl_slot_changes *c = &p->ch;
+    uint32_t n_kv = 0, n_emb = 0;
+    for (uint32_t s = 0; s < 64; s++) {
+        uint32_t a = p->kv_pending_at[s], e = p->emb_pending_at[s];
+        if (a) {
+            cr_assert_leq(a, c->n_alloc_kv);
+            cr_assert_eq(c->alloc_kv[a - 1].slot, s, "kv slot %u's index %u is stale", s, a);
+            n_kv++;
+        }
+        if (e) {
+            cr_assert_leq(e, c->alloc_emb.n);
+            cr_assert_eq(c->alloc_emb.v[e - 1], s, "embedding slot %u's index %u is stale", s, e);
+            n_emb++;
+        }
+    }
+    cr_assert_eq(n_kv, c->n_alloc_kv, "a pending kv alloc without its index");
+    cr_assert_eq(n_emb, c->alloc_emb.n, "a pending embedding alloc without its index");
+}
+
+Test(ctl_vspace, random_allocs_frees_and_partial_sends_leave_the_worker_holding_the_live_slots) {
+    ctl_pool p = pool_of(64, 64);
+    ctl_vspace v;
+    ctl_vspace_init(&v, &p, 7);
+    fake_worker w = {0};
+    bool kv_id[64] = {0}, emb_id[64] = {0}; /* ids 0..63 bound in v */
+    unsigned seed = 12345;
+    pie_status st;
+    for (int op = 0; op < 20000; op++) {
+        uint32_t r = (uint32_t)rand_r(&seed);
+        bool kv = (r >> 8) & 1;
+        bool *bound = kv ? kv_id : emb_id;
+        uint32_t ids[64], n = 0;
+        switch (r % 4) {
+        case 0: /* alloc up to 40 unbound ids that the pool has room for */
+        case 1: {
+            uint32_t want = 1 + (r >> 9) % 40, avail = kv ? ctl_pool_kv_available(&p)
+                                                          : ctl_pool_emb_available(&p);
+            for (uint32_t id = (r >> 16) % 64, i = 0; i < 64 && n < want && n < avail; i++)
+                if (!bound[(id + i) % 64]) ids[n++] = (id + i) % 64;
+            if (n == 0) break;
+            pie_code rc = kv ? ctl_vspace_alloc_kv(&v, "a", ids, n, &st)
+                             : ctl_vspace_alloc_emb(&v, "a", ids, n, &st);
+            cr_assert_eq(rc, PIE_OK, "%s", st.msg);
+            for (uint32_t i = 0; i < n; i++) bound[ids[i]] = true;
+            break;
+        }
+        case 2: /* free a random part of the bound ids, in a random order */
+            for (uint32_t id = (r >> 16) % 64, i = 0; i < 64; i++)
+                if (bound[(id + 7 * i) % 64] && ((uint32_t)rand_r(&seed) & 1))
+                    ids[n++] = (id + 7 * i) % 64;
+            if (n == 0) break;
+            cr_assert_eq(kv ? ctl_vspace_dealloc_kv(&v, "d", ids, n, &st)
+                            : ctl_vspace_dealloc_emb(&v, "d", ids, n, &st),
+                         PIE_OK, "%s", st.msg);
+            for (uint32_t i = 0; i < n; i++) bound[ids[i]] = false;
+            break;
+        default: {
+            uint32_t budget = (r >> 9) % 48; /* a step takes some of the changes */
+            send_changes(&p, &w, budget);
+            break;
+        }
+        }
+        check_pending_index(&p);
+    }
+    send_changes(&p, &w, UINT32_MAX);
+    cr_assert(!ctl_pool_has_changes(&p));
+    for (uint32_t id = 0; id < 64; id++) {
+        uint32_t s;
+        if (kv_id[id]) cr_assert(ctl_vspace_kv(&v, id, &s) && w.kv[s], "kv page %u", id);
+        if (emb_id[id]) cr_assert(ctl_vspace_emb(&v, id, &s) && w.emb[s], "embedding %u", id);
+    }
+    uint32_t held_kv = 0, held_emb = 0, n_kv = 0, n_emb = 0;
+    for (uint32_t i = 0; i < 64; i++) {
+        held_kv += w.kv[i];
+        held_emb += w.emb[i];
+        n_kv += kv_id[i];
+        n_emb += emb_id[i];
+    }
+    cr_assert_eq(held_kv, n_kv, "the worker holds kv slots no page is bound to");
+    cr_assert_eq(held_emb, n_emb, "the worker holds embedding slots no id is bound to");
     ctl_vspace_release(&v);
     ctl_pool_destroy(&p);
 }
