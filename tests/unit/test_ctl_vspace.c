@@ -511,8 +511,8 @@ Test(ctl_vspace, random_allocs_frees_and_partial_sends_leave_the_worker_holding_
         switch (r % 4) {
         case 0: /* alloc up to 40 unbound ids that the pool has room for */
         case 1: {
-            uint32_t want = 1 + (r >> 9) % 40, avail = kv ? ctl_pool_kv_available(&p)
-                                                          : ctl_pool_emb_available(&p);
+            uint32_t want = 1 + (r >> 9) % 40,
+                     avail = kv ? ctl_pool_kv_available(&p) : ctl_pool_emb_available(&p);
             for (uint32_t id = (r >> 16) % 64, i = 0; i < 64 && n < want && n < avail; i++)
                 if (!bound[(id + i) % 64]) ids[n++] = (id + i) % 64;
             if (n == 0) break;
