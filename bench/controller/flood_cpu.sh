@@ -19,7 +19,8 @@ for ((r = 1; r <= runs; r++)); do
         sleep 0.01
     done
     [ -n "$ctl" ] || { echo "flood_cpu: the controller never started" >&2; exit 1; }
-    ms=$(perf stat -x, -e task-clock -p "$ctl" 2>&1 >/dev/null | awk -F, '/task-clock/ {print $1}')
+    ms=$(perf stat -x, -e task-clock -p "$ctl" 2>&1 >/dev/null |
+        awk -F, '/task-clock/ {print $1}')
     rc=0
     wait "$test_pid" || rc=$?
     echo "run $r: controller CPU ${ms} ms; test exit $rc"

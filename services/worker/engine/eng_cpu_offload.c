@@ -497,5 +497,6 @@ void eng_offload_close(eng *e) {
 
 void eng_offload_get_stats(eng *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
+    if (e && e->off)
+        eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
 }

@@ -609,5 +609,6 @@ void ec_off_close(eng_cuda *e) {
 
 void eng_cuda_offload_get_stats(eng_cuda *e, eng_offload_stats *out) {
     memset(out, 0, sizeof *out);
-    if (e && e->off) eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
+    if (e && e->off)
+        eng_tier_offload_stats(&e->off->stats, &e->off->place.stats, &e->off->costs, out);
 }

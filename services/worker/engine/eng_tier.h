@@ -4,8 +4,8 @@
  *
  * Owns: the tier's configuration from eng_opts, eng_swap_stats from the tier's counters, and
  * the slot count through eng.h's contract (refused without the policy); offload's options
- * checked, and eng_offload_stats from an engine's counters, its placement's and its costs. Does not own: the tier, the engines' use of
- * it (a backend adds its device, eng_cuda_swap.c). */
+ * checked, and eng_offload_stats from an engine's counters, its placement's and its costs.
+ * Does not own: the tier, the engines' use of it (a backend adds its device, eng_cuda_swap.c). */
 #ifndef ENG_TIER_H
 #define ENG_TIER_H
 
