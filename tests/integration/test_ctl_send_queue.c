@@ -117,6 +117,16 @@ Test(ctl_send_queue, a_session_that_does_not_read_is_ended_at_once_not_buffered_
     pie_status st;
     int sent = 0;
     while (sent < MAX_UPS && send_failing_calls(s, inst, sent, &st) == PIE_OK) sent++;
+    /* Stop reading for real: no gRPC call in this process until the controller gives up, so
+     * nothing polls the client's socket and the controller's writes back up into its own send
+     * queue. (Not posting a receive is not enough: gRPC reads the socket and grants window
+     * whenever a thread of this process polls, e.g. while a send waits, and reading at once
+     * after the sends drained the controller faster than its queue filled: CI saw all 400,000
+     * results arrive once.) */
+    cr_assert(pie_proc_wait_log(ctl, "ctl.send_failed", 1, WAIT_MS),
+              "the controller did not end the stream of a client that stopped reading (%d "
+              "SessionUps sent)",
+              sent);
     int64_t t0 = pie_test_now_ms();
     bool ended = false;
     size_t got = read_results(s, &ended);
