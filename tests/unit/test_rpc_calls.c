@@ -1,7 +1,11 @@
 /* test_rpc_calls.c — the four call kinds, metadata, deadlines, unknown methods, message size
- * limits, bearer-token auth, the buffer conversion and the channel arguments of
- * services/common/rpc. */
+ * limits, bearer-token auth, the buffer conversion, the channel arguments and connection
+ * attempts of services/common/rpc. */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "rpc_internal.h"
@@ -372,7 +376,7 @@ Test(rpc_buffers, pack_respects_the_limit) {
     cr_assert(strstr(st.msg, "grpc.health.v1.HealthCheckRequest"), "%s", st.msg);
 }
 
-TestSuite(rpc_channel, .fini = leak_check);
+TestSuite(rpc_channel, .fini = leak_check, .timeout = 60);
 
 /* The integer value of channel argument key in a, or -1 when a lacks it. */
 static int channel_arg(const rpc_args *a, const char *key) {
@@ -390,14 +394,148 @@ Test(rpc_channel, reconnect_backoff_becomes_grpc_channel_arguments) {
     rpc_args a;
     rpc__channel_args(&(rpc_channel_opts){.reconnect_initial_ms = 50, .reconnect_max_ms = 200}, &a);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS), 50);
-    cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), 50);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), -1,
+                 "the backoff must not bound a connection attempt (gRPC's default: 20 s)");
     cr_assert_eq(channel_arg(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), 200);
+    rpc__channel_args(&(rpc_channel_opts){.connect_timeout_ms = 3000}, &a);
+    cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), 3000);
     /* unset: gRPC's defaults */
     rpc__channel_args(&(rpc_channel_opts){0}, &a);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS), -1);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS), -1);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), -1);
     cr_assert_eq(channel_arg(&a, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL), 1);
+}
+
+/* A TCP relay that holds each connection it accepts for delay_ms before it dials the server
+ * and relays both ways: a server whose handshake (TCP, TLS, HTTP/2 settings) takes that long,
+ * as a loaded or distant one does. */
+#define RELAY_MAX_CONNS 64
+typedef struct slow_relay {
+    int fd, port, upstream_port, delay_ms;
+    atomic_bool stop;
+    atomic_int accepted;
+    pthread_t acceptor, conns[RELAY_MAX_CONNS];
+    int n_conns; /* the acceptor's */
+} slow_relay;
+
+typedef struct relay_conn {
+    slow_relay *r;
+    int fd;
+} relay_conn;
+
+static int relay_dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Copies what fd `from` has to `to`; false at end of stream or on an error. */
+static bool relay_copy(int from, int to) {
+    char buf[16384];
+    ssize_t n = read(from, buf, sizeof buf);
+    for (ssize_t off = 0; n > 0 && off < n;) {
+        ssize_t w = write(to, buf + off, (size_t)(n - off));
+        if (w <= 0) return false;
+        off += w;
+    }
+    return n > 0;
+}
+
+static void *relay_conn_main(void *arg) {
+    relay_conn *c = arg;
+    slow_relay *r = c->r;
+    for (int waited = 0; waited < r->delay_ms && !atomic_load(&r->stop); waited += 10)
+        tsleep_ms(10);
+    int up = atomic_load(&r->stop) ? -1 : relay_dial(r->upstream_port);
+    while (up >= 0 && !atomic_load(&r->stop)) {
+        struct pollfd p[2] = {{.fd = c->fd, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+        int n = poll(p, 2, 20);
+        if (n < 0) break;
+        if (p[0].revents && !relay_copy(c->fd, up)) break;
+        if (p[1].revents && !relay_copy(up, c->fd)) break;
+    }
+    if (up >= 0) close(up);
+    close(c->fd);
+    free(c);
+    return NULL;
+}
+
+static void *relay_accept_main(void *arg) {
+    slow_relay *r = arg;
+    while (!atomic_load(&r->stop)) {
+        struct pollfd p = {.fd = r->fd, .events = POLLIN};
+        if (poll(&p, 1, 20) <= 0) continue;
+        int fd = accept(r->fd, NULL, NULL);
+        if (fd < 0) continue;
+        atomic_fetch_add(&r->accepted, 1);
+        relay_conn *c = malloc(sizeof *c);
+        if (r->n_conns == RELAY_MAX_CONNS || !c) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        *c = (relay_conn){.r = r, .fd = fd};
+        if (pthread_create(&r->conns[r->n_conns], NULL, relay_conn_main, c) != 0) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        r->n_conns++;
+    }
+    return NULL;
+}
+
+static void relay_start(slow_relay *r, int upstream_port, int delay_ms) {
+    *r = (slow_relay){.upstream_port = upstream_port, .delay_ms = delay_ms};
+    r->fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(r->fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(r->fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(r->fd, 64), 0);
+    cr_assert_eq(getsockname(r->fd, (struct sockaddr *)&a, &len), 0);
+    r->port = ntohs(a.sin_port);
+    cr_assert_eq(pthread_create(&r->acceptor, NULL, relay_accept_main, r), 0);
+}
+
+static void relay_stop(slow_relay *r) {
+    atomic_store(&r->stop, true);
+    pthread_join(r->acceptor, NULL);
+    for (int i = 0; i < r->n_conns; i++) pthread_join(r->conns[i], NULL);
+    close(r->fd);
+}
+
+Test(rpc_channel, a_slow_handshake_is_waited_for_whatever_the_reconnect_backoff) {
+    /* gRPC gives one connection attempt max(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, the backoff)
+     * to finish; when that argument followed reconnect_initial_ms (50 ms here, 100 ms in the
+     * services' defaults) an attempt was abandoned after 100-200 ms, so a peer slower than
+     * that to answer (loaded, TLS, far away) was never reached at all. */
+    pie_status st;
+    tsrv *t = tsrv_start(NULL, &st);
+    cr_assert(t, "server start: %s", st.msg);
+    slow_relay r;
+    relay_start(&r, t->port, 600);
+    rpc_channel *ch =
+        tchan(r.port, &(rpc_channel_opts){.reconnect_initial_ms = 50, .reconnect_max_ms = 200});
+    cr_assert(ch);
+    tmsg req = tmsg_of("slow");
+    ProtobufCMessage *resp = NULL;
+    rpc_call_opts o = {.timeout_ms = 8000, .wait_for_ready = true};
+    pie_code rc = rpc_unary(ch, "/test.Echo/Unary", &req.base, TMSG_DESC, &resp, &o, &st);
+    rpc_msg_free(resp);
+    rpc_channel_destroy(ch);
+    relay_stop(&r);
+    tsrv_stop(t, 1000);
+    cr_assert_eq(rc, PIE_OK,
+                 "a server 600 ms slow to answer was never reached (%d connection attempts): %s",
+                 atomic_load(&r.accepted), st.msg);
 }
 
 /* ---- several listen addresses, a Unix socket among them ---- */

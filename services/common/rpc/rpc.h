@@ -256,6 +256,10 @@ typedef struct rpc_channel_opts {
     bool keepalive_without_calls;  /* ping even with no call open (long-lived links: true) */
     int reconnect_initial_ms;      /* subchannel reconnect backoff; 0 → gRPC default (1 s) */
     int reconnect_max_ms;          /* 0 → gRPC default (120 s) */
+    int connect_timeout_ms;        /* how long one connection attempt (TCP, TLS, the server's
+                                      HTTP/2 settings) may take before it is given up and
+                                      redialled; 0 → 20 s (gRPC's default). Independent of the
+                                      backoff: an attempt's deadline is the later of the two. */
     bool transparent_retries;      /* false (default): gRPC's retry machinery is off (it costs
                                       ~10% of a unary call); a call that races a server's
                                       GOAWAY then fails with UNAVAILABLE instead of being

@@ -84,10 +84,13 @@ void rpc__channel_args(const rpc_channel_opts *opts, rpc_args *a) {
                           opts->keepalive_without_calls ? 1 : 0);
         rpc__args_add_int(a, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     }
-    if (opts->reconnect_initial_ms > 0) {
+    if (opts->reconnect_initial_ms > 0)
         rpc__args_add_int(a, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
-        rpc__args_add_int(a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, opts->reconnect_initial_ms);
-    }
+    /* Despite its name gRPC reads this as the least time one connection attempt gets (its
+     * "min connect timeout"), not as a backoff: tied to reconnect_initial_ms it gave attempts
+     * 100-200 ms, and a peer slower than that to answer was redialled forever. */
+    if (opts->connect_timeout_ms > 0)
+        rpc__args_add_int(a, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, opts->connect_timeout_ms);
     if (opts->reconnect_max_ms > 0)
         rpc__args_add_int(a, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, opts->reconnect_max_ms);
     if (opts->service_config && opts->service_config[0])
