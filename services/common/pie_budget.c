@@ -6,14 +6,47 @@
 #include <string.h>
 #include <unistd.h>
 
+/* How many of n bytes do not fit when cur are used (0: they fit). */
+static uint64_t short_by(const pie_budget *b, uint64_t cur, uint64_t n) {
+    if (b->max == 0) return 0;
+    uint64_t avail = cur >= b->max ? 0 : b->max - cur;
+    return n > avail ? n - avail : 0;
+}
+
+/* Asks the reclaimer for want bytes; whether it gave any back (so that trying again may pay). */
+static bool reclaimed(pie_budget *b, uint64_t want) {
+    return b->reclaim != NULL && b->reclaim(b->reclaim_arg, want) > 0;
+}
+
 bool pie_budget_take(pie_budget *b, uint64_t n) {
     if (b == NULL || n == 0) return true;
     uint64_t cur = atomic_load_explicit(&b->used, memory_order_relaxed);
-    do {
-        if (b->max && (cur > b->max || n > b->max - cur)) return false;
-    } while (!atomic_compare_exchange_weak_explicit(&b->used, &cur, cur + n, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    return true;
+    for (;;) {
+        uint64_t missing = short_by(b, cur, n);
+        if (missing == 0) {
+            if (atomic_compare_exchange_weak_explicit(&b->used, &cur, cur + n, memory_order_relaxed,
+                                                      memory_order_relaxed))
+                return true;
+            continue; /* cur was reloaded */
+        }
+        if (!reclaimed(b, missing)) return false;
+        cur = atomic_load_explicit(&b->used, memory_order_relaxed);
+    }
+}
+
+bool pie_budget_room(pie_budget *b, uint64_t n) {
+    if (b == NULL) return true;
+    for (;;) {
+        uint64_t missing = short_by(b, pie_budget_used(b), n);
+        if (missing == 0) return true;
+        if (!reclaimed(b, missing)) return false;
+    }
+}
+
+void pie_budget_set_reclaim(pie_budget *b, pie_budget_reclaim_fn fn, void *arg) {
+    if (b == NULL) return;
+    b->reclaim = fn;
+    b->reclaim_arg = fn ? arg : NULL;
 }
 
 void pie_budget_force(pie_budget *b, uint64_t n) {

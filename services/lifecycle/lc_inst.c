@@ -11,7 +11,17 @@
  * writer waits on the call, without any lock of ours, until the client reads, detaches, the
  * instance is stopped (both end the wait through rpc_call_end_waits) or its wall deadline
  * passes. Completion-queue threads never wait here. While detached, output goes to the buffer
- * with oldest-first dropping. */
+ * with oldest-first dropping.
+ *
+ * Retention: exited instances stay in the table for instances.retention, and at most
+ * instances.retention_max of them (the earliest exits go first), in two lists in exit order
+ * under the manager's exits_mu: every exited instance (for the count), and those that hold
+ * output. Buffered output is charged to the replica's memory budget (limits.replica_memory),
+ * and what exited instances keep for a later Attach is the first memory the replica gives up:
+ * the budget's reclaimer (reclaim_kept) frees it, oldest exit first, when any take does not
+ * fit — a launch, a memory.grow, an upload, another instance's output. exits_mu is taken
+ * last: the reclaimer runs on whatever thread takes, with whatever locks it holds, so under
+ * exits_mu it only try-locks an instance, and skips one that is busy. */
 #include "lc_inst.h"
 
 #include <errno.h>
@@ -37,6 +47,18 @@
 
 typedef enum lc_out_kind { LC_OUT_MESSAGE, LC_OUT_STDOUT, LC_OUT_STDERR } lc_out_kind;
 
+/* A place in one of the manager's lists of exited instances (under its exits_mu). */
+typedef struct lc_link {
+    struct lc_link *prev, *next;
+    lc_inst *in;
+    bool on;
+} lc_link;
+
+typedef struct lc_list {
+    lc_link *head, *tail; /* oldest exit first */
+    size_t n;
+} lc_list;
+
 typedef struct lc_out_chunk {
     struct lc_out_chunk *next;
     lc_out_kind kind;
@@ -49,12 +71,15 @@ struct lc_inst_mgr {
     lc_program_store *programs;
     lc_host *host;
     lc_session *session;
-    pthread_mutex_t mu; /* guards the fields below */
+    pthread_mutex_t mu; /* guards the fields below up to exits_mu */
     pthread_cond_t cv;  /* live reached 0 */
     lc_inst **table;    /* launch order */
     size_t n, cap;
     size_t live; /* instance threads not yet finished */
     bool stopping;
+    /* exited instances in the table, and those of them that hold output; see the top */
+    pthread_mutex_t exits_mu;
+    lc_list exits, kept;
     /* metrics (NULL without a registry) */
     pie_histogram *h_life, *h_start, *h_first;
     pie_gauge *g_starting, *g_running;
@@ -68,6 +93,7 @@ struct lc_inst {
     char program_name[LC_PROGRAM_NAME_MAX + 1];
     char model[256];
     const pie_tenant *tenant; /* whose instance (lives as long as the process's tenants) */
+    pie_budget *budget;       /* its buffered output is charged here (outlives instances) */
     char **argv; /* argv[0] = program name */
     size_t argc;
     lc_limits limits;
@@ -94,6 +120,10 @@ struct lc_inst {
     uint64_t exited_unix_ms;
     int64_t exited_ns;
     Pie__V1__ResourceUsage usage; /* final usage once exited */
+
+    /* once EXITED, under mgr->exits_mu: its places in the manager's lists */
+    lc_link exit_link, kept_link;
+    bool evicted; /* beyond instances.retention_max: sweep drops it (under mgr->mu) */
 };
 
 static uint64_t now_unix_ms(void) {
@@ -152,10 +182,19 @@ static void free_chunks(lc_out_chunk *c) {
     }
 }
 
+/* Frees the buffered output and gives its charge back. Caller holds in->mu (or the last
+ * reference). */
+static void release_output(lc_inst *in) {
+    free_chunks(in->head);
+    in->head = in->tail = NULL;
+    pie_budget_give(in->budget, in->buffered_bytes);
+    in->buffered_bytes = 0;
+}
+
 static void inst_free(lc_inst *in) {
     for (size_t i = 0; i < in->argc; i++) free(in->argv[i]);
     free(in->argv);
-    free_chunks(in->head);
+    release_output(in);
     pthread_mutex_destroy(&in->mu);
     free(in);
 }
@@ -198,28 +237,44 @@ static pie_code send_output(rpc_call *call, lc_out_kind kind, const void *data, 
  * empty messages cannot grow memory without bound either. */
 static uint64_t chunk_cost(size_t len) { return (uint64_t)len + sizeof(lc_out_chunk); }
 
-/* Appends to the buffer, dropping the oldest output beyond the cap (dropped_bytes counts output
- * bytes). Caller holds in->mu. */
+/* Drops all buffered output, counted in dropped_bytes. Caller holds in->mu. */
+static void drop_output(lc_inst *in) {
+    for (lc_out_chunk *c = in->head; c; c = c->next) in->dropped_bytes += c->len;
+    release_output(in);
+}
+
+/* Drops the oldest buffered chunk. Caller holds in->mu; there is one. */
+static void drop_oldest(lc_inst *in) {
+    lc_out_chunk *c = in->head;
+    in->head = c->next;
+    if (in->head == NULL) in->tail = NULL;
+    in->buffered_bytes -= chunk_cost(c->len);
+    pie_budget_give(in->budget, chunk_cost(c->len));
+    in->dropped_bytes += c->len;
+    free(c);
+}
+
+/* Appends to the buffer, dropping the oldest output beyond the cap, then, while the replica's
+ * budget has no room even after exited instances gave theirs up, this instance's oldest and
+ * finally this chunk (dropped_bytes counts output bytes). Caller holds in->mu. */
 static void buffer_output(lc_inst *in, lc_out_kind kind, const void *data, size_t len) {
-    uint64_t cap = in->mgr->cfg.output_buffer_bytes;
-    if (chunk_cost(len) > cap) { /* could never be delivered whole: it and all before it go */
-        for (lc_out_chunk *c = in->head; c; c = c->next) in->dropped_bytes += c->len;
+    uint64_t cap = in->mgr->cfg.output_buffer_bytes, cost = chunk_cost(len);
+    if (cost > cap) { /* could never be delivered whole: it and all before it go */
+        drop_output(in);
         in->dropped_bytes += len;
-        free_chunks(in->head);
-        in->head = in->tail = NULL;
-        in->buffered_bytes = 0;
         return;
     }
-    while (in->head && in->buffered_bytes + chunk_cost(len) > cap) {
-        lc_out_chunk *c = in->head;
-        in->head = c->next;
-        if (in->head == NULL) in->tail = NULL;
-        in->buffered_bytes -= chunk_cost(c->len);
-        in->dropped_bytes += c->len;
-        free(c);
+    while (in->head && in->buffered_bytes + cost > cap) drop_oldest(in);
+    while (!pie_budget_take(in->budget, cost)) {
+        if (in->head == NULL) {
+            in->dropped_bytes += len;
+            return;
+        }
+        drop_oldest(in);
     }
     lc_out_chunk *c = malloc(sizeof *c + len);
     if (c == NULL) {
+        pie_budget_give(in->budget, cost);
         in->dropped_bytes += len;
         return;
     }
@@ -232,7 +287,7 @@ static void buffer_output(lc_inst *in, lc_out_kind kind, const void *data, size_
     else
         in->head = c;
     in->tail = c;
-    in->buffered_bytes += chunk_cost(len);
+    in->buffered_bytes += cost;
 }
 
 /* The deadline of a writer's wait: its wall deadline, or a short poll once that has passed (the
@@ -302,6 +357,88 @@ static void on_host_send(void *ctx, const void *msg, size_t len) {
 
 static void on_host_terminated(void *ctx, pie_code code, const char *msg) {
     lc_inst_stop(ctx, code, msg);
+}
+
+/* ---- output kept after the exit ------------------------------------------------------------ */
+
+static void list_push(lc_list *l, lc_link *k) {
+    k->prev = l->tail;
+    k->next = NULL;
+    if (l->tail)
+        l->tail->next = k;
+    else
+        l->head = k;
+    l->tail = k;
+    k->on = true;
+    l->n++;
+}
+
+static void list_unlink(lc_list *l, lc_link *k) {
+    if (!k->on) return;
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        l->head = k->next;
+    if (k->next)
+        k->next->prev = k->prev;
+    else
+        l->tail = k->prev;
+    k->prev = k->next = NULL;
+    k->on = false;
+    l->n--;
+}
+
+/* Lists an instance that has just exited as the newest exit. Caller holds in->mu. */
+static void exits_push(lc_inst_mgr *m, lc_inst *in) {
+    pthread_mutex_lock(&m->exits_mu);
+    list_push(&m->exits, &in->exit_link);
+    if (in->head) list_push(&m->kept, &in->kept_link);
+    pthread_mutex_unlock(&m->exits_mu);
+}
+
+/* Takes an instance off the lists before the table lets it go. */
+static void exits_forget(lc_inst_mgr *m, lc_inst *in) {
+    pthread_mutex_lock(&m->exits_mu);
+    list_unlink(&m->exits, &in->exit_link);
+    list_unlink(&m->kept, &in->kept_link);
+    pthread_mutex_unlock(&m->exits_mu);
+}
+
+/* Marks the earliest exits beyond instances.retention_max for sweep to drop. Caller holds
+ * m->mu. */
+static void exits_evict(lc_inst_mgr *m) {
+    pthread_mutex_lock(&m->exits_mu);
+    while (m->exits.n > m->cfg.retention_max) {
+        lc_inst *in = m->exits.head->in;
+        list_unlink(&m->exits, &in->exit_link);
+        list_unlink(&m->kept, &in->kept_link);
+        in->evicted = true;
+    }
+    pthread_mutex_unlock(&m->exits_mu);
+}
+
+/* The budget's reclaimer (pie_budget_reclaim_fn): drops the output of exited instances, oldest
+ * exit first, until want bytes are back; an instance whose mutex is busy (being attached to,
+ * listed, or held by the very thread that takes) is skipped. Their next Attach gets
+ * dropped_bytes, then the exit status. */
+static uint64_t reclaim_kept(void *arg, uint64_t want) {
+    lc_inst_mgr *m = arg;
+    uint64_t freed = 0;
+    pthread_mutex_lock(&m->exits_mu);
+    for (lc_link *k = m->kept.head, *next; k && freed < want; k = next) {
+        next = k->next;
+        if (pthread_mutex_trylock(&k->in->mu) != 0) continue;
+        freed += k->in->buffered_bytes;
+        drop_output(k->in);
+        pthread_mutex_unlock(&k->in->mu);
+        list_unlink(&m->kept, k);
+    }
+    pthread_mutex_unlock(&m->exits_mu);
+    if (freed)
+        pie_log_debug("lc.inst.kept_output_dropped",
+                      "bytes=%llu wanted=%llu reason=\"limits.replica_memory is short\"",
+                      (unsigned long long)freed, (unsigned long long)want);
+    return freed;
 }
 
 /* ---- exit -------------------------------------------------------------------------------- */
@@ -392,6 +529,7 @@ static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_cod
     pie_histogram_observe(m->h_life, (double)(in->exited_ns - in->started_ns) / 1e9);
     in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
     finish_attached(in);
+    exits_push(m, in); /* order: instance, then exits_mu */
     pthread_mutex_unlock(&in->mu);
 }
 
@@ -509,11 +647,17 @@ lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *pro
         pthread_mutex_destroy(&m->mu);
         goto oom_free;
     }
+    if (pthread_mutex_init(&m->exits_mu, NULL) != 0) {
+        pthread_cond_destroy(&m->cv);
+        pthread_mutex_destroy(&m->mu);
+        goto oom_free;
+    }
     m->cfg = *cfg;
     m->programs = programs;
     m->host = host;
     m->session = session;
     mgr_metrics(m, cfg->metrics);
+    pie_budget_set_reclaim(cfg->budget, reclaim_kept, m);
     return m;
 oom_free:
     free(m);
@@ -561,27 +705,36 @@ void lc_inst_mgr_stop(lc_inst_mgr *m) {
 void lc_inst_mgr_destroy(lc_inst_mgr *m) {
     if (m == NULL) return;
     lc_inst_mgr_stop(m);
-    for (size_t i = 0; i < m->n; i++) lc_inst_unref(m->table[i]);
+    pie_budget_set_reclaim(m->cfg.budget, NULL, NULL); /* no taker is left (lc_main's order) */
+    for (size_t i = 0; i < m->n; i++) {
+        exits_forget(m, m->table[i]);
+        lc_inst_unref(m->table[i]);
+    }
     free(m->table);
+    pthread_mutex_destroy(&m->exits_mu);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
-/* Drops exited instances older than the retention period. Caller holds m->mu. */
+/* Drops exited instances older than the retention period, and the earliest exits beyond
+ * retention_max. Caller holds m->mu. */
 static void sweep(lc_inst_mgr *m) {
+    exits_evict(m);
     int64_t now = rpc_now_ns();
     size_t j = 0;
     for (size_t i = 0; i < m->n; i++) {
         lc_inst *in = m->table[i];
         pthread_mutex_lock(&in->mu);
         bool old = in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED &&
-                   now - in->exited_ns >= m->cfg.retention_ms * 1000000;
+                   (in->evicted || now - in->exited_ns >= m->cfg.retention_ms * 1000000);
         pthread_mutex_unlock(&in->mu);
-        if (old)
+        if (old) {
+            exits_forget(m, in);
             lc_inst_unref(in);
-        else
+        } else {
             m->table[j++] = in;
+        }
     }
     m->n = j;
 }
@@ -662,6 +815,7 @@ static lc_inst *inst_new(const Pie__V1__LaunchRequest *req, const char *argv0, p
         goto oom;
     }
     atomic_init(&in->refs, 1);
+    in->exit_link.in = in->kept_link.in = in;
     pie__v1__resource_usage__init(&in->usage);
     in->argv = calloc(req->n_args + 1, sizeof *in->argv);
     if (in->argv == NULL) goto oom_free;
@@ -749,8 +903,8 @@ static pie_code tenant_room_locked(const lc_inst_mgr *m, const pie_tenant *t, pi
 #define LC_INST_LAUNCH_MIN_BYTES (2u << 20)
 
 static pie_code budget_room(const lc_inst_mgr *m, pie_status *st) {
-    const pie_budget *b = m->cfg.budget;
-    if (pie_budget_free(b) >= LC_INST_LAUNCH_MIN_BYTES) return PIE_OK;
+    pie_budget *b = m->cfg.budget;
+    if (pie_budget_room(b, LC_INST_LAUNCH_MIN_BYTES)) return PIE_OK;
     return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                           "launch: this replica's memory budget (limits.replica_memory = %llu "
                           "MiB) is spent: its instances hold %llu MiB (linear memory, queued "
@@ -784,6 +938,7 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req,
     snprintf(in->model, sizeof in->model, "%s", model);
     in->limits = effective_limits(&m->cfg, req->limits);
     in->tenant = tenant ? tenant : &pie_tenant_anonymous;
+    in->budget = m->cfg.budget;
     pthread_mutex_lock(&m->mu);
     sweep(m);
     pie_code rc = m->stopping ? pie_status_set(st, PIE_UNAVAILABLE,
@@ -845,9 +1000,7 @@ pie_code lc_inst_attach(lc_inst *in, rpc_call *call, pie_status *st) {
         in->dropped_bytes = 0;
     }
     for (lc_out_chunk *c = in->head; c; c = c->next) send_output(call, c->kind, c->data, c->len);
-    free_chunks(in->head);
-    in->head = in->tail = NULL;
-    in->buffered_bytes = 0;
+    release_output(in); /* an exited one stays listed as kept, with nothing left to reclaim */
     if (in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED) finish_attached(in);
     pthread_mutex_unlock(&in->mu);
     return PIE_OK;

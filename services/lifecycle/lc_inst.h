@@ -1,17 +1,18 @@
 /* lc_inst.h — the instances of a lifecycle replica.
  *
- * Owns: the instance table (launch order, lookup by id, retention of exited instances), one
- * thread per instance (small stack, lc_wasm_thread_attr_init) that loads the program, runs it
- * and reports how it ended, instance ids ((replica index << 48) | random 48 bits), effective
- * quotas (request → server defaults → server maxima), its tenant (who may see it; the tenant's
- * instance quota as far as this replica can count it), each instance's output buffer (messages
- * from send(), stdout, stderr; a per-instance cap with the oldest output dropped first while no
- * client is attached), the one attached client call (a Run's from its launch) with
- * back-pressure (while attached, output is never dropped: the writer waits while the same cap
- * of output or 256 responses wait for the client, at most until its wall deadline), client
- * messages and end of input, the mapping of lc_wasm outcomes onto InstanceExit statuses
- * (lifecycle.proto), and the info log line of every instance's end (lc.inst.exited /
- * lc.inst.trapped: instance, program, tenant, status, reason).
+ * Owns: the instance table (launch order, lookup by id, retention of exited instances by time
+ * and count), one thread per instance (small stack, lc_wasm_thread_attr_init) that loads the
+ * program, runs it and reports how it ended, instance ids ((replica index << 48) | random 48
+ * bits), effective quotas (request → server defaults → server maxima), its tenant (who may see
+ * it; the tenant's instance quota as far as this replica can count it), each instance's output
+ * buffer (messages from send(), stdout, stderr; a per-instance cap with the oldest output
+ * dropped first while no client is attached; charged to the replica's memory budget, whose
+ * reclaimer drops what exited instances keep, earliest exit first), the one attached client
+ * call (a Run's from its launch) with back-pressure (while attached, output is never dropped:
+ * the writer waits while the same cap of output or 256 responses wait for the client, at most
+ * until its wall deadline), client messages and end of input, the mapping of lc_wasm outcomes
+ * onto InstanceExit statuses (lifecycle.proto), and the info log line of every instance's end
+ * (lc.inst.exited / lc.inst.trapped: instance, program, tenant, status, reason).
  * Does not own: the RPC methods (lc_api.c), program storage (lc_program.c), the `pie` host API
  * (lc_host.c, driven here through lc_host_inst_*), the Wasm runtime (wasm/). */
 #ifndef LC_INST_H
@@ -46,6 +47,7 @@ typedef struct lc_inst_config {
     lc_limits maxima;             /* requested values above these are lowered to them */
     uint64_t output_buffer_bytes; /* per instance, while no client is attached */
     int64_t retention_ms;         /* how long exited instances stay listed and attachable */
+    uint64_t retention_max;       /* most exited instances kept; the earliest exits go first */
     size_t thread_stack_bytes;    /* native stack of an instance thread */
     pie_metrics *metrics;         /* instance histograms and gauges; NULL: none */
     pie_budget *budget;           /* limits.replica_memory; NULL: none */

@@ -37,6 +37,7 @@ typedef struct lc_config {
     uint64_t max_program_bytes;
     uint64_t output_buffer_bytes;
     int64_t retention_ms;
+    uint64_t retention_max;
     lc_limits defaults, maxima;
     uint64_t replica_memory; /* limits.replica_memory */
     uint32_t max_uploads;    /* programs.max_uploads */
@@ -141,6 +142,10 @@ static const pie_config_field lc_fields[] = {
             "beyond it; while one is, the inferlet's writes wait beyond it"},
     {"instances.retention", PIE_CFG_DURATION, PIE_CONFIG_AT(lc_config, retention_ms), .def = "60s",
      .max = "168h", .doc = "how long exited instances stay listed and attachable"},
+    {"instances.retention_max", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, retention_max),
+     .def = "10000", .max = "10000000",
+     .doc = "most exited instances kept (listed, attachable) at once; beyond it the earliest "
+            "exits are dropped before their retention ends (~2 KiB each, plus kept output)"},
     LC_LIMIT_FIELDS("default", defaults, "256MiB", "1024", "1024", "16", "1MiB", "10m", "1h",
                     "default (launch leaves it 0):"),
     LC_LIMIT_FIELDS("max", maxima, "4GiB", "65536", "65536", "256", "4MiB", "24h", "168h",
@@ -264,6 +269,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .maxima = cfg->maxima,
                          .output_buffer_bytes = cfg->output_buffer_bytes,
                          .retention_ms = cfg->retention_ms,
+                         .retention_max = cfg->retention_max,
                          .thread_stack_bytes = cfg->stack_bytes,
                          .budget = &p->budget,
                          .metrics = svc_metrics(p->s)};

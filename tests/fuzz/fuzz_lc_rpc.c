@@ -59,6 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                          .maxima = lim,
                          .output_buffer_bytes = 1 << 16,
                          .retention_ms = 1000,
+                         .retention_max = 16,
                          .thread_stack_bytes = 1 << 20};
     lc_inst_mgr *insts = lc_inst_mgr_create(&ic, p.programs, p.host, p.session, &st);
     if (insts == NULL) fuzz_fail("lc_inst_mgr_create: %s", st.msg);

@@ -637,6 +637,50 @@ Test(lifecycle, exited_instances_are_dropped_after_the_retention_period) {
     cluster_stop(&c);
 }
 
+/* Retention is by time and by count: a client launching short instances as fast as it can
+ * made the replica keep every one that exited within instances.retention (60 s by default),
+ * ~2 KiB each, with a table scanned at every launch — without bound. At most
+ * instances.retention_max exited instances are kept; beyond it the earliest exits go first, so
+ * a long-running instance that has just ended is kept over short ones launched after it. */
+Test(lifecycle, at_most_retention_max_exited_instances_are_kept_the_latest_exits) {
+    cluster c;
+    const char *extra[] = {"PIE_INSTANCES_RETENTION=1h", "PIE_INSTANCES_RETENTION_MAX=8", NULL};
+    cluster_start(&c, extra, true);
+    char id[65];
+    upload_ok(&c, "lc_echo.wasm", "echo", id);
+    const char *wait_args[] = {"wait", NULL}, *exit_args[] = {"exit", "0", "x", NULL};
+    launch_opts lw = {.args = wait_args}, le = {.args = exit_args};
+    uint64_t longer = launch_ok(&c, id, &lw); /* launched first, ends last */
+    wait_state(&c, longer, RUNNING);
+#define N_SHORT 20
+    uint64_t shorts[N_SHORT];
+    for (int i = 0; i < N_SHORT; i++) {
+        shorts[i] = launch_ok(&c, id, &le);
+        wait_state(&c, shorts[i], EXITED);
+    }
+    Pie__V1__TerminateRequest tr = PIE__V1__TERMINATE_REQUEST__INIT;
+    tr.instance_id = longer;
+    pie_status st;
+    cr_assert_eq(
+        unary(&c, "Terminate", &tr.base, &pie__v1__terminate_response__descriptor, NULL, &st),
+        PIE_OK, "%s", st.msg);
+    wait_state(&c, longer, EXITED);
+    uint64_t last = launch_ok(&c, id, &le); /* a launch makes room */
+    wait_state(&c, last, EXITED);
+
+    Pie__V1__ListInstancesResponse *l = list_instances(&c);
+    size_t exited = 0;
+    for (size_t i = 0; i < l->n_instances; i++)
+        if (l->instances[i]->state == EXITED) exited++;
+    rpc_msg_free(&l->base);
+    cr_expect_leq(exited, 8, "%zu exited instances listed, instances.retention_max is 8", exited);
+    cr_expect_eq(state_of(&c, longer), EXITED, "the latest exit was dropped before earlier ones");
+    cr_expect_eq(state_of(&c, last), EXITED);
+    cr_expect_eq(state_of(&c, shorts[N_SHORT - 1]), EXITED);
+    cr_expect_eq(state_of(&c, shorts[0]), 0, "the earliest exit is still listed");
+    cluster_stop(&c);
+}
+
 Test(lifecycle, run_exchanges_messages_and_attach_rules_hold) {
     cluster c;
     const char *extra[] = {"PIE_INSTANCES_OUTPUT_BUFFER=4KiB", NULL};

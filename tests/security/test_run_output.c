@@ -443,3 +443,72 @@ Test(security, a_client_that_detaches_from_a_blocked_inferlet_lets_it_run_on_det
     free(prog);
     e2e_cluster_stop(&c);
 }
+
+/* The output an instance writes while no client is attached is kept for the next Attach: up to
+ * instances.output_buffer while it runs, and for instances.retention (60 s) after it exits.
+ * That memory was charged nowhere: a tenant that launched instances which each write a buffer's
+ * worth and exit made the replica hold launches-per-second × 60 s × 1 MiB, whatever its
+ * limits.replica_memory (this test: 128 instances, 126 MiB held by a replica with a 32 MiB
+ * budget). Buffered output now counts in the budget, and what exited instances keep is the
+ * first to go when the budget is short: the oldest exit's output first, its next Attach told
+ * dropped_bytes; its exit status stays listed until its retention ends. */
+Test(security, the_output_exited_instances_keep_is_held_within_the_replica_budget) {
+    asan_small_quarantine(); /* before the services start: they measure by RSS */
+    e2e_cluster c;
+    const char *env[] = {"PIE_LIMITS_REPLICA_MEMORY=32MiB", NULL};
+    e2e_cluster_start_env(&c, env);
+    char *prog = e2e_upload(&c, "sec_flood");
+    const char *args[] = {"send", "1000", "1000", NULL}; /* ~1 MB of messages, then exits */
+    pie_status st;
+    /* one instance first, so that what any instance costs is in the baseline */
+    uint64_t warm = e2e_launch(&c, prog, args, PIE_OK, &st);
+    cr_assert(wait_exited(&c, warm, WAIT_MS), "the first instance did not exit");
+    uint64_t rss0 = rss_bytes(&c);
+#define N_EXITED 128
+    uint64_t ids[N_EXITED];
+    for (int i = 0; i < N_EXITED; i++) {
+        ids[i] = e2e_launch(&c, prog, args, PIE_OK, &st);
+        cr_assert(wait_exited(&c, ids[i], WAIT_MS), "instance %d did not exit", i);
+    }
+    uint64_t rss1 = rss_bytes(&c);
+    /* 32 MiB of output at most, and what ASan adds to it (~30%) */
+    cr_expect_lt(rss1, rss0 + 64 * MIB,
+                 "the replica grew by %llu MiB holding the output of %d exited instances "
+                 "(limits.replica_memory: 32 MiB)",
+                 (unsigned long long)((rss1 - rss0) / MIB), N_EXITED);
+
+    /* the newest exit's output is whole */
+    Pie__V1__AttachStart start = PIE__V1__ATTACH_START__INIT;
+    Pie__V1__AttachRequest ar = PIE__V1__ATTACH_REQUEST__INIT;
+    ar.msg_case = PIE__V1__ATTACH_REQUEST__MSG_START;
+    ar.start = &start;
+    reader r;
+    start.instance_id = ids[N_EXITED - 1];
+    reader_init(&r, open_stream(&c, "Attach"), 1000, false);
+    send_ok(r.s, &ar.base);
+    read_to_end(&r, 0, 0);
+    cr_expect(!r.got_dropped, "the newest exit lost %llu bytes", (unsigned long long)r.dropped);
+    cr_expect_eq(r.n_msgs, 1000, "the newest exit kept %ld messages of 1000", r.n_msgs);
+    cr_expect_str_eq(r.err, "sent 1000\n");
+
+    /* the oldest's went first: its Attach says so, and its exit status is still there */
+    start.instance_id = ids[0];
+    reader_init(&r, open_stream(&c, "Attach"), 1000, false);
+    send_ok(r.s, &ar.base);
+    read_to_end(&r, 0, 0);
+    cr_expect(r.got_dropped, "the oldest exit kept its output beyond the replica's budget");
+    cr_expect_eq(r.dropped, 1000u * 1000u + strlen("sent 1000\n"), "dropped_bytes %llu",
+                 (unsigned long long)r.dropped);
+    cr_expect_eq(r.n_msgs, 0);
+    cr_expect(r.status == PIE_OK && r.exit_code == 0, "status %u \"%s\", exit %d", r.status,
+              r.status_msg, r.exit_code);
+
+    /* what the exited instances keep never stands in the way of a launch */
+    e2e_run run;
+    e2e_run_program(&c, prog, args, NULL, &run);
+    e2e_assert_success(&run, "a launch after the exits");
+    cr_expect_eq(run.n_msgs, 1000);
+    e2e_run_free(&run);
+    free(prog);
+    e2e_cluster_stop(&c);
+}
