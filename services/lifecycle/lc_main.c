@@ -41,6 +41,7 @@ typedef struct lc_config {
     lc_limits defaults, maxima;
     uint64_t replica_memory; /* limits.replica_memory */
     uint32_t max_uploads;    /* programs.max_uploads */
+    uint32_t max_loaded;     /* programs.max_loaded */
     char *tokenizer_path, *http_allow;
     bool tokenizer_fetch; /* tokenizer.fetch */
     bool registry;        /* programs.registry */
@@ -133,6 +134,11 @@ static const pie_config_field lc_fields[] = {
          "uploads in progress at once on this replica; more are refused RESOURCE_EXHAUSTED "
          "(each holds its program's bytes in memory until it is stored; it stops counting before "
          "its answer is sent, so one client's uploads in a row never meet their own)"},
+    {"programs.max_loaded", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_loaded), .def = "512",
+     .min = "1", .max = "1000000",
+     .doc = "programs kept loaded (native code mapped, ~140 KiB each) for quick launches; beyond "
+            "it the least recently used is unloaded and loaded again from the store when "
+            "launched (running instances keep theirs)"},
     {"programs.registry", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, registry), .def = "true",
      .doc = "share programs through the controller's program registry: uploads are put there, "
             "launches of ids this replica lacks fetch them, deletes are cluster-wide"},
@@ -252,6 +258,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
     if (p->programs == NULL) return st->code;
+    lc_program_store_set_max_loaded(p->programs, cfg->max_loaded);
     lc_store_config stc = {.programs = cfg->registry,
                            .max_program_bytes = cfg->max_program_bytes,
                            .max_tokenizer_bytes = LC_TOKENIZER_MAX_BYTES,

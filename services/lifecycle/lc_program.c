@@ -18,6 +18,7 @@
 typedef struct lc_program_loaded {
     char id[65];
     lc_wasm_module *m; /* the store's reference */
+    uint64_t used;     /* the store's clock at its last load or launch */
 } lc_program_loaded;
 
 struct lc_program_store {
@@ -25,9 +26,11 @@ struct lc_program_store {
     char native[4096]; /* lc_wasm cache directory */
     lc_wasm_rt *rt;
     uint64_t max_bytes;
-    pthread_mutex_t mu; /* guards loaded */
+    pthread_mutex_t mu; /* guards the fields below */
     lc_program_loaded *loaded;
     size_t n_loaded, cap_loaded;
+    size_t max_loaded; /* 0: no bound */
+    uint64_t clock;    /* counts loads and launches: the loaded modules' recency */
 };
 
 static pie_code check_id(const char *id, pie_status *st) {
@@ -70,6 +73,12 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
     return ps;
 }
 
+void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n) {
+    pthread_mutex_lock(&ps->mu);
+    ps->max_loaded = n;
+    pthread_mutex_unlock(&ps->mu);
+}
+
 void lc_program_store_destroy(lc_program_store *ps) {
     if (ps == NULL) return;
     for (size_t i = 0; i < ps->n_loaded; i++) lc_wasm_module_release(ps->loaded[i].m);
@@ -106,7 +115,21 @@ static pie_code write_meta(const lc_program_store *ps, const char *id, const cha
     return lc_wasm_write_file(path, buf, (size_t)n, st);
 }
 
-/* Keeps m as the store's module for id (takes the reference), unless one is there already. */
+/* Takes the least recently used module out of the loaded set when it is full (max_loaded), for
+ * the caller to release outside the lock; NULL when there is room. Caller holds ps->mu. */
+static lc_wasm_module *evict_lru_locked(lc_program_store *ps) {
+    if (ps->max_loaded == 0 || ps->n_loaded < ps->max_loaded || ps->n_loaded == 0) return NULL;
+    size_t lru = 0;
+    for (size_t i = 1; i < ps->n_loaded; i++)
+        if (ps->loaded[i].used < ps->loaded[lru].used) lru = i;
+    lc_wasm_module *m = ps->loaded[lru].m;
+    ps->loaded[lru] = ps->loaded[--ps->n_loaded];
+    return m;
+}
+
+/* Keeps m as the store's module for id (takes the reference), unless one is there already;
+ * unloads the least recently used one when the set is full (instances keep their own
+ * references, so running ones are not touched). */
 static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m) {
     pthread_mutex_lock(&ps->mu);
     for (size_t i = 0; i < ps->n_loaded; i++)
@@ -115,12 +138,14 @@ static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m)
             lc_wasm_module_release(m);
             return;
         }
+    lc_wasm_module *evicted = evict_lru_locked(ps);
     if (ps->n_loaded == ps->cap_loaded) {
         size_t cap = ps->cap_loaded ? ps->cap_loaded * 2 : 16;
         lc_program_loaded *l = realloc(ps->loaded, cap * sizeof *l);
         if (l == NULL) { /* not fatal: the module is loaded again at the next launch */
             pthread_mutex_unlock(&ps->mu);
             lc_wasm_module_release(m);
+            lc_wasm_module_release(evicted);
             return;
         }
         ps->loaded = l;
@@ -129,7 +154,9 @@ static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m)
     lc_program_loaded *e = &ps->loaded[ps->n_loaded++];
     snprintf(e->id, sizeof e->id, "%s", id);
     e->m = m;
+    e->used = ++ps->clock;
     pthread_mutex_unlock(&ps->mu);
+    lc_wasm_module_release(evicted); /* unmapped once its last instance is gone */
 }
 
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
@@ -184,6 +211,7 @@ static pie_code instance_from_loaded(lc_program_store *ps, const char *id,
     pthread_mutex_lock(&ps->mu);
     for (size_t i = 0; i < ps->n_loaded; i++)
         if (strcmp(ps->loaded[i].id, id) == 0) {
+            ps->loaded[i].used = ++ps->clock;
             rc = lc_wasm_instance_create(ps->loaded[i].m, opts, out, st);
             break;
         }

@@ -4,7 +4,8 @@
  * the label and first-upload time; both written to a temporary name and renamed, so replicas
  * and concurrent uploads sharing the directory never see a partial file), validation at upload
  * by lc_wasm_module_load (which also compiles tier 0, so the first launch is warm), the size
- * limit, listing and deletion, and one loaded lc_wasm_module per program kept for launches.
+ * limit, listing and deletion, and one loaded lc_wasm_module per recently used program kept for
+ * launches (at most programs.max_loaded, the least recently used unloaded first).
  * Does not own: the upload stream (lc_api.c), instances (lc_inst.c), compilation and the native
  * code cache (wasm/). */
 #ifndef LC_PROGRAM_H
@@ -28,6 +29,9 @@ typedef struct lc_program_store lc_program_store;
 lc_program_store *lc_program_store_create(const char *dir, const char *native_dir, lc_wasm_rt *rt,
                                           uint64_t max_bytes, pie_status *st);
 void lc_program_store_destroy(lc_program_store *ps); /* NULL is fine */
+/* Keeps at most n programs loaded (programs.max_loaded; 0: no bound, the default), unloading
+ * the least recently loaded or launched first. */
+void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n);
 uint64_t lc_program_max_bytes(const lc_program_store *ps);
 
 /* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65

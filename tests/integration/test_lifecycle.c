@@ -637,6 +637,69 @@ Test(lifecycle, exited_instances_are_dropped_after_the_retention_period) {
     cluster_stop(&c);
 }
 
+/* The mappings of a process (lines of /proc/<pid>/maps): a loaded module's native code adds
+ * a few. */
+static size_t maps_of(const pie_proc *p) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", pie_proc_pid(p));
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot open %s", path);
+    size_t n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strchr(line, '\n')) n++;
+    fclose(f);
+    return n;
+}
+
+/* A replica kept every program it ever stored or launched loaded — its native code mapped
+ * (~3.5 mappings and ~140 KiB each) — so uploads of distinct programs grew it without bound,
+ * towards the kernel's mapping limit (vm.max_map_count, 65,530), past which nothing loads. At
+ * most programs.max_loaded stay loaded, the least recently used unloaded first; a launch of an
+ * unloaded one loads it again from the store. */
+Test(lifecycle, at_most_programs_max_loaded_modules_stay_loaded) {
+    cluster c;
+    const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=4", NULL};
+    cluster_start(&c, extra, true);
+    size_t len;
+    uint8_t *base = read_fixture("lc_echo.wasm", &len);
+    uint8_t *v = malloc(len + 16);
+    cr_assert(v);
+    memcpy(v, base, len);
+    char first[65] = "";
+    size_t maps0 = 0;
+#define N_PROGRAMS 24
+    for (int i = 0; i < N_PROGRAMS; i++) { /* distinct programs: a custom section numbers them */
+        size_t n = len;
+        v[n++] = 0;         /* custom section */
+        v[n++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
+        v[n++] = 4;
+        memcpy(v + n, "pie!", 4);
+        n += 4;
+        memcpy(v + n, &i, 4);
+        n += 4;
+        char id[65];
+        pie_status st;
+        cr_assert_eq(upload_ex(&c, v, n, n, "variant", NULL, 64 << 10, id, NULL, &st), PIE_OK,
+                     "upload %d: %s", i, st.msg);
+        if (i == 0) snprintf(first, sizeof first, "%s", id);
+        if (i == 3) maps0 = maps_of(c.lc); /* four loaded: what the bound allows */
+    }
+    size_t maps1 = maps_of(c.lc);
+    cr_expect_lt(maps1, maps0 + 24,
+                 "%zu mappings after %d distinct programs, %zu after 4 (programs.max_loaded 4)",
+                 maps1, N_PROGRAMS, maps0);
+    const char *args[] = {"exit", "5", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t inst = launch_ok(&c, first, &lo); /* unloaded since: loaded again */
+    wait_state(&c, inst, EXITED);
+    seen s;
+    attach_all(&c, inst, &s);
+    cr_expect(s.exited && s.exit_code == 5, "the reloaded program exited %d", s.exit_code);
+    free(v);
+    free(base);
+    cluster_stop(&c);
+}
+
 /* Retention is by time and by count: a client launching short instances as fast as it can
  * made the replica keep every one that exited within instances.retention (60 s by default),
  * ~2 KiB each, with a table scanned at every launch — without bound. At most

@@ -643,6 +643,28 @@ Test(lc_wasm, second_load_is_a_cache_hit_in_memory_and_after_restart_on_disk) {
     lc_wasm_rt_destroy(rt);
 }
 
+/* The runtime keeps a module only while someone holds it (the program store decides what stays
+ * loaded: programs.max_loaded): before, its table held every module ever loaded, native code
+ * mapped, until the runtime ended. */
+Test(lc_wasm, a_module_is_unloaded_with_its_last_reference_and_reloads_from_disk) {
+    lc_wasm_rt *rt = make_rt(false);
+    lc_wasm_module *a = load(rt, "hello");
+    lc_wasm_module_release(a);
+    lc_wasm_module *b = load(rt, "hello");
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.memory_hits, 0u, "a module nobody held stayed loaded");
+    cr_expect_eq(s.disk_hits, 1u);
+    cr_expect_eq(s.tier0_compiles, 1u, "the native code on disk was compiled again");
+    run_spec r;
+    spec_init(&r, b, "hello", NULL);
+    run_spec_now(&r);
+    cr_expect_eq(r.out.end, LC_WASM_EXITED, "%s", r.out.message);
+    cr_expect(strstr(r.cap.out, "hello, world!\n") == r.cap.out, "%s", r.cap.out);
+    spec_destroy(&r);
+    lc_wasm_module_release(b);
+    lc_wasm_rt_destroy(rt);
+}
+
 typedef struct load_race {
     lc_wasm_rt *rt;
     wt_bytes b;

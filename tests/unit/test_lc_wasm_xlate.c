@@ -135,11 +135,13 @@ static bool run(lc_wasm_rt *rt, const wt_bytes *b, const char *const *argv, resu
 static void same(pair *p, const char *what, const wt_bytes *b, const char *const *argv, result *own) {
     static result w;
     pie_status st;
-    uint64_t before = lc_wasm_rt_stats_get(p->own).own_translations;
+    lc_wasm_rt_stats s0 = lc_wasm_rt_stats_get(p->own);
     cr_assert(run(p->own, b, argv, own, &st), "%s: own load failed: %s", what, st.msg);
     cr_assert(run(p->w2c, b, argv, &w, &st), "%s: wasm2c load failed: %s", what, st.msg);
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(p->own);
-    cr_expect(s.own_translations == before + 1 || s.memory_hits > 0,
+    /* a module run before was unloaded with its last reference: this run found its native code
+     * in the own runtime's disk cache, which that earlier run's check covered */
+    cr_expect(s.own_translations == s0.own_translations + 1 || s.disk_hits > s0.disk_hits,
               "%s: the own runtime did not use its translator", what);
     cr_expect_eq(own->out.end, w.out.end, "%s: ended %d vs %d (%s | %s)", what, own->out.end,
                  w.out.end, own->out.message, w.out.message);

@@ -160,7 +160,9 @@ static inline void lc_wasm_cancel_fire(lc_wasm_cancel *c) { atomic_store(&c->fir
 /* lc_wasm_module_load that stops when cancel (may be NULL) fires. */
 pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len,
                                     lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st);
-void lc_wasm_module_release(lc_wasm_module *m); /* NULL is a no-op */
+/* Drops a reference; the last one unloads the module (unmaps its native code; its disk cache
+ * stays): the runtime keeps a module only while someone holds it. NULL is a no-op. */
+void lc_wasm_module_release(lc_wasm_module *m);
 /* Lower-case hex SHA-256 of the module's bytes (64 characters): its content id. */
 const char *lc_wasm_module_id(const lc_wasm_module *m);
 /* Tier that the next instance will use: 0 (tcc) or 1 (cc -O2). */

@@ -202,11 +202,14 @@ static void module_free(lc_wasm_module *m) {
     free(m);
 }
 
+static void table_unlink(lc_wasm_rt *rt, lc_wasm_module *m);
+
 void lc_wasm_module_release(lc_wasm_module *m) {
     if (m == NULL) return;
     lc_wasm_rt *rt = m->rt;
     pthread_mutex_lock(&rt->mu);
     int left = --m->refs;
+    if (left == 0) table_unlink(rt, m); /* under the lock: no load can find it any more */
     pthread_mutex_unlock(&rt->mu);
     if (left == 0) module_free(m);
 }
@@ -232,17 +235,12 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
         lc_wasm_module_release(m);
     }
     rt->t1_head = rt->t1_tail = NULL;
-    while (rt->modules != NULL) {
-        lc_wasm_module *m = rt->modules;
-        rt->modules = m->next;
-        if (m->refs != 1) {
-            /* A module (or an instance holding one) outlives its runtime: a caller bug that
-             * would otherwise surface later as a use after free. */
-            fprintf(stderr, "lc_wasm: lc_wasm_rt_destroy: module %s still has %d references\n",
-                    m->id, m->refs - 1);
-            abort();
-        }
-        lc_wasm_module_release(m); /* the table's reference */
+    if (rt->modules != NULL) {
+        /* A module (or an instance holding one) outlives its runtime: a caller bug that would
+         * otherwise surface later as a use after free. */
+        fprintf(stderr, "lc_wasm: lc_wasm_rt_destroy: module %s still has %d references\n",
+                rt->modules->id, rt->modules->refs);
+        abort();
     }
     pthread_cond_destroy(&rt->t1_cv);
     pthread_cond_destroy(&rt->slot_cv);
@@ -313,11 +311,13 @@ static lc_wasm_module *module_new(lc_wasm_rt *rt, const char *id, const lc_wasm_
     return m;
 }
 
-static void table_remove(lc_wasm_rt *rt, lc_wasm_module *m) {
+/* Takes m out of the runtime's table (if it is there). The table holds no reference: a module
+ * is listed while someone holds it (the program store, instances, a tier-1 compile), so its
+ * callers decide what stays loaded. Caller holds rt->mu. */
+static void table_unlink(lc_wasm_rt *rt, lc_wasm_module *m) {
     for (lc_wasm_module **p = &rt->modules; *p != NULL; p = &(*p)->next)
         if (*p == m) {
             *p = m->next;
-            m->refs--;
             return;
         }
 }
@@ -373,7 +373,7 @@ again:
             lc_wasm_info_free(&info);
             return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory for module %s", id);
         }
-        m->refs = 2; /* the table's and the caller's */
+        m->refs = 1; /* the caller's (the table's entry is not one) */
         m->next = rt->modules;
         rt->modules = m;
     } else {
@@ -387,7 +387,7 @@ again:
         pie_code rc = lc_wasm_compile_load(m, wasm, len, cancel, &err);
         pthread_mutex_lock(&rt->mu);
         if (rc != PIE_OK) {
-            table_remove(rt, m); /* a later load tries again; before waiters see FAILED */
+            table_unlink(rt, m); /* a later load tries again; before waiters see FAILED */
         } else if (m->tier1 == LC_WASM_T1_QUEUED && !rt->stopping) {
             m->refs++; /* the queue's */
             if (rt->t1_tail)

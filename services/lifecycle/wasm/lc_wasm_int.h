@@ -107,7 +107,7 @@ struct lc_wasm_module {
     lc_wasm_code *code; /* best tier loaded; the module holds one reference */
     int tier1;          /* LC_WASM_T1_* */
     char tier1_err[512];
-    int refs;                /* guarded by rt->mu; the runtime's table holds one */
+    int refs;                /* guarded by rt->mu; listed in the runtime's table while > 0 */
     lc_wasm_module *next;    /* runtime's table */
     lc_wasm_module *t1_next; /* tier-1 queue (guarded by rt->mu) */
 };
