@@ -863,6 +863,39 @@ static wt_bytes gen(uint32_t n_funcs, uint32_t nest, uint32_t pad, uint32_t salt
     return b;
 }
 
+/* The tier-1 queue held a reference to every module it was to compile, so a burst of distinct
+ * programs stayed loaded — native code mapped — until cc -O2 had got through all of them,
+ * whatever programs.max_loaded said (a soak: 60 uploads held 700 mappings with a bound of 16).
+ * The queue holds none: a module nobody holds leaves it unbuilt, and is queued again when it is
+ * loaded again (tier 0 is on disk, tier 1 is not). */
+Test(lc_wasm, the_tier1_queue_keeps_no_module_loaded_that_nobody_holds) {
+    lc_wasm_rt *rt = make_rt(true);
+    enum { N = 6 };
+    wt_bytes b[N];
+    for (uint32_t i = 0; i < N; i++) {
+        b[i] = gen(4, 2, 0, 0x51e0 + i);
+        lc_wasm_module *m = NULL;
+        pie_status st;
+        cr_assert_eq(lc_wasm_module_load(rt, b[i].data, b[i].len, &m, &st), PIE_OK, "%s", st.msg);
+        lc_wasm_module_release(m);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    /* at most the one whose tier-1 compile is running (the compiler holds it meanwhile) */
+    cr_expect_leq(s.modules_loaded, 1u, "%u of %d released modules still loaded (%u queued)",
+                  s.modules_loaded, N, s.tier1_queued);
+    cr_expect_eq(s.tier1_queued, 0u, "released modules wait for tier 1");
+
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_module_load(rt, b[N - 1].data, b[N - 1].len, &m, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_expect_eq(lc_wasm_module_wait_tier1(m, 200000, &st), PIE_OK, "loaded again: %s", st.msg);
+    cr_expect_eq(lc_wasm_module_tier(m), 1);
+    lc_wasm_module_release(m);
+    for (int i = 0; i < N; i++) free(b[i].data);
+    lc_wasm_rt_destroy(rt);
+}
+
 static lc_wasm_rt *make_rt_opts(lc_wasm_rt_opts o) {
     o.cache_dir = wt_dir;
     o.host_fns = wasm_test_host_fns;

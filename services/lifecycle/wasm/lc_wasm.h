@@ -111,6 +111,8 @@ typedef struct lc_wasm_rt_stats {
     uint64_t memory_hits;      /* loads served from modules already loaded in this runtime */
     uint32_t compiles_running; /* tier-0 compiles in progress now */
     uint32_t compiles_queued;  /* loads waiting now for one of them to end */
+    uint32_t modules_loaded;   /* modules loaded now (someone holds each) */
+    uint32_t tier1_queued;     /* loaded modules waiting now for their tier-1 compile */
     /* Where the wall time of the tier-0 compiles that succeeded went, summed over them (ns,
      * CLOCK_MONOTONIC; the benchmark takes differences): */
     uint64_t t0_files_ns;     /* cache entry: mkdir, lock, module.wasm, t0.h and wasm.h */

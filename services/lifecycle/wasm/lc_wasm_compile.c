@@ -858,9 +858,10 @@ void *lc_wasm_tier1_main(void *arg) {
         rt->t1_head = m->t1_next;
         if (rt->t1_head == NULL) rt->t1_tail = NULL;
         m->t1_next = NULL;
+        m->refs++; /* the compile's: queued modules are held by someone (t1_unlink) */
         pthread_mutex_unlock(&rt->mu);
         tier1_build(m);
-        lc_wasm_module_release(m); /* the queue's reference */
+        lc_wasm_module_release(m);
         pthread_mutex_lock(&rt->mu);
     }
     pthread_mutex_unlock(&rt->mu);

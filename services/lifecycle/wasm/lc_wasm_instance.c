@@ -203,13 +203,17 @@ static void module_free(lc_wasm_module *m) {
 }
 
 static void table_unlink(lc_wasm_rt *rt, lc_wasm_module *m);
+static void t1_unlink(lc_wasm_rt *rt, lc_wasm_module *m);
 
 void lc_wasm_module_release(lc_wasm_module *m) {
     if (m == NULL) return;
     lc_wasm_rt *rt = m->rt;
     pthread_mutex_lock(&rt->mu);
     int left = --m->refs;
-    if (left == 0) table_unlink(rt, m); /* under the lock: no load can find it any more */
+    if (left == 0) { /* under the lock: no load or tier-1 compile can find it any more */
+        table_unlink(rt, m);
+        t1_unlink(rt, m);
+    }
     pthread_mutex_unlock(&rt->mu);
     if (left == 0) module_free(m);
 }
@@ -230,11 +234,6 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
     pthread_mutex_unlock(&rt->mu);
     if (rt->t1_started) pthread_join(rt->t1_thread, NULL);
 
-    for (lc_wasm_module *m = rt->t1_head, *next; m != NULL; m = next) {
-        next = m->t1_next;
-        lc_wasm_module_release(m);
-    }
-    rt->t1_head = rt->t1_tail = NULL;
     if (rt->modules != NULL) {
         /* A module (or an instance holding one) outlives its runtime: a caller bug that would
          * otherwise surface later as a use after free. */
@@ -266,6 +265,8 @@ lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
     pthread_mutex_lock(&rt->mu);
     s.compiles_running = rt->n_compiling;
     s.compiles_queued = rt->n_queued;
+    for (const lc_wasm_module *m = rt->modules; m != NULL; m = m->next) s.modules_loaded++;
+    for (const lc_wasm_module *m = rt->t1_head; m != NULL; m = m->t1_next) s.tier1_queued++;
     pthread_mutex_unlock(&rt->mu);
     return s;
 }
@@ -318,6 +319,24 @@ static void table_unlink(lc_wasm_rt *rt, lc_wasm_module *m) {
     for (lc_wasm_module **p = &rt->modules; *p != NULL; p = &(*p)->next)
         if (*p == m) {
             *p = m->next;
+            return;
+        }
+}
+
+/* Takes m out of the tier-1 queue (if it is there). The queue holds no reference either: a
+ * burst of distinct programs would otherwise stay loaded until cc -O2 had got through them all,
+ * past what the program store lets stay loaded. A module dropped unbuilt is queued again when it
+ * is next loaded (its tier 0 is on disk, its tier 1 is not). Caller holds rt->mu. */
+static void t1_unlink(lc_wasm_rt *rt, lc_wasm_module *m) {
+    lc_wasm_module *prev = NULL;
+    for (lc_wasm_module *q = rt->t1_head; q != NULL; prev = q, q = q->t1_next)
+        if (q == m) {
+            if (prev)
+                prev->t1_next = m->t1_next;
+            else
+                rt->t1_head = m->t1_next;
+            if (rt->t1_tail == m) rt->t1_tail = prev;
+            m->t1_next = NULL;
             return;
         }
 }
@@ -389,7 +408,6 @@ again:
         if (rc != PIE_OK) {
             table_unlink(rt, m); /* a later load tries again; before waiters see FAILED */
         } else if (m->tier1 == LC_WASM_T1_QUEUED && !rt->stopping) {
-            m->refs++; /* the queue's */
             if (rt->t1_tail)
                 rt->t1_tail->t1_next = m;
             else

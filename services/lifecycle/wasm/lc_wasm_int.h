@@ -109,7 +109,7 @@ struct lc_wasm_module {
     char tier1_err[512];
     int refs;                /* guarded by rt->mu; listed in the runtime's table while > 0 */
     lc_wasm_module *next;    /* runtime's table */
-    lc_wasm_module *t1_next; /* tier-1 queue (guarded by rt->mu) */
+    lc_wasm_module *t1_next; /* tier-1 queue (guarded by rt->mu; holds no reference) */
 };
 
 struct lc_wasm_rt {
