@@ -50,6 +50,7 @@ typedef struct lc_config {
     lc_wasm_module_limits module_limits; /* programs.max_functions, max_function_size, ... */
     int64_t compile_timeout_ms;          /* runtime.compile_timeout */
     int64_t tier1_timeout_ms;            /* runtime.tier1_timeout */
+    uint64_t cache_size;                 /* runtime.cache_size */
     uint32_t max_compiles;               /* runtime.max_compiles */
     uint32_t compile_queue;              /* runtime.compile_queue */
 } lc_config;
@@ -107,6 +108,11 @@ static const pie_config_field lc_fields[] = {
      .def = "10m", .min = "1s", .max = "24h",
      .doc = "longest a tier-1 recompile (cc -O2) may run: it is then killed and the program "
             "stays at tier 0"},
+    {"runtime.cache_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, cache_size), .def = "4GiB",
+     .doc = "disk the compiled code under runtime.cache_dir/native may take (~130-400 KiB a "
+            "program); beyond it that of programs not loaded is removed, least recently used "
+            "first, down to 3/4 of it, and compiled again when launched (0 = no bound; stored "
+            "programs are not counted or removed)"},
     {"runtime.max_compiles", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_compiles), .def = "2",
      .min = "1", .max = "256",
      .doc = "first compiles of programs that run at once (uploads, launches of programs not "
@@ -253,6 +259,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     ro.compile_timeout_ms = (uint64_t)cfg->compile_timeout_ms;
     ro.tier1_timeout_ms = (uint64_t)cfg->tier1_timeout_ms;
     ro.max_compiles = cfg->max_compiles;
+    ro.cache_max_bytes = cfg->cache_size;
     ro.compile_queue = cfg->compile_queue ? (int32_t)cfg->compile_queue : -1; /* 0: none wait */
     if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
     p->programs =

@@ -388,5 +388,7 @@ pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st)
         }
     pthread_mutex_unlock(&ps->mu);
     lc_wasm_module_release(m); /* running instances hold their own references */
+    pie_status ignored; /* loaded by a running instance: the cache's bound removes it later */
+    (void)lc_wasm_rt_forget(ps->rt, id, &ignored);
     return PIE_OK;
 }

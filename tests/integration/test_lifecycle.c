@@ -16,10 +16,12 @@
  * generous: sanitizer builds are slow. */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lc_wasm.h"
 #include "pie/v1/lifecycle.pb-c.h"
@@ -517,11 +519,15 @@ Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
     rpc_msg_free(r);
 
     /* delete, then delete again and launch: NOT_FOUND */
+    char native[4400]; /* its native code goes with it (it stayed on disk for good) */
+    snprintf(native, sizeof native, "%s/cache/native/%s", c.dir, id2);
+    cr_assert_eq(access(native, F_OK), 0, "no native code at %s", native);
     Pie__V1__DeleteProgramRequest dreq = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
     dreq.program_id = id2;
     cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
                        &pie__v1__delete_program_response__descriptor, NULL, &st),
                  PIE_OK, "%s", st.msg);
+    cr_expect_neq(access(native, F_OK), 0, "a deleted program's native code stayed at %s", native);
     cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
                        &pie__v1__delete_program_response__descriptor, NULL, &st),
                  PIE_NOT_FOUND, "%s", st.msg);
@@ -658,9 +664,21 @@ static size_t maps_of(const pie_proc *p) {
  * towards the kernel's mapping limit (vm.max_map_count, 65,530), past which nothing loads. At
  * most programs.max_loaded stay loaded, the least recently used unloaded first; a launch of an
  * unloaded one loads it again from the store. */
+static size_t native_entries(const cluster *c) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cache/native", c->dir);
+    DIR *d = opendir(path);
+    cr_assert(d, "opendir %s", path);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += strlen(e->d_name) == 64;
+    closedir(d);
+    return n;
+}
+
 static void expect_at_most_max_loaded(bool tier1) {
     cluster c;
-    const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=4",
+    /* and the disk: 1 MiB of native code is room for ~3 programs beside the 4 loaded */
+    const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=4", "PIE_RUNTIME_CACHE_SIZE=1MiB",
                            tier1 ? "PIE_RUNTIME_TIER1=true" : "PIE_RUNTIME_TIER1=false", NULL};
     cluster_start(&c, extra, true);
     size_t len;
@@ -691,6 +709,10 @@ static void expect_at_most_max_loaded(bool tier1) {
     cr_expect_lt(maps1, maps0 + 24,
                  "%zu mappings after %d distinct programs, %zu after 4 (programs.max_loaded 4)",
                  maps1, N_PROGRAMS, maps0);
+    size_t on_disk = native_entries(&c);
+    cr_expect_leq(on_disk, 4 + 4,
+                  "native code of %zu programs of %d kept (runtime.cache_size 1MiB)", on_disk,
+                  N_PROGRAMS);
     const char *args[] = {"exit", "5", NULL};
     launch_opts lo = {.args = args};
     uint64_t inst = launch_ok(&c, first, &lo); /* unloaded since: loaded again */

@@ -8,7 +8,9 @@
  * ASan's for faults that are not the instance's, and LeakSanitizer checks at the exit of every
  * test that instances, modules and runtimes free everything. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -577,6 +580,9 @@ Test(lc_wasm, tier0_first_then_tier1_for_later_instances) {
 
     cr_assert_eq(lc_wasm_module_wait_tier1(m, 200000, &st), PIE_OK, "%s", st.msg);
     cr_expect_eq(lc_wasm_module_tier(m), 1);
+    char t0[1024];
+    snprintf(t0, sizeof t0, "%s/%s/t0.so", wt_dir, lc_wasm_module_id(m));
+    cr_expect(access(t0, F_OK) != 0, "tier 0's library stayed on disk beside tier 1's");
     run_spec s;
     spec_init(&s, m, "hello", "late", NULL);
     run_spec_now(&s);
@@ -904,6 +910,150 @@ static lc_wasm_rt *make_rt_opts(lc_wasm_rt_opts o) {
     pie_status st;
     cr_assert_eq(lc_wasm_rt_create(&o, &rt, &st), PIE_OK, "rt_create: %s", st.msg);
     return rt;
+}
+
+static lc_wasm_module *load_bytes(lc_wasm_rt *rt, wt_bytes b) {
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_OK, "%s", st.msg);
+    return m;
+}
+
+static bool entry_exists(const char *id, const char *file) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s%s%s", wt_dir, id, file ? "/" : "", file ? file : "");
+    return access(p, F_OK) == 0;
+}
+
+static void expect_runs(lc_wasm_module *m) {
+    run_spec r;
+    spec_init(&r, m, "gen", NULL);
+    run_spec_now(&r);
+    cr_expect_eq(r.out.end, LC_WASM_EXITED, "%s", r.out.message);
+    spec_destroy(&r);
+}
+
+/* The cache directory grew by every program ever compiled (~130-400 KiB each), deleted ones
+ * included, until the disk was full. Past cache_max_bytes the entries of modules nobody holds go,
+ * least recently used first, down to 3/4 of the bound; a held one stays however old. */
+Test(lc_wasm, the_cache_directory_stays_within_its_bound_least_recently_used_first) {
+    enum { N = 8 };
+    wt_bytes b[N];
+    char id[N][65];
+    for (uint32_t i = 0; i < N; i++) b[i] = gen(4, 2, 0, 0xcac0 + i);
+    lc_wasm_rt *rt = make_rt(false); /* no bound: one entry's size */
+    lc_wasm_module *held = load_bytes(rt, b[0]);
+    uint64_t one = lc_wasm_rt_stats_get(rt).cache_bytes;
+    cr_assert_gt(one, 0u, "a compile added nothing to the estimate");
+    lc_wasm_module_release(held);
+    lc_wasm_rt_destroy(rt);
+
+    uint64_t bound = one * 4 + one / 2;
+    rt = make_rt_opts((lc_wasm_rt_opts){.cache_max_bytes = bound});
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).cache_bytes, one, "the scan at creation");
+    held = load_bytes(rt, b[0]); /* the oldest, but held throughout */
+    snprintf(id[0], 65, "%s", lc_wasm_module_id(held));
+    for (int i = 1; i < N; i++) {
+        lc_wasm_module *m = load_bytes(rt, b[i]);
+        snprintf(id[i], 65, "%s", lc_wasm_module_id(m));
+        lc_wasm_module_release(m);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_leq(s.cache_bytes, bound, "%llu bytes cached, bound %llu",
+                  (unsigned long long)s.cache_bytes, (unsigned long long)bound);
+    cr_expect_gt(s.cache_removals, 0u);
+    size_t left = 0;
+    for (int i = 0; i < N; i++) left += entry_exists(id[i], NULL);
+    cr_expect_leq(left, 4u, "%zu entries of %d left, bound 4.5 entries", left, N);
+    cr_expect(entry_exists(id[0], "t0.so"), "the held module's entry was removed");
+    cr_expect(entry_exists(id[N - 1], "t0.so"), "the latest entry was removed");
+    cr_expect(!entry_exists(id[1], NULL), "the least recently used entry stayed");
+
+    lc_wasm_module *again = load_bytes(rt, b[1]); /* removed: compiled again, and runs */
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).tier0_compiles, (uint64_t)N);
+    expect_runs(again);
+    lc_wasm_module_release(again);
+    lc_wasm_module_release(held);
+    for (int i = 0; i < N; i++) free(b[i].data);
+    lc_wasm_rt_destroy(rt);
+}
+
+typedef struct bg_load_bytes {
+    lc_wasm_rt *rt;
+    wt_bytes b;
+    lc_wasm_module *m;
+    pie_code rc;
+    pie_status st;
+} bg_load_bytes;
+
+static void *bg_load_bytes_main(void *arg) {
+    bg_load_bytes *l = arg;
+    l->rc = lc_wasm_module_load(l->rt, l->b.data, l->b.len, &l->m, &l->st);
+    return NULL;
+}
+
+/* A loader that opened an entry's lock and waited for it while the entry was removed (a prune
+ * here, or another replica's) got the lock of a file no longer in the directory, then wrote
+ * into a directory that was gone. It starts again on a new entry. */
+Test(lc_wasm, a_load_waiting_on_an_entry_that_is_removed_makes_it_again) {
+    lc_wasm_rt *rt = make_rt(false);
+    wt_bytes b = gen(3, 1, 0, 0xdead);
+    lc_wasm_module *m = load_bytes(rt, b);
+    char dir[1024], lock_path[1100];
+    snprintf(dir, sizeof dir, "%s/%s", wt_dir, lc_wasm_module_id(m));
+    lc_wasm_module_release(m);
+    snprintf(lock_path, sizeof lock_path, "%s/lock", dir);
+    int lock = open(lock_path, O_RDWR);
+    cr_assert_geq(lock, 0, "open %s: %s", lock_path, strerror(errno));
+    cr_assert_eq(flock(lock, LOCK_EX), 0);
+
+    bg_load_bytes l = {.rt = rt, .b = b, .rc = PIE_UNKNOWN};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, bg_load_bytes_main, &l), 0);
+    usleep(300 * 1000);    /* it has opened the lock and waits for it */
+    DIR *d = opendir(dir); /* what a prune does: the files, the lock last, the directory */
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, "lock") != 0)
+            cr_assert_eq(unlinkat(dirfd(d), e->d_name, 0), 0, "%s", e->d_name);
+    closedir(d);
+    cr_assert_eq(unlink(lock_path), 0);
+    /* fails only if the loader was so slow that it made a new lock here in between (it then
+     * compiles into this directory, which is fine too) */
+    cr_assert(rmdir(dir) == 0 || errno == ENOTEMPTY, "rmdir %s: %s", dir, strerror(errno));
+    flock(lock, LOCK_UN);
+    close(lock);
+    pthread_join(t, NULL);
+    cr_assert_eq(l.rc, PIE_OK, "the load failed: %s", l.st.msg);
+    cr_expect_eq(lc_wasm_rt_stats_get(rt).tier0_compiles, 2u);
+    cr_expect(access(dir, F_OK) == 0, "no entry was made again");
+    expect_runs(l.m);
+    lc_wasm_module_release(l.m);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+}
+
+/* A deleted program's native code stayed in the cache for good. lc_wasm_rt_forget removes an
+ * entry, but not one a module here holds. */
+Test(lc_wasm, forget_removes_an_entry_nobody_holds) {
+    lc_wasm_rt *rt = make_rt(false);
+    wt_bytes b = gen(3, 1, 0, 0xf0f0);
+    lc_wasm_module *m = load_bytes(rt, b);
+    char id[65];
+    snprintf(id, sizeof id, "%s", lc_wasm_module_id(m));
+    pie_status st;
+    cr_expect_eq(lc_wasm_rt_forget(rt, id, &st), PIE_FAILED_PRECONDITION);
+    cr_expect(strstr(st.msg, "loaded"), "%s", st.msg);
+    cr_expect(entry_exists(id, "t0.so"));
+    lc_wasm_module_release(m);
+    uint64_t before = lc_wasm_rt_stats_get(rt).cache_bytes;
+    cr_expect_eq(lc_wasm_rt_forget(rt, id, &st), PIE_OK, "%s", st.msg);
+    cr_expect(!entry_exists(id, NULL), "the entry is still there");
+    cr_expect_lt(lc_wasm_rt_stats_get(rt).cache_bytes, before);
+    cr_expect_eq(lc_wasm_rt_forget(rt, id, &st), PIE_OK, "absent: %s", st.msg);
+    cr_expect_eq(lc_wasm_rt_forget(rt, "../../etc", &st), PIE_INVALID_ARGUMENT);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
 }
 
 /* <wt_dir>/<name>: a shell script that appends its pid to <wt_dir>/pids, then runs body.

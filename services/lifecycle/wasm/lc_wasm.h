@@ -93,6 +93,10 @@ typedef struct lc_wasm_rt_opts {
     uint64_t tier1_timeout_ms;   /* 0 = 10 min */
     uint32_t max_compiles;       /* 0 = 2 */
     int32_t compile_queue;       /* 0 = 32; negative: no waiting */
+    /* Bytes the cache directory may hold (0: no bound). Past it, entries of modules not loaded
+     * in this runtime are removed, least recently used first, down to 3/4 of it; a removed
+     * entry's next load compiles again. */
+    uint64_t cache_max_bytes;
     /* Tier 0 translates with lc_wasm's own translator (lc_wasm_xlate.c) and falls back to
      * wasm2c for modules it declines. true, or the environment variable PIE_WASM_TIER0=wasm2c
      * when the runtime is created, makes tier 0 use wasm2c for every module (A/B comparisons,
@@ -113,6 +117,8 @@ typedef struct lc_wasm_rt_stats {
     uint32_t compiles_queued;  /* loads waiting now for one of them to end */
     uint32_t modules_loaded;   /* modules loaded now (someone holds each) */
     uint32_t tier1_queued;     /* loaded modules waiting now for their tier-1 compile */
+    uint64_t cache_bytes;      /* the cache directory's size as this runtime estimates it */
+    uint64_t cache_removals;   /* entries removed to keep it within cache_max_bytes */
     /* Where the wall time of the tier-0 compiles that succeeded went, summed over them (ns,
      * CLOCK_MONOTONIC; the benchmark takes differences): */
     uint64_t t0_files_ns;     /* cache entry: mkdir, lock, module.wasm, t0.h and wasm.h */
@@ -130,6 +136,10 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *opts, lc_wasm_rt **out, pie_st
  * instances and module references must have been released. NULL is a no-op. */
 void lc_wasm_rt_destroy(lc_wasm_rt *rt);
 lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt);
+/* Removes the cache entry (native code) of module id, e.g. when its program is deleted: PIE_OK
+ * when removed or absent; FAILED_PRECONDITION when a module of it is loaded in this runtime or
+ * its compile is running (the entry stays; the bound prunes it later). */
+pie_code lc_wasm_rt_forget(lc_wasm_rt *rt, const char *id, pie_status *st);
 /* Shutdown: kills every compile in progress (their loads fail UNAVAILABLE within ~50 ms) and
  * fails every later load that would have to compile; loads of compiled modules still work.
  * Thread-safe, idempotent; lc_wasm_rt_destroy is still needed. */

@@ -8,7 +8,8 @@
  * the tier-0 compile slots (concurrency cap and queue), dlopen of a tier with its glue entry
  * points and executable segment, and the tier-1 thread. Every file a reader may open is written
  * under a temporary name and renamed into place, so a crash or a concurrent reader never sees half
- * a library. Does not own: which module is loaded when (lc_wasm_instance.c). */
+ * a library. Does not own: which module is loaded when (lc_wasm_instance.c), the directory's
+ * size bound and removing entries (lc_wasm_cache.c). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -787,26 +788,53 @@ static bool try_cached(lc_wasm_module *m, int tier) {
     return false;
 }
 
+/* Creates the module's cache entry if need be and takes its lock: the lock file's descriptor,
+ * or -1. An entry removed meanwhile (lc_wasm_cache.c unlinks the lock file last, holding it) is
+ * made again: the lock we waited for is then no longer the entry's. */
+static int entry_open_locked(lc_wasm_module *m, lc_wasm_cancel *cancel, pie_status *st) {
+    char lock_path[PATH_MAX];
+    if (path_join(lock_path, m->dir, "lock", st) != PIE_OK) return -1;
+    for (int attempt = 0; attempt < 16; attempt++) {
+        if (mkdir(m->dir, 0700) != 0 && errno != EEXIST) {
+            pie_status_set(st, PIE_INTERNAL, "mkdir %s: %s", m->dir, strerror(errno));
+            return -1;
+        }
+        int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (lock < 0 && errno == ENOENT) continue; /* the directory went between the two */
+        if (lock < 0) {
+            pie_status_set(st, PIE_INTERNAL, "open %s: %s", lock_path, strerror(errno));
+            return -1;
+        }
+        if (lock_entry(m->rt, lock, lock_path, cancel, st) != PIE_OK) {
+            close(lock);
+            return -1;
+        }
+        struct stat sb;
+        if (fstat(lock, &sb) == 0 && sb.st_nlink > 0) return lock;
+        flock(lock, LOCK_UN);
+        close(lock);
+    }
+    pie_status_set(st, PIE_UNAVAILABLE, "cache entry %s was removed again at each of 16 tries",
+                   m->dir);
+    return -1;
+}
+
 pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len,
                               lc_wasm_cancel *cancel, pie_status *st) {
     lc_wasm_rt *rt = m->rt;
     uint64_t t_entry = lc_wasm_now_ns(CLOCK_MONOTONIC);
-    if (mkdir(m->dir, 0700) != 0 && errno != EEXIST)
-        return pie_status_set(st, PIE_INTERNAL, "mkdir %s: %s", m->dir, strerror(errno));
-    char lock_path[PATH_MAX];
-    if (path_join(lock_path, m->dir, "lock", st) != PIE_OK) return st->code;
-    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock < 0)
-        return pie_status_set(st, PIE_INTERNAL, "open %s: %s", lock_path, strerror(errno));
-    if (lock_entry(rt, lock, lock_path, cancel, st) != PIE_OK) {
-        close(lock);
-        return st->code;
-    }
+    int lock = entry_open_locked(m, cancel, st);
+    if (lock < 0) return st->code;
+    lc_wasm_cache_used(lock);
     pie_code rc = PIE_OK;
     uint64_t entry_ns = lc_wasm_now_ns(CLOCK_MONOTONIC) - t_entry; /* mkdir, lock */
+    uint64_t before = 0;
+    bool compiled = false;
     if (try_cached(m, 1) || try_cached(m, 0)) {
         atomic_fetch_add(&rt->disk_hits, 1u);
     } else if ((rc = slot_acquire(rt, cancel, st)) == PIE_OK) {
+        before = lc_wasm_cache_entry_bytes(m->dir);
+        compiled = true;
         rc = translate_compile(m, wasm, len, cancel, entry_ns, st);
         slot_release(rt);
         uint64_t t_open = lc_wasm_now_ns(CLOCK_MONOTONIC);
@@ -816,6 +844,8 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
     }
     flock(lock, LOCK_UN);
     close(lock);
+    /* after the unlock: a prune skips entries whose lock is held, and this module is listed */
+    if (compiled) lc_wasm_cache_grew(rt, before, lc_wasm_cache_entry_bytes(m->dir));
     if (rc == PIE_OK)
         m->tier1 = m->code->tier == 1 ? LC_WASM_T1_DONE
                    : !rt->tier1       ? LC_WASM_T1_OFF
@@ -830,8 +860,15 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
 static void tier1_build(lc_wasm_module *m) {
     pie_status st;
     lc_wasm_code *c = NULL;
+    uint64_t before = lc_wasm_cache_entry_bytes(m->dir);
     pie_code rc = compile(m, 1, NULL, 0, &st);
     if (rc == PIE_OK) rc = code_open(m, 1, &c, &st);
+    if (rc == PIE_OK) {
+        /* Tier 0's library is dead weight on disk now (loads open t1.so first; instances that
+         * run on t0.so keep it mapped): half the entry. Gone before tier 1 is announced. */
+        char t0[PATH_MAX];
+        if (path_join(t0, m->dir, "t0.so", NULL) == PIE_OK) (void)unlink(t0);
+    }
     pthread_mutex_lock(&m->mu);
     if (rc == PIE_OK) {
         lc_wasm_code *old = m->code;
@@ -840,6 +877,7 @@ static void tier1_build(lc_wasm_module *m) {
         pthread_cond_broadcast(&m->cv);
         pthread_mutex_unlock(&m->mu);
         lc_wasm_code_release(old);
+        lc_wasm_cache_grew(m->rt, before, lc_wasm_cache_entry_bytes(m->dir));
         return;
     }
     m->tier1 = LC_WASM_T1_FAILED;

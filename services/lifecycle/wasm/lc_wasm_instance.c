@@ -150,6 +150,8 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
     rt->compile_timeout_ms = o->compile_timeout_ms ? o->compile_timeout_ms : 60000;
     rt->tier1_timeout_ms = o->tier1_timeout_ms ? o->tier1_timeout_ms : 600000;
     rt->max_compiles = o->max_compiles ? o->max_compiles : 2;
+    rt->cache_max = o->cache_max_bytes;
+    lc_wasm_cache_init(rt);
     rt->compile_queue = o->compile_queue > 0    ? (uint32_t)o->compile_queue
                         : o->compile_queue == 0 ? 32u
                                                 : 0u;
@@ -261,6 +263,8 @@ lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
         .t0_translate_ns = atomic_load(&rt->t0_translate_ns),
         .t0_compile_ns = atomic_load(&rt->t0_compile_ns),
         .t0_open_ns = atomic_load(&rt->t0_open_ns),
+        .cache_bytes = atomic_load(&rt->cache_bytes),
+        .cache_removals = atomic_load(&rt->cache_removals),
     };
     pthread_mutex_lock(&rt->mu);
     s.compiles_running = rt->n_compiling;

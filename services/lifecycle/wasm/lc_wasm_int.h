@@ -136,6 +136,10 @@ struct lc_wasm_rt {
     _Atomic uint64_t own_translations, own_declines;
     _Atomic uint64_t translations, tier0_compiles, tier1_compiles, disk_hits, memory_hits;
     _Atomic uint64_t t0_files_ns, t0_translate_ns, t0_compile_ns, t0_open_ns; /* see stats */
+    uint64_t cache_max;              /* opts.cache_max_bytes; 0: no bound */
+    _Atomic uint64_t cache_bytes;    /* estimate of the directory's size (lc_wasm_cache.c) */
+    _Atomic uint64_t cache_removals; /* entries pruned */
+    atomic_bool cache_pruning;       /* a prune is running */
 };
 
 /* Makes m->code (tier 0 or 1) from the cache directory or by compiling; sets m->tier1 to QUEUED
@@ -147,6 +151,15 @@ pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len
 #define LC_WASM_CANCEL_POLL_MS 50
 /* The tier-1 thread: compiles queued modules with cc -O2 and swaps their code. */
 void *lc_wasm_tier1_main(void *rt);
+
+/* lc_wasm_cache.c: the directory's size bound. init estimates it (at create); entry_bytes
+ * measures one entry directory; used marks the entry whose lock is open as used now; grew
+ * records that an entry went from before to after bytes and prunes when the estimate is past
+ * the bound. */
+void lc_wasm_cache_init(lc_wasm_rt *rt);
+uint64_t lc_wasm_cache_entry_bytes(const char *dir);
+void lc_wasm_cache_used(int lock_fd);
+void lc_wasm_cache_grew(lc_wasm_rt *rt, uint64_t before, uint64_t after);
 
 /* ---- instances and run frames ---------------------------------------------------------------- */
 
