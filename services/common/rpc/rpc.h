@@ -128,7 +128,7 @@ typedef struct rpc_server_opts {
     int keepalive_time_ms;     /* server pings idle connections this often; 0 → off (gRPC
                                   default: 2 h) */
     int keepalive_timeout_ms;  /* 0 → 20 s */
-    int min_client_ping_ms;    /* accept client keepalive pings this often; 0 → 10 s */
+    int min_client_ping_ms;    /* accept client keepalive pings this often; 0 → 5 s */
 } rpc_server_opts;
 
 /* Creates a server (not yet listening). Calls grpc_init; rpc_server_destroy balances it. */

@@ -888,8 +888,10 @@ rpc_server *rpc_server_create(const rpc_server_opts *opts, pie_status *st) {
         rpc__args_add_int(&a, GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                           opts->keepalive_timeout_ms > 0 ? opts->keepalive_timeout_ms : 20000);
     }
+    /* Half our clients' 10 s keepalive (svc.c): the same value would leave no margin against
+     * timer jitter, and three early pings on an idle link end every call on it (GOAWAY). */
     rpc__args_add_int(&a, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                      opts->min_client_ping_ms > 0 ? opts->min_client_ping_ms : 10000);
+                      opts->min_client_ping_ms > 0 ? opts->min_client_ping_ms : 5000);
     rpc__args_add_int(&a, GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     srv->gs = grpc_server_create(&a.ca, NULL);
     if (!srv->gs) {
