@@ -266,6 +266,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
     if (p->programs == NULL) return st->code;
     lc_program_store_set_max_loaded(p->programs, cfg->max_loaded);
+    if (lc_program_store_metrics(p->programs, svc_metrics(p->s), st) != PIE_OK) return st->code;
     lc_store_config stc = {.programs = cfg->registry,
                            .max_program_bytes = cfg->max_program_bytes,
                            .max_tokenizer_bytes = LC_TOKENIZER_MAX_BYTES,

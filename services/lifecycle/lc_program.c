@@ -31,6 +31,11 @@ struct lc_program_store {
     size_t n_loaded, cap_loaded;
     size_t max_loaded; /* 0: no bound */
     uint64_t clock;    /* counts loads and launches: the loaded modules' recency */
+    /* metrics (lc_program_store_metrics); seen: the runtime's counters at the last scrape */
+    pie_gauge *g_loaded, *g_t1_queued, *g_cache_bytes;
+    pie_counter *c_compiles[2], *c_cache_removals;
+    pthread_mutex_t scrape_mu; /* collectors may run on several threads at once */
+    lc_wasm_rt_stats seen;
 };
 
 static pie_code check_id(const char *id, pie_status *st) {
@@ -59,6 +64,12 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (pthread_mutex_init(&ps->scrape_mu, NULL) != 0) {
+        pthread_mutex_destroy(&ps->mu);
+        free(ps);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     snprintf(ps->dir, sizeof ps->dir, "%s/programs", dir);
     snprintf(ps->native, sizeof ps->native, "%s", native_dir);
     ps->rt = rt;
@@ -73,6 +84,54 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
     return ps;
 }
 
+static void store_collect(void *arg) {
+    lc_program_store *ps = arg;
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(ps->rt);
+    pie_gauge_set(ps->g_loaded, s.modules_loaded);
+    pie_gauge_set(ps->g_t1_queued, s.tier1_queued);
+    pie_gauge_set(ps->g_cache_bytes, (double)s.cache_bytes);
+    pthread_mutex_lock(&ps->scrape_mu);
+    pie_counter_add(ps->c_compiles[0], s.tier0_compiles - ps->seen.tier0_compiles);
+    pie_counter_add(ps->c_compiles[1], s.tier1_compiles - ps->seen.tier1_compiles);
+    pie_counter_add(ps->c_cache_removals, s.cache_removals - ps->seen.cache_removals);
+    ps->seen = s;
+    pthread_mutex_unlock(&ps->scrape_mu);
+}
+
+pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_status *st) {
+    struct {
+        pie_gauge **g;
+        const char *name, *help;
+    } gauges[] = {
+        {&ps->g_loaded, "pie_lifecycle_programs_loaded",
+         "programs loaded now (native code mapped): those programs.max_loaded keeps, and those "
+         "running instances hold"},
+        {&ps->g_t1_queued, "pie_lifecycle_tier1_queued",
+         "loaded programs waiting for their tier-1 compile (cc -O2)"},
+        {&ps->g_cache_bytes, "pie_lifecycle_native_cache_bytes",
+         "disk the native code cache takes, as this replica counts it (runtime.cache_size)"},
+    };
+    for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++)
+        if (!(*gauges[i].g = pie_metrics_gauge(m, gauges[i].name, gauges[i].help, NULL, 0, st)))
+            return st->code;
+    for (int t = 0; t < 2; t++) {
+        pie_metric_label l = {"tier", t ? "1" : "0"};
+        if (!(ps->c_compiles[t] = pie_metrics_counter(
+                  m, "pie_lifecycle_compiles_total",
+                  "programs compiled to native code, by tier (0: tcc, at upload or first launch; "
+                  "1: cc -O2 in the background)",
+                  &l, 1, st)))
+            return st->code;
+    }
+    if (!(ps->c_cache_removals = pie_metrics_counter(
+              m, "pie_lifecycle_native_cache_removals_total",
+              "programs' native code removed to keep the cache within runtime.cache_size", NULL, 0,
+              st)))
+        return st->code;
+    ps->seen = lc_wasm_rt_stats_get(ps->rt);
+    return pie_metrics_add_collector(m, store_collect, ps, st);
+}
+
 void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n) {
     pthread_mutex_lock(&ps->mu);
     ps->max_loaded = n;
@@ -83,6 +142,7 @@ void lc_program_store_destroy(lc_program_store *ps) {
     if (ps == NULL) return;
     for (size_t i = 0; i < ps->n_loaded; i++) lc_wasm_module_release(ps->loaded[i].m);
     free(ps->loaded);
+    pthread_mutex_destroy(&ps->scrape_mu);
     pthread_mutex_destroy(&ps->mu);
     free(ps);
 }

@@ -17,6 +17,7 @@
 
 #include "lc_wasm.h"
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_metrics.h"
 #include "pie_status.h"
 
 typedef struct lc_program_store lc_program_store;
@@ -33,6 +34,10 @@ void lc_program_store_destroy(lc_program_store *ps); /* NULL is fine */
  * the least recently loaded or launched first. */
 void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n);
 uint64_t lc_program_max_bytes(const lc_program_store *ps);
+/* Registers the store's and its runtime's gauges and counters (programs loaded, tier-1 queue,
+ * compiles, the native cache), sampled at each scrape. Scrapes must end (svc_drain) before
+ * lc_program_store_destroy. */
+pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_status *st);
 
 /* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65
  * bytes), *already that the bytes were stored before. INVALID_ARGUMENT (lc_wasm's reason) for

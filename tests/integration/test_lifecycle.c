@@ -713,6 +713,25 @@ static void expect_at_most_max_loaded(bool tier1) {
     cr_expect_leq(on_disk, 4 + 4,
                   "native code of %zu programs of %d kept (runtime.cache_size 1MiB)", on_disk,
                   N_PROGRAMS);
+    /* what an operator sees of it */
+    double loaded = -1, compiles = -1, removals = -1, bytes = -1;
+    pie_status mst;
+    cr_assert_eq(pie_proc_metric(c.lc, "pie_lifecycle_programs_loaded", &loaded, &mst), PIE_OK,
+                 "%s", mst.msg);
+    cr_assert_eq(pie_proc_metric(c.lc, "pie_lifecycle_compiles_total{tier=\"0\"}", &compiles, &mst),
+                 PIE_OK, "%s", mst.msg);
+    cr_assert_eq(
+        pie_proc_metric(c.lc, "pie_lifecycle_native_cache_removals_total", &removals, &mst), PIE_OK,
+        "%s", mst.msg);
+    cr_assert_eq(pie_proc_metric(c.lc, "pie_lifecycle_native_cache_bytes", &bytes, &mst), PIE_OK,
+                 "%s", mst.msg);
+    cr_expect(loaded >= 1 && loaded <= 5, "pie_lifecycle_programs_loaded %g (max_loaded 4)",
+              loaded);
+    cr_expect_eq(compiles, N_PROGRAMS, "pie_lifecycle_compiles_total{tier=\"0\"} %g", compiles);
+    cr_expect_geq(removals, (double)(N_PROGRAMS - on_disk),
+                  "pie_lifecycle_native_cache_removals_total %g, %zu of %d entries left", removals,
+                  on_disk, N_PROGRAMS);
+    cr_expect_gt(bytes, 0, "pie_lifecycle_native_cache_bytes %g", bytes);
     const char *args[] = {"exit", "5", NULL};
     launch_opts lo = {.args = args};
     uint64_t inst = launch_ok(&c, first, &lo); /* unloaded since: loaded again */
