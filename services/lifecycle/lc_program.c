@@ -178,7 +178,7 @@ static pie_code write_meta(const lc_program_store *ps, const char *id, const cha
 /* Takes the least recently used module out of the loaded set when it is full (max_loaded), for
  * the caller to release outside the lock; NULL when there is room. Caller holds ps->mu. */
 static lc_wasm_module *evict_lru_locked(lc_program_store *ps) {
-    if (ps->max_loaded == 0 || ps->n_loaded < ps->max_loaded || ps->n_loaded == 0) return NULL;
+    if (ps->max_loaded == 0 || ps->n_loaded < ps->max_loaded) return NULL;
     size_t lru = 0;
     for (size_t i = 1; i < ps->n_loaded; i++)
         if (ps->loaded[i].used < ps->loaded[lru].used) lru = i;
@@ -187,17 +187,22 @@ static lc_wasm_module *evict_lru_locked(lc_program_store *ps) {
     return m;
 }
 
-/* Keeps m as the store's module for id (takes the reference), unless one is there already;
- * unloads the least recently used one when the set is full (instances keep their own
- * references, so running ones are not touched). */
+/* Keeps m as the store's module for id (takes the reference), unless one is there already or
+ * the program was deleted meanwhile; unloads the least recently used one when the set is full
+ * (instances keep their own references, so running ones are not touched). The stored check is
+ * under ps->mu, as a delete's removal from the set is (after it unlinks the file): a delete
+ * either finds m in the set or has unlinked the file before the check. */
 static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m) {
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
     pthread_mutex_lock(&ps->mu);
-    for (size_t i = 0; i < ps->n_loaded; i++)
-        if (strcmp(ps->loaded[i].id, id) == 0) {
-            pthread_mutex_unlock(&ps->mu);
-            lc_wasm_module_release(m);
-            return;
-        }
+    bool drop = access(path, F_OK) != 0;
+    for (size_t i = 0; i < ps->n_loaded && !drop; i++) drop = strcmp(ps->loaded[i].id, id) == 0;
+    if (drop) {
+        pthread_mutex_unlock(&ps->mu);
+        lc_wasm_module_release(m);
+        return;
+    }
     lc_wasm_module *evicted = evict_lru_locked(ps);
     if (ps->n_loaded == ps->cap_loaded) {
         size_t cap = ps->cap_loaded ? ps->cap_loaded * 2 : 16;
@@ -321,10 +326,11 @@ pie_code lc_program_instance(lc_program_store *ps, const char *id,
         lc_wasm_module_release(m);
         return pie_status_set(st, PIE_DATA_LOSS, "program store: %s does not hash to its id", path);
     }
+    /* The instance comes from the module in hand: with more programs launched at once than
+     * programs.max_loaded, another launch may unload it from the set before a lookup there
+     * (which failed such launches "was deleted"). */
+    rc = lc_wasm_instance_create(m, opts, out, st);
     keep_loaded(ps, id, m);
-    rc = instance_from_loaded(ps, id, opts, out, st);
-    if (rc == PIE_NOT_FOUND) /* deleted in between */
-        pie_status_set(st, PIE_NOT_FOUND, "program_id: %s was deleted", id);
     return rc;
 }
 

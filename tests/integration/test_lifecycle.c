@@ -755,6 +755,109 @@ Test(lifecycle, the_tier1_compiler_keeps_no_program_loaded_past_programs_max_loa
     expect_at_most_max_loaded(true);
 }
 
+/* Uploads n distinct programs (lc_echo with a numbered custom section) into ids. */
+static void upload_variants(cluster *c, int n, char ids[][65]) {
+    size_t len;
+    uint8_t *base = read_fixture("lc_echo.wasm", &len);
+    uint8_t *v = malloc(len + 16);
+    cr_assert(v);
+    memcpy(v, base, len);
+    for (int i = 0; i < n; i++) {
+        size_t k = len;
+        v[k++] = 0;         /* custom section */
+        v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
+        v[k++] = 4;
+        memcpy(v + k, "pie!", 4);
+        k += 4;
+        memcpy(v + k, &i, 4);
+        k += 4;
+        pie_status st;
+        cr_assert_eq(upload_ex(c, v, k, k, "variant", NULL, 64 << 10, ids[i], NULL, &st), PIE_OK,
+                     "upload %d: %s", i, st.msg);
+    }
+    free(v);
+    free(base);
+}
+
+/* Waits for each instance of insts[0..n) on c and expects it to have exited 5. */
+static void expect_all_exit_5(cluster *c, const uint64_t *insts, int n, const char *where) {
+    for (int k = 0; k < n; k++) {
+        wait_state(c, insts[k], EXITED);
+        seen s;
+        attach_all(c, insts[k], &s);
+        cr_expect(s.exited && s.exit_code == 5, "%s: launch %d exited %d: %.300s", where, k,
+                  s.exit_code, s.exit_msg);
+    }
+}
+
+/* A launch loaded its program into the set programs.max_loaded bounds and then looked it up
+ * there — by which time a concurrent launch of another program could have unloaded it: the
+ * launch failed "program_id: ... was deleted". More distinct programs launched at once than the
+ * bound allows all start. */
+Test(lifecycle, launches_of_more_programs_at_once_than_programs_max_loaded_all_start) {
+    cluster c;
+    const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=1", NULL};
+    cluster_start(&c, extra, true);
+    enum { N_PROG = 6, ROUNDS = 16 };
+    char ids[N_PROG][65];
+    upload_variants(&c, N_PROG, ids);
+    const char *args[] = {"exit", "5", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t insts[ROUNDS * N_PROG];
+    for (int k = 0; k < ROUNDS * N_PROG; k++) insts[k] = launch_ok(&c, ids[k % N_PROG], &lo);
+    expect_all_exit_5(&c, insts, ROUNDS * N_PROG, "programs.max_loaded 1");
+    cluster_stop(&c);
+}
+
+/* Replicas may share the cache directory, and each prunes it by its own count, removing entries
+ * the other is loading or has loaded. Two replicas on one directory with room for no entry
+ * beside the loaded one, launching six programs in turn on both at once: every launch loads its
+ * program (compiling it again when the other removed it) and exits as asked. */
+Test(lifecycle, two_replicas_pruning_one_shared_cache_launch_every_program) {
+    cluster c;
+    const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=1", "PIE_RUNTIME_CACHE_SIZE=1KiB", NULL};
+    cluster_start(&c, extra, true);
+    char ctl_env[96], dir_env[4200];
+    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
+    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", c.dir);
+    const char *env2[] = {ctl_env,
+                          dir_env,
+                          "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
+                          "PIE_RUNTIME_TIER1=false",
+                          extra[0],
+                          extra[1],
+                          NULL};
+    cluster c2 = c; /* the second replica's view: the helpers talk to c2.lc over c2.ch */
+    c2.lc = start("pie-lifecycle", env2);
+    pie_status st;
+    c2.ch = rpc_channel_create(pie_proc_addr(c2.lc), NULL, &st);
+    cr_assert(c2.ch, "%s", st.msg);
+    cr_assert_gt(pie_test_wait_models(c2.ch, WAIT_MS), 0, "the second replica learned no model");
+
+    enum { N_PROG = 6, ROUNDS = 4 };
+    char ids[N_PROG][65];
+    upload_variants(&c, N_PROG, ids);
+    const char *args[] = {"exit", "5", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t insts[2][ROUNDS * N_PROG];
+    for (int k = 0; k < ROUNDS * N_PROG; k++) { /* without waiting: both replicas load at once */
+        insts[0][k] = launch_ok(&c, ids[k % N_PROG], &lo);
+        insts[1][k] = launch_ok(&c2, ids[(k + 3) % N_PROG], &lo);
+    }
+    expect_all_exit_5(&c, insts[0], ROUNDS * N_PROG, "replica 1");
+    expect_all_exit_5(&c2, insts[1], ROUNDS * N_PROG, "replica 2");
+    double removals[2] = {0, 0};
+    for (int side = 0; side < 2; side++)
+        cr_assert_eq(pie_proc_metric(side ? c2.lc : c.lc,
+                                     "pie_lifecycle_native_cache_removals_total", &removals[side],
+                                     &st),
+                     PIE_OK, "%s", st.msg);
+    cr_expect_gt(removals[0] + removals[1], 0, "nothing was pruned: the test tested nothing");
+    rpc_channel_destroy(c2.ch);
+    stop_ok(c2.lc);
+    cluster_stop(&c);
+}
+
 /* Retention is by time and by count: a client launching short instances as fast as it can
  * made the replica keep every one that exited within instances.retention (60 s by default),
  * ~2 KiB each, with a table scanned at every launch — without bound. At most
