@@ -659,6 +659,32 @@ static size_t maps_of(const pie_proc *p) {
     return n;
 }
 
+/* Uploads distinct programs first..first+n-1 (lc_echo with a custom section numbering it) into
+ * ids[0..n). */
+static void upload_variants(cluster *c, int first, int n, char ids[][65]) {
+    size_t len;
+    uint8_t *base = read_fixture("lc_echo.wasm", &len);
+    uint8_t *v = malloc(len + 16);
+    cr_assert(v);
+    memcpy(v, base, len);
+    for (int i = 0; i < n; i++) {
+        int number = first + i;
+        size_t k = len;
+        v[k++] = 0;         /* custom section */
+        v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
+        v[k++] = 4;
+        memcpy(v + k, "pie!", 4);
+        k += 4;
+        memcpy(v + k, &number, 4);
+        k += 4;
+        pie_status st;
+        cr_assert_eq(upload_ex(c, v, k, k, "variant", NULL, 64 << 10, ids[i], NULL, &st), PIE_OK,
+                     "upload %d: %s", number, st.msg);
+    }
+    free(v);
+    free(base);
+}
+
 /* A replica kept every program it ever stored or launched loaded — its native code mapped
  * (~3.5 mappings and ~140 KiB each) — so uploads of distinct programs grew it without bound,
  * towards the kernel's mapping limit (vm.max_map_count, 65,530), past which nothing loads. At
@@ -681,30 +707,12 @@ static void expect_at_most_max_loaded(bool tier1) {
     const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=4", "PIE_RUNTIME_CACHE_SIZE=1MiB",
                            tier1 ? "PIE_RUNTIME_TIER1=true" : "PIE_RUNTIME_TIER1=false", NULL};
     cluster_start(&c, extra, true);
-    size_t len;
-    uint8_t *base = read_fixture("lc_echo.wasm", &len);
-    uint8_t *v = malloc(len + 16);
-    cr_assert(v);
-    memcpy(v, base, len);
-    char first[65] = "";
-    size_t maps0 = 0;
 #define N_PROGRAMS 24
-    for (int i = 0; i < N_PROGRAMS; i++) { /* distinct programs: a custom section numbers them */
-        size_t n = len;
-        v[n++] = 0;         /* custom section */
-        v[n++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
-        v[n++] = 4;
-        memcpy(v + n, "pie!", 4);
-        n += 4;
-        memcpy(v + n, &i, 4);
-        n += 4;
-        char id[65];
-        pie_status st;
-        cr_assert_eq(upload_ex(&c, v, n, n, "variant", NULL, 64 << 10, id, NULL, &st), PIE_OK,
-                     "upload %d: %s", i, st.msg);
-        if (i == 0) snprintf(first, sizeof first, "%s", id);
-        if (i == 3) maps0 = maps_of(c.lc); /* four loaded: what the bound allows */
-    }
+    char ids[N_PROGRAMS][65];
+    upload_variants(&c, 0, 4, ids);
+    size_t maps0 = maps_of(c.lc); /* four loaded: what the bound allows */
+    upload_variants(&c, 4, N_PROGRAMS - 4, ids + 4);
+    const char *first = ids[0];
     size_t maps1 = maps_of(c.lc);
     cr_expect_lt(maps1, maps0 + 24,
                  "%zu mappings after %d distinct programs, %zu after 4 (programs.max_loaded 4)",
@@ -739,8 +747,6 @@ static void expect_at_most_max_loaded(bool tier1) {
     seen s;
     attach_all(&c, inst, &s);
     cr_expect(s.exited && s.exit_code == 5, "the reloaded program exited %d", s.exit_code);
-    free(v);
-    free(base);
     cluster_stop(&c);
 }
 
@@ -753,30 +759,6 @@ Test(lifecycle, at_most_programs_max_loaded_modules_stay_loaded) {
  * (a soak: 60 uploads, 703 mappings with a bound of 16, against 570 with tier 1 off). */
 Test(lifecycle, the_tier1_compiler_keeps_no_program_loaded_past_programs_max_loaded) {
     expect_at_most_max_loaded(true);
-}
-
-/* Uploads n distinct programs (lc_echo with a numbered custom section) into ids. */
-static void upload_variants(cluster *c, int n, char ids[][65]) {
-    size_t len;
-    uint8_t *base = read_fixture("lc_echo.wasm", &len);
-    uint8_t *v = malloc(len + 16);
-    cr_assert(v);
-    memcpy(v, base, len);
-    for (int i = 0; i < n; i++) {
-        size_t k = len;
-        v[k++] = 0;         /* custom section */
-        v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
-        v[k++] = 4;
-        memcpy(v + k, "pie!", 4);
-        k += 4;
-        memcpy(v + k, &i, 4);
-        k += 4;
-        pie_status st;
-        cr_assert_eq(upload_ex(c, v, k, k, "variant", NULL, 64 << 10, ids[i], NULL, &st), PIE_OK,
-                     "upload %d: %s", i, st.msg);
-    }
-    free(v);
-    free(base);
 }
 
 /* Waits for each instance of insts[0..n) on c and expects it to have exited 5. */
@@ -800,7 +782,7 @@ Test(lifecycle, launches_of_more_programs_at_once_than_programs_max_loaded_all_s
     cluster_start(&c, extra, true);
     enum { N_PROG = 6, ROUNDS = 16 };
     char ids[N_PROG][65];
-    upload_variants(&c, N_PROG, ids);
+    upload_variants(&c, 0, N_PROG, ids);
     const char *args[] = {"exit", "5", NULL};
     launch_opts lo = {.args = args};
     uint64_t insts[ROUNDS * N_PROG];
@@ -836,7 +818,7 @@ Test(lifecycle, two_replicas_pruning_one_shared_cache_launch_every_program) {
 
     enum { N_PROG = 6, ROUNDS = 4 };
     char ids[N_PROG][65];
-    upload_variants(&c, N_PROG, ids);
+    upload_variants(&c, 0, N_PROG, ids);
     const char *args[] = {"exit", "5", NULL};
     launch_opts lo = {.args = args};
     uint64_t insts[2][ROUNDS * N_PROG];
