@@ -10,7 +10,8 @@
 #            one gateway /v1/completions request, 8 tokens each;
 #   phase 2: P distinct programs (--programs, default 60) uploaded: text_completion.wasm with
 #            a custom section numbering it (same code, another SHA-256);
-# and prints a sample line per service every --every rounds of each phase.
+# and prints a sample line per service (and each replica's disk) every --every rounds of each
+# phase.
 # Usage: bench/lifecycle/soak.sh [--bin DIR] [--instances N] [--programs P] [--every K]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -46,6 +47,10 @@ sample() { # $1: label
     printf ' %s rss=%sk fd=%s thr=%s maps=%s;' "$n" \
       "$(awk '/VmRSS/{print $2}' "/proc/$p/status")" "$(ls "/proc/$p/fd" | wc -l)" \
       "$(awk '/Threads/{print $2}' "/proc/$p/status")" "$(wc -l < "/proc/$p/maps")"
+  done
+  for d in "$PIE_LOCAL_RUN_DIR"/cache-*; do # each replica's disk: programs, native code
+    printf ' %s programs=%sk native=%sk;' "lifecycle-${d##*cache-}" \
+      "$(du -sk "$d/programs" 2>/dev/null | cut -f1)" "$(du -sk "$d/native" 2>/dev/null | cut -f1)"
   done
   echo
 }
