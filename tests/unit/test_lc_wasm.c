@@ -978,18 +978,27 @@ Test(lc_wasm, the_cache_directory_stays_within_its_bound_least_recently_used_fir
     lc_wasm_rt_destroy(rt);
 }
 
-typedef struct bg_load_bytes {
+typedef struct bg_load {
     lc_wasm_rt *rt;
     wt_bytes b;
+    lc_wasm_cancel cancel;
     lc_wasm_module *m;
     pie_code rc;
     pie_status st;
-} bg_load_bytes;
+} bg_load;
 
-static void *bg_load_bytes_main(void *arg) {
-    bg_load_bytes *l = arg;
-    l->rc = lc_wasm_module_load(l->rt, l->b.data, l->b.len, &l->m, &l->st);
+static void *bg_load_thread(void *arg) {
+    bg_load *l = arg;
+    l->rc = lc_wasm_module_load_cancel(l->rt, l->b.data, l->b.len, &l->cancel, &l->m, &l->st);
     return NULL;
+}
+
+static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, wt_bytes b) {
+    *l = (bg_load){.rt = rt, .b = b, .rc = PIE_UNKNOWN};
+    lc_wasm_cancel_init(&l->cancel);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, bg_load_thread, l), 0);
+    return t;
 }
 
 /* A loader that opened an entry's lock and waited for it while the entry was removed (a prune
@@ -1007,9 +1016,8 @@ Test(lc_wasm, a_load_waiting_on_an_entry_that_is_removed_makes_it_again) {
     cr_assert_geq(lock, 0, "open %s: %s", lock_path, strerror(errno));
     cr_assert_eq(flock(lock, LOCK_EX), 0);
 
-    bg_load_bytes l = {.rt = rt, .b = b, .rc = PIE_UNKNOWN};
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, bg_load_bytes_main, &l), 0);
+    bg_load l;
+    pthread_t t = bg_start(&l, rt, b);
     usleep(300 * 1000);    /* it has opened the lock and waits for it */
     DIR *d = opendir(dir); /* what a prune does: the files, the lock last, the directory */
     cr_assert_not_null(d);
@@ -1101,29 +1109,6 @@ static void expect_tools_gone(void) {
     for (size_t i = 0; i < n; i++)
         cr_expect(kill(p[i], 0) != 0 && errno == ESRCH, "tool process %ld is still running",
                   (long)p[i]);
-}
-
-typedef struct bg_load {
-    lc_wasm_rt *rt;
-    wt_bytes b;
-    lc_wasm_cancel cancel;
-    lc_wasm_module *m;
-    pie_code rc;
-    pie_status st;
-} bg_load;
-
-static void *bg_load_thread(void *arg) {
-    bg_load *l = arg;
-    l->rc = lc_wasm_module_load_cancel(l->rt, l->b.data, l->b.len, &l->cancel, &l->m, &l->st);
-    return NULL;
-}
-
-static pthread_t bg_start(bg_load *l, lc_wasm_rt *rt, wt_bytes b) {
-    *l = (bg_load){.rt = rt, .b = b, .rc = PIE_UNKNOWN};
-    lc_wasm_cancel_init(&l->cancel);
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, bg_load_thread, l), 0);
-    return t;
 }
 
 Test(lc_wasm, modules_beyond_the_complexity_limits_are_refused_before_compiling) {
