@@ -42,6 +42,7 @@ typedef struct lc_config {
     uint64_t replica_memory; /* limits.replica_memory */
     uint32_t max_uploads;    /* programs.max_uploads */
     uint32_t max_loaded;     /* programs.max_loaded */
+    uint64_t store_size;     /* programs.store_size */
     char *tokenizer_path, *http_allow;
     bool tokenizer_fetch; /* tokenizer.fetch */
     bool registry;        /* programs.registry */
@@ -145,6 +146,10 @@ static const pie_config_field lc_fields[] = {
      .doc = "programs kept loaded (native code mapped, ~140 KiB each) for quick launches; beyond "
             "it the least recently used is unloaded and loaded again from the store when "
             "launched (running instances keep theirs)"},
+    {"programs.store_size", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, store_size), .def = "4GiB",
+     .doc = "disk the stored programs (runtime.cache_dir/programs: uploads, and programs fetched "
+            "from the registry to launch) may take; an upload or fetch past it is refused "
+            "RESOURCE_EXHAUSTED until programs are deleted (0 = no bound)"},
     {"programs.registry", PIE_CFG_BOOL, PIE_CONFIG_AT(lc_config, registry), .def = "true",
      .doc = "share programs through the controller's program registry: uploads are put there, "
             "launches of ids this replica lacks fetch them, deletes are cluster-wide"},
@@ -266,6 +271,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);
     if (p->programs == NULL) return st->code;
     lc_program_store_set_max_loaded(p->programs, cfg->max_loaded);
+    lc_program_store_set_max_stored(p->programs, cfg->store_size);
     if (lc_program_store_metrics(p->programs, svc_metrics(p->s), st) != PIE_OK) return st->code;
     lc_store_config stc = {.programs = cfg->registry,
                            .max_program_bytes = cfg->max_program_bytes,

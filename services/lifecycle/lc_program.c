@@ -30,11 +30,13 @@ struct lc_program_store {
     lc_program_loaded *loaded;
     size_t n_loaded, cap_loaded;
     size_t max_loaded; /* 0: no bound */
+    uint64_t max_stored; /* programs.store_size: bytes of module files; 0: no bound */
     uint64_t clock;    /* counts loads and launches: the loaded modules' recency */
     /* metrics (lc_program_store_metrics); seen: the runtime's counters at the last scrape */
-    pie_gauge *g_loaded, *g_t1_queued, *g_cache_bytes;
+    pie_gauge *g_loaded, *g_t1_queued, *g_cache_bytes, *g_stored, *g_stored_bytes;
     pie_counter *c_compiles[2], *c_cache_removals;
     pthread_mutex_t scrape_mu; /* collectors may run on several threads at once */
+    pthread_mutex_t put_mu;    /* one upload at a time checks the bound and writes its module */
     lc_wasm_rt_stats seen;
 };
 
@@ -70,6 +72,13 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (pthread_mutex_init(&ps->put_mu, NULL) != 0) {
+        pthread_mutex_destroy(&ps->scrape_mu);
+        pthread_mutex_destroy(&ps->mu);
+        free(ps);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     snprintf(ps->dir, sizeof ps->dir, "%s/programs", dir);
     snprintf(ps->native, sizeof ps->native, "%s", native_dir);
     ps->rt = rt;
@@ -84,8 +93,29 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
     return ps;
 }
 
+/* The programs in the directory and their module bytes. A scan rather than a count kept in
+ * memory: replicas may share the directory, and uploads are rare beside a readdir of it. */
+static void store_usage(const lc_program_store *ps, uint64_t *n, uint64_t *bytes) {
+    *n = *bytes = 0;
+    DIR *d = opendir(ps->dir);
+    if (d == NULL) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct stat sb;
+        if (strlen(e->d_name) != 69 || strcmp(e->d_name + 64, ".wasm") != 0 ||
+            fstatat(dirfd(d), e->d_name, &sb, 0) != 0)
+            continue;
+        (*n)++;
+        *bytes += (uint64_t)sb.st_size;
+    }
+    closedir(d);
+}
+
 static void store_collect(void *arg) {
     lc_program_store *ps = arg;
+    uint64_t n, bytes;
+    store_usage(ps, &n, &bytes);
+    pie_gauge_set(ps->g_stored, (double)n);
+    pie_gauge_set(ps->g_stored_bytes, (double)bytes);
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(ps->rt);
     pie_gauge_set(ps->g_loaded, s.modules_loaded);
     pie_gauge_set(ps->g_t1_queued, s.tier1_queued);
@@ -110,6 +140,10 @@ pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_stat
          "loaded programs waiting for their tier-1 compile (cc -O2)"},
         {&ps->g_cache_bytes, "pie_lifecycle_native_cache_bytes",
          "disk the native code cache takes, as this replica counts it (runtime.cache_size)"},
+        {&ps->g_stored, "pie_lifecycle_programs_stored",
+         "programs in the store directory (uploaded, or fetched from the registry to launch)"},
+        {&ps->g_stored_bytes, "pie_lifecycle_programs_stored_bytes",
+         "bytes of the stored programs' modules (programs.store_size)"},
     };
     for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++)
         if (!(*gauges[i].g = pie_metrics_gauge(m, gauges[i].name, gauges[i].help, NULL, 0, st)))
@@ -138,10 +172,17 @@ void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n) {
     pthread_mutex_unlock(&ps->mu);
 }
 
+void lc_program_store_set_max_stored(lc_program_store *ps, uint64_t bytes) {
+    pthread_mutex_lock(&ps->put_mu);
+    ps->max_stored = bytes;
+    pthread_mutex_unlock(&ps->put_mu);
+}
+
 void lc_program_store_destroy(lc_program_store *ps) {
     if (ps == NULL) return;
     for (size_t i = 0; i < ps->n_loaded; i++) lc_wasm_module_release(ps->loaded[i].m);
     free(ps->loaded);
+    pthread_mutex_destroy(&ps->put_mu);
     pthread_mutex_destroy(&ps->scrape_mu);
     pthread_mutex_destroy(&ps->mu);
     free(ps);
@@ -229,22 +270,49 @@ pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, cons
     return lc_program_put_cancel(ps, wasm, len, name, NULL, id_out, already, st);
 }
 
+/* Whether len more bytes of program id fit within programs.store_size: always when id is
+ * stored already (its file is replaced by the same bytes). RESOURCE_EXHAUSTED naming the bound
+ * otherwise. Caller holds put_mu for the check that precedes a write. */
+static pie_code check_room(const lc_program_store *ps, const char *id, size_t len, pie_status *st) {
+    if (ps->max_stored == 0) return PIE_OK;
+    char path[4200];
+    path_of(ps, id, "wasm", path, sizeof path);
+    if (access(path, F_OK) == 0) return PIE_OK;
+    uint64_t n, used;
+    store_usage(ps, &n, &used);
+    if (used + len <= ps->max_stored) return PIE_OK;
+    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                          "program store full: %llu programs hold %llu bytes, %zu more would pass "
+                          "programs.store_size (%llu); delete programs (piectl delete) or raise it",
+                          (unsigned long long)n, (unsigned long long)used, len,
+                          (unsigned long long)ps->max_stored);
+}
+
 pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
                                lc_wasm_cancel *cancel, char id_out[65], bool *already,
                                pie_status *st) {
+    /* Refused before its compile when it clearly does not fit; checked again before the write,
+     * since other uploads may have filled the store while this one compiled. */
+    char id[65];
+    pie_code rc = pie_sha256_hex(wasm, len, id, st);
+    pthread_mutex_lock(&ps->put_mu);
+    if (rc == PIE_OK) rc = check_room(ps, id, len, st);
+    pthread_mutex_unlock(&ps->put_mu);
+    if (rc != PIE_OK) return rc;
     lc_wasm_module *m = NULL;
     if (lc_wasm_module_load_cancel(ps->rt, wasm, len, cancel, &m, st) != PIE_OK) return st->code;
-    const char *id = lc_wasm_module_id(m);
-    snprintf(id_out, 65, "%s", id);
+    snprintf(id_out, 65, "%s", lc_wasm_module_id(m));
     char path[4200];
-    path_of(ps, id, "wasm", path, sizeof path);
+    path_of(ps, id_out, "wasm", path, sizeof path);
     struct stat sb;
     uint64_t uploaded_ms = now_unix_ms();
+    pthread_mutex_lock(&ps->put_mu);
     *already = stat(path, &sb) == 0 && (uint64_t)sb.st_size == len &&
-               read_meta(ps, id, NULL, 0, &uploaded_ms);
-    pie_code rc = PIE_OK;
-    if (!*already) rc = lc_wasm_write_file(path, wasm, len, st);
-    if (rc == PIE_OK) rc = write_meta(ps, id, name, uploaded_ms, st);
+               read_meta(ps, id_out, NULL, 0, &uploaded_ms);
+    if (!*already) rc = check_room(ps, id_out, len, st);
+    if (rc == PIE_OK && !*already) rc = lc_wasm_write_file(path, wasm, len, st);
+    if (rc == PIE_OK) rc = write_meta(ps, id_out, name, uploaded_ms, st);
+    pthread_mutex_unlock(&ps->put_mu);
     if (rc != PIE_OK) {
         lc_wasm_module_release(m);
         return rc;

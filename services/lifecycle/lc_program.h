@@ -33,6 +33,10 @@ void lc_program_store_destroy(lc_program_store *ps); /* NULL is fine */
 /* Keeps at most n programs loaded (programs.max_loaded; 0: no bound, the default), unloading
  * the least recently loaded or launched first. */
 void lc_program_store_set_max_loaded(lc_program_store *ps, size_t n);
+/* Keeps the stored programs' module bytes within bytes (programs.store_size; 0: no bound, the
+ * default): a put that would pass it is refused RESOURCE_EXHAUSTED. Counted over the directory,
+ * so replicas sharing it share the bound (each may pass it by the uploads it has in flight). */
+void lc_program_store_set_max_stored(lc_program_store *ps, uint64_t bytes);
 uint64_t lc_program_max_bytes(const lc_program_store *ps);
 /* Registers the store's and its runtime's gauges and counters (programs loaded, tier-1 queue,
  * compiles, the native cache), sampled at each scrape. Scrapes must end (svc_drain) before
@@ -41,7 +45,8 @@ pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_stat
 
 /* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65
  * bytes), *already that the bytes were stored before. INVALID_ARGUMENT (lc_wasm's reason) for
- * a module that cannot run here. Slow the first time (compiles): not on an RPC thread. */
+ * a module that cannot run here, RESOURCE_EXHAUSTED past programs.store_size. Slow the first time
+ * (compiles): not on an RPC thread. */
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
                         char id_out[65], bool *already, pie_status *st);
 /* lc_program_put that gives up (PIE_CANCELLED, the compile killed) when cancel fires: an

@@ -32,6 +32,11 @@
 //            --external-secret) and holds the key, the file is readable by the pod's user, and
 //            every service and the test pods use the same Secret key (or auth is off everywhere);
 //            the gateway holds no token (it forwards each client's key).
+//  disk      a lifecycle pod whose runtime.cache_dir is an emptyDir with a sizeLimit bounds what it
+//            writes there below that limit (the kubelet evicts a pod past it, with every
+//            running instance): programs.store_size and runtime.cache_size are set (non-zero)
+//            and together at most 3/4 of the limit, the rest left for fetched tokenizers,
+//            compiles in progress and the loaded programs' native code beyond its bound.
 //  drain     lifecycle and worker containers have a preStop hook ["sleep", N], and the pod's
 //            terminationGracePeriodSeconds >= N + server.shutdown_grace + 5 s, so that Kubernetes
 //            does not kill a pod whose instances are still finishing.
@@ -453,6 +458,31 @@ for (const pod of svcPods.filter((p) => DRAINS.includes(p.component))) {
   const term = pod.spec.terminationGracePeriodSeconds === undefined ? 30 : pod.spec.terminationGracePeriodSeconds;
   if (!(term >= sleep + grace + DRAIN_MARGIN_S))
     errors.push(`${pod.id}: terminationGracePeriodSeconds ${term} < preStop sleep ${sleep} + server.shutdown_grace ${pod.svc.cfg.server.shutdown_grace} + ${DRAIN_MARGIN_S}: the pod would be killed mid-drain`);
+}
+
+// ---- disk -------------------------------------------------------------------------------------
+
+// Bytes of a Kubernetes quantity ("2Gi", "500M", "1024") or of a size as the binaries print it
+// ("4GiB", "512MiB", "1000"); NaN if unreadable.
+function bytesOf(q) {
+  const unit = { '': 1, B: 1, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40,
+    KiB: 2 ** 10, MiB: 2 ** 20, GiB: 2 ** 30, TiB: 2 ** 40 };
+  const m = /^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$/.exec(String(q).trim());
+  return m && unit[m[2]] !== undefined ? Number(m[1]) * unit[m[2]] : NaN;
+}
+
+for (const pod of svcPods.filter((p) => p.component === 'lifecycle')) {
+  const cfg = pod.svc.cfg;
+  const dir = String((cfg.runtime || {}).cache_dir).replace(/\/$/, '');
+  const mount = (pod.svc.container.volumeMounts || []).find((m) => m.mountPath.replace(/\/$/, '') === dir);
+  const vol = mount && (pod.spec.volumes || []).find((v) => v.name === mount.name);
+  if (!vol) { errors.push(`${pod.id}: runtime.cache_dir ${dir} is not a mounted volume`); continue; }
+  if (!vol.emptyDir || vol.emptyDir.sizeLimit === undefined) continue;
+  const limit = bytesOf(vol.emptyDir.sizeLimit);
+  const store = bytesOf((cfg.programs || {}).store_size), cache = bytesOf((cfg.runtime || {}).cache_size);
+  const said = `programs.store_size ${(cfg.programs || {}).store_size} + runtime.cache_size ${(cfg.runtime || {}).cache_size}`;
+  if (!(store > 0 && cache > 0)) errors.push(`${pod.id}: ${said}: both must be bounded (non-zero) on an emptyDir with sizeLimit ${vol.emptyDir.sizeLimit}`);
+  else if (!(store + cache <= 0.75 * limit)) errors.push(`${pod.id}: ${said} is more than 3/4 of the emptyDir's sizeLimit ${vol.emptyDir.sizeLimit} at ${dir}: the kubelet would evict the pod before the service refuses uploads`);
 }
 
 // ---- secrets ----------------------------------------------------------------------------------

@@ -439,6 +439,17 @@ static void wait_state(cluster *c, uint64_t inst, int state) {
 
 /* ---- programs ----------------------------------------------------------------------------- */
 
+/* ListPrograms; free with rpc_msg_free. */
+static Pie__V1__ListProgramsResponse *list_programs(cluster *c) {
+    Pie__V1__ListProgramsRequest req = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
+    ProtobufCMessage *r = NULL;
+    pie_status st;
+    cr_assert_eq(
+        unary(c, "ListPrograms", &req.base, &pie__v1__list_programs_response__descriptor, &r, &st),
+        PIE_OK, "%s", st.msg);
+    return (Pie__V1__ListProgramsResponse *)r;
+}
+
 Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
     cluster c;
     const char *extra[] = {"PIE_PROGRAMS_MAX_SIZE=64KiB", NULL};
@@ -499,12 +510,7 @@ Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
     /* a second program; list is ordered by id and shows names and sizes */
     char id2[65];
     upload_ok(&c, "hostile.wasm", "hostile", id2);
-    Pie__V1__ListProgramsRequest lreq = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
-    ProtobufCMessage *r = NULL;
-    cr_assert_eq(unary(&c, "ListPrograms", &lreq.base, &pie__v1__list_programs_response__descriptor,
-                       &r, &st),
-                 PIE_OK, "%s", st.msg);
-    Pie__V1__ListProgramsResponse *lp = (Pie__V1__ListProgramsResponse *)r;
+    Pie__V1__ListProgramsResponse *lp = list_programs(&c);
     cr_assert_eq(lp->n_programs, 2, "only the accepted uploads are stored");
     cr_assert_lt(strcmp(lp->programs[0]->program_id, lp->programs[1]->program_id), 0);
     for (size_t i = 0; i < 2; i++) {
@@ -516,7 +522,7 @@ Test(lifecycle, upload_validates_stores_lists_and_deletes_programs) {
                      "validated uploads are compiled at tier 0");
         cr_assert_gt(p->uploaded_unix_ms, 0);
     }
-    rpc_msg_free(r);
+    rpc_msg_free(&lp->base);
 
     /* delete, then delete again and launch: NOT_FOUND */
     char native[4400]; /* its native code goes with it (it stayed on disk for good) */
@@ -659,30 +665,32 @@ static size_t maps_of(const pie_proc *p) {
     return n;
 }
 
-/* Uploads distinct programs first..first+n-1 (lc_echo with a custom section numbering it) into
- * ids[0..n). */
-static void upload_variants(cluster *c, int first, int n, char ids[][65]) {
+/* lc_echo with a custom section numbering it: a distinct program of lc_echo's size + 11 bytes. */
+static pie_code upload_variant(cluster *c, int number, char id[65], bool *already, pie_status *st) {
     size_t len;
     uint8_t *base = read_fixture("lc_echo.wasm", &len);
-    uint8_t *v = malloc(len + 16);
+    uint8_t *v = realloc(base, len + 16);
     cr_assert(v);
-    memcpy(v, base, len);
-    for (int i = 0; i < n; i++) {
-        int number = first + i;
-        size_t k = len;
-        v[k++] = 0;         /* custom section */
-        v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
-        v[k++] = 4;
-        memcpy(v + k, "pie!", 4);
-        k += 4;
-        memcpy(v + k, &number, 4);
-        k += 4;
-        pie_status st;
-        cr_assert_eq(upload_ex(c, v, k, k, "variant", NULL, 64 << 10, ids[i], NULL, &st), PIE_OK,
-                     "upload %d: %s", number, st.msg);
-    }
+    size_t k = len;
+    v[k++] = 0;         /* custom section */
+    v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
+    v[k++] = 4;
+    memcpy(v + k, "pie!", 4);
+    k += 4;
+    memcpy(v + k, &number, 4);
+    k += 4;
+    pie_code rc = upload_ex(c, v, k, k, "variant", NULL, 64 << 10, id, already, st);
     free(v);
-    free(base);
+    return rc;
+}
+
+/* Uploads distinct programs first..first+n-1 (upload_variant) into ids[0..n). */
+static void upload_variants(cluster *c, int first, int n, char ids[][65]) {
+    for (int i = 0; i < n; i++) {
+        pie_status st;
+        cr_assert_eq(upload_variant(c, first + i, ids[i], NULL, &st), PIE_OK, "upload %d: %s",
+                     first + i, st.msg);
+    }
 }
 
 /* A replica kept every program it ever stored or launched loaded — its native code mapped
@@ -835,6 +843,90 @@ Test(lifecycle, two_replicas_pruning_one_shared_cache_launch_every_program) {
                                      &st),
                      PIE_OK, "%s", st.msg);
     cr_expect_gt(removals[0] + removals[1], 0, "nothing was pruned: the test tested nothing");
+    rpc_channel_destroy(c2.ch);
+    stop_ok(c2.lc);
+    cluster_stop(&c);
+}
+
+/* The stored programs had no bound: every distinct upload took its size on the replica's disk
+ * for good, until the disk (in Kubernetes: the pod's emptyDir, whose limit evicts the pod with
+ * every running instance) was full. programs.store_size bounds them: an upload that would pass
+ * it is refused RESOURCE_EXHAUSTED, naming the key, and loses nothing stored; a re-upload of a
+ * stored program still answers; a delete makes room. */
+static uint64_t metric_of(const pie_proc *p, const char *name) {
+    double v = -1;
+    pie_status st;
+    cr_assert_eq(pie_proc_metric(p, name, &v, &st), PIE_OK, "%s", st.msg);
+    return (uint64_t)v;
+}
+
+Test(lifecycle, uploads_past_programs_store_size_are_refused_and_lose_nothing) {
+    size_t len;
+    free(read_fixture("lc_echo.wasm", &len));
+    const size_t variant = len + 11; /* upload_variant's size */
+    char size_env[64];
+    snprintf(size_env, sizeof size_env, "PIE_PROGRAMS_STORE_SIZE=%zu", 2 * variant + variant / 2);
+    const char *extra[] = {size_env, NULL};
+    cluster c;
+    cluster_start(&c, extra, false);
+    char ids[3][65];
+    upload_variants(&c, 0, 2, ids);
+    pie_status st;
+    cr_assert_eq(upload_variant(&c, 2, ids[2], NULL, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "programs.store_size"), "the message names the bound: %s", st.msg);
+    bool already = false;
+    cr_assert_eq(upload_variant(&c, 0, ids[0], &already, &st), PIE_OK, "a stored one: %s", st.msg);
+    cr_expect(already, "the re-upload stored it again");
+    cr_expect_eq(metric_of(c.lc, "pie_lifecycle_programs_stored"), 2);
+    cr_expect_eq(metric_of(c.lc, "pie_lifecycle_programs_stored_bytes"), 2 * variant);
+
+    Pie__V1__DeleteProgramRequest dreq = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
+    dreq.program_id = ids[0];
+    cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
+                       &pie__v1__delete_program_response__descriptor, NULL, &st),
+                 PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&c, 2, ids[2], NULL, &st), PIE_OK, "after a delete: %s", st.msg);
+    Pie__V1__ListProgramsResponse *lp = list_programs(&c);
+    cr_expect_eq(lp->n_programs, 2);
+    for (size_t i = 0; i < lp->n_programs; i++)
+        cr_expect(strcmp(lp->programs[i]->program_id, ids[0]) != 0, "the deleted one is listed");
+    rpc_msg_free(&lp->base);
+    cluster_stop(&c);
+}
+
+/* A replica fetching a program from the registry for a launch stores it too, within the same
+ * bound: a full store refuses the launch with the reason, and the replica that holds the
+ * program launches it as before. */
+Test(lifecycle, a_launch_that_would_fetch_past_programs_store_size_is_refused_clearly) {
+    cluster c;
+    cluster_start(&c, NULL, true);
+    pie_status st;
+    char dir2[4200], ctl_env[96], dir_env[4300];
+    snprintf(dir2, sizeof dir2, "%s/cache2", c.dir);
+    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
+    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s", dir2);
+    const char *env2[] = {ctl_env,
+                          dir_env,
+                          "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
+                          "PIE_RUNTIME_TIER1=false",
+                          "PIE_PROGRAMS_STORE_SIZE=1KiB",
+                          NULL};
+    cluster c2 = c;
+    c2.lc = start("pie-lifecycle", env2);
+    c2.ch = rpc_channel_create(pie_proc_addr(c2.lc), NULL, &st);
+    cr_assert(c2.ch, "%s", st.msg);
+    cr_assert_gt(pie_test_wait_models(c2.ch, WAIT_MS), 0, "the second replica learned no model");
+
+    char id[65];
+    upload_variants(&c, 0, 1, &id);
+    const char *args[] = {"exit", "5", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t inst;
+    cr_assert_eq(launch(&c2, id, &lo, &inst, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "programs.store_size"), "the message names the bound: %s", st.msg);
+    cr_expect_eq(metric_of(c2.lc, "pie_lifecycle_programs_stored"), 0);
+    inst = launch_ok(&c, id, &lo);
+    expect_all_exit_5(&c, &inst, 1, "the replica holding it");
     rpc_channel_destroy(c2.ch);
     stop_ok(c2.lc);
     cluster_stop(&c);

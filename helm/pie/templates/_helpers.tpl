@@ -129,6 +129,20 @@ holds no token: it forwards each client's). */}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
+{{/* Bytes of a Kubernetes quantity: digits with an optional suffix (Ki Mi Gi Ti, k M G T), e.g.
+"2Gi" -> 2147483648. Anything else (decimals, exponents) fails the render, naming the value.
+include "pie.quantityBytes" (dict "q" .Values.lifecycle.cacheSizeLimit "what" "lifecycle.cacheSizeLimit") */}}
+{{- define "pie.quantityBytes" -}}
+{{- $q := toString .q -}}
+{{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- $n := regexFind "^[0-9]+" $q -}}
+{{- $suffix := trimPrefix $n $q -}}
+{{- if or (not $n) (not (hasKey $units $suffix)) -}}
+{{- fail (printf "%s: %q is not a whole quantity the chart can read (digits and Ki, Mi, Gi, Ti, k, M, G or T)" .what $q) -}}
+{{- end -}}
+{{- mul (atoi $n | int64) (get $units $suffix | int64) -}}
+{{- end -}}
+
 {{/* Pod annotations shared by the components: Prometheus scrape hints and the config checksum.
 include "pie.podAnnotations" (dict "ctx" $ "svc" .Values.worker "config" "worker/configmap.yaml") */}}
 {{- define "pie.podAnnotations" -}}
