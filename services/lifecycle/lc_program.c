@@ -33,7 +33,7 @@ struct lc_program_store {
     uint64_t max_stored; /* programs.store_size: bytes of module files; 0: no bound */
     uint64_t clock;    /* counts loads and launches: the loaded modules' recency */
     /* metrics (lc_program_store_metrics); seen: the runtime's counters at the last scrape */
-    pie_gauge *g_loaded, *g_t1_queued, *g_cache_bytes, *g_stored, *g_stored_bytes;
+    pie_gauge *g_loaded, *g_t1_queued, *g_cache_bytes, *g_stored, *g_stored_bytes, *g_store_size;
     pie_counter *c_compiles[2], *c_cache_removals;
     pthread_mutex_t scrape_mu; /* collectors may run on several threads at once */
     pthread_mutex_t put_mu;    /* one upload at a time checks the bound and writes its module */
@@ -116,6 +116,9 @@ static void store_collect(void *arg) {
     store_usage(ps, &n, &bytes);
     pie_gauge_set(ps->g_stored, (double)n);
     pie_gauge_set(ps->g_stored_bytes, (double)bytes);
+    pthread_mutex_lock(&ps->put_mu);
+    pie_gauge_set(ps->g_store_size, (double)ps->max_stored);
+    pthread_mutex_unlock(&ps->put_mu);
     lc_wasm_rt_stats s = lc_wasm_rt_stats_get(ps->rt);
     pie_gauge_set(ps->g_loaded, s.modules_loaded);
     pie_gauge_set(ps->g_t1_queued, s.tier1_queued);
@@ -144,6 +147,8 @@ pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_stat
          "programs in the store directory (uploaded, or fetched from the registry to launch)"},
         {&ps->g_stored_bytes, "pie_lifecycle_programs_stored_bytes",
          "bytes of the stored programs' modules (programs.store_size)"},
+        {&ps->g_store_size, "pie_lifecycle_programs_store_size_bytes",
+         "programs.store_size: the bound on pie_lifecycle_programs_stored_bytes (0: none)"},
     };
     for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++)
         if (!(*gauges[i].g = pie_metrics_gauge(m, gauges[i].name, gauges[i].help, NULL, 0, st)))

@@ -15,6 +15,8 @@
 #   run.sh wiring BIN_DIR                 ports, probes, addresses and Secrets line up
 #   run.sh wiring-selftest BIN_DIR        the wiring check reports every flaw of broken/wiring.yaml
 #   run.sh schema-current BIN_DIR         values.schema.json config sections match the binaries
+#   run.sh metric-names                   every pie_* metric the chart's alerts, dashboard and HPA
+#                                         read is a family docs/operators.md lists
 #   run.sh validator-selftest             the validator reports every flaw of broken/manifests.yaml
 #   run.sh dockerfile-lint                dockerfile-utils + dockerfilelint + project rules
 #   run.sh dockerfile-selftest            the project rules catch every flaw of broken/Dockerfile
@@ -405,6 +407,21 @@ PY
       --set gateway.httpRoute.enabled=true
     check 'Kubernetes v1.26.0 is too old for this chart: it needs 1.27 or newer' \
       --kube-version 1.26.0
+    exit $rc
+    ;;
+
+  metric-names)
+    # docs/operators.md's table is what the services serve (integration/test_services scrapes a
+    # cluster against it), so a name outside it is a rule or a panel that never shows data.
+    listed=$(sed -n 's/^| `\(pie_[a-z0-9_]*\)` |.*/\1/p' "$here/../../docs/operators.md" | sort -u)
+    [ -n "$listed" ] || { echo "FAIL: no metric table in docs/operators.md"; exit 1; }
+    rc=0
+    for f in "$chart"/templates/*.yaml "$chart"/templates/*/*.yaml "$chart"/dashboards/*.json; do
+      for m in $(grep -o 'pie_[a-z0-9_]*' "$f" | sed 's/_\(bucket\|sum\|count\)$//' | sort -u); do
+        grep -qx -- "$m" <<<"$listed" || { echo "FAIL: ${f#"$chart"/} reads $m, which no service serves (not in docs/operators.md)"; rc=1; }
+      done
+    done
+    [ $rc = 0 ] && echo "ok: every pie_* name the chart reads is a served family"
     exit $rc
     ;;
 

@@ -879,6 +879,8 @@ Test(lifecycle, uploads_past_programs_store_size_are_refused_and_lose_nothing) {
     cr_expect(already, "the re-upload stored it again");
     cr_expect_eq(metric_of(c.lc, "pie_lifecycle_programs_stored"), 2);
     cr_expect_eq(metric_of(c.lc, "pie_lifecycle_programs_stored_bytes"), 2 * variant);
+    cr_expect_eq(metric_of(c.lc, "pie_lifecycle_programs_store_size_bytes"),
+                 2 * variant + variant / 2);
 
     Pie__V1__DeleteProgramRequest dreq = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
     dreq.program_id = ids[0];
