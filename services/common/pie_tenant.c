@@ -21,12 +21,12 @@ typedef struct tenant_file {
     char *token;
     bool admin;
     uint32_t instances, kv_pages, export_pages;
-    uint64_t upload_bytes;
+    uint64_t upload_bytes, program_bytes;
 } tenant_file;
 
 static const pie_config_field tenant_fields[] = {
-    {"token", PIE_CFG_STRING, PIE_CONFIG_AT(tenant_file, token), .flags = PIE_CONFIG_REQUIRED | PIE_CONFIG_SECRET,
-     .doc = "the tenant's bearer token"},
+    {"token", PIE_CFG_STRING, PIE_CONFIG_AT(tenant_file, token),
+     .flags = PIE_CONFIG_REQUIRED | PIE_CONFIG_SECRET, .doc = "the tenant's bearer token"},
     {"admin", PIE_CFG_BOOL, PIE_CONFIG_AT(tenant_file, admin), .def = "false",
      .doc = "may list and delete every tenant's exports and instances"},
     {"instances", PIE_CFG_UINT, PIE_CONFIG_AT(tenant_file, instances), .def = "0",
@@ -37,6 +37,9 @@ static const pie_config_field tenant_fields[] = {
      .doc = "pages in its persistent exports (0 = the controller's exports.max_pages)"},
     {"upload_bytes", PIE_CFG_SIZE, PIE_CONFIG_AT(tenant_file, upload_bytes), .def = "0",
      .doc = "largest program it may upload (0 = no tenant limit)"},
+    {"program_bytes", PIE_CFG_SIZE, PIE_CONFIG_AT(tenant_file, program_bytes), .def = "0",
+     .doc = "bytes of the programs it holds stored on a lifecycle replica: those it uploaded "
+            "there and those its launches fetched there (0 = no tenant limit)"},
 };
 static const pie_config_schema tenant_schema = PIE_CONFIG_SCHEMA(tenant_file, tenant_fields);
 
@@ -93,7 +96,8 @@ static pie_code tenant_load_file(const char *dir, const char *file, const char *
             t->bearer_len = n - 1;
             snprintf(t->name, sizeof t->name, "%s", name);
             t->admin = f.admin;
-            t->quota = (pie_tenant_quota){f.instances, f.kv_pages, f.export_pages, f.upload_bytes};
+            t->quota = (pie_tenant_quota){f.instances, f.kv_pages, f.export_pages, f.upload_bytes,
+                                          f.program_bytes};
         }
     }
     pie_config_free(&tenant_schema, &f);

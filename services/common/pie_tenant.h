@@ -13,6 +13,7 @@
  *     kv_pages: 4096         # KV pages its instances hold at once, cluster-wide (0 = no limit)
  *     export_pages: 512      # pages in its persistent exports (0 = controller exports.max_pages)
  *     upload_bytes: 64MiB    # largest program it may upload (0 = programs.max_size only)
+ *     program_bytes: 1GiB    # programs it holds stored on a replica (0 = programs.store_size only)
  */
 #ifndef PIE_TENANT_H
 #define PIE_TENANT_H
@@ -31,6 +32,7 @@ typedef struct pie_tenant_quota {
     uint32_t kv_pages;     /* 0 = no limit */
     uint32_t export_pages; /* 0 = the controller's exports.max_pages */
     uint64_t upload_bytes; /* 0 = no tenant limit */
+    uint64_t program_bytes; /* 0 = no tenant limit */
 } pie_tenant_quota;
 
 typedef struct pie_tenant {

@@ -359,12 +359,22 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
     ctl_cluster *c = user;
     const Pie__V1__DropProgramRequest *r = (const Pie__V1__DropProgramRequest *)req;
     if (!check_sha(call, "program_id", r->program_id)) return false;
-    bool was = ctl_registry_program_drop(c->reg, r->program_id);
+    const char *tenant = r->tenant ? r->tenant : "";
+    bool was;
+    if (tenant[0]) { /* a release: the registry keeps it for the tenants that still hold it */
+        ctl_registry_chunk probe = {0};
+        pie_status st;
+        was = ctl_registry_program_read(c->reg, r->program_id, 0, 0, &probe, &st) == PIE_OK;
+        ctl_registry_chunk_free(&probe);
+    } else {
+        was = ctl_registry_program_drop(c->reg, r->program_id);
+    }
     pthread_mutex_lock(&c->mu);
-    ctl_core_program_dropped(c->core, r->program_id, rpc_now_ns());
+    ctl_core_program_dropped(c->core, r->program_id, tenant, rpc_now_ns());
     kick_timer(c);
     pthread_mutex_unlock(&c->mu);
-    pie_log_info("ctl.registry.program_dropped", "program=%s was_stored=%d", r->program_id, was);
+    pie_log_info("ctl.registry.program_dropped", "program=%s tenant=%s was_stored=%d",
+                 r->program_id, tenant[0] ? tenant : "(all)", was);
     Pie__V1__DropProgramResponse resp = PIE__V1__DROP_PROGRAM_RESPONSE__INIT;
     resp.was_stored = was;
     rpc_call_reply(call, &resp.base);

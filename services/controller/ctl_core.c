@@ -260,18 +260,21 @@ void ctl_core_announce_models(ctl_core *c, ctl_replica *to, const Pie__V1__Sessi
     }
 }
 
-void ctl_core_program_dropped(ctl_core *c, const char *program_id, int64_t now_ns) {
+void ctl_core_program_dropped(ctl_core *c, const char *program_id, const char *tenant,
+                              int64_t now_ns) {
     enter(c, now_ns);
     for (ctl_replica *r = c->replicas; r; r = r->next) {
         Pie__V1__ProgramDropped *pd = ctl_arena_alloc(&r->arena, sizeof *pd);
         char *id = pd ? ctl_arena_strdup(&r->arena, program_id) : NULL;
-        Pie__V1__SessionEvent *e = id ? ctl_core_event(c, r) : NULL;
+        char *who = id && tenant[0] ? ctl_arena_strdup(&r->arena, tenant) : NULL;
+        Pie__V1__SessionEvent *e = id && (who || !tenant[0]) ? ctl_core_event(c, r) : NULL;
         if (e == NULL) {
             pie_log_error("ctl.program_dropped.oom", "replica_index=%u", r->index);
             continue;
         }
         pie__v1__program_dropped__init(pd);
         pd->program_id = id;
+        if (who) pd->tenant = who;
         e->event_case = PIE__V1__SESSION_EVENT__EVENT_PROGRAM_DROPPED;
         e->program_dropped = pd;
     }

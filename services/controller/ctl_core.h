@@ -90,9 +90,10 @@ void ctl_core_worker_leave(ctl_core *c, ctl_worker *w, const pie_status *why, in
 
 /* ---- cluster storage ------------------------------------------------------------------------ */
 
-/* A program was dropped from the registry (Controller.DropProgram): every replica gets a
- * SessionEvent program_dropped naming it. */
-void ctl_core_program_dropped(ctl_core *c, const char *program_id, int64_t now_ns);
+/* A program was dropped from the registry (Controller.DropProgram), or tenant (non-empty)
+ * released its hold on it: every replica gets a SessionEvent program_dropped naming both. */
+void ctl_core_program_dropped(ctl_core *c, const char *program_id, const char *tenant,
+                              int64_t now_ns);
 
 /* ---- time ----------------------------------------------------------------------------------- */
 

@@ -104,6 +104,12 @@ static int job_start(lc_api *a, void *(*fn)(void *), void *arg) {
 
 static bool registry_on(const lc_api *a) { return lc_store_programs_enabled(a->store); }
 
+/* The caller's tenant as the holder of what its upload or launch stores here. */
+static lc_program_holder holder_of(rpc_call *call) {
+    const pie_tenant *t = rpc_call_tenant(call);
+    return (lc_program_holder){t->name, t->quota.program_bytes};
+}
+
 /* Whether a launch of id must first fetch the program from the registry: sharing is on, id is
  * well-formed and this replica does not hold it. */
 static bool needs_fetch(lc_api *a, const char *id) {
@@ -281,8 +287,11 @@ static void *upload_finish_thread(void *arg) {
                            "metadata.expected_sha256: %s, but the bytes received hash to %s",
                            u->expected_sha256, id);
     }
-    if (st.code == PIE_OK)
-        lc_program_put_cancel(a->programs, u->buf, u->size, u->name, &u->cancel, id, &already, &st);
+    if (st.code == PIE_OK) {
+        lc_program_holder h = holder_of(u->call);
+        lc_program_put_cancel(a->programs, u->buf, u->size, u->name, &h, &u->cancel, id, &already,
+                              &st);
+    }
     if (st.code == PIE_OK && registry_on(a)) {
         /* Before answering, so that a launch on another replica right after finds it. The
          * upload stands without it: the replica puts it again after its next (re)connect. */
@@ -371,31 +380,44 @@ static bool list_programs_on_call(rpc_call *call, ProtobufCMessage *req, void *u
 
 typedef struct lc_delete_job {
     lc_api *a;
-    rpc_call *call; /* a reference */
+    rpc_call *call;     /* a reference */
+    const char *tenant; /* NULL: an admin's delete; else the tenant releasing its hold */
     char id[65];
 } lc_delete_job;
 
-/* Deletes cluster-wide: here, then in the registry, which tells every replica. */
+/* Deletes here (or releases the caller's hold), then tells the registry, which tells every
+ * replica. */
 static void *delete_thread(void *arg) {
     lc_delete_job *j = arg;
     lc_api *a = j->a;
     pie_status st, rst;
-    pie_code local = lc_program_delete(a->programs, j->id, &st);
+    bool held = true;
+    pie_code local = j->tenant ? lc_program_release(a->programs, j->id, j->tenant, &held, &st)
+                               : lc_program_delete(a->programs, j->id, &st);
+    if (local == PIE_OK && !held)
+        local = pie_status_set(&st, PIE_NOT_FOUND, "tenant \"%s\" holds no copy here", j->tenant);
     bool was = false;
-    pie_code remote = lc_store_drop_program(a->store, j->id, &was, &rst);
-    if (remote != PIE_OK)
-        pie_log_warn("lc.program.drop_failed", "program=%s code=%s error=\"%s\"", j->id,
-                     pie_code_name(remote), rst.msg);
+    pie_code remote = PIE_OK;
+    if (registry_on(a)) {
+        remote = lc_store_drop_program(a->store, j->id, j->tenant, &was, &rst);
+        if (remote != PIE_OK)
+            pie_log_warn("lc.program.drop_failed", "program=%s code=%s error=\"%s\"", j->id,
+                         pie_code_name(remote), rst.msg);
+    }
     if (local == PIE_OK || was) {
         Pie__V1__DeleteProgramResponse resp = PIE__V1__DELETE_PROGRAM_RESPONSE__INIT;
         rpc_call_reply(j->call, &resp.base);
     } else if (local != PIE_NOT_FOUND) {
         rpc_call_finish_status(j->call, &st);
+    } else if (!registry_on(a)) {
+        pie_status_set(&st, PIE_NOT_FOUND, "program_id: %s is not stored on this replica%s", j->id,
+                       j->tenant ? " as the caller's tenant's" : "");
+        rpc_call_finish_status(j->call, &st);
     } else if (remote == PIE_OK) {
         pie_status_set(&st, PIE_NOT_FOUND,
-                       "program_id: %s is not stored on this replica nor in the controller's "
+                       "program_id: %s is not stored on this replica%s nor in the controller's "
                        "program registry",
-                       j->id);
+                       j->id, j->tenant ? " as the caller's tenant's" : "");
         rpc_call_finish_status(j->call, &st);
     } else {
         pie_status_set(&st, remote,
@@ -410,39 +432,37 @@ static void *delete_thread(void *arg) {
     return NULL;
 }
 
+/* An admin's delete removes the program cluster-wide; another tenant's releases its hold
+ * (programs are shared by content: one tenant never removes what another holds). On a job
+ * thread: it touches the disk and may call the controller. */
 static bool delete_program_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     lc_api *a = user;
     Pie__V1__DeleteProgramRequest *r = (Pie__V1__DeleteProgramRequest *)req;
     pie_status st;
-    if (!rpc_call_tenant(call)->admin) { /* programs are shared by content across tenants */
-        rpc_call_finish(call, PIE_PERMISSION_DENIED,
-                        "DeleteProgram: programs are shared by every tenant that uploads the same "
-                        "bytes; only an admin tenant may delete one");
-        return false;
-    }
-    if (registry_on(a) && pie_sha256_is_hex(r->program_id)) {
-        lc_delete_job *j = calloc(1, sizeof *j);
-        if (j == NULL) {
-            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
-            return false;
-        }
-        j->a = a;
-        j->call = call;
-        snprintf(j->id, sizeof j->id, "%s", r->program_id);
-        rpc_call_ref(call);
-        if (job_start(a, delete_thread, j) != 0) {
-            rpc_call_unref(call);
-            free(j);
-            rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "delete: this replica has too many jobs in progress; retry later");
-        }
-        return false;
-    }
-    if (lc_program_delete(a->programs, r->program_id, &st) != PIE_OK) {
+    if (!pie_sha256_is_hex(r->program_id)) {
+        pie_status_set(&st, PIE_INVALID_ARGUMENT,
+                       "program_id: \"%.80s\" is not 64 lowercase hex digits (a SHA-256)",
+                       r->program_id ? r->program_id : "");
         rpc_call_finish_status(call, &st);
         return false;
     }
-    Pie__V1__DeleteProgramResponse resp = PIE__V1__DELETE_PROGRAM_RESPONSE__INIT;
-    rpc_call_reply(call, &resp.base);
+    const pie_tenant *t = rpc_call_tenant(call);
+    lc_delete_job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return false;
+    }
+    j->a = a;
+    j->call = call;
+    j->tenant = t->admin ? NULL : t->name; /* the tenant outlives the call (the tenants table) */
+    snprintf(j->id, sizeof j->id, "%s", r->program_id);
+    rpc_call_ref(call);
+    if (job_start(a, delete_thread, j) != 0) {
+        rpc_call_unref(call);
+        free(j);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED,
+                        "delete: this replica has too many jobs in progress; retry later");
+    }
     return false;
 }
 
@@ -597,7 +617,8 @@ static void *fetch_thread(void *arg) {
     lc_api *a = j->a;
     pie_status st;
     pie_status_ok(&st);
-    lc_store_fetch_program(a->store, j->id, &st);
+    lc_program_holder h = holder_of(j->call);
+    lc_store_fetch_program(a->store, j->id, &h, &st);
     if (j->at) {
         run_fetched(a, j->call, j->at, &st);
     } else {

@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,27 +95,57 @@ lc_program_store *lc_program_store_create(const char *dir, const char *native_di
     return ps;
 }
 
-/* The programs in the directory and their module bytes. A scan rather than a count kept in
- * memory: replicas may share the directory, and uploads are rare beside a readdir of it. */
-static void store_usage(const lc_program_store *ps, uint64_t *n, uint64_t *bytes) {
-    *n = *bytes = 0;
+/* A tenant's hold on a stored program is an empty file <id>.by.<tenant> beside it: created
+ * and removed atomically, shared by replicas sharing the directory. */
+static void holder_path(const lc_program_store *ps, const char *id, const char *tenant, char *out,
+                        size_t cap) {
+    snprintf(out, cap, "%s/%s.by.%s", ps->dir, id, tenant);
+}
+
+/* The size of <id>.wasm for a directory entry named <id><rest>; false when it is not stored. */
+static bool module_size_of(DIR *d, const char *entry, uint64_t *size) {
+    char name[70];
+    memcpy(name, entry, 64);
+    memcpy(name + 64, ".wasm", 6);
+    struct stat sb;
+    if (fstatat(dirfd(d), name, &sb, 0) != 0) return false;
+    *size = (uint64_t)sb.st_size;
+    return true;
+}
+
+/* The programs in the directory and their module bytes; *held: the bytes of those tenant
+ * (NULL: none) holds. A scan rather than counts kept in memory: replicas may share the
+ * directory, and uploads are rare beside a readdir of it. */
+static void store_usage(const lc_program_store *ps, const char *tenant, uint64_t *n,
+                        uint64_t *bytes, uint64_t *held) {
+    *n = *bytes = *held = 0;
     DIR *d = opendir(ps->dir);
     if (d == NULL) return;
+    size_t tlen = tenant ? strlen(tenant) : 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        struct stat sb;
-        if (strlen(e->d_name) != 69 || strcmp(e->d_name + 64, ".wasm") != 0 ||
-            fstatat(dirfd(d), e->d_name, &sb, 0) != 0)
-            continue;
-        (*n)++;
-        *bytes += (uint64_t)sb.st_size;
+        size_t len = strlen(e->d_name);
+        uint64_t size;
+        char id[65];
+        if (len < 64) continue;
+        memcpy(id, e->d_name, 64);
+        id[64] = '\0';
+        if (!pie_sha256_is_hex(id)) continue;
+        if (len == 69 && strcmp(e->d_name + 64, ".wasm") == 0) {
+            if (!module_size_of(d, e->d_name, &size)) continue;
+            (*n)++;
+            *bytes += size;
+        } else if (tenant && len == 68 + tlen && memcmp(e->d_name + 64, ".by.", 4) == 0 &&
+                   strcmp(e->d_name + 68, tenant) == 0 && module_size_of(d, e->d_name, &size)) {
+            *held += size;
+        }
     }
     closedir(d);
 }
 
 static void store_collect(void *arg) {
     lc_program_store *ps = arg;
-    uint64_t n, bytes;
-    store_usage(ps, &n, &bytes);
+    uint64_t n, bytes, held;
+    store_usage(ps, NULL, &n, &bytes, &held);
     pie_gauge_set(ps->g_stored, (double)n);
     pie_gauge_set(ps->g_stored_bytes, (double)bytes);
     pthread_mutex_lock(&ps->put_mu);
@@ -271,37 +303,69 @@ static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m)
 }
 
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                        char id_out[65], bool *already, pie_status *st) {
-    return lc_program_put_cancel(ps, wasm, len, name, NULL, id_out, already, st);
+                        const lc_program_holder *holder, char id_out[65], bool *already,
+                        pie_status *st) {
+    return lc_program_put_cancel(ps, wasm, len, name, holder, NULL, id_out, already, st);
 }
 
-/* Whether len more bytes of program id fit within programs.store_size: always when id is
- * stored already (its file is replaced by the same bytes). RESOURCE_EXHAUSTED naming the bound
- * otherwise. Caller holds put_mu for the check that precedes a write. */
-static pie_code check_room(const lc_program_store *ps, const char *id, size_t len, pie_status *st) {
-    if (ps->max_stored == 0) return PIE_OK;
+/* Whether len more bytes of program id fit: within programs.store_size unless id is stored
+ * already (its file is replaced by the same bytes), and within the holder's quota unless it
+ * holds id already. RESOURCE_EXHAUSTED naming the bound otherwise. Caller holds put_mu for the
+ * check that precedes a write. */
+static pie_code check_room(const lc_program_store *ps, const char *id, size_t len,
+                           const lc_program_holder *h, pie_status *st) {
     char path[4200];
     path_of(ps, id, "wasm", path, sizeof path);
-    if (access(path, F_OK) == 0) return PIE_OK;
-    uint64_t n, used;
-    store_usage(ps, &n, &used);
-    if (used + len <= ps->max_stored) return PIE_OK;
-    return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                          "program store full: %llu programs hold %llu bytes, %zu more would pass "
-                          "programs.store_size (%llu); delete programs (piectl delete) or raise it",
-                          (unsigned long long)n, (unsigned long long)used, len,
-                          (unsigned long long)ps->max_stored);
+    bool stored = access(path, F_OK) == 0, held = false;
+    if (h && h->tenant) {
+        holder_path(ps, id, h->tenant, path, sizeof path);
+        held = access(path, F_OK) == 0;
+    }
+    bool store_counts = ps->max_stored && !stored;
+    bool quota_counts = h && h->tenant && h->max_bytes && !held;
+    if (!store_counts && !quota_counts) return PIE_OK;
+    uint64_t n, used, mine;
+    store_usage(ps, quota_counts ? h->tenant : NULL, &n, &used, &mine);
+    if (store_counts && used + len > ps->max_stored)
+        return pie_status_set(
+            st, PIE_RESOURCE_EXHAUSTED,
+            "program store full: %llu programs hold %llu bytes, %zu more would pass "
+            "programs.store_size (%llu); delete programs (piectl delete) or raise it",
+            (unsigned long long)n, (unsigned long long)used, len,
+            (unsigned long long)ps->max_stored);
+    if (quota_counts && mine + len > h->max_bytes)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "tenant \"%s\" quota program_bytes (%llu) reached: the programs it "
+                              "holds on this replica take %llu bytes, %zu more requested; delete "
+                              "some (piectl delete)",
+                              h->tenant, (unsigned long long)h->max_bytes, (unsigned long long)mine,
+                              len);
+    return PIE_OK;
+}
+
+/* Records h's hold on stored program id. Caller holds put_mu. */
+static pie_code hold(const lc_program_store *ps, const char *id, const lc_program_holder *h,
+                     pie_status *st) {
+    if (h == NULL || h->tenant == NULL) return PIE_OK;
+    char path[4200];
+    holder_path(ps, id, h->tenant, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return pie_status_set(st, PIE_INTERNAL, "program store: cannot create %s: %s", path,
+                              strerror(errno));
+    close(fd);
+    return PIE_OK;
 }
 
 pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                               lc_wasm_cancel *cancel, char id_out[65], bool *already,
-                               pie_status *st) {
+                               const lc_program_holder *holder, lc_wasm_cancel *cancel,
+                               char id_out[65], bool *already, pie_status *st) {
     /* Refused before its compile when it clearly does not fit; checked again before the write,
      * since other uploads may have filled the store while this one compiled. */
     char id[65];
     pie_code rc = pie_sha256_hex(wasm, len, id, st);
     pthread_mutex_lock(&ps->put_mu);
-    if (rc == PIE_OK) rc = check_room(ps, id, len, st);
+    if (rc == PIE_OK) rc = check_room(ps, id, len, holder, st);
     pthread_mutex_unlock(&ps->put_mu);
     if (rc != PIE_OK) return rc;
     lc_wasm_module *m = NULL;
@@ -314,9 +378,10 @@ pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t le
     pthread_mutex_lock(&ps->put_mu);
     *already = stat(path, &sb) == 0 && (uint64_t)sb.st_size == len &&
                read_meta(ps, id_out, NULL, 0, &uploaded_ms);
-    if (!*already) rc = check_room(ps, id_out, len, st);
+    rc = check_room(ps, id_out, len, holder, st);
     if (rc == PIE_OK && !*already) rc = lc_wasm_write_file(path, wasm, len, st);
     if (rc == PIE_OK) rc = write_meta(ps, id_out, name, uploaded_ms, st);
+    if (rc == PIE_OK) rc = hold(ps, id_out, holder, st);
     pthread_mutex_unlock(&ps->put_mu);
     if (rc != PIE_OK) {
         lc_wasm_module_release(m);
@@ -502,6 +567,43 @@ void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n) {
     free(list);
 }
 
+/* Removes every tenant's hold on id (its module is gone). */
+static void unhold_all(const lc_program_store *ps, const char *id) {
+    char pattern[4200];
+    holder_path(ps, id, "*", pattern, sizeof pattern);
+    glob_t g;
+    if (glob(pattern, GLOB_NOSORT, NULL, &g) != 0) return; /* none (or no memory: kept) */
+    for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+    globfree(&g);
+}
+
+/* Whether any tenant holds id. */
+static bool held_by_anyone(const lc_program_store *ps, const char *id) {
+    char pattern[4200];
+    holder_path(ps, id, "*", pattern, sizeof pattern);
+    glob_t g;
+    int rc = glob(pattern, GLOB_NOSORT, NULL, &g);
+    if (rc == 0) globfree(&g);
+    return rc != GLOB_NOMATCH; /* an error counts as held: nothing is removed on a doubt */
+}
+
+pie_code lc_program_release(lc_program_store *ps, const char *id, const char *tenant, bool *held,
+                            pie_status *st) {
+    *held = false;
+    if (check_id(id, st) != PIE_OK) return st->code;
+    char path[4200];
+    holder_path(ps, id, tenant, path, sizeof path);
+    pthread_mutex_lock(&ps->put_mu); /* no put adds a hold between the check and the delete */
+    *held = unlink(path) == 0;
+    pie_code rc = PIE_OK;
+    if (*held && !held_by_anyone(ps, id)) {
+        rc = lc_program_delete(ps, id, st);
+        if (rc == PIE_NOT_FOUND) rc = PIE_OK; /* a replica sharing the directory deleted it */
+    }
+    pthread_mutex_unlock(&ps->put_mu);
+    return rc;
+}
+
 pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st) {
     if (check_id(id, st) != PIE_OK) return st->code;
     char path[4200];
@@ -517,6 +619,7 @@ pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st)
     }
     path_of(ps, id, "meta", path, sizeof path);
     unlink(path); /* a missing label only loses the name */
+    unhold_all(ps, id);
     lc_wasm_module *m = NULL;
     pthread_mutex_lock(&ps->mu);
     for (size_t i = 0; i < ps->n_loaded; i++)

@@ -43,19 +43,29 @@ uint64_t lc_program_max_bytes(const lc_program_store *ps);
  * lc_program_store_destroy. */
 pie_code lc_program_store_metrics(lc_program_store *ps, pie_metrics *m, pie_status *st);
 
+/* Who a put is for: the tenant that holds the program on this replica from then on (its upload,
+ * or its launch that fetched it) and that tenant's bound on what it holds (quota
+ * program_bytes). A tenant's hold counts the program's size against that bound until it is
+ * released (lc_program_release); a program stays stored while any tenant holds it. */
+typedef struct lc_program_holder {
+    const char *tenant; /* NULL: nobody's */
+    uint64_t max_bytes; /* 0: no bound */
+} lc_program_holder;
+
 /* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65
  * bytes), *already that the bytes were stored before. INVALID_ARGUMENT (lc_wasm's reason) for
  * a module that cannot run here, RESOURCE_EXHAUSTED past programs.store_size. Slow the first time
  * (compiles): not on an RPC thread. */
 pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                        char id_out[65], bool *already, pie_status *st);
+                        const lc_program_holder *holder, char id_out[65], bool *already,
+                        pie_status *st);
 /* lc_program_put that gives up (PIE_CANCELLED, the compile killed) when cancel fires: an
  * upload whose client went away. INVALID_ARGUMENT for a module beyond the complexity limits
  * (programs.max_*), RESOURCE_EXHAUSTED when the compile ran out of time or the compile queue
  * is full, UNAVAILABLE during shutdown (lc_wasm.h). */
 pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                               lc_wasm_cancel *cancel, char id_out[65], bool *already,
-                               pie_status *st);
+                               const lc_program_holder *holder, lc_wasm_cancel *cancel,
+                               char id_out[65], bool *already, pie_status *st);
 
 /* Whether program id is stored; copies its label to name (cap bytes) when name is not NULL.
  * NOT_FOUND otherwise (INVALID_ARGUMENT for an id that is not 64 lowercase hex digits). */
@@ -79,7 +89,13 @@ pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size
                          pie_status *st);
 void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n);
 
-/* Removes program id (disk and memory); running instances keep their module. */
+/* Removes program id (disk and memory) and every hold on it; running instances keep their
+ * module. */
 pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st);
+/* Releases tenant's hold on program id (*held: it had one here) and deletes the program once no
+ * tenant holds it. A program stored before holds were recorded is held by nobody: only
+ * lc_program_delete removes it. */
+pie_code lc_program_release(lc_program_store *ps, const char *id, const char *tenant, bool *held,
+                            pie_status *st);
 
 #endif

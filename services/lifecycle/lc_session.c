@@ -151,7 +151,8 @@ static bool session_on_message(rpc_link *link, ProtobufCMessage *msg, void *user
                          e->worker_lost->worker_index, e->worker_lost->group_id);
         else if (e->event_case == PIE__V1__SESSION_EVENT__EVENT_PROGRAM_DROPPED &&
                  s->store.program_dropped && e->program_dropped->program_id)
-            s->store.program_dropped(s->store.ctx, e->program_dropped->program_id);
+            s->store.program_dropped(s->store.ctx, e->program_dropped->program_id,
+                                     e->program_dropped->tenant ? e->program_dropped->tenant : "");
     }
     if (down->welcome && s->store.welcomed) s->store.welcomed(s->store.ctx);
     if ((down->n_results || down->n_events) && s->sink.on_down) s->sink.on_down(s->sink.ctx, down);

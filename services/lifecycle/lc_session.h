@@ -120,8 +120,9 @@ rpc_channel *lc_session_channel(lc_session *s);
 typedef struct lc_session_store_hooks {
     void *ctx;
     void (*welcomed)(void *ctx); /* the controller accepted a (re)connect */
-    /* SessionEvent program_dropped: delete the local copy (quick disk work is fine). */
-    void (*program_dropped)(void *ctx, const char *program_id);
+    /* SessionEvent program_dropped: delete the local copy, or release tenant's hold on it when
+     * tenant is not "" (quick disk work is fine). */
+    void (*program_dropped)(void *ctx, const char *program_id, const char *tenant);
 } lc_session_store_hooks;
 /* Sets the hooks (copied); before lc_session_start. */
 void lc_session_set_store_hooks(lc_session *s, const lc_session_store_hooks *h);

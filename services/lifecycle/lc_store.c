@@ -106,7 +106,8 @@ pie_code lc_store_fetch_tokenizer(void *store, const char *sha256, uint8_t **byt
     return PIE_OK;
 }
 
-pie_code lc_store_fetch_program(lc_store *s, const char *id, pie_status *st) {
+pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_holder *holder,
+                                pie_status *st) {
     lc_store_buf b = {0};
     char name[LC_PROGRAM_NAME_MAX + 1] = "";
     pie_code rc = PIE_OK;
@@ -148,7 +149,7 @@ pie_code lc_store_fetch_program(lc_store *s, const char *id, pie_status *st) {
                             id, got);
     bool already = false;
     if (rc == PIE_OK)
-        rc = lc_program_put(s->programs, b.data, (size_t)b.size, name, got, &already, st);
+        rc = lc_program_put(s->programs, b.data, (size_t)b.size, name, holder, got, &already, st);
     if (rc == PIE_OK) {
         pie_counter_add(s->c_prog_fetched, 1);
         pie_log_info("lc.program.fetched", "program=%s name=\"%s\" bytes=%llu", id, name,
@@ -221,10 +222,12 @@ pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st) {
     return rc;
 }
 
-pie_code lc_store_drop_program(lc_store *s, const char *id, bool *was, pie_status *st) {
+pie_code lc_store_drop_program(lc_store *s, const char *id, const char *tenant, bool *was,
+                               pie_status *st) {
     *was = false;
     Pie__V1__DropProgramRequest req = PIE__V1__DROP_PROGRAM_REQUEST__INIT;
     req.program_id = (char *)id;
+    req.tenant = (char *)(tenant ? tenant : "");
     ProtobufCMessage *m = NULL;
     pie_code rc =
         call(s, "DropProgram", &req.base, &pie__v1__drop_program_response__descriptor, &m, st);
@@ -271,13 +274,18 @@ static void on_welcome(void *ctx) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Another replica deleted the program (or this one did): the local copy goes too. */
-static void on_program_dropped(void *ctx, const char *id) {
+/* Another replica deleted the program (or this one did): the local copy goes too. Or a
+ * tenant released its hold: the local copy goes once nobody holds it. */
+static void on_program_dropped(void *ctx, const char *id, const char *tenant) {
     lc_store *s = ctx;
     pie_status st;
-    if (lc_program_delete(s->programs, id, &st) == PIE_OK)
-        pie_log_info("lc.program.dropped", "program=%s", id);
-    else if (st.code != PIE_NOT_FOUND)
+    bool held = true;
+    pie_code rc = tenant[0] ? lc_program_release(s->programs, id, tenant, &held, &st)
+                            : lc_program_delete(s->programs, id, &st);
+    if (rc == PIE_OK && held)
+        pie_log_info("lc.program.dropped", "program=%s tenant=%s", id,
+                     tenant[0] ? tenant : "(all)");
+    else if (rc != PIE_OK && rc != PIE_NOT_FOUND)
         pie_log_warn("lc.program.drop_failed", "program=%s error=\"%s\"", id, st.msg);
 }
 

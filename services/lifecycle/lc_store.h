@@ -56,15 +56,21 @@ pie_code lc_store_fetch_tokenizer(void *store, const char *sha256, uint8_t **byt
                                   pie_status *st);
 
 /* Fetches program id from the registry, checks that its bytes hash to id, and stores it in the
- * program store (validating and compiling it, as an upload does). NOT_FOUND naming both
- * places when the registry lacks it; DATA_LOSS when the bytes hash to another id. */
-pie_code lc_store_fetch_program(lc_store *s, const char *id, pie_status *st);
+ * program store (validating and compiling it, as an upload does) as holder's (the launching
+ * tenant's: it counts against its quota program_bytes). NOT_FOUND naming both places when the
+ * registry lacks it; DATA_LOSS when the bytes hash to another id; RESOURCE_EXHAUSTED past
+ * programs.store_size or the holder's quota. */
+pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_holder *holder,
+                                pie_status *st);
 
 /* Puts local program id into the registry unless it already holds it. */
 pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st);
 
-/* Drops id from the registry and so from every connected replica; *was: the registry held it. */
-pie_code lc_store_drop_program(lc_store *s, const char *id, bool *was, pie_status *st);
+/* Drops id from the registry and so from every connected replica; *was: the registry held it.
+ * With tenant (not NULL or ""), releases only that tenant's hold on every replica, the registry
+ * keeping the program (*was: it holds it). */
+pie_code lc_store_drop_program(lc_store *s, const char *id, const char *tenant, bool *was,
+                               pie_status *st);
 
 /* The exports of tenant (all: every tenant's), from the controller: *out is freed with
  * rpc_msg_free. UNAVAILABLE while the controller is not connected. Blocks. */

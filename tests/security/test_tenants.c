@@ -2,8 +2,8 @@
  *
  * A real pie-controller, CPU pie-worker and pie-lifecycle on loopback (tests/e2e/e2e_support.h)
  * with tenants.dir holding three tenants: alice (export_pages 4, kv_pages 8, instances 1),
- * bob (uploads up to 64 KiB, no other quota) and root (admin). The fixture tests/wasm/sec_export.c runs the
- * KV page and export steps it is given and reports each call's status.
+ * bob (uploads up to 64 KiB, no other quota) and root (admin). The fixture tests/wasm/sec_export.c
+ * runs the KV page and export steps it is given and reports each call's status.
  *   * The pinning attack: an instance exports pages persistently and exits; before tenants the
  *     pages stayed held forever and any instance could list, unexport or take over the name.
  *     Now the tenant's persistent export pages are bounded (RESOURCE_EXHAUSTED naming the
@@ -11,15 +11,21 @@
  *     with Lifecycle.DeleteExport.
  *   * Quotas: KV pages and running instances per tenant refuse with RESOURCE_EXHAUSTED naming
  *     the quota; instances of another tenant are invisible (ListInstances, Terminate).
- *   * Tokens: only a tenant's token opens the public API, never the internal service token. */
+ *   * Tokens: only a tenant's token opens the public API, never the internal service token.
+ *   * Stored programs: carol (program_bytes: two and a half of the variants below) holds at
+ *     most that many bytes of programs on a replica; her DeleteProgram releases her hold and
+ *     never removes a program another tenant holds. */
 #include <criterion/criterion.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "e2e_support.h"
 #include "pie/v1/lifecycle.pb-c.h"
+#include "pie_sha256.h"
 #include "pie_testutil.h"
 
 TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
@@ -27,6 +33,8 @@ TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
 #define TOKEN_ALICE "alice-token-0123456789"
 #define TOKEN_BOB   "bob-token-0123456789ab"
 #define TOKEN_ROOT  "root-token-0123456789a"
+#define TOKEN_CAROL "carol-token-0123456789"
+#define VARIANT_OF  PIE_INFERLETS_DIR "/sec_export.wasm" /* the programs carol uploads */
 #define TOKEN_SVC   "internal-service-token-0123"
 #define CALL_MS     10000
 
@@ -35,6 +43,7 @@ typedef struct tenants_env {
     char dir_env[600];
     e2e_cluster c;                  /* c.ch: alice's channel */
     rpc_channel *bob, *root, *none; /* channels with bob's, root's and no token */
+    rpc_channel *carol;
 } tenants_env;
 
 static void write_file(const char *dir, const char *name, const char *text) {
@@ -62,18 +71,26 @@ static void env_start(tenants_env *e) {
                "token: " TOKEN_ALICE "\nexport_pages: 4\nkv_pages: 8\ninstances: 1\n");
     write_file(e->dir, "bob.yaml", "token: " TOKEN_BOB "\nupload_bytes: 64KiB\n");
     write_file(e->dir, "root.yaml", "token: " TOKEN_ROOT "\nadmin: true\n");
+    struct stat sb; /* carol: room for two variants of VARIANT_OF, not three */
+    cr_assert_eq(stat(VARIANT_OF, &sb), 0, "%s", VARIANT_OF);
+    char carol[200];
+    snprintf(carol, sizeof carol, "token: " TOKEN_CAROL "\nprogram_bytes: %lld\n",
+             (long long)(sb.st_size + 11) * 5 / 2);
+    write_file(e->dir, "carol.yaml", carol);
     snprintf(e->dir_env, sizeof e->dir_env, "PIE_TENANTS_DIR=%s", e->dir);
     const char *env[] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
     e2e_cluster_start_token(&e->c, env, TOKEN_ALICE);
     e->bob = channel(&e->c, TOKEN_BOB);
     e->root = channel(&e->c, TOKEN_ROOT);
     e->none = channel(&e->c, NULL);
+    e->carol = channel(&e->c, TOKEN_CAROL);
 }
 
 static void env_stop(tenants_env *e) {
     rpc_channel_destroy(e->bob);
     rpc_channel_destroy(e->root);
     rpc_channel_destroy(e->none);
+    rpc_channel_destroy(e->carol);
     e2e_cluster_stop(&e->c);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
@@ -230,6 +247,17 @@ static pie_code upload_size(tenants_env *e, rpc_channel *ch, uint64_t size, pie_
     return e2e_upload_end(e2e_upload_begin(&as, "big", size, NULL, 0, CALL_MS), st);
 }
 
+static pie_code delete_program(rpc_channel *ch, const char *id, pie_status *st) {
+    Pie__V1__DeleteProgramRequest del = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
+    del.program_id = (char *)id;
+    ProtobufCMessage *m = NULL;
+    rpc_call_opts o = {.timeout_ms = CALL_MS};
+    pie_code rc = rpc_unary(ch, "/pie.v1.Lifecycle/DeleteProgram", &del.base,
+                            &pie__v1__delete_program_response__descriptor, &m, &o, st);
+    rpc_msg_free(m);
+    return rc;
+}
+
 /* Whether ch's tenant sees instance id in ListInstances. */
 static bool visible(tenants_env *e, rpc_channel *ch, uint64_t id) {
     e2e_cluster as = as_caller(e, ch);
@@ -269,17 +297,14 @@ Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_priv
     cr_expect_eq(terminate(&e, e.c.ch, a1, &st), PIE_OK, "%s", st.msg);
     cr_expect_eq(terminate(&e, e.root, b1, &st), PIE_OK, "%s", st.msg);
 
-    /* uploads: bob's are bounded by his quota; programs are shared, only an admin deletes */
+    /* uploads: bob's are bounded by his quota; programs are shared: bob's delete of alice's
+     * program releases nothing of hers (only his own holds; an admin's removes it) */
     cr_expect_eq(upload_size(&e, e.bob, 65537, &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
     cr_expect(strstr(st.msg, "quota upload_bytes (65536)"), "%s", st.msg);
-    Pie__V1__DeleteProgramRequest del = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
-    del.program_id = prog;
-    ProtobufCMessage *dm = NULL;
-    rpc_call_opts dopt = {.timeout_ms = CALL_MS};
-    cr_expect_eq(rpc_unary(e.bob, "/pie.v1.Lifecycle/DeleteProgram", &del.base,
-                           &pie__v1__delete_program_response__descriptor, &dm, &dopt, &st),
-                 PIE_PERMISSION_DENIED, "%s", st.msg);
-    rpc_msg_free(dm);
+    delete_program(e.bob, prog, &st);
+    const char *quick[] = {"alloc:1", NULL};
+    run_as(&e, e.c.ch, prog, quick, &r);
+    e2e_run_free(&r);
 
     /* tokens: none, the internal one, and a wrong one are all refused by the public API */
     rpc_channel *svc = channel(&e.c, TOKEN_SVC);
@@ -297,6 +322,120 @@ Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_priv
     rpc_channel_destroy(svc);
     rpc_channel_destroy(bad);
     free(prog);
+    env_stop(&e);
+}
+
+/* VARIANT_OF with a custom section numbering it: a distinct program of its size + 11 bytes.
+ * Uploaded as ch's tenant; *id gets its SHA-256. */
+static pie_code upload_variant(tenants_env *e, rpc_channel *ch, int number, char id[65],
+                               pie_status *st) {
+    FILE *f = fopen(VARIANT_OF, "rb");
+    cr_assert(f, "%s", VARIANT_OF);
+    uint8_t *v = malloc(1 << 20);
+    cr_assert(v);
+    size_t k = fread(v, 1, (1 << 20) - 16, f);
+    fclose(f);
+    v[k++] = 0; /* custom section: its size, the name's length byte, "pie!", the number */
+    v[k++] = 1 + 4 + 4;
+    v[k++] = 4;
+    memcpy(v + k, "pie!", 4);
+    memcpy(v + k + 4, &number, 4);
+    k += 8;
+    cr_assert_eq(pie_sha256_hex(v, k, id, st), PIE_OK);
+    e2e_cluster as = as_caller(e, ch);
+    pie_code rc = e2e_upload_end(e2e_upload_begin(&as, "variant", k, v, k, CALL_MS), st);
+    free(v);
+    return rc;
+}
+
+static bool listed_on(rpc_channel *admin, const char *id) {
+    Pie__V1__ListProgramsRequest req = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
+    ProtobufCMessage *m = NULL;
+    pie_status st;
+    rpc_call_opts o = {.timeout_ms = CALL_MS};
+    cr_assert_eq(rpc_unary(admin, "/pie.v1.Lifecycle/ListPrograms", &req.base,
+                           &pie__v1__list_programs_response__descriptor, &m, &o, &st),
+                 PIE_OK, "%s", st.msg);
+    Pie__V1__ListProgramsResponse *r = (Pie__V1__ListProgramsResponse *)m;
+    bool found = false;
+    for (size_t i = 0; i < r->n_programs; i++) found |= strcmp(r->programs[i]->program_id, id) == 0;
+    rpc_msg_free(m);
+    return found;
+}
+
+static bool listed(tenants_env *e, const char *id) { return listed_on(e->root, id); }
+
+/* A tenant could fill a replica's disk with distinct uploads, and with the store's bound
+ * (programs.store_size) every other tenant's uploads with it. Its quota program_bytes bounds
+ * what it holds; its DeleteProgram releases its own hold and never removes another's program. */
+Test(security, a_tenant_holds_at_most_program_bytes_and_deletes_only_its_own_holds) {
+    tenants_env e;
+    env_start(&e);
+    pie_status st;
+    char v[4][65];
+    cr_assert_eq(upload_variant(&e, e.carol, 0, v[0], &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.carol, 1, v[1], &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.carol, 2, v[2], &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "tenant \"carol\" quota program_bytes"), "%s", st.msg);
+    cr_expect(!listed(&e, v[2]), "the refused upload was stored");
+    /* bob has no such quota; the same bytes are then stored, but carol would hold them too */
+    cr_assert_eq(upload_variant(&e, e.bob, 2, v[2], &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(upload_variant(&e, e.carol, 2, v[2], &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    /* alice holds variant 0 as well: carol's delete releases only carol's hold */
+    cr_assert_eq(upload_variant(&e, e.c.ch, 0, v[3], &st), PIE_OK, "%s", st.msg);
+    cr_assert_str_eq(v[3], v[0]);
+    cr_assert_eq(delete_program(e.carol, v[0], &st), PIE_OK, "%s", st.msg);
+    cr_expect(listed(&e, v[0]), "carol's delete removed the program alice holds");
+    cr_assert_eq(upload_variant(&e, e.carol, 2, v[2], &st), PIE_OK, "room again: %s", st.msg);
+    /* carol alone holds variant 1: her delete removes it; bob's delete of a program he does not
+     * hold removes nothing */
+    cr_assert_eq(delete_program(e.carol, v[1], &st), PIE_OK, "%s", st.msg);
+    cr_expect(!listed(&e, v[1]), "carol's own program stayed after her delete");
+    cr_assert_eq(delete_program(e.bob, v[0], &st), PIE_OK, "%s", st.msg);
+    cr_expect(listed(&e, v[0]), "bob's delete removed a program he never held");
+    /* an admin's delete removes a program whoever holds it */
+    cr_assert_eq(delete_program(e.root, v[2], &st), PIE_OK, "%s", st.msg);
+    cr_expect(!listed(&e, v[2]), "an admin's delete left the program");
+    char unknown[65];
+    memset(unknown, 'a', 64);
+    unknown[64] = '\0';
+    cr_expect_eq(delete_program(e.carol, unknown, &st), PIE_NOT_FOUND, "%s", st.msg);
+    env_stop(&e);
+}
+
+/* What a launch fetches from the registry onto another replica is held by the launching
+ * tenant there, within its quota; its DeleteProgram on one replica releases its holds on all. */
+Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_replica) {
+    tenants_env e;
+    env_start(&e);
+    e2e_cluster c2 = {.ctl = e.c.ctl}; /* a second replica of the same cluster and tenants */
+    const char *env[] = {e.dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
+    e2e_cluster_start_lifecycle(&c2, env, TOKEN_CAROL);
+    rpc_channel *root2 = channel(&c2, TOKEN_ROOT);
+    pie_status st;
+    char v[3][65];
+    cr_assert_eq(upload_variant(&e, e.carol, 0, v[0], &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.carol, 1, v[1], &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.bob, 2, v[2], &st), PIE_OK, "%s", st.msg);
+    const char *args[] = {"alloc:1", NULL};
+    for (int i = 0; i < 2; i++) { /* fetched onto replica 2 by carol's launches */
+        e2e_launch(&c2, v[i], args, PIE_OK, &st);
+        cr_expect(listed_on(root2, v[i]), "variant %d not fetched", i);
+    }
+    e2e_launch(&c2, v[2], args, PIE_RESOURCE_EXHAUSTED, &st);
+    cr_expect(strstr(st.msg, "tenant \"carol\" quota program_bytes"), "%s", st.msg);
+    cr_assert_eq(delete_program(e.carol, v[0], &st), PIE_OK, "%s", st.msg); /* on replica 1 */
+    bool gone = false;
+    for (int k = 0; k < 100 && !gone; k++) {
+        gone = !listed_on(root2, v[0]);
+        if (!gone) usleep(50 * 1000);
+    }
+    cr_expect(gone, "carol's release on replica 1 left her copy on replica 2");
+    cr_expect(!listed_on(e.root, v[0]), "carol's release left her copy on replica 1");
+    e2e_launch(&c2, v[2], args, PIE_OK, &st);
+    rpc_channel_destroy(root2);
+    c2.ctl = NULL; /* the cluster's, stopped with it */
+    e2e_cluster_stop(&c2);
     env_stop(&e);
 }
 
