@@ -29,7 +29,7 @@ static void usage(FILE *f) {
             "  models   models served, from a lifecycle replica (--addr, default 127.0.0.1:50051)\n"
             "  programs                      programs stored on the replica\n"
             "  upload FILE [NAME]            store a program (progress on stderr); prints its id\n"
-            "  delete PROGRAM_ID             remove a stored program\n"
+            "  delete PROGRAM_ID             remove a stored program (non-admin: your hold)\n"
             "  run [RUN OPTIONS] PROGRAM [ARGS...]\n"
             "                                launch PROGRAM (an id, or a .wasm file: uploaded\n"
             "                                first) and attach: output streams live, stdin lines\n"
