@@ -608,15 +608,13 @@ pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st)
     if (check_id(id, st) != PIE_OK) return st->code;
     char path[4200];
     path_of(ps, id, "wasm", path, sizeof path);
-    if (unlink(path) != 0) {
-        if (errno == ENOENT)
-            return pie_status_set(st, PIE_NOT_FOUND,
-                                  "program_id: %s is not stored on this "
-                                  "replica",
-                                  id);
+    pie_code rc = PIE_OK;
+    int err = unlink(path) == 0 ? 0 : errno;
+    if (err != 0 && err != ENOENT)
         return pie_status_set(st, PIE_INTERNAL, "program store: cannot remove %s: %s", path,
-                              strerror(errno));
-    }
+                              strerror(err));
+    if (err == ENOENT) /* or a replica sharing the directory removed it: unloaded below */
+        rc = pie_status_set(st, PIE_NOT_FOUND, "program_id: %s is not stored on this replica", id);
     path_of(ps, id, "meta", path, sizeof path);
     unlink(path); /* a missing label only loses the name */
     unhold_all(ps, id);
@@ -632,5 +630,5 @@ pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st)
     lc_wasm_module_release(m); /* running instances hold their own references */
     pie_status ignored; /* loaded by a running instance: the cache's bound removes it later */
     (void)lc_wasm_rt_forget(ps->rt, id, &ignored);
-    return PIE_OK;
+    return rc;
 }

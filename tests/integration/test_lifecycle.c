@@ -799,6 +799,33 @@ Test(lifecycle, launches_of_more_programs_at_once_than_programs_max_loaded_all_s
     cluster_stop(&c);
 }
 
+/* A second lifecycle replica of c's cluster, with its cache at c->dir/<cache> (c's own is
+ * "cache": shared) and the extra environment entries (NULL-terminated, at most 4, or NULL).
+ * The helpers talk to it through the returned view; stop it with stop_second_replica. */
+static cluster second_replica(const cluster *c, const char *cache, const char *const *extra) {
+    static char ctl_env[96], dir_env[4300]; /* reachable if an assertion ends the test */
+    pie_proc_env_controller(c->ctl, ctl_env, sizeof ctl_env);
+    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/%s", c->dir, cache);
+    const char *env[10] = {ctl_env, dir_env, "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
+                           "PIE_RUNTIME_TIER1=false"};
+    for (size_t i = 0, n = 4; extra && extra[i]; i++) {
+        cr_assert_lt(n, 9, "more than 5 extra settings");
+        env[n++] = extra[i];
+    }
+    cluster c2 = *c;
+    c2.lc = start("pie-lifecycle", env);
+    pie_status st;
+    c2.ch = rpc_channel_create(pie_proc_addr(c2.lc), NULL, &st);
+    cr_assert(c2.ch, "%s", st.msg);
+    cr_assert_gt(pie_test_wait_models(c2.ch, WAIT_MS), 0, "the second replica learned no model");
+    return c2;
+}
+
+static void stop_second_replica(cluster *c2) {
+    rpc_channel_destroy(c2->ch);
+    stop_ok(c2->lc);
+}
+
 /* Replicas may share the cache directory, and each prunes it by its own count, removing entries
  * the other is loading or has loaded. Two replicas on one directory with room for no entry
  * beside the loaded one, launching six programs in turn on both at once: every launch loads its
@@ -807,22 +834,8 @@ Test(lifecycle, two_replicas_pruning_one_shared_cache_launch_every_program) {
     cluster c;
     const char *extra[] = {"PIE_PROGRAMS_MAX_LOADED=1", "PIE_RUNTIME_CACHE_SIZE=1KiB", NULL};
     cluster_start(&c, extra, true);
-    char ctl_env[96], dir_env[4200];
-    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
-    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s/cache", c.dir);
-    const char *env2[] = {ctl_env,
-                          dir_env,
-                          "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
-                          "PIE_RUNTIME_TIER1=false",
-                          extra[0],
-                          extra[1],
-                          NULL};
-    cluster c2 = c; /* the second replica's view: the helpers talk to c2.lc over c2.ch */
-    c2.lc = start("pie-lifecycle", env2);
+    cluster c2 = second_replica(&c, "cache", extra);
     pie_status st;
-    c2.ch = rpc_channel_create(pie_proc_addr(c2.lc), NULL, &st);
-    cr_assert(c2.ch, "%s", st.msg);
-    cr_assert_gt(pie_test_wait_models(c2.ch, WAIT_MS), 0, "the second replica learned no model");
 
     enum { N_PROG = 6, ROUNDS = 4 };
     char ids[N_PROG][65];
@@ -843,8 +856,7 @@ Test(lifecycle, two_replicas_pruning_one_shared_cache_launch_every_program) {
                                      &st),
                      PIE_OK, "%s", st.msg);
     cr_expect_gt(removals[0] + removals[1], 0, "nothing was pruned: the test tested nothing");
-    rpc_channel_destroy(c2.ch);
-    stop_ok(c2.lc);
+    stop_second_replica(&c2);
     cluster_stop(&c);
 }
 
@@ -903,21 +915,8 @@ Test(lifecycle, a_launch_that_would_fetch_past_programs_store_size_is_refused_cl
     cluster c;
     cluster_start(&c, NULL, true);
     pie_status st;
-    char dir2[4200], ctl_env[96], dir_env[4300];
-    snprintf(dir2, sizeof dir2, "%s/cache2", c.dir);
-    pie_proc_env_controller(c.ctl, ctl_env, sizeof ctl_env);
-    snprintf(dir_env, sizeof dir_env, "PIE_RUNTIME_CACHE_DIR=%s", dir2);
-    const char *env2[] = {ctl_env,
-                          dir_env,
-                          "PIE_TOKENIZER_PATH=" PIE_MODELS_DIR,
-                          "PIE_RUNTIME_TIER1=false",
-                          "PIE_PROGRAMS_STORE_SIZE=1KiB",
-                          NULL};
-    cluster c2 = c;
-    c2.lc = start("pie-lifecycle", env2);
-    c2.ch = rpc_channel_create(pie_proc_addr(c2.lc), NULL, &st);
-    cr_assert(c2.ch, "%s", st.msg);
-    cr_assert_gt(pie_test_wait_models(c2.ch, WAIT_MS), 0, "the second replica learned no model");
+    const char *extra[] = {"PIE_PROGRAMS_STORE_SIZE=1KiB", NULL};
+    cluster c2 = second_replica(&c, "cache2", extra);
 
     char id[65];
     upload_variants(&c, 0, 1, &id);
@@ -929,8 +928,41 @@ Test(lifecycle, a_launch_that_would_fetch_past_programs_store_size_is_refused_cl
     cr_expect_eq(metric_of(c2.lc, "pie_lifecycle_programs_stored"), 0);
     inst = launch_ok(&c, id, &lo);
     expect_all_exit_5(&c, &inst, 1, "the replica holding it");
-    rpc_channel_destroy(c2.ch);
-    stop_ok(c2.lc);
+    stop_second_replica(&c2);
+    cluster_stop(&c);
+}
+
+/* Replicas may share the directory; a delete through one removes the shared files, and the
+ * other, told by the controller, found them gone and returned before unloading its copy: a
+ * deleted program stayed loaded there (its native code mapped) until the loaded set's bound
+ * pushed it out. */
+Test(lifecycle, a_program_deleted_through_one_replica_is_unloaded_on_another_sharing_its_dir) {
+    cluster c;
+    cluster_start(&c, NULL, true);
+    cluster c2 = second_replica(&c, "cache", NULL);
+    char id[65];
+    upload_variants(&c, 0, 1, &id);
+    const char *args[] = {"exit", "5", NULL};
+    launch_opts lo = {.args = args};
+    uint64_t inst = launch_ok(&c2, id, &lo);
+    expect_all_exit_5(&c2, &inst, 1, "the second replica");
+    uint64_t before = metric_of(c2.lc, "pie_lifecycle_programs_loaded");
+    cr_assert_geq(before, 1, "the launch loaded nothing");
+    Pie__V1__DeleteProgramRequest dreq = PIE__V1__DELETE_PROGRAM_REQUEST__INIT;
+    dreq.program_id = id;
+    pie_status st;
+    cr_assert_eq(unary(&c, "DeleteProgram", &dreq.base,
+                       &pie__v1__delete_program_response__descriptor, NULL, &st),
+                 PIE_OK, "%s", st.msg);
+    uint64_t after = before;
+    for (int k = 0; k < 100 && after >= before; k++) {
+        usleep(50 * 1000);
+        after = metric_of(c2.lc, "pie_lifecycle_programs_loaded");
+    }
+    cr_expect_lt(after, before, "the deleted program stayed loaded on the other replica");
+    uint64_t inst2;
+    cr_expect_eq(launch(&c2, id, &lo, &inst2, &st), PIE_NOT_FOUND, "%s", st.msg);
+    stop_second_replica(&c2);
     cluster_stop(&c);
 }
 
