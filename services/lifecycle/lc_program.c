@@ -587,25 +587,8 @@ static bool held_by_anyone(const lc_program_store *ps, const char *id) {
     return rc != GLOB_NOMATCH; /* an error counts as held: nothing is removed on a doubt */
 }
 
-pie_code lc_program_release(lc_program_store *ps, const char *id, const char *tenant, bool *held,
-                            pie_status *st) {
-    *held = false;
-    if (check_id(id, st) != PIE_OK) return st->code;
-    char path[4200];
-    holder_path(ps, id, tenant, path, sizeof path);
-    pthread_mutex_lock(&ps->put_mu); /* no put adds a hold between the check and the delete */
-    *held = unlink(path) == 0;
-    pie_code rc = PIE_OK;
-    if (*held && !held_by_anyone(ps, id)) {
-        rc = lc_program_delete(ps, id, st);
-        if (rc == PIE_NOT_FOUND) rc = PIE_OK; /* a replica sharing the directory deleted it */
-    }
-    pthread_mutex_unlock(&ps->put_mu);
-    return rc;
-}
-
-pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st) {
-    if (check_id(id, st) != PIE_OK) return st->code;
+/* lc_program_delete of a checked id under put_mu. */
+static pie_code delete_locked(lc_program_store *ps, const char *id, pie_status *st) {
     char path[4200];
     path_of(ps, id, "wasm", path, sizeof path);
     pie_code rc = PIE_OK;
@@ -630,5 +613,30 @@ pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st)
     lc_wasm_module_release(m); /* running instances hold their own references */
     pie_status ignored; /* loaded by a running instance: the cache's bound removes it later */
     (void)lc_wasm_rt_forget(ps->rt, id, &ignored);
+    return rc;
+}
+
+pie_code lc_program_release(lc_program_store *ps, const char *id, const char *tenant, bool *held,
+                            pie_status *st) {
+    *held = false;
+    if (check_id(id, st) != PIE_OK) return st->code;
+    char path[4200];
+    holder_path(ps, id, tenant, path, sizeof path);
+    pthread_mutex_lock(&ps->put_mu); /* no put adds a hold between the check and the delete */
+    *held = unlink(path) == 0;
+    pie_code rc = PIE_OK;
+    if (*held && !held_by_anyone(ps, id)) {
+        rc = delete_locked(ps, id, st);
+        if (rc == PIE_NOT_FOUND) rc = PIE_OK; /* a replica sharing the directory deleted it */
+    }
+    pthread_mutex_unlock(&ps->put_mu);
+    return rc;
+}
+
+pie_code lc_program_delete(lc_program_store *ps, const char *id, pie_status *st) {
+    if (check_id(id, st) != PIE_OK) return st->code;
+    pthread_mutex_lock(&ps->put_mu); /* a put of the same bytes meanwhile keeps its hold */
+    pie_code rc = delete_locked(ps, id, st);
+    pthread_mutex_unlock(&ps->put_mu);
     return rc;
 }
