@@ -441,6 +441,19 @@ oom:
 }
 
 /* One TopicDelivery per replica with subscribers, listing them. */
+/* Topics are per tenant, as export names are: the table's key is "<tenant>:<topic>" (':' is
+ * not in tenant names), so one tenant's instances never hear another's broadcasts nor speak
+ * into its topics. Deliveries carry the topic as the inferlet named it. */
+typedef struct topic_key {
+    char s[PIE_TENANT_NAME_MAX + 1 + PIE_MAX_NAME_BYTES + 1];
+} topic_key;
+
+static topic_key topic_key_of(const ctl_inst *inst, const char *topic) {
+    topic_key k;
+    snprintf(k.s, sizeof k.s, "%s:%s", inst->tenant->name, topic);
+    return k;
+}
+
 static void broadcast(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) {
     const Pie__V1__Broadcast *b = api->broadcast;
     pie_status st;
@@ -448,7 +461,7 @@ static void broadcast(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api) 
         ctl_core_result(c, inst->rep, inst->id, api->call_id, st.code, st.msg);
         return;
     }
-    const ctl_topic *t = ctl_pubsub_topic(&c->ps, b->topic);
+    const ctl_topic *t = ctl_pubsub_topic(&c->ps, topic_key_of(inst, b->topic).s);
     if (t == NULL) return;
     for (ctl_replica *r = c->replicas; r; r = r->next) {
         uint32_t n = 0;
@@ -486,11 +499,13 @@ void ctl_exec_queueless(ctl_core *c, ctl_inst *inst, const Pie__V1__ApiCall *api
     case PIE__V1__API_CALL__OP_BROADCAST: broadcast(c, inst, api); return;
     case PIE__V1__API_CALL__OP_SUBSCRIBE:
         if (ctl_name_check("subscribe", "topic", api->subscribe->topic, &st) == PIE_OK)
-            ctl_pubsub_subscribe(&c->ps, &inst->subs, inst, api->subscribe->topic, &st);
+            ctl_pubsub_subscribe(&c->ps, &inst->subs, inst,
+                                 topic_key_of(inst, api->subscribe->topic).s, &st);
         break;
     case PIE__V1__API_CALL__OP_UNSUBSCRIBE:
         if (ctl_name_check("unsubscribe", "topic", api->unsubscribe->topic, &st) == PIE_OK) {
-            ctl_pubsub_unsubscribe(&c->ps, &inst->subs, api->unsubscribe->topic);
+            ctl_pubsub_unsubscribe(&c->ps, &inst->subs,
+                                   topic_key_of(inst, api->unsubscribe->topic).s);
             return;
         }
         break;

@@ -12,6 +12,7 @@
  *   * Quotas: KV pages and running instances per tenant refuse with RESOURCE_EXHAUSTED naming
  *     the quota; instances of another tenant are invisible (ListInstances, Terminate).
  *   * Tokens: only a tenant's token opens the public API, never the internal service token.
+ *   * Topics: broadcasts reach only the instances of the sender's tenant.
  *   * Stored programs: carol (program_bytes: two and a half of the variants below) holds at
  *     most that many bytes of programs on a replica; her DeleteProgram releases her hold and
  *     never removes a program another tenant holds. */
@@ -436,6 +437,66 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
     rpc_channel_destroy(root2);
     c2.ctl = NULL; /* the cluster's, stopped with it */
     e2e_cluster_stop(&c2);
+    env_stop(&e);
+}
+
+/* Topics were one namespace for the whole cluster: an instance of one tenant heard every
+ * broadcast of another's on a topic of the same name, and could speak into it. Topics are per
+ * tenant: two tenants running the messaging example on the same topic at once each pair their
+ * own producer and consumer (before: bob's consumer took carol's lines, and bob's producer then
+ * waited for a consumer for ever). */
+Test(security, topics_are_per_tenant_an_instance_hears_only_its_own_tenants_broadcasts) {
+    tenants_env e;
+    env_start(&e);
+    char *prod = e2e_upload_path(&e.c, PIE_APPS_DIR "/messaging_producer.wasm", "producer");
+    char *cons = e2e_upload_path(&e.c, PIE_APPS_DIR "/messaging_consumer.wasm", "consumer");
+    e2e_cluster carol = as_caller(&e, e.carol), bob = as_caller(&e, e.bob);
+    const char *ca[] = {"--topic", "shared", NULL};
+    rpc_stream *sc = e2e_run_open(&carol, cons, ca, NULL), *sb = e2e_run_open(&bob, cons, ca, NULL);
+    const char *pc[] = {"--topic",
+                        "shared",
+                        "--prompt",
+                        "Once upon a time",
+                        "--lines",
+                        "2",
+                        "--tokens-per-line",
+                        "3",
+                        "--consumers",
+                        "1",
+                        NULL};
+    const char *pb[] = {"--topic",
+                        "shared",
+                        "--prompt",
+                        "The quick brown fox",
+                        "--lines",
+                        "2",
+                        "--tokens-per-line",
+                        "3",
+                        "--consumers",
+                        "1",
+                        NULL};
+    e2e_run rc, rb, cc, cb;
+    e2e_run_program(&carol, prod, pc, NULL, &rc);
+    e2e_assert_success(&rc, "carol's producer");
+    e2e_run_program(&bob, prod, pb, NULL, &rb);
+    e2e_assert_success(&rb, "bob's producer");
+    e2e_run_collect(sc, &cc);
+    e2e_run_collect(sb, &cb);
+    e2e_assert_success(&cc, "carol's consumer");
+    e2e_assert_success(&cb, "bob's consumer");
+    cr_assert_eq(cc.n_msgs, 3, "carol's consumer: %zu messages", cc.n_msgs);
+    cr_assert_eq(cb.n_msgs, 3, "bob's consumer: %zu messages", cb.n_msgs);
+    for (size_t i = 0; i < 2; i++) {
+        cr_expect_str_eq(cc.msgs[i], rc.msgs[i], "carol's line %zu", i);
+        cr_expect_str_eq(cb.msgs[i], rb.msgs[i], "bob's line %zu", i);
+    }
+    cr_expect_str_neq(rc.msgs[0], rb.msgs[0], "the two producers' lines cannot be told apart");
+    e2e_run_free(&rc);
+    e2e_run_free(&rb);
+    e2e_run_free(&cc);
+    e2e_run_free(&cb);
+    free(prod);
+    free(cons);
     env_stop(&e);
 }
 
