@@ -440,6 +440,13 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
     env_stop(&e);
 }
 
+/* A messaging producer on topic "shared" writing 2 lines of 3 tokens for 1 consumer. */
+#define PRODUCER_ARGS(prompt)                                                              \
+    {                                                                                      \
+        "--topic", "shared", "--prompt", prompt, "--lines", "2", "--tokens-per-line", "3", \
+            "--consumers", "1", NULL                                                       \
+    }
+
 /* Topics were one namespace for the whole cluster: an instance of one tenant heard every
  * broadcast of another's on a topic of the same name, and could speak into it. Topics are per
  * tenant: two tenants running the messaging example on the same topic at once each pair their
@@ -453,28 +460,8 @@ Test(security, topics_are_per_tenant_an_instance_hears_only_its_own_tenants_broa
     e2e_cluster carol = as_caller(&e, e.carol), bob = as_caller(&e, e.bob);
     const char *ca[] = {"--topic", "shared", NULL};
     rpc_stream *sc = e2e_run_open(&carol, cons, ca, NULL), *sb = e2e_run_open(&bob, cons, ca, NULL);
-    const char *pc[] = {"--topic",
-                        "shared",
-                        "--prompt",
-                        "Once upon a time",
-                        "--lines",
-                        "2",
-                        "--tokens-per-line",
-                        "3",
-                        "--consumers",
-                        "1",
-                        NULL};
-    const char *pb[] = {"--topic",
-                        "shared",
-                        "--prompt",
-                        "The quick brown fox",
-                        "--lines",
-                        "2",
-                        "--tokens-per-line",
-                        "3",
-                        "--consumers",
-                        "1",
-                        NULL};
+    const char *pc[] = PRODUCER_ARGS("Once upon a time");
+    const char *pb[] = PRODUCER_ARGS("The quick brown fox");
     e2e_run rc, rb, cc, cb;
     e2e_run_program(&carol, prod, pc, NULL, &rc);
     e2e_assert_success(&rc, "carol's producer");
