@@ -360,15 +360,9 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
     const Pie__V1__DropProgramRequest *r = (const Pie__V1__DropProgramRequest *)req;
     if (!check_sha(call, "program_id", r->program_id)) return false;
     const char *tenant = r->tenant ? r->tenant : "";
-    bool was;
-    if (tenant[0]) { /* a release: the registry keeps it for the tenants that still hold it */
-        ctl_registry_chunk probe = {0};
-        pie_status st;
-        was = ctl_registry_program_read(c->reg, r->program_id, 0, 0, &probe, &st) == PIE_OK;
-        ctl_registry_chunk_free(&probe);
-    } else {
-        was = ctl_registry_program_drop(c->reg, r->program_id);
-    }
+    /* a release: the registry keeps it for the tenants that still hold it */
+    bool was = tenant[0] ? ctl_registry_program_has(c->reg, r->program_id)
+                         : ctl_registry_program_drop(c->reg, r->program_id);
     pthread_mutex_lock(&c->mu);
     ctl_core_program_dropped(c->core, r->program_id, tenant, rpc_now_ns());
     kick_timer(c);

@@ -274,6 +274,13 @@ pie_code ctl_registry_program_read(ctl_registry *r, const char *id, uint64_t off
     return rc;
 }
 
+bool ctl_registry_program_has(ctl_registry *r, const char *id) {
+    pthread_mutex_lock(&r->mu);
+    bool has = prog_find(r, id) != NULL;
+    pthread_mutex_unlock(&r->mu);
+    return has;
+}
+
 bool ctl_registry_program_drop(ctl_registry *r, const char *id) {
     pthread_mutex_lock(&r->mu);
     reg_program *p = prog_find(r, id);

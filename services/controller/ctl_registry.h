@@ -63,6 +63,8 @@ pie_code ctl_registry_program_put(ctl_registry *r, const char *id, const char *n
  * INVALID_ARGUMENT (offset beyond the size). */
 pie_code ctl_registry_program_read(ctl_registry *r, const char *id, uint64_t offset,
                                    size_t max_bytes, ctl_registry_chunk *out, pie_status *st);
+/* Whether a program is stored; not a use (its eviction order stays). */
+bool ctl_registry_program_has(ctl_registry *r, const char *id);
 /* Removes a program; returns whether it was stored. */
 bool ctl_registry_program_drop(ctl_registry *r, const char *id);
 

@@ -567,22 +567,25 @@ void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n) {
     free(list);
 }
 
-/* Removes every tenant's hold on id (its module is gone). */
-static void unhold_all(const lc_program_store *ps, const char *id) {
+/* The holds on id: glob's result (0: g lists them, to globfree; GLOB_NOMATCH: none). */
+static int holds_of(const lc_program_store *ps, const char *id, glob_t *g) {
     char pattern[4200];
     holder_path(ps, id, "*", pattern, sizeof pattern);
+    return glob(pattern, GLOB_NOSORT, NULL, g);
+}
+
+/* Removes every tenant's hold on id (its module is gone). */
+static void unhold_all(const lc_program_store *ps, const char *id) {
     glob_t g;
-    if (glob(pattern, GLOB_NOSORT, NULL, &g) != 0) return; /* none (or no memory: kept) */
+    if (holds_of(ps, id, &g) != 0) return; /* none (or no memory: kept) */
     for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
     globfree(&g);
 }
 
 /* Whether any tenant holds id. */
 static bool held_by_anyone(const lc_program_store *ps, const char *id) {
-    char pattern[4200];
-    holder_path(ps, id, "*", pattern, sizeof pattern);
     glob_t g;
-    int rc = glob(pattern, GLOB_NOSORT, NULL, &g);
+    int rc = holds_of(ps, id, &g);
     if (rc == 0) globfree(&g);
     return rc != GLOB_NOMATCH; /* an error counts as held: nothing is removed on a doubt */
 }
