@@ -665,22 +665,17 @@ static size_t maps_of(const pie_proc *p) {
     return n;
 }
 
-/* lc_echo with a custom section numbering it: a distinct program of lc_echo's size + 11 bytes. */
-static pie_code upload_variant(cluster *c, int number, char id[65], bool *already, pie_status *st) {
+/* pie_test_wasm_variant number of lc_echo: a distinct program. */
+static pie_code upload_variant(cluster *c, int number, char id[65], bool *already,
+                               pie_status *st) {
     size_t len;
     uint8_t *base = read_fixture("lc_echo.wasm", &len);
-    uint8_t *v = realloc(base, len + 16);
+    uint8_t *v = pie_test_wasm_variant(base, len, number);
     cr_assert(v);
-    size_t k = len;
-    v[k++] = 0;         /* custom section */
-    v[k++] = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
-    v[k++] = 4;
-    memcpy(v + k, "pie!", 4);
-    k += 4;
-    memcpy(v + k, &number, 4);
-    k += 4;
+    size_t k = len + PIE_TEST_WASM_VARIANT_EXTRA;
     pie_code rc = upload_ex(c, v, k, k, "variant", NULL, 64 << 10, id, already, st);
     free(v);
+    free(base);
     return rc;
 }
 
@@ -875,7 +870,7 @@ static uint64_t metric_of(const pie_proc *p, const char *name) {
 Test(lifecycle, uploads_past_programs_store_size_are_refused_and_lose_nothing) {
     size_t len;
     free(read_fixture("lc_echo.wasm", &len));
-    const size_t variant = len + 11; /* upload_variant's size */
+    const size_t variant = len + PIE_TEST_WASM_VARIANT_EXTRA; /* upload_variant's size */
     char size_env[64];
     snprintf(size_env, sizeof size_env, "PIE_PROGRAMS_STORE_SIZE=%zu", 2 * variant + variant / 2);
     const char *extra[] = {size_env, NULL};
@@ -956,7 +951,7 @@ Test(lifecycle, a_program_deleted_through_one_replica_is_unloaded_on_another_sha
                  PIE_OK, "%s", st.msg);
     uint64_t after = before;
     for (int k = 0; k < 100 && after >= before; k++) {
-        usleep(50 * 1000);
+        pie_test_sleep_ms(50);
         after = metric_of(c2.lc, "pie_lifecycle_programs_loaded");
     }
     cr_expect_lt(after, before, "the deleted program stayed loaded on the other replica");

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "e2e_support.h"
 #include "pie/v1/lifecycle.pb-c.h"
@@ -76,7 +75,7 @@ static void env_start(tenants_env *e) {
     cr_assert_eq(stat(VARIANT_OF, &sb), 0, "%s", VARIANT_OF);
     char carol[200];
     snprintf(carol, sizeof carol, "token: " TOKEN_CAROL "\nprogram_bytes: %lld\n",
-             (long long)(sb.st_size + 11) * 5 / 2);
+             (long long)(sb.st_size + PIE_TEST_WASM_VARIANT_EXTRA) * 5 / 2);
     write_file(e->dir, "carol.yaml", carol);
     snprintf(e->dir_env, sizeof e->dir_env, "PIE_TENANTS_DIR=%s", e->dir);
     const char *env[] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
@@ -326,26 +325,24 @@ Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_priv
     env_stop(&e);
 }
 
-/* VARIANT_OF with a custom section numbering it: a distinct program of its size + 11 bytes.
- * Uploaded as ch's tenant; *id gets its SHA-256. */
+/* pie_test_wasm_variant number of VARIANT_OF, uploaded as ch's tenant; *id gets its SHA-256. */
 static pie_code upload_variant(tenants_env *e, rpc_channel *ch, int number, char id[65],
                                pie_status *st) {
     FILE *f = fopen(VARIANT_OF, "rb");
     cr_assert(f, "%s", VARIANT_OF);
-    uint8_t *v = malloc(1 << 20);
-    cr_assert(v);
-    size_t k = fread(v, 1, (1 << 20) - 16, f);
+    uint8_t *base = malloc(1 << 20);
+    cr_assert(base);
+    size_t len = fread(base, 1, 1 << 20, f);
+    cr_assert(feof(f), "%s is larger than 1 MiB", VARIANT_OF);
     fclose(f);
-    v[k++] = 0; /* custom section: its size, the name's length byte, "pie!", the number */
-    v[k++] = 1 + 4 + 4;
-    v[k++] = 4;
-    memcpy(v + k, "pie!", 4);
-    memcpy(v + k + 4, &number, 4);
-    k += 8;
+    uint8_t *v = pie_test_wasm_variant(base, len, number);
+    cr_assert(v);
+    size_t k = len + PIE_TEST_WASM_VARIANT_EXTRA;
     cr_assert_eq(pie_sha256_hex(v, k, id, st), PIE_OK);
     e2e_cluster as = as_caller(e, ch);
     pie_code rc = e2e_upload_end(e2e_upload_begin(&as, "variant", k, v, k, CALL_MS), st);
     free(v);
+    free(base);
     return rc;
 }
 
@@ -429,7 +426,7 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
     bool gone = false;
     for (int k = 0; k < 100 && !gone; k++) {
         gone = !listed_on(root2, v[0]);
-        if (!gone) usleep(50 * 1000);
+        if (!gone) pie_test_sleep_ms(50);
     }
     cr_expect(gone, "carol's release on replica 1 left her copy on replica 2");
     cr_expect(!listed_on(e.root, v[0]), "carol's release left her copy on replica 1");

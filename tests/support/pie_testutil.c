@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "pie/v1/lifecycle.pb-c.h"
@@ -46,4 +47,17 @@ size_t pie_test_wait_models(rpc_channel *ch, int64_t timeout_ms) {
         if (n > 0 || pie_test_now_ms() >= deadline) return n;
         pie_test_sleep_ms(20);
     }
+}
+
+uint8_t *pie_test_wasm_variant(const uint8_t *wasm, size_t len, int number) {
+    uint8_t *v = malloc(len + PIE_TEST_WASM_VARIANT_EXTRA);
+    if (v == NULL) return NULL;
+    memcpy(v, wasm, len);
+    uint8_t *p = v + len;
+    *p++ = 0;         /* custom section */
+    *p++ = 1 + 4 + 4; /* its size: the name's length byte, the name, 4 bytes */
+    *p++ = 4;
+    memcpy(p, "pie!", 4);
+    memcpy(p + 4, &number, 4);
+    return v;
 }

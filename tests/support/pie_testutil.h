@@ -3,7 +3,8 @@
  *
  * Owns: pie_test_leak_check (a Criterion suite's .fini under AddressSanitizer: LeakSanitizer
  * alone only prints from Criterion's worker process and the test would still pass, so a leak
- * here aborts), millisecond clock/sleep helpers for polling loops, and pie_test_wait_models. */
+ * here aborts), millisecond clock/sleep helpers for polling loops, pie_test_wait_models, and
+ * distinct variants of one wasm module (pie_test_wasm_variant). */
 #ifndef PIE_TESTUTIL_H
 #define PIE_TESTUTIL_H
 
@@ -22,5 +23,12 @@ void pie_test_sleep_ms(int ms);
  * delivered the model list: launches before that fail with UNAVAILABLE) or timeout_ms passed.
  * Returns the number of models, 0 if none in time. */
 size_t pie_test_wait_models(rpc_channel *ch, int64_t timeout_ms);
+
+/* Bytes pie_test_wasm_variant adds to a module. */
+#define PIE_TEST_WASM_VARIANT_EXTRA 11
+/* wasm[0, len) with a custom section numbering it appended: a distinct program (another
+ * SHA-256) that runs as the original, len + PIE_TEST_WASM_VARIANT_EXTRA bytes, malloc'd (the
+ * caller frees it); NULL when out of memory. */
+uint8_t *pie_test_wasm_variant(const uint8_t *wasm, size_t len, int number);
 
 #endif
