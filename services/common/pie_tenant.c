@@ -43,18 +43,28 @@ static const pie_config_field tenant_fields[] = {
 };
 static const pie_config_schema tenant_schema = PIE_CONFIG_SCHEMA(tenant_file, tenant_fields);
 
+/* Whether name[0, len) is a tenant name. */
+static bool name_valid(const char *name, size_t len) {
+    if (len == 0 || len > PIE_TENANT_NAME_MAX) return false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = name[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+                  (i > 0 && (ch == '-' || ch == '_'));
+        if (!ok) return false;
+    }
+    return true;
+}
+
+bool pie_tenant_name_valid(const char *name) {
+    return name != NULL && name_valid(name, strnlen(name, PIE_TENANT_NAME_MAX + 1));
+}
+
 /* "<name>.yaml" with a valid name → name into out; false otherwise (the file is not a tenant). */
 static bool tenant_name_of(const char *file, char out[PIE_TENANT_NAME_MAX + 1]) {
     size_t len = strlen(file);
     if (len <= 5 || strcmp(file + len - 5, ".yaml") != 0) return false;
     len -= 5;
-    if (len > PIE_TENANT_NAME_MAX) return false;
-    for (size_t i = 0; i < len; i++) {
-        char ch = file[i];
-        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-                  (i > 0 && (ch == '-' || ch == '_'));
-        if (!ok) return false;
-    }
+    if (!name_valid(file, len)) return false;
     memcpy(out, file, len);
     out[len] = '\0';
     return true;

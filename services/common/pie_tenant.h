@@ -69,6 +69,10 @@ const pie_tenant *pie_tenants_find(const pie_tenants *t, const char *value, size
  * never on where they differ. */
 bool pie_secret_eq(const char *a, size_t alen, const char *b, size_t blen);
 
+/* Whether name is a valid tenant name (PIE_TENANT_NAME_MAX bytes of [a-z0-9_-], the first a
+ * letter or digit). */
+bool pie_tenant_name_valid(const char *name);
+
 /* A tenant by name, or NULL. */
 const pie_tenant *pie_tenants_by_name(const pie_tenants *t, const char *name);
 

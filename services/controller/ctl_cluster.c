@@ -16,6 +16,7 @@
 
 #define CTL_CHUNK_MAX        (1u << 20) /* GetTokenizer / GetProgram / PutProgram chunks */
 #define CTL_PROGRAM_NAME_MAX 256        /* PutProgramHeader.name, as ProgramMetadata.name */
+#define CTL_PUT_TENANTS_MAX  256        /* PutProgramHeader.tenants */
 
 struct ctl_cluster {
     pthread_mutex_t mu;    /* serialises every call into core; also guards puts */
@@ -360,8 +361,8 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
     const Pie__V1__DropProgramRequest *r = (const Pie__V1__DropProgramRequest *)req;
     if (!check_sha(call, "program_id", r->program_id)) return false;
     const char *tenant = r->tenant ? r->tenant : "";
-    /* a release: the registry keeps it for the tenants that still hold it */
-    bool was = tenant[0] ? ctl_registry_program_has(c->reg, r->program_id)
+    /* a release: the registry keeps it, first to go once nobody holds it */
+    bool was = tenant[0] ? ctl_registry_program_release(c->reg, r->program_id, tenant)
                          : ctl_registry_program_drop(c->reg, r->program_id);
     pthread_mutex_lock(&c->mu);
     ctl_core_program_dropped(c->core, r->program_id, tenant, rpc_now_ns());
@@ -419,9 +420,19 @@ typedef struct ctl_put {
     bool have_header, failed;
     char id[65];
     char name[CTL_PROGRAM_NAME_MAX + 1];
-    uint8_t *buf;
+    char (*tenants)[PIE_TENANT_NAME_MAX + 1]; /* header.tenants, checked */
+    const char **tenant_ptrs;                 /* into tenants, for the registry */
+    size_t n_tenants;
+    uint8_t *buf; /* allocated at the first chunk: a hold (no chunk) allocates nothing */
     uint64_t size, got;
 } ctl_put;
+
+static void put_free(ctl_put *p) {
+    free(p->buf);
+    free(p->tenants);
+    free(p->tenant_ptrs);
+    free(p);
+}
 
 static void put_fail(ctl_put *p, pie_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -433,6 +444,38 @@ static void put_fail(ctl_put *p, pie_code code, const char *fmt, ...) {
     va_end(ap);
     p->failed = true;
     rpc_call_finish(p->call, code, msg);
+}
+
+/* Checks and copies header.tenants (duplicates kept once). */
+static void put_tenants(ctl_put *p, const Pie__V1__PutProgramHeader *h) {
+    if (h->n_tenants > CTL_PUT_TENANTS_MAX) {
+        put_fail(p, PIE_INVALID_ARGUMENT, "header.tenants: %zu, want at most %d", h->n_tenants,
+                 CTL_PUT_TENANTS_MAX);
+        return;
+    }
+    size_t n = h->n_tenants ? h->n_tenants : 1;
+    p->tenants = calloc(n, sizeof *p->tenants);
+    p->tenant_ptrs = calloc(n, sizeof *p->tenant_ptrs);
+    if (p->tenants == NULL || p->tenant_ptrs == NULL) {
+        put_fail(p, PIE_RESOURCE_EXHAUSTED, "controller: out of memory");
+        return;
+    }
+    for (size_t i = 0; i < h->n_tenants; i++) {
+        const char *t = h->tenants[i];
+        if (!pie_tenant_name_valid(t)) {
+            put_fail(p, PIE_INVALID_ARGUMENT,
+                     "header.tenants[%zu]: \"%.80s\" is not a tenant name ([a-z0-9_-], 1..%d "
+                     "bytes, starting with a letter or digit)",
+                     i, t, PIE_TENANT_NAME_MAX);
+            return;
+        }
+        bool dup = false;
+        for (size_t k = 0; k < p->n_tenants && !dup; k++) dup = strcmp(p->tenants[k], t) == 0;
+        if (dup) continue;
+        snprintf(p->tenants[p->n_tenants], sizeof p->tenants[0], "%s", t);
+        p->tenant_ptrs[p->n_tenants] = p->tenants[p->n_tenants];
+        p->n_tenants++;
+    }
 }
 
 static void put_header(ctl_put *p, const Pie__V1__PutProgramHeader *h) {
@@ -457,9 +500,8 @@ static void put_header(ctl_put *p, const Pie__V1__PutProgramHeader *h) {
     else if (name_len > CTL_PROGRAM_NAME_MAX)
         put_fail(p, PIE_INVALID_ARGUMENT, "header.name: %zu bytes, want at most %d", name_len,
                  CTL_PROGRAM_NAME_MAX);
-    else if ((p->buf = malloc(h->size_bytes)) == NULL)
-        put_fail(p, PIE_RESOURCE_EXHAUSTED, "header.size_bytes: cannot allocate %llu",
-                 (unsigned long long)h->size_bytes);
+    else
+        put_tenants(p, h);
     if (p->failed) return;
     p->have_header = true;
     p->size = h->size_bytes;
@@ -499,11 +541,26 @@ static bool put_on_message(rpc_call *call, ProtobufCMessage *msg, void *user) {
         put_fail(p, PIE_INVALID_ARGUMENT,
                  "chunk: the chunks add up to more than header.size_bytes (%llu)",
                  (unsigned long long)p->size);
+    } else if (p->buf == NULL && (p->buf = malloc(p->size)) == NULL) {
+        put_fail(p, PIE_RESOURCE_EXHAUSTED, "header.size_bytes: cannot allocate %llu",
+                 (unsigned long long)p->size);
     } else {
         memcpy(p->buf + p->got, r->chunk.data, r->chunk.len);
         p->got += r->chunk.len;
     }
     return false;
+}
+
+/* A stream of the header alone: add header.tenants to a program the registry holds. */
+static void put_hold(ctl_put *p) {
+    pie_status st;
+    if (ctl_registry_program_hold(p->c->reg, p->id, p->tenant_ptrs, p->n_tenants, &st) != PIE_OK) {
+        put_fail(p, st.code, "%s", st.msg);
+        return;
+    }
+    Pie__V1__PutProgramResponse r = PIE__V1__PUT_PROGRAM_RESPONSE__INIT;
+    r.already_stored = true;
+    rpc_call_reply(p->call, &r.base);
 }
 
 /* Hashing a program of up to programs.max_size takes too long for a completion-queue thread:
@@ -519,7 +576,8 @@ static void *put_finish_thread(void *arg) {
         pie_status_set(&st, PIE_INVALID_ARGUMENT,
                        "header.program_id: %s, but the bytes received hash to %s", p->id, sha);
     if (st.code == PIE_OK) {
-        ctl_registry_program_put(c->reg, p->id, p->name, p->buf, p->size, &already, &st);
+        ctl_registry_program_put(c->reg, p->id, p->name, p->buf, p->size, p->tenant_ptrs,
+                                 p->n_tenants, &already, &st);
         p->buf = NULL; /* taken */
     }
     if (st.code == PIE_OK) {
@@ -532,8 +590,7 @@ static void *put_finish_thread(void *arg) {
         rpc_call_finish_status(p->call, &st);
     }
     rpc_call_unref(p->call);
-    free(p->buf);
-    free(p);
+    put_free(p);
     pthread_mutex_lock(&c->mu);
     if (--c->puts == 0) pthread_cond_broadcast(&c->put_cv);
     pthread_mutex_unlock(&c->mu);
@@ -546,6 +603,10 @@ static void put_on_half_close(rpc_call *call, void *user) {
     if (p == NULL || p->failed) return;
     if (!p->have_header) {
         put_fail(p, PIE_INVALID_ARGUMENT, "no header: the stream was empty");
+        return;
+    }
+    if (p->got == 0) {
+        put_hold(p);
         return;
     }
     if (p->got != p->size) {
@@ -580,8 +641,7 @@ static void put_on_done(rpc_call *call, void *user) {
     (void)user;
     ctl_put *p = rpc_call_get_data(call);
     if (p == NULL) return;
-    free(p->buf);
-    free(p);
+    put_free(p);
     rpc_call_set_data(call, NULL);
 }
 

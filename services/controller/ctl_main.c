@@ -52,8 +52,7 @@ static const pie_config_field ctl_fields[] = {
      .choices = ctl_contention_names,
      .doc = "when KV pages run out: kill_newest (terminate the newest later instance holding "
             "pages, FCFS) or fail_call (the allocation fails RESOURCE_EXHAUSTED)"},
-    {"exports.max_pages", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, export_max_pages),
-     .def = "1024",
+    {"exports.max_pages", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, export_max_pages), .def = "1024",
      .doc = "KV pages a tenant's persistent exports may hold, cluster-wide (a tenant file's "
             "export_pages overrides it; 0 = no limit)"},
     {"exports.max_pool_share", PIE_CFG_DOUBLE, PIE_CONFIG_AT(ctl_config, export_pool_share),
@@ -70,8 +69,8 @@ static const pie_config_field ctl_fields[] = {
     {"programs.registry_size", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, registry_bytes),
      .def = "256MiB", .min = "1KiB", .max = "64GiB",
      .doc = "memory for the program registry lifecycle replicas share (uploaded programs, "
-            "fetched by replicas that lack them); least recently used programs are evicted "
-            "beyond it"},
+            "fetched by replicas that lack them); beyond it programs nobody holds are evicted, "
+            "then those of the tenant holding the most, least recently used first"},
     {"programs.max_size", PIE_CFG_SIZE, PIE_CONFIG_AT(ctl_config, program_max), .def = "64MiB",
      .min = "1KiB", .max = "1GiB",
      .doc = "largest program the registry accepts (keep it >= the lifecycles' programs.max_size)"},

@@ -2,8 +2,12 @@
  *
  * Both tables are plain vectors searched linearly: a cluster serves a handful of tokenizers, and
  * the registry holds at most thousands of programs, looked up once per replica per program (a
- * replica keeps what it fetched). Recency is a counter stamped on every put and read; eviction
- * takes the smallest stamp. */
+ * replica keeps what it fetched). Recency is a counter stamped on every put, hold and read.
+ *
+ * Fair eviction: a program is charged in full to every tenant holding it. Making room is
+ * planned before anything is removed (programs and holds marked `going`), so a put that turns
+ * out impossible — the putting tenant would become the largest holder with nothing of its own
+ * left to give — is refused with everything still in place. */
 #include "ctl_registry.h"
 
 #include <pthread.h>
@@ -20,12 +24,20 @@ typedef struct reg_tokenizer {
     uint32_t refs; /* linked worker groups that supplied it */
 } reg_tokenizer;
 
+typedef struct reg_hold {
+    char tenant[PIE_TENANT_NAME_MAX + 1];
+    bool going; /* released by the room being planned */
+} reg_hold;
+
 typedef struct reg_program {
     char id[65];
     char *name;
     uint8_t *bytes;
     size_t len;
     uint64_t used; /* recency stamp */
+    reg_hold *holds;
+    size_t n_holds;
+    bool going; /* evicted by the room being planned */
 } reg_program;
 
 struct ctl_registry {
@@ -75,6 +87,7 @@ void ctl_registry_destroy(ctl_registry *r) {
     for (size_t i = 0; i < r->n_progs; i++) {
         free(r->progs[i].bytes);
         free(r->progs[i].name);
+        free(r->progs[i].holds);
     }
     free(r->toks);
     free(r->progs);
@@ -180,6 +193,7 @@ static void prog_remove(ctl_registry *r, reg_program *p) {
     r->prog_bytes -= p->len;
     free(p->bytes);
     free(p->name);
+    free(p->holds);
     *p = r->progs[--r->n_progs];
 }
 
@@ -188,21 +202,162 @@ static void update_gauges(ctl_registry *r) {
     pie_gauge_set(r->g_progs, (double)r->n_progs);
 }
 
-/* Evicts least recently used programs until len more bytes fit (under mu). */
-static void make_room(ctl_registry *r, size_t len) {
-    while (r->n_progs > 0 && r->prog_bytes + len > r->prog_bytes_max) {
-        size_t lru = 0;
-        for (size_t i = 1; i < r->n_progs; i++)
-            if (r->progs[i].used < r->progs[lru].used) lru = i;
-        pie_log_info("ctl.registry.program_evicted", "program=%s bytes=%zu", r->progs[lru].id,
-                     r->progs[lru].len);
-        pie_counter_add(r->c_evicted, 1);
-        prog_remove(r, &r->progs[lru]);
+static reg_hold *hold_find(reg_program *p, const char *tenant) {
+    for (size_t i = 0; i < p->n_holds; i++)
+        if (strcmp(p->holds[i].tenant, tenant) == 0) return &p->holds[i];
+    return NULL;
+}
+
+/* Adds the tenants p lacks to its holders (under mu). */
+static pie_code add_holds(reg_program *p, const char *const *tenants, size_t n, pie_status *st) {
+    for (size_t i = 0; i < n; i++) {
+        if (hold_find(p, tenants[i])) continue;
+        reg_hold *v = realloc(p->holds, (p->n_holds + 1) * sizeof *v);
+        if (v == NULL)
+            return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller registry: out of memory");
+        p->holds = v;
+        v = &p->holds[p->n_holds++];
+        *v = (reg_hold){0};
+        snprintf(v->tenant, sizeof v->tenant, "%s", tenants[i]);
+    }
+    return PIE_OK;
+}
+
+/* Whether a tenant still holds p in the plan. */
+static bool held_in_plan(const reg_program *p) {
+    for (size_t i = 0; i < p->n_holds; i++)
+        if (!p->holds[i].going) return true;
+    return false;
+}
+
+/* A tenant's bytes in the plan, and its least recently used program. */
+typedef struct reg_charge {
+    const char *tenant;
+    uint64_t bytes;
+    reg_program *lru; /* NULL: it holds nothing stored (a putting tenant) */
+} reg_charge;
+
+static reg_charge *charge_of(reg_charge *c, size_t *n, const char *tenant) {
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp(c[i].tenant, tenant) == 0) return &c[i];
+    c[*n] = (reg_charge){.tenant = tenant};
+    return &c[(*n)++];
+}
+
+/* The tenant holding the most bytes in the plan, the putting tenants counting len (under mu);
+ * ties go to the one whose least recently used program is oldest. c has room for every hold
+ * and putting tenant. NULL when nobody holds anything. */
+static reg_charge *largest_holder(ctl_registry *r, reg_charge *c, const char *const *tenants,
+                                  size_t n_tenants, size_t len) {
+    size_t n = 0;
+    for (size_t i = 0; i < n_tenants; i++) charge_of(c, &n, tenants[i])->bytes = len;
+    for (size_t i = 0; i < r->n_progs; i++) {
+        reg_program *p = &r->progs[i];
+        if (p->going) continue;
+        for (size_t k = 0; k < p->n_holds; k++) {
+            if (p->holds[k].going) continue;
+            reg_charge *t = charge_of(c, &n, p->holds[k].tenant);
+            t->bytes += p->len;
+            if (t->lru == NULL || p->used < t->lru->used) t->lru = p;
+        }
+    }
+    reg_charge *max = NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t age = c[i].lru ? c[i].lru->used : UINT64_MAX;
+        if (max == NULL || c[i].bytes > max->bytes ||
+            (c[i].bytes == max->bytes && age < (max->lru ? max->lru->used : UINT64_MAX)))
+            max = &c[i];
+    }
+    return max;
+}
+
+/* The least recently used program nobody holds in the plan, or NULL. */
+static reg_program *lru_unheld(ctl_registry *r) {
+    reg_program *lru = NULL;
+    for (size_t i = 0; i < r->n_progs; i++) {
+        reg_program *p = &r->progs[i];
+        if (!p->going && !held_in_plan(p) && (lru == NULL || p->used < lru->used)) lru = p;
+    }
+    return lru;
+}
+
+/* Marks what makes room for len more bytes held by tenants (under mu). False, with nothing
+ * marked, when a putting tenant would become the largest holder with nothing left to give
+ * (*who: that tenant). */
+static bool plan_room(ctl_registry *r, size_t len, const char *const *tenants, size_t n_tenants,
+                      reg_charge *c, const char **who) {
+    uint64_t freed = 0;
+    while (r->prog_bytes - freed + len > r->prog_bytes_max) {
+        reg_program *p = lru_unheld(r);
+        if (p == NULL) {
+            reg_charge *max = largest_holder(r, c, tenants, n_tenants, len);
+            if (max == NULL || max->lru == NULL) {
+                *who = max ? max->tenant : "";
+                for (size_t i = 0; i < r->n_progs; i++) {
+                    r->progs[i].going = false;
+                    for (size_t k = 0; k < r->progs[i].n_holds; k++)
+                        r->progs[i].holds[k].going = false;
+                }
+                return false;
+            }
+            hold_find(max->lru, max->tenant)->going = true;
+            if (held_in_plan(max->lru)) continue; /* another tenant holds it: it stays */
+            p = max->lru;
+        }
+        p->going = true;
+        freed += p->len;
+    }
+    return true;
+}
+
+/* Carries out plan_room's marks (under mu). */
+static void apply_room(ctl_registry *r) {
+    for (size_t i = 0; i < r->n_progs;) {
+        reg_program *p = &r->progs[i];
+        if (p->going) {
+            pie_log_info("ctl.registry.program_evicted", "program=%s bytes=%zu", p->id, p->len);
+            pie_counter_add(r->c_evicted, 1);
+            prog_remove(r, p); /* the last program moves to i */
+            continue;
+        }
+        size_t kept = 0;
+        for (size_t k = 0; k < p->n_holds; k++) {
+            if (p->holds[k].going)
+                pie_log_info("ctl.registry.hold_evicted", "program=%s tenant=%s", p->id,
+                             p->holds[k].tenant);
+            else
+                p->holds[kept++] = p->holds[k];
+        }
+        p->n_holds = kept;
+        i++;
     }
 }
 
+/* Makes room for len more bytes held by tenants (under mu); see ctl_registry_program_put. */
+static pie_code make_room(ctl_registry *r, size_t len, const char *const *tenants, size_t n_tenants,
+                          pie_status *st) {
+    size_t holds = n_tenants;
+    for (size_t i = 0; i < r->n_progs; i++) holds += r->progs[i].n_holds;
+    reg_charge *c = malloc((holds ? holds : 1) * sizeof *c);
+    if (c == NULL)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller registry: out of memory");
+    const char *who = "";
+    bool ok = plan_room(r, len, tenants, n_tenants, c, &who);
+    free(c);
+    if (!ok)
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "program registry full: room for these %zu bytes would make tenant "
+                              "\"%s\" hold more of it than any tenant whose programs could go "
+                              "(programs.registry_size = %llu bytes, shared fairly); the upload "
+                              "stands on its replica",
+                              len, who, (unsigned long long)r->prog_bytes_max);
+    apply_room(r);
+    return PIE_OK;
+}
+
 pie_code ctl_registry_program_put(ctl_registry *r, const char *id, const char *name, uint8_t *bytes,
-                                  size_t len, bool *already, pie_status *st) {
+                                  size_t len, const char *const *tenants, size_t n_tenants,
+                                  bool *already, pie_status *st) {
     *already = false;
     if ((uint64_t)len > r->prog_bytes_max) {
         free(bytes);
@@ -225,30 +380,49 @@ pie_code ctl_registry_program_put(ctl_registry *r, const char *id, const char *n
         p->name = label;
         p->used = ++r->clock;
         free(bytes);
-    } else {
-        make_room(r, len);
-        if (r->n_progs == r->cap_progs) {
-            size_t cap = r->cap_progs ? r->cap_progs * 2 : 16;
-            reg_program *v = realloc(r->progs, cap * sizeof *v);
-            if (v == NULL) {
-                rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                                    "controller registry: out of memory");
-                free(bytes);
-                free(label);
-                goto done;
-            }
-            r->progs = v;
-            r->cap_progs = cap;
-        }
-        p = &r->progs[r->n_progs++];
-        *p = (reg_program){.name = label, .bytes = bytes, .len = len, .used = ++r->clock};
-        snprintf(p->id, sizeof p->id, "%s", id);
-        r->prog_bytes += len;
-        pie_log_info("ctl.registry.program_stored", "program=%s name=\"%s\" bytes=%zu", id, label,
-                     len);
+        rc = add_holds(p, tenants, n_tenants, st);
+        goto done;
     }
+    if (r->n_progs == r->cap_progs) {
+        size_t cap = r->cap_progs ? r->cap_progs * 2 : 16;
+        reg_program *v = realloc(r->progs, cap * sizeof *v);
+        if (v == NULL) {
+            rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "controller registry: out of memory");
+            goto refused;
+        }
+        r->progs = v;
+        r->cap_progs = cap;
+    }
+    if ((rc = make_room(r, len, tenants, n_tenants, st)) != PIE_OK) goto refused;
+    p = &r->progs[r->n_progs++];
+    *p = (reg_program){.name = label, .bytes = bytes, .len = len, .used = ++r->clock};
+    snprintf(p->id, sizeof p->id, "%s", id);
+    r->prog_bytes += len;
+    rc = add_holds(p, tenants, n_tenants, st); /* on failure: stored, held by fewer */
+    pie_log_info("ctl.registry.program_stored", "program=%s name=\"%s\" bytes=%zu holders=%zu", id,
+                 label, len, p->n_holds);
+    goto done;
+refused:
+    free(bytes);
+    free(label);
 done:
     update_gauges(r);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+pie_code ctl_registry_program_hold(ctl_registry *r, const char *id, const char *const *tenants,
+                                   size_t n_tenants, pie_status *st) {
+    pthread_mutex_lock(&r->mu);
+    reg_program *p = prog_find(r, id);
+    pie_code rc;
+    if (p == NULL) {
+        rc = pie_status_set(st, PIE_NOT_FOUND,
+                            "program_id: %s is not in the controller's program registry", id);
+    } else {
+        p->used = ++r->clock;
+        rc = add_holds(p, tenants, n_tenants, st);
+    }
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -279,6 +453,15 @@ bool ctl_registry_program_has(ctl_registry *r, const char *id) {
     bool has = prog_find(r, id) != NULL;
     pthread_mutex_unlock(&r->mu);
     return has;
+}
+
+bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant) {
+    pthread_mutex_lock(&r->mu);
+    reg_program *p = prog_find(r, id);
+    reg_hold *h = p ? hold_find(p, tenant) : NULL;
+    if (h) *h = p->holds[--p->n_holds];
+    pthread_mutex_unlock(&r->mu);
+    return p != NULL;
 }
 
 bool ctl_registry_program_drop(ctl_registry *r, const char *id) {

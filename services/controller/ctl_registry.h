@@ -4,8 +4,9 @@
  * replicas").
  *
  * Owns: tokenizers (one copy per hash, counted by the linked worker groups that supplied it and
- * freed when the last of them leaves), programs (at most a configured number of bytes; the
- * least recently used are evicted to make room), their metrics, and one mutex of its own: the
+ * freed when the last of them leaves), programs (at most a configured number of bytes, each
+ * held by the tenants whose replicas put it; room is made from programs nobody holds, then
+ * from the tenant holding the most bytes), their metrics, and one mutex of its own: the
  * RPC handlers use the registry without the core's mutex, so bulk copies never hold up the
  * control layer.
  * Does not own: hashing (callers check that bytes hash to their id before putting them), the
@@ -19,6 +20,7 @@
 
 #include "pie_metrics.h"
 #include "pie_status.h"
+#include "pie_tenant.h"
 
 typedef struct ctl_registry ctl_registry;
 
@@ -53,18 +55,31 @@ pie_code ctl_registry_tokenizer_read(ctl_registry *r, const char *sha256, uint64
 
 uint64_t ctl_registry_program_bytes_max(const ctl_registry *r);
 
-/* Stores a program (bytes malloc'd, taken: kept or freed) under id with this label, evicting
- * the least recently used programs while the total would exceed the bound. *already: the
- * registry held it (its label and recency are refreshed). RESOURCE_EXHAUSTED when len alone
- * exceeds the bound (bytes are freed). */
+/* Stores a program (bytes malloc'd, taken: kept or freed) under id with this label, held by
+ * tenants[0..n_tenants) (valid tenant names; none: held by nobody). Room is made in this order:
+ * the least recently used program nobody holds; else, of the tenant holding the most bytes
+ * (the tenants putting count len as theirs; ties: the one whose oldest program is oldest), its
+ * least recently used program: evicted, or only that tenant's hold on it when another tenant
+ * holds it too. So a tenant's puts never evict a program of a tenant that holds fewer bytes
+ * than the putter would. *already: the registry held it (tenants are added to its holders,
+ * its label and recency refreshed). RESOURCE_EXHAUSTED when len alone exceeds the bound, or
+ * when room could only be made by making a putting tenant the largest holder while it holds
+ * nothing else (nothing is evicted then; bytes are freed). */
 pie_code ctl_registry_program_put(ctl_registry *r, const char *id, const char *name, uint8_t *bytes,
-                                  size_t len, bool *already, pie_status *st);
+                                  size_t len, const char *const *tenants, size_t n_tenants,
+                                  bool *already, pie_status *st);
+/* Adds tenants to the holders of a stored program; a use. NOT_FOUND when it is not stored. */
+pie_code ctl_registry_program_hold(ctl_registry *r, const char *id, const char *const *tenants,
+                                   size_t n_tenants, pie_status *st);
 /* Copies up to max_bytes from offset (0: size and label only) and counts as a use. NOT_FOUND,
  * INVALID_ARGUMENT (offset beyond the size). */
 pie_code ctl_registry_program_read(ctl_registry *r, const char *id, uint64_t offset,
                                    size_t max_bytes, ctl_registry_chunk *out, pie_status *st);
 /* Whether a program is stored; not a use (its eviction order stays). */
 bool ctl_registry_program_has(ctl_registry *r, const char *id);
+/* Releases tenant's hold on a program, which stays stored (first to go once nobody holds it);
+ * returns whether it is stored. */
+bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant);
 /* Removes a program; returns whether it was stored. */
 bool ctl_registry_program_drop(ctl_registry *r, const char *id);
 

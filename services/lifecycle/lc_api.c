@@ -296,7 +296,8 @@ static void *upload_finish_thread(void *arg) {
         /* Before answering, so that a launch on another replica right after finds it. The
          * upload stands without it: the replica puts it again after its next (re)connect. */
         pie_status pst;
-        if (lc_store_push_program(a->store, id, &pst) != PIE_OK)
+        const char *tenant = rpc_call_tenant(u->call)->name;
+        if (lc_store_push_program(a->store, id, &tenant, 1, &pst) != PIE_OK)
             pie_log_warn("lc.program.register_failed", "program=%s code=%s error=\"%s\"", id,
                          pie_code_name(pst.code), pst.msg);
     }

@@ -574,6 +574,29 @@ static int holds_of(const lc_program_store *ps, const char *id, glob_t *g) {
     return glob(pattern, GLOB_NOSORT, NULL, g);
 }
 
+pie_code lc_program_holders(lc_program_store *ps, const char *id,
+                            char (**out)[PIE_TENANT_NAME_MAX + 1], size_t *n, pie_status *st) {
+    *out = NULL;
+    *n = 0;
+    if (check_id(id, st) != PIE_OK) return st->code;
+    glob_t g;
+    int rc = holds_of(ps, id, &g);
+    if (rc == GLOB_NOMATCH) return PIE_OK;
+    if (rc != 0)
+        return pie_status_set(st, PIE_INTERNAL, "program store: cannot list the holds on %s", id);
+    if ((*out = calloc(g.gl_pathc, sizeof **out)) == NULL) {
+        globfree(&g);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "program store: out of memory");
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        const char *by = strrchr(g.gl_pathv[i], '/'); /* "/<id>.by.<tenant>" */
+        by = by ? by + 1 + 64 + 4 : "";
+        if (pie_tenant_name_valid(by)) snprintf((*out)[(*n)++], sizeof **out, "%s", by);
+    }
+    globfree(&g);
+    return PIE_OK;
+}
+
 /* Removes every tenant's hold on id (its module is gone). */
 static void unhold_all(const lc_program_store *ps, const char *id) {
     glob_t g;

@@ -106,6 +106,19 @@ pie_code lc_store_fetch_tokenizer(void *store, const char *sha256, uint8_t **byt
     return PIE_OK;
 }
 
+static pie_code registry_hold(lc_store *s, const char *id, const char *const *tenants,
+                              size_t n_tenants, pie_status *st);
+
+/* The launching tenant holds what it fetched here: in the registry too, so that its share
+ * there counts it (a failure only leaves the registry's holders as they were). */
+static void hold_fetched(lc_store *s, const char *id, const lc_program_holder *holder) {
+    if (holder == NULL || holder->tenant == NULL) return;
+    pie_status st;
+    if (registry_hold(s, id, &holder->tenant, 1, &st) != PIE_OK)
+        pie_log_warn("lc.program.hold_failed", "program=%s tenant=%s code=%s error=\"%s\"", id,
+                     holder->tenant, pie_code_name(st.code), st.msg);
+}
+
 pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_holder *holder,
                                 pie_status *st) {
     lc_store_buf b = {0};
@@ -154,25 +167,17 @@ pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_ho
         pie_counter_add(s->c_prog_fetched, 1);
         pie_log_info("lc.program.fetched", "program=%s name=\"%s\" bytes=%llu", id, name,
                      (unsigned long long)b.size);
+        hold_fetched(s, id, holder);
     }
     free(b.data);
     return rc;
 }
 
-/* Whether the registry holds id (GetProgram with max_bytes 0). */
-static pie_code registry_has(lc_store *s, const char *id, bool *has, pie_status *st) {
-    Pie__V1__GetProgramRequest req = PIE__V1__GET_PROGRAM_REQUEST__INIT;
-    req.program_id = (char *)id;
-    ProtobufCMessage *m = NULL;
-    pie_code rc =
-        call(s, "GetProgram", &req.base, &pie__v1__get_program_response__descriptor, &m, st);
-    rpc_msg_free(m);
-    *has = rc == PIE_OK;
-    return rc == PIE_NOT_FOUND ? PIE_OK : rc;
-}
-
+/* A PutProgram stream: the header with tenants, then bytes[0, len) in chunks (none: a hold,
+ * NOT_FOUND when the registry lacks the program). */
 static pie_code put_stream(lc_store *s, const char *id, const char *name, const uint8_t *bytes,
-                           size_t len, pie_status *st) {
+                           size_t len, const char *const *tenants, size_t n_tenants, uint64_t size,
+                           pie_status *st) {
     rpc_channel *ch = lc_session_channel(s->session);
     if (ch == NULL) return pie_status_set(st, PIE_UNAVAILABLE, "the controller is not connected");
     rpc_call_opts o = {.timeout_ms = s->cfg.call_timeout_ms};
@@ -181,8 +186,10 @@ static pie_code put_stream(lc_store *s, const char *id, const char *name, const 
     if (stream == NULL) return st->code;
     Pie__V1__PutProgramHeader h = PIE__V1__PUT_PROGRAM_HEADER__INIT;
     h.program_id = (char *)id;
-    h.size_bytes = len;
+    h.size_bytes = size;
     h.name = (char *)name;
+    h.tenants = (char **)tenants;
+    h.n_tenants = n_tenants;
     Pie__V1__PutProgramRequest r = PIE__V1__PUT_PROGRAM_REQUEST__INIT;
     r.part_case = PIE__V1__PUT_PROGRAM_REQUEST__PART_HEADER;
     r.header = &h;
@@ -204,20 +211,28 @@ static pie_code put_stream(lc_store *s, const char *id, const char *name, const 
     return rc;
 }
 
-pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st) {
-    bool has = false;
-    if (registry_has(s, id, &has, st) != PIE_OK) return st->code;
-    if (has) return PIE_OK;
+/* Adds tenants to the holders of id in the registry: NOT_FOUND when it lacks id. */
+static pie_code registry_hold(lc_store *s, const char *id, const char *const *tenants,
+                              size_t n_tenants, pie_status *st) {
+    /* the size is not checked for a hold; 1 keeps the header valid */
+    return put_stream(s, id, "", NULL, 0, tenants, n_tenants, 1, st);
+}
+
+pie_code lc_store_push_program(lc_store *s, const char *id, const char *const *tenants,
+                               size_t n_tenants, pie_status *st) {
+    pie_code rc = registry_hold(s, id, tenants, n_tenants, st);
+    if (rc != PIE_NOT_FOUND) return rc;
     uint8_t *bytes = NULL;
     size_t len = 0;
     char name[LC_PROGRAM_NAME_MAX + 1];
     if (lc_program_bytes(s->programs, id, &bytes, &len, name, sizeof name, st) != PIE_OK)
         return st->code;
-    pie_code rc = put_stream(s, id, name, bytes, len, st);
+    rc = put_stream(s, id, name, bytes, len, tenants, n_tenants, len, st);
     free(bytes);
     if (rc == PIE_OK) {
         pie_counter_add(s->c_prog_pushed, 1);
-        pie_log_info("lc.program.registered", "program=%s bytes=%zu", id, len);
+        pie_log_info("lc.program.registered", "program=%s bytes=%zu tenants=%zu", id, len,
+                     n_tenants);
     }
     return rc;
 }
@@ -289,7 +304,25 @@ static void on_program_dropped(void *ctx, const char *id, const char *tenant) {
         pie_log_warn("lc.program.drop_failed", "program=%s error=\"%s\"", id, st.msg);
 }
 
-/* Puts every local program the registry lacks (after a (re)connect). */
+/* Puts local program id, held by the tenants that hold it here. */
+static pie_code push_with_holders(lc_store *s, const char *id, pie_status *st) {
+    char(*names)[PIE_TENANT_NAME_MAX + 1] = NULL;
+    size_t n = 0;
+    if (lc_program_holders(s->programs, id, &names, &n, st) != PIE_OK) return st->code;
+    const char **tenants = calloc(n ? n : 1, sizeof *tenants);
+    if (tenants == NULL) {
+        free(names);
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lifecycle: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) tenants[i] = names[i];
+    pie_code rc = lc_store_push_program(s, id, tenants, n, st);
+    free(tenants);
+    free(names);
+    return rc;
+}
+
+/* Puts every local program the registry lacks, and every holder it lacks (after a
+ * (re)connect). */
 static void resync(lc_store *s) {
     Pie__V1__ProgramInfo **list = NULL;
     size_t n = 0;
@@ -304,7 +337,7 @@ static void resync(lc_store *s) {
         bool stop = s->stop;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
-        if (lc_store_push_program(s, list[i]->program_id, &st) != PIE_OK) {
+        if (push_with_holders(s, list[i]->program_id, &st) != PIE_OK) {
             failed++;
             pie_log_warn("lc.program.resync_failed", "program=%s code=%s error=\"%s\"",
                          list[i]->program_id, pie_code_name(st.code), st.msg);

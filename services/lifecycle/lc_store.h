@@ -63,8 +63,10 @@ pie_code lc_store_fetch_tokenizer(void *store, const char *sha256, uint8_t **byt
 pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_holder *holder,
                                 pie_status *st);
 
-/* Puts local program id into the registry unless it already holds it. */
-pie_code lc_store_push_program(lc_store *s, const char *id, pie_status *st);
+/* Puts local program id into the registry, held by tenants[0..n_tenants) there: a hold when
+ * the registry has it already (no bytes sent), else its bytes. */
+pie_code lc_store_push_program(lc_store *s, const char *id, const char *const *tenants,
+                               size_t n_tenants, pie_status *st);
 
 /* Drops id from the registry and so from every connected replica; *was: the registry held it.
  * With tenant (not NULL or ""), releases only that tenant's hold on every replica, the registry

@@ -12,7 +12,8 @@
  * FAILED_PRECONDITION naming both hashes; malformed hashes, unknown hashes and offsets beyond
  * the end are refused clearly; programs are put and read back in chunks, a second put of the
  * same bytes says so, the least recently used program is evicted when the registry
- * (programs.registry_size) is full, bytes that do not hash to their id and programs larger
+ * (programs.registry_size) is full — from the tenant holding the most, when tenants hold them —
+ * a header alone adds a holder, bytes that do not hash to their id and programs larger
  * than the registry are refused, and a drop reaches every replica as program_dropped; a
  * replica refuses a tokenizer of the wrong hash (DATA_LOSS, nothing cached, readiness stays
  * NOT_SERVING) and becomes ready once the right bytes come. */
@@ -270,9 +271,11 @@ Test(cluster_store,
 
 /* ---- the program registry ------------------------------------------------------------------- */
 
-/* PutProgram of bytes[0..len) under id (1 MiB chunks); *already from the response. */
-static pie_code put_program(rpc_channel *ch, const char *id, const char *name, const uint8_t *bytes,
-                            size_t len, bool *already, pie_status *st) {
+/* PutProgram of bytes[0..len) under id (1 MiB chunks) held by tenant (NULL: nobody); bytes
+ * NULL: the header alone (a hold). *already from the response. */
+static pie_code put_program_as(rpc_channel *ch, const char *tenant, const char *id,
+                               const char *name, const uint8_t *bytes, size_t len, bool *already,
+                               pie_status *st) {
     rpc_call_opts o = {.timeout_ms = WAIT_MS};
     rpc_stream *s = rpc_stream_open(ch, "/pie.v1.Controller/PutProgram",
                                     &pie__v1__put_program_response__descriptor, &o, st);
@@ -281,11 +284,14 @@ static pie_code put_program(rpc_channel *ch, const char *id, const char *name, c
     h.program_id = (char *)id;
     h.size_bytes = len;
     h.name = (char *)name;
+    char *tenants[] = {(char *)tenant};
+    h.tenants = tenants;
+    h.n_tenants = tenant ? 1 : 0;
     Pie__V1__PutProgramRequest r = PIE__V1__PUT_PROGRAM_REQUEST__INIT;
     r.part_case = PIE__V1__PUT_PROGRAM_REQUEST__PART_HEADER;
     r.header = &h;
     pie_code rc = rpc_stream_send(s, &r.base, st);
-    for (size_t off = 0; rc == PIE_OK && off < len; off += CHUNK) {
+    for (size_t off = 0; rc == PIE_OK && bytes && off < len; off += CHUNK) {
         Pie__V1__PutProgramRequest c = PIE__V1__PUT_PROGRAM_REQUEST__INIT;
         c.part_case = PIE__V1__PUT_PROGRAM_REQUEST__PART_CHUNK;
         c.chunk.data = (uint8_t *)bytes + off;
@@ -301,6 +307,11 @@ static pie_code put_program(rpc_channel *ch, const char *id, const char *name, c
     rc = rpc_stream_finish(s, st);
     rpc_stream_destroy(s);
     return rc;
+}
+
+static pie_code put_program(rpc_channel *ch, const char *id, const char *name, const uint8_t *bytes,
+                            size_t len, bool *already, pie_status *st) {
+    return put_program_as(ch, NULL, id, name, bytes, len, already, st);
 }
 
 /* GetProgram of the whole program, chunk by chunk, compared with want[0..len). */
@@ -425,6 +436,60 @@ Test(cluster_store, program_registry_stores_evicts_and_drops_programs_and_tells_
     free(p1);
     free(p2);
     free(p3);
+    rpc_channel_destroy(ch);
+    stop_ok(ctl);
+}
+
+/* The registry's room is shared between the tenants whose replicas put programs: the one
+ * holding the most pays for a put, so one tenant's uploads cannot push out another's programs
+ * (before: the least recently used went, whoever held it). A header alone adds a holder. */
+Test(cluster_store, the_registry_makes_room_from_the_tenant_holding_the_most) {
+    const char *env[] = {"PIE_PROGRAMS_REGISTRY_SIZE=3MiB", NULL};
+    pie_proc *ctl = start_controller(env);
+    rpc_channel *ch = channel_to(pie_proc_addr(ctl));
+    pie_status st;
+    const size_t n = 1200u << 10; /* two fit in 3 MiB, three do not */
+    uint8_t *p[3];
+    char id[3][65];
+    for (int i = 0; i < 3; i++) {
+        p[i] = bytes_of(n, 21 + (uint32_t)i);
+        sha_of(p[i], n, id[i]);
+    }
+    bool already = true;
+    cr_assert_eq(put_program_as(ch, "alice", id[0], "a", p[0], n, &already, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_assert_eq(put_program_as(ch, "bob", id[1], "b1", p[1], n, &already, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_assert_eq(put_program_as(ch, "bob", id[2], "b2", p[2], n, &already, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_expect_eq(program_present(ch, id[0], &st), PIE_OK, "bob's put evicted alice's program: %s",
+                 st.msg);
+    cr_expect_eq(program_present(ch, id[1], &st), PIE_NOT_FOUND, "bob's older program stayed");
+    cr_expect_eq(program_present(ch, id[2], &st), PIE_OK, "%s", st.msg);
+
+    /* holds: the header alone */
+    already = false;
+    cr_assert_eq(put_program_as(ch, "carol", id[0], "", NULL, n, &already, &st), PIE_OK, "%s",
+                 st.msg);
+    cr_expect(already, "a hold must say already_stored");
+    cr_expect_eq(put_program_as(ch, "carol", id[1], "", NULL, n, NULL, &st), PIE_NOT_FOUND, "%s",
+                 st.msg);
+    cr_expect_eq(put_program_as(ch, "Not A Tenant", id[0], "", NULL, n, NULL, &st),
+                 PIE_INVALID_ARGUMENT, "%s", st.msg);
+    cr_expect(strstr(st.msg, "header.tenants[0]") != NULL, "%s", st.msg);
+
+    /* a tenant's drop releases its hold: the registry keeps the program */
+    Pie__V1__DropProgramRequest dr = PIE__V1__DROP_PROGRAM_REQUEST__INIT;
+    dr.program_id = id[0];
+    dr.tenant = "alice";
+    ProtobufCMessage *m = NULL;
+    cr_assert_eq(
+        unary(ch, "DropProgram", &dr.base, &pie__v1__drop_program_response__descriptor, &m, &st),
+        PIE_OK, "%s", st.msg);
+    cr_expect(((Pie__V1__DropProgramResponse *)m)->was_stored);
+    rpc_msg_free(m);
+    cr_expect_eq(program_present(ch, id[0], &st), PIE_OK, "%s", st.msg);
+    for (int i = 0; i < 3; i++) free(p[i]);
     rpc_channel_destroy(ch);
     stop_ok(ctl);
 }

@@ -13,6 +13,8 @@
  *     the quota; instances of another tenant are invisible (ListInstances, Terminate).
  *   * Tokens: only a tenant's token opens the public API, never the internal service token.
  *   * Topics: broadcasts reach only the instances of the sender's tenant.
+ *   * The controller's program registry: one tenant's uploads evict its own programs, not those
+ *     of a tenant holding less.
  *   * Stored programs: carol (program_bytes: two and a half of the variants below) holds at
  *     most that many bytes of programs on a replica; her DeleteProgram releases her hold and
  *     never removes a program another tenant holds. */
@@ -62,7 +64,9 @@ static rpc_channel *channel(const e2e_cluster *c, const char *token) {
     return ch;
 }
 
-static void env_start(tenants_env *e) {
+/* Starts the cluster, its controller with ctl_env (NULL-terminated "PIE_KEY=value"; NULL:
+ * none). */
+static void env_start_ctl(tenants_env *e, const char *const *ctl_env) {
     pie_status st;
     memset(e, 0, sizeof *e);
     e->dir = pie_proc_tmpdir(&st);
@@ -79,12 +83,14 @@ static void env_start(tenants_env *e) {
     write_file(e->dir, "carol.yaml", carol);
     snprintf(e->dir_env, sizeof e->dir_env, "PIE_TENANTS_DIR=%s", e->dir);
     const char *env[] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
-    e2e_cluster_start_token(&e->c, env, TOKEN_ALICE);
+    e2e_cluster_start_ctl(&e->c, ctl_env, NULL, env, TOKEN_ALICE);
     e->bob = channel(&e->c, TOKEN_BOB);
     e->root = channel(&e->c, TOKEN_ROOT);
     e->none = channel(&e->c, NULL);
     e->carol = channel(&e->c, TOKEN_CAROL);
 }
+
+static void env_start(tenants_env *e) { env_start_ctl(e, NULL); }
 
 static void env_stop(tenants_env *e) {
     rpc_channel_destroy(e->bob);
@@ -432,6 +438,33 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
     cr_expect(!listed_on(e.root, v[0]), "carol's release left her copy on replica 1");
     e2e_launch(&c2, v[2], args, PIE_OK, &st);
     rpc_channel_destroy(root2);
+    c2.ctl = NULL; /* the cluster's, stopped with it */
+    e2e_cluster_stop(&c2);
+    env_stop(&e);
+}
+
+/* The controller's program registry, from which replicas fetch what they lack, was one LRU for
+ * every tenant: bob's distinct uploads pushed alice's program out of it, and alice could then
+ * launch it only on the replica she uploaded it to. Now the tenant holding the most pays. */
+Test(security, one_tenants_uploads_cannot_push_another_tenants_program_out_of_the_registry) {
+    tenants_env e;
+    const char *ctl_env[] = {"PIE_PROGRAMS_REGISTRY_SIZE=136KiB", NULL}; /* 4 variants, not 5 */
+    env_start_ctl(&e, ctl_env);
+    pie_status st;
+    char v[7][65];
+    cr_assert_eq(upload_variant(&e, e.c.ch, 0, v[0], &st), PIE_OK, "%s", st.msg);
+    for (int i = 1; i < 7; i++)
+        cr_assert_eq(upload_variant(&e, e.bob, i, v[i], &st), PIE_OK, "%s", st.msg);
+    e2e_cluster c2 = {.ctl = e.c.ctl}; /* a replica that holds none of them */
+    const char *env[] = {e.dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
+    e2e_cluster_start_lifecycle(&c2, env, TOKEN_ALICE);
+    const char *args[] = {"alloc:1", NULL};
+    e2e_launch(&c2, v[0], args, PIE_OK, &st); /* fetched from the registry */
+    e2e_cluster bob2 = c2;
+    bob2.ch = channel(&c2, TOKEN_BOB);
+    e2e_launch(&bob2, v[1], args, PIE_NOT_FOUND, &st); /* bob's oldest made room */
+    e2e_launch(&bob2, v[6], args, PIE_OK, &st);
+    rpc_channel_destroy(bob2.ch);
     c2.ctl = NULL; /* the cluster's, stopped with it */
     e2e_cluster_stop(&c2);
     env_stop(&e);
