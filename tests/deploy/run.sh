@@ -79,6 +79,7 @@ auth.enabled=false,metrics.podAnnotations=false,serviceAccount.create=false
 auth.token=fixed-token,auth.secretKey=bearer,metrics.serviceMonitor.enabled=true,lifecycle.headlessService.enabled=false,gateway.enabled=false
 lifecycle.autoscaling.enabled=false,lifecycle.replicas=3,lifecycle.podDisruptionBudget.enabled=false
 lifecycle.autoscaling.targetMemoryUtilizationPercentage=80,lifecycle.service.type=LoadBalancer,lifecycle.cacheClaim=pie-programs
+lifecycle.cacheSizeLimit=1.5Gi,lifecycle.replicas=2
 worker.model.existingClaim=models,worker.replicas=4
 worker.leaderWorkerSet.enabled=true
 auth.tenantsSecret=pie-tenants,lifecycle.replicas=2

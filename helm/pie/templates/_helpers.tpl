@@ -129,18 +129,27 @@ holds no token: it forwards each client's). */}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
-{{/* Bytes of a Kubernetes quantity: digits with an optional suffix (Ki Mi Gi Ti, k M G T), e.g.
-"2Gi" -> 2147483648. Anything else (decimals, exponents) fails the render, naming the value.
+{{/* Bytes of a Kubernetes quantity: digits, at most 6 after a decimal point, with an optional
+suffix (Ki Mi Gi Ti, k M G T), e.g. "2Gi" -> 2147483648, "1.5Gi" -> 1610612736 (a fraction of a
+byte rounded down). Anything else (exponents, milli) fails the render, naming the value.
 include "pie.quantityBytes" (dict "q" .Values.lifecycle.cacheSizeLimit "what" "lifecycle.cacheSizeLimit") */}}
 {{- define "pie.quantityBytes" -}}
 {{- $q := toString .q -}}
 {{- $units := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
-{{- $n := regexFind "^[0-9]+" $q -}}
+{{- $n := regexFind "^[0-9]+(\\.[0-9]{1,6})?" $q -}}
 {{- $suffix := trimPrefix $n $q -}}
 {{- if or (not $n) (not (hasKey $units $suffix)) -}}
-{{- fail (printf "%s: %q is not a whole quantity the chart can read (digits and Ki, Mi, Gi, Ti, k, M, G or T)" .what $q) -}}
+{{- fail (printf "%s: %q is not a quantity the chart can read (digits, at most 6 after a point, and Ki, Mi, Gi, Ti, k, M, G or T)" .what $q) -}}
 {{- end -}}
-{{- mul (atoi $n | int64) (get $units $suffix | int64) -}}
+{{- $whole := regexFind "^[0-9]+" $n -}}
+{{- $frac := trimPrefix "." (trimPrefix $whole $n) -}}
+{{- $unit := get $units $suffix | int64 -}}
+{{- $bytes := mul (atoi $whole | int64) $unit -}}
+{{- if $frac -}}
+{{- /* the fraction's bytes, rounded down: 1.5Gi = 1 Gi + 5 * Gi / 10 */ -}}
+{{- $bytes = add $bytes (div (mul (atoi $frac | int64) $unit) (atoi (printf "1%s" (repeat (len $frac) "0")) | int64)) -}}
+{{- end -}}
+{{- $bytes -}}
 {{- end -}}
 
 {{/* Pod annotations shared by the components: Prometheus scrape hints and the config checksum.
