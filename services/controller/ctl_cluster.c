@@ -362,7 +362,8 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
     if (!check_sha(call, "program_id", r->program_id)) return false;
     const char *tenant = r->tenant ? r->tenant : "";
     /* a release: the registry keeps it, first to go once nobody holds it */
-    bool was = tenant[0] ? ctl_registry_program_release(c->reg, r->program_id, tenant)
+    bool held = false;
+    bool was = tenant[0] ? ctl_registry_program_release(c->reg, r->program_id, tenant, &held)
                          : ctl_registry_program_drop(c->reg, r->program_id);
     pthread_mutex_lock(&c->mu);
     ctl_core_program_dropped(c->core, r->program_id, tenant, rpc_now_ns());
@@ -372,6 +373,7 @@ static bool drop_program_on_call(rpc_call *call, ProtobufCMessage *req, void *us
                  r->program_id, tenant[0] ? tenant : "(all)", was);
     Pie__V1__DropProgramResponse resp = PIE__V1__DROP_PROGRAM_RESPONSE__INIT;
     resp.was_stored = was;
+    resp.was_held = held;
     rpc_call_reply(call, &resp.base);
     return false;
 }

@@ -455,10 +455,11 @@ bool ctl_registry_program_has(ctl_registry *r, const char *id) {
     return has;
 }
 
-bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant) {
+bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant, bool *held) {
     pthread_mutex_lock(&r->mu);
     reg_program *p = prog_find(r, id);
     reg_hold *h = p ? hold_find(p, tenant) : NULL;
+    *held = h != NULL;
     if (h) *h = p->holds[--p->n_holds];
     pthread_mutex_unlock(&r->mu);
     return p != NULL;

@@ -78,8 +78,8 @@ pie_code ctl_registry_program_read(ctl_registry *r, const char *id, uint64_t off
 /* Whether a program is stored; not a use (its eviction order stays). */
 bool ctl_registry_program_has(ctl_registry *r, const char *id);
 /* Releases tenant's hold on a program, which stays stored (first to go once nobody holds it);
- * returns whether it is stored. */
-bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant);
+ * returns whether it is stored, *held whether tenant held it. */
+bool ctl_registry_program_release(ctl_registry *r, const char *id, const char *tenant, bool *held);
 /* Removes a program; returns whether it was stored. */
 bool ctl_registry_program_drop(ctl_registry *r, const char *id);
 

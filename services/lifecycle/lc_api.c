@@ -397,15 +397,24 @@ static void *delete_thread(void *arg) {
                                : lc_program_delete(a->programs, j->id, &st);
     if (local == PIE_OK && !held)
         local = pie_status_set(&st, PIE_NOT_FOUND, "tenant \"%s\" holds no copy here", j->tenant);
-    bool was = false;
+    bool was = false, held_there = false;
     pie_code remote = PIE_OK;
     if (registry_on(a)) {
-        remote = lc_store_drop_program(a->store, j->id, j->tenant, &was, &rst);
+        remote = lc_store_drop_program(a->store, j->id, j->tenant, &was, &held_there, &rst);
         if (remote != PIE_OK)
             pie_log_warn("lc.program.drop_failed", "program=%s code=%s error=\"%s\"", j->id,
                          pie_code_name(remote), rst.msg);
     }
-    if (local == PIE_OK || was) {
+    if (j->tenant && local == PIE_NOT_FOUND && was && !held_there) {
+        /* the registry knows the holders of what it stores (replicas put them with it): the
+         * caller is none of them, so it held it nowhere (barring a hold not put there yet) */
+        pie_status_set(&st, PIE_NOT_FOUND,
+                       "program_id: tenant \"%s\" holds %s on no replica (it neither uploaded it "
+                       "nor launched it where it was fetched); only an admin deletes another "
+                       "tenant's program",
+                       j->tenant, j->id);
+        rpc_call_finish_status(j->call, &st);
+    } else if (local == PIE_OK || was || held_there) {
         Pie__V1__DeleteProgramResponse resp = PIE__V1__DELETE_PROGRAM_RESPONSE__INIT;
         rpc_call_reply(j->call, &resp.base);
     } else if (local != PIE_NOT_FOUND) {

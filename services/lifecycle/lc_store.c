@@ -238,15 +238,19 @@ pie_code lc_store_push_program(lc_store *s, const char *id, const char *const *t
 }
 
 pie_code lc_store_drop_program(lc_store *s, const char *id, const char *tenant, bool *was,
-                               pie_status *st) {
+                               bool *held, pie_status *st) {
     *was = false;
+    if (held) *held = false;
     Pie__V1__DropProgramRequest req = PIE__V1__DROP_PROGRAM_REQUEST__INIT;
     req.program_id = (char *)id;
     req.tenant = (char *)(tenant ? tenant : "");
     ProtobufCMessage *m = NULL;
     pie_code rc =
         call(s, "DropProgram", &req.base, &pie__v1__drop_program_response__descriptor, &m, st);
-    if (rc == PIE_OK) *was = ((Pie__V1__DropProgramResponse *)m)->was_stored;
+    if (rc == PIE_OK) {
+        *was = ((Pie__V1__DropProgramResponse *)m)->was_stored;
+        if (held) *held = ((Pie__V1__DropProgramResponse *)m)->was_held;
+    }
     rpc_msg_free(m);
     return rc;
 }

@@ -69,10 +69,11 @@ pie_code lc_store_push_program(lc_store *s, const char *id, const char *const *t
                                size_t n_tenants, pie_status *st);
 
 /* Drops id from the registry and so from every connected replica; *was: the registry held it.
- * With tenant (not NULL or ""), releases only that tenant's hold on every replica, the registry
- * keeping the program (*was: it holds it). */
+ * With tenant (not NULL or ""), releases only that tenant's hold on every replica and in the
+ * registry, which keeps the program (*was: it holds it; *held: tenant held it there). held may
+ * be NULL. */
 pie_code lc_store_drop_program(lc_store *s, const char *id, const char *tenant, bool *was,
-                               pie_status *st);
+                               bool *held, pie_status *st);
 
 /* The exports of tenant (all: every tenant's), from the controller: *out is freed with
  * rpc_msg_free. UNAVAILABLE while the controller is not connected. Blocks. */

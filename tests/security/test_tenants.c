@@ -395,7 +395,9 @@ Test(security, a_tenant_holds_at_most_program_bytes_and_deletes_only_its_own_hol
      * hold removes nothing */
     cr_assert_eq(delete_program(e.carol, v[1], &st), PIE_OK, "%s", st.msg);
     cr_expect(!listed(&e, v[1]), "carol's own program stayed after her delete");
-    cr_assert_eq(delete_program(e.bob, v[0], &st), PIE_OK, "%s", st.msg);
+    cr_expect_eq(delete_program(e.bob, v[0], &st), PIE_NOT_FOUND,
+                 "bob's delete of a program he never held answered %s", st.msg);
+    cr_expect(strstr(st.msg, "tenant \"bob\" holds") != NULL, "%s", st.msg);
     cr_expect(listed(&e, v[0]), "bob's delete removed a program he never held");
     /* an admin's delete removes a program whoever holds it */
     cr_assert_eq(delete_program(e.root, v[2], &st), PIE_OK, "%s", st.msg);

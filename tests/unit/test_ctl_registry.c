@@ -172,7 +172,9 @@ Test(ctl_registry, programs_nobody_holds_go_first_and_a_shared_program_stays_for
     /* alice releases 2: nobody holds it, so it goes before anything held */
     char id[65];
     id_of(id, 2);
-    cr_expect(ctl_registry_program_release(r, id, "alice"));
+    bool held = false;
+    cr_expect(ctl_registry_program_release(r, id, "alice", &held));
+    cr_expect(held);
     cr_expect(stored(r, 2), "a release removed the program from the registry");
     cr_assert_eq(put_n(r, 14, BOB, &st), PIE_OK, "%s", st.msg);
     cr_expect(!stored(r, 2) && stored(r, 1) && stored(r, 11));
@@ -207,8 +209,13 @@ Test(ctl_registry, a_put_that_would_make_its_tenant_the_largest_holder_evicts_no
     char id[65];
     id_of(id, 11);
     cr_assert_eq(ctl_registry_program_hold(r, id, CAROL, 1, &st), PIE_OK, "%s", st.msg);
-    cr_expect(ctl_registry_program_release(r, id, "bob"));
-    cr_expect(!ctl_registry_program_release(r, SHA_C, "bob"), "released a program not stored");
+    bool held = false;
+    cr_expect(ctl_registry_program_release(r, id, "bob", &held));
+    cr_expect(held);
+    cr_expect(ctl_registry_program_release(r, id, "bob", &held), "a second release removed it");
+    cr_expect(!held, "bob's hold was released twice");
+    cr_expect(!ctl_registry_program_release(r, SHA_C, "bob", &held),
+              "released a program not stored");
     /* 11 is carol's alone now (the hold refreshed it): she holds 40 of the 100 and with her
      * next put 60, so it evicts her least recently used, 30, not alice's 2 or bob's 10 */
     cr_assert_eq(put_n(r, 31, CAROL, &st), PIE_OK, "%s", st.msg);
