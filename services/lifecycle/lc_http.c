@@ -90,7 +90,37 @@ static bool split_allow(lc_http *h, const char *allow) {
     return ok;
 }
 
+/* Whether url[0, len)'s path has a "." or ".." segment, literal or percent-encoded: curl and
+ * servers resolve them, so "http://a/v1/../admin" would leave an allowed "http://a/v1/". */
+static bool has_dot_segment(const char *url, size_t len) {
+    const char *sep = memmem(url, len, "://", 3);
+    size_t i = sep ? (size_t)(sep - url) + 3 : 0;
+    for (; i < len && url[i] != '?' && url[i] != '#'; i++) {
+        if (url[i] != '/') continue;
+        size_t j = i + 1, dots = 0;
+        for (;;) {
+            if (j < len && url[j] == '.') {
+                j++;
+            } else if (j + 2 < len && url[j] == '%' && url[j + 1] == '2' &&
+                       (url[j + 2] == 'e' || url[j + 2] == 'E')) {
+                j += 3;
+            } else {
+                break;
+            }
+            dots++;
+        }
+        bool ends = j == len || url[j] == '/' || url[j] == '?' || url[j] == '#';
+        if ((dots == 1 || dots == 2) && ends) return true;
+    }
+    return false;
+}
+
 pie_code lc_http_check_url(const lc_http *h, const char *url, size_t len, pie_status *st) {
+    if (has_dot_segment(url, len))
+        return pie_status_set(st, PIE_PERMISSION_DENIED,
+                              "http_request: URL %.*s has a dot segment (. or ..) in its path: "
+                              "not allowed, it could leave the allowlist's prefixes",
+                              len > 200 ? 200 : (int)len, url);
     for (size_t i = 0; i < h->n_prefixes; i++) {
         const char *p = h->prefixes[i];
         size_t n = strlen(p);
