@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -151,6 +152,30 @@ static bool has_ctl(const char *s, size_t n) {
     return false;
 }
 
+/* Whether name[0, n) is an HTTP token (RFC 9110 tchar). */
+static bool is_token(const char *name, size_t n) {
+    static const char extra[] = "!#$%&'*+-.^_`|~";
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || (ch != '\0' && strchr(extra, ch) != NULL);
+        if (!ok) return false;
+    }
+    return n > 0;
+}
+
+/* Headers curl sets from the URL and the body: where the request goes and how it is framed.
+ * An inferlet's Host would reach another virtual host behind an allowed address; its framing
+ * headers could smuggle a second request through a proxy. */
+static bool replica_owned(const char *name, size_t n) {
+    static const char *const owned[] = {
+        "host", "content-length", "transfer-encoding", "connection",       "upgrade",
+        "te",   "trailer",        "keep-alive",        "proxy-connection", "expect"};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
+        if (strlen(owned[i]) == n && strncasecmp(owned[i], name, n) == 0) return true;
+    return false;
+}
+
 /* Header lines → curl list. */
 static pie_code job_headers(http_job *j, const char *hd, size_t n, pie_status *st) {
     size_t at = 0;
@@ -159,10 +184,17 @@ static pie_code job_headers(http_job *j, const char *hd, size_t n, pie_status *s
         size_t end = nl ? (size_t)(nl - hd) : n, ln = end - at;
         if (ln && hd[at + ln - 1] == '\r') ln--;
         if (ln > 0) {
-            if (memchr(hd + at, ':', ln) == NULL || has_ctl(hd + at, ln) || ln > 8192)
+            const char *colon = memchr(hd + at, ':', ln);
+            size_t name_len = colon ? (size_t)(colon - (hd + at)) : 0;
+            if (colon == NULL || !is_token(hd + at, name_len) || has_ctl(hd + at, ln) || ln > 8192)
                 return pie_status_set(st, PIE_INVALID_ARGUMENT,
                                       "http_request: header line \"%.*s\" is not \"Name: value\"",
                                       ln > 80 ? 80 : (int)ln, hd + at);
+            if (replica_owned(hd + at, name_len))
+                return pie_status_set(st, PIE_PERMISSION_DENIED,
+                                      "http_request: header %.*s is set by the replica (from the "
+                                      "URL and the body), not by an inferlet",
+                                      (int)name_len, hd + at);
             char *line = strndup(hd + at, ln);
             struct curl_slist *l = line ? curl_slist_append(j->headers, line) : NULL;
             free(line);

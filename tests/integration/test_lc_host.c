@@ -605,6 +605,22 @@ Test(lc_host, http_allowed_refused_and_capped) {
     r = run_start(&c, 0, "http", url_q, NULL); /* in the query: allowed (the server says 404) */
     cr_assert_str_eq(val(r, "http"), "0|404|");
     join_exited_0(r);
+    /* headers that choose where the request goes or how it is framed are curl's: Host would
+     * reach another virtual host behind the allowed address, Content-Length or
+     * Transfer-Encoding could smuggle a second request through a proxy */
+    const char *owned[] = {"Host: internal.example", "content-length: 0",
+                           "Transfer-Encoding: chunked", "Connection: keep-alive, Upgrade"};
+    for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) {
+        r = run_start(&c, 0, "http", ok, owned[i]);
+        expect(r, "http", PIE_ABI_E_PERMISSION_DENIED, "is set by the replica");
+        join_exited_0(r);
+    }
+    r = run_start(&c, 0, "http", ok, "Bad Name: x");
+    expect(r, "http", PIE_ABI_E_INVALID_ARGUMENT, "is not \"Name: value\"");
+    join_exited_0(r);
+    r = run_start(&c, 0, "http", ok, "Accept: text/plain");
+    cr_assert_str_eq(val(r, "http"), "0|200|hello from http");
+    join_exited_0(r);
     r = run_start(&c, 0, "http", big, NULL); /* 6000 bytes over a cap of 4096 */
     expect(r, "http", PIE_ABI_E_RESOURCE_EXHAUSTED, "exceeds the cap of 4096 bytes");
     join_exited_0(r);

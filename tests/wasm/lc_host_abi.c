@@ -256,9 +256,13 @@ static int hold(int n, int more) {
     return 0;
 }
 
-static int http(const char *url) {
+/* GET url with the header X-Test and the header lines extra. */
+static int http(const char *url, const char *extra) {
     static char body[1 << 16];
-    int32_t rc = pie_http_request("GET", 3, url, (uint32_t)strlen(url), "X-Test: 1", 9, "", 0, 9);
+    char headers[512];
+    int hl = snprintf(headers, sizeof headers, "X-Test: 1\n%s", extra);
+    int32_t rc =
+        pie_http_request("GET", 3, url, (uint32_t)strlen(url), headers, (uint32_t)hl, "", 0, 9);
     if (rc < 0) {
         report("http", rc);
         return 0;
@@ -289,7 +293,7 @@ int main(int argc, char **argv) {
         report("send", pie_send(big, (uint32_t)atoi(a)));
         return 0;
     }
-    if (!strcmp(s, "http")) return http(a);
+    if (!strcmp(s, "http")) return http(a, b);
     if (!strcmp(s, "sub")) return sub(a);
     if (!strcmp(s, "pub")) return pub(a, b);
     if (!strcmp(s, "hold")) return hold(atoi(a), atoi(b));
