@@ -289,8 +289,8 @@ static void *upload_finish_thread(void *arg) {
     }
     if (st.code == PIE_OK) {
         lc_program_holder h = holder_of(u->call);
-        lc_program_put_cancel(a->programs, u->buf, u->size, u->name, &h, &u->cancel, id, &already,
-                              &st);
+        lc_program_put_cancel(a->programs, u->buf, u->size, u->expected_sha256[0] ? id : NULL,
+                              u->name, &h, &u->cancel, id, &already, &st);
     }
     if (st.code == PIE_OK && registry_on(a)) {
         /* Before answering, so that a launch on another replica right after finds it. The

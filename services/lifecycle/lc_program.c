@@ -302,10 +302,10 @@ static void keep_loaded(lc_program_store *ps, const char *id, lc_wasm_module *m)
     lc_wasm_module_release(evicted); /* unmapped once its last instance is gone */
 }
 
-pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                        const lc_program_holder *holder, char id_out[65], bool *already,
-                        pie_status *st) {
-    return lc_program_put_cancel(ps, wasm, len, name, holder, NULL, id_out, already, st);
+pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *sha256,
+                        const char *name, const lc_program_holder *holder, char id_out[65],
+                        bool *already, pie_status *st) {
+    return lc_program_put_cancel(ps, wasm, len, sha256, name, holder, NULL, id_out, already, st);
 }
 
 /* Whether len more bytes of program id fit: within programs.store_size unless id is stored
@@ -357,19 +357,24 @@ static pie_code hold(const lc_program_store *ps, const char *id, const lc_progra
     return PIE_OK;
 }
 
-pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len,
+                               const char *sha256, const char *name,
                                const lc_program_holder *holder, lc_wasm_cancel *cancel,
                                char id_out[65], bool *already, pie_status *st) {
     /* Refused before its compile when it clearly does not fit; checked again before the write,
      * since other uploads may have filled the store while this one compiled. */
     char id[65];
-    pie_code rc = pie_sha256_hex(wasm, len, id, st);
+    pie_code rc = PIE_OK;
+    if (sha256)
+        snprintf(id, sizeof id, "%s", sha256);
+    else
+        rc = pie_sha256_hex(wasm, len, id, st);
     pthread_mutex_lock(&ps->put_mu);
     if (rc == PIE_OK) rc = check_room(ps, id, len, holder, st);
     pthread_mutex_unlock(&ps->put_mu);
     if (rc != PIE_OK) return rc;
     lc_wasm_module *m = NULL;
-    if (lc_wasm_module_load_cancel(ps->rt, wasm, len, cancel, &m, st) != PIE_OK) return st->code;
+    if (lc_wasm_module_load_id(ps->rt, wasm, len, id, cancel, &m, st) != PIE_OK) return st->code;
     snprintf(id_out, 65, "%s", lc_wasm_module_id(m));
     char path[4200];
     path_of(ps, id_out, "wasm", path, sizeof path);

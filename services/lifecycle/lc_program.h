@@ -53,18 +53,20 @@ typedef struct lc_program_holder {
     uint64_t max_bytes; /* 0: no bound */
 } lc_program_holder;
 
-/* Validates and stores len bytes under their SHA-256 with this label. id_out gets the id (65
- * bytes), *already that the bytes were stored before. INVALID_ARGUMENT (lc_wasm's reason) for
- * a module that cannot run here, RESOURCE_EXHAUSTED past programs.store_size. Slow the first time
- * (compiles): not on an RPC thread. */
-pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *name,
-                        const lc_program_holder *holder, char id_out[65], bool *already,
-                        pie_status *st);
+/* Validates and stores len bytes under their SHA-256 with this label. sha256: that hash when
+ * the caller computed it (the bytes are then not hashed again; it must be theirs), else NULL.
+ * id_out gets the id (65 bytes), *already that the bytes were stored before. INVALID_ARGUMENT
+ * (lc_wasm's reason) for a module that cannot run here, RESOURCE_EXHAUSTED past
+ * programs.store_size. Slow the first time (compiles): not on an RPC thread. */
+pie_code lc_program_put(lc_program_store *ps, const void *wasm, size_t len, const char *sha256,
+                        const char *name, const lc_program_holder *holder, char id_out[65],
+                        bool *already, pie_status *st);
 /* lc_program_put that gives up (PIE_CANCELLED, the compile killed) when cancel fires: an
  * upload whose client went away. INVALID_ARGUMENT for a module beyond the complexity limits
  * (programs.max_*), RESOURCE_EXHAUSTED when the compile ran out of time or the compile queue
  * is full, UNAVAILABLE during shutdown (lc_wasm.h). */
-pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len, const char *name,
+pie_code lc_program_put_cancel(lc_program_store *ps, const void *wasm, size_t len,
+                               const char *sha256, const char *name,
                                const lc_program_holder *holder, lc_wasm_cancel *cancel,
                                char id_out[65], bool *already, pie_status *st);
 

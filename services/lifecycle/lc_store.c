@@ -162,7 +162,8 @@ pie_code lc_store_fetch_program(lc_store *s, const char *id, const lc_program_ho
                             id, got);
     bool already = false;
     if (rc == PIE_OK)
-        rc = lc_program_put(s->programs, b.data, (size_t)b.size, name, holder, got, &already, st);
+        rc = lc_program_put(s->programs, b.data, (size_t)b.size, got, name, holder, got, &already,
+                            st);
     if (rc == PIE_OK) {
         pie_counter_add(s->c_prog_fetched, 1);
         pie_log_info("lc.program.fetched", "program=%s name=\"%s\" bytes=%llu", id, name,

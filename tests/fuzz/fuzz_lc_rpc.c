@@ -37,7 +37,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     char *wasm = fuzz_read_file(PIE_SOURCE_DIR "/tests/fuzz/corpus/wasm_parse/trivial.wasm", &len);
     char id[65];
     bool already = false;
-    if (lc_program_put(ps, (const uint8_t *)wasm, len, "trivial", NULL, id, &already, &st) !=
+    if (lc_program_put(ps, (const uint8_t *)wasm, len, NULL, "trivial", NULL, id, &already, &st) !=
         PIE_OK)
         fuzz_fail("storing trivial.wasm: %s", st.msg);
     free(wasm);

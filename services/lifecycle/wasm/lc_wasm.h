@@ -172,6 +172,10 @@ static inline void lc_wasm_cancel_fire(lc_wasm_cancel *c) { atomic_store(&c->fir
 /* lc_wasm_module_load that stops when cancel (may be NULL) fires. */
 pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len,
                                     lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st);
+/* lc_wasm_module_load_cancel of bytes whose SHA-256 the caller computed (sha256, 64 lowercase
+ * hex digits; NULL: hashed here). It must be theirs: it names the module and its cache files. */
+pie_code lc_wasm_module_load_id(lc_wasm_rt *rt, const void *wasm, size_t len, const char *sha256,
+                                lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st);
 /* Drops a reference; the last one unloads the module (unmaps its native code; its disk cache
  * stays): the runtime keeps a module only while someone holds it. NULL is a no-op. */
 void lc_wasm_module_release(lc_wasm_module *m);

@@ -369,6 +369,11 @@ pie_code lc_wasm_module_load(lc_wasm_rt *rt, const void *wasm, size_t len, lc_wa
 
 pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len,
                                     lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st) {
+    return lc_wasm_module_load_id(rt, wasm, len, NULL, cancel, out, st);
+}
+
+pie_code lc_wasm_module_load_id(lc_wasm_rt *rt, const void *wasm, size_t len, const char *sha256,
+                                lc_wasm_cancel *cancel, lc_wasm_module **out, pie_status *st) {
     *out = NULL;
     if (wasm == NULL && len > 0)
         return pie_status_set(st, PIE_INVALID_ARGUMENT, "module bytes are NULL");
@@ -379,7 +384,9 @@ pie_code lc_wasm_module_load_cancel(lc_wasm_rt *rt, const void *wasm, size_t len
         return st->code;
     }
     char id[65];
-    if (pie_sha256_hex(wasm, len, id, st) != PIE_OK) {
+    if (sha256) {
+        snprintf(id, sizeof id, "%s", sha256);
+    } else if (pie_sha256_hex(wasm, len, id, st) != PIE_OK) {
         lc_wasm_info_free(&info);
         return st->code;
     }
