@@ -44,6 +44,15 @@ struct lc_api {
     bool stopping;
     uint32_t max_uploads;  /* programs.max_uploads */
     atomic_uint uploads;   /* UploadProgram calls in progress */
+    /* With tenants: each tenant's uploads in progress, at most max_tenant_uploads each, so one
+     * tenant never takes every slot (a small table: the tenants uploading at this moment). */
+    uint32_t max_tenant_uploads; /* programs.max_tenant_uploads, derived when 0 */
+    pthread_mutex_t tenant_mu;   /* guards tenant_uploads */
+    struct {
+        char tenant[PIE_TENANT_NAME_MAX + 1];
+        uint32_t n;
+    } *tenant_uploads;
+    size_t n_tenant_uploads;
     pie_budget *budget;    /* limits.replica_memory: upload buffers are charged to it */
 };
 
@@ -130,6 +139,7 @@ typedef struct lc_upload {
     lc_wasm_cancel cancel; /* fired when the call ends: the compile is killed */
     bool have_meta, failed;
     atomic_bool counted; /* in api->uploads (cleared by upload_release) */
+    char tenant[PIE_TENANT_NAME_MAX + 1]; /* counted in api->tenant_uploads too ("": not) */
     uint64_t charged;    /* bytes of api->budget its buffer holds */
     char name[LC_PROGRAM_NAME_MAX + 1];
     char expected_sha256[65];
@@ -137,13 +147,52 @@ typedef struct lc_upload {
     uint64_t size, got;
 } lc_upload;
 
+/* Counts an upload of tenant's (none: the anonymous tenant of a cluster without tenants, not
+ * counted); false when it has max_tenant_uploads in progress already. */
+static bool tenant_upload_begin(lc_api *a, const char *tenant) {
+    if (tenant[0] == '\0') return true;
+    pthread_mutex_lock(&a->tenant_mu);
+    size_t i = 0;
+    while (i < a->n_tenant_uploads && strcmp(a->tenant_uploads[i].tenant, tenant) != 0) i++;
+    bool ok = true;
+    if (i == a->n_tenant_uploads) {
+        void *v = realloc(a->tenant_uploads, (i + 1) * sizeof *a->tenant_uploads);
+        ok = v != NULL;
+        if (ok) {
+            a->tenant_uploads = v;
+            snprintf(a->tenant_uploads[i].tenant, sizeof a->tenant_uploads[i].tenant, "%s", tenant);
+            a->tenant_uploads[i].n = 0;
+            a->n_tenant_uploads++;
+        }
+    }
+    ok = ok && a->tenant_uploads[i].n < a->max_tenant_uploads;
+    if (ok) a->tenant_uploads[i].n++;
+    pthread_mutex_unlock(&a->tenant_mu);
+    return ok;
+}
+
+static void tenant_upload_end(lc_api *a, const char *tenant) {
+    if (tenant[0] == '\0') return;
+    pthread_mutex_lock(&a->tenant_mu);
+    for (size_t i = 0; i < a->n_tenant_uploads; i++)
+        if (strcmp(a->tenant_uploads[i].tenant, tenant) == 0) {
+            if (--a->tenant_uploads[i].n == 0) /* forgotten: the table holds active tenants */
+                a->tenant_uploads[i] = a->tenant_uploads[--a->n_tenant_uploads];
+            break;
+        }
+    pthread_mutex_unlock(&a->tenant_mu);
+}
+
 /* Gives back what an upload holds of the replica (its programs.max_uploads slot, its buffer and
  * the budget it charged) once nothing more will read the bytes: before its answer is sent, so
  * that a client uploading one program after another (the common case with max_uploads = 1)
  * never finds its own finished upload still in the way. The call's callbacks and the upload's
  * thread never run this at once: the thread starts after the last callback that may fail. */
 static void upload_release(lc_upload *u) {
-    if (atomic_exchange(&u->counted, false)) atomic_fetch_sub(&u->api->uploads, 1);
+    if (atomic_exchange(&u->counted, false)) {
+        atomic_fetch_sub(&u->api->uploads, 1);
+        tenant_upload_end(u->api, u->tenant);
+    }
     pie_budget_give(u->api->budget, u->charged);
     u->charged = 0;
     free(u->buf);
@@ -229,9 +278,20 @@ static void upload_chunk(lc_upload *u, const ProtobufCBinaryData *c) {
 static bool upload_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     (void)req;
     lc_api *a = user;
+    const pie_tenant *t = rpc_call_tenant(call);
+    const char *tenant = t == &pie_tenant_anonymous ? "" : t->name;
+    char msg[240];
+    if (!tenant_upload_begin(a, tenant)) {
+        snprintf(msg, sizeof msg,
+                 "UploadProgram: tenant \"%s\" has %u uploads in progress on this replica, its "
+                 "share of the %u (programs.max_tenant_uploads); retry later",
+                 tenant, a->max_tenant_uploads, a->max_uploads);
+        rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, msg);
+        return false;
+    }
     if (atomic_fetch_add(&a->uploads, 1) >= a->max_uploads) {
         atomic_fetch_sub(&a->uploads, 1);
-        char msg[160];
+        tenant_upload_end(a, tenant);
         snprintf(msg, sizeof msg,
                  "UploadProgram: %u uploads are in progress on this replica "
                  "(programs.max_uploads); retry later",
@@ -242,9 +302,11 @@ static bool upload_on_call(rpc_call *call, ProtobufCMessage *req, void *user) {
     lc_upload *u = calloc(1, sizeof *u);
     if (u == NULL) {
         atomic_fetch_sub(&a->uploads, 1);
+        tenant_upload_end(a, tenant);
         rpc_call_finish(call, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return false;
     }
+    snprintf(u->tenant, sizeof u->tenant, "%s", tenant);
     atomic_init(&u->counted, true);
     u->api = user;
     u->call = call;
@@ -993,8 +1055,16 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (pthread_mutex_init(&a->tenant_mu, NULL) != 0) {
+        pthread_cond_destroy(&a->work_cv);
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        free(a);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
     a->programs = programs;
-    a->max_uploads = LC_API_MAX_UPLOADS;
+    lc_api_set_limits(a, 0, 0, NULL);
     atomic_init(&a->uploads, 0);
     a->insts = insts;
     a->session = session;
@@ -1033,8 +1103,10 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
     return a;
 }
 
-void lc_api_set_limits(lc_api *a, uint32_t max_uploads, pie_budget *budget) {
+void lc_api_set_limits(lc_api *a, uint32_t max_uploads, uint32_t max_tenant_uploads,
+                       pie_budget *budget) {
     a->max_uploads = max_uploads ? max_uploads : LC_API_MAX_UPLOADS;
+    a->max_tenant_uploads = max_tenant_uploads ? max_tenant_uploads : (a->max_uploads + 1) / 2;
     a->budget = budget;
 }
 
@@ -1054,5 +1126,7 @@ void lc_api_destroy(lc_api *a) {
     pthread_cond_destroy(&a->work_cv);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
+    pthread_mutex_destroy(&a->tenant_mu);
+    free(a->tenant_uploads);
     free(a);
 }

@@ -27,9 +27,11 @@ typedef struct lc_api lc_api;
 lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session *session,
                       lc_store *store, pie_status *st);
 /* Every pie.v1.Lifecycle method (ListModels from the session); *n gets the count. */
-/* Uploads in progress at once (0: 16) and the budget their buffers are charged to (may be
- * NULL). Before serving. */
-void lc_api_set_limits(lc_api *a, uint32_t max_uploads, pie_budget *budget);
+/* Uploads in progress at once (0: 16), of them at most max_tenant_uploads of one tenant's when
+ * tenants are configured (0: half, rounded up), and the budget their buffers are charged to
+ * (may be NULL). Before serving. */
+void lc_api_set_limits(lc_api *a, uint32_t max_uploads, uint32_t max_tenant_uploads,
+                       pie_budget *budget);
 const rpc_method *lc_api_methods(lc_api *a, size_t *n);
 /* After the server has shut down: waits for jobs still running (uploads being validated and
  * registered, fetches, deletes). NULL is fine. */

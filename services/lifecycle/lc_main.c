@@ -41,6 +41,7 @@ typedef struct lc_config {
     lc_limits defaults, maxima;
     uint64_t replica_memory; /* limits.replica_memory */
     uint32_t max_uploads;    /* programs.max_uploads */
+    uint32_t max_tenant_uploads; /* programs.max_tenant_uploads */
     uint32_t max_loaded;     /* programs.max_loaded */
     uint64_t store_size;     /* programs.store_size */
     char *tokenizer_path, *http_allow;
@@ -141,6 +142,11 @@ static const pie_config_field lc_fields[] = {
          "uploads in progress at once on this replica; more are refused RESOURCE_EXHAUSTED "
          "(each holds its program's bytes in memory until it is stored; it stops counting before "
          "its answer is sent, so one client's uploads in a row never meet their own)"},
+    {"programs.max_tenant_uploads", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_tenant_uploads),
+     .def = "0", .max = "4096",
+     .doc = "with tenants, uploads in progress at once of one tenant's on this replica, so that "
+            "one tenant never takes every programs.max_uploads slot (0 = half of them, rounded "
+            "up); more are refused RESOURCE_EXHAUSTED naming the tenant"},
     {"programs.max_loaded", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, max_loaded), .def = "512",
      .min = "1", .max = "1000000",
      .doc = "programs kept loaded (native code mapped, ~140 KiB each) for quick launches; beyond "
@@ -298,7 +304,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
         return st->code;
     if ((p->api = lc_api_create(p->programs, p->insts, p->session, p->store, st)) == NULL)
         return st->code;
-    lc_api_set_limits(p->api, cfg->max_uploads, &p->budget);
+    lc_api_set_limits(p->api, cfg->max_uploads, cfg->max_tenant_uploads, &p->budget);
     size_t n_methods;
     const rpc_method *methods = lc_api_methods(p->api, &n_methods);
     if (svc_serve(p->s, methods, n_methods, st) != PIE_OK) return st->code;

@@ -64,9 +64,9 @@ static rpc_channel *channel(const e2e_cluster *c, const char *token) {
     return ch;
 }
 
-/* Starts the cluster, its controller with ctl_env (NULL-terminated "PIE_KEY=value"; NULL:
- * none). */
-static void env_start_ctl(tenants_env *e, const char *const *ctl_env) {
+/* Starts the cluster, its controller with ctl_env and its lifecycle with lc_extra too
+ * (NULL-terminated "PIE_KEY=value", at most 4; NULL: none). */
+static void env_start_with(tenants_env *e, const char *const *ctl_env, const char *const *lc_extra) {
     pie_status st;
     memset(e, 0, sizeof *e);
     e->dir = pie_proc_tmpdir(&st);
@@ -82,7 +82,11 @@ static void env_start_ctl(tenants_env *e, const char *const *ctl_env) {
              (long long)(sb.st_size + PIE_TEST_WASM_VARIANT_EXTRA) * 5 / 2);
     write_file(e->dir, "carol.yaml", carol);
     snprintf(e->dir_env, sizeof e->dir_env, "PIE_TENANTS_DIR=%s", e->dir);
-    const char *env[] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC, NULL};
+    const char *env[8] = {e->dir_env, "PIE_AUTH_TOKEN=" TOKEN_SVC};
+    for (size_t i = 0; lc_extra && lc_extra[i]; i++) {
+        cr_assert(i < 4, "at most 4 extra lifecycle settings");
+        env[2 + i] = lc_extra[i];
+    }
     e2e_cluster_start_ctl(&e->c, ctl_env, NULL, env, TOKEN_ALICE);
     e->bob = channel(&e->c, TOKEN_BOB);
     e->root = channel(&e->c, TOKEN_ROOT);
@@ -90,7 +94,7 @@ static void env_start_ctl(tenants_env *e, const char *const *ctl_env) {
     e->carol = channel(&e->c, TOKEN_CAROL);
 }
 
-static void env_start(tenants_env *e) { env_start_ctl(e, NULL); }
+static void env_start(tenants_env *e) { env_start_with(e, NULL, NULL); }
 
 static void env_stop(tenants_env *e) {
     rpc_channel_destroy(e->bob);
@@ -451,7 +455,7 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
 Test(security, one_tenants_uploads_cannot_push_another_tenants_program_out_of_the_registry) {
     tenants_env e;
     const char *ctl_env[] = {"PIE_PROGRAMS_REGISTRY_SIZE=136KiB", NULL}; /* 4 variants, not 5 */
-    env_start_ctl(&e, ctl_env);
+    env_start_with(&e, ctl_env, NULL);
     pie_status st;
     char v[7][65];
     cr_assert_eq(upload_variant(&e, e.c.ch, 0, v[0], &st), PIE_OK, "%s", st.msg);
@@ -469,6 +473,37 @@ Test(security, one_tenants_uploads_cannot_push_another_tenants_program_out_of_th
     rpc_channel_destroy(bob2.ch);
     c2.ctl = NULL; /* the cluster's, stopped with it */
     e2e_cluster_stop(&c2);
+    env_stop(&e);
+}
+
+/* programs.max_uploads bounds a replica's uploads in progress: one tenant's held open could take
+ * every slot, and every other tenant's uploads were refused while they lasted. With tenants one
+ * holds at most its share (programs.max_tenant_uploads: half by default). */
+Test(security, one_tenant_holds_at_most_its_share_of_the_upload_slots) {
+    tenants_env e;
+    const char *lc_extra[] = {"PIE_PROGRAMS_MAX_UPLOADS=4", NULL}; /* bob's share: 2 */
+    env_start_with(&e, NULL, lc_extra);
+    e2e_cluster bob = as_caller(&e, e.bob);
+    rpc_stream *open[3];
+    for (int i = 0; i < 3; i++) open[i] = e2e_upload_begin(&bob, "pending", 1024, NULL, 0, 30000);
+    /* the three race to the replica: whichever it sees third is refused at once; none is ended
+     * before (an ended one would give its slot back) */
+    int ended = -1;
+    for (int64_t end = pie_test_now_ms() + 10000; ended < 0 && pie_test_now_ms() < end;)
+        for (int i = 0; i < 3 && ended < 0; i++) {
+            ProtobufCMessage *m = NULL;
+            if (rpc_stream_recv(open[i], &m, 10) == RPC_RECV_END) ended = i;
+        }
+    cr_assert(ended >= 0, "none of bob's three uploads was refused (his share is 2 of 4)");
+    pie_status st;
+    cr_expect_eq(e2e_upload_end(open[ended], &st), PIE_RESOURCE_EXHAUSTED, "%s", st.msg);
+    cr_expect(strstr(st.msg, "tenant \"bob\"") && strstr(st.msg, "programs.max_tenant_uploads"),
+              "%s", st.msg);
+    /* bob's two still hold their slots: carol uploads beside them */
+    char id[65];
+    cr_expect_eq(upload_variant(&e, e.carol, 0, id, &st), PIE_OK, "%s", st.msg);
+    for (int i = 0; i < 3; i++)
+        if (i != ended) cr_expect_neq(e2e_upload_end(open[i], &st), PIE_OK, "stored without bytes");
     env_stop(&e);
 }
 
