@@ -743,10 +743,8 @@ static bool terminate_on_call(rpc_call *call, ProtobufCMessage *req, void *user)
         rpc_call_finish_status(call, &st);
         return false;
     }
-    lc_inst_stop(in, PIE_CANCELLED, "terminated by client");
+    lc_inst_terminate(in, call);
     lc_inst_unref(in);
-    Pie__V1__TerminateResponse r = PIE__V1__TERMINATE_RESPONSE__INIT;
-    rpc_call_reply(call, &r.base);
     return false;
 }
 

@@ -110,6 +110,8 @@ struct lc_inst {
     pie_code stop_code;
     char stop_msg[256];
     rpc_call *attached; /* with a reference */
+    rpc_call **terminating; /* Terminate calls answered at exit, each with a reference */
+    size_t n_terminating;
     lc_out_chunk *head, *tail;
     uint64_t buffered_bytes; /* chunk_cost of the chunks held */
     uint64_t dropped_bytes;  /* output bytes dropped since the last attach */
@@ -194,6 +196,7 @@ static void release_output(lc_inst *in) {
 static void inst_free(lc_inst *in) {
     for (size_t i = 0; i < in->argc; i++) free(in->argv[i]);
     free(in->argv);
+    free(in->terminating); /* answered at exit */
     release_output(in);
     pthread_mutex_destroy(&in->mu);
     free(in);
@@ -468,6 +471,16 @@ static void finish_attached(lc_inst *in) {
     rpc_call_unref(call);
 }
 
+/* Answers the Terminate calls waiting for the exit. Caller holds in->mu. */
+static void answer_terminating(lc_inst *in) {
+    for (size_t i = 0; i < in->n_terminating; i++) {
+        Pie__V1__TerminateResponse r = PIE__V1__TERMINATE_RESPONSE__INIT;
+        rpc_call_reply(in->terminating[i], &r.base);
+        rpc_call_unref(in->terminating[i]);
+    }
+    in->n_terminating = 0;
+}
+
 /* lc_wasm's outcome as an InstanceExit status (lifecycle.proto, InstanceExit.status) and its
  * message (msg, cap bytes). Caller holds in->mu. */
 static pie_code exit_status_of(lc_inst *in, const lc_wasm_outcome *o, char *msg, size_t cap) {
@@ -529,6 +542,7 @@ static void set_exited(lc_inst *in, pie_code code, const char *msg, int exit_cod
     pie_histogram_observe(m->h_life, (double)(in->exited_ns - in->started_ns) / 1e9);
     in->state = PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
     finish_attached(in);
+    answer_terminating(in);
     exits_push(m, in); /* order: instance, then exits_mu */
     pthread_mutex_unlock(&in->mu);
 }
@@ -1036,8 +1050,8 @@ void lc_inst_close_input(lc_inst *in) {
     pthread_mutex_unlock(&in->mu);
 }
 
-void lc_inst_stop(lc_inst *in, pie_code code, const char *msg) {
-    pthread_mutex_lock(&in->mu);
+/* lc_inst_stop under in->mu. */
+static void stop_locked(lc_inst *in, pie_code code, const char *msg) {
     if (!in->stop_requested && in->state != PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED) {
         in->stop_requested = true;
         in->stop_code = code;
@@ -1046,7 +1060,32 @@ void lc_inst_stop(lc_inst *in, pie_code code, const char *msg) {
         /* Not running yet: run_instance interrupts it as soon as it exists. */
         if (in->attached) rpc_call_end_waits(in->attached); /* a writer waiting for room */
     }
+}
+
+void lc_inst_stop(lc_inst *in, pie_code code, const char *msg) {
+    pthread_mutex_lock(&in->mu);
+    stop_locked(in, code, msg);
     pthread_mutex_unlock(&in->mu);
+}
+
+void lc_inst_terminate(lc_inst *in, rpc_call *call) {
+    pthread_mutex_lock(&in->mu);
+    stop_locked(in, PIE_CANCELLED, "terminated by client");
+    bool now = in->state == PIE__V1__INSTANCE_STATE__INSTANCE_STATE_EXITED;
+    if (!now) {
+        rpc_call **v = realloc(in->terminating, (in->n_terminating + 1) * sizeof *v);
+        now = v == NULL; /* out of memory: answered now, the stop requested */
+        if (v) {
+            in->terminating = v;
+            in->terminating[in->n_terminating++] = call;
+            rpc_call_ref(call);
+        }
+    }
+    pthread_mutex_unlock(&in->mu);
+    if (now) {
+        Pie__V1__TerminateResponse r = PIE__V1__TERMINATE_RESPONSE__INIT;
+        rpc_call_reply(call, &r.base);
+    }
 }
 
 /* ---- listing ------------------------------------------------------------------------------ */

@@ -98,6 +98,10 @@ pie_code lc_inst_message(lc_inst *in, const void *msg, size_t len, pie_status *s
 void lc_inst_close_input(lc_inst *in);
 /* Stops the instance with this exit status (the first stop wins); no-op once it exited. */
 void lc_inst_stop(lc_inst *in, pie_code code, const char *msg);
+/* Terminate: stops the instance (CANCELLED "terminated by client") and answers call with a
+ * TerminateResponse once it has exited, its end queued to the controller ahead of anything
+ * sent later — so a launch after the answer finds the tenant's instances quota freed. */
+void lc_inst_terminate(lc_inst *in, rpc_call *call);
 
 /* Every instance of the replica tenant may see (lc_inst_find), in launch order; free with
  * lc_inst_list_free. */

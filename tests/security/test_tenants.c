@@ -306,6 +306,13 @@ Test(security, tenant_quotas_refuse_with_the_quota_named_and_instances_stay_priv
     cr_expect_eq(terminate(&e, e.bob, a1, &st), PIE_NOT_FOUND, "bob terminated alice's instance");
     cr_expect_eq(terminate(&e, e.c.ch, a1, &st), PIE_OK, "%s", st.msg);
     cr_expect_eq(terminate(&e, e.root, b1, &st), PIE_OK, "%s", st.msg);
+    /* Terminate answers once the instance has ended and the controller will count it off
+     * before any later launch: alice's next launch fits her quota of 1 at once (before, one
+     * right after the answer was refused now and then: "quota instances (1) reached") */
+    for (int i = 0; i < 10; i++) {
+        uint64_t a = launch(&e, e.c.ch, prog, wait, PIE_OK, &st);
+        cr_assert_eq(terminate(&e, e.c.ch, a, &st), PIE_OK, "round %d: %s", i, st.msg);
+    }
 
     /* uploads: bob's are bounded by his quota; programs are shared: bob's delete of alice's
      * program releases nothing of hers (only his own holds; an admin's removes it) */
