@@ -21,6 +21,12 @@
 #define LC_API_WORKERS     8u         /* threads running jobs (uploads, fetches, deletes, exports) */
 #define LC_API_JOB_QUEUE   256u       /* jobs waiting for one; more are refused */
 
+/* One tenant's uploads in progress. */
+typedef struct lc_tenant_uploads {
+    char tenant[PIE_TENANT_NAME_MAX + 1];
+    uint32_t n;
+} lc_tenant_uploads;
+
 struct lc_api {
     lc_program_store *programs;
     lc_inst_mgr *insts;
@@ -48,10 +54,7 @@ struct lc_api {
      * tenant never takes every slot (a small table: the tenants uploading at this moment). */
     uint32_t max_tenant_uploads; /* programs.max_tenant_uploads, derived when 0 */
     pthread_mutex_t tenant_mu;   /* guards tenant_uploads */
-    struct {
-        char tenant[PIE_TENANT_NAME_MAX + 1];
-        uint32_t n;
-    } *tenant_uploads;
+    lc_tenant_uploads *tenant_uploads;
     size_t n_tenant_uploads;
     pie_budget *budget;    /* limits.replica_memory: upload buffers are charged to it */
 };

@@ -66,7 +66,8 @@ static rpc_channel *channel(const e2e_cluster *c, const char *token) {
 
 /* Starts the cluster, its controller with ctl_env and its lifecycle with lc_extra too
  * (NULL-terminated "PIE_KEY=value", at most 4; NULL: none). */
-static void env_start_with(tenants_env *e, const char *const *ctl_env, const char *const *lc_extra) {
+static void env_start_with(tenants_env *e, const char *const *ctl_env,
+                           const char *const *lc_extra) {
     pie_status st;
     memset(e, 0, sizeof *e);
     e->dir = pie_proc_tmpdir(&st);
