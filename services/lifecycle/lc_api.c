@@ -435,7 +435,9 @@ static bool list_programs_on_call(rpc_call *call, ProtobufCMessage *req, void *u
     lc_api *a = user;
     pie_status st;
     Pie__V1__ListProgramsResponse r = PIE__V1__LIST_PROGRAMS_RESPONSE__INIT;
-    if (lc_program_list(a->programs, &r.programs, &r.n_programs, &st) != PIE_OK) {
+    const pie_tenant *t = rpc_call_tenant(call); /* a tenant lists its own, an admin all */
+    if (lc_program_list(a->programs, t->admin ? NULL : t->name, &r.programs, &r.n_programs, &st) !=
+        PIE_OK) {
         rpc_call_finish_status(call, &st);
         return false;
     }

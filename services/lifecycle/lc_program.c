@@ -16,6 +16,7 @@
 
 #include "pie_file.h"
 #include "pie_sha256.h"
+#include "pie_tenant.h"
 
 typedef struct lc_program_loaded {
     char id[65];
@@ -496,7 +497,46 @@ static Pie__V1__ProgramTier tier_of(lc_program_store *ps, const char *id) {
                   : PIE__V1__PROGRAM_TIER__PROGRAM_TIER_QUICK;
 }
 
-static Pie__V1__ProgramInfo *info_of(lc_program_store *ps, const char *id) {
+/* The holds on id: glob's result (0: g lists them, to globfree; GLOB_NOMATCH: none). */
+static int holds_of(const lc_program_store *ps, const char *id, glob_t *g) {
+    char pattern[4200];
+    holder_path(ps, id, "*", pattern, sizeof pattern);
+    return glob(pattern, GLOB_NOSORT, NULL, g);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* pi->holders: the tenants holding id, sorted. False when out of memory. */
+static bool fill_holders(const lc_program_store *ps, const char *id, Pie__V1__ProgramInfo *pi) {
+    glob_t g;
+    int rc = holds_of(ps, id, &g);
+    if (rc == GLOB_NOMATCH) return true;
+    if (rc != 0) return false;
+    bool ok = (pi->holders = calloc(g.gl_pathc, sizeof *pi->holders)) != NULL;
+    for (size_t i = 0; ok && i < g.gl_pathc; i++) {
+        const char *by = strrchr(g.gl_pathv[i], '/'); /* "/<id>.by.<tenant>" */
+        by = by ? by + 1 + 64 + 4 : "";
+        if (!pie_tenant_name_valid(by)) continue;
+        ok = (pi->holders[pi->n_holders] = strdup(by)) != NULL;
+        pi->n_holders += ok;
+    }
+    globfree(&g);
+    if (pi->n_holders > 1) qsort(pi->holders, pi->n_holders, sizeof *pi->holders, cmp_str);
+    return ok;
+}
+
+static void info_free(Pie__V1__ProgramInfo *pi) {
+    free(pi->program_id);
+    free(pi->name);
+    for (size_t i = 0; i < pi->n_holders; i++) free(pi->holders[i]);
+    free(pi->holders);
+    free(pi);
+}
+
+/* What ListPrograms says of id; with its holders when holders. NULL when it is not stored. */
+static Pie__V1__ProgramInfo *info_of(lc_program_store *ps, const char *id, bool holders) {
     Pie__V1__ProgramInfo *pi = calloc(1, sizeof *pi);
     char *name = malloc(LC_PROGRAM_NAME_MAX + 1);
     char *pid = strdup(id);
@@ -511,6 +551,10 @@ static Pie__V1__ProgramInfo *info_of(lc_program_store *ps, const char *id) {
     pi->name = name;
     pi->size_bytes = (uint64_t)sb.st_size;
     pi->tier = tier_of(ps, id);
+    if (holders && !fill_holders(ps, id, pi)) {
+        info_free(pi);
+        return NULL;
+    }
     return pi;
 fail:
     free(pi);
@@ -524,8 +568,8 @@ static int cmp_info(const void *a, const void *b) {
                   (*(Pie__V1__ProgramInfo *const *)b)->program_id);
 }
 
-pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size_t *n,
-                         pie_status *st) {
+pie_code lc_program_list(lc_program_store *ps, const char *tenant, Pie__V1__ProgramInfo ***out,
+                         size_t *n, pie_status *st) {
     *out = NULL;
     *n = 0;
     DIR *d = opendir(ps->dir);
@@ -541,7 +585,12 @@ pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size
         memcpy(id, e->d_name, 64);
         id[64] = '\0';
         if (!pie_sha256_is_hex(id)) continue;
-        Pie__V1__ProgramInfo *pi = info_of(ps, id);
+        if (tenant) {
+            char path[4200];
+            holder_path(ps, id, tenant, path, sizeof path);
+            if (access(path, F_OK) != 0) continue; /* not the caller's */
+        }
+        Pie__V1__ProgramInfo *pi = info_of(ps, id, tenant == NULL);
         if (pi == NULL) continue;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 16;
@@ -564,42 +613,8 @@ pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size
 }
 
 void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        free(list[i]->program_id);
-        free(list[i]->name);
-        free(list[i]);
-    }
+    for (size_t i = 0; i < n; i++) info_free(list[i]);
     free(list);
-}
-
-/* The holds on id: glob's result (0: g lists them, to globfree; GLOB_NOMATCH: none). */
-static int holds_of(const lc_program_store *ps, const char *id, glob_t *g) {
-    char pattern[4200];
-    holder_path(ps, id, "*", pattern, sizeof pattern);
-    return glob(pattern, GLOB_NOSORT, NULL, g);
-}
-
-pie_code lc_program_holders(lc_program_store *ps, const char *id,
-                            char (**out)[PIE_TENANT_NAME_MAX + 1], size_t *n, pie_status *st) {
-    *out = NULL;
-    *n = 0;
-    if (check_id(id, st) != PIE_OK) return st->code;
-    glob_t g;
-    int rc = holds_of(ps, id, &g);
-    if (rc == GLOB_NOMATCH) return PIE_OK;
-    if (rc != 0)
-        return pie_status_set(st, PIE_INTERNAL, "program store: cannot list the holds on %s", id);
-    if ((*out = calloc(g.gl_pathc, sizeof **out)) == NULL) {
-        globfree(&g);
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "program store: out of memory");
-    }
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        const char *by = strrchr(g.gl_pathv[i], '/'); /* "/<id>.by.<tenant>" */
-        by = by ? by + 1 + 64 + 4 : "";
-        if (pie_tenant_name_valid(by)) snprintf((*out)[(*n)++], sizeof **out, "%s", by);
-    }
-    globfree(&g);
-    return PIE_OK;
 }
 
 /* Removes every tenant's hold on id (its module is gone). */

@@ -19,7 +19,6 @@
 #include "pie/v1/lifecycle.pb-c.h"
 #include "pie_metrics.h"
 #include "pie_status.h"
-#include "pie_tenant.h"
 
 typedef struct lc_program_store lc_program_store;
 
@@ -87,14 +86,11 @@ pie_code lc_program_instance(lc_program_store *ps, const char *id,
 pie_code lc_program_bytes(lc_program_store *ps, const char *id, uint8_t **bytes, size_t *len,
                           char *name, size_t cap, pie_status *st);
 
-/* The tenants holding program id here, as names (*out malloc'd, the caller frees it; NULL when
- * *n is 0: nobody holds it, as a program stored before holds were recorded). */
-pie_code lc_program_holders(lc_program_store *ps, const char *id,
-                            char (**out)[PIE_TENANT_NAME_MAX + 1], size_t *n, pie_status *st);
-
-/* Every stored program ordered by id; free with lc_program_list_free. */
-pie_code lc_program_list(lc_program_store *ps, Pie__V1__ProgramInfo ***out, size_t *n,
-                         pie_status *st);
+/* The stored programs ordered by id: those tenant holds here (without holders), or with tenant
+ * NULL every one with the tenants holding it (ProgramInfo.holders, sorted). Free with
+ * lc_program_list_free. */
+pie_code lc_program_list(lc_program_store *ps, const char *tenant, Pie__V1__ProgramInfo ***out,
+                         size_t *n, pie_status *st);
 void lc_program_list_free(Pie__V1__ProgramInfo **list, size_t n);
 
 /* Removes program id (disk and memory) and every hold on it; running instances keep their

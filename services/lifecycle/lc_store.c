@@ -309,30 +309,13 @@ static void on_program_dropped(void *ctx, const char *id, const char *tenant) {
         pie_log_warn("lc.program.drop_failed", "program=%s error=\"%s\"", id, st.msg);
 }
 
-/* Puts local program id, held by the tenants that hold it here. */
-static pie_code push_with_holders(lc_store *s, const char *id, pie_status *st) {
-    char(*names)[PIE_TENANT_NAME_MAX + 1] = NULL;
-    size_t n = 0;
-    if (lc_program_holders(s->programs, id, &names, &n, st) != PIE_OK) return st->code;
-    const char **tenants = calloc(n ? n : 1, sizeof *tenants);
-    if (tenants == NULL) {
-        free(names);
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lifecycle: out of memory");
-    }
-    for (size_t i = 0; i < n; i++) tenants[i] = names[i];
-    pie_code rc = lc_store_push_program(s, id, tenants, n, st);
-    free(tenants);
-    free(names);
-    return rc;
-}
-
 /* Puts every local program the registry lacks, and every holder it lacks (after a
  * (re)connect). */
 static void resync(lc_store *s) {
     Pie__V1__ProgramInfo **list = NULL;
     size_t n = 0;
     pie_status st;
-    if (lc_program_list(s->programs, &list, &n, &st) != PIE_OK) {
+    if (lc_program_list(s->programs, NULL, &list, &n, &st) != PIE_OK) {
         pie_log_warn("lc.program.resync_failed", "error=\"%s\"", st.msg);
         return;
     }
@@ -342,7 +325,8 @@ static void resync(lc_store *s) {
         bool stop = s->stop;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
-        if (push_with_holders(s, list[i]->program_id, &st) != PIE_OK) {
+        if (lc_store_push_program(s, list[i]->program_id, (const char *const *)list[i]->holders,
+                                  list[i]->n_holders, &st) != PIE_OK) {
             failed++;
             pie_log_warn("lc.program.resync_failed", "program=%s code=%s error=\"%s\"",
                          list[i]->program_id, pie_code_name(st.code), st.msg);

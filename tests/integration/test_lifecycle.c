@@ -1261,6 +1261,8 @@ Test(lifecycle, piectl_runs_inferlets_and_reports_their_exit) {
     const char *programs[] = {"programs", NULL};
     cr_assert_eq(piectl(&c, programs, &log), 0, "%s", log);
     cr_assert(strstr(log, "lc_echo.wasm") && strstr(log, "hostile.wasm"), "%s", log);
+    cr_expect(strstr(log, "held by anonymous"), "without tenants the one tenant holds all: %s",
+              log);
     free(log);
     const char *kill[] = {"kill", "123", NULL};
     cr_assert_eq(piectl(&c, kill, &log), 1, "%s", log);

@@ -364,19 +364,33 @@ static pie_code upload_variant(tenants_env *e, rpc_channel *ch, int number, char
     return rc;
 }
 
-static bool listed_on(rpc_channel *admin, const char *id) {
+/* ListPrograms as ch's tenant: the entry for id (a copy, to free), or NULL when not listed. */
+static Pie__V1__ProgramInfo *listing_of(rpc_channel *ch, const char *id) {
     Pie__V1__ListProgramsRequest req = PIE__V1__LIST_PROGRAMS_REQUEST__INIT;
     ProtobufCMessage *m = NULL;
     pie_status st;
     rpc_call_opts o = {.timeout_ms = CALL_MS};
-    cr_assert_eq(rpc_unary(admin, "/pie.v1.Lifecycle/ListPrograms", &req.base,
+    cr_assert_eq(rpc_unary(ch, "/pie.v1.Lifecycle/ListPrograms", &req.base,
                            &pie__v1__list_programs_response__descriptor, &m, &o, &st),
                  PIE_OK, "%s", st.msg);
     Pie__V1__ListProgramsResponse *r = (Pie__V1__ListProgramsResponse *)m;
-    bool found = false;
-    for (size_t i = 0; i < r->n_programs; i++) found |= strcmp(r->programs[i]->program_id, id) == 0;
+    Pie__V1__ProgramInfo *found = NULL;
+    for (size_t i = 0; i < r->n_programs && !found; i++)
+        if (strcmp(r->programs[i]->program_id, id) == 0) {
+            uint8_t buf[4096];
+            size_t n = protobuf_c_message_pack(&r->programs[i]->base, buf);
+            cr_assert(n < sizeof buf);
+            found = pie__v1__program_info__unpack(NULL, n, buf);
+            cr_assert(found);
+        }
     rpc_msg_free(m);
     return found;
+}
+
+static bool listed_on(rpc_channel *ch, const char *id) {
+    Pie__V1__ProgramInfo *pi = listing_of(ch, id);
+    if (pi) pie__v1__program_info__free_unpacked(pi, NULL);
+    return pi != NULL;
 }
 
 static bool listed(tenants_env *e, const char *id) { return listed_on(e->root, id); }
@@ -454,6 +468,35 @@ Test(security, a_tenants_fetches_count_and_its_delete_releases_them_on_every_rep
     rpc_channel_destroy(root2);
     c2.ctl = NULL; /* the cluster's, stopped with it */
     e2e_cluster_stop(&c2);
+    env_stop(&e);
+}
+
+/* ListPrograms listed every program of the replica to every tenant: bob read the ids and names
+ * of alice's programs, and with an id he could launch her program. A tenant lists the programs
+ * it holds; an admin lists all, with their holders. */
+Test(security, a_tenant_lists_only_the_programs_it_holds) {
+    tenants_env e;
+    env_start(&e);
+    pie_status st;
+    char a[65], b[65], s[65];
+    cr_assert_eq(upload_variant(&e, e.c.ch, 0, a, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.bob, 1, b, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.bob, 2, s, &st), PIE_OK, "%s", st.msg);
+    cr_assert_eq(upload_variant(&e, e.c.ch, 2, s, &st), PIE_OK, "%s", st.msg); /* shared */
+    cr_expect(!listed_on(e.bob, a), "bob lists alice's program");
+    cr_expect(listed_on(e.bob, b) && listed_on(e.bob, s));
+    cr_expect(!listed_on(e.c.ch, b), "alice lists bob's program");
+    cr_expect(listed_on(e.c.ch, a) && listed_on(e.c.ch, s));
+    Pie__V1__ProgramInfo *pi = listing_of(e.root, s);
+    cr_assert(pi, "an admin does not list every program");
+    cr_expect(pi->n_holders == 2 && strcmp(pi->holders[0], "alice") == 0 &&
+                  strcmp(pi->holders[1], "bob") == 0,
+              "holders of the shared program: %zu", pi->n_holders);
+    pie__v1__program_info__free_unpacked(pi, NULL);
+    pi = listing_of(e.bob, b);
+    cr_assert(pi);
+    cr_expect_eq(pi->n_holders, 0, "a tenant's listing names holders");
+    pie__v1__program_info__free_unpacked(pi, NULL);
     env_stop(&e);
 }
 

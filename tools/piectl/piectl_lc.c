@@ -147,8 +147,11 @@ static int cmd_programs(const piectl_opts *o) {
         time_t t = (time_t)(p->uploaded_unix_ms / 1000);
         char when[32];
         strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", gmtime(&t));
-        printf("%s %10llu %-9s %s %s\n", p->program_id, (unsigned long long)p->size_bytes,
+        printf("%s %10llu %-9s %s %s", p->program_id, (unsigned long long)p->size_bytes,
                tier_name(p->tier), when, p->name);
+        for (size_t k = 0; k < p->n_holders; k++) /* an admin's listing names them */
+            printf("%s%s", k ? "," : "  held by ", p->holders[k]);
+        printf("\n");
     }
     rpc_msg_free(m);
     return 0;
