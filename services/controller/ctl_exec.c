@@ -155,12 +155,23 @@ static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, bool kv, uint32_
                        op, n, what, w->reg->group_id, avail);
         return false;
     }
-    uint64_t reclaimable = ctl_place_reclaimable(w, inst->launch, kv);
-    if (avail + reclaimable < n) {
+    ctl_inst **victims;
+    size_t n_victims;
+    uint64_t holds;
+    bool spared;
+    if (!ctl_place_plan_victims(w, inst, kv, n, avail, &victims, &n_victims, &holds, &spared)) {
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "%s: controller out of memory", op);
+        return false;
+    }
+    if (avail + holds < n) {
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                        "%s: %u %s requested, worker %s has %u free and instances launched after "
-                       "this one hold %llu there",
-                       op, n, what, w->reg->group_id, avail, (unsigned long long)reclaimable);
+                       "this one hold %llu there%s",
+                       op, n, what, w->reg->group_id, avail, (unsigned long long)holds,
+                       spared ? " that may be ended (not those of tenants holding fewer there "
+                                "than this tenant would)"
+                              : "");
+        free(victims);
         return false;
     }
     char why[PIE_STATUS_MSG_MAX];
@@ -168,13 +179,20 @@ static bool reclaim(ctl_core *c, ctl_worker *w, ctl_inst *inst, bool kv, uint32_
              "terminated by the system due to resource contention: instance %llu, launched "
              "earlier, needed %s on worker %s",
              (unsigned long long)inst->id, what, w->reg->group_id);
-    for (;;) {
-        avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
+    /* Ending a victim may free less than it holds (pages it shares stay): plan again while the
+     * plan still names someone. */
+    while (n_victims > 0) {
+        for (size_t i = 0; i < n_victims && avail < n; i++) {
+            ctl_core_terminate(c, victims[i], PIE_RESOURCE_EXHAUSTED, why);
+            avail = kv ? ctl_pool_kv_available(&w->pool) : ctl_pool_emb_available(&w->pool);
+        }
+        free(victims);
+        victims = NULL;
         if (avail >= n) return true;
-        ctl_inst *victim = ctl_place_victim(w, inst->launch, kv);
-        if (victim == NULL) break;
-        ctl_core_terminate(c, victim, PIE_RESOURCE_EXHAUSTED, why);
+        if (!ctl_place_plan_victims(w, inst, kv, n, avail, &victims, &n_victims, &holds, &spared))
+            break;
     }
+    free(victims);
     pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                    "%s: %u %s requested, worker %s has %u free after reclaiming those of later "
                    "instances (the rest are shared)",

@@ -51,7 +51,9 @@ static const pie_config_field ctl_fields[] = {
     {"contention.policy", PIE_CFG_ENUM, PIE_CONFIG_AT(ctl_config, contention), .def = "kill_newest",
      .choices = ctl_contention_names,
      .doc = "when KV pages run out: kill_newest (terminate the newest later instance holding "
-            "pages, FCFS) or fail_call (the allocation fails RESOURCE_EXHAUSTED)"},
+            "pages, FCFS; another tenant's only while that tenant holds at least as many pages "
+            "on the worker as the requester's would) or fail_call (the allocation fails "
+            "RESOURCE_EXHAUSTED)"},
     {"exports.max_pages", PIE_CFG_UINT, PIE_CONFIG_AT(ctl_config, export_max_pages), .def = "1024",
      .doc = "KV pages a tenant's persistent exports may hold, cluster-wide (a tenant file's "
             "export_pages overrides it; 0 = no limit)"},

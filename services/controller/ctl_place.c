@@ -256,21 +256,72 @@ void ctl_place_release(ctl_core *c, ctl_place *p) {
 /* Objects of one kind a placement holds. */
 static uint32_t held(const ctl_place *p, bool kv) { return kv ? p->vs.kv.n : p->vs.emb.n; }
 
-ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch, bool kv) {
-    ctl_inst *v = NULL;
-    for (const ctl_place *p = w->places; p; p = p->w_next) {
-        ctl_inst *i = p->inst;
-        if (i->dead || i->launch <= launch || held(p, kv) == 0) continue;
-        if (v == NULL || i->launch > v->launch) v = i;
-    }
-    return v;
+/* A tenant's holdings on the worker being planned for. */
+typedef struct plan_tenant {
+    const ctl_tenant *t; /* NULL: the anonymous tenant */
+    uint64_t held;
+} plan_tenant;
+
+static plan_tenant *plan_tenant_of(plan_tenant *v, size_t *n, const ctl_tenant *t) {
+    for (size_t i = 0; i < *n; i++)
+        if (v[i].t == t) return &v[i];
+    v[*n] = (plan_tenant){.t = t};
+    return &v[(*n)++];
 }
 
-uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch, bool kv) {
-    uint64_t n = 0;
+static int newest_first(const void *a, const void *b) {
+    uint64_t x = (*(ctl_inst *const *)a)->launch, y = (*(ctl_inst *const *)b)->launch;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* What inst holds on w. */
+static uint32_t held_on(const ctl_worker *w, const ctl_inst *inst, bool kv) {
+    uint32_t n = 0;
     for (const ctl_place *p = w->places; p; p = p->w_next)
-        if (!p->inst->dead && p->inst->launch > launch) n += held(p, kv);
+        if (p->inst == inst) n += held(p, kv);
     return n;
+}
+
+bool ctl_place_plan_victims(const ctl_worker *w, const ctl_inst *req, bool kv, uint32_t n,
+                            uint32_t avail, ctl_inst ***out, size_t *n_out, uint64_t *holds,
+                            bool *spared) {
+    *out = NULL;
+    *n_out = 0;
+    *holds = 0;
+    *spared = false;
+    size_t places = 0;
+    for (const ctl_place *p = w->places; p; p = p->w_next) places++;
+    ctl_inst **cand = malloc((places ? places : 1) * sizeof *cand);
+    plan_tenant *tenants = malloc((places + 1) * sizeof *tenants);
+    if (cand == NULL || tenants == NULL) {
+        free(cand);
+        free(tenants);
+        return false;
+    }
+    size_t n_cand = 0, n_tenants = 0;
+    for (const ctl_place *p = w->places; p; p = p->w_next) {
+        if (p->inst->dead) continue;
+        plan_tenant_of(tenants, &n_tenants, p->inst->tenant)->held += held(p, kv);
+        if (p->inst->launch > req->launch && held(p, kv) > 0) cand[n_cand++] = p->inst;
+    }
+    uint64_t would = plan_tenant_of(tenants, &n_tenants, req->tenant)->held + n;
+    qsort(cand, n_cand, sizeof *cand, newest_first);
+    size_t k = 0;
+    for (size_t i = 0; i < n_cand && avail + *holds < n; i++) {
+        plan_tenant *t = plan_tenant_of(tenants, &n_tenants, cand[i]->tenant);
+        if (cand[i]->tenant != req->tenant && t->held < would) {
+            *spared = true;
+            continue;
+        }
+        uint32_t h = held_on(w, cand[i], kv);
+        cand[k++] = cand[i]; /* k <= i: the plan reuses the candidates' array */
+        *holds += h;
+        t->held -= h;
+    }
+    free(tenants);
+    *out = cand;
+    *n_out = k;
+    return true;
 }
 
 /* ---- WorkerLink entry points ----------------------------------------------------------------- */

@@ -114,11 +114,17 @@ ctl_place *ctl_place_of(const struct ctl_inst *inst, uint32_t model);
 ctl_place *ctl_place_add(struct ctl_core *c, struct ctl_inst *inst, uint32_t model, ctl_worker *w);
 /* Releases every object of the placement and frees it (unlinking it from its worker). */
 void ctl_place_release(struct ctl_core *c, ctl_place *p);
-/* The contention victim on w for a requester launched at `launch`: the newest instance
- * launched after it with KV pages (kv) or embeddings (!kv) on w, or NULL. */
-struct ctl_inst *ctl_place_victim(const ctl_worker *w, uint64_t launch, bool kv);
-/* KV pages (kv) or embeddings (!kv) held on w by instances launched after `launch` (an upper
- * bound of what killing them can free: shared pages stay while another holder lives). */
-uint64_t ctl_place_reclaimable(const ctl_worker *w, uint64_t launch, bool kv);
+/* The contention plan on w for requester req, which needs n more KV pages (kv) or embeddings
+ * (!kv) where avail are free: the instances to end, newest first, among those launched after
+ * req that hold some there (FCFS, paper §5.2) — one of another tenant only while that tenant
+ * holds on w at least what req's tenant would after the allocation (its holdings + n), so a
+ * tenant never ends the instances of a tenant holding less. Planning stops once avail plus
+ * what the planned instances hold reaches n. out: *n_out instances (malloc'd; the caller
+ * frees it). *holds: what they hold there (an upper bound of what ending them frees: shared
+ * pages stay while another holder lives); *spared: a later instance was left to its tenant.
+ * False when out of memory (nothing planned). */
+bool ctl_place_plan_victims(const ctl_worker *w, const struct ctl_inst *req, bool kv, uint32_t n,
+                            uint32_t avail, struct ctl_inst ***out, size_t *n_out, uint64_t *holds,
+                            bool *spared);
 
 #endif

@@ -745,12 +745,17 @@ static const Pie__V1__WorkerStatus *worker_status(const Pie__V1__ClusterStatusRe
 /* An instance on replica r: queue 1, kv pages 0..npages-1, embeddings 0..nemb-1; written:
  * one embed_text writes every embedding (token 1, positions 0..nemb-1), as a program must
  * before it reads them. */
-static uint64_t instance_ex(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb,
-                            bool written) {
+/* An instance of tenant (NULL: none) with npages KV pages and nemb embeddings (written when
+ * written). */
+static uint64_t tenant_instance_ex(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb,
+                                   bool written, const char *tenant) {
     ub b;
     ub_init(&b);
     uint64_t id = inst_id(r, n);
     ub_begin(&b, id, "m", 0, 0, 0);
+    Pie__V1__Tenant t = PIE__V1__TENANT__INIT;
+    t.name = (char *)tenant;
+    if (tenant) b.begins[0].tenant = &t;
     ub_call(W, &b, id, 1, OP(CREATE_QUEUE), mk_create(NULL));
     static uint32_t ids[64], ones[64];
     for (uint32_t i = 0; i < 64; i++) ids[i] = i, ones[i] = 1;
@@ -759,6 +764,16 @@ static uint64_t instance_ex(world *W, int r, uint64_t n, uint32_t npages, uint32
     if (nemb && written) ub_call(W, &b, id, 1, OP(EMBED_TEXT), mk_embed(ids, ones, ids, nemb));
     send_up(W, r, &b);
     return id;
+}
+
+static uint64_t instance_ex(world *W, int r, uint64_t n, uint32_t npages, uint32_t nemb,
+                            bool written) {
+    return tenant_instance_ex(W, r, n, npages, nemb, written, NULL);
+}
+
+/* A standard instance of tenant: npages KV pages, one embedding. */
+static uint64_t tenant_instance(world *W, uint64_t n, uint32_t npages, const char *tenant) {
+    return tenant_instance_ex(W, 0, n, npages, 1, false, tenant);
 }
 
 /* A standard instance: its embeddings allocated, not written. */
@@ -1393,6 +1408,45 @@ Test(ctl_core, contention_terminates_the_newest_later_instance_and_the_others_go
                  "alloc_kv_pages: 3 KV pages requested, worker g1 has 2 free and instances "
                  "launched after this one hold 0 there");
     cr_assert_null(terminated(W, 0, a));
+    world_free(W);
+}
+
+/* With tenants, kill_newest let one tenant's old instance end any other tenant's newer ones:
+ * bob's growth ended alice's instance although bob held three times her pages. Another
+ * tenant's instance is ended only while that tenant holds at least as many pages on the
+ * worker as the requester's tenant would after the allocation; the requester's own tenant's
+ * later instances go as before (FCFS), and a plan that cannot free enough ends nobody. */
+Test(ctl_core, contention_ends_another_tenants_instance_only_when_that_tenant_holds_as_much) {
+    world *W = world_std(NULL);
+    uint64_t a = tenant_instance(W, 1, 8, "bob");
+    uint64_t c = tenant_instance(W, 2, 4, "bob");
+    uint64_t b = tenant_instance(W, 3, 4, "alice"); /* the newest; the pool (16) is full */
+    serve_all(W);
+    /* bob would hold 16, alice holds 4: not her instance, though it is the newest */
+    uint64_t big = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20, 21, 22, 23, 24), 5));
+    expect_error(W, 0, big, PIE_RESOURCE_EXHAUSTED,
+                 "alloc_kv_pages: 5 KV pages requested, worker g1 has 0 free and instances "
+                 "launched after this one hold 4 there that may be ended (not those of tenants "
+                 "holding fewer there than this tenant would)");
+    cr_assert_null(terminated(W, 0, c), "a plan that could not free 5 pages ended bob's c");
+    uint64_t more = one(W, 0, a, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20, 21, 22, 23), 4));
+    serve_all(W);
+    expect_no_result(W, 0, more);
+    cr_assert_null(terminated(W, 0, b), "bob's growth ended alice's instance");
+    cr_assert_not_null(terminated(W, 0, c), "bob's own later instance was not ended");
+    world_free(W);
+
+    /* alice's growth may end bob's later instance: bob holds 14, alice would hold 6 */
+    W = world_std(NULL);
+    uint64_t x = tenant_instance(W, 1, 2, "alice");
+    uint64_t y = tenant_instance(W, 2, 10, "bob");
+    uint64_t z = tenant_instance(W, 3, 4, "bob");
+    serve_all(W);
+    more = one(W, 0, x, 1, OP(ALLOC_KV_PAGES), mk_alloc_kv(U32(20, 21, 22, 23), 4));
+    serve_all(W);
+    expect_no_result(W, 0, more);
+    cr_assert_not_null(terminated(W, 0, z));
+    cr_assert_null(terminated(W, 0, y));
     world_free(W);
 }
 
