@@ -18,8 +18,8 @@ static bool reclaimed(pie_budget *b, uint64_t want) {
     return b->reclaim != NULL && b->reclaim(b->reclaim_arg, want) > 0;
 }
 
-bool pie_budget_take(pie_budget *b, uint64_t n) {
-    if (b == NULL || n == 0) return true;
+/* pie_budget_take of b alone, its parent aside. */
+static bool take_here(pie_budget *b, uint64_t n) {
     uint64_t cur = atomic_load_explicit(&b->used, memory_order_relaxed);
     for (;;) {
         uint64_t missing = short_by(b, cur, n);
@@ -34,11 +34,19 @@ bool pie_budget_take(pie_budget *b, uint64_t n) {
     }
 }
 
+bool pie_budget_take(pie_budget *b, uint64_t n) {
+    if (b == NULL || n == 0) return true;
+    if (!take_here(b, n)) return false;
+    if (pie_budget_take(b->parent, n)) return true;
+    atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
+    return false;
+}
+
 bool pie_budget_room(pie_budget *b, uint64_t n) {
     if (b == NULL) return true;
     for (;;) {
         uint64_t missing = short_by(b, pie_budget_used(b), n);
-        if (missing == 0) return true;
+        if (missing == 0) return pie_budget_room(b->parent, n);
         if (!reclaimed(b, missing)) return false;
     }
 }
@@ -50,11 +58,11 @@ void pie_budget_set_reclaim(pie_budget *b, pie_budget_reclaim_fn fn, void *arg) 
 }
 
 void pie_budget_force(pie_budget *b, uint64_t n) {
-    if (b) atomic_fetch_add_explicit(&b->used, n, memory_order_relaxed);
+    for (; b; b = b->parent) atomic_fetch_add_explicit(&b->used, n, memory_order_relaxed);
 }
 
 void pie_budget_give(pie_budget *b, uint64_t n) {
-    if (b) atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
+    for (; b; b = b->parent) atomic_fetch_sub_explicit(&b->used, n, memory_order_relaxed);
 }
 
 uint64_t pie_budget_used(const pie_budget *b) {

@@ -3,9 +3,9 @@
  * limits.replica_memory).
  *
  * Owns: the count and the bound, with atomic take/give (no lock), and the call to its one
- * reclaimer when a take does not fit. Does not own: what is charged (each caller gives back
- * exactly what it took) nor what a reclaimer frees. A zeroed struct is an unbounded budget; a
- * NULL budget takes everything. */
+ * reclaimer when a take does not fit, and the charge to its parent when it is a share of
+ * another. Does not own: what is charged (each caller gives back exactly what it took) nor what
+ * a reclaimer frees. A zeroed struct is an unbounded budget; a NULL budget takes everything. */
 #ifndef PIE_BUDGET_H
 #define PIE_BUDGET_H
 
@@ -26,6 +26,9 @@ typedef struct pie_budget {
      * concurrent taker, so read without synchronisation. */
     pie_budget_reclaim_fn reclaim;
     void *reclaim_arg;
+    /* A share of a larger budget (a tenant's of the replica's): every charge here is charged
+     * there too, and fits only if it fits both. Set before the budget is shared. */
+    struct pie_budget *parent;
 } pie_budget;
 
 /* Charges n bytes if they fit (used + n <= max), asking the reclaimer for the difference when they

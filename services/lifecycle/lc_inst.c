@@ -66,6 +66,12 @@ typedef struct lc_out_chunk {
     uint8_t data[];
 } lc_out_chunk;
 
+/* A tenant's share of the replica's memory budget. */
+typedef struct lc_tenant_budget {
+    char tenant[PIE_TENANT_NAME_MAX + 1];
+    pie_budget b; /* parent: the replica's budget */
+} lc_tenant_budget;
+
 struct lc_inst_mgr {
     lc_inst_config cfg;
     lc_program_store *programs;
@@ -83,6 +89,10 @@ struct lc_inst_mgr {
     /* metrics (NULL without a registry) */
     pie_histogram *h_life, *h_start, *h_first;
     pie_gauge *g_starting, *g_running;
+    /* Each tenant's share of cfg.budget for its instances' linear memories, made at its first
+     * launch and kept (one per tenant; each allocated alone: instances point at it). Under mu. */
+    lc_tenant_budget **tenant_budgets;
+    size_t n_tenant_budgets;
 };
 
 struct lc_inst {
@@ -94,6 +104,7 @@ struct lc_inst {
     char model[256];
     const pie_tenant *tenant; /* whose instance (lives as long as the process's tenants) */
     pie_budget *budget;       /* its buffered output is charged here (outlives instances) */
+    pie_budget *mem_budget;   /* its linear memory: its tenant's share, or budget */
     char **argv; /* argv[0] = program name */
     size_t argc;
     lc_limits limits;
@@ -567,7 +578,7 @@ static pie_code create_wasm(lc_inst *in, lc_wasm_instance **w, pie_status *st) {
         .output_ctx = in,
         .host = in->hi,
         .on_interrupt = lc_host_inst_wake,
-        .budget = in->mgr->cfg.budget,
+        .budget = in->mem_budget,
     };
     return lc_program_instance(in->mgr->programs, in->program_id, &o, w, st);
 }
@@ -725,6 +736,8 @@ void lc_inst_mgr_destroy(lc_inst_mgr *m) {
         lc_inst_unref(m->table[i]);
     }
     free(m->table);
+    for (size_t i = 0; i < m->n_tenant_budgets; i++) free(m->tenant_budgets[i]);
+    free(m->tenant_budgets);
     pthread_mutex_destroy(&m->exits_mu);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
@@ -916,8 +929,39 @@ static pie_code tenant_room_locked(const lc_inst_mgr *m, const pie_tenant *t, pi
  * first allocations. Beyond that, instantiation charges its real initial memory. */
 #define LC_INST_LAUNCH_MIN_BYTES (2u << 20)
 
-static pie_code budget_room(const lc_inst_mgr *m, pie_status *st) {
-    pie_budget *b = m->cfg.budget;
+/* The share of the replica's budget for tenant t's linear memories, or the replica's budget
+ * when tenants have no share (anonymous, no bound, limits.tenant_memory_share off, or no memory
+ * for the share). Caller holds m->mu. */
+static pie_budget *tenant_budget_locked(lc_inst_mgr *m, const pie_tenant *t) {
+    pie_budget *replica = m->cfg.budget;
+    double share = m->cfg.tenant_memory_share;
+    if (t == &pie_tenant_anonymous || replica == NULL || replica->max == 0 || share <= 0 ||
+        share >= 1)
+        return replica;
+    for (size_t i = 0; i < m->n_tenant_budgets; i++)
+        if (strcmp(m->tenant_budgets[i]->tenant, t->name) == 0) return &m->tenant_budgets[i]->b;
+    lc_tenant_budget **v =
+        realloc(m->tenant_budgets, (m->n_tenant_budgets + 1) * sizeof *m->tenant_budgets);
+    if (v == NULL) return replica;
+    m->tenant_budgets = v;
+    lc_tenant_budget *tb = calloc(1, sizeof *tb);
+    if (tb == NULL) return replica;
+    snprintf(tb->tenant, sizeof tb->tenant, "%s", t->name);
+    tb->b.max = (uint64_t)((double)replica->max * share);
+    tb->b.parent = replica;
+    m->tenant_budgets[m->n_tenant_budgets++] = tb;
+    return &tb->b;
+}
+
+static pie_code budget_room(const lc_inst *in, pie_status *st) {
+    pie_budget *b = in->budget;
+    if (in->mem_budget != b && !pie_budget_room(in->mem_budget, LC_INST_LAUNCH_MIN_BYTES))
+        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                              "launch: tenant \"%s\" holds its share of this replica's memory "
+                              "(limits.tenant_memory_share: %llu of %llu MiB) in its instances' "
+                              "linear memories; end some, or launch on another replica",
+                              in->tenant->name, (unsigned long long)(in->mem_budget->max >> 20),
+                              (unsigned long long)(b->max >> 20));
     if (pie_budget_room(b, LC_INST_LAUNCH_MIN_BYTES)) return PIE_OK;
     return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                           "launch: this replica's memory budget (limits.replica_memory = %llu "
@@ -954,12 +998,13 @@ pie_code lc_inst_launch(lc_inst_mgr *m, const Pie__V1__LaunchRequest *req,
     in->tenant = tenant ? tenant : &pie_tenant_anonymous;
     in->budget = m->cfg.budget;
     pthread_mutex_lock(&m->mu);
+    in->mem_budget = tenant_budget_locked(m, in->tenant);
     sweep(m);
     pie_code rc = m->stopping ? pie_status_set(st, PIE_UNAVAILABLE,
                                                "launch: this lifecycle replica is shutting down "
                                                "(draining its instances); launch on another")
                               : tenant_room_locked(m, in->tenant, st);
-    if (rc == PIE_OK) rc = budget_room(m, st);
+    if (rc == PIE_OK) rc = budget_room(in, st);
     if (rc == PIE_OK) rc = new_id(m, &in->id, st);
     if (rc == PIE_OK) {
         Pie__V1__ResourceLimits pb;

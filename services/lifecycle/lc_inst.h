@@ -51,6 +51,9 @@ typedef struct lc_inst_config {
     size_t thread_stack_bytes;    /* native stack of an instance thread */
     pie_metrics *metrics;         /* instance histograms and gauges; NULL: none */
     pie_budget *budget;           /* limits.replica_memory; NULL: none */
+    /* limits.tenant_memory_share: with tenants and a bounded budget, the part of it one
+     * tenant's instances' linear memories may hold (0 or >= 1: no share of their own) */
+    double tenant_memory_share;
 } lc_inst_config;
 
 lc_inst_mgr *lc_inst_mgr_create(const lc_inst_config *cfg, lc_program_store *programs,

@@ -40,6 +40,7 @@ typedef struct lc_config {
     uint64_t retention_max;
     lc_limits defaults, maxima;
     uint64_t replica_memory; /* limits.replica_memory */
+    double tenant_memory_share; /* limits.tenant_memory_share */
     uint32_t max_uploads;    /* programs.max_uploads */
     uint32_t max_tenant_uploads; /* programs.max_tenant_uploads */
     uint32_t max_loaded;     /* programs.max_loaded */
@@ -177,6 +178,11 @@ static const pie_config_field lc_fields[] = {
      .doc = "memory all instances of this replica may hold at once: linear memories, queued "
             "calls, inboxes, uploads in flight; launches beyond it and memory.grow beyond it "
             "fail (0 = 3/4 of the memory the process may use: its cgroup limit or the RAM)"},
+    {"limits.tenant_memory_share", PIE_CFG_DOUBLE, PIE_CONFIG_AT(lc_config, tenant_memory_share),
+     .def = "0.5", .min = "0", .max = "1",
+     .doc = "with tenants, the part of limits.replica_memory one tenant's instances' linear "
+            "memories may hold, so one tenant cannot spend the replica's memory for all "
+            "(memory.grow and launches beyond it fail; 0 or 1 = no share of their own)"},
     {"tokenizer.path", PIE_CFG_STRING, PIE_CONFIG_AT(lc_config, tokenizer_path), .def = "",
      .doc = "':'-separated directories searched first for models' tokenizer.json (model dirs "
             "or their parents); optional: tokenizers are fetched from the controller"},
@@ -299,6 +305,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .retention_max = cfg->retention_max,
                          .thread_stack_bytes = cfg->stack_bytes,
                          .budget = &p->budget,
+                         .tenant_memory_share = cfg->tenant_memory_share,
                          .metrics = svc_metrics(p->s)};
     if ((p->insts = lc_inst_mgr_create(&ic, p->programs, p->host, p->session, st)) == NULL)
         return st->code;

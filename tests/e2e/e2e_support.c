@@ -318,6 +318,20 @@ const Pie__V1__InstanceInfo *e2e_instance(e2e_cluster *c, uint64_t id,
     return NULL;
 }
 
+void e2e_wait_memory(e2e_cluster *c, uint64_t id, uint64_t bytes) {
+    int64_t deadline = pie_test_now_ms() + 20000;
+    for (;;) {
+        Pie__V1__ListInstancesResponse *r;
+        const Pie__V1__InstanceInfo *in = e2e_instance(c, id, &r);
+        uint64_t got = in && in->usage ? in->usage->memory_bytes : 0;
+        rpc_msg_free(&r->base);
+        if (got >= bytes) return;
+        cr_assert_lt(pie_test_now_ms(), deadline, "instance %llx holds %llu bytes, wanted %llu",
+                     (unsigned long long)id, (unsigned long long)got, (unsigned long long)bytes);
+        pie_test_sleep_ms(20);
+    }
+}
+
 static void append(char **buf, size_t *len, const uint8_t *p, size_t n) {
     char *b = realloc(*buf, *len + n + 1);
     cr_assert(b);

@@ -128,6 +128,10 @@ pie_code e2e_terminate(e2e_cluster *c, uint64_t id, pie_status *st);
 const Pie__V1__InstanceInfo *e2e_instance(e2e_cluster *c, uint64_t id,
                                           Pie__V1__ListInstancesResponse **resp);
 
+/* Waits (up to 20 s, else asserts) until instance id holds at least bytes of linear memory, as
+ * ListInstances shows it to c->ch's caller. */
+void e2e_wait_memory(e2e_cluster *c, uint64_t id, uint64_t bytes);
+
 /* Asserts that the instance ended with OK and exit code 0 (the message shows its stderr). */
 void e2e_assert_success(const e2e_run *r, const char *what);
 void e2e_run_free(e2e_run *r);

@@ -19,21 +19,6 @@ TestSuite(security, .fini = pie_test_leak_check, .timeout = 600);
 
 #define WAIT_MS 20000
 
-/* Waits until instance id holds at least bytes of linear memory (ListInstances usage). */
-static void wait_memory(e2e_cluster *c, uint64_t id, uint64_t bytes) {
-    int64_t deadline = pie_test_now_ms() + WAIT_MS;
-    for (;;) {
-        Pie__V1__ListInstancesResponse *r;
-        const Pie__V1__InstanceInfo *in = e2e_instance(c, id, &r);
-        uint64_t got = in && in->usage ? in->usage->memory_bytes : 0;
-        rpc_msg_free(&r->base);
-        if (got >= bytes) return;
-        cr_assert_lt(pie_test_now_ms(), deadline, "instance %llx holds %llu bytes, wanted %llu",
-                     (unsigned long long)id, (unsigned long long)got, (unsigned long long)bytes);
-        pie_test_sleep_ms(20);
-    }
-}
-
 /* Waits until instance id has exited (its memory is given back when it is freed). */
 static void wait_exited(e2e_cluster *c, uint64_t id) {
     int64_t deadline = pie_test_now_ms() + WAIT_MS;
@@ -59,7 +44,7 @@ Test(security, instances_share_the_replica_memory_budget) {
     /* A takes 56 MiB of the 64 and keeps it */
     const char *a_args[] = {"hold", "900", "60000", NULL};
     uint64_t a = e2e_launch(&c, prog, a_args, PIE_OK, &st);
-    wait_memory(&c, a, 900u << 16);
+    e2e_wait_memory(&c, a, 900u << 16);
 
     /* one upload at a time here (programs.max_uploads): of two open at once, the one the
      * replica sees second is refused at once, and it need not be the one opened second (the
@@ -98,7 +83,7 @@ Test(security, instances_share_the_replica_memory_budget) {
     /* C takes most of the rest; then a launch finds no room and says why */
     const char *c_args[] = {"hold", "96", "60000", NULL};
     uint64_t cc = e2e_launch(&c, prog, c_args, PIE_OK, &st);
-    wait_memory(&c, cc, 96u << 16);
+    e2e_wait_memory(&c, cc, 96u << 16);
     const char *d_args[] = {"hold", "1", "0", NULL};
     e2e_launch(&c, prog, d_args, PIE_RESOURCE_EXHAUSTED, &st);
     cr_expect(strstr(st.msg, "limits.replica_memory"), "%s", st.msg);

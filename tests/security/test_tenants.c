@@ -558,6 +558,33 @@ Test(security, one_tenant_holds_at_most_its_share_of_the_upload_slots) {
     env_stop(&e);
 }
 
+/* limits.replica_memory is the replica's: one tenant's instances could spend it all, and every
+ * other tenant's memory.grow and launches failed while they held it. With tenants each holds at
+ * most limits.tenant_memory_share of it (default half) in linear memory. */
+Test(security, a_tenant_holds_at_most_its_share_of_the_replica_memory) {
+    tenants_env e;
+    const char *lc_extra[] = {"PIE_LIMITS_REPLICA_MEMORY=64MiB", NULL}; /* a share: 32 MiB */
+    env_start_with(&e, NULL, lc_extra);
+    char *prog = e2e_upload(&e.c, "hostile");
+    pie_status st;
+    e2e_cluster bob = as_caller(&e, e.bob);
+    const char *hold[] = {"hold", "400", "60000", NULL}; /* 25 MiB, kept */
+    uint64_t held = e2e_launch(&bob, prog, hold, PIE_OK, &st);
+    e2e_wait_memory(&bob, held, 400u << 16);
+    const char *grow[] = {"hold", "200", "0", NULL}; /* 12.5 MiB more */
+    e2e_run r;
+    run_as(&e, e.bob, prog, grow, &r);
+    cr_expect(strstr(r.out, "grow=-1"), "bob grew past his share of the replica: %s", r.out);
+    e2e_run_free(&r);
+    run_as(&e, e.c.ch, prog, grow, &r);
+    cr_expect(strstr(r.out, "grow=") && !strstr(r.out, "grow=-1"),
+              "alice could not grow beside bob's share: %s", r.out);
+    e2e_run_free(&r);
+    cr_expect_eq(e2e_terminate(&bob, held, &st), PIE_OK, "%s", st.msg);
+    free(prog);
+    env_stop(&e);
+}
+
 /* A messaging producer on topic "shared" writing 2 lines of 3 tokens for 1 consumer. */
 #define PRODUCER_ARGS(prompt)                                                              \
     {                                                                                      \

@@ -84,3 +84,23 @@ Test(pie_budget, an_unbounded_or_absent_budget_takes_everything) {
     cr_assert(pie_budget_take(NULL, 1));
     cr_assert(pie_budget_room(NULL, 1));
 }
+
+/* A tenant's share of the replica's budget: a charge fits only if it fits both, is counted in
+ * both, and a refusal by the parent leaves nothing charged in the share. */
+Test(pie_budget, a_share_charges_its_parent_and_fits_only_within_both) {
+    pie_budget replica = {.max = 100};
+    pie_budget alice = {.max = 50, .parent = &replica}, bob = {.max = 50, .parent = &replica};
+    cr_assert(pie_budget_take(&alice, 40));
+    cr_assert(!pie_budget_take(&alice, 11), "alice's 11 more fit in her share of 50");
+    cr_expect_eq(pie_budget_used(&alice), 40);
+    cr_assert(pie_budget_take(&bob, 50));
+    cr_expect_eq(pie_budget_used(&replica), 90);
+    pie_budget_force(&replica, 5); /* charged by someone else: 5 left */
+    cr_assert(!pie_budget_take(&alice, 10), "the replica has 5 left");
+    cr_expect_eq(pie_budget_used(&alice), 40, "a refusal by the parent left a charge");
+    cr_expect(!pie_budget_room(&alice, 10) && pie_budget_room(&alice, 5));
+    pie_budget_give(&bob, 50);
+    cr_expect_eq(pie_budget_used(&replica), 45);
+    cr_assert(pie_budget_take(&alice, 10));
+    cr_expect_eq(pie_budget_used(&replica), 55);
+}
