@@ -678,6 +678,8 @@ lc_host_inst *lc_host_inst_begin(lc_host *h, uint64_t instance_id, const char *p
     hi->epoch = epoch;
     hi->program_id = strdup(program_id ? program_id : "");
     hi->model = strdup(model ? model : "");
+    if (tenant && tenant->name && strcmp(tenant->name, PIE_TENANT_ANONYMOUS) != 0)
+        snprintf(hi->tenant, sizeof hi->tenant, "%s", tenant->name);
     if (limits) {
         hi->limits = *limits;
         hi->limits.base.n_unknown_fields = 0;

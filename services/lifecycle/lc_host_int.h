@@ -118,6 +118,7 @@ struct lc_host_inst {
     atomic_int refs;
     uint64_t id, epoch;
     char *program_id, *model;
+    char tenant[PIE_TENANT_NAME_MAX + 1]; /* "" : the anonymous tenant (HTTP shares by it) */
     Pie__V1__ResourceLimits limits;
     lc_host_inst_cb cb;
     /* Instance thread only. */

@@ -407,6 +407,7 @@ uint32_t Z_pieZ_http_request(Zpi *pie, uint32_t method, uint32_t method_len, uin
         .headers_len = headers_len,
         .body = lc_host_mem(inst, fn, body, body_len),
         .body_len = body_len,
+        .tenant = hi->tenant,
     };
     if (f == 0) return lc_host_fail(hi, PIE_INVALID_ARGUMENT, "%s: future id 0 is reserved", fn);
     http_ctx *c = malloc(sizeof *c);

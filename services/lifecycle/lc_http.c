@@ -12,8 +12,16 @@
 
 #include "pie_log.h"
 
+/* A tenant's requests in the pool: waiting and running. */
+typedef struct http_tenant {
+    char name[64]; /* "" : requests without a tenant */
+    unsigned waiting, running;
+    uint64_t served; /* when a thread last took one of its requests (lc_http.clock) */
+} http_tenant;
+
 typedef struct http_job {
     struct http_job *next;
+    char tenant[64];
     char *url;       /* NUL-terminated copies */
     char *body;
     size_t body_len;
@@ -38,6 +46,13 @@ struct lc_http {
     pthread_cond_t cv;
     http_job *head, *tail;
     unsigned queued;
+    /* The tenants with requests waiting or running (a small table: forgotten when idle). A
+     * free thread takes the oldest request of the tenant with the fewest running, of those the
+     * one served least recently (round robin), so one tenant's slow requests never hold the
+     * others' behind them; each tenant has at most half of max_queued waiting or running. */
+    http_tenant *tenants;
+    size_t n_tenants;
+    uint64_t clock; /* counts requests taken by threads */
     atomic_bool stop;
     pthread_t *threads;
     unsigned n_threads;
@@ -244,6 +259,25 @@ oom:
     return NULL;
 }
 
+/* The tenant's entry, made if absent (NULL when out of memory). Caller holds mu. */
+static http_tenant *tenant_of(lc_http *h, const char *name) {
+    for (size_t i = 0; i < h->n_tenants; i++)
+        if (strcmp(h->tenants[i].name, name) == 0) return &h->tenants[i];
+    http_tenant *v = realloc(h->tenants, (h->n_tenants + 1) * sizeof *v);
+    if (v == NULL) return NULL;
+    h->tenants = v;
+    v = &h->tenants[h->n_tenants++];
+    *v = (http_tenant){0};
+    snprintf(v->name, sizeof v->name, "%s", name);
+    return v;
+}
+
+/* Forgets t once it has nothing waiting or running. Caller holds mu. */
+static void tenant_idle(lc_http *h, http_tenant *t) {
+    if (t->waiting || t->running) return;
+    *t = h->tenants[--h->n_tenants];
+}
+
 pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_bool *cancel,
                         lc_http_done_fn done, void *ctx, pie_status *st) {
     http_job *j = job_new(h, req, st);
@@ -251,14 +285,29 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
     j->cancel = cancel;
     j->done = done;
     j->ctx = ctx;
+    snprintf(j->tenant, sizeof j->tenant, "%s", req->tenant ? req->tenant : "");
+    unsigned share = h->max_queued > 1 ? h->max_queued / 2 : 1;
     pthread_mutex_lock(&h->mu);
-    if (h->queued >= h->max_queued || atomic_load(&h->stop)) {
+    http_tenant *t = tenant_of(h, j->tenant);
+    pie_code rc = PIE_OK;
+    if (t == NULL)
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "http_request: out of memory");
+    else if (h->queued >= h->max_queued || atomic_load(&h->stop))
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                            "http_request: %u requests are already waiting in this replica",
+                            h->max_queued);
+    else if (j->tenant[0] && t->waiting + t->running >= share)
+        rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
+                            "http_request: tenant \"%s\" has %u requests waiting or running in "
+                            "this replica, its share of %u",
+                            j->tenant, t->waiting + t->running, h->max_queued);
+    if (rc != PIE_OK) {
+        if (t) tenant_idle(h, t);
         pthread_mutex_unlock(&h->mu);
         job_free(j);
-        return pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
-                              "http_request: %u requests are already waiting in this replica",
-                              h->max_queued);
+        return rc;
     }
+    t->waiting++;
     if (h->tail)
         h->tail->next = j;
     else
@@ -268,6 +317,46 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
     pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
     return PIE_OK;
+}
+
+/* Takes the oldest waiting request of the tenant with the fewest running (ties: the one
+ * served least recently), or NULL. Caller holds mu. */
+static http_job *take_next(lc_http *h) {
+    http_job *best = NULL, *best_prev = NULL, *prev = NULL;
+    const http_tenant *bt = NULL;
+    for (http_job *j = h->head; j; prev = j, j = j->next) {
+        const http_tenant *t = tenant_of(h, j->tenant); /* listed: it has j waiting */
+        if (best == NULL || t->running < bt->running ||
+            (t->running == bt->running && t->served < bt->served)) {
+            best = j;
+            best_prev = prev;
+            bt = t;
+        }
+    }
+    if (best == NULL) return NULL;
+    if (best_prev)
+        best_prev->next = best->next;
+    else
+        h->head = best->next;
+    if (h->tail == best) h->tail = best_prev;
+    best->next = NULL;
+    h->queued--;
+    http_tenant *t = tenant_of(h, best->tenant);
+    t->waiting--;
+    t->running++;
+    t->served = ++h->clock;
+    return best;
+}
+
+/* A request of tenant name ended. */
+static void job_ended(lc_http *h, const char *name) {
+    pthread_mutex_lock(&h->mu);
+    http_tenant *t = tenant_of(h, name);
+    if (t) {
+        t->running--;
+        tenant_idle(h, t);
+    }
+    pthread_mutex_unlock(&h->mu);
 }
 
 typedef struct job_run {
@@ -378,12 +467,7 @@ static void *http_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&h->mu);
         while (h->head == NULL && !atomic_load(&h->stop)) pthread_cond_wait(&h->cv, &h->mu);
-        http_job *j = h->head;
-        if (j) {
-            h->head = j->next;
-            if (h->head == NULL) h->tail = NULL;
-            h->queued--;
-        }
+        http_job *j = take_next(h);
         pthread_mutex_unlock(&h->mu);
         if (j == NULL) break; /* stopping, queue empty */
         if (c == NULL || atomic_load(&h->stop))
@@ -392,6 +476,7 @@ static void *http_main(void *arg) {
                     NULL, 0);
         else
             job_run_one(h, c, j);
+        job_ended(h, j->tenant);
         job_free(j);
     }
     curl_easy_cleanup(c);
@@ -405,6 +490,7 @@ static void http_free(lc_http *h) {
     free(h->prefixes);
     free(h->allow);
     free(h->threads);
+    free(h->tenants);
     free(h);
 }
 

@@ -1,7 +1,8 @@
 /* lc_http.h — outbound HTTP for inferlets (pie_http_request), through libcurl.
  *
  * Owns: the URL allowlist (prefixes from lc_host_config.http_allow), a small pool of worker
- * threads that run requests with libcurl so that instance threads never wait on the network,
+ * threads that run requests with libcurl so that instance threads never wait on the network
+ * (shared fairly between tenants: round robin, half the queue each at most),
  * per-request timeout and response size cap, and the restrictions that keep the allowlist
  * meaningful: http/https only, no redirects, no proxy from the environment.
  * Does not own: futures (the completion callback hands the result to lc_host). */
@@ -50,6 +51,7 @@ typedef struct lc_http_request {
     size_t headers_len;
     const void *body; /* POST only */
     size_t body_len;
+    const char *tenant; /* whose instance asks ("" or NULL: one shared share) */
 } lc_http_request;
 
 /* Checks and copies the request and queues it. cancel (may be NULL) is polled while the request
