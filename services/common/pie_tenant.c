@@ -222,3 +222,34 @@ const pie_tenant *pie_tenants_by_name(const pie_tenants *t, const char *name) {
     if (strlen(name) > PIE_TENANT_NAME_MAX) return NULL;
     return bsearch(&key, t->v, t->n, sizeof *t->v, tenant_cmp);
 }
+
+void *pie_tenant_tab_find(const pie_tenant_tab *t, const char *name) {
+    for (size_t i = 0; i < t->n; i++) {
+        char *e = (char *)t->v + i * t->entry_size;
+        if (strncmp(e, name, PIE_TENANT_NAME_MAX + 1) == 0) return e;
+    }
+    return NULL;
+}
+
+void *pie_tenant_tab_get(pie_tenant_tab *t, const char *name) {
+    char *e = pie_tenant_tab_find(t, name);
+    if (e) return e;
+    char *v = realloc(t->v, (t->n + 1) * t->entry_size);
+    if (v == NULL) return NULL;
+    t->v = v;
+    e = v + t->n++ * t->entry_size;
+    memset(e, 0, t->entry_size);
+    snprintf(e, PIE_TENANT_NAME_MAX + 1, "%s", name);
+    return e;
+}
+
+void pie_tenant_tab_remove(pie_tenant_tab *t, void *entry) {
+    char *last = (char *)t->v + --t->n * t->entry_size;
+    if ((char *)entry != last) memcpy(entry, last, t->entry_size);
+}
+
+void pie_tenant_tab_free(pie_tenant_tab *t) {
+    free(t->v);
+    t->v = NULL;
+    t->n = 0;
+}

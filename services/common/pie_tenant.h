@@ -2,7 +2,8 @@
  *
  * Owns: the tenants directory (`tenants.dir`: one YAML file per tenant, `<name>.yaml`, as
  * a Kubernetes Secret mounts its keys), its validation, token → tenant lookup, and the one
- * anonymous tenant of a cluster without tenants. Does not own: enforcing the quotas (the
+ * anonymous tenant of a cluster without tenants, and the small table services keep their
+ * per-tenant counters in (pie_tenant_tab). Does not own: enforcing the quotas (the
  * lifecycle counts uploads and running instances per replica; the controller counts instances,
  * KV pages and export pages cluster-wide) or the internal service token (auth.token, svc.h).
  *
@@ -75,5 +76,26 @@ bool pie_tenant_name_valid(const char *name);
 
 /* A tenant by name, or NULL. */
 const pie_tenant *pie_tenants_by_name(const pie_tenants *t, const char *name);
+
+/* What a service counts per tenant at this moment (uploads in progress, HTTP requests waiting
+ * or running): a small table of entries keyed by tenant name, searched linearly (it holds the
+ * tenants active right now). Each entry is entry_size bytes and starts with its name, a
+ * char[PIE_TENANT_NAME_MAX + 1]; entries move when one is added or removed, so hold none across
+ * those. Not locked: the owner's lock guards it. */
+typedef struct pie_tenant_tab {
+    void *v;
+    size_t n, entry_size;
+} pie_tenant_tab;
+
+#define PIE_TENANT_TAB_INIT(type) \
+    { .v = NULL, .n = 0, .entry_size = sizeof(type) }
+
+/* The entry of name, or NULL. */
+void *pie_tenant_tab_find(const pie_tenant_tab *t, const char *name);
+/* The entry of name, appended zeroed (but for its name) when absent; NULL when out of memory. */
+void *pie_tenant_tab_get(pie_tenant_tab *t, const char *name);
+/* Removes an entry (the last one takes its place). */
+void pie_tenant_tab_remove(pie_tenant_tab *t, void *entry);
+void pie_tenant_tab_free(pie_tenant_tab *t);
 
 #endif

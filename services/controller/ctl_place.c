@@ -269,17 +269,16 @@ static plan_tenant *plan_tenant_of(plan_tenant *v, size_t *n, const ctl_tenant *
     return &v[(*n)++];
 }
 
-static int newest_first(const void *a, const void *b) {
-    uint64_t x = (*(ctl_inst *const *)a)->launch, y = (*(ctl_inst *const *)b)->launch;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
+/* A later instance that could be ended, with what it holds on the worker (an instance has one
+ * placement per model, so one on the worker). */
+typedef struct plan_cand {
+    ctl_inst *inst;
+    uint32_t held;
+} plan_cand;
 
-/* What inst holds on w. */
-static uint32_t held_on(const ctl_worker *w, const ctl_inst *inst, bool kv) {
-    uint32_t n = 0;
-    for (const ctl_place *p = w->places; p; p = p->w_next)
-        if (p->inst == inst) n += held(p, kv);
-    return n;
+static int newest_first(const void *a, const void *b) {
+    uint64_t x = ((const plan_cand *)a)->inst->launch, y = ((const plan_cand *)b)->inst->launch;
+    return x < y ? 1 : x > y ? -1 : 0;
 }
 
 bool ctl_place_plan_victims(const ctl_worker *w, const ctl_inst *req, bool kv, uint32_t n,
@@ -291,35 +290,38 @@ bool ctl_place_plan_victims(const ctl_worker *w, const ctl_inst *req, bool kv, u
     *spared = false;
     size_t places = 0;
     for (const ctl_place *p = w->places; p; p = p->w_next) places++;
-    ctl_inst **cand = malloc((places ? places : 1) * sizeof *cand);
+    plan_cand *cand = malloc((places ? places : 1) * sizeof *cand);
     plan_tenant *tenants = malloc((places + 1) * sizeof *tenants);
-    if (cand == NULL || tenants == NULL) {
+    ctl_inst **victims = malloc((places ? places : 1) * sizeof *victims);
+    if (cand == NULL || tenants == NULL || victims == NULL) {
         free(cand);
         free(tenants);
+        free(victims);
         return false;
     }
     size_t n_cand = 0, n_tenants = 0;
     for (const ctl_place *p = w->places; p; p = p->w_next) {
         if (p->inst->dead) continue;
         plan_tenant_of(tenants, &n_tenants, p->inst->tenant)->held += held(p, kv);
-        if (p->inst->launch > req->launch && held(p, kv) > 0) cand[n_cand++] = p->inst;
+        if (p->inst->launch > req->launch && held(p, kv) > 0)
+            cand[n_cand++] = (plan_cand){.inst = p->inst, .held = held(p, kv)};
     }
     uint64_t would = plan_tenant_of(tenants, &n_tenants, req->tenant)->held + n;
     qsort(cand, n_cand, sizeof *cand, newest_first);
     size_t k = 0;
     for (size_t i = 0; i < n_cand && avail + *holds < n; i++) {
-        plan_tenant *t = plan_tenant_of(tenants, &n_tenants, cand[i]->tenant);
-        if (cand[i]->tenant != req->tenant && t->held < would) {
+        plan_tenant *t = plan_tenant_of(tenants, &n_tenants, cand[i].inst->tenant);
+        if (cand[i].inst->tenant != req->tenant && t->held < would) {
             *spared = true;
             continue;
         }
-        uint32_t h = held_on(w, cand[i], kv);
-        cand[k++] = cand[i]; /* k <= i: the plan reuses the candidates' array */
-        *holds += h;
-        t->held -= h;
+        victims[k++] = cand[i].inst;
+        *holds += cand[i].held;
+        t->held -= cand[i].held;
     }
+    free(cand);
     free(tenants);
-    *out = cand;
+    *out = victims;
     *n_out = k;
     return true;
 }

@@ -23,7 +23,7 @@
 
 /* One tenant's uploads in progress. */
 typedef struct lc_tenant_uploads {
-    char tenant[PIE_TENANT_NAME_MAX + 1];
+    char tenant[PIE_TENANT_NAME_MAX + 1]; /* first (pie_tenant_tab) */
     uint32_t n;
 } lc_tenant_uploads;
 
@@ -54,8 +54,7 @@ struct lc_api {
      * tenant never takes every slot (a small table: the tenants uploading at this moment). */
     uint32_t max_tenant_uploads; /* programs.max_tenant_uploads, derived when 0 */
     pthread_mutex_t tenant_mu;   /* guards tenant_uploads */
-    lc_tenant_uploads *tenant_uploads;
-    size_t n_tenant_uploads;
+    pie_tenant_tab tenant_uploads; /* of lc_tenant_uploads: tenants uploading now */
     pie_budget *budget;    /* limits.replica_memory: upload buffers are charged to it */
 };
 
@@ -155,21 +154,12 @@ typedef struct lc_upload {
 static bool tenant_upload_begin(lc_api *a, const char *tenant) {
     if (tenant[0] == '\0') return true;
     pthread_mutex_lock(&a->tenant_mu);
-    size_t i = 0;
-    while (i < a->n_tenant_uploads && strcmp(a->tenant_uploads[i].tenant, tenant) != 0) i++;
-    bool ok = true;
-    if (i == a->n_tenant_uploads) {
-        void *v = realloc(a->tenant_uploads, (i + 1) * sizeof *a->tenant_uploads);
-        ok = v != NULL;
-        if (ok) {
-            a->tenant_uploads = v;
-            snprintf(a->tenant_uploads[i].tenant, sizeof a->tenant_uploads[i].tenant, "%s", tenant);
-            a->tenant_uploads[i].n = 0;
-            a->n_tenant_uploads++;
-        }
-    }
-    ok = ok && a->tenant_uploads[i].n < a->max_tenant_uploads;
-    if (ok) a->tenant_uploads[i].n++;
+    lc_tenant_uploads *u = pie_tenant_tab_get(&a->tenant_uploads, tenant);
+    bool ok = u != NULL && u->n < a->max_tenant_uploads;
+    if (ok)
+        u->n++;
+    else if (u && u->n == 0)
+        pie_tenant_tab_remove(&a->tenant_uploads, u);
     pthread_mutex_unlock(&a->tenant_mu);
     return ok;
 }
@@ -177,12 +167,8 @@ static bool tenant_upload_begin(lc_api *a, const char *tenant) {
 static void tenant_upload_end(lc_api *a, const char *tenant) {
     if (tenant[0] == '\0') return;
     pthread_mutex_lock(&a->tenant_mu);
-    for (size_t i = 0; i < a->n_tenant_uploads; i++)
-        if (strcmp(a->tenant_uploads[i].tenant, tenant) == 0) {
-            if (--a->tenant_uploads[i].n == 0) /* forgotten: the table holds active tenants */
-                a->tenant_uploads[i] = a->tenant_uploads[--a->n_tenant_uploads];
-            break;
-        }
+    lc_tenant_uploads *u = pie_tenant_tab_find(&a->tenant_uploads, tenant);
+    if (u && --u->n == 0) pie_tenant_tab_remove(&a->tenant_uploads, u); /* holds active ones */
     pthread_mutex_unlock(&a->tenant_mu);
 }
 
@@ -1045,6 +1031,7 @@ lc_api *lc_api_create(lc_program_store *programs, lc_inst_mgr *insts, lc_session
         pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    a->tenant_uploads = (pie_tenant_tab)PIE_TENANT_TAB_INIT(lc_tenant_uploads);
     if (pthread_cond_init(&a->cv, NULL) != 0) {
         pthread_mutex_destroy(&a->mu);
         free(a);
@@ -1130,6 +1117,6 @@ void lc_api_destroy(lc_api *a) {
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     pthread_mutex_destroy(&a->tenant_mu);
-    free(a->tenant_uploads);
+    pie_tenant_tab_free(&a->tenant_uploads);
     free(a);
 }

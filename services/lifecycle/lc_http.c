@@ -11,17 +11,18 @@
 #include <curl/curl.h>
 
 #include "pie_log.h"
+#include "pie_tenant.h"
 
 /* A tenant's requests in the pool: waiting and running. */
 typedef struct http_tenant {
-    char name[64]; /* "" : requests without a tenant */
+    char name[PIE_TENANT_NAME_MAX + 1]; /* first (pie_tenant_tab); "": requests without one */
     unsigned waiting, running;
     uint64_t served; /* when a thread last took one of its requests (lc_http.clock) */
 } http_tenant;
 
 typedef struct http_job {
     struct http_job *next;
-    char tenant[64];
+    char tenant[PIE_TENANT_NAME_MAX + 1];
     char *url;       /* NUL-terminated copies */
     char *body;
     size_t body_len;
@@ -50,8 +51,7 @@ struct lc_http {
      * free thread takes the oldest request of the tenant with the fewest running, of those the
      * one served least recently (round robin), so one tenant's slow requests never hold the
      * others' behind them; each tenant has at most half of max_queued waiting or running. */
-    http_tenant *tenants;
-    size_t n_tenants;
+    pie_tenant_tab tenants; /* of http_tenant */
     uint64_t clock; /* counts requests taken by threads */
     atomic_bool stop;
     pthread_t *threads;
@@ -259,23 +259,10 @@ oom:
     return NULL;
 }
 
-/* The tenant's entry, made if absent (NULL when out of memory). Caller holds mu. */
-static http_tenant *tenant_of(lc_http *h, const char *name) {
-    for (size_t i = 0; i < h->n_tenants; i++)
-        if (strcmp(h->tenants[i].name, name) == 0) return &h->tenants[i];
-    http_tenant *v = realloc(h->tenants, (h->n_tenants + 1) * sizeof *v);
-    if (v == NULL) return NULL;
-    h->tenants = v;
-    v = &h->tenants[h->n_tenants++];
-    *v = (http_tenant){0};
-    snprintf(v->name, sizeof v->name, "%s", name);
-    return v;
-}
-
 /* Forgets t once it has nothing waiting or running. Caller holds mu. */
 static void tenant_idle(lc_http *h, http_tenant *t) {
     if (t->waiting || t->running) return;
-    *t = h->tenants[--h->n_tenants];
+    pie_tenant_tab_remove(&h->tenants, t);
 }
 
 pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_bool *cancel,
@@ -288,7 +275,7 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
     snprintf(j->tenant, sizeof j->tenant, "%s", req->tenant ? req->tenant : "");
     unsigned share = h->max_queued > 1 ? h->max_queued / 2 : 1;
     pthread_mutex_lock(&h->mu);
-    http_tenant *t = tenant_of(h, j->tenant);
+    http_tenant *t = pie_tenant_tab_get(&h->tenants, j->tenant);
     pie_code rc = PIE_OK;
     if (t == NULL)
         rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "http_request: out of memory");
@@ -323,9 +310,9 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
  * served least recently), or NULL. Caller holds mu. */
 static http_job *take_next(lc_http *h) {
     http_job *best = NULL, *best_prev = NULL, *prev = NULL;
-    const http_tenant *bt = NULL;
+    http_tenant *bt = NULL;
     for (http_job *j = h->head; j; prev = j, j = j->next) {
-        const http_tenant *t = tenant_of(h, j->tenant); /* listed: it has j waiting */
+        http_tenant *t = pie_tenant_tab_find(&h->tenants, j->tenant); /* listed: j waits */
         if (best == NULL || t->running < bt->running ||
             (t->running == bt->running && t->served < bt->served)) {
             best = j;
@@ -341,17 +328,16 @@ static http_job *take_next(lc_http *h) {
     if (h->tail == best) h->tail = best_prev;
     best->next = NULL;
     h->queued--;
-    http_tenant *t = tenant_of(h, best->tenant);
-    t->waiting--;
-    t->running++;
-    t->served = ++h->clock;
+    bt->waiting--;
+    bt->running++;
+    bt->served = ++h->clock;
     return best;
 }
 
 /* A request of tenant name ended. */
 static void job_ended(lc_http *h, const char *name) {
     pthread_mutex_lock(&h->mu);
-    http_tenant *t = tenant_of(h, name);
+    http_tenant *t = pie_tenant_tab_find(&h->tenants, name);
     if (t) {
         t->running--;
         tenant_idle(h, t);
@@ -490,13 +476,15 @@ static void http_free(lc_http *h) {
     free(h->prefixes);
     free(h->allow);
     free(h->threads);
-    free(h->tenants);
+    pie_tenant_tab_free(&h->tenants);
     free(h);
 }
 
 lc_http *lc_http_create(const lc_http_config *cfg, pie_status *st) {
     lc_http *h = calloc(1, sizeof *h);
-    if (h == NULL || !split_allow(h, cfg->allow)) goto oom;
+    if (h == NULL) goto oom;
+    h->tenants = (pie_tenant_tab)PIE_TENANT_TAB_INIT(http_tenant);
+    if (!split_allow(h, cfg->allow)) goto oom;
     h->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
     h->max_bytes = cfg->max_bytes ? cfg->max_bytes : (1u << 20);
     h->max_queued = cfg->max_queued ? cfg->max_queued : 256;

@@ -106,3 +106,36 @@ Test(tenant, the_anonymous_tenant_is_the_only_one_and_sees_everything) {
     cr_expect(pie_tenant_anonymous.admin);
     cr_expect_eq(pie_tenant_anonymous.quota.instances, 0);
 }
+
+typedef struct tab_entry {
+    char name[PIE_TENANT_NAME_MAX + 1];
+    unsigned n;
+} tab_entry;
+
+Test(tenant, a_tenant_table_finds_makes_and_removes_entries_by_name) {
+    pie_tenant_tab t = PIE_TENANT_TAB_INIT(tab_entry);
+    cr_assert_null(pie_tenant_tab_find(&t, "alice"));
+    tab_entry *a = pie_tenant_tab_get(&t, "alice");
+    cr_assert(a && strcmp(a->name, "alice") == 0 && a->n == 0, "a new entry is named and zeroed");
+    a->n = 3;
+    tab_entry *b = pie_tenant_tab_get(&t, "bob");
+    b->n = 5;
+    tab_entry *c = pie_tenant_tab_get(&t, "carol");
+    c->n = 7;
+    cr_assert_eq(t.n, 3);
+    cr_assert_eq(((tab_entry *)pie_tenant_tab_get(&t, "bob"))->n, 5, "get finds what is there");
+    cr_assert_eq(t.n, 3);
+    pie_tenant_tab_remove(&t, pie_tenant_tab_find(&t, "alice"));
+    cr_assert_eq(t.n, 2);
+    cr_assert_null(pie_tenant_tab_find(&t, "alice"));
+    cr_assert_eq(((tab_entry *)pie_tenant_tab_find(&t, "carol"))->n, 7, "the last moved intact");
+    cr_assert_eq(((tab_entry *)pie_tenant_tab_find(&t, "bob"))->n, 5);
+    pie_tenant_tab_remove(&t, pie_tenant_tab_find(&t, "carol")); /* the last one itself */
+    cr_assert_eq(t.n, 1);
+    cr_assert_eq(((tab_entry *)pie_tenant_tab_find(&t, "bob"))->n, 5);
+    cr_assert_null(pie_tenant_tab_find(&t, ""), "the empty name is a name like any other");
+    cr_assert_not_null(pie_tenant_tab_get(&t, ""));
+    cr_assert_eq(t.n, 2);
+    pie_tenant_tab_free(&t);
+    cr_assert_eq(t.n, 0);
+}
