@@ -613,7 +613,9 @@ lc_host *lc_host_create(const lc_host_config *cfg, lc_session *session, pie_metr
     }
     lc_http_config hc = {.allow = h->http_allow,
                          .timeout_ms = cfg->http_timeout_ms,
-                         .max_bytes = cfg->http_max_bytes};
+                         .max_bytes = cfg->http_max_bytes,
+                         .max_running = cfg->http_max_running,
+                         .budget = cfg->budget};
     if (h->tokreg) h->http = lc_http_create(&hc, st);
     if (h->http == NULL) {
         lc_host_destroy(h);

@@ -37,6 +37,7 @@ typedef struct lc_host_config {
     const char *http_allow;     /* ','-separated URL prefixes inferlets may fetch ("" = none) */
     uint64_t http_timeout_ms;   /* per request */
     uint64_t http_max_bytes;    /* response body cap */
+    unsigned http_max_running;  /* requests running at once (0 = LC_HTTP_MAX_RUNNING) */
     /* limits.replica_memory (not owned; may be NULL): queued client and broadcast messages and
      * calls not yet answered are charged to it. */
     pie_budget *budget;

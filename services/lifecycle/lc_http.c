@@ -21,9 +21,9 @@ typedef struct http_tenant {
 } http_tenant;
 
 typedef struct http_job {
-    struct http_job *next;
+    struct http_job *next; /* in the queue, then in the running list */
     char tenant[PIE_TENANT_NAME_MAX + 1];
-    char *url;       /* NUL-terminated copies */
+    char *url; /* NUL-terminated copies */
     char *body;
     size_t body_len;
     bool post;
@@ -31,10 +31,14 @@ typedef struct http_job {
     const atomic_bool *cancel;
     lc_http_done_fn done;
     void *ctx;
-    /* response */
+    /* while it runs (the loop thread's) */
+    struct lc_http *h;
+    CURL *easy;
+    char err[CURL_ERROR_SIZE];
     uint8_t *buf; /* u32 status + body */
     size_t len, cap;
-    bool too_big;
+    uint64_t charged; /* of h->budget: buf */
+    bool too_big, no_memory;
 } http_job;
 
 struct lc_http {
@@ -42,20 +46,26 @@ struct lc_http {
     char **prefixes;   /* split */
     size_t n_prefixes;
     uint64_t timeout_ms, max_bytes;
-    unsigned max_queued;
-    pthread_mutex_t mu; /* guards the queue and stop */
-    pthread_cond_t cv;
+    unsigned max_queued, max_running, tenant_running;
+    pie_budget *budget; /* response buffers are charged to it while they fill */
+    pthread_mutex_t mu; /* guards the queue, tenants and stop */
     http_job *head, *tail;
     unsigned queued;
-    /* The tenants with requests waiting or running (a small table: forgotten when idle). A
-     * free thread takes the oldest request of the tenant with the fewest running, of those the
-     * one served least recently (round robin), so one tenant's slow requests never hold the
-     * others' behind them; each tenant has at most half of max_queued waiting or running. */
+    /* The tenants with requests waiting or running (a small table: forgotten when idle). When
+     * a request may start, the loop takes the oldest of the tenant with the fewest running, of
+     * those the one served least recently (round robin), so one tenant's slow requests never
+     * hold the others' behind them; each tenant has at most half of max_queued waiting or
+     * running and half of max_running running. */
     pie_tenant_tab tenants; /* of http_tenant */
-    uint64_t clock; /* counts requests taken by threads */
+    uint64_t clock;         /* counts requests started */
     atomic_bool stop;
-    pthread_t *threads;
-    unsigned n_threads;
+    /* One thread runs every request through libcurl's multi interface: a request waiting on a
+     * slow server holds a connection, not a thread. The rest is the thread's alone. */
+    CURLM *multi;
+    pthread_t thread;
+    bool thread_started;
+    http_job *running;
+    unsigned n_running;
 };
 
 /* curl_global_init is process-wide state that libcurl requires once before any handle; one
@@ -159,6 +169,13 @@ static void job_free(http_job *j) {
     free(j->buf);
     curl_slist_free_all(j->headers);
     free(j);
+}
+
+/* Gives back what the job's response buffer charged (the buffer itself goes to its callback
+ * or is freed with the job). */
+static void job_uncharge(http_job *j) {
+    pie_budget_give(j->h->budget, j->charged);
+    j->charged = 0;
 }
 
 static bool has_ctl(const char *s, size_t n) {
@@ -269,6 +286,7 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
                         lc_http_done_fn done, void *ctx, pie_status *st) {
     http_job *j = job_new(h, req, st);
     if (j == NULL) return st ? st->code : PIE_INVALID_ARGUMENT;
+    j->h = h;
     j->cancel = cancel;
     j->done = done;
     j->ctx = ctx;
@@ -301,18 +319,19 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
         h->head = j;
     h->tail = j;
     h->queued++;
-    pthread_cond_signal(&h->cv);
     pthread_mutex_unlock(&h->mu);
+    curl_multi_wakeup(h->multi);
     return PIE_OK;
 }
 
 /* Takes the oldest waiting request of the tenant with the fewest running (ties: the one
- * served least recently), or NULL. Caller holds mu. */
+ * started least recently) that may run another, or NULL. Caller holds mu. */
 static http_job *take_next(lc_http *h) {
     http_job *best = NULL, *best_prev = NULL, *prev = NULL;
     http_tenant *bt = NULL;
     for (http_job *j = h->head; j; prev = j, j = j->next) {
         http_tenant *t = pie_tenant_tab_find(&h->tenants, j->tenant); /* listed: j waits */
+        if (j->tenant[0] && t->running >= h->tenant_running) continue;
         if (best == NULL || t->running < bt->running ||
             (t->running == bt->running && t->served < bt->served)) {
             best = j;
@@ -345,24 +364,27 @@ static void job_ended(lc_http *h, const char *name) {
     pthread_mutex_unlock(&h->mu);
 }
 
-typedef struct job_run {
-    lc_http *h;
-    http_job *j;
-} job_run;
-
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
-    job_run *r = user;
-    http_job *j = r->j;
+    http_job *j = user;
     size_t n = size * nmemb;
-    if (j->len - 4 + n > r->h->max_bytes) {
+    if (j->len - 4 + n > j->h->max_bytes) {
         j->too_big = true;
         return 0; /* aborts the transfer: CURLE_WRITE_ERROR */
     }
     if (j->cap - j->len < n) {
         size_t cap = j->cap * 2;
         while (cap - j->len < n) cap *= 2;
+        if (!pie_budget_take(j->h->budget, cap - j->cap)) {
+            j->no_memory = true;
+            return 0;
+        }
         uint8_t *b = realloc(j->buf, cap);
-        if (b == NULL) return 0;
+        if (b == NULL) {
+            pie_budget_give(j->h->budget, cap - j->cap);
+            j->no_memory = true;
+            return 0;
+        }
+        j->charged += cap - j->cap;
         j->buf = b;
         j->cap = cap;
     }
@@ -371,27 +393,20 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
     return n;
 }
 
-static int on_progress(void *user, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
-    (void)a, (void)b, (void)c, (void)d;
-    job_run *r = user;
-    return atomic_load(&r->h->stop) || (r->j->cancel && atomic_load(r->j->cancel));
-}
-
-static void job_setopts(CURL *c, job_run *r) {
-    http_job *j = r->j;
+static void job_setopts(http_job *j) {
+    CURL *c = j->easy;
     curl_easy_setopt(c, CURLOPT_URL, j->url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L); /* a redirect could leave the allowlist */
     curl_easy_setopt(c, CURLOPT_PROXY, "");          /* no proxy from the environment */
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);       /* threads: no SIGALRM for DNS timeouts */
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)r->h->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)r->h->max_bytes);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)j->h->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)j->h->max_bytes);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, r);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, j);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, j->headers);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, j->err);
+    curl_easy_setopt(c, CURLOPT_PRIVATE, j);
     if (j->post) {
         curl_easy_setopt(c, CURLOPT_POST, 1L);
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, j->body);
@@ -399,73 +414,141 @@ static void job_setopts(CURL *c, job_run *r) {
     }
 }
 
-/* Runs one request and calls its completion. */
-static void job_run_one(lc_http *h, CURL *c, http_job *j) {
-    job_run r = {h, j};
+/* Calls the job's completion once, ends it in its tenant's count and frees it. Loop thread. */
+static void job_finish(http_job *j, pie_code code, const char *msg) {
+    lc_http *h = j->h;
+    if (j->easy) {
+        curl_multi_remove_handle(h->multi, j->easy);
+        curl_easy_cleanup(j->easy);
+        j->easy = NULL;
+    }
+    job_uncharge(j);
+    if (code == PIE_OK) {
+        uint8_t *payload = j->buf;
+        j->buf = NULL;
+        j->done(j->ctx, PIE_OK, "", payload, j->len);
+    } else {
+        j->done(j->ctx, code, msg, NULL, 0);
+    }
+    job_ended(h, j->tenant);
+    job_free(j);
+}
+
+/* Starts a request taken from the queue: a handle of its own in the multi handle (whose
+ * connection cache the requests share). Loop thread. */
+static void job_start(lc_http *h, http_job *j) {
+    j->cap = 4096;
+    if (!pie_budget_take(h->budget, j->cap)) {
+        job_finish(j, PIE_RESOURCE_EXHAUSTED,
+                   "http_request: the replica's memory (limits.replica_memory) is full");
+        return;
+    }
+    j->charged = j->cap;
+    j->len = 4;
+    if ((j->buf = malloc(j->cap)) == NULL || (j->easy = curl_easy_init()) == NULL) {
+        job_finish(j, PIE_RESOURCE_EXHAUSTED, "http_request: out of memory");
+        return;
+    }
+    job_setopts(j);
+    if (curl_multi_add_handle(h->multi, j->easy) != CURLM_OK) {
+        curl_easy_cleanup(j->easy);
+        j->easy = NULL;
+        job_finish(j, PIE_RESOURCE_EXHAUSTED, "http_request: curl_multi_add_handle failed");
+        return;
+    }
+    j->next = h->running;
+    h->running = j;
+    h->n_running++;
+}
+
+static void running_remove(lc_http *h, http_job *j) {
+    for (http_job **p = &h->running; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            h->n_running--;
+            return;
+        }
+}
+
+/* A transfer curl finished: its result for the completion. Loop thread. */
+static void job_completed(lc_http *h, http_job *j, CURLcode cc) {
     char msg[CURL_ERROR_SIZE + 200] = "";
     pie_code code = PIE_OK;
-    j->cap = 4096;
-    j->buf = malloc(j->cap);
-    if (j->buf == NULL) {
-        j->done(j->ctx, PIE_RESOURCE_EXHAUSTED, "http_request: out of memory", NULL, 0);
-        return;
-    }
-    j->len = 4;
-    curl_easy_reset(c);
-    job_setopts(c, &r);
-    char err[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
-    CURLcode cc = curl_easy_perform(c);
+    running_remove(h, j);
     if (cc == CURLE_OK) {
         long status = 0;
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_getinfo(j->easy, CURLINFO_RESPONSE_CODE, &status);
         uint32_t s32 = (uint32_t)status;
         memcpy(j->buf, &s32, 4); /* little-endian hosts only (lc_host.c asserts it) */
-        uint8_t *payload = j->buf;
-        size_t len = j->len;
-        j->buf = NULL;
-        j->done(j->ctx, PIE_OK, "", payload, len);
-        return;
-    }
-    if (j->too_big || cc == CURLE_FILESIZE_EXCEEDED) {
+    } else if (j->too_big || cc == CURLE_FILESIZE_EXCEEDED) {
         code = PIE_RESOURCE_EXHAUSTED;
         snprintf(msg, sizeof msg, "http_request: response from %s exceeds the cap of %llu bytes",
                  j->url, (unsigned long long)h->max_bytes);
+    } else if (j->no_memory) {
+        code = PIE_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof msg,
+                 "http_request: no memory for the response from %s (limits.replica_memory)",
+                 j->url);
     } else if (cc == CURLE_OPERATION_TIMEDOUT) {
         code = PIE_DEADLINE_EXCEEDED;
         snprintf(msg, sizeof msg, "http_request: %s did not answer within %llu ms", j->url,
                  (unsigned long long)h->timeout_ms);
-    } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
-        code = PIE_CANCELLED;
-        snprintf(msg, sizeof msg, "http_request: %s cancelled", j->url);
     } else {
         code = PIE_UNAVAILABLE;
         snprintf(msg, sizeof msg, "http_request: %s failed: %s", j->url,
-                 err[0] ? err : curl_easy_strerror(cc));
+                 j->err[0] ? j->err : curl_easy_strerror(cc));
     }
-    j->done(j->ctx, code, msg, NULL, 0);
+    job_finish(j, code, msg);
 }
+
+/* Ends the running requests whose instance cancelled them, or all when stopping. */
+static void cancel_running(lc_http *h, bool stopping) {
+    char msg[256];
+    for (http_job *j = h->running, *next; j; j = next) {
+        next = j->next;
+        if (!stopping && !(j->cancel && atomic_load(j->cancel))) continue;
+        running_remove(h, j);
+        snprintf(msg, sizeof msg, "http_request: %.200s cancelled", j->url);
+        job_finish(j, PIE_CANCELLED, stopping ? "http_request: the service is stopping" : msg);
+    }
+}
+
+/* How often the loop looks at the running requests' cancel flags while any runs. */
+#define LC_HTTP_CANCEL_POLL_MS 50
 
 static void *http_main(void *arg) {
     lc_http *h = arg;
     (void)pthread_setname_np(pthread_self(), "lc-http"); /* cosmetic */
-    CURL *c = curl_easy_init();
     for (;;) {
-        pthread_mutex_lock(&h->mu);
-        while (h->head == NULL && !atomic_load(&h->stop)) pthread_cond_wait(&h->cv, &h->mu);
-        http_job *j = take_next(h);
-        pthread_mutex_unlock(&h->mu);
-        if (j == NULL) break; /* stopping, queue empty */
-        if (c == NULL || atomic_load(&h->stop))
-            j->done(j->ctx, c ? PIE_CANCELLED : PIE_RESOURCE_EXHAUSTED,
-                    c ? "http_request: the service is stopping" : "http_request: curl_easy_init failed",
-                    NULL, 0);
-        else
-            job_run_one(h, c, j);
-        job_ended(h, j->tenant);
-        job_free(j);
+        bool stopping = atomic_load(&h->stop);
+        cancel_running(h, stopping);
+        for (;;) { /* start what may start */
+            pthread_mutex_lock(&h->mu);
+            http_job *j = h->n_running < h->max_running || stopping ? take_next(h) : NULL;
+            pthread_mutex_unlock(&h->mu);
+            if (j == NULL) break;
+            if (stopping)
+                job_finish(j, PIE_CANCELLED, "http_request: the service is stopping");
+            else
+                job_start(h, j);
+        }
+        if (stopping) break;
+        int still = 0;
+        curl_multi_perform(h->multi, &still);
+        CURLMsg *m;
+        int left = 0;
+        while ((m = curl_multi_info_read(h->multi, &left)) != NULL) {
+            if (m->msg != CURLMSG_DONE) continue;
+            char *priv = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &priv);
+            http_job *j = (http_job *)(void *)priv;
+            CURLcode cc = m->data.result; /* m is invalid once its handle is removed */
+            job_completed(h, j, cc);
+        }
+        /* Woken early by curl (its sockets and timers) and by lc_http_wakeup (a submit, a stop). */
+        int wait_ms = h->n_running ? LC_HTTP_CANCEL_POLL_MS : 1000;
+        curl_multi_poll(h->multi, NULL, 0, wait_ms, NULL);
     }
-    curl_easy_cleanup(c);
     return NULL;
 }
 
@@ -475,7 +558,6 @@ static void http_free(lc_http *h) {
     for (size_t i = 0; i < h->n_prefixes; i++) free(h->prefixes[i]);
     free(h->prefixes);
     free(h->allow);
-    free(h->threads);
     pie_tenant_tab_free(&h->tenants);
     free(h);
 }
@@ -488,29 +570,36 @@ lc_http *lc_http_create(const lc_http_config *cfg, pie_status *st) {
     h->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
     h->max_bytes = cfg->max_bytes ? cfg->max_bytes : (1u << 20);
     h->max_queued = cfg->max_queued ? cfg->max_queued : 256;
-    unsigned n = cfg->threads ? cfg->threads : 2;
+    h->max_running = cfg->max_running ? cfg->max_running : LC_HTTP_MAX_RUNNING;
+    h->tenant_running = h->max_running > 1 ? h->max_running / 2 : 1;
+    h->budget = cfg->budget;
     atomic_init(&h->stop, false);
-    if ((h->threads = calloc(n, sizeof *h->threads)) == NULL) goto oom;
     if (!http_global_init()) {
         http_free(h);
         pie_status_set(st, PIE_INTERNAL, "curl_global_init failed");
         return NULL;
     }
-    if (pthread_mutex_init(&h->mu, NULL) != 0 || pthread_cond_init(&h->cv, NULL) != 0) {
+    if (pthread_mutex_init(&h->mu, NULL) != 0) {
         http_global_release();
         http_free(h);
-        pie_status_set(st, PIE_INTERNAL, "lc_http: mutex/condvar init failed");
+        pie_status_set(st, PIE_INTERNAL, "lc_http: mutex init failed");
         return NULL;
     }
-    for (; h->n_threads < n; h->n_threads++) {
-        int rc = pthread_create(&h->threads[h->n_threads], NULL, http_main, h);
-        if (rc != 0) {
-            lc_http_destroy(h);
-            pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lc_http: pthread_create: %s",
-                           strerror(rc));
-            return NULL;
-        }
+    h->multi = curl_multi_init();
+    if (h->multi == NULL) {
+        lc_http_destroy(h);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lc_http: curl_multi_init failed");
+        return NULL;
     }
+    /* Connections kept for reuse: enough for the requests that may run at once. */
+    curl_multi_setopt(h->multi, CURLMOPT_MAXCONNECTS, (long)h->max_running);
+    int rc = pthread_create(&h->thread, NULL, http_main, h);
+    if (rc != 0) {
+        lc_http_destroy(h);
+        pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "lc_http: pthread_create: %s", strerror(rc));
+        return NULL;
+    }
+    h->thread_started = true;
     return h;
 oom:
     if (h) http_free(h);
@@ -522,11 +611,13 @@ void lc_http_destroy(lc_http *h) {
     if (h == NULL) return;
     pthread_mutex_lock(&h->mu);
     atomic_store(&h->stop, true);
-    pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
-    for (unsigned i = 0; i < h->n_threads; i++) pthread_join(h->threads[i], NULL);
-    /* Threads drain the queue (cancelling) before they exit; nothing is left here. */
-    pthread_cond_destroy(&h->cv);
+    if (h->thread_started) {
+        curl_multi_wakeup(h->multi);
+        pthread_join(h->thread, NULL);
+    }
+    /* The thread ended what ran and what waited (cancelled) before it exited. */
+    if (h->multi) curl_multi_cleanup(h->multi);
     pthread_mutex_destroy(&h->mu);
     http_global_release();
     http_free(h);

@@ -50,6 +50,7 @@ typedef struct lc_config {
     bool registry;        /* programs.registry */
     int64_t http_timeout_ms;
     uint64_t http_max_bytes;
+    uint32_t http_max_running;
     lc_wasm_module_limits module_limits; /* programs.max_functions, max_function_size, ... */
     int64_t compile_timeout_ms;          /* runtime.compile_timeout */
     int64_t tier1_timeout_ms;            /* runtime.tier1_timeout */
@@ -195,6 +196,10 @@ static const pie_config_field lc_fields[] = {
      .min = "1ms", .max = "10m", .doc = "timeout of one outbound HTTP request of an inferlet"},
     {"http.max_bytes", PIE_CFG_SIZE, PIE_CONFIG_AT(lc_config, http_max_bytes), .def = "8MiB",
      .min = "1", .max = "1GiB", .doc = "largest HTTP response body an inferlet may receive"},
+    {"http.max_running", PIE_CFG_UINT, PIE_CONFIG_AT(lc_config, http_max_running), .def = "16",
+     .min = "1", .max = "1024",
+     .doc = "inferlets' HTTP requests running at once in this replica (one tenant: at most half); "
+            "their responses hold up to this many times http.max_bytes"},
 };
 static const pie_config_schema lc_schema = PIE_CONFIG_SCHEMA(lc_config, lc_fields);
 
@@ -296,6 +301,7 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
                          .http_allow = cfg->http_allow ? cfg->http_allow : "",
                          .http_timeout_ms = (uint64_t)cfg->http_timeout_ms,
                          .http_max_bytes = cfg->http_max_bytes,
+                         .http_max_running = cfg->http_max_running,
                          .budget = &p->budget};
     if ((p->host = lc_host_create(&hc, p->session, svc_metrics(p->s), st)) == NULL) return st->code;
     lc_inst_config ic = {.defaults = cfg->defaults,
