@@ -615,7 +615,8 @@ lc_host *lc_host_create(const lc_host_config *cfg, lc_session *session, pie_metr
                          .timeout_ms = cfg->http_timeout_ms,
                          .max_bytes = cfg->http_max_bytes,
                          .max_running = cfg->http_max_running,
-                         .budget = cfg->budget};
+                         .budget = cfg->budget,
+                         .metrics = metrics};
     if (h->tokreg) h->http = lc_http_create(&hc, st);
     if (h->http == NULL) {
         lc_host_destroy(h);

@@ -11,6 +11,7 @@
 #include <curl/curl.h>
 
 #include "pie_log.h"
+#include "pie_metrics.h"
 #include "pie_tenant.h"
 
 /* A tenant's requests in the pool: waiting and running. */
@@ -66,7 +67,24 @@ struct lc_http {
     bool thread_started;
     http_job *running;
     unsigned n_running;
+    /* metrics (NULL without a registry) */
+    pie_gauge *g_waiting, *g_running;
+    pie_counter *c_ended[5]; /* by outcome_names */
 };
+
+/* How requests end, as pie_lifecycle_http_requests_total's `code` label says it. */
+static const char *const outcome_names[5] = {"OK", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED",
+                                             "UNAVAILABLE", "CANCELLED"};
+
+static pie_counter *outcome_counter(const lc_http *h, pie_code code) {
+    switch (code) {
+    case PIE_OK: return h->c_ended[0];
+    case PIE_DEADLINE_EXCEEDED: return h->c_ended[1];
+    case PIE_RESOURCE_EXHAUSTED: return h->c_ended[2];
+    case PIE_CANCELLED: return h->c_ended[4];
+    default: return h->c_ended[3];
+    }
+}
 
 /* curl_global_init is process-wide state that libcurl requires once before any handle; one
  * lc_http per process is the normal case, and the count makes nested create/destroy pairs
@@ -320,6 +338,7 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
     h->tail = j;
     h->queued++;
     pthread_mutex_unlock(&h->mu);
+    pie_gauge_add(h->g_waiting, 1);
     curl_multi_wakeup(h->multi);
     return PIE_OK;
 }
@@ -350,6 +369,8 @@ static http_job *take_next(lc_http *h) {
     bt->waiting--;
     bt->running++;
     bt->served = ++h->clock;
+    pie_gauge_add(h->g_waiting, -1);
+    pie_gauge_add(h->g_running, 1);
     return best;
 }
 
@@ -362,6 +383,7 @@ static void job_ended(lc_http *h, const char *name) {
         tenant_idle(h, t);
     }
     pthread_mutex_unlock(&h->mu);
+    pie_gauge_add(h->g_running, -1);
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
@@ -423,6 +445,7 @@ static void job_finish(http_job *j, pie_code code, const char *msg) {
         j->easy = NULL;
     }
     job_uncharge(j);
+    pie_counter_add(outcome_counter(h, code), 1);
     if (code == PIE_OK) {
         uint8_t *payload = j->buf;
         j->buf = NULL;
@@ -574,6 +597,19 @@ lc_http *lc_http_create(const lc_http_config *cfg, pie_status *st) {
     h->tenant_running = h->max_running > 1 ? h->max_running / 2 : 1;
     h->budget = cfg->budget;
     atomic_init(&h->stop, false);
+    if (cfg->metrics) {
+        pie_status mst; /* a metric that cannot be made is left out, not fatal */
+        const char *help = "Inferlets' HTTP requests in this replica: waiting to start, running.";
+        h->g_waiting = pie_metrics_gauge(cfg->metrics, "pie_lifecycle_http_pending", help,
+                                         (pie_metric_label[]){{"state", "waiting"}}, 1, &mst);
+        h->g_running = pie_metrics_gauge(cfg->metrics, "pie_lifecycle_http_pending", help,
+                                         (pie_metric_label[]){{"state", "running"}}, 1, &mst);
+        for (int i = 0; i < 5; i++)
+            h->c_ended[i] =
+                pie_metrics_counter(cfg->metrics, "pie_lifecycle_http_requests_total",
+                                    "Inferlets' HTTP requests ended, by outcome.",
+                                    (pie_metric_label[]){{"code", outcome_names[i]}}, 1, &mst);
+    }
     if (!http_global_init()) {
         http_free(h);
         pie_status_set(st, PIE_INTERNAL, "curl_global_init failed");

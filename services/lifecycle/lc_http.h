@@ -29,6 +29,7 @@ typedef struct lc_http_config {
     unsigned max_running; /* requests running at once; 0 = LC_HTTP_MAX_RUNNING */
     unsigned max_queued;  /* requests waiting to start before submit refuses; 0 = 256 */
     pie_budget *budget;   /* response buffers are charged to it (NULL: not counted) */
+    struct pie_metrics *metrics; /* pie_lifecycle_http_pending, _requests_total (NULL: none) */
 } lc_http_config;
 
 lc_http *lc_http_create(const lc_http_config *cfg, pie_status *st);

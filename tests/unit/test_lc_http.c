@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "lc_http.h"
+#include "pie_metrics.h"
 #include "pie_testutil.h"
 
 TestSuite(lc_http, .fini = pie_test_leak_check, .timeout = 60);
@@ -365,14 +366,17 @@ Test(lc_http, cancelled_and_stopped_requests_end_cancelled_once) {
 }
 
 /* A response is charged to the replica's memory budget while it fills: one that does not fit
- * fails RESOURCE_EXHAUSTED naming limits.replica_memory, and every byte comes back. */
+ * fails RESOURCE_EXHAUSTED naming limits.replica_memory, and every byte comes back; the
+ * metrics count both outcomes. */
 Test(lc_http, a_response_is_charged_to_the_replica_budget_while_it_fills) {
     slow_server s = {.body = 256 * 1024};
     server_start(&s, 0);
     char allow[64], url[96];
     urls_of(s.port, allow, url);
     pie_budget budget = {.max = 64 * 1024};
-    lc_http_config cfg = {.allow = allow, .budget = &budget};
+    pie_metrics *reg = pie_metrics_create();
+    cr_assert(reg);
+    lc_http_config cfg = {.allow = allow, .budget = &budget, .metrics = reg};
     pie_status st;
     lc_http *h = lc_http_create(&cfg, &st);
     cr_assert(h, "%s", st.msg);
@@ -393,6 +397,18 @@ Test(lc_http, a_response_is_charged_to_the_replica_budget_while_it_fills) {
     cr_expect_eq(big.code, PIE_OK, "%s", big.msg);
     cr_expect_eq(big.len, 4 + 256 * 1024);
     cr_expect_eq(pie_budget_used(&budget), 0, "the payload handed over is no longer charged");
+    char *text = NULL;
+    size_t len = 0;
+    cr_assert_eq(pie_metrics_render(reg, &text, &len), PIE_OK);
+    static const char *const want[] = {
+        "pie_lifecycle_http_requests_total{code=\"OK\"} 1\n",
+        "pie_lifecycle_http_requests_total{code=\"RESOURCE_EXHAUSTED\"} 1\n",
+        "pie_lifecycle_http_pending{state=\"waiting\"} 0\n",
+        "pie_lifecycle_http_pending{state=\"running\"} 0\n"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(text, want[i]), "no %s in the metrics:\n%s", want[i], text);
+    free(text);
     lc_http_destroy(h);
+    pie_metrics_destroy(reg);
     server_stop(&s);
 }
