@@ -446,6 +446,7 @@ static void job_finish(http_job *j, pie_code code, const char *msg) {
     }
     job_uncharge(j);
     pie_counter_add(outcome_counter(h, code), 1);
+    job_ended(h, j->tenant); /* counted out before its completion runs: what that sees is final */
     if (code == PIE_OK) {
         uint8_t *payload = j->buf;
         j->buf = NULL;
@@ -453,7 +454,6 @@ static void job_finish(http_job *j, pie_code code, const char *msg) {
     } else {
         j->done(j->ctx, code, msg, NULL, 0);
     }
-    job_ended(h, j->tenant);
     job_free(j);
 }
 
