@@ -12,7 +12,11 @@
  * gets one thread per call too; that is the price of one threading model.
  *
  * Paths, per weight dtype:
- *   f32            sgemm (sgemv when n == 1) per block of output columns.
+ *   f32, n <= KRN_LINEAR_F32_GEMV_MAX_N (32), avx512
+ *                  the GEMV-style kernels below, W loaded as it is: 2.3-3.5x OpenBLAS's sgemv
+ *                  at n = 1 and 1.7-2.2x its sgemm at n = 8-32 in a 1B-shape decode step (2
+ *                  cores, bench/results/peers.md, 2026-11-30).
+ *   f32, otherwise sgemm (sgemv when n == 1) per block of output columns.
  *   bf16, n >= KRN_LINEAR_AMX_MIN_N (8), in % 32 == 0, AMX active (krn_amx.c)
  *                  x is packed once per call (split into two bf16 parts: as accurate as the
  *                  exact paths); W is read in place as AMX tiles, blocks of 64 output rows
@@ -56,6 +60,11 @@
  * cache lines), about as good as 384-1024 and better than 256 (2 cores;
  * bench/results/engine.md). */
 #define KRN_LINEAR_PF_BYTES 512
+/* f32 weights up to this many rows of x on the AVX-512 GEMV kernels (W streamed once, 16
+ * weights per load, no conversion) instead of OpenBLAS sgemm/sgemv per block of columns: a
+ * 1B-shape decode step at b=1 ran at 26-36% of the bandwidth bound through sgemv, at b=8-32 at
+ * 13.8-27 tok/s through sgemm, against 60 tok/s at b=32 here (~65% of the f32 FMA peak). */
+#define KRN_LINEAR_F32_GEMV_MAX_N 32
 /* Output rows per GEMV task: small enough for load balance, large enough to amortise a task. */
 #define KRN_LINEAR_GEMV_ROWS 64
 /* bf16 weights on AMX (krn_amx.c) from this many rows of x: below it the exact GEMV path
@@ -226,13 +235,21 @@ KRN_TARGET_AVX2 static void convert_avx2(const uint16_t *src, krn_dtype wt, size
 
 /* ---- AVX-512 ----------------------------------------------------------------------------- */
 
-KRN_TARGET_AVX512 KRN_INLINE __m512 load16_avx512(const uint16_t *p, krn_dtype wt, __mmask16 m) {
-    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+/* 16 weights from element i of w as f32 (wt is a compile-time constant after inlining). */
+KRN_TARGET_AVX512 KRN_INLINE __m512 load16_avx512(const void *w, size_t i, krn_dtype wt,
+                                                  __mmask16 m) {
+    if (wt == KRN_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)w + i);
     if (wt == KRN_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
-KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX, const uint16_t *w,
+/* Element i of w as an address. */
+KRN_INLINE const void *welem(const void *w, size_t i, krn_dtype wt) {
+    return (const char *)w + i * krn_dtype_size(wt);
+}
+
+KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX, const void *w,
                                               size_t ldw, int RW, int in, krn_dtype wt, float *y,
                                               size_t ldy) {
     __m512 acc[6][8];
@@ -243,7 +260,7 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
     for (; k + 16 <= in; k += 16) {
         __m512 wv[8];
         KRN_UNROLL for (int c = 0; c < RW; c++) {
-            wv[c] = load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, 0xffff);
+            wv[c] = load16_avx512(w, (size_t)c * ldw + (size_t)k, wt, 0xffff);
         }
         KRN_UNROLL for (int r = 0; r < RX; r++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)r * ldx + (size_t)k);
@@ -256,7 +273,7 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
         __mmask16 m = (__mmask16)((1u << (in - k)) - 1u);
         __m512 wv[8];
         KRN_UNROLL for (int c = 0; c < RW; c++) {
-            wv[c] = load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, m);
+            wv[c] = load16_avx512(w, (size_t)c * ldw + (size_t)k, wt, m);
         }
         KRN_UNROLL for (int r = 0; r < RX; r++) {
             __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)r * ldx + (size_t)k);
@@ -298,12 +315,12 @@ KRN_TARGET_AVX512 KRN_INLINE void tile_avx512(const float *x, size_t ldx, int RX
         }                                                                 \
     } while (0)
 
-/* n = 1: rows [o, o + 8) of W against x. Each step takes one cache line (32 weights) of each
- * of the 8 rows and prefetches the line KRN_LINEAR_PF_BYTES further on (measured 5-14% less
- * time on the MLP shapes; likely because a decode row of W is only 4-16 KiB and the hardware prefetcher, which
- * stops at 4 KiB pages, ramps up again for every row). Two accumulators per row keep 16 FMA
- * chains in flight. */
-KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, const uint16_t *w,
+/* n = 1: rows [o, o + 8) of W against x. Each step takes 32 weights of each of the 8 rows (one
+ * cache line of 16-bit weights, two of f32) and prefetches them KRN_LINEAR_PF_BYTES further on
+ * (measured 5-14% less time on the MLP shapes; likely because a decode row of W is only
+ * 4-16 KiB and the hardware prefetcher, which stops at 4 KiB pages, ramps up again for every
+ * row). Two accumulators per row keep 16 FMA chains in flight. */
+KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, const void *w,
                                                      krn_dtype wt, float *y) {
     const size_t ldw = (size_t)in;
     __m512 a[8], b[8];
@@ -311,23 +328,28 @@ KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, con
         a[c] = _mm512_setzero_ps();
         b[c] = _mm512_setzero_ps();
     }
-    const int pf = KRN_LINEAR_PF_BYTES / 2; /* weights ahead */
+    const int pf = KRN_LINEAR_PF_BYTES / (int)krn_dtype_size(wt); /* weights ahead */
     int k = 0;
     for (; k + 32 <= in; k += 32) {
         __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-        int ahead = k + pf < in; /* never past the row: the address stays inside W */
+        /* never past the row: the addresses stay inside W */
+        int ahead = k + pf + (wt == KRN_F32 ? 16 : 0) < in;
         KRN_UNROLL for (int c = 0; c < 8; c++) {
-            const uint16_t *p = w + (size_t)c * ldw + (size_t)k;
-            if (ahead) _mm_prefetch((const char *)(p + pf), _MM_HINT_T0);
-            a[c] = _mm512_fmadd_ps(load16_avx512(p, wt, 0xffff), x0, a[c]);
-            b[c] = _mm512_fmadd_ps(load16_avx512(p + 16, wt, 0xffff), x1, b[c]);
+            size_t i = (size_t)c * ldw + (size_t)k;
+            if (ahead) {
+                _mm_prefetch((const char *)welem(w, i + (size_t)pf, wt), _MM_HINT_T0);
+                if (wt == KRN_F32) /* 32 f32 weights: the second line too */
+                    _mm_prefetch((const char *)welem(w, i + (size_t)pf + 16, wt), _MM_HINT_T0);
+            }
+            a[c] = _mm512_fmadd_ps(load16_avx512(w, i, wt, 0xffff), x0, a[c]);
+            b[c] = _mm512_fmadd_ps(load16_avx512(w, i + 16, wt, 0xffff), x1, b[c]);
         }
     }
     for (; k < in; k += 16) {
         __mmask16 m = krn_mask16(in - k);
         __m512 x0 = _mm512_maskz_loadu_ps(m, x + k);
         KRN_UNROLL for (int c = 0; c < 8; c++) {
-            a[c] = _mm512_fmadd_ps(load16_avx512(w + (size_t)c * ldw + (size_t)k, wt, m), x0, a[c]);
+            a[c] = _mm512_fmadd_ps(load16_avx512(w, (size_t)c * ldw + (size_t)k, wt, m), x0, a[c]);
         }
     }
     KRN_UNROLL for (int c = 0; c < 8; c++) { y[c] = _mm512_reduce_add_ps(_mm512_add_ps(a[c], b[c])); }
@@ -336,19 +358,20 @@ KRN_TARGET_AVX512 KRN_INLINE void gemv1_rows8_avx512(const float *x, int in, con
 /* Rows of W in blocks of 8 for one row of x (gemv1_rows8_avx512), else in
  * blocks of 4 against up to 6 rows of x at a time (24 accumulators: each converted weight
  * vector feeds 6 FMAs). */
-KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in,
-                                                   const uint16_t *w16, krn_dtype wt, int o0,
-                                                   int o1, float *y, int out) {
+KRN_TARGET_AVX512 KRN_INLINE void gemv_avx512_body(const float *x, int n, int in, const void *w,
+                                                   krn_dtype wt, int o0, int o1, float *y,
+                                                   int out) {
     size_t ldw = (size_t)in, ldx = (size_t)in, ldy = (size_t)out;
     int o = o0;
     if (n == 1)
-        for (; o + 8 <= o1; o += 8) gemv1_rows8_avx512(x, in, w16 + (size_t)o * ldw, wt, y + o);
+        for (; o + 8 <= o1; o += 8)
+            gemv1_rows8_avx512(x, in, welem(w, (size_t)o * ldw, wt), wt, y + o);
     for (; o + 4 <= o1; o += 4) {
-        const uint16_t *wo = w16 + (size_t)o * ldw;
+        const void *wo = welem(w, (size_t)o * ldw, wt);
         KRN_GEMV512_ROWS(4);
     }
     for (; o < o1; o++) {
-        const uint16_t *wo = w16 + (size_t)o * ldw;
+        const void *wo = welem(w, (size_t)o * ldw, wt);
         KRN_GEMV512_ROWS(1);
     }
 }
@@ -357,6 +380,8 @@ KRN_TARGET_AVX512 static void gemv_avx512(const float *x, int n, int in, const v
                                           krn_dtype wt, int o0, int o1, float *y, int out) {
     if (wt == KRN_BF16)
         gemv_avx512_body(x, n, in, w, KRN_BF16, o0, o1, y, out);
+    else if (wt == KRN_F32)
+        gemv_avx512_body(x, n, in, w, KRN_F32, o0, o1, y, out);
     else
         gemv_avx512_body(x, n, in, w, KRN_F16, o0, o1, y, out);
 }
@@ -364,10 +389,10 @@ KRN_TARGET_AVX512 static void gemv_avx512(const float *x, int n, int in, const v
 KRN_TARGET_AVX512 static void convert_avx512(const uint16_t *src, krn_dtype wt, size_t n,
                                              float *dst) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_avx512(src + i, wt, 0xffff));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_avx512(src, i, wt, 0xffff));
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(dst + i, m, load16_avx512(src + i, wt, m));
+        _mm512_mask_storeu_ps(dst + i, m, load16_avx512(src, i, wt, m));
     }
 }
 #endif /* KRN_X86 */
@@ -488,6 +513,18 @@ static void task_panel(void *arg, int task, int n_tasks, int worker) {
 
 static int div_up(int a, int b) { return (a + b - 1) / b; }
 
+/* The GEMV path: blocks of KRN_LINEAR_GEMV_ROWS output rows, smaller when that leaves fewer
+ * than 4 tasks per worker. */
+static void linear_gemv(krn_pool *p, linear_job *j, int threads) {
+    j->rows_per_task = KRN_LINEAR_GEMV_ROWS;
+    int n_tasks = div_up(j->out, j->rows_per_task);
+    if (n_tasks < 4 * threads && j->out >= 4 * threads * 4) {
+        j->rows_per_task = (div_up(j->out, 4 * threads) + 3) / 4 * 4;
+        n_tasks = div_up(j->out, j->rows_per_task);
+    }
+    krn_pool_run(p, task_gemv, j, n_tasks);
+}
+
 static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 
 /* The panel path: x packed once (the pool's shared scratch), a panel buffer per worker, blocks
@@ -586,6 +623,10 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
     int threads = krn_pool_size(p);
     linear_job j = {.x = x, .n = n, .in = in, .out = out, .w = w, .wt = wt, .y = y};
 
+    if (wt == KRN_F32 && n <= KRN_LINEAR_F32_GEMV_MAX_N && krn_simd_level() == KRN_SIMD_AVX512) {
+        linear_gemv(p, &j, threads);
+        return;
+    }
     if (wt == KRN_F32) {
         /* one block of columns per worker, a multiple of 16 rows of W */
         j.rows_per_task = (div_up(out, threads) + 15) / 16 * 16;
@@ -635,13 +676,7 @@ void krn_cpu_linear(krn_pool *p, const float *x, int n, int in, const void *w, k
         /* out of memory for tiles: the GEMV path needs none */
     }
 
-    j.rows_per_task = KRN_LINEAR_GEMV_ROWS;
-    int n_tasks = div_up(out, j.rows_per_task);
-    if (n_tasks < 4 * threads && out >= 4 * threads * 4) {
-        j.rows_per_task = (div_up(out, 4 * threads) + 3) / 4 * 4;
-        n_tasks = div_up(out, j.rows_per_task);
-    }
-    krn_pool_run(p, task_gemv, &j, n_tasks);
+    linear_gemv(p, &j, threads);
 }
 
 /* Up to this many weights share one packed x (the engine's most: q, k, v). */

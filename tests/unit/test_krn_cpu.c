@@ -357,6 +357,11 @@ Test(krn_linear, large_shapes_use_many_tiles_and_tasks) {
             check_linear(p, &r, KRN_BF16, 40, 4100, 100, SIMD_PATHS[s]);
             check_linear(p, &r, KRN_F16, 12, 520, 300, SIMD_PATHS[s]);
             check_linear(p, &r, KRN_F32, 3, 257, 301, SIMD_PATHS[s]);
+            /* f32 on the GEMV kernels (n <= 32 on avx512): the prefetching n = 1 rows, then
+             * 6 + 6 + 4 + 3 rows of x per tile, odd K */
+            check_linear(p, &r, KRN_F32, 1, 2088, 37, SIMD_PATHS[s]);
+            check_linear(p, &r, KRN_F32, 19, 1030, 70, SIMD_PATHS[s]);
+            check_linear(p, &r, KRN_F32, 32, 512, 40, SIMD_PATHS[s]);
             krn_pool_destroy(p);
         }
     }
