@@ -13,8 +13,8 @@
  *
  * Paths, per weight dtype:
  *   f32, n <= KRN_LINEAR_F32_GEMV_MAX_N (32), avx512
- *                  the GEMV-style kernels below, W loaded as it is: 2.3-3.5x OpenBLAS's sgemv
- *                  at n = 1 and 1.7-2.2x its sgemm at n = 8-32 in a 1B-shape decode step (2
+ *                  the GEMV-style kernels below, W loaded as it is: 1.2-1.5x OpenBLAS's sgemv
+ *                  at n = 1 and about 2x its sgemm at n = 8-32 in a 1B-shape decode step (2
  *                  cores, bench/results/peers.md, 2026-11-30).
  *   f32, otherwise sgemm (sgemv when n == 1) per block of output columns.
  *   bf16, n >= KRN_LINEAR_AMX_MIN_N (8), in % 32 == 0, AMX active (krn_amx.c)
