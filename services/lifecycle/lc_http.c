@@ -322,7 +322,7 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
     else if (j->tenant[0] && t->waiting + t->running >= share)
         rc = pie_status_set(st, PIE_RESOURCE_EXHAUSTED,
                             "http_request: tenant \"%s\" has %u requests waiting or running in "
-                            "this replica, its share of %u",
+                            "this replica, its share (half of %u)",
                             j->tenant, t->waiting + t->running, h->max_queued);
     if (rc != PIE_OK) {
         if (t) tenant_idle(h, t);
@@ -337,8 +337,8 @@ pie_code lc_http_submit(lc_http *h, const lc_http_request *req, const atomic_boo
         h->head = j;
     h->tail = j;
     h->queued++;
+    pie_gauge_add(h->g_waiting, 1); /* under mu: before take_next can count it out */
     pthread_mutex_unlock(&h->mu);
-    pie_gauge_add(h->g_waiting, 1);
     curl_multi_wakeup(h->multi);
     return PIE_OK;
 }
@@ -382,8 +382,8 @@ static void job_ended(lc_http *h, const char *name) {
         t->running--;
         tenant_idle(h, t);
     }
-    pthread_mutex_unlock(&h->mu);
     pie_gauge_add(h->g_running, -1);
+    pthread_mutex_unlock(&h->mu);
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
