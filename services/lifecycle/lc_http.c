@@ -568,7 +568,8 @@ static void *http_main(void *arg) {
             CURLcode cc = m->data.result; /* m is invalid once its handle is removed */
             job_completed(h, j, cc);
         }
-        /* Woken early by curl (its sockets and timers) and by lc_http_wakeup (a submit, a stop). */
+        /* Woken early by curl (its sockets and timers) and by curl_multi_wakeup (a submit, a
+         * stop). */
         int wait_ms = h->n_running ? LC_HTTP_CANCEL_POLL_MS : 1000;
         curl_multi_poll(h->multi, NULL, 0, wait_ms, NULL);
     }
