@@ -23,6 +23,7 @@ typedef struct http_tenant {
 
 typedef struct http_job {
     struct http_job *next; /* in the queue, then in the running list */
+    struct http_job *prev; /* in the running list (removal without a walk) */
     char tenant[PIE_TENANT_NAME_MAX + 1];
     char *url; /* NUL-terminated copies */
     char *body;
@@ -479,18 +480,21 @@ static void job_start(lc_http *h, http_job *j) {
         job_finish(j, PIE_RESOURCE_EXHAUSTED, "http_request: curl_multi_add_handle failed");
         return;
     }
+    j->prev = NULL;
     j->next = h->running;
+    if (h->running) h->running->prev = j;
     h->running = j;
     h->n_running++;
 }
 
 static void running_remove(lc_http *h, http_job *j) {
-    for (http_job **p = &h->running; *p; p = &(*p)->next)
-        if (*p == j) {
-            *p = j->next;
-            h->n_running--;
-            return;
-        }
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        h->running = j->next;
+    if (j->next) j->next->prev = j->prev;
+    j->next = j->prev = NULL;
+    h->n_running--;
 }
 
 /* A transfer curl finished: its result for the completion. Loop thread. */

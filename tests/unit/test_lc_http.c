@@ -75,17 +75,20 @@ static int listen_loopback(int *port) {
     return fd;
 }
 
+/* Closes a listener and joins the thread accepting on it (its accept fails). */
+static void listener_stop(int fd, pthread_t thread) {
+    shutdown(fd, SHUT_RDWR);
+    close(fd);
+    pthread_join(thread, NULL);
+}
+
 static void server_start(slow_server *s, int delay_ms) {
     s->delay_ms = delay_ms;
     s->fd = listen_loopback(&s->port);
     cr_assert_eq(pthread_create(&s->thread, NULL, serve, s), 0);
 }
 
-static void server_stop(slow_server *s) {
-    shutdown(s->fd, SHUT_RDWR);
-    close(s->fd);
-    pthread_join(s->thread, NULL);
-}
+static void server_stop(slow_server *s) { listener_stop(s->fd, s->thread); }
 
 /* The allowlist admitting a local server's port, and a URL on it. */
 static void urls_of(int port, char allow[64], char url[96]) {
@@ -222,9 +225,7 @@ static void gate_start(gate_server *s, int want) {
 }
 
 static void gate_stop(gate_server *s) {
-    shutdown(s->fd, SHUT_RDWR);
-    close(s->fd);
-    pthread_join(s->thread, NULL);
+    listener_stop(s->fd, s->thread);
     for (int i = 0; i < s->n_answering; i++) pthread_join(s->answering[i], NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
