@@ -18,7 +18,9 @@
  * The emulated device adds a layer's fixed and per-token linear costs (layer_us + T·token),
  * where wrk_offsim takes a roofline max: its numbers are lower for large batches.
  *
- * Usage: bench_nulloff [steps, default 3000] [sweep]
+ * Usage: bench_nulloff [steps, default 3000] [sweep] [in=N]
+ *   in=N: every request's prompt is N tokens (default 500; seed 004's H100 runs, Fig. 8b, use
+ *   2000);
  *   without "sweep": the default capacity rule (the scheduler's estimate) against gpu, in
  *   detail, as the worker runs (every item of a batch runs) and with deferral (the stand-in
  *   controller re-queues the items the scheduler defers: Neo's rules, wrk_offload.h);
@@ -106,7 +108,8 @@ static void sim_open(sim *s, const testbed *tb, bool offload, const variant *v) 
     wrk_mem_shape sh = {.n_layers = tb->n_layers,
                         .page_layer_bytes = page_layer,
                         .pool_pages = gpu_pages,
-                        .max_pages = 1u << 24};
+                        .max_pages = 1u << 24,
+                        .page_size = PAGE};
     if (wrk_mem_plan_make(&mc, &sh, &s->plan, &st) != PIE_OK) die("plan", &st);
     uint32_t max_items = hw->max_batch + PREFILL_CAP;
     wrk_nulldev_config dc = {.n_layers = tb->n_layers,
@@ -255,13 +258,13 @@ static const testbed tbs[] = {
     {&wrk_offsim_a10g, 32, 128 * 1024.0, 32e9},
     {&wrk_offsim_h100, 80, 320 * 1024.0, 64e9},
 };
-static const uint32_t lens[][2] = {{500, 50}, {500, 200}, {500, 1000}};
+static const uint32_t outs[] = {50, 200, 1000};
 #define N_TB   (sizeof tbs / sizeof tbs[0])
-#define N_LENS (sizeof lens / sizeof lens[0])
+#define N_LENS (sizeof outs / sizeof outs[0])
 
 /* The default rule against policy gpu, in detail: the worker as it runs (every item of a batch
  * runs), and with deferral (the stand-in controller re-queues what the scheduler defers). */
-static void table(uint32_t steps) {
+static void table(uint32_t steps, uint32_t in_len) {
     static const variant defer = {"defer", {.estimate = true}, true, true};
     printf("| testbed | in | out | gpu tok/s (decodes/step) | offload tok/s (decodes/step, on "
            "host) | gain | forced / two-sub-batch steps of %u | effective pages of max | "
@@ -270,13 +273,13 @@ static void table(uint32_t steps) {
     printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t t = 0; t < N_TB; t++)
         for (size_t l = 0; l < N_LENS; l++) {
-            result g = run(&tbs[t], false, NULL, lens[l][0], lens[l][1], steps);
-            result o = run(&tbs[t], true, NULL, lens[l][0], lens[l][1], steps);
-            result d = run(&tbs[t], true, &defer, lens[l][0], lens[l][1], steps);
+            result g = run(&tbs[t], false, NULL, in_len, outs[l], steps);
+            result o = run(&tbs[t], true, NULL, in_len, outs[l], steps);
+            result d = run(&tbs[t], true, &defer, in_len, outs[l], steps);
             printf("| %s | %u | %u | %.0f (%.1f) | %.0f (%.1f, %.1f) | %+.1f %% | %llu / %llu | "
                    "%u of %u | %.0f (%.1f, %.1f, %.1f) | %+.1f %% |\n",
-                   tbs[t].hw->name, lens[l][0], lens[l][1], g.tps, g.decodes, o.tps, o.decodes,
-                   o.host, (o.tps / g.tps - 1) * 100, (unsigned long long)o.forced,
+                   tbs[t].hw->name, in_len, outs[l], g.tps, g.decodes, o.tps, o.decodes, o.host,
+                   (o.tps / g.tps - 1) * 100, (unsigned long long)o.forced,
                    (unsigned long long)o.two, o.eff, o.max, d.tps, d.decodes, d.host, d.deferred,
                    (d.tps / g.tps - 1) * 100);
         }
@@ -287,42 +290,60 @@ static void table(uint32_t steps) {
 #define GROW_FULL 0xffffffffu
 
 /* The capacity rule's variants: gain over gpu at every point, and the worst and mean. */
-static void sweep(uint32_t steps) {
+static void sweep(uint32_t steps, uint32_t in_len) {
     const variant vs[] = {
-        {"default: the scheduler's estimate (least of an epoch, smoothed)", {0}, false},
-        {"the estimate, with deferral (a controller that re-queues)", {.estimate = true}, true,
+        {"default: the scheduler's estimate (least over the life of what it admits)", {0}, false},
+        {"the estimate, with deferral (a controller that re-queues)",
+         {.estimate = true},
+         true,
          true},
         {"exposed wait (the default before): start at every page, -/+ an eighth of the host, "
          "5 % / 1 %",
-         {0}, true, false, true},
+         {0},
+         true,
+         false,
+         true},
         {"start at every page, halve the host share, +1/8 device, hold while over",
-         {.shrink_share = 0.5, .hold_while_over = true}, true},
-        {"start at the device, halve, +1/8 device, hold", {.shrink_share = 0.5,
-                                                            .start_at_gpu = true,
-                                                            .hold_while_over = true}, true},
+         {.shrink_share = 0.5, .hold_while_over = true},
+         true},
+        {"start at the device, halve, +1/8 device, hold",
+         {.shrink_share = 0.5, .start_at_gpu = true, .hold_while_over = true},
+         true},
         {"start at the device, halve, +1/8 device, hold, 10 % / 2 %",
-         {.exposed_max = 0.10, .exposed_grow = 0.02, .shrink_share = 0.5, .start_at_gpu = true,
-          .hold_while_over = true}, true},
+         {.exposed_max = 0.10,
+          .exposed_grow = 0.02,
+          .shrink_share = 0.5,
+          .start_at_gpu = true,
+          .hold_while_over = true},
+         true},
         {"start at the device, halve, +1/8 device, hold, 2 % / 0.5 %",
-         {.exposed_max = 0.02, .exposed_grow = 0.005, .shrink_share = 0.5, .start_at_gpu = true,
-          .hold_while_over = true}, true},
-        {"climb by throughput from the device, +1/8 device", {.climb = true, .start_at_gpu = true},
+         {.exposed_max = 0.02,
+          .exposed_grow = 0.005,
+          .shrink_share = 0.5,
+          .start_at_gpu = true,
+          .hold_while_over = true},
+         true},
+        {"climb by throughput from the device, +1/8 device",
+         {.climb = true, .start_at_gpu = true},
          true},
         {"climb by throughput from the device, +1/2 device",
-         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_HALF}, true},
+         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_HALF},
+         true},
         {"climb by throughput from the device, +1 device",
-         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_FULL}, true},
+         {.climb = true, .start_at_gpu = true, .grow_pages = GROW_FULL},
+         true},
     };
     printf("| capacity rule |");
     for (size_t t = 0; t < N_TB; t++)
-        for (size_t l = 0; l < N_LENS; l++) printf(" %.4s %u/%u |", tbs[t].hw->name, lens[l][0], lens[l][1]);
+        for (size_t l = 0; l < N_LENS; l++)
+            printf(" %.4s %u/%u |", tbs[t].hw->name, in_len, outs[l]);
     printf(" worst | mean |\n|---|");
     for (size_t i = 0; i < N_TB * N_LENS + 2; i++) printf("---|");
     printf("\n");
     double gpu[N_TB][N_LENS];
     for (size_t t = 0; t < N_TB; t++)
         for (size_t l = 0; l < N_LENS; l++)
-            gpu[t][l] = run(&tbs[t], false, NULL, lens[l][0], lens[l][1], steps).tps;
+            gpu[t][l] = run(&tbs[t], false, NULL, in_len, outs[l], steps).tps;
     for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
         variant vv = vs[v];
         printf("| %s |", vv.name);
@@ -337,7 +358,7 @@ static void sweep(uint32_t steps) {
                     vv.opts.grow_pages = gpu_pages / 2 + 1;
                 else if (vv.opts.grow_pages == GROW_FULL)
                     vv.opts.grow_pages = gpu_pages;
-                double g = run(&tbs[t], true, &vv, lens[l][0], lens[l][1], steps).tps / gpu[t][l] - 1;
+                double g = run(&tbs[t], true, &vv, in_len, outs[l], steps).tps / gpu[t][l] - 1;
                 vv.opts.grow_pages = vs[v].opts.grow_pages;
                 printf(" %+.1f %% |", g * 100);
                 worst = fmin(worst, g);
@@ -350,8 +371,21 @@ static void sweep(uint32_t steps) {
 int main(int argc, char **argv) {
     uint32_t steps = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 3000;
     if (steps < 8) steps = 8;
-    bool do_sweep = argc > 2 && strcmp(argv[2], "sweep") == 0;
-    if (do_sweep) sweep(steps);
-    else table(steps);
+    bool do_sweep = false;
+    uint32_t in_len = 500; /* every request's prompt */
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "sweep") == 0)
+            do_sweep = true;
+        else if (strncmp(argv[i], "in=", 3) == 0 && atoi(argv[i] + 3) > 0)
+            in_len = (uint32_t)atoi(argv[i] + 3);
+        else {
+            fprintf(stderr, "usage: bench_nulloff [steps] [sweep] [in=N]\n");
+            return 2;
+        }
+    }
+    if (do_sweep)
+        sweep(steps, in_len);
+    else
+        table(steps, in_len);
     return 0;
 }

@@ -267,12 +267,13 @@ static pie_code plan_memory(const wrk_config *cfg, wrk_mem_policy policy, wrk_lo
     wrk_mem_shape sh = {
         .n_layers = l->desc.num_layers,
         /* the cuda backend's KV pool is bf16 whatever engine.kv_dtype says */
-        .page_layer_bytes = (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
-                            l->desc.head_dim *
-                            (cfg->kv_dtype == ENG_KV_BF16 || cfg->backend == WRK_BACKEND_CUDA ? 2
-                                                                                             : 4),
+        .page_layer_bytes =
+            (uint64_t)2 * ps * rank_kv_heads(l->desc.num_kv_heads, cfg->tp_size) *
+            l->desc.head_dim *
+            (cfg->kv_dtype == ENG_KV_BF16 || cfg->backend == WRK_BACKEND_CUDA ? 2 : 4),
         .pool_pages = cfg->kv_pages,
         .max_pages = by_tokens < 16777216u ? by_tokens : 16777216u,
+        .page_size = ps,
     };
     return wrk_mem_plan_make(&mc, &sh, &l->plan, st);
 }

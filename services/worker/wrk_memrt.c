@@ -176,7 +176,7 @@ wrk_memrt *wrk_memrt_create(const wrk_mem_plan *plan, pie_metrics *metrics, pie_
     r->slots = plan->start_slots;
     atomic_store(&r->effective, wrk_mem_effective(&r->plan, r->slots));
     wrk_mem_adapt_init(&r->adapt, &r->plan, 0);
-    wrk_off_adapt_init(&r->oadapt, plan->kv_pages_gpu, plan->kv_pages_max, 0);
+    wrk_off_adapt_init(&r->oadapt, plan->kv_pages_gpu, plan->kv_pages_max, 0, plan->page_size);
     if (plan->policy == WRK_MEM_OFFLOAD) { /* the capacity follows the scheduler's estimate */
         wrk_off_adapt_tune(&r->oadapt, &(wrk_off_adapt_opts){.estimate = true});
         atomic_store(&r->effective, r->oadapt.pages);

@@ -196,7 +196,7 @@ Test(wrk_offload, auto_takes_swap_when_the_link_keeps_up_else_offload_when_the_h
 
 Test(wrk_offload, the_capacity_shrinks_while_host_attention_is_exposed_and_grows_back) {
     wrk_off_adapt a;
-    wrk_off_adapt_init(&a, 100, 900, 4); /* 800 host pages: steps of 100 */
+    wrk_off_adapt_init(&a, 100, 900, 4, 16); /* 800 host pages: steps of 100 */
     cr_assert_eq(a.pages, 900, "every page at start");
     /* an epoch with the device waiting 10% of the time: one eighth of the host goes */
     uint32_t p = 0;
@@ -316,7 +316,7 @@ Test(wrk_offload, freed_pages_give_the_device_its_room_back) {
  * decision while the live pages still exceed the capacity (an earlier shrink still drains). */
 Test(wrk_offload, the_tuned_capacity_rule_halves_grows_by_its_step_and_holds_while_pages_drain) {
     wrk_off_adapt a;
-    wrk_off_adapt_init(&a, 100, 900, 4);
+    wrk_off_adapt_init(&a, 100, 900, 4, 16);
     wrk_off_adapt_opts o = {.grow_pages = 50, .shrink_share = 0.5, .start_at_gpu = true,
                             .hold_while_over = true};
     wrk_off_adapt_tune(&a, &o);
@@ -339,7 +339,7 @@ Test(wrk_offload, the_tuned_capacity_rule_halves_grows_by_its_step_and_holds_whi
  * by more than 1 %, else it steps back and holds (hold_epochs) before probing again. */
 Test(wrk_offload, the_climbing_capacity_keeps_a_step_that_paid_and_undoes_one_that_did_not) {
     wrk_off_adapt a;
-    wrk_off_adapt_init(&a, 100, 900, 2);
+    wrk_off_adapt_init(&a, 100, 900, 2, 16);
     wrk_off_adapt_opts o = {.climb = true, .start_at_gpu = true, .grow_pages = 50,
                             .hold_epochs = 2};
     wrk_off_adapt_tune(&a, &o);
@@ -363,7 +363,7 @@ Test(wrk_offload, the_climbing_capacity_keeps_a_step_that_paid_and_undoes_one_th
     for (int i = 0; i < 2; i++) p = wrk_off_adapt_step_tokens(&a, 120, 1000, 0, 150);
     cr_assert_eq(p, 200, "probes again after the hold");
     /* a probe whose pages never fill is kept without judging it (demand does not need more) */
-    wrk_off_adapt_init(&a, 100, 900, 1);
+    wrk_off_adapt_init(&a, 100, 900, 1, 16);
     o.climb_wait = 3;
     wrk_off_adapt_tune(&a, &o);
     p = wrk_off_adapt_step_tokens(&a, 100, 1000, 0, 100);
@@ -525,25 +525,55 @@ Test(wrk_offload, deferral_never_starves_a_host_request) {
 
 Test(wrk_offload, the_estimate_capacity_offers_the_host_only_what_every_step_hid_at_a_gain) {
     wrk_off_adapt a;
-    wrk_off_adapt_init(&a, 100, 900, 4);
+    wrk_off_adapt_init(&a, 100, 900, 4, 16);
     wrk_off_adapt_tune(&a, &(wrk_off_adapt_opts){.estimate = true});
     cr_assert_eq(a.pages, 100, "nothing offered before an estimate");
     uint32_t p = 0;
-    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 200, 1, 50);
+    /* 1000 tokens a step over 50 live pages: a KV token lives 0.8 steps, the window is one
+     * epoch */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 200, 1, 50);
     cr_assert_eq(p, 300, "every step hid 200 pages at a gain");
-    /* one step of the epoch hid nothing: the smoothed estimate halves */
-    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, i ? 400 : 0, 1, 50);
-    cr_assert_eq(p, 200);
+    /* one step of the epoch hid nothing: nothing is offered */
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, i ? 400 : 0, 1, 50);
+    cr_assert_eq(p, 100);
     /* an epoch without decodes estimates nothing: unchanged */
-    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 0, 0, 50);
-    cr_assert_eq(p, 200);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 0, 0, 50);
+    cr_assert_eq(p, 100);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 200, 1, 50);
+    cr_assert_eq(p, 300);
     /* noise (less than an eighth of the host share) moves nothing */
-    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 110, 1, 50);
-    cr_assert_eq(p, 200, "est 105: 5 pages of 100 is noise");
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 210, 1, 50);
+    cr_assert_eq(p, 300, "est 210: 10 pages of 200 is noise");
     /* never above every page */
-    for (int k = 0; k < 8; k++)
-        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 5000, 1, 50);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 5000, 1, 50);
     cr_assert_eq(p, 900);
+}
+
+/* What is admitted while the estimate is high stays for its life: the estimate is the least
+ * over the epochs a KV token lives (Little's law), so a burst of prefill-heavy epochs does not
+ * raise it while the decode-only epochs before it are younger than that life. */
+Test(wrk_offload, the_estimate_takes_the_least_over_the_life_of_what_it_admits) {
+    wrk_off_adapt a;
+    wrk_off_adapt_init(&a, 100, 900, 4, 16);
+    wrk_off_adapt_tune(&a, &(wrk_off_adapt_opts){.estimate = true});
+    /* 10 tokens a step over 50 live pages: 80 steps a KV token, 20 epochs of 4 steps */
+    uint32_t p = 0;
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 200, 1, 50);
+    cr_assert_eq(p, 300);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 8, 1, 50);
+    cr_assert_eq(p, 108, "a decode-only epoch hid 8 pages");
+    for (int e = 0; e < 19; e++) { /* prefill bursts: the low epoch and 19 after it */
+        for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 600, 1, 50);
+        cr_assert_eq(p, 108, "epoch %d: the low epoch is still within the window", e);
+    }
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 600, 1, 50);
+    cr_assert_eq(p, 700, "the newest 20 epochs hid 600 pages at every step");
+    /* the same burst with a short life (1000 tokens a step): the next epoch follows it */
+    wrk_off_adapt_init(&a, 100, 900, 4, 16);
+    wrk_off_adapt_tune(&a, &(wrk_off_adapt_opts){.estimate = true});
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 8, 1, 50);
+    for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 600, 1, 50);
+    cr_assert_eq(p, 700);
 }
 
 /* With deferral, over random steps: two sub-batches only when their estimated throughput beats

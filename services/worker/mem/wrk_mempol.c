@@ -94,8 +94,10 @@ static pie_code wrk_mem_plan_offload(const wrk_mem_config *c, const wrk_mem_shap
 
 pie_code wrk_mem_plan_make(const wrk_mem_config *c, const wrk_mem_shape *s, wrk_mem_plan *p,
                            pie_status *st) {
-    *p = (wrk_mem_plan){
-        .policy = c->policy, .n_layers = s->n_layers, .page_layer_bytes = s->page_layer_bytes};
+    *p = (wrk_mem_plan){.policy = c->policy,
+                        .n_layers = s->n_layers,
+                        .page_layer_bytes = s->page_layer_bytes,
+                        .page_size = s->page_size ? s->page_size : 16};
     switch (c->policy) {
     case WRK_MEM_GPU:
         p->kv_pages_max = p->kv_pages_gpu = s->pool_pages;

@@ -50,12 +50,14 @@ typedef struct wrk_mem_shape {
     uint64_t page_layer_bytes; /* B */
     uint32_t pool_pages;       /* pool.kv_pages: policy gpu's pages, device_kv's default */
     uint32_t max_pages;        /* most pages the engine accepts (its id limit) */
+    uint32_t page_size;        /* tokens per page (pool.kv_page_size; 0: 16) */
 } wrk_mem_shape;
 
 typedef struct wrk_mem_plan {
     wrk_mem_policy policy;
     uint32_t n_layers;
     uint64_t page_layer_bytes;
+    uint32_t page_size;    /* tokens per page */
     uint64_t device_kv;    /* D */
     uint32_t kv_pages_max; /* the engine's kv_pages */
     uint32_t kv_pages_gpu;

@@ -263,9 +263,10 @@ void wrk_mem_auto_choose(const wrk_mem_auto_in *in, wrk_mem_auto_out *out) {
 }
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
-                        uint32_t epoch_steps) {
+                        uint32_t epoch_steps, uint32_t page_size) {
     *a = (wrk_off_adapt){.gpu_pages = gpu_pages,
                          .max_pages = max_pages > gpu_pages ? max_pages : gpu_pages,
+                         .page_size = page_size ? page_size : 16,
                          .epoch_steps = epoch_steps ? epoch_steps : 16};
     a->pages = a->max_pages;
 }
@@ -274,7 +275,8 @@ void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o) {
     a->opts = *o;
     a->pages = o->start_at_gpu || o->estimate ? a->gpu_pages : a->max_pages;
     a->est = 0;
-    a->est_seen = false;
+    a->n_lows = a->next_low = 0;
+    a->live_sum = 0;
 }
 
 /* The climb knob at an epoch's end (wrk_off_adapt_opts). */
@@ -313,12 +315,28 @@ uint32_t wrk_off_adapt_step_tokens(wrk_off_adapt *a, uint64_t tokens, uint64_t b
     return wrk_off_adapt_step_est(a, tokens, busy_ns, wait_ns, 0, 0, kv_live);
 }
 
+/* Epochs a KV token written in this one stays live, on average (Little's law: live tokens /
+ * tokens written per step), 1..WRK_OFF_EST_EPOCHS. */
+static uint32_t off_adapt_window(const wrk_off_adapt *a) {
+    if (a->tokens == 0 || a->steps == 0) return 1;
+    double life = (double)a->live_sum * a->page_size / (double)a->tokens; /* steps */
+    double w = ceil(life / a->steps);
+    return w < 1 ? 1 : w > WRK_OFF_EST_EPOCHS ? WRK_OFF_EST_EPOCHS : (uint32_t)w;
+}
+
 /* The estimate knob at an epoch's end (wrk_off_adapt_opts). */
 static void off_adapt_estimate(wrk_off_adapt *a) {
     if (a->gain_steps == 0) return; /* no decodes: nothing was estimated */
-    double low = a->gain_min;       /* what every step of the epoch hid at a gain */
-    a->est = a->est_seen ? (a->est + low) / 2 : low;
-    a->est_seen = true;
+    a->lows[a->next_low] = a->gain_min; /* what every step of the epoch hid at a gain */
+    a->next_low = (a->next_low + 1) % WRK_OFF_EST_EPOCHS;
+    if (a->n_lows < WRK_OFF_EST_EPOCHS) a->n_lows++;
+    uint32_t w = off_adapt_window(a);
+    if (w > a->n_lows) w = a->n_lows;
+    a->est = INFINITY;
+    for (uint32_t k = 1; k <= w; k++) { /* the newest w */
+        double low = a->lows[(a->next_low + WRK_OFF_EST_EPOCHS - k) % WRK_OFF_EST_EPOCHS];
+        if (low < a->est) a->est = low;
+    }
     uint32_t host = a->max_pages - a->gpu_pages;
     double want_d = ceil(a->est);
     uint32_t want = want_d < host ? (uint32_t)want_d : host;
@@ -340,6 +358,7 @@ uint32_t wrk_off_adapt_step_est(wrk_off_adapt *a, uint64_t tokens, uint64_t busy
     uint32_t margin = a->pages / 16 ? a->pages / 16 : 1;
     a->steps++;
     a->tokens += tokens;
+    a->live_sum += kv_live;
     a->busy_ns += busy_ns;
     a->wait_ns += wait_ns;
     if (kv_live + margin >= a->pages) a->kv_limited = true;
@@ -366,6 +385,7 @@ uint32_t wrk_off_adapt_step_est(wrk_off_adapt *a, uint64_t tokens, uint64_t busy
     }
     a->steps = 0;
     a->tokens = 0;
+    a->live_sum = 0;
     a->busy_ns = a->wait_ns = 0;
     a->gain_pages = a->gain_steps = 0;
     a->kv_limited = false;
@@ -376,6 +396,7 @@ uint32_t wrk_off_adapt_spill(wrk_off_adapt *a, uint32_t kv_live) {
     if (kv_live > a->pages) a->pages = kv_live < a->max_pages ? kv_live : a->max_pages;
     a->steps = 0;
     a->tokens = 0;
+    a->live_sum = 0;
     a->busy_ns = a->wait_ns = 0;
     a->gain_pages = a->gain_steps = 0;
     a->kv_limited = false;

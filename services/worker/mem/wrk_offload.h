@@ -137,17 +137,25 @@ typedef struct wrk_off_adapt_opts {
     /* estimate (the worker's default, wrk_memrt.c): the thresholds are not used; the host's
      * share follows the scheduler's own estimate of what it can serve at a gain (gain_kv of
      * wrk_off_choice, in pages, per step with decodes). At an epoch's end with such steps,
-     * est = (est + low) / 2 (the first epoch: low), low = the least any step of the epoch
-     * hid at a gain (a host decode runs at every step: it must hide at every step, not on
-     * average — prefill steps hide far more than decode-only ones), and the capacity becomes
+     * est = the least of the last W epochs' lows, low = the least any step of the epoch hid
+     * at a gain (a host decode runs at every step of its life: it must hide at every step,
+     * not on average — prefill steps hide far more than decode-only ones, and a burst of them
+     * can fill whole epochs while the requests admitted then decode for many more). W covers
+     * the life of what is admitted: a KV token stays live pages × page size / tokens written
+     * per step steps on average (Little's law over the epoch), W = that in epochs, 1 to
+     * WRK_OFF_EST_EPOCHS. The capacity becomes
      * device pages + ceil(est), when that moves the host share by at least 4 pages and an
      * eighth of it (no CapacityChange for noise). It starts at the device's pages:
      * nothing is offered to the host before an estimate says it pays. */
     bool estimate;
 } wrk_off_adapt_opts;
 
+/* The most epochs the estimate's least is taken over (64 × 16 forward batches). */
+#define WRK_OFF_EST_EPOCHS 64
+
 typedef struct wrk_off_adapt {
     uint32_t gpu_pages, max_pages; /* the device's pages; device + host */
+    uint32_t page_size;            /* tokens per page */
     uint32_t pages;                /* effective now */
     uint32_t epoch_steps, steps;
     uint64_t busy_ns, wait_ns;
@@ -160,12 +168,14 @@ typedef struct wrk_off_adapt {
     double thr_base;       /* tokens per busy second before the probe */
     uint64_t gain_pages, gain_steps; /* of the epoch (estimate) */
     double gain_min;                 /* the least pages one batch's estimate gave in the epoch */
-    double est;                      /* host pages the estimate says pay (estimate), smoothed */
-    bool est_seen;
+    double est;                      /* host pages the estimate says pay (estimate) */
+    double lows[WRK_OFF_EST_EPOCHS]; /* the last epochs' gain_min, a ring */
+    uint32_t n_lows, next_low;
+    uint64_t live_sum; /* kv_live summed over the epoch's steps (estimate's window) */
 } wrk_off_adapt;
 
 void wrk_off_adapt_init(wrk_off_adapt *a, uint32_t gpu_pages, uint32_t max_pages,
-                        uint32_t epoch_steps);
+                        uint32_t epoch_steps, uint32_t page_size);
 /* Other knobs than the defaults (after init; benchmarks). */
 void wrk_off_adapt_tune(wrk_off_adapt *a, const wrk_off_adapt_opts *o);
 /* One forward batch: its time, the time the device waited for host attention in it, the pages

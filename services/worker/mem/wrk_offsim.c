@@ -12,7 +12,10 @@
  *   A10G: 24 GB, 600 GB/s, 125 TFLOP/s; LLaMa-3.1-8B: 16 GB, 128 KiB/token.
  *       g5.4xlarge: 8 cores, 64 GB, ~40 GB/s.
  *   2×H100 SXM: 2 × 80 GB, 2 × 3.35 TB/s, 2 × 989 TFLOP/s; LLaMa-3.1-70B: 141 GB,
- *       320 KiB/token. One NUMA node of 2 × Xeon 8462Y+: 16 cores, 512 GB, ~75 GB/s. */
+ *       320 KiB/token. One NUMA node of 2 × Xeon 8462Y+: 16 cores, 512 GB, ~99 GB/s: four
+ *       NUMA nodes on two sockets is two per socket, 4 of a socket's 8 DDR5 channels each;
+ *       2 TB in a 32-slot HGX board is two DIMMs per channel, DDR5-4400: 4 × 35.2 = 140.8 GB/s
+ *       peak, 70 % of it (75 GB/s until 2026-11-30: about half the peak). */
 #define KIB 1024.0
 const wrk_offsim_hw wrk_offsim_t4 = {.name = "T4-like (LLaMa-2-7B)",
                                      .w = 13.5e9 / 320e9,
@@ -34,7 +37,7 @@ const wrk_offsim_hw wrk_offsim_h100 = {.name = "2xH100-like (LLaMa-3.1-70B)",
                                        .w = 141e9 / (2 * 3.35e12),
                                        .lin_tok = 2 * 70e9 / (2 * 0.6 * 989e12),
                                        .dattn = 320 * KIB / (2 * 3.35e12),
-                                       .hattn = 320 * KIB / 75e9,
+                                       .hattn = 320 * KIB / 99e9,
                                        .gpu_kv = (2 * 80e9 * 0.9 - 141e9) / (320 * KIB),
                                        .cpu_kv = 400e9 / (320 * KIB),
                                        .max_batch = 512};
