@@ -14,7 +14,7 @@
 # Usage: bench/peers/run.sh [--models DIR] [--build-dir DIR] [--no-build] [--out DIR]
 #            [--rounds 3] [--shapes 1b,8b] [--dtypes bf16,f32] [--sequences 1,8,32]
 #            [--prefill 128,512] [--context 512] [--steps 8] [--threads 2] [--pie-kv f32|bf16]
-#            [--no-verify] [--quick]
+#            [--no-verify] [--quick] [--warmup 1]
 #   --models     generated models and their .gguf files (default /tmp/pie-bench-models;
 #                llama1b-bf16 is the one bench/run.sh engine uses)
 #   --build-dir  build with bench_engine and pie-engine-probe (default build-bench, configured
@@ -28,6 +28,9 @@
 #   --pie-kv     what Pie-C's KV pool stores (bench_engine --kv; engine.kv_dtype): f32 (default)
 #                or bf16 (llama.cpp's default KV cache is F16: the same bytes per value)
 #   --quick      one round, 1b bf16, sequences 1, prefill 128, 2 steps: a smoke run
+#   --warmup     untimed rounds of both engines before the measured ones (default 1; 0: none):
+#                the first process after this kind of VM sat idle ran at a third of its speed
+#                (bench/results/peers.md, 2026-11-30); kept in the output folder as w<N>-*.txt
 # Each round runs both engines one after the other (Pie-C first in odd rounds, llama.cpp first in
 # even ones), 2 threads each by default; the machine's load average is printed before each run.
 # Needs bench/peers/node_modules (bench/peers/setup.sh). Never run in CI.
@@ -37,7 +40,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cd "$root"
 
-models=/tmp/pie-bench-models build_dir=build-bench do_build=1 out="" rounds=3 shapes=1b,8b
+models=/tmp/pie-bench-models build_dir=build-bench do_build=1 out="" rounds=3 warmup=1 shapes=1b,8b
 dtypes=bf16,f32 sequences=1,8,32 prefill=128,512 context=512 steps=8 threads=2 verify=1 pie_kv=f32
 usage() { sed -n '/^# Usage:/,/^# shellcheck/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -56,11 +59,13 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --pie-kv) pie_kv=$2; shift 2 ;;
     --no-verify) verify=0; shift ;;
-    --quick) rounds=1 shapes=1b dtypes=bf16 sequences=1 prefill=128 steps=2; shift ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --quick) rounds=1 warmup=0 shapes=1b dtypes=bf16 sequences=1 prefill=128 steps=2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench/peers/run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
 done
+case "$rounds$warmup" in ''|*[!0-9]*) echo "bench/peers/run.sh: --rounds and --warmup take a count" >&2; exit 2 ;; esac
 out=${out:-/tmp/pie-peers-$(date -u +%Y%m%dT%H%M%SZ)}
 say() { echo "peers: $*" >&2; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
@@ -127,6 +132,9 @@ prepare() { # the model directory and its GGUF, each made when missing or older 
   fi
 }
 
+# r<N> for a measured round (summarize.py reads r*-*.txt), w<N> as it is for a warm-up round
+round_file() { case "$1" in w*) echo "$1" ;; *) echo "r$1" ;; esac; }
+
 # ---- one side of a round ---------------------------------------------------------------------
 # Pie-C: bench_engine measures b=1 decode, one b=B decode and one prefill per run, so the
 # sequence counts above 1 and the prefill lengths are paired into as few runs as possible.
@@ -145,13 +153,13 @@ pie_runs() {
   done
 }
 
-run_pie() {
+run_pie() { # round: a number, or w<N> for a warm-up round
   local dir=$1 round=$2 i=0
   while read -r opts; do
     local c="$bench_engine $dir --threads $threads --context $context --steps $steps --bw-mib 512 --kv $pie_kv $opts"
     say "round $round: Pie-C: $c (load $(loadavg))"
-    echo "# load average before: $(loadavg); command: $c" >"$out/$(basename "$dir")/r$round-pie-$i.txt"
-    $c >>"$out/$(basename "$dir")/r$round-pie-$i.txt"
+    echo "# load average before: $(loadavg); command: $c" >"$out/$(basename "$dir")/$(round_file "$round")-pie-$i.txt"
+    $c >>"$out/$(basename "$dir")/$(round_file "$round")-pie-$i.txt"
     i=$((i + 1))
   done < <(pie_runs)
 }
@@ -160,12 +168,12 @@ run_llama() {
   local dir=$1 round=$2
   local c="node $here/llama_bench.mjs --gguf $dir.gguf --threads $threads --context $context --sequences $sequences --prefill $prefill --steps $steps"
   say "round $round: llama.cpp: $c (load $(loadavg))"
-  echo "# load average before: $(loadavg); command: $c" >"$out/$(basename "$dir")/r$round-llama.txt"
-  $c >>"$out/$(basename "$dir")/r$round-llama.txt"
+  echo "# load average before: $(loadavg); command: $c" >"$out/$(basename "$dir")/$(round_file "$round")-llama.txt"
+  $c >>"$out/$(basename "$dir")/$(round_file "$round")-llama.txt"
 }
 
 # ---- main --------------------------------------------------------------------------------------
-echo "Pie-C vs llama.cpp: shapes $shapes, dtypes $dtypes, sequences $sequences @ $context context, prefill $prefill, $steps decode steps, $threads threads, $rounds rounds, Pie-C KV cache $pie_kv${PIE_KRN_AMX:+, PIE_KRN_AMX=$PIE_KRN_AMX}; raw outputs in $out"
+echo "Pie-C vs llama.cpp: shapes $shapes, dtypes $dtypes, sequences $sequences @ $context context, prefill $prefill, $steps decode steps, $threads threads, $rounds rounds after $warmup warm-up, Pie-C KV cache $pie_kv${PIE_KRN_AMX:+, PIE_KRN_AMX=$PIE_KRN_AMX}; raw outputs in $out"
 echo
 for shape in ${shapes//,/ }; do
   preset_of "$shape" >/dev/null || { say "unknown shape $shape (1b or 8b)"; exit 2; }
@@ -179,6 +187,7 @@ for shape in ${shapes//,/ }; do
     fi
     prepare "$shape" "$dtype"
     mkdir -p "$out/$name"
+    for ((r = 1; r <= warmup; r++)); do run_pie "$models/$name" "w$r"; run_llama "$models/$name" "w$r"; done
     for ((r = 1; r <= rounds; r++)); do
       if [ $((r % 2)) = 1 ]; then run_pie "$models/$name" $r; run_llama "$models/$name" $r
       else run_llama "$models/$name" $r; run_pie "$models/$name" $r; fi
