@@ -143,10 +143,10 @@ typedef struct wrk_off_adapt_opts {
      * can fill whole epochs while the requests admitted then decode for many more). W covers
      * the life of what is admitted: a KV token stays live pages × page size / tokens written
      * per step steps on average (Little's law over the epoch), W = that in epochs, 1 to
-     * WRK_OFF_EST_EPOCHS. The capacity becomes
-     * device pages + ceil(est), when that moves the host share by at least 4 pages and an
-     * eighth of it (no CapacityChange for noise). It starts at the device's pages:
-     * nothing is offered to the host before an estimate says it pays. */
+     * WRK_OFF_EST_EPOCHS. The capacity becomes device pages + ceil(est), when that moves the
+     * host share by at least 4 pages and an eighth of it (no CapacityChange for noise). It
+     * starts at the device's pages: nothing is offered to the host before an estimate says
+     * it pays. */
     bool estimate;
 } wrk_off_adapt_opts;
 
