@@ -220,8 +220,9 @@ static void wrk_memrt_apply(wrk_memrt *r, uint32_t want, const char *why) {
 static void wrk_memrt_offload_capacity(wrk_memrt *r, uint32_t eff, const char *why) {
     uint32_t was = atomic_exchange(&r->effective, eff);
     if (eff == was) return;
-    pie_log_info("wrk.mem.offload_capacity", "kv_pages_effective=%u->%u of %u reason=%s", was,
-                 eff, r->plan.kv_pages_max, why);
+    pie_log_info("wrk.mem.offload_capacity",
+                 "kv_pages_effective=%u->%u of %u reason=%s estimate_window_epochs=%u", was, eff,
+                 r->plan.kv_pages_max, why, r->oadapt.window);
     if (r->c_changes) pie_counter_add(r->c_changes, 1);
     if (r->on_capacity) r->on_capacity(r->on_capacity_user, eff);
 }

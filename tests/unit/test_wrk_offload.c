@@ -568,12 +568,14 @@ Test(wrk_offload, the_estimate_takes_the_least_over_the_life_of_what_it_admits) 
     }
     for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 10, 1000, 0, 600, 1, 50);
     cr_assert_eq(p, 700, "the newest 20 epochs hid 600 pages at every step");
+    cr_assert_eq(a.window, 20, "80 steps a KV token: 20 epochs of 4");
     /* the same burst with a short life (1000 tokens a step): the next epoch follows it */
     wrk_off_adapt_init(&a, 100, 900, 4, 16);
     wrk_off_adapt_tune(&a, &(wrk_off_adapt_opts){.estimate = true});
     for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 8, 1, 50);
     for (int i = 0; i < 4; i++) p = wrk_off_adapt_step_est(&a, 1000, 1000, 0, 600, 1, 50);
     cr_assert_eq(p, 700);
+    cr_assert_eq(a.window, 1);
 }
 
 /* With deferral, over random steps: two sub-batches only when their estimated throughput beats

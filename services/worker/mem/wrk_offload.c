@@ -332,6 +332,7 @@ static void off_adapt_estimate(wrk_off_adapt *a) {
     if (a->n_lows < WRK_OFF_EST_EPOCHS) a->n_lows++;
     uint32_t w = off_adapt_window(a);
     if (w > a->n_lows) w = a->n_lows;
+    a->window = w;
     a->est = INFINITY;
     for (uint32_t k = 1; k <= w; k++) { /* the newest w */
         double low = a->lows[(a->next_low + WRK_OFF_EST_EPOCHS - k) % WRK_OFF_EST_EPOCHS];

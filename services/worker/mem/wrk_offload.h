@@ -171,6 +171,7 @@ typedef struct wrk_off_adapt {
     double est;                      /* host pages the estimate says pay (estimate) */
     double lows[WRK_OFF_EST_EPOCHS]; /* the last epochs' gain_min, a ring */
     uint32_t n_lows, next_low;
+    uint32_t window;   /* epochs the last estimate took its least over (its log line) */
     uint64_t live_sum; /* kv_live summed over the epoch's steps (estimate's window) */
 } wrk_off_adapt;
 
