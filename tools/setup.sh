@@ -15,7 +15,7 @@ debs=(
   libyaml-dev
   libcriterion-dev
   python3-grpcio python3-protobuf python3-torch python3-numpy
-  wabt tcc clang lld wasi-libc libclang-rt-14-dev-wasm32
+  wabt tcc libtcc-dev clang lld wasi-libc libclang-rt-14-dev-wasm32
   libclang-rt-14-dev
   libpcre2-dev libjansson-dev
   libcurl4-openssl-dev

@@ -15,6 +15,7 @@
  *           time until all run, resident memory per idle instance, time until all finished.
  * Results are recorded in bench/results/wasm.md. Usage:
  *   bench_wasm [--cold N] [--warm N] [--calls N] [--instances N] [--stack-kib N] [--tier1 0|1]
+ *              [--helper PATH]   (tier 0 in a pie-tcc-helper, e.g. build/bin/pie-tcc-helper)
  *              [--tier0 own|wasm2c]   (tier 0's translator: lc_wasm_xlate, the default, or wasm2c)
  * (--tier1 0 skips the tier-1 compile of the cold section, which takes seconds to minutes.) */
 #include <errno.h>
@@ -106,6 +107,8 @@ static long rss_kib(void) {
 static char cache_dir[64];
 /* --tier0 wasm2c: tier 0 as before lc_wasm_xlate (wasm2c | tcc); default: our translator */
 static bool g_tier0_wasm2c;
+/* --helper PATH: tier 0 compiles in a pie-tcc-helper (lc_wasm_rt_opts.tcc_helper) */
+static const char *g_tcc_helper;
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
@@ -117,7 +120,8 @@ static lc_wasm_rt *make_rt(bool tier1) {
                          .host_fns = wasm_test_host_fns,
                          .n_host_fns = wasm_test_host_n_fns,
                          .tier1 = tier1,
-                         .tier0_wasm2c = g_tier0_wasm2c};
+                         .tier0_wasm2c = g_tier0_wasm2c,
+                         .tcc_helper = g_tcc_helper};
     lc_wasm_rt *rt = NULL;
     pie_status st;
     if (lc_wasm_rt_create(&o, &rt, &st) != PIE_OK) die("rt_create", &st);
@@ -399,7 +403,9 @@ int main(int argc, char **argv) {
             g_tier0_wasm2c = strcmp(argv[i + 1], "wasm2c") == 0;
             continue;
         }
-        if (strcmp(argv[i], "--cold") == 0)
+        if (strcmp(argv[i], "--helper") == 0)
+            g_tcc_helper = argv[i + 1];
+        else if (strcmp(argv[i], "--cold") == 0)
             cold = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--warm") == 0)
             warm = atoi(argv[i + 1]);
@@ -412,8 +418,9 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--tier1") == 0)
             tier1 = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_wasm [--tier0 own|wasm2c] [--cold N] [--warm N] "
-                            "[--calls N] [--instances N] [--stack-kib N] [--tier1 0|1]\n");
+            fprintf(stderr, "usage: bench_wasm [--tier0 own|wasm2c] [--helper PATH] [--cold N] "
+                            "[--warm N] [--calls N] [--instances N] [--stack-kib N] "
+                            "[--tier1 0|1]\n");
             return 2;
         }
     }

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lc_api.h"
 #include "lc_host.h"
@@ -217,6 +219,21 @@ typedef struct lc_parts {
     lc_api *api;
 } lc_parts;
 
+/* pie-tcc-helper beside this executable (the build's bin/, the image's /usr/local/bin) into
+ * out; "" when there is none: tier 0 then runs a tcc child per module. */
+static void find_tcc_helper(char *out, size_t cap) {
+    char exe[PATH_MAX];
+    out[0] = '\0';
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL) return;
+    *slash = '\0';
+    int w = snprintf(out, cap, "%s/pie-tcc-helper", exe);
+    if (w < 0 || (size_t)w >= cap || access(out, X_OK) != 0) out[0] = '\0';
+}
+
 static pie_code make_dirs(const lc_config *cfg, char *native, size_t cap, pie_status *st) {
     if (mkdir(cfg->cache_dir, 0700) != 0 && errno != EEXIST)
         return pie_status_set(st, PIE_FAILED_PRECONDITION,
@@ -283,6 +300,11 @@ static pie_code lc_start(const lc_config *cfg, lc_parts *p, pie_status *st) {
     ro.max_compiles = cfg->max_compiles;
     ro.cache_max_bytes = cfg->cache_size;
     ro.compile_queue = cfg->compile_queue ? (int32_t)cfg->compile_queue : -1; /* 0: none wait */
+    char helper[PATH_MAX];
+    find_tcc_helper(helper, sizeof helper);
+    ro.tcc_helper = helper;
+    pie_log_info("lc.tcc_helper", "path=\"%s\"",
+                 helper[0] ? helper : "(none: a tcc child per module)");
     if (lc_wasm_rt_create(&ro, &p->rt, st) != PIE_OK) return st->code;
     p->programs =
         lc_program_store_create(cfg->cache_dir, native, p->rt, cfg->max_program_bytes, st);

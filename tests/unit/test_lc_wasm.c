@@ -1297,3 +1297,81 @@ Test(lc_wasm, compiles_beyond_the_cap_wait_in_the_queue_then_are_refused) {
     lc_wasm_rt_destroy(rt);
     free(w2c);
 }
+
+/* ---- pie-tcc-helper: tier 0's compiler kept between modules ------------------------------ */
+
+#define HELPER PIE_BIN_DIR "/pie-tcc-helper"
+
+Test(lc_wasm, tier0_compiles_module_after_module_in_one_kept_helper) {
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.tcc_helper = HELPER});
+    enum { N = 3 };
+    for (uint32_t i = 0; i < N; i++) {
+        wt_bytes b = gen(3, 2, 0, 0x7e10 + i);
+        lc_wasm_module *m = load_bytes(rt, b);
+        expect_runs(m);
+        lc_wasm_module_release(m);
+        free(b.data);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.helper_compiles, (uint64_t)N, "compiled by the helper: %llu of %d",
+                 (unsigned long long)s.helper_compiles, N);
+    cr_expect_eq(s.helper_starts, 1u, "one helper for one compile at a time: %llu started",
+                 (unsigned long long)s.helper_starts);
+    cr_expect_eq(s.own_translations, (uint64_t)N);
+    lc_wasm_rt_destroy(rt);
+}
+
+/* A helper past runtime.compile_timeout is killed with its process group, the load fails as a
+ * tcc child's would, and the next compile starts another helper. The stand-in hangs the first
+ * time it is started and is the real helper after. */
+Test(lc_wasm, a_helper_past_the_time_limit_is_killed_and_the_next_compile_starts_another) {
+    char body[512];
+    snprintf(body, sizeof body,
+             "if [ ! -e '%s/hung' ]; then touch '%s/hung'; exec sleep 60; fi\n"
+             "exec '%s'",
+             wt_dir, wt_dir, HELPER);
+    char *helper = fake_tool("helper", body);
+    lc_wasm_rt *rt =
+        make_rt_opts((lc_wasm_rt_opts){.tcc_helper = helper, .compile_timeout_ms = 300});
+    wt_bytes b = gen(1, 0, 0, 0x7e20);
+    lc_wasm_module *m = NULL;
+    pie_status st;
+    double t0 = now_s();
+    cr_assert_eq(lc_wasm_module_load(rt, b.data, b.len, &m, &st), PIE_RESOURCE_EXHAUSTED, "%s",
+                 st.msg);
+    cr_expect_lt(now_s() - t0, 5.0, "the load waited %.1f s for a hung helper", now_s() - t0);
+    cr_expect_not_null(strstr(st.msg, "pie-tcc-helper"), "%s", st.msg);
+    cr_expect_not_null(strstr(st.msg, "runtime.compile_timeout"), "%s", st.msg);
+    expect_tools_gone();
+    m = load_bytes(rt, b);
+    expect_runs(m);
+    lc_wasm_module_release(m);
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.helper_starts, 2u);
+    cr_expect_eq(s.helper_compiles, 1u);
+    free(b.data);
+    lc_wasm_rt_destroy(rt);
+    free(helper);
+}
+
+/* A helper that dies (a crash, a missing library) costs nothing but time: a tcc child compiles
+ * the module, as without a helper. */
+Test(lc_wasm, a_helper_that_dies_leaves_the_compile_to_a_tcc_child) {
+    char *helper = fake_tool("helper", "kill -s SEGV $$");
+    lc_wasm_rt *rt = make_rt_opts((lc_wasm_rt_opts){.tcc_helper = helper});
+    for (uint32_t i = 0; i < 2; i++) {
+        wt_bytes b = gen(2, 1, 0, 0x7e30 + i);
+        lc_wasm_module *m = load_bytes(rt, b);
+        expect_runs(m);
+        lc_wasm_module_release(m);
+        free(b.data);
+    }
+    lc_wasm_rt_stats s = lc_wasm_rt_stats_get(rt);
+    cr_expect_eq(s.helper_compiles, 0u);
+    cr_expect_eq(s.tier0_compiles, 2u);
+    cr_expect_eq(s.own_translations, 2u, "a dead helper sent the module to wasm2c");
+    cr_expect_eq(s.helper_starts, 2u, "started again for the second module");
+    expect_tools_gone();
+    lc_wasm_rt_destroy(rt);
+    free(helper);
+}

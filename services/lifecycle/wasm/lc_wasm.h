@@ -102,6 +102,11 @@ typedef struct lc_wasm_rt_opts {
      * when the runtime is created, makes tier 0 use wasm2c for every module (A/B comparisons,
      * and an escape hatch). Tier 1 always uses wasm2c | cc -O2. */
     bool tier0_wasm2c;
+    /* pie-tcc-helper (helper/lc_tcc_helper.c): tier 0's own-translator compiles go to such a
+     * long-lived libtcc process, one per compile slot, started on first use and again after
+     * it crashed or was killed (a timeout, a cancel); a compile that finds every helper busy,
+     * or none startable, runs a tcc child as without one. NULL: tcc children only. */
+    const char *tcc_helper;
 } lc_wasm_rt_opts;
 
 /* Counters since the runtime was created (tests and metrics). */
@@ -109,7 +114,9 @@ typedef struct lc_wasm_rt_stats {
     uint64_t translations;     /* wasm2c runs */
     uint64_t own_translations; /* modules lc_wasm_xlate translated for tier 0 */
     uint64_t own_declines;     /* modules it declined (tier 0 used wasm2c for them) */
-    uint64_t tier0_compiles;   /* tcc runs */
+    uint64_t tier0_compiles;   /* tcc runs (children and helpers) */
+    uint64_t helper_compiles;  /* of them, compiled by a pie-tcc-helper */
+    uint64_t helper_starts;    /* pie-tcc-helper processes started */
     uint64_t tier1_compiles;   /* cc -O2 runs that produced a library */
     uint64_t disk_hits;        /* loads served from the cache directory without compiling */
     uint64_t memory_hits;      /* loads served from modules already loaded in this runtime */

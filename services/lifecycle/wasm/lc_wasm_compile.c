@@ -592,6 +592,212 @@ static pie_code compile_own(lc_wasm_module *m, const uint8_t *wasm, size_t len,
     return PIE_OK;
 }
 
+/* ---- the compile helpers ---------------------------------------------------------------------
+ * pie-tcc-helper (helper/lc_tcc_helper.c) compiles the own translator's C with libtcc in a
+ * process kept between modules: no exec and no fresh heap per compile (bench/results/wasm.md,
+ * 2026-11-30). One per compile slot, each held by one compile; the same statuses as a tcc child
+ * (compile_own): a timeout, a cancel or a shutdown kills it (started again by the next compile),
+ * a crash leaves the compile to a tcc child, a refusal (a translator bug) falls back to
+ * wasm2c. */
+
+#define LC_TCCH_ANSWER_MAX  1024           /* helper/lc_tcc_helper.c HELPER_MSG_MAX */
+#define LC_TCCH_UNAVAILABLE ((pie_code)-2) /* no helper free or startable: use a tcc child */
+
+static void helper_kill(lc_tcch *h) {
+    if (h->pid > 0) {
+        kill(-h->pid, SIGKILL);
+        while (waitpid(h->pid, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    if (h->fd >= 0) close(h->fd);
+    h->pid = 0;
+    h->fd = -1;
+}
+
+void lc_wasm_helpers_stop(lc_wasm_rt *rt) {
+    if (rt->helpers == NULL) return;
+    for (uint32_t i = 0; i < rt->max_compiles; i++) {
+        pthread_mutex_lock(&rt->helpers[i].mu); /* compiles have ended: stop_compiles came first */
+        helper_kill(&rt->helpers[i]);
+        pthread_mutex_unlock(&rt->helpers[i].mu);
+        pthread_mutex_destroy(&rt->helpers[i].mu);
+    }
+}
+
+/* A helper no compile holds, held now; NULL when all are busy. */
+static lc_tcch *helper_take(lc_wasm_rt *rt) {
+    for (uint32_t i = 0; rt->helpers != NULL && i < rt->max_compiles; i++)
+        if (pthread_mutex_trylock(&rt->helpers[i].mu) == 0) return &rt->helpers[i];
+    return NULL;
+}
+
+/* Starts h's process (its control socket on descriptor 3, in a process group of its own). */
+static bool helper_start(lc_wasm_rt *rt, lc_tcch *h) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return false;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    bool ok = posix_spawn_file_actions_init(&fa) == 0;
+    if (!ok) {
+        close(sv[0]);
+        close(sv[1]);
+        return false;
+    }
+    ok = posix_spawnattr_init(&attr) == 0;
+    if (ok) {
+        sigset_t none, all; /* as tool_spawn: no signal blocked or handled from this process */
+        sigemptyset(&none);
+        sigfillset(&all);
+        ok = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0) == 0 &&
+             posix_spawn_file_actions_adddup2(&fa, sv[1], 3) == 0 &&
+             posix_spawnattr_setsigmask(&attr, &none) == 0 &&
+             posix_spawnattr_setsigdefault(&attr, &all) == 0 &&
+             posix_spawnattr_setpgroup(&attr, 0) == 0 &&
+             posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                                 POSIX_SPAWN_SETPGROUP) == 0;
+        char *argv[] = {rt->tcc_helper, NULL};
+        pid_t pid = 0;
+        if (ok) ok = posix_spawn(&pid, rt->tcc_helper, &fa, &attr, argv, environ) == 0;
+        if (ok) {
+            h->pid = pid;
+            h->fd = sv[0];
+            atomic_fetch_add(&rt->helper_starts, 1u);
+        }
+        posix_spawnattr_destroy(&attr);
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    if (!ok) close(sv[0]);
+    return ok;
+}
+
+/* Asks h to compile what text_fd will carry into out_path. */
+static bool helper_send(lc_tcch *h, const char *out_path, int text_fd) {
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {.iov_base = (void *)out_path, .iov_len = strlen(out_path) + 1};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &text_fd, sizeof(int));
+    ssize_t n;
+    do n = sendmsg(h->fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)iov.iov_len;
+}
+
+/* Waits for h's answer: LC_STOP_NONE with answer filled ("" when the helper died), or why it
+ * stopped (then the caller kills it). */
+static int helper_wait(lc_wasm_rt *rt, lc_tcch *h, lc_wasm_cancel *cancel, uint64_t deadline_ns,
+                       char *answer, size_t cap) {
+    for (;;) {
+        int why = stop_reason(rt, cancel, deadline_ns);
+        if (why != LC_STOP_NONE) return why;
+        struct pollfd pf = {.fd = h->fd, .events = POLLIN};
+        int slice_ms = LC_WASM_CANCEL_POLL_MS;
+        uint64_t now = lc_wasm_now_ns(CLOCK_MONOTONIC);
+        uint64_t left_ms = deadline_ns > now ? (deadline_ns - now) / 1000000u + 1 : 0;
+        if (left_ms < (uint64_t)slice_ms) slice_ms = (int)left_ms;
+        if (poll(&pf, 1, slice_ms) <= 0) continue; /* EINTR or a timeout: look again */
+        ssize_t n = recv(h->fd, answer, cap - 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        answer[n > 0 ? n : 0] = '\0';
+        return LC_STOP_NONE;
+    }
+}
+
+/* compile_own with a helper instead of a tcc child (LC_TCCH_UNAVAILABLE: none free or
+ * startable, nothing done). */
+static pie_code compile_own_helper(lc_wasm_module *m, const uint8_t *wasm, size_t len,
+                                   lc_wasm_cancel *cancel, uint64_t files_ns, pie_status *xst,
+                                   pie_status *st) {
+    lc_wasm_rt *rt = m->rt;
+    lc_tcch *h = helper_take(rt);
+    if (h == NULL) return LC_TCCH_UNAVAILABLE;
+    char final[PATH_MAX], tmp[PATH_MAX];
+    pie_code rc = PIE_OK;
+    int sv[2] = {-1, -1};
+    if (path_join(final, m->dir, "t0.so", st) != PIE_OK || tmp_name(tmp, final, st) != PIE_OK) {
+        rc = st->code;
+        goto out;
+    }
+    int stopped = stop_reason(rt, cancel, 0);
+    if (stopped != LC_STOP_NONE) {
+        rc = stop_status(stopped, st);
+        goto out;
+    }
+    if ((h->pid == 0 && !helper_start(rt, h)) ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        rc = LC_TCCH_UNAVAILABLE;
+        goto out;
+    }
+    uint64_t t_start = lc_wasm_now_ns(CLOCK_MONOTONIC);
+    uint64_t deadline_ns = t_start + rt->compile_timeout_ms * 1000000u;
+    if (!helper_send(h, tmp, sv[1])) { /* it died since its last compile */
+        helper_kill(h);
+        rc = LC_TCCH_UNAVAILABLE;
+        goto out;
+    }
+    close(sv[1]);
+    sv[1] = -1;
+    own_feed feed = {.rt = rt, .cancel = cancel, .deadline_ns = deadline_ns, .fd = sv[0]};
+    lc_wasm_xlate_sink sink = {.write = own_feed_write, .user = &feed};
+    pie_code xrc = lc_wasm_xlate_to(wasm, len, m->cname, &sink, NULL, xst);
+    uint64_t t_xlated = lc_wasm_now_ns(CLOCK_MONOTONIC);
+    close(sv[0]); /* the end of the text for tcc */
+    sv[0] = -1;
+    bool translated = xrc == PIE_OK || feed.broken;
+    char answer[LC_TCCH_ANSWER_MAX];
+    int why = feed.why;
+    if (why == LC_STOP_NONE && translated)
+        why = helper_wait(rt, h, cancel, deadline_ns, answer, sizeof answer);
+    if (why != LC_STOP_NONE || !translated) helper_kill(h); /* mid-compile, or half a text */
+    uint64_t t_done = lc_wasm_now_ns(CLOCK_MONOTONIC);
+    if (why == LC_STOP_TIMEOUT) {
+        rc =
+            timeout_status("tier-0 compile (pie-tcc-helper, own translation)",
+                           rt->compile_timeout_ms, "runtime.compile_timeout", "the C compiler", st);
+    } else if (why != LC_STOP_NONE) {
+        rc = stop_status(why, st);
+    } else if (!translated) {
+        rc = xrc == PIE_RESOURCE_EXHAUSTED
+                 ? pie_status_set(st, PIE_RESOURCE_EXHAUSTED, "translating: %s", xst->msg)
+                 : LC_XL_FALLBACK;
+    } else if (answer[0] == '\0') { /* it died: a tcc child tries (the next compile restarts it) */
+        helper_kill(h);
+        fprintf(stderr,
+                "lc_wasm: pie-tcc-helper died compiling module %s; a tcc child compiles "
+                "it\n",
+                m->id);
+        rc = LC_TCCH_UNAVAILABLE;
+    } else if (strcmp(answer, "ok") != 0) { /* refused: a translator bug */
+        fprintf(stderr,
+                "lc_wasm: pie-tcc-helper refused lc_wasm_xlate's C for module %s (a translator "
+                "bug; using wasm2c): %s\n",
+                m->id, answer);
+        pie_status_set(xst, PIE_INTERNAL, "tcc refused the own translator's C");
+        rc = LC_XL_FALLBACK;
+    }
+    if (rc == PIE_OK && rename(tmp, final) != 0)
+        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
+    if (rc != PIE_OK) {
+        unlink(tmp);
+        goto out;
+    }
+    atomic_fetch_add(&rt->tier0_compiles, 1u);
+    atomic_fetch_add(&rt->helper_compiles, 1u);
+    atomic_fetch_add(&rt->t0_files_ns, files_ns);
+    atomic_fetch_add(&rt->t0_translate_ns, t_xlated - t_start);
+    atomic_fetch_add(&rt->t0_compile_ns, t_done - t_start);
+out:
+    if (sv[0] >= 0) close(sv[0]);
+    if (sv[1] >= 0) close(sv[1]);
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
 /* Tier 0 from the bytes: module.wasm (which tier 1 translates again), then our translator and
  * tcc; for a module it declines (or whose C tcc refuses), the prelude and the wasm2c pipeline. */
 static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t len,
@@ -603,7 +809,9 @@ static pie_code translate_compile(lc_wasm_module *m, const uint8_t *wasm, size_t
     pie_status_set(&xst, PIE_UNIMPLEMENTED, "tier 0 uses wasm2c for every module here");
     if (!rt->tier0_wasm2c) {
         uint64_t t1 = lc_wasm_now_ns(CLOCK_MONOTONIC);
-        pie_code rc = compile_own(m, wasm, len, cancel, files_ns + (t1 - t0), &xst, st);
+        pie_code rc = compile_own_helper(m, wasm, len, cancel, files_ns + (t1 - t0), &xst, st);
+        if (rc == LC_TCCH_UNAVAILABLE)
+            rc = compile_own(m, wasm, len, cancel, files_ns + (t1 - t0), &xst, st);
         if (rc != LC_XL_FALLBACK) {
             if (rc == PIE_OK) atomic_fetch_add(&rt->own_translations, 1u);
             return rc;

@@ -111,6 +111,8 @@ static void rt_free_fields(lc_wasm_rt *rt) {
     free(rt->cache_dir);
     free(rt->wasm2c);
     free(rt->tcc);
+    free(rt->tcc_helper);
+    free(rt->helpers);
     free(rt->cc);
     free(rt->host_fns);
     free(rt);
@@ -150,6 +152,15 @@ pie_code lc_wasm_rt_create(const lc_wasm_rt_opts *o, lc_wasm_rt **out, pie_statu
     rt->compile_timeout_ms = o->compile_timeout_ms ? o->compile_timeout_ms : 60000;
     rt->tier1_timeout_ms = o->tier1_timeout_ms ? o->tier1_timeout_ms : 600000;
     rt->max_compiles = o->max_compiles ? o->max_compiles : 2;
+    if (o->tcc_helper != NULL && o->tcc_helper[0] != '\0') {
+        rt->tcc_helper = strdup(o->tcc_helper);
+        rt->helpers = calloc(rt->max_compiles, sizeof *rt->helpers);
+        if (!rt->tcc_helper || !rt->helpers) goto oom;
+        for (uint32_t i = 0; i < rt->max_compiles; i++) {
+            rt->helpers[i].fd = -1;
+            if (pthread_mutex_init(&rt->helpers[i].mu, NULL) != 0) goto oom;
+        }
+    }
     rt->cache_max = o->cache_max_bytes;
     lc_wasm_cache_init(rt);
     rt->compile_queue = o->compile_queue > 0    ? (uint32_t)o->compile_queue
@@ -243,6 +254,7 @@ void lc_wasm_rt_destroy(lc_wasm_rt *rt) {
                 rt->modules->id, rt->modules->refs);
         abort();
     }
+    lc_wasm_helpers_stop(rt);
     pthread_cond_destroy(&rt->t1_cv);
     pthread_cond_destroy(&rt->slot_cv);
     pthread_mutex_destroy(&rt->mu);
@@ -256,6 +268,8 @@ lc_wasm_rt_stats lc_wasm_rt_stats_get(lc_wasm_rt *rt) {
         .own_translations = atomic_load(&rt->own_translations),
         .own_declines = atomic_load(&rt->own_declines),
         .tier0_compiles = atomic_load(&rt->tier0_compiles),
+        .helper_compiles = atomic_load(&rt->helper_compiles),
+        .helper_starts = atomic_load(&rt->helper_starts),
         .tier1_compiles = atomic_load(&rt->tier1_compiles),
         .disk_hits = atomic_load(&rt->disk_hits),
         .memory_hits = atomic_load(&rt->memory_hits),

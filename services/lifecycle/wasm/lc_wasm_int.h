@@ -112,6 +112,13 @@ struct lc_wasm_module {
     lc_wasm_module *t1_next; /* tier-1 queue (guarded by rt->mu; holds no reference) */
 };
 
+/* One pie-tcc-helper process (lc_wasm_compile.c): held by one compile at a time. */
+typedef struct lc_tcch {
+    pthread_mutex_t mu; /* held for a compile */
+    pid_t pid;          /* 0: not running; else also its process group */
+    int fd;             /* its control socket; -1 when not running */
+} lc_tcch;
+
 struct lc_wasm_rt {
     char *cache_dir;
     lc_wasm_host_fn *host_fns; /* copy of the array (the strings are the caller's) */
@@ -119,6 +126,9 @@ struct lc_wasm_rt {
     bool tier1;
     bool tier0_wasm2c; /* opts.tier0_wasm2c or PIE_WASM_TIER0=wasm2c: no own translator */
     char *wasm2c, *tcc, *cc;
+    char *tcc_helper; /* opts.tcc_helper; NULL: tcc children only */
+    lc_tcch *helpers; /* [max_compiles] when tcc_helper */
+    _Atomic uint64_t helper_compiles, helper_starts;
     lc_wasm_module_limits limits; /* defaults filled in */
     uint64_t compile_timeout_ms, tier1_timeout_ms;
     uint32_t max_compiles;
@@ -147,6 +157,8 @@ struct lc_wasm_rt {
  * NULL) fires (PIE_CANCELLED) or compiles are stopped (PIE_UNAVAILABLE). */
 pie_code lc_wasm_compile_load(lc_wasm_module *m, const uint8_t *wasm, size_t len,
                               lc_wasm_cancel *cancel, pie_status *st);
+/* Stops every pie-tcc-helper (kills and reaps it); the runtime's destroy. */
+void lc_wasm_helpers_stop(lc_wasm_rt *rt);
 /* How often waits for a compile, a compile slot or the cache lock look at cancel and stop. */
 #define LC_WASM_CANCEL_POLL_MS 50
 /* The tier-1 thread: compiles queued modules with cc -O2 and swaps their code. */
