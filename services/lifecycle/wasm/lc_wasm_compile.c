@@ -518,6 +518,25 @@ static bool own_feed_write(void *user, const char *text, size_t n, pie_status *s
     return true;
 }
 
+/* The end of a tier-0 compile of the own translator's C: t0.so in place and the compile
+ * counted (files_ns before it; the translation overlaps the compile: its own time, and the
+ * compile's from the compiler's start), or tmp removed. Returns rc, or the rename's failure. */
+static pie_code own_finish(lc_wasm_rt *rt, pie_code rc, const char *tmp, const char *final,
+                           uint64_t files_ns, uint64_t translate_ns, uint64_t compile_ns,
+                           pie_status *st) {
+    if (rc == PIE_OK && rename(tmp, final) != 0)
+        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
+    if (rc != PIE_OK) {
+        unlink(tmp);
+        return rc;
+    }
+    atomic_fetch_add(&rt->tier0_compiles, 1u);
+    atomic_fetch_add(&rt->t0_files_ns, files_ns);
+    atomic_fetch_add(&rt->t0_translate_ns, translate_ns);
+    atomic_fetch_add(&rt->t0_compile_ns, compile_ns);
+    return PIE_OK;
+}
+
 /* Tier 0 with our own translator: tcc starts first and compiles the C as the translator makes
  * it (tcc is one pass: it compiles each function as it reads it), so the translation hides
  * behind the compile instead of preceding it; t0.so as compile() makes it. The translator's
@@ -578,18 +597,8 @@ static pie_code compile_own(lc_wasm_module *m, const uint8_t *wasm, size_t len,
         rc = LC_XL_FALLBACK;
     }
     tool_close(&cc);
-    if (rc == PIE_OK && rename(tmp, final) != 0)
-        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
-    if (rc != PIE_OK) {
-        unlink(tmp);
-        return rc;
-    }
-    atomic_fetch_add(&rt->tier0_compiles, 1u);
-    atomic_fetch_add(&rt->t0_files_ns, files_ns);
-    /* the translation overlaps the compile: its own time, and the compile's from tcc's start */
-    atomic_fetch_add(&rt->t0_translate_ns, t_xlated - t_start);
-    atomic_fetch_add(&rt->t0_compile_ns, cc.ended_ns > t_start ? cc.ended_ns - t_start : 0);
-    return PIE_OK;
+    return own_finish(rt, rc, tmp, final, files_ns, t_xlated - t_start,
+                      cc.ended_ns > t_start ? cc.ended_ns - t_start : 0, st);
 }
 
 /* ---- the compile helpers ---------------------------------------------------------------------
@@ -780,17 +789,8 @@ static pie_code compile_own_helper(lc_wasm_module *m, const uint8_t *wasm, size_
         pie_status_set(xst, PIE_INTERNAL, "tcc refused the own translator's C");
         rc = LC_XL_FALLBACK;
     }
-    if (rc == PIE_OK && rename(tmp, final) != 0)
-        rc = pie_status_set(st, PIE_INTERNAL, "rename %s: %s", tmp, strerror(errno));
-    if (rc != PIE_OK) {
-        unlink(tmp);
-        goto out;
-    }
-    atomic_fetch_add(&rt->tier0_compiles, 1u);
-    atomic_fetch_add(&rt->helper_compiles, 1u);
-    atomic_fetch_add(&rt->t0_files_ns, files_ns);
-    atomic_fetch_add(&rt->t0_translate_ns, t_xlated - t_start);
-    atomic_fetch_add(&rt->t0_compile_ns, t_done - t_start);
+    rc = own_finish(rt, rc, tmp, final, files_ns, t_xlated - t_start, t_done - t_start, st);
+    if (rc == PIE_OK) atomic_fetch_add(&rt->helper_compiles, 1u);
 out:
     if (sv[0] >= 0) close(sv[0]);
     if (sv[1] >= 0) close(sv[1]);
